@@ -1,0 +1,97 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#pragma once
+
+/*
+ * forkd-vmm core: one process per microVM, one vCPU, single-threaded.
+ *
+ * The vCPU runs in the main thread. Host-side events (agent channel data,
+ * control requests) arrive as SIGIO on O_ASYNC fds; the signal handler sets
+ * kvm_run->immediate_exit so KVM_RUN returns -EINTR, the loop polls the fds,
+ * then re-enters the guest. Device emulation therefore never races with the
+ * vCPU and needs no locks.
+ */
+
+#include <linux/kvm.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "macro.h"
+
+#define VMM_MAX_MMIO_DEVS 8
+#define VMM_MAX_PIO_DEVS 8
+#define VMM_MEM_MIN (16ull << 20)
+#define VMM_MEM_MAX (3072ull << 20)
+
+struct vmm;
+
+/* A device on the MMIO bus. Offsets are relative to base. Reads must fill all
+ * len bytes (unknown registers read as zero); hostile offsets/lengths are
+ * ignored, never trusted. */
+struct mmio_dev {
+        uint64_t base;
+        uint64_t size;
+        void *priv;
+        void (*read)(struct vmm *vmm, struct mmio_dev *dev, uint64_t off, void *data, uint32_t len);
+        void (*write)(struct vmm *vmm, struct mmio_dev *dev, uint64_t off, const void *data, uint32_t len);
+};
+
+/* A device on the port I/O bus. */
+struct pio_dev {
+        uint16_t base;
+        uint16_t len;
+        void *priv;
+        void (*read)(struct vmm *vmm, struct pio_dev *dev, uint16_t off, void *data, uint32_t len);
+        void (*write)(struct vmm *vmm, struct pio_dev *dev, uint16_t off, const void *data, uint32_t len);
+};
+
+enum vmm_stop_reason {
+        VMM_RUNNING = 0,
+        VMM_STOP_RESET,     /* guest asked for reset / power off via i8042 */
+        VMM_STOP_SHUTDOWN,  /* triple fault or KVM_EXIT_SHUTDOWN */
+        VMM_STOP_SIGNAL,    /* SIGTERM/SIGINT from the host */
+        VMM_STOP_ERROR,     /* internal error or unhandled exit */
+};
+
+struct vmm {
+        int kvm_fd;
+        int vm_fd;
+        int vcpu_fd;
+        struct kvm_run *run;
+        size_t run_size;
+
+        uint8_t *mem;          /* guest RAM, GPA 0 .. mem_size */
+        uint64_t mem_size;
+        int mem_fd;            /* memfd (boot) or memory.bin (restore, MAP_PRIVATE) */
+
+        struct mmio_dev *mmio[VMM_MAX_MMIO_DEVS];
+        unsigned n_mmio;
+        struct pio_dev *pio[VMM_MAX_PIO_DEVS];
+        unsigned n_pio;
+
+        /* devices we own */
+        struct serial *serial;
+        struct virtio_mmio *blk;
+        struct virtio_mmio *console;
+
+        uint32_t tsc_khz;
+        enum vmm_stop_reason stop;
+        int exit_status;
+};
+
+/* Translate a guest-physical range to a host pointer. Returns NULL if any byte
+ * of [gpa, gpa+len) lies outside guest RAM (overflow-safe). */
+static inline void *vmm_gpa(struct vmm *vmm, uint64_t gpa, uint64_t len) {
+        if (gpa > vmm->mem_size || len > vmm->mem_size - gpa)
+                return NULL;
+        return vmm->mem + gpa;
+}
+
+int vmm_register_mmio(struct vmm *vmm, struct mmio_dev *dev);
+int vmm_register_pio(struct vmm *vmm, struct pio_dev *dev);
+
+/* Raise an edge on an IOAPIC pin. */
+int vmm_irq_pulse(struct vmm *vmm, uint32_t gsi);
+
+/* Ask the run loop to stop with the given reason (callable from device code). */
+void vmm_request_stop(struct vmm *vmm, enum vmm_stop_reason reason);
