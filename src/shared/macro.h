@@ -79,6 +79,7 @@ int log_internal(int level, int error, const char *file, int line, const char *f
 #define log_warning(...) log_full_errno(LOG_LVL_WARNING, 0, __VA_ARGS__)
 #define log_info(...) log_full_errno(LOG_LVL_INFO, 0, __VA_ARGS__)
 #define log_debug(...) log_full_errno(LOG_LVL_DEBUG, 0, __VA_ARGS__)
+#define log_oom() log_error_errno(ENOMEM, "Out of memory.")
 
 /* Returns -errno, or -EIO if errno is unset: for wrapping libc calls. */
 static inline int negative_errno(void) {

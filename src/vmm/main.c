@@ -1,1 +1,309 @@
-int main(void){return 0;}
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#include <fcntl.h>
+#include <getopt.h>
+#include <limits.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+
+#include "kvm.h"
+#include "machine.h"
+#include "run.h"
+#include "snapshot-meta.h"
+#include "snapshot.h"
+#include "template.h"
+
+static const char *arg_kernel, *arg_disk, *arg_snapshot, *arg_console_log, *arg_agent_socket,
+        *arg_control_socket, *arg_overlay_dir, *arg_id = "vm";
+static uint64_t arg_mem_mib = 64;
+static int arg_agent_fd = -1, arg_control_fd = -1;
+
+static void help(void) {
+        printf("Usage:\n"
+               "  forkd-vmm boot --kernel ELF --disk IMG [OPTIONS]   boot a guest image\n"
+               "  forkd-vmm restore --snapshot DIR [OPTIONS]         restore one VM from a snapshot\n"
+               "  forkd-vmm template --snapshot DIR --control-fd N   fork VMs from a snapshot on request\n"
+               "  forkd-vmm check DIR                                validate a snapshot directory\n"
+               "\n"
+               "forkd's virtual machine monitor: one process per microVM on /dev/kvm.\n"
+               "\n"
+               "Options:\n"
+               "  --mem-mib N           guest RAM in MiB, 16..3072, even (boot; default 64)\n"
+               "  --id ID               sandbox id told to the guest (default \"vm\")\n"
+               "  --console-log PATH    append the guest's serial console to PATH\n"
+               "  --agent-socket PATH   listen on a unix stream socket for the agent channel\n"
+               "  --agent-fd N          use the connected stream socket N as the agent channel\n"
+               "  --control-socket PATH listen on a unix seqpacket socket for control requests\n"
+               "  --control-fd N        use the connected seqpacket socket N for control requests;\n"
+               "                        the VM stops when the other end hangs up\n"
+               "  --overlay-dir DIR     directory for the copy-on-write disk overlay (default $TMPDIR or /var/tmp)\n"
+               "  -h --help             show this help\n"
+               "     --version          show the version\n"
+               "\n"
+               "Control requests (JSON): {\"op\":\"status\"}, {\"op\":\"pause\"}, {\"op\":\"resume\"},\n"
+               "{\"op\":\"shutdown\"}, {\"op\":\"snapshot\",\"dir\":\"/abs/path\",\"tag\":\"name\"}.\n"
+               "See forkd-vmm(8).\n");
+}
+
+static int parse_fd(const char *s, int *ret) {
+        char *end;
+        long v;
+
+        errno = 0;
+        v = strtol(s, &end, 10);
+        if (errno || *end || end == s || v < 3 || v > INT_MAX)
+                return -EINVAL;
+        if (fcntl((int) v, F_GETFD) < 0)
+                return -EBADF;
+        *ret = (int) v;
+        return 0;
+}
+
+static int parse_argv(int argc, char *argv[]) {
+        enum { ARG_KERNEL = 0x100, ARG_DISK, ARG_SNAPSHOT, ARG_MEM, ARG_ID, ARG_CONSOLE, ARG_ASOCK, ARG_AFD,
+               ARG_CSOCK, ARG_CFD, ARG_OVERLAY, ARG_VERSION };
+        static const struct option opts[] = {
+                { "kernel", required_argument, NULL, ARG_KERNEL },
+                { "disk", required_argument, NULL, ARG_DISK },
+                { "snapshot", required_argument, NULL, ARG_SNAPSHOT },
+                { "mem-mib", required_argument, NULL, ARG_MEM },
+                { "id", required_argument, NULL, ARG_ID },
+                { "console-log", required_argument, NULL, ARG_CONSOLE },
+                { "agent-socket", required_argument, NULL, ARG_ASOCK },
+                { "agent-fd", required_argument, NULL, ARG_AFD },
+                { "control-socket", required_argument, NULL, ARG_CSOCK },
+                { "control-fd", required_argument, NULL, ARG_CFD },
+                { "overlay-dir", required_argument, NULL, ARG_OVERLAY },
+                { "help", no_argument, NULL, 'h' },
+                { "version", no_argument, NULL, ARG_VERSION },
+                {}
+        };
+        int c;
+
+        while ((c = getopt_long(argc, argv, "h", opts, NULL)) >= 0) {
+                switch (c) {
+                case 'h':
+                        help();
+                        return 0;
+                case ARG_VERSION:
+                        printf("forkd-vmm %s\n", FORKD_VERSION);
+                        return 0;
+                case ARG_KERNEL:
+                        arg_kernel = optarg;
+                        break;
+                case ARG_DISK:
+                        arg_disk = optarg;
+                        break;
+                case ARG_SNAPSHOT:
+                        arg_snapshot = optarg;
+                        break;
+                case ARG_MEM: {
+                        char *end;
+                        errno = 0;
+                        unsigned long long v = strtoull(optarg, &end, 10);
+                        if (errno || *end || end == optarg || v < 16 || v > 3072 || v % 2)
+                                return log_error_errno(EINVAL, "--mem-mib must be an even number from 16 to 3072");
+                        arg_mem_mib = v;
+                        break;
+                }
+                case ARG_ID:
+                        if (!snapshot_tag_is_valid(optarg))
+                                return log_error_errno(EINVAL, "--id must match ^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$");
+                        arg_id = optarg;
+                        break;
+                case ARG_CONSOLE:
+                        arg_console_log = optarg;
+                        break;
+                case ARG_ASOCK:
+                        arg_agent_socket = optarg;
+                        break;
+                case ARG_AFD:
+                        if (parse_fd(optarg, &arg_agent_fd) < 0)
+                                return log_error_errno(EINVAL, "--agent-fd must name an open fd >= 3");
+                        break;
+                case ARG_CSOCK:
+                        arg_control_socket = optarg;
+                        break;
+                case ARG_CFD:
+                        if (parse_fd(optarg, &arg_control_fd) < 0)
+                                return log_error_errno(EINVAL, "--control-fd must name an open fd >= 3");
+                        break;
+                case ARG_OVERLAY:
+                        arg_overlay_dir = optarg;
+                        break;
+                case '?':
+                        return -EINVAL;
+                default:
+                        return -EINVAL;
+                }
+        }
+        if (arg_agent_socket && arg_agent_fd >= 0)
+                return log_error_errno(EINVAL, "--agent-socket and --agent-fd exclude each other");
+        if (arg_control_socket && arg_control_fd >= 0)
+                return log_error_errno(EINVAL, "--control-socket and --control-fd exclude each other");
+        if (!arg_overlay_dir)
+                arg_overlay_dir = getenv("TMPDIR") ?: "/var/tmp";
+        return 1;
+}
+
+static int listen_unix(const char *path, int type) {
+        struct sockaddr_un sa = { .sun_family = AF_UNIX };
+        _cleanup_close_ int fd = -EBADF;
+        struct stat st;
+
+        if (strlen(path) >= sizeof(sa.sun_path))
+                return log_error_errno(ENAMETOOLONG, "Socket path too long: %s", path);
+        strcpy(sa.sun_path, path);
+        /* Replace a stale socket, never any other kind of file. */
+        if (lstat(path, &st) == 0) {
+                if (!S_ISSOCK(st.st_mode))
+                        return log_error_errno(EEXIST, "%s exists and is not a socket", path);
+                (void) unlink(path);
+        }
+        fd = socket(AF_UNIX, type | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        if (fd < 0)
+                return -errno;
+        if (bind(fd, (struct sockaddr *) &sa, sizeof(sa)) < 0 || listen(fd, 4) < 0)
+                return log_error_errno(errno, "Failed to listen on %s: %m", path);
+        return TAKE_FD(fd);
+}
+
+static int run_vm(struct vmm *vmm, const char *kernel) {
+        struct vmm_host host = { .agent_listen_fd = -1, .control_listen_fd = -1, .control_fd = arg_control_fd,
+                                 .exit_on_control_eof = arg_control_fd >= 0, .kernel = kernel };
+        int r;
+
+        if (arg_agent_socket) {
+                host.agent_listen_fd = listen_unix(arg_agent_socket, SOCK_STREAM);
+                if (host.agent_listen_fd < 0)
+                        return host.agent_listen_fd;
+        }
+        if (arg_control_socket) {
+                host.control_listen_fd = listen_unix(arg_control_socket, SOCK_SEQPACKET);
+                if (host.control_listen_fd < 0)
+                        return host.control_listen_fd;
+        }
+        r = vmm_install_signals();
+        if (r < 0)
+                return log_error_errno(r, "Failed to install signal handlers: %m");
+        r = vmm_run(vmm, &host);
+        safe_close(host.agent_listen_fd);
+        safe_close(host.control_listen_fd);
+        safe_close(host.control_fd);
+        if (arg_agent_socket)
+                (void) unlink(arg_agent_socket);
+        if (arg_control_socket)
+                (void) unlink(arg_control_socket);
+        if (r == -ECANCELED)
+                return log_error_errno(r, "The guest crashed (see its console log)");
+        return r;
+}
+
+static int cmd_boot(int kvm_fd) {
+        struct machine_config cfg = { .id = arg_id, .console_log = arg_console_log, .overlay_dir = arg_overlay_dir,
+                                      .agent_fd = arg_agent_fd };
+        struct vmm *vmm = NULL;
+        int r;
+
+        if (!arg_kernel || !arg_disk)
+                return log_error_errno(EINVAL, "boot needs --kernel and --disk");
+        r = machine_boot(kvm_fd, arg_kernel, arg_disk, arg_mem_mib << 20, &cfg, &vmm);
+        if (r < 0)
+                return log_error_errno(r, "Failed to boot %s: %m", arg_kernel);
+        r = run_vm(vmm, arg_kernel);
+        machine_free(vmm);
+        return r;
+}
+
+static int cmd_restore(int kvm_fd) {
+        struct machine_config cfg = { .id = arg_id, .console_log = arg_console_log, .overlay_dir = arg_overlay_dir,
+                                      .agent_fd = arg_agent_fd };
+        _cleanup_(snapshot_freep) struct snapshot *snap = NULL;
+        _cleanup_free_ char *err = NULL;
+        struct vmm *vmm = NULL;
+        uint8_t *mem;
+        int r;
+
+        if (!arg_snapshot)
+                return log_error_errno(EINVAL, "restore needs --snapshot");
+        r = snapshot_load(arg_snapshot, &snap, &err);
+        if (r < 0)
+                return log_error_errno(r, "Refusing snapshot %s: %s", arg_snapshot, err ?: strerror(-r));
+
+        mem = mmap(NULL, snap->meta.mem_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_NORESERVE, snap->mem_fd, 0);
+        if (mem == MAP_FAILED)
+                return log_error_errno(errno, "Failed to map memory.bin: %m");
+        r = machine_restore(kvm_fd, snap, mem, &cfg, &vmm);
+        if (r < 0)
+                return log_error_errno(r, "Failed to restore %s: %m", arg_snapshot);
+        r = run_vm(vmm, snap->meta.kernel);
+        machine_free(vmm);
+        munmap(mem, snap->meta.mem_size);
+        return r;
+}
+
+static int cmd_check(const char *dir) {
+        _cleanup_(snapshot_freep) struct snapshot *snap = NULL;
+        _cleanup_free_ char *err = NULL;
+        int r;
+
+        r = snapshot_load(dir, &snap, &err);
+        if (r < 0)
+                return log_error_errno(r, "Snapshot %s is not usable: %s", dir, err ?: strerror(-r));
+        printf("{\"tag\":\"%s\",\"generation\":%llu,\"mem_size\":%llu,\"disk_size\":%llu}\n", snap->meta.tag,
+               (unsigned long long) snap->meta.generation, (unsigned long long) snap->meta.mem_size,
+               (unsigned long long) snap->meta.disk_size);
+        return 0;
+}
+
+int main(int argc, char *argv[]) {
+        _cleanup_close_ int kvm_fd = -EBADF;
+        const char *verb;
+        int r;
+
+        log_prefix = "forkd-vmm";
+        if (argc < 2) {
+                help();
+                return 2;
+        }
+        verb = argv[1];
+        if (strcmp(verb, "-h") == 0 || strcmp(verb, "--help") == 0) {
+                help();
+                return 0;
+        }
+        if (strcmp(verb, "--version") == 0) {
+                printf("forkd-vmm %s\n", FORKD_VERSION);
+                return 0;
+        }
+
+        r = parse_argv(argc - 1, argv + 1);
+        if (r <= 0)
+                return r < 0 ? 2 : 0;
+
+        if (strcmp(verb, "check") == 0) {
+                if (optind + 1 != argc - 1)
+                        return log_error_errno(EINVAL, "check takes one snapshot directory"), 2;
+                return cmd_check(argv[optind + 1]) < 0 ? 1 : 0;
+        }
+        if (optind != argc - 1)
+                return log_error_errno(EINVAL, "Unexpected argument: %s", argv[optind + 1]), 2;
+
+        if (strcmp(verb, "boot") != 0 && strcmp(verb, "restore") != 0 && strcmp(verb, "template") != 0)
+                return log_error_errno(EINVAL, "Unknown command \"%s\"; see forkd-vmm --help", verb), 2;
+
+        kvm_fd = vmm_open_kvm();
+        if (kvm_fd < 0)
+                return log_error_errno(kvm_fd, "Cannot use /dev/kvm: %m"), 1;
+
+        if (strcmp(verb, "boot") == 0)
+                r = cmd_boot(kvm_fd);
+        else if (strcmp(verb, "restore") == 0)
+                r = cmd_restore(kvm_fd);
+        else {
+                if (!arg_snapshot || arg_control_fd < 0)
+                        return log_error_errno(EINVAL, "template needs --snapshot and --control-fd"), 2;
+                r = template_serve(kvm_fd, arg_snapshot, arg_control_fd, arg_overlay_dir);
+        }
+        return r < 0 ? 1 : 0;
+}

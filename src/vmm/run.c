@@ -1,1 +1,397 @@
-/* placeholder */
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+/*
+ * The run loop: KVM_RUN in the main thread, exits dispatched to the buses,
+ * host fds serviced between runs. A host fd that becomes ready raises SIGIO
+ * (O_ASYNC), whose handler sets immediate_exit so a vCPU sleeping in a halted
+ * guest comes back to us at once.
+ */
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+
+#include <json-c/json.h>
+
+#include "json-util.h"
+#include "kvm.h"
+#include "machine.h"
+#include "run.h"
+#include "serial.h"
+#include "snapshot-meta.h"
+#include "snapshot.h"
+#include "virtio-console.h"
+
+#define CONTROL_MSG_MAX (64u << 10)
+
+static struct kvm_run *volatile current_run;
+static volatile sig_atomic_t got_term;
+
+static void on_sigio(int sig) {
+        struct kvm_run *run = current_run;
+        if (run)
+                run->immediate_exit = 1;
+}
+
+static void on_term(int sig) {
+        struct kvm_run *run = current_run;
+        got_term = 1;
+        if (run)
+                run->immediate_exit = 1;
+}
+
+int vmm_install_signals(void) {
+        struct sigaction sa = { .sa_handler = on_sigio };
+        sigset_t ss;
+
+        sigemptyset(&sa.sa_mask);
+        if (sigaction(SIGIO, &sa, NULL) < 0)
+                return -errno;
+        sa.sa_handler = on_term;
+        if (sigaction(SIGTERM, &sa, NULL) < 0 || sigaction(SIGINT, &sa, NULL) < 0)
+                return -errno;
+        sa.sa_handler = SIG_IGN;
+        if (sigaction(SIGPIPE, &sa, NULL) < 0)
+                return -errno;
+
+        sigemptyset(&ss);
+        sigaddset(&ss, SIGIO);
+        sigaddset(&ss, SIGTERM);
+        sigaddset(&ss, SIGINT);
+        return sigprocmask(SIG_UNBLOCK, &ss, NULL) < 0 ? -errno : 0;
+}
+
+/* Route readiness of fd to us as SIGIO. */
+static int arm_fd(int fd) {
+        int fl;
+
+        if (fd < 0)
+                return 0;
+        if (fcntl(fd, F_SETOWN, getpid()) < 0)
+                return -errno;
+        fl = fcntl(fd, F_GETFL);
+        if (fl < 0 || fcntl(fd, F_SETFL, fl | O_ASYNC | O_NONBLOCK) < 0)
+                return -errno;
+        return 0;
+}
+
+static void control_reply(struct vmm_host *host, struct json_object *reply) {
+        const char *s = json_object_to_json_string_ext(reply, JSON_C_TO_STRING_PLAIN);
+
+        if (host->control_fd >= 0 && send(host->control_fd, s, strlen(s), MSG_NOSIGNAL | MSG_DONTWAIT) < 0)
+                log_debug_errno(errno, "Failed to send control reply: %m");
+}
+
+static void control_error(struct vmm_host *host, const char *msg) {
+        struct json_object *o = json_object_new_object();
+
+        json_object_object_add(o, "ok", json_object_new_boolean(0));
+        json_object_object_add(o, "error", json_object_new_string(msg));
+        control_reply(host, o);
+        json_object_put(o);
+}
+
+/* Complete any in-flight PIO/MMIO so that the register state is consistent. */
+static int vcpu_quiesce(struct vmm *vmm) {
+        vmm->run->immediate_exit = 1;
+        if (ioctl(vmm->vcpu_fd, KVM_RUN, 0) < 0 && errno != EINTR)
+                return -errno;
+        vmm->run->immediate_exit = 0;
+        return 0;
+}
+
+static void control_handle(struct vmm *vmm, struct vmm_host *host, const char *buf, size_t len) {
+        struct json_object *req = NULL, *o, *reply;
+        const char *err = NULL, *op;
+        int r;
+
+        r = json_parse_strict(buf, len, CONTROL_MSG_MAX, 4, &req, &err);
+        if (r < 0) {
+                control_error(host, err ?: "malformed request");
+                return;
+        }
+        if (!json_object_object_get_ex(req, "op", &o) || !json_object_is_type(o, json_type_string)) {
+                control_error(host, "request lacks a string \"op\"");
+                goto out;
+        }
+        op = json_object_get_string(o);
+        reply = json_object_new_object();
+        json_object_object_add(reply, "ok", json_object_new_boolean(1));
+
+        if (strcmp(op, "status") == 0) {
+                json_object_object_add(reply, "id", json_object_new_string(vmm->id));
+                json_object_object_add(reply, "generation", json_object_new_int64((int64_t) vmm->generation));
+                json_object_object_add(reply, "state", json_object_new_string(host->paused ? "paused" : "running"));
+                json_object_object_add(reply, "pid", json_object_new_int(getpid()));
+        } else if (strcmp(op, "pause") == 0) {
+                host->paused = true;
+        } else if (strcmp(op, "resume") == 0) {
+                host->paused = false;
+        } else if (strcmp(op, "shutdown") == 0) {
+                vmm_request_stop(vmm, VMM_STOP_SIGNAL);
+        } else if (strcmp(op, "snapshot") == 0) {
+                struct json_object *d, *t;
+                const char *dir, *tag;
+
+                if (!json_object_object_get_ex(req, "dir", &d) || !json_object_is_type(d, json_type_string) ||
+                    !json_object_object_get_ex(req, "tag", &t) || !json_object_is_type(t, json_type_string)) {
+                        json_object_put(reply);
+                        control_error(host, "snapshot needs string fields \"dir\" and \"tag\"");
+                        goto out;
+                }
+                dir = json_object_get_string(d);
+                tag = json_object_get_string(t);
+                if (dir[0] != '/' || strlen(dir) >= 4000) {
+                        json_object_put(reply);
+                        control_error(host, "snapshot \"dir\" must be an absolute path");
+                        goto out;
+                }
+                if (!snapshot_tag_is_valid(tag)) {
+                        json_object_put(reply);
+                        control_error(host, "snapshot \"tag\" must match ^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$");
+                        goto out;
+                }
+                r = vcpu_quiesce(vmm);
+                if (r >= 0)
+                        r = snapshot_write(vmm, dir, tag, host->kernel);
+                if (r < 0) {
+                        char msg[256];
+                        json_object_put(reply);
+                        snprintf(msg, sizeof(msg), "snapshot failed: %s", strerror(-r));
+                        control_error(host, msg);
+                        goto out;
+                }
+                json_object_object_add(reply, "dir", json_object_new_string(dir));
+        } else {
+                json_object_put(reply);
+                control_error(host, "unknown op");
+                goto out;
+        }
+        control_reply(host, reply);
+        json_object_put(reply);
+out:
+        json_object_put(req);
+}
+
+static void control_read(struct vmm *vmm, struct vmm_host *host) {
+        static char buf[CONTROL_MSG_MAX + 1];
+
+        for (;;) {
+                ssize_t n = recv(host->control_fd, buf, sizeof(buf), MSG_DONTWAIT | MSG_TRUNC);
+                if (n < 0) {
+                        if (errno == EAGAIN || errno == EINTR)
+                                return;
+                        host->control_fd = safe_close(host->control_fd);
+                        return;
+                }
+                if (n == 0) {
+                        /* The controller went away. A VMM with nobody to answer to
+                         * keeps running only if it was started standalone. */
+                        host->control_fd = safe_close(host->control_fd);
+                        if (host->exit_on_control_eof)
+                                vmm_request_stop(vmm, VMM_STOP_SIGNAL);
+                        return;
+                }
+                if ((size_t) n > CONTROL_MSG_MAX) {
+                        control_error(host, "request too large");
+                        continue;
+                }
+                control_handle(vmm, host, buf, n);
+        }
+}
+
+static void accept_on(int listen_fd, int *conn_fd, bool seqpacket) {
+        int fd = accept4(listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (fd < 0)
+                return;
+        safe_close(*conn_fd);
+        *conn_fd = fd;
+        (void) arm_fd(fd);
+        (void) seqpacket;
+}
+
+/* Service every host fd without blocking (or blocking, while paused). */
+static void service_host(struct vmm *vmm, struct vmm_host *host, int timeout) {
+        struct pollfd p[4];
+        unsigned n = 0;
+        int cfd = virtio_console_host_fd(vmm->console);
+        int idx_console = -1, idx_ctl = -1, idx_alisten = -1, idx_clisten = -1;
+
+        if (cfd >= 0 && cfd != host->armed_console_fd) {
+                (void) arm_fd(cfd);
+                host->armed_console_fd = cfd;
+        }
+        if (cfd >= 0) {
+                short ev = virtio_console_poll_events(vmm->console);
+                if (ev) {
+                        idx_console = n;
+                        p[n++] = (struct pollfd) { .fd = cfd, .events = ev };
+                }
+        }
+        if (host->control_fd >= 0) {
+                idx_ctl = n;
+                p[n++] = (struct pollfd) { .fd = host->control_fd, .events = POLLIN };
+        }
+        if (host->agent_listen_fd >= 0) {
+                idx_alisten = n;
+                p[n++] = (struct pollfd) { .fd = host->agent_listen_fd, .events = POLLIN };
+        }
+        if (host->control_listen_fd >= 0) {
+                idx_clisten = n;
+                p[n++] = (struct pollfd) { .fd = host->control_listen_fd, .events = POLLIN };
+        }
+        if (n == 0 || poll(p, n, timeout) <= 0)
+                goto process;
+
+        if (idx_alisten >= 0 && (p[idx_alisten].revents & POLLIN)) {
+                int fd = accept4(host->agent_listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+                if (fd >= 0 && virtio_console_set_host_fd(vmm->console, fd) < 0)
+                        safe_close(fd);
+        }
+        if (idx_clisten >= 0 && (p[idx_clisten].revents & POLLIN))
+                accept_on(host->control_listen_fd, &host->control_fd, true);
+        if (idx_ctl >= 0 && (p[idx_ctl].revents & (POLLIN | POLLHUP | POLLERR)))
+                control_read(vmm, host);
+process:
+        (void) idx_console;
+        virtio_console_process(vmm, vmm->console);
+}
+
+static int handle_io(struct vmm *vmm) {
+        struct kvm_run *run = vmm->run;
+        uint8_t *data = (uint8_t *) run + run->io.data_offset;
+        uint32_t sz = run->io.size;
+
+        if (run->io.data_offset + (uint64_t) sz * run->io.count > vmm->run_size || sz > 4)
+                return -EINVAL;
+
+        for (uint32_t i = 0; i < run->io.count; i++, data += sz) {
+                struct pio_dev *d = vmm_find_pio(vmm, run->io.port, sz);
+
+                if (!d) {
+                        if (run->io.direction == KVM_EXIT_IO_IN)
+                                memset(data, 0xff, sz);
+                        continue;
+                }
+                if (run->io.direction == KVM_EXIT_IO_IN)
+                        d->read(vmm, d, run->io.port - d->base, data, sz);
+                else
+                        d->write(vmm, d, run->io.port - d->base, data, sz);
+        }
+        return 0;
+}
+
+static int handle_mmio(struct vmm *vmm) {
+        struct kvm_run *run = vmm->run;
+        uint32_t len = run->mmio.len;
+        struct mmio_dev *d;
+
+        if (len == 0 || len > sizeof(run->mmio.data))
+                return -EINVAL;
+        d = vmm_find_mmio(vmm, run->mmio.phys_addr, len);
+        if (!d) {
+                if (!run->mmio.is_write)
+                        memset(run->mmio.data, 0xff, len);
+                return 0;
+        }
+        if (run->mmio.is_write)
+                d->write(vmm, d, run->mmio.phys_addr - d->base, run->mmio.data, len);
+        else
+                d->read(vmm, d, run->mmio.phys_addr - d->base, run->mmio.data, len);
+        return 0;
+}
+
+int vmm_run(struct vmm *vmm, struct vmm_host *host) {
+        struct kvm_run *run = vmm->run;
+        int r;
+
+        host->armed_console_fd = -1;
+        r = arm_fd(host->control_fd);
+        if (r >= 0)
+                r = arm_fd(host->agent_listen_fd);
+        if (r >= 0)
+                r = arm_fd(host->control_listen_fd);
+        if (r < 0)
+                return log_error_errno(r, "Failed to set up host fds: %m");
+
+        current_run = run;
+        while (vmm->stop == VMM_RUNNING) {
+                /* Clear before servicing: a SIGIO arriving after the poll below
+                 * makes the next KVM_RUN return at once instead of being lost. */
+                run->immediate_exit = 0;
+                service_host(vmm, host, host->paused ? 1000 : 0);
+                if (got_term)
+                        vmm_request_stop(vmm, VMM_STOP_SIGNAL);
+                if (vmm->stop != VMM_RUNNING)
+                        break;
+                if (host->paused)
+                        continue;
+
+                if (ioctl(vmm->vcpu_fd, KVM_RUN, 0) < 0) {
+                        if (errno == EINTR || errno == EAGAIN)
+                                continue;
+                        r = log_error_errno(errno, "KVM_RUN failed: %m");
+                        vmm_request_stop(vmm, VMM_STOP_ERROR);
+                        break;
+                }
+
+                switch (run->exit_reason) {
+                case KVM_EXIT_IO:
+                        r = handle_io(vmm);
+                        break;
+                case KVM_EXIT_MMIO:
+                        r = handle_mmio(vmm);
+                        break;
+                case KVM_EXIT_HLT:
+                        /* With the in-kernel irqchip KVM handles HLT; a guest that
+                         * halts with interrupts off is dead. */
+                        log_warning("%s: guest halted with no way to wake up", vmm->id);
+                        vmm_request_stop(vmm, VMM_STOP_SHUTDOWN);
+                        r = 0;
+                        break;
+                case KVM_EXIT_SHUTDOWN:
+                        log_warning("%s: guest triple-faulted", vmm->id);
+                        vmm_request_stop(vmm, VMM_STOP_SHUTDOWN);
+                        r = 0;
+                        break;
+                case KVM_EXIT_SYSTEM_EVENT:
+                        vmm_request_stop(vmm, VMM_STOP_RESET);
+                        r = 0;
+                        break;
+                case KVM_EXIT_INTR:
+                        r = 0;
+                        break;
+                case KVM_EXIT_FAIL_ENTRY:
+                        log_error("%s: KVM entry failed, reason 0x%llx", vmm->id,
+                                  (unsigned long long) run->fail_entry.hardware_entry_failure_reason);
+                        vmm_request_stop(vmm, VMM_STOP_ERROR);
+                        r = 0;
+                        break;
+                case KVM_EXIT_INTERNAL_ERROR:
+                        log_error("%s: KVM internal error, suberror %u", vmm->id, run->internal.suberror);
+                        vmm_request_stop(vmm, VMM_STOP_ERROR);
+                        r = 0;
+                        break;
+                default:
+                        log_error("%s: unhandled exit reason %u", vmm->id, run->exit_reason);
+                        vmm_request_stop(vmm, VMM_STOP_ERROR);
+                        r = 0;
+                }
+                if (r < 0) {
+                        log_error_errno(r, "%s: bad exit data from KVM: %m", vmm->id);
+                        vmm_request_stop(vmm, VMM_STOP_ERROR);
+                }
+        }
+        current_run = NULL;
+        serial_flush(vmm->serial);
+
+        switch (vmm->stop) {
+        case VMM_STOP_RESET:
+        case VMM_STOP_SIGNAL:
+                return 0;
+        case VMM_STOP_SHUTDOWN:
+                return -ECANCELED;
+        default:
+                return -EIO;
+        }
+}

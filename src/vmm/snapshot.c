@@ -1,1 +1,359 @@
-/* placeholder */
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#include <dirent.h>
+#include <stdarg.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "serial.h"
+#include "snapshot.h"
+#include "virtio-blk.h"
+#include "virtio-mmio.h"
+#include "x86.h"
+
+/* Fault injection for the crash-safety test: FORKD_TEST_CRASH_SNAPSHOT=<stage>
+ * kills the process right after that stage, as a power cut would. */
+static void test_crash_point(const char *stage) {
+        const char *e = getenv("FORKD_TEST_CRASH_SNAPSHOT");
+        if (e && strcmp(e, stage) == 0)
+                _exit(99);
+}
+
+static int write_all(int fd, const void *buf, size_t len, off_t off) {
+        const uint8_t *p = buf;
+
+        while (len > 0) {
+                ssize_t n = pwrite(fd, p, MIN(len, (size_t) 1 << 30), off);
+                if (n < 0) {
+                        if (errno == EINTR)
+                                continue;
+                        return -errno;
+                }
+                p += n;
+                off += n;
+                len -= n;
+        }
+        return 0;
+}
+
+static bool page_is_zero(const uint8_t *p) {
+        const uint64_t *q = (const uint64_t *) p;
+        for (unsigned i = 0; i < 4096 / 8; i++)
+                if (q[i])
+                        return false;
+        return true;
+}
+
+/* Guest RAM, sparse: runs of non-zero pages are written, zero pages stay holes. */
+static int write_memory(int dfd, const struct vmm *vmm) {
+        _cleanup_close_ int fd = -EBADF;
+        uint64_t off = 0;
+        int r;
+
+        fd = openat(dfd, SNAPSHOT_MEMORY_FILE, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0640);
+        if (fd < 0)
+                return -errno;
+        if (ftruncate(fd, vmm->mem_size) < 0)
+                return -errno;
+
+        while (off < vmm->mem_size) {
+                uint64_t end;
+
+                if (page_is_zero(vmm->mem + off)) {
+                        off += 4096;
+                        continue;
+                }
+                for (end = off + 4096; end < vmm->mem_size && !page_is_zero(vmm->mem + end); end += 4096)
+                        ;
+                r = write_all(fd, vmm->mem + off, end - off, off);
+                if (r < 0)
+                        return r;
+                off = end;
+        }
+        if (fsync(fd) < 0)
+                return -errno;
+        return 0;
+}
+
+static int write_file_at(int dfd, const char *name, const void *buf, size_t len) {
+        _cleanup_close_ int fd = -EBADF;
+        int r;
+
+        fd = openat(dfd, name, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0640);
+        if (fd < 0)
+                return -errno;
+        r = write_all(fd, buf, len, 0);
+        if (r < 0)
+                return r;
+        return fsync(fd) < 0 ? -errno : 0;
+}
+
+static int add_dev(struct vmstate *s, uint32_t kind, int (*save)(void *dev, void *buf, size_t cap, size_t *len),
+                   void *dev) {
+        struct vmstate_dev *d;
+        size_t len;
+        int r;
+
+        if (s->n_devs >= VMSTATE_MAX_DEVS)
+                return -E2BIG;
+        d = &s->devs[s->n_devs];
+        r = save(dev, d->blob, sizeof(d->blob), &len);
+        if (r < 0)
+                return r;
+        d->kind = kind;
+        d->len = (uint32_t) len;
+        s->n_devs++;
+        return 0;
+}
+
+static int save_serial(void *dev, void *buf, size_t cap, size_t *len) {
+        return serial_save(dev, buf, cap, len);
+}
+static int save_virtio(void *dev, void *buf, size_t cap, size_t *len) {
+        return virtio_mmio_save(dev, buf, cap, len);
+}
+
+static int collect_state(struct vmm *vmm, struct vmstate *s) {
+        int r;
+
+        memset(s, 0, sizeof(*s));
+        s->memory.mem_size = vmm->mem_size;
+        s->memory.tsc_khz = vmm->tsc_khz;
+        s->memory.generation = vmm->generation;
+        s->n_vcpus = 1;
+
+        /* MP state is read first inside x86_vcpu_save, as Firecracker does. */
+        r = x86_vcpu_save(vmm, vmm->cpuid, &s->vcpus[0]);
+        if (r < 0)
+                return r;
+        r = x86_vm_save(vmm, s);
+        if (r < 0)
+                return r;
+        r = add_dev(s, VMSTATE_DEV_SERIAL, save_serial, vmm->serial);
+        if (r >= 0)
+                r = add_dev(s, VMSTATE_DEV_VIRTIO_BLK, save_virtio, vmm->blk);
+        if (r >= 0)
+                r = add_dev(s, VMSTATE_DEV_VIRTIO_CONSOLE, save_virtio, vmm->console);
+        return r;
+}
+
+static void remove_dir_files(const char *dir) {
+        DIR *d = opendir(dir);
+        struct dirent *de;
+
+        if (!d)
+                return;
+        while ((de = readdir(d)))
+                if (strcmp(de->d_name, ".") != 0 && strcmp(de->d_name, ".."))
+                        (void) unlinkat(dirfd(d), de->d_name, 0);
+        closedir(d);
+        (void) rmdir(dir);
+}
+
+int snapshot_write(struct vmm *vmm, const char *dir, const char *tag, const char *kernel) {
+        _cleanup_free_ struct vmstate *s = NULL;
+        _cleanup_free_ void *vbuf = NULL;
+        _cleanup_free_ char *json = NULL, *staging = NULL, *parent = NULL;
+        _cleanup_close_ int dfd = -EBADF, pfd = -EBADF, disk_fd = -EBADF;
+        struct snapshot_meta meta = {};
+        struct stat st;
+        size_t vlen;
+        char *slash;
+        int r;
+
+        if (!dir || dir[0] != '/' || strlen(dir) >= PATH_MAX - 32 || !snapshot_tag_is_valid(tag))
+                return -EINVAL;
+        if (access(dir, F_OK) == 0)
+                return -EEXIST;
+
+        s = calloc(1, sizeof(*s));
+        if (!s)
+                return -ENOMEM;
+        r = collect_state(vmm, s);
+        if (r < 0)
+                return log_debug_errno(r, "Failed to collect VM state: %m");
+        r = vmstate_encode(s, &vbuf, &vlen);
+        if (r < 0)
+                return r;
+
+        parent = strdup(dir);
+        if (!parent || asprintf(&staging, "%s.tmp.%d", dir, (int) getpid()) < 0)
+                return -ENOMEM;
+        slash = strrchr(parent, '/');
+        if (slash == parent)
+                parent[1] = 0;
+        else
+                *slash = 0;
+
+        pfd = open(parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (pfd < 0)
+                return log_debug_errno(errno, "Failed to open %s: %m", parent);
+
+        remove_dir_files(staging); /* a leftover from a crashed run of this pid */
+        if (mkdir(staging, 0750) < 0)
+                return log_debug_errno(errno, "Failed to create %s: %m", staging);
+        dfd = open(staging, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (dfd < 0) {
+                r = -errno;
+                goto fail;
+        }
+
+        r = write_memory(dfd, vmm);
+        if (r < 0)
+                goto fail;
+        test_crash_point("memory");
+
+        r = write_file_at(dfd, SNAPSHOT_VMSTATE_FILE, vbuf, vlen);
+        if (r < 0)
+                goto fail;
+        test_crash_point("vmstate");
+
+        disk_fd = openat(dfd, SNAPSHOT_DISK_FILE, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0640);
+        if (disk_fd < 0) {
+                r = -errno;
+                goto fail;
+        }
+        r = virtio_blk_export(vmm->blk, disk_fd);
+        if (r < 0)
+                goto fail;
+        if (fsync(disk_fd) < 0 || fstat(disk_fd, &st) < 0) {
+                r = -errno;
+                goto fail;
+        }
+        test_crash_point("disk");
+
+        meta.format = 1;
+        snprintf(meta.tag, sizeof(meta.tag), "%s", tag);
+        meta.created_at_unix = (int64_t) time(NULL);
+        meta.mem_size = vmm->mem_size;
+        meta.vcpus = 1;
+        meta.generation = vmm->generation;
+        snprintf(meta.memory_file, sizeof(meta.memory_file), "%s", SNAPSHOT_MEMORY_FILE);
+        snprintf(meta.vmstate_file, sizeof(meta.vmstate_file), "%s", SNAPSHOT_VMSTATE_FILE);
+        snprintf(meta.disk_file, sizeof(meta.disk_file), "%s", SNAPSHOT_DISK_FILE);
+        meta.disk_size = (uint64_t) st.st_size;
+        snprintf(meta.kernel, sizeof(meta.kernel), "%s", kernel ?: "");
+        snprintf(meta.guest, sizeof(meta.guest), "%s", "test");
+        r = snapshot_meta_format(&meta, &json);
+        if (r < 0)
+                goto fail;
+        r = write_file_at(dfd, SNAPSHOT_META_FILE, json, strlen(json));
+        if (r < 0)
+                goto fail;
+        test_crash_point("meta");
+
+        if (fsync(dfd) < 0) {
+                r = -errno;
+                goto fail;
+        }
+        if (rename(staging, dir) < 0) {
+                r = -errno;
+                goto fail;
+        }
+        test_crash_point("rename");
+        if (fsync(pfd) < 0)
+                return -errno;
+        return 0;
+fail:
+        remove_dir_files(staging);
+        return r;
+}
+
+static int set_error(char **ret_error, const char *fmt, ...) _printf_(2, 3);
+static int set_error(char **ret_error, const char *fmt, ...) {
+        va_list ap;
+
+        if (ret_error) {
+                free(*ret_error);
+                va_start(ap, fmt);
+                if (vasprintf(ret_error, fmt, ap) < 0)
+                        *ret_error = NULL;
+                va_end(ap);
+        }
+        return -EBADMSG;
+}
+
+static int open_regular(int dfd, const char *name, uint64_t expect_size, char **ret_error, int *ret_fd) {
+        _cleanup_close_ int fd = -EBADF;
+        struct stat st;
+
+        fd = openat(dfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+        if (fd < 0)
+                return set_error(ret_error, "%s: cannot open: %s", name, strerror(errno));
+        if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode))
+                return set_error(ret_error, "%s: not a regular file", name);
+        if ((uint64_t) st.st_size != expect_size)
+                return set_error(ret_error, "%s: size %lld, expected %llu (truncated or corrupt)", name,
+                                 (long long) st.st_size, (unsigned long long) expect_size);
+        *ret_fd = TAKE_FD(fd);
+        return 0;
+}
+
+int snapshot_load(const char *dir, struct snapshot **ret, char **ret_error) {
+        struct snapshot *snap = NULL;
+        _cleanup_close_ int dfd = -EBADF, fd = -EBADF;
+        const char *err = NULL;
+        char path[PATH_MAX];
+        int r;
+
+        dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (dfd < 0) {
+                r = -errno;
+                set_error(ret_error, "%s: cannot open snapshot directory: %s", dir, strerror(-r));
+                return r;
+        }
+
+        snap = calloc(1, sizeof(*snap));
+        if (!snap)
+                return -ENOMEM;
+        snap->mem_fd = snap->disk_fd = -EBADF;
+        snap->dir = strdup(dir);
+        snap->state = calloc(1, sizeof(*snap->state));
+        if (!snap->dir || !snap->state) {
+                r = -ENOMEM;
+                goto fail;
+        }
+
+        snprintf(path, sizeof(path), "%s/%s", dir, SNAPSHOT_META_FILE);
+        r = snapshot_meta_read_file(path, &snap->meta, &err);
+        if (r < 0) {
+                r = set_error(ret_error, "%s: %s", SNAPSHOT_META_FILE, err ?: strerror(-r));
+                goto fail;
+        }
+
+        snprintf(path, sizeof(path), "%s/%s", dir, snap->meta.vmstate_file);
+        r = vmstate_read_file(path, snap->state, &err);
+        if (r < 0) {
+                r = set_error(ret_error, "%s: %s", snap->meta.vmstate_file, err ?: strerror(-r)) ;
+                goto fail;
+        }
+        if (snap->state->memory.mem_size != snap->meta.mem_size || snap->state->n_vcpus != snap->meta.vcpus) {
+                r = set_error(ret_error, "vmstate and snapshot.json disagree about the machine");
+                goto fail;
+        }
+
+        r = open_regular(dfd, snap->meta.memory_file, snap->meta.mem_size, ret_error, &snap->mem_fd);
+        if (r < 0)
+                goto fail;
+        r = open_regular(dfd, snap->meta.disk_file, snap->meta.disk_size, ret_error, &snap->disk_fd);
+        if (r < 0)
+                goto fail;
+
+        *ret = snap;
+        return 0;
+fail:
+        snapshot_free(snap);
+        return r;
+}
+
+struct snapshot *snapshot_free(struct snapshot *s) {
+        if (!s)
+                return NULL;
+        safe_close(s->mem_fd);
+        safe_close(s->disk_fd);
+        free(s->state);
+        free(s->dir);
+        free(s);
+        return NULL;
+}

@@ -1,1 +1,338 @@
-/* placeholder */
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+/*
+ * The template: a process that parses a snapshot once, maps memory.bin
+ * MAP_PRIVATE without touching it, and forks one child per sandbox on request.
+ * fork(2) copies no page tables for an untouched file mapping, so a child costs
+ * a fork plus its own VM and vCPU fds (KVM fds belong to the mm that created
+ * them, so every child makes its own). Children share clean guest pages
+ * through the page cache and pay only for the pages they write.
+ *
+ * Control protocol: SOCK_SEQPACKET, one JSON object per message.
+ *   -> {"op":"spawn","ids":[...],"with_control":bool,"console_dir":str|null}
+ *      with SCM_RIGHTS: per id, its agent fd, then (with_control) its control fd
+ *   <- {"ok":true,"pids":[...]} | {"ok":false,"error":"..."}
+ *   <- {"event":"ready","generation":N,"mem_size":N} once, at start
+ *   <- {"event":"exit","id":"...","pid":N,"code":N,"signal":N} per child
+ * EOF on the control socket kills every child and ends the template.
+ */
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+
+#include <json-c/json.h>
+
+#include "json-util.h"
+#include "kvm.h"
+#include "machine.h"
+#include "run.h"
+#include "snapshot-meta.h"
+#include "template.h"
+
+#define TEMPLATE_MAX_BATCH 100
+#define TEMPLATE_MAX_CHILDREN 4096
+#define TEMPLATE_MSG_MAX (64u << 10)
+
+struct child {
+        pid_t pid;
+        char id[65];
+};
+
+struct template {
+        int kvm_fd;
+        int control_fd;
+        int sig_fd;
+        struct snapshot *snap;
+        uint8_t *mem;
+        const char *overlay_dir;
+        struct child *children;
+        unsigned n_children;
+};
+
+static void send_json(struct template *t, struct json_object *o) {
+        const char *s = json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN);
+        if (send(t->control_fd, s, strlen(s), MSG_NOSIGNAL) < 0)
+                log_debug_errno(errno, "Failed to send to the controller: %m");
+}
+
+static void send_error(struct template *t, const char *msg) {
+        struct json_object *o = json_object_new_object();
+        json_object_object_add(o, "ok", json_object_new_boolean(0));
+        json_object_object_add(o, "error", json_object_new_string(msg));
+        send_json(t, o);
+        json_object_put(o);
+}
+
+static _Noreturn void child_main(struct template *t, const char *id, int agent_fd, int ctl_fd,
+                                 const char *console_dir) {
+        struct machine_config cfg = { .id = id, .overlay_dir = t->overlay_dir, .agent_fd = agent_fd };
+        struct vmm_host host = { .agent_listen_fd = -1, .control_listen_fd = -1, .control_fd = ctl_fd,
+                                 .exit_on_control_eof = ctl_fd >= 0, .kernel = t->snap->meta.kernel };
+        char log_path[4096];
+        struct vmm *vmm = NULL;
+        sigset_t ss;
+        int r;
+
+        log_prefix = id;
+        (void) prctl(PR_SET_PDEATHSIG, SIGKILL);
+        sigemptyset(&ss);
+        sigaddset(&ss, SIGCHLD);
+        (void) sigprocmask(SIG_UNBLOCK, &ss, NULL);
+
+        if (console_dir) {
+                snprintf(log_path, sizeof(log_path), "%s/%s.log", console_dir, id);
+                cfg.console_log = log_path;
+        }
+
+        r = machine_restore(t->kvm_fd, t->snap, t->mem, &cfg, &vmm);
+        if (r < 0) {
+                log_error_errno(r, "Failed to restore: %m");
+                _exit(2);
+        }
+        r = vmm_install_signals();
+        if (r >= 0)
+                r = vmm_run(vmm, &host);
+        /* No teardown: exit(2) lets the kernel free the VM, off anyone's critical path. */
+        _exit(r < 0 ? 1 : 0);
+}
+
+static void close_fds(int *fds, unsigned n) {
+        for (unsigned i = 0; i < n; i++)
+                safe_close(fds[i]);
+}
+
+static void handle_spawn(struct template *t, struct json_object *req, int *fds, unsigned n_fds) {
+        struct json_object *ids, *o, *reply, *pids;
+        const char *console_dir = NULL;
+        bool with_control = false;
+        size_t n;
+
+        if (!json_object_object_get_ex(req, "ids", &ids) || !json_object_is_type(ids, json_type_array)) {
+                send_error(t, "spawn needs an array \"ids\"");
+                goto fail;
+        }
+        n = json_object_array_length(ids);
+        if (n == 0 || n > TEMPLATE_MAX_BATCH) {
+                send_error(t, "spawn takes 1 to 100 ids per message");
+                goto fail;
+        }
+        if (t->n_children + n > TEMPLATE_MAX_CHILDREN) {
+                send_error(t, "too many children for one template");
+                goto fail;
+        }
+        if (json_object_object_get_ex(req, "with_control", &o)) {
+                if (!json_object_is_type(o, json_type_boolean)) {
+                        send_error(t, "\"with_control\" must be a boolean");
+                        goto fail;
+                }
+                with_control = json_object_get_boolean(o);
+        }
+        if (json_object_object_get_ex(req, "console_dir", &o) && !json_object_is_type(o, json_type_null)) {
+                if (!json_object_is_type(o, json_type_string) || json_object_get_string(o)[0] != '/' ||
+                    json_object_get_string_len(o) > 3000) {
+                        send_error(t, "\"console_dir\" must be an absolute path or null");
+                        goto fail;
+                }
+                console_dir = json_object_get_string(o);
+        }
+        if (n_fds != n * (with_control ? 2 : 1)) {
+                send_error(t, "spawn: wrong number of file descriptors attached");
+                goto fail;
+        }
+        for (size_t i = 0; i < n; i++) {
+                o = json_object_array_get_idx(ids, i);
+                if (!json_object_is_type(o, json_type_string) || !snapshot_tag_is_valid(json_object_get_string(o))) {
+                        send_error(t, "spawn: every id must match ^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$");
+                        goto fail;
+                }
+        }
+
+        pids = json_object_new_array();
+        for (size_t i = 0; i < n; i++) {
+                const char *id = json_object_get_string(json_object_array_get_idx(ids, i));
+                unsigned per = with_control ? 2 : 1;
+                pid_t pid = fork();
+
+                if (pid < 0) {
+                        json_object_array_add(pids, json_object_new_int(-errno));
+                        continue;
+                }
+                if (pid == 0) {
+                        /* Keep only this child's own fds. */
+                        for (unsigned k = 0; k < n_fds; k++)
+                                if (k != i * per && !(with_control && k == i * per + 1))
+                                        safe_close(fds[k]);
+                        safe_close(t->control_fd);
+                        safe_close(t->sig_fd);
+                        child_main(t, id, fds[i * per], with_control ? fds[i * per + 1] : -1, console_dir);
+                }
+                t->children[t->n_children].pid = pid;
+                snprintf(t->children[t->n_children].id, sizeof(t->children[0].id), "%s", id);
+                t->n_children++;
+                json_object_array_add(pids, json_object_new_int(pid));
+        }
+        close_fds(fds, n_fds);
+
+        reply = json_object_new_object();
+        json_object_object_add(reply, "ok", json_object_new_boolean(1));
+        json_object_object_add(reply, "pids", pids);
+        send_json(t, reply);
+        json_object_put(reply);
+        return;
+fail:
+        close_fds(fds, n_fds);
+}
+
+static int read_control(struct template *t) {
+        static char buf[TEMPLATE_MSG_MAX + 1];
+        char cbuf[CMSG_SPACE(sizeof(int) * 2 * TEMPLATE_MAX_BATCH)];
+        struct iovec iov = { .iov_base = buf, .iov_len = sizeof(buf) };
+        struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof(cbuf) };
+        struct json_object *req = NULL, *op;
+        int fds[2 * TEMPLATE_MAX_BATCH];
+        unsigned n_fds = 0;
+        const char *err = NULL;
+        ssize_t n;
+
+        n = recvmsg(t->control_fd, &mh, MSG_CMSG_CLOEXEC);
+        if (n < 0)
+                return errno == EINTR || errno == EAGAIN ? 0 : -errno;
+        if (n == 0)
+                return -ECONNRESET;
+
+        for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+                if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+                        continue;
+                unsigned k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+                for (unsigned i = 0; i < k; i++) {
+                        int fd;
+                        memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+                        if (n_fds < ELEMENTSOF(fds))
+                                fds[n_fds++] = fd;
+                        else
+                                safe_close(fd);
+                }
+        }
+        if ((mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) || (size_t) n > TEMPLATE_MSG_MAX) {
+                send_error(t, "request too large");
+                close_fds(fds, n_fds);
+                return 0;
+        }
+
+        if (json_parse_strict(buf, n, TEMPLATE_MSG_MAX, 4, &req, &err) < 0) {
+                send_error(t, err ?: "malformed request");
+                close_fds(fds, n_fds);
+                return 0;
+        }
+        if (json_object_object_get_ex(req, "op", &op) && json_object_is_type(op, json_type_string) &&
+            strcmp(json_object_get_string(op), "spawn") == 0)
+                handle_spawn(t, req, fds, n_fds);
+        else {
+                send_error(t, "unknown op");
+                close_fds(fds, n_fds);
+        }
+        json_object_put(req);
+        return 0;
+}
+
+static void reap(struct template *t) {
+        struct signalfd_siginfo si;
+        int status;
+        pid_t pid;
+
+        while (read(t->sig_fd, &si, sizeof(si)) == sizeof(si))
+                ;
+        while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+                for (unsigned i = 0; i < t->n_children; i++) {
+                        struct json_object *ev;
+
+                        if (t->children[i].pid != pid)
+                                continue;
+                        ev = json_object_new_object();
+                        json_object_object_add(ev, "event", json_object_new_string("exit"));
+                        json_object_object_add(ev, "id", json_object_new_string(t->children[i].id));
+                        json_object_object_add(ev, "pid", json_object_new_int(pid));
+                        json_object_object_add(ev, "code", json_object_new_int(WIFEXITED(status) ? WEXITSTATUS(status) : -1));
+                        json_object_object_add(ev, "signal", json_object_new_int(WIFSIGNALED(status) ? WTERMSIG(status) : 0));
+                        send_json(t, ev);
+                        json_object_put(ev);
+                        t->children[i] = t->children[--t->n_children];
+                        break;
+                }
+        }
+}
+
+int template_serve(int kvm_fd, const char *snapshot_dir, int control_fd, const char *overlay_dir) {
+        _cleanup_(snapshot_freep) struct snapshot *snap = NULL;
+        _cleanup_free_ char *err = NULL;
+        _cleanup_free_ struct child *children = NULL;
+        struct template t = { .kvm_fd = kvm_fd, .control_fd = control_fd, .overlay_dir = overlay_dir };
+        struct json_object *ready;
+        sigset_t ss;
+        int r;
+
+        (void) prctl(PR_SET_PDEATHSIG, SIGKILL);
+
+        r = snapshot_load(snapshot_dir, &snap, &err);
+        if (r < 0)
+                return log_error_errno(r, "Cannot use snapshot %s: %s", snapshot_dir, err ?: strerror(-r));
+        t.snap = snap;
+
+        /* Map, never touch: the template's page tables stay empty, so fork is cheap. */
+        t.mem = mmap(NULL, snap->meta.mem_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_NORESERVE, snap->mem_fd, 0);
+        if (t.mem == MAP_FAILED)
+                return log_error_errno(errno, "Failed to map memory.bin: %m");
+
+        children = calloc(TEMPLATE_MAX_CHILDREN, sizeof(*children));
+        if (!children)
+                return log_oom();
+        t.children = children;
+
+        sigemptyset(&ss);
+        sigaddset(&ss, SIGCHLD);
+        sigprocmask(SIG_BLOCK, &ss, NULL);
+        t.sig_fd = signalfd(-1, &ss, SFD_CLOEXEC | SFD_NONBLOCK);
+        if (t.sig_fd < 0)
+                return log_error_errno(errno, "signalfd failed: %m");
+
+        ready = json_object_new_object();
+        json_object_object_add(ready, "event", json_object_new_string("ready"));
+        json_object_object_add(ready, "generation", json_object_new_int64((int64_t) snap->state->memory.generation));
+        json_object_object_add(ready, "mem_size", json_object_new_int64((int64_t) snap->meta.mem_size));
+        send_json(&t, ready);
+        json_object_put(ready);
+
+        for (;;) {
+                struct pollfd p[2] = {
+                        { .fd = control_fd, .events = POLLIN },
+                        { .fd = t.sig_fd, .events = POLLIN },
+                };
+
+                if (poll(p, 2, -1) < 0) {
+                        if (errno == EINTR)
+                                continue;
+                        r = -errno;
+                        break;
+                }
+                if (p[1].revents & POLLIN)
+                        reap(&t);
+                if (p[0].revents & (POLLIN | POLLHUP | POLLERR)) {
+                        r = read_control(&t);
+                        if (r < 0)
+                                break;
+                }
+        }
+
+        /* Controller gone: no child outlives its template. */
+        for (unsigned i = 0; i < t.n_children; i++)
+                (void) kill(t.children[i].pid, SIGKILL);
+        /* Reap them, so that none lingers as a zombie of whoever adopts it. */
+        while (waitpid(-1, NULL, 0) > 0 || errno == EINTR)
+                ;
+        safe_close(t.sig_fd);
+        return r == -ECONNRESET ? 0 : r;
+}

@@ -62,7 +62,8 @@ struct vmm {
 
         uint8_t *mem;          /* guest RAM, GPA 0 .. mem_size */
         uint64_t mem_size;
-        int mem_fd;            /* memfd (boot) or memory.bin (restore, MAP_PRIVATE) */
+        int mem_fd;            /* memfd backing guest RAM at boot, else -1 */
+        bool mem_owned;        /* unmap mem on free (false: borrowed from a template) */
 
         struct mmio_dev *mmio[VMM_MAX_MMIO_DEVS];
         unsigned n_mmio;
@@ -75,6 +76,10 @@ struct vmm {
         struct virtio_mmio *console;
 
         uint32_t tsc_khz;
+        char id[65];           /* sandbox id given by the host */
+        uint64_t generation;   /* 0 at boot, parent's + 1 after a restore */
+        struct kvm_cpuid2 *cpuid; /* what the vCPU was given, saved with snapshots */
+
         enum vmm_stop_reason stop;
         int exit_status;
 };

@@ -1,0 +1,301 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+/*
+ * bench/fork: fork N children of the test guest from one snapshot and measure
+ * time-to-ready (every child has answered ping) and host memory per idle
+ * child; cold-boot the same guest in the same run for the ratio.
+ */
+#include <fcntl.h>
+#include <getopt.h>
+#include <limits.h>
+#include <signal.h>
+#include <sys/epoll.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#include "agent-proto.h"
+#include "macro.h"
+#include "vmm-client.h"
+
+static const char *arg_vmm, *arg_guest, *arg_workdir;
+static unsigned arg_n = 100, arg_mem_mib = 64;
+static bool arg_json;
+
+struct run {
+        unsigned n;
+        int *agent_fds;
+        pid_t *pids;
+        fka_client **clients;
+        uint64_t *answered_at;
+        uint64_t t0;
+        int ep;
+        unsigned ready;
+};
+
+static void help(void) {
+        printf("Usage: fork-bench --vmm PATH --guest ELF [--n N] [--mem-mib M] [--work-dir DIR] [--json]\n"
+               "Forks N (1..1000, default 100) children of the test guest from one snapshot, measures\n"
+               "time until all have answered ping and host memory per idle child, and cold-boots\n"
+               "the same guest for comparison. --json prints one JSON object on the last line.\n");
+}
+
+static int parse_uint(const char *s, unsigned lo, unsigned hi, unsigned *ret) {
+        char *end;
+        unsigned long v;
+
+        errno = 0;
+        v = strtoul(s, &end, 10);
+        if (errno || *end || end == s || v < lo || v > hi)
+                return -EINVAL;
+        *ret = (unsigned) v;
+        return 0;
+}
+
+static int parse_argv(int argc, char *argv[]) {
+        static const struct option opts[] = {
+                { "vmm", required_argument, NULL, 'v' },   { "guest", required_argument, NULL, 'g' },
+                { "n", required_argument, NULL, 'n' },     { "mem-mib", required_argument, NULL, 'm' },
+                { "work-dir", required_argument, NULL, 'w' }, { "json", no_argument, NULL, 'j' },
+                { "help", no_argument, NULL, 'h' },        {}
+        };
+        int c;
+
+        while ((c = getopt_long(argc, argv, "h", opts, NULL)) >= 0)
+                switch (c) {
+                case 'v': arg_vmm = optarg; break;
+                case 'g': arg_guest = optarg; break;
+                case 'w': arg_workdir = optarg; break;
+                case 'j': arg_json = true; break;
+                case 'n':
+                        if (parse_uint(optarg, 1, 1000, &arg_n) < 0)
+                                return log_error_errno(EINVAL, "--n must be 1..1000");
+                        break;
+                case 'm':
+                        if (parse_uint(optarg, 16, 3072, &arg_mem_mib) < 0 || arg_mem_mib % 2)
+                                return log_error_errno(EINVAL, "--mem-mib must be even, 16..3072");
+                        break;
+                case 'h': help(); return 0;
+                default: return -EINVAL;
+                }
+        if (!arg_vmm || !arg_guest)
+                return log_error_errno(EINVAL, "--vmm and --guest are required");
+        return 1;
+}
+
+static void send_pings(size_t first, size_t k, void *userdata) {
+        struct run *run = userdata;
+
+        for (size_t i = first; i < first + k; i++) {
+                struct epoll_event ev = { .events = EPOLLIN, .data.u32 = (uint32_t) i };
+
+                if (fka_client_new(run->agent_fds[i], 4, &run->clients[i]) < 0)
+                        continue;
+                if (fka_client_send(run->clients[i], "{\"op\":\"ping\"}", SIZE_MAX, 0, NULL) < 0)
+                        continue;
+                (void) epoll_ctl(run->ep, EPOLL_CTL_ADD, run->agent_fds[i], &ev);
+        }
+}
+
+static int wait_ready(struct run *run, uint64_t timeout_usec) {
+        uint64_t deadline = now_usec() + timeout_usec;
+        struct epoll_event evs[64];
+
+        while (run->ready < run->n && now_usec() < deadline) {
+                int k = epoll_wait(run->ep, evs, ELEMENTSOF(evs), 100);
+                if (k < 0 && errno != EINTR)
+                        return -errno;
+                for (int j = 0; j < k; j++) {
+                        unsigned i = evs[j].data.u32;
+                        fka_completion comp = {};
+                        int r;
+
+                        if (!run->clients[i])
+                                continue;
+                        while ((r = fka_client_next(run->clients[i], &comp)) > 0) {
+                                if (comp.type == FKA_RESPONSE && comp.error == 0 && !run->answered_at[i]) {
+                                        run->answered_at[i] = now_usec();
+                                        run->ready++;
+                                }
+                                fka_completion_done(&comp);
+                        }
+                        if (r < 0 || run->answered_at[i])
+                                (void) epoll_ctl(run->ep, EPOLL_CTL_DEL, run->agent_fds[i], NULL);
+                }
+        }
+        return 0;
+}
+
+/* Private dirty memory plus page tables, in KiB. */
+static long child_kib(pid_t pid) {
+        char path[64], line[256];
+        long priv = -1, pte = -1;
+        FILE *f;
+
+        snprintf(path, sizeof(path), "/proc/%d/smaps_rollup", (int) pid);
+        f = fopen(path, "re");
+        if (!f)
+                return -1;
+        while (fgets(line, sizeof(line), f))
+                if (sscanf(line, "Private_Dirty: %ld kB", &priv) == 1)
+                        break;
+        fclose(f);
+        snprintf(path, sizeof(path), "/proc/%d/status", (int) pid);
+        f = fopen(path, "re");
+        if (!f)
+                return -1;
+        while (fgets(line, sizeof(line), f))
+                if (sscanf(line, "VmPTE: %ld kB", &pte) == 1)
+                        break;
+        fclose(f);
+        return priv < 0 || pte < 0 ? -1 : priv + pte;
+}
+
+static int make_disk(const char *path) {
+        _cleanup_close_ int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
+        if (fd < 0 || ftruncate(fd, 16u << 20) < 0)
+                return -errno;
+        return 0;
+}
+
+int main(int argc, char *argv[]) {
+        char tmpl[] = "/var/tmp/forkd-bench.XXXXXX", disk[PATH_MAX], snap[PATH_MAX], req[PATH_MAX + 64],
+             log[PATH_MAX];
+        const char *dir;
+        struct vmm_proc boot = { .control_fd = -1, .agent_fd = -1 };
+        struct vmm_template t = { .control_fd = -1 };
+        struct run run = { .ep = -1 };
+        _cleanup_free_ char *err = NULL, *reply = NULL;
+        char **ids = NULL;
+        uint64_t t_boot, cold_boot_us = 0, ready_us = 0, spawn_us;
+        double per_child_kib = 0;
+        long kib_sum = 0, kib_n = 0;
+        int r;
+
+        log_prefix = "bench/fork";
+        r = parse_argv(argc, argv);
+        if (r <= 0)
+                return r < 0 ? 2 : 0;
+        signal(SIGPIPE, SIG_IGN);
+
+        dir = arg_workdir;
+        if (!dir) {
+                dir = mkdtemp(tmpl);
+                if (!dir)
+                        return log_error_errno(errno, "mkdtemp failed: %m"), 1;
+        }
+        snprintf(disk, sizeof(disk), "%s/disk.img", dir);
+        snprintf(snap, sizeof(snap), "%s/snap", dir);
+        snprintf(log, sizeof(log), "%s/boot.log", dir);
+        r = make_disk(disk);
+        if (r < 0)
+                return log_error_errno(r, "Failed to create %s: %m", disk), 1;
+
+        /* Cold boot: process start to first answered ping. */
+        struct vmm_boot_args a = { .vmm_path = arg_vmm, .kernel = arg_guest, .disk = disk, .mem_mib = arg_mem_mib,
+                                   .id = "bench-parent", .console_log = log, .overlay_dir = dir };
+        t_boot = now_usec();
+        r = vmm_client_boot(&a, &boot);
+        if (r < 0)
+                return log_error_errno(r, "Failed to start forkd-vmm: %m"), 1;
+        r = fka_call(boot.agent_fd, "{\"op\":\"ping\"}", 30 * 1000000ull, NULL, NULL);
+        if (r < 0) {
+                log_error_errno(r, "The booted guest did not answer ping: %m (console: %s)", log);
+                goto finish;
+        }
+        cold_boot_us = now_usec() - t_boot;
+
+        snprintf(req, sizeof(req), "{\"op\":\"snapshot\",\"dir\":\"%s\",\"tag\":\"bench\"}", snap);
+        r = vmm_client_control(boot.control_fd, req, 60 * 1000000ull, &reply);
+        if (r < 0) {
+                log_error_errno(r, "Snapshot failed: %s", reply ?: strerror(-r));
+                goto finish;
+        }
+        vmm_proc_stop(&boot, 2 * 1000000ull);
+
+        r = vmm_client_template_start(arg_vmm, snap, dir, &t, &err);
+        if (r < 0) {
+                log_error_errno(r, "Template failed: %s", err ?: strerror(-r));
+                goto finish;
+        }
+
+        run.n = arg_n;
+        run.agent_fds = calloc(arg_n, sizeof(int));
+        run.pids = calloc(arg_n, sizeof(pid_t));
+        run.clients = calloc(arg_n, sizeof(fka_client *));
+        run.answered_at = calloc(arg_n, sizeof(uint64_t));
+        ids = calloc(arg_n, sizeof(char *));
+        run.ep = epoll_create1(EPOLL_CLOEXEC);
+        if (!run.agent_fds || !run.pids || !run.clients || !run.answered_at || !ids || run.ep < 0) {
+                r = log_oom();
+                goto finish;
+        }
+        for (unsigned i = 0; i < arg_n; i++)
+                if (asprintf(&ids[i], "sb-bench-%04u", i) < 0) {
+                        r = log_oom();
+                        goto finish;
+                }
+
+        run.t0 = now_usec();
+        r = vmm_client_template_spawn(&t, (const char *const *) ids, arg_n, NULL, run.agent_fds, NULL, run.pids,
+                                      send_pings, &run);
+        spawn_us = now_usec() - run.t0;
+        if (r < 0) {
+                log_error_errno(r, "Spawn failed: %m");
+                goto finish;
+        }
+        r = wait_ready(&run, 60 * 1000000ull);
+        if (r < 0)
+                goto finish;
+        for (unsigned i = 0; i < arg_n; i++)
+                if (run.answered_at[i] && run.answered_at[i] - run.t0 > ready_us)
+                        ready_us = run.answered_at[i] - run.t0;
+
+        for (unsigned i = 0; i < arg_n; i++) {
+                long k = run.pids[i] > 0 ? child_kib(run.pids[i]) : -1;
+                if (k >= 0) {
+                        kib_sum += k;
+                        kib_n++;
+                }
+        }
+        per_child_kib = kib_n ? (double) kib_sum / kib_n : -1;
+
+        printf("%-34s %12s\n", "figure", "value");
+        printf("%-34s %12u\n", "children forked", arg_n);
+        printf("%-34s %12u\n", "children that answered ping", run.ready);
+        printf("%-34s %12.1f\n", "time to all ready (ms)", ready_us / 1000.0);
+        printf("%-34s %12.1f\n", "template spawn replies (ms)", spawn_us / 1000.0);
+        printf("%-34s %12.3f\n", "per child, amortised (ms)", ready_us / 1000.0 / arg_n);
+        printf("%-34s %12.1f\n", "cold boot to first ping (ms)", cold_boot_us / 1000.0);
+        printf("%-34s %12.1f\n", "cold boot / amortised fork", cold_boot_us / ((double) ready_us / arg_n));
+        printf("%-34s %12.1f\n", "host memory per idle child (KiB)", per_child_kib);
+        if (arg_json)
+                printf("{\"n\": %u, \"ready\": %u, \"ready_ms\": %.2f, \"per_child_kib\": %.1f, "
+                       "\"cold_boot_ms\": %.2f}\n",
+                       arg_n, run.ready, ready_us / 1000.0, per_child_kib, cold_boot_us / 1000.0);
+        r = run.ready == arg_n ? 0 : -EIO;
+
+finish:
+        if (boot.pid > 0)
+                vmm_proc_stop(&boot, 1000000ull);
+        if (t.pid > 0)
+                vmm_template_stop(&t);
+        for (unsigned i = 0; i < run.n; i++) {
+                if (run.clients && run.clients[i])
+                        fka_client_free(run.clients[i]);
+                if (run.agent_fds)
+                        safe_close(run.agent_fds[i]);
+                if (ids)
+                        free(ids[i]);
+        }
+        free(ids);
+        free(run.agent_fds);
+        free(run.pids);
+        free(run.clients);
+        free(run.answered_at);
+        safe_close(run.ep);
+        if (!arg_workdir) {
+                char cmd[PATH_MAX + 16];
+                snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+                (void) system(cmd);
+        }
+        return r < 0 ? 1 : 0;
+}

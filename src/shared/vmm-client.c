@@ -1,0 +1,354 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+
+#include <json-c/json.h>
+
+#include "json-util.h"
+#include "macro.h"
+#include "vmm-client.h"
+
+#define CONTROL_REPLY_MAX (64u << 10)
+#define SPAWN_BATCH 100
+
+uint64_t now_usec(void) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (uint64_t) ts.tv_sec * 1000000u + ts.tv_nsec / 1000;
+}
+
+/* fork+exec argv with the given fds placed at 3, 4, ... in the child. */
+static int spawn_with_fds(char *const argv[], const int *fds, unsigned n_fds, pid_t *ret_pid) {
+        pid_t parent = getpid(), pid;
+
+        pid = fork();
+        if (pid < 0)
+                return -errno;
+        if (pid == 0) {
+                int tmp[8];
+
+                if (n_fds > ELEMENTSOF(tmp))
+                        _exit(127);
+                (void) prctl(PR_SET_PDEATHSIG, SIGKILL);
+                if (getppid() != parent)
+                        _exit(127);
+                /* Move the fds out of the way first, then into place. */
+                for (unsigned i = 0; i < n_fds; i++) {
+                        tmp[i] = fcntl(fds[i], F_DUPFD, 100);
+                        if (tmp[i] < 0)
+                                _exit(127);
+                }
+                for (unsigned i = 0; i < n_fds; i++)
+                        if (dup2(tmp[i], 3 + i) < 0)
+                                _exit(127);
+                for (int fd = 3 + n_fds; fd < 1024; fd++)
+                        close(fd);
+                execv(argv[0], argv);
+                _exit(127);
+        }
+        *ret_pid = pid;
+        return 0;
+}
+
+int vmm_client_boot(const struct vmm_boot_args *a, struct vmm_proc *ret) {
+        int agent[2] = { -1, -1 }, ctl[2] = { -1, -1 };
+        char mem[32];
+        const char *argv[24];
+        unsigned n = 0;
+        pid_t pid;
+        int r;
+
+        if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, agent) < 0)
+                return -errno;
+        if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, ctl) < 0) {
+                r = -errno;
+                goto fail;
+        }
+        snprintf(mem, sizeof(mem), "%llu", (unsigned long long) (a->mem_mib ?: 64));
+
+        argv[n++] = a->vmm_path;
+        argv[n++] = "boot";
+        argv[n++] = "--kernel";
+        argv[n++] = a->kernel;
+        argv[n++] = "--disk";
+        argv[n++] = a->disk;
+        argv[n++] = "--mem-mib";
+        argv[n++] = mem;
+        argv[n++] = "--agent-fd=3";
+        argv[n++] = "--control-fd=4";
+        if (a->id) {
+                argv[n++] = "--id";
+                argv[n++] = a->id;
+        }
+        if (a->console_log) {
+                argv[n++] = "--console-log";
+                argv[n++] = a->console_log;
+        }
+        if (a->overlay_dir) {
+                argv[n++] = "--overlay-dir";
+                argv[n++] = a->overlay_dir;
+        }
+        argv[n] = NULL;
+
+        r = spawn_with_fds((char *const *) argv, (int[]) { agent[1], ctl[1] }, 2, &pid);
+        if (r < 0)
+                goto fail;
+        safe_close(agent[1]);
+        safe_close(ctl[1]);
+        *ret = (struct vmm_proc) { .pid = pid, .control_fd = ctl[0], .agent_fd = agent[0] };
+        return 0;
+fail:
+        safe_close(agent[0]);
+        safe_close(agent[1]);
+        safe_close(ctl[0]);
+        safe_close(ctl[1]);
+        return r;
+}
+
+static int recv_json(int fd, uint64_t deadline, struct json_object **ret) {
+        static char buf[CONTROL_REPLY_MAX + 1];
+
+        for (;;) {
+                uint64_t now = now_usec();
+                struct pollfd p = { .fd = fd, .events = POLLIN };
+                const char *err;
+                ssize_t n;
+                int r;
+
+                if (now >= deadline)
+                        return -ETIMEDOUT;
+                r = poll(&p, 1, (int) ((deadline - now + 999) / 1000));
+                if (r < 0 && errno != EINTR)
+                        return -errno;
+                if (r <= 0)
+                        continue;
+                n = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+                if (n < 0) {
+                        if (errno == EAGAIN || errno == EINTR)
+                                continue;
+                        return -errno;
+                }
+                if (n == 0)
+                        return -ECONNRESET;
+                if ((size_t) n > CONTROL_REPLY_MAX)
+                        return -EMSGSIZE;
+                return json_parse_strict(buf, n, CONTROL_REPLY_MAX, 8, ret, &err);
+        }
+}
+
+int vmm_client_control(int control_fd, const char *request, uint64_t timeout_usec, char **ret_reply) {
+        uint64_t deadline = now_usec() + timeout_usec;
+
+        if (send(control_fd, request, strlen(request), MSG_NOSIGNAL) < 0)
+                return -errno;
+        for (;;) {
+                struct json_object *o = NULL, *ev;
+                int r = recv_json(control_fd, deadline, &o);
+
+                if (r < 0)
+                        return r;
+                if (json_object_object_get_ex(o, "event", &ev)) {
+                        json_object_put(o);
+                        continue;
+                }
+                if (ret_reply) {
+                        *ret_reply = strdup(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN));
+                        if (!*ret_reply) {
+                                json_object_put(o);
+                                return -ENOMEM;
+                        }
+                }
+                struct json_object *ok;
+                r = json_object_object_get_ex(o, "ok", &ok) && json_object_get_boolean(ok) ? 0 : -EREMOTEIO;
+                json_object_put(o);
+                return r;
+        }
+}
+
+static void reap_with_grace(pid_t pid, uint64_t grace_usec) {
+        uint64_t deadline = now_usec() + grace_usec;
+        struct timespec ts = { 0, 2 * 1000 * 1000 };
+
+        if (pid <= 0)
+                return;
+        while (now_usec() < deadline) {
+                pid_t r = waitpid(pid, NULL, WNOHANG);
+                if (r == pid || (r < 0 && errno == ECHILD))
+                        return;
+                nanosleep(&ts, NULL);
+        }
+        (void) kill(pid, SIGKILL);
+        (void) waitpid(pid, NULL, 0);
+}
+
+void vmm_proc_stop(struct vmm_proc *p, uint64_t grace_usec) {
+        p->agent_fd = safe_close(p->agent_fd);
+        p->control_fd = safe_close(p->control_fd);
+        reap_with_grace(p->pid, grace_usec);
+        p->pid = 0;
+}
+
+int vmm_client_template_start(const char *vmm_path, const char *snapshot_dir, const char *overlay_dir,
+                              struct vmm_template *ret, char **ret_error) {
+        int ctl[2] = { -1, -1 };
+        const char *argv[10];
+        struct json_object *o = NULL, *ev, *g;
+        unsigned n = 0;
+        pid_t pid;
+        int r;
+
+        if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, ctl) < 0)
+                return -errno;
+        argv[n++] = vmm_path;
+        argv[n++] = "template";
+        argv[n++] = "--snapshot";
+        argv[n++] = snapshot_dir;
+        argv[n++] = "--control-fd=3";
+        if (overlay_dir) {
+                argv[n++] = "--overlay-dir";
+                argv[n++] = overlay_dir;
+        }
+        argv[n] = NULL;
+
+        r = spawn_with_fds((char *const *) argv, (int[]) { ctl[1] }, 1, &pid);
+        safe_close(ctl[1]);
+        if (r < 0) {
+                safe_close(ctl[0]);
+                return r;
+        }
+
+        /* The template says "ready" once the snapshot is parsed, or exits. */
+        r = recv_json(ctl[0], now_usec() + 30 * 1000000ull, &o);
+        if (r < 0 || !json_object_object_get_ex(o, "event", &ev) ||
+            strcmp(json_object_get_string(ev), "ready") != 0) {
+                if (ret_error)
+                        *ret_error = strdup("the template did not start: the snapshot was refused "
+                                            "(see forkd-vmm's error output)");
+                json_object_put(o);
+                safe_close(ctl[0]);
+                reap_with_grace(pid, 1000000);
+                return r < 0 ? r : -EBADMSG;
+        }
+        *ret = (struct vmm_template) { .pid = pid, .control_fd = ctl[0] };
+        if (json_object_object_get_ex(o, "generation", &g))
+                ret->generation = (uint64_t) json_object_get_int64(g);
+        json_object_put(o);
+        return 0;
+}
+
+static int send_batch(struct vmm_template *t, const char *const *ids, size_t n, const char *console_dir,
+                      const int *fds, unsigned n_fds, bool with_control) {
+        struct json_object *req = json_object_new_object(), *arr = json_object_new_array();
+        char cbuf[CMSG_SPACE(sizeof(int) * 2 * SPAWN_BATCH)] = {};
+        struct iovec iov;
+        struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf,
+                             .msg_controllen = CMSG_SPACE(sizeof(int) * n_fds) };
+        struct cmsghdr *c;
+        const char *s;
+        int r = 0;
+
+        for (size_t i = 0; i < n; i++)
+                json_object_array_add(arr, json_object_new_string(ids[i]));
+        json_object_object_add(req, "op", json_object_new_string("spawn"));
+        json_object_object_add(req, "ids", arr);
+        json_object_object_add(req, "with_control", json_object_new_boolean(with_control));
+        json_object_object_add(req, "console_dir", console_dir ? json_object_new_string(console_dir) : NULL);
+        s = json_object_to_json_string_ext(req, JSON_C_TO_STRING_PLAIN);
+        iov = (struct iovec) { .iov_base = (void *) s, .iov_len = strlen(s) };
+
+        c = CMSG_FIRSTHDR(&mh);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int) * n_fds);
+        memcpy(CMSG_DATA(c), fds, sizeof(int) * n_fds);
+
+        if (sendmsg(t->control_fd, &mh, MSG_NOSIGNAL) < 0)
+                r = -errno;
+        json_object_put(req);
+        return r;
+}
+
+int vmm_client_template_spawn(struct vmm_template *t, const char *const *ids, size_t n, const char *console_dir,
+                              int *agent_fds, int *control_fds, pid_t *pids, vmm_batch_sent_t on_batch,
+                              void *userdata) {
+        bool with_control = control_fds != NULL;
+        size_t sent = 0, got = 0;
+        int r = 0;
+
+        for (size_t i = 0; i < n; i++) {
+                agent_fds[i] = -1;
+                if (control_fds)
+                        control_fds[i] = -1;
+                pids[i] = 0;
+        }
+
+        while (sent < n) {
+                size_t k = MIN((size_t) SPAWN_BATCH, n - sent);
+                int fds[2 * SPAWN_BATCH];
+                unsigned n_fds = 0;
+
+                for (size_t i = 0; i < k; i++) {
+                        int a[2], c[2];
+
+                        if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, a) < 0) {
+                                r = -errno;
+                                goto close_batch;
+                        }
+                        agent_fds[sent + i] = a[0];
+                        fds[n_fds++] = a[1];
+                        if (with_control) {
+                                if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, c) < 0) {
+                                        r = -errno;
+                                        goto close_batch;
+                                }
+                                control_fds[sent + i] = c[0];
+                                fds[n_fds++] = c[1];
+                        }
+                }
+                r = send_batch(t, ids + sent, k, console_dir, fds, n_fds, with_control);
+        close_batch:
+                for (unsigned i = 0; i < n_fds; i++)
+                        safe_close(fds[i]);
+                if (r < 0)
+                        return r;
+                if (on_batch)
+                        on_batch(sent, k, userdata);
+                sent += k;
+        }
+
+        /* Collect one reply per batch, in order; exit events are counted. */
+        while (got < n) {
+                struct json_object *o = NULL, *ev, *ok, *arr;
+                size_t k = MIN((size_t) SPAWN_BATCH, n - got);
+
+                r = recv_json(t->control_fd, now_usec() + 60 * 1000000ull, &o);
+                if (r < 0)
+                        return r;
+                if (json_object_object_get_ex(o, "event", &ev)) {
+                        t->n_exits++;
+                        json_object_put(o);
+                        continue;
+                }
+                if (!json_object_object_get_ex(o, "ok", &ok) || !json_object_get_boolean(ok) ||
+                    !json_object_object_get_ex(o, "pids", &arr) || json_object_array_length(arr) != k) {
+                        json_object_put(o);
+                        return -EREMOTEIO;
+                }
+                for (size_t i = 0; i < k; i++)
+                        pids[got + i] = json_object_get_int(json_object_array_get_idx(arr, i));
+                json_object_put(o);
+                got += k;
+        }
+        return 0;
+}
+
+void vmm_template_stop(struct vmm_template *t) {
+        t->control_fd = safe_close(t->control_fd);
+        reap_with_grace(t->pid, 5 * 1000000ull);
+        t->pid = 0;
+}

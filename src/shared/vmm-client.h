@@ -1,0 +1,66 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#pragma once
+
+/*
+ * Driving forkd-vmm from another process: boot a VM, talk to its control
+ * socket, start a template and have it fork children. Used by the daemon, the
+ * benchmarks and the integration tests.
+ */
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+struct vmm_proc {
+        pid_t pid;
+        int control_fd; /* SOCK_SEQPACKET, ours */
+        int agent_fd;   /* SOCK_STREAM, ours */
+};
+
+struct vmm_boot_args {
+        const char *vmm_path;    /* forkd-vmm binary */
+        const char *kernel;
+        const char *disk;
+        uint64_t mem_mib;
+        const char *id;
+        const char *console_log; /* may be NULL */
+        const char *overlay_dir; /* may be NULL */
+};
+
+/* Start "forkd-vmm boot" with a fresh agent and control socket pair. */
+int vmm_client_boot(const struct vmm_boot_args *a, struct vmm_proc *ret);
+
+/* Send one JSON control request and wait up to timeout_usec for its reply.
+ * Template events ({"event":...}) met on the way are skipped. */
+int vmm_client_control(int control_fd, const char *request, uint64_t timeout_usec, char **ret_reply);
+
+/* Stop a VM process: close our ends (a VM started with a control fd stops
+ * when it hangs up), SIGKILL after grace_usec, reap. */
+void vmm_proc_stop(struct vmm_proc *p, uint64_t grace_usec);
+
+struct vmm_template {
+        pid_t pid;
+        int control_fd;
+        uint64_t generation; /* of the snapshot */
+        unsigned n_exits;    /* exit events seen so far */
+};
+
+/* Start "forkd-vmm template" for a snapshot and wait until it is ready. */
+int vmm_client_template_start(const char *vmm_path, const char *snapshot_dir, const char *overlay_dir,
+                              struct vmm_template *ret, char **ret_error);
+
+/* Fork n children. For each: a connected agent socket is returned in
+ * agent_fds[i], a control socket in control_fds[i] if control_fds is not NULL,
+ * and its pid in pids[i]. Requests are pipelined in batches of 100; on_batch (if
+ * not NULL) is called as soon as a batch is sent, so the caller can start
+ * talking to those children while the template still forks the rest. */
+typedef void (*vmm_batch_sent_t)(size_t first, size_t n, void *userdata);
+int vmm_client_template_spawn(struct vmm_template *t, const char *const *ids, size_t n, const char *console_dir,
+                              int *agent_fds, int *control_fds, pid_t *pids, vmm_batch_sent_t on_batch,
+                              void *userdata);
+
+void vmm_template_stop(struct vmm_template *t);
+
+/* Milliseconds/microseconds on CLOCK_MONOTONIC. */
+uint64_t now_usec(void);

@@ -1,0 +1,277 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#include <fcntl.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "agent-proto.h"
+#include "bootinfo.h"
+#include "i8042.h"
+#include "kvm.h"
+#include "machine.h"
+#include "serial.h"
+#include "virtio-blk.h"
+#include "virtio-console.h"
+#include "virtio-mmio.h"
+#include "x86.h"
+
+#define CPUID_MAX_ENTRIES VMSTATE_MAX_CPUID
+
+static int machine_new_common(int kvm_fd, const struct machine_config *cfg, struct vmm **ret) {
+        struct vmm *vmm = NULL;
+        int r;
+
+        r = vmm_new(kvm_fd, &vmm);
+        if (r < 0)
+                return r;
+        if (cfg->id)
+                snprintf(vmm->id, sizeof(vmm->id), "%s", cfg->id);
+        r = vmm_create_vm(vmm);
+        if (r < 0) {
+                machine_free(vmm);
+                return r;
+        }
+        *ret = vmm;
+        return 0;
+}
+
+static int machine_add_devices(struct vmm *vmm, int disk_fd, const struct machine_config *cfg) {
+        int r;
+
+        r = serial_new(vmm, FORKD_SERIAL_PORT, cfg->console_log, &vmm->serial);
+        if (r < 0)
+                return log_debug_errno(r, "Failed to create the serial port: %m");
+        r = i8042_init(vmm);
+        if (r < 0)
+                return log_debug_errno(r, "Failed to create the i8042: %m");
+        r = virtio_blk_new(vmm, FORKD_VIRTIO_MMIO_BASE, MACHINE_GSI_BLK, disk_fd, cfg->overlay_dir, &vmm->blk);
+        if (r < 0)
+                return log_debug_errno(r, "Failed to create virtio-blk: %m");
+        r = virtio_console_new(vmm, FORKD_VIRTIO_MMIO_BASE + FORKD_VIRTIO_MMIO_SIZE, MACHINE_GSI_CONSOLE,
+                               &vmm->console);
+        if (r < 0)
+                return log_debug_errno(r, "Failed to create virtio-console: %m");
+        if (cfg->agent_fd >= 0) {
+                r = virtio_console_set_host_fd(vmm->console, cfg->agent_fd);
+                if (r < 0)
+                        return log_debug_errno(r, "Failed to attach the agent channel: %m");
+        }
+        return 0;
+}
+
+int machine_boot(int kvm_fd, const char *kernel, const char *disk, uint64_t mem_size, const struct machine_config *cfg,
+                 struct vmm **ret) {
+        struct forkd_bootinfo_dev devs[2] = {
+                { .virtio_id = FORKD_VIRTIO_ID_BLK, .gsi = MACHINE_GSI_BLK,
+                  .mmio_base = FORKD_VIRTIO_MMIO_BASE, .mmio_size = FORKD_VIRTIO_MMIO_SIZE },
+                { .virtio_id = FORKD_VIRTIO_ID_CONSOLE, .gsi = MACHINE_GSI_CONSOLE,
+                  .mmio_base = FORKD_VIRTIO_MMIO_BASE + FORKD_VIRTIO_MMIO_SIZE, .mmio_size = FORKD_VIRTIO_MMIO_SIZE },
+        };
+        struct vmm *vmm = NULL;
+        _cleanup_close_ int elf_fd = -EBADF, disk_fd = -EBADF;
+        uint8_t *mem;
+        int r;
+
+        if (mem_size < VMM_MEM_MIN || mem_size > VMM_MEM_MAX || mem_size % (2u << 20))
+                return log_debug_errno(EINVAL, "Guest memory must be 16..3072 MiB in 2 MiB steps");
+
+        elf_fd = open(kernel, O_RDONLY | O_CLOEXEC);
+        if (elf_fd < 0)
+                return log_debug_errno(errno, "Failed to open guest image %s: %m", kernel);
+        disk_fd = open(disk, O_RDONLY | O_CLOEXEC);
+        if (disk_fd < 0)
+                return log_debug_errno(errno, "Failed to open disk image %s: %m", disk);
+
+        r = machine_new_common(kvm_fd, cfg, &vmm);
+        if (r < 0)
+                return r;
+
+        vmm->mem_fd = memfd_create("forkd-guest-ram", MFD_CLOEXEC);
+        if (vmm->mem_fd < 0) {
+                r = -errno;
+                goto fail;
+        }
+        if (ftruncate(vmm->mem_fd, mem_size) < 0) {
+                r = -errno;
+                goto fail;
+        }
+        mem = mmap(NULL, mem_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, vmm->mem_fd, 0);
+        if (mem == MAP_FAILED) {
+                r = -errno;
+                goto fail;
+        }
+        r = vmm_set_memory(vmm, mem, mem_size);
+        if (r < 0) {
+                munmap(mem, mem_size);
+                goto fail;
+        }
+        vmm->mem_owned = true;
+
+        r = vmm_create_vcpu(vmm);
+        if (r < 0)
+                goto fail;
+
+        vmm->cpuid = calloc(1, sizeof(struct kvm_cpuid2) + CPUID_MAX_ENTRIES * sizeof(struct kvm_cpuid_entry2));
+        if (!vmm->cpuid) {
+                r = -ENOMEM;
+                goto fail;
+        }
+        r = vmm_setup_cpuid(vmm, vmm->cpuid, CPUID_MAX_ENTRIES);
+        if (r < 0)
+                goto fail;
+
+        r = machine_add_devices(vmm, disk_fd, cfg);
+        if (r < 0)
+                goto fail;
+        TAKE_FD(disk_fd); /* owned by virtio-blk now */
+
+        r = x86_boot_setup(vmm, elf_fd, devs, ELEMENTSOF(devs), NULL);
+        if (r < 0)
+                goto fail;
+
+        vmm->generation = 0;
+        r = machine_send_identity(vmm);
+        if (r < 0)
+                goto fail;
+
+        *ret = vmm;
+        return 0;
+fail:
+        machine_free(vmm);
+        return r;
+}
+
+static int restore_devices(struct vmm *vmm, const struct vmstate *s) {
+        bool have_serial = false, have_blk = false, have_console = false;
+        int r;
+
+        for (uint32_t i = 0; i < s->n_devs; i++) {
+                const struct vmstate_dev *d = &s->devs[i];
+
+                switch (d->kind) {
+                case VMSTATE_DEV_SERIAL:
+                        r = have_serial ? -EBADMSG : serial_restore(vmm->serial, d->blob, d->len);
+                        have_serial = true;
+                        break;
+                case VMSTATE_DEV_VIRTIO_BLK:
+                        r = have_blk ? -EBADMSG : virtio_mmio_restore(vmm, vmm->blk, d->blob, d->len);
+                        have_blk = true;
+                        break;
+                case VMSTATE_DEV_VIRTIO_CONSOLE:
+                        r = have_console ? -EBADMSG : virtio_mmio_restore(vmm, vmm->console, d->blob, d->len);
+                        have_console = true;
+                        break;
+                default:
+                        r = -EBADMSG;
+                }
+                if (r < 0)
+                        return log_debug_errno(r, "Device %u (kind %u) state is invalid", i, d->kind);
+        }
+        if (!have_serial || !have_blk || !have_console)
+                return log_debug_errno(EBADMSG, "Snapshot lacks the state of a device");
+        return 0;
+}
+
+int machine_restore(int kvm_fd, const struct snapshot *snap, uint8_t *mem, const struct machine_config *cfg,
+                    struct vmm **ret) {
+        const struct vmstate *s = snap->state;
+        struct vmm *vmm = NULL;
+        int disk_fd, r;
+
+        r = machine_new_common(kvm_fd, cfg, &vmm);
+        if (r < 0)
+                return r;
+
+        r = vmm_set_memory(vmm, mem, s->memory.mem_size);
+        if (r < 0)
+                goto fail;
+        r = vmm_create_vcpu(vmm);
+        if (r < 0)
+                goto fail;
+
+        r = x86_vcpu_restore(vmm, &s->vcpus[0]);
+        if (r < 0)
+                goto fail;
+        r = x86_vm_restore(vmm, s);
+        if (r < 0)
+                goto fail;
+
+        disk_fd = fcntl(snap->disk_fd, F_DUPFD_CLOEXEC, 3);
+        if (disk_fd < 0) {
+                r = -errno;
+                goto fail;
+        }
+        r = machine_add_devices(vmm, disk_fd, cfg);
+        if (r < 0) {
+                if (!vmm->blk)
+                        safe_close(disk_fd);
+                goto fail;
+        }
+        r = restore_devices(vmm, s);
+        if (r < 0)
+                goto fail;
+
+        /* Tell a kvmclock-aware guest that it was paused; harmless otherwise. */
+        (void) ioctl(vmm->vcpu_fd, KVM_KVMCLOCK_CTRL, 0);
+
+        /* The vCPU's CPUID travels with every generation of snapshots. */
+        vmm->cpuid = calloc(1, sizeof(struct kvm_cpuid2) + CPUID_MAX_ENTRIES * sizeof(struct kvm_cpuid_entry2));
+        if (!vmm->cpuid) {
+                r = -ENOMEM;
+                goto fail;
+        }
+        vmm->cpuid->nent = s->vcpus[0].n_cpuid;
+        memcpy(vmm->cpuid->entries, s->vcpus[0].cpuid, s->vcpus[0].n_cpuid * sizeof(s->vcpus[0].cpuid[0]));
+
+        vmm->generation = s->memory.generation + 1;
+        r = machine_send_identity(vmm);
+        if (r < 0)
+                goto fail;
+
+        *ret = vmm;
+        return 0;
+fail:
+        machine_free(vmm);
+        return r;
+}
+
+int machine_send_identity(struct vmm *vmm) {
+        uint8_t seed[32];
+        char seed_hex[65], json[512];
+        uint8_t frame[FKA_HDR_SIZE + sizeof(json)];
+        struct timespec ts;
+        int n;
+
+        if (getrandom(seed, sizeof(seed), 0) != sizeof(seed))
+                return -EIO;
+        for (unsigned i = 0; i < sizeof(seed); i++)
+                snprintf(seed_hex + 2 * i, 3, "%02x", seed[i]);
+        clock_gettime(CLOCK_REALTIME, &ts);
+
+        n = snprintf(json, sizeof(json),
+                     "{\"op\":\"identity\",\"id\":\"%s\",\"generation\":%llu,\"seed\":\"%s\",\"wall_ns\":%lld}",
+                     vmm->id, (unsigned long long) vmm->generation, seed_hex,
+                     (long long) ts.tv_sec * 1000000000LL + ts.tv_nsec);
+        if (n < 0 || (size_t) n >= sizeof(json))
+                return -ENOBUFS;
+
+        fka_encode_header(frame, FKA_EVENT, 0, (uint32_t) n);
+        memcpy(frame + FKA_HDR_SIZE, json, n);
+        return virtio_console_inject(vmm, vmm->console, frame, FKA_HDR_SIZE + n);
+}
+
+struct vmm *machine_free(struct vmm *vmm) {
+        if (!vmm)
+                return NULL;
+        serial_free(vmm->serial);
+        virtio_mmio_free(vmm->blk);
+        virtio_mmio_free(vmm->console);
+        free(vmm->cpuid);
+        if (!vmm->mem_owned) {
+                /* borrowed mapping (restore): vmm_free must not unmap it */
+                vmm->mem = NULL;
+        }
+        return vmm_free(vmm);
+}

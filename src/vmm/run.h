@@ -1,0 +1,22 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#pragma once
+
+#include "vmm.h"
+
+/* Host-side endpoints of one running VM. */
+struct vmm_host {
+        int agent_listen_fd;   /* listening unix socket for the agent channel, or -1 */
+        int control_listen_fd; /* listening SOCK_SEQPACKET control socket, or -1 */
+        int control_fd;        /* connected SOCK_SEQPACKET control socket, or -1 */
+        bool exit_on_control_eof;
+        bool paused;
+        const char *kernel;    /* recorded in snapshot metadata */
+        int armed_console_fd;
+};
+
+int vmm_install_signals(void);
+
+/* Run until the guest stops or the host asks. Returns 0 on a clean stop
+ * (guest reset/power-off, SIGTERM, "shutdown"), -ECANCELED if the guest
+ * crashed, -EIO on a VMM error. */
+int vmm_run(struct vmm *vmm, struct vmm_host *host);

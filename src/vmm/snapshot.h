@@ -1,0 +1,41 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#pragma once
+
+/*
+ * Snapshot directories:
+ *   snapshot.json  metadata (src/shared/snapshot-meta.h)
+ *   vmstate        vCPU, VM and device state (vmstate.h)
+ *   memory.bin     guest RAM, sparse
+ *   disk.img       the root disk as the guest saw it
+ * A snapshot is written into "<dir>.tmp.<pid>" and renamed into place only
+ * once every file and the directory are fsynced, so a crash never leaves a
+ * directory that looks complete.
+ */
+
+#include "snapshot-meta.h"
+#include "vmm.h"
+#include "vmstate.h"
+
+#define SNAPSHOT_META_FILE "snapshot.json"
+#define SNAPSHOT_VMSTATE_FILE "vmstate"
+#define SNAPSHOT_MEMORY_FILE "memory.bin"
+#define SNAPSHOT_DISK_FILE "disk.img"
+
+struct snapshot {
+        char *dir;
+        struct snapshot_meta meta;
+        struct vmstate *state;
+        int mem_fd;  /* memory.bin, O_RDONLY */
+        int disk_fd; /* disk.img, O_RDONLY */
+};
+
+/* Load and validate a snapshot directory. On failure *ret_error (if given)
+ * says what is wrong in words a user can act on. */
+int snapshot_load(const char *dir, struct snapshot **ret, char **ret_error);
+struct snapshot *snapshot_free(struct snapshot *s);
+static inline void snapshot_freep(struct snapshot **s) {
+        snapshot_free(*s);
+}
+
+/* Write a snapshot of a stopped (not inside KVM_RUN) VM to dir, atomically. */
+int snapshot_write(struct vmm *vmm, const char *dir, const char *tag, const char *kernel);
