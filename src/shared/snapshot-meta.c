@@ -1,1 +1,350 @@
-/* placeholder */
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "json-util.h"
+#include "macro.h"
+#include "snapshot-meta.h"
+
+#define SNAPSHOT_META_MAX_DEPTH 2 /* the object itself; one more for a useful type error */
+
+static void set_error(const char **ret_error, const char *e) {
+        if (ret_error)
+                *ret_error = e;
+}
+
+static bool char_is_tag_first(char c) {
+        return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
+}
+
+bool snapshot_tag_is_valid(const char *tag) {
+        size_t n;
+
+        if (!tag || !char_is_tag_first(tag[0]))
+                return false;
+
+        for (n = 1; tag[n]; n++) {
+                if (n >= SNAPSHOT_TAG_MAX)
+                        return false;
+                if (!char_is_tag_first(tag[n]) && tag[n] != '.' && tag[n] != '-')
+                        return false;
+        }
+
+        return true;
+}
+
+bool snapshot_file_name_is_valid(const char *name) {
+        size_t n;
+
+        if (!name || !name[0])
+                return false;
+        if (strcmp(name, ".") == 0 || strcmp(name, "..") == 0)
+                return false;
+
+        for (n = 0; name[n]; n++) {
+                unsigned char c = (unsigned char) name[n];
+
+                if (n >= SNAPSHOT_FILE_NAME_MAX)
+                        return false;
+                if (c == '/' || c < 0x20 || c == 0x7f)
+                        return false;
+        }
+
+        return utf8_is_valid_n(name, n);
+}
+
+bool snapshot_content_hash_is_valid(const char *hash) {
+        size_t n;
+
+        if (!hash)
+                return false;
+
+        for (n = 0; hash[n]; n++)
+                if (!((hash[n] >= '0' && hash[n] <= '9') || (hash[n] >= 'a' && hash[n] <= 'f')))
+                        return false;
+
+        return n == SNAPSHOT_HASH_LEN;
+}
+
+static bool string_has_control(const char *s) {
+        for (; *s; s++)
+                if ((unsigned char) *s < 0x20 || *s == 0x7f)
+                        return true;
+        return false;
+}
+
+static bool string_fits(const char *s, size_t size) {
+        return memchr(s, 0, size) != NULL;
+}
+
+int snapshot_meta_validate(const struct snapshot_meta *m, const char **ret_error) {
+        const char *e = NULL;
+
+        /* Strings in a struct handed to us may lack their NUL; check first. */
+        if (!string_fits(m->tag, sizeof(m->tag)) ||
+            !string_fits(m->memory_file, sizeof(m->memory_file)) ||
+            !string_fits(m->vmstate_file, sizeof(m->vmstate_file)) ||
+            !string_fits(m->disk_file, sizeof(m->disk_file)) ||
+            !string_fits(m->kernel, sizeof(m->kernel)) ||
+            !string_fits(m->guest, sizeof(m->guest)) ||
+            !string_fits(m->parent_tag, sizeof(m->parent_tag)) ||
+            !string_fits(m->parent_content_hash, sizeof(m->parent_content_hash)))
+                e = "unterminated string field";
+        else if (m->format != SNAPSHOT_META_FORMAT)
+                e = "unsupported snapshot format (expected 1)";
+        else if (!snapshot_tag_is_valid(m->tag))
+                e = "invalid tag";
+        else if (m->created_at_unix < 0)
+                e = "created_at_unix is negative";
+        else if (m->mem_size == 0 || m->mem_size % SNAPSHOT_MEM_ALIGN != 0)
+                e = "mem_size is not a non-zero multiple of 2 MiB";
+        else if (m->mem_size > SNAPSHOT_MEM_MAX)
+                e = "mem_size is larger than 3 GiB";
+        else if (m->vcpus != 1)
+                e = "vcpus must be 1";
+        else if (!snapshot_file_name_is_valid(m->memory_file))
+                e = "memory_file is not a plain file name";
+        else if (!snapshot_file_name_is_valid(m->vmstate_file))
+                e = "vmstate_file is not a plain file name";
+        else if (!snapshot_file_name_is_valid(m->disk_file))
+                e = "disk_file is not a plain file name";
+        else if (m->kernel[0] == 0)
+                e = "kernel is empty";
+        else if (string_has_control(m->kernel) || !utf8_is_valid_n(m->kernel, strlen(m->kernel)))
+                e = "kernel contains control characters or invalid UTF-8";
+        else if (strcmp(m->guest, "test") != 0 && strcmp(m->guest, "linux") != 0)
+                e = "guest must be \"test\" or \"linux\"";
+        else if (m->parent_tag[0] && !snapshot_tag_is_valid(m->parent_tag))
+                e = "parent_tag is not a valid tag";
+        else if (m->parent_content_hash[0] && !snapshot_content_hash_is_valid(m->parent_content_hash))
+                e = "parent_content_hash is not 64 lowercase hex digits";
+
+        if (e) {
+                set_error(ret_error, e);
+                return -EINVAL;
+        }
+        return 0;
+}
+
+#define STR_FIELD(n, f) { n, JSON_KIND_STRING, NULL, offsetof(struct snapshot_meta, f), \
+                          JSON_FIELD_SIZE(struct snapshot_meta, f), JSON_MANDATORY }
+#define NUM_FIELD(n, k, f) { n, k, NULL, offsetof(struct snapshot_meta, f), 0, JSON_MANDATORY }
+
+static const struct json_dispatch snapshot_meta_table[] = {
+        NUM_FIELD("format", JSON_KIND_INT, format),
+        STR_FIELD("tag", tag),
+        NUM_FIELD("created_at_unix", JSON_KIND_INT64, created_at_unix),
+        NUM_FIELD("mem_size", JSON_KIND_UINT64, mem_size),
+        NUM_FIELD("vcpus", JSON_KIND_UINT32, vcpus),
+        NUM_FIELD("generation", JSON_KIND_UINT64, generation),
+        STR_FIELD("memory_file", memory_file),
+        STR_FIELD("vmstate_file", vmstate_file),
+        STR_FIELD("disk_file", disk_file),
+        NUM_FIELD("disk_size", JSON_KIND_UINT64, disk_size),
+        STR_FIELD("kernel", kernel),
+        STR_FIELD("guest", guest),
+        { "parent_tag", JSON_KIND_STRING, NULL, offsetof(struct snapshot_meta, parent_tag),
+          JSON_FIELD_SIZE(struct snapshot_meta, parent_tag), JSON_MANDATORY | JSON_NULLABLE },
+        { "parent_content_hash", JSON_KIND_STRING, NULL, offsetof(struct snapshot_meta, parent_content_hash),
+          JSON_FIELD_SIZE(struct snapshot_meta, parent_content_hash), JSON_MANDATORY | JSON_NULLABLE },
+        {}
+};
+
+/* ret_error must be static, so name the field through a fixed table. */
+static const char *dispatch_error(const char *field, int r) {
+        static const struct {
+                const char *name, *missing, *invalid;
+        } msgs[] = {
+#define MSG(n) { #n, "snapshot.json: missing field " #n, "snapshot.json: field " #n " has the wrong type, is out of range or too long" }
+                MSG(format), MSG(tag), MSG(created_at_unix), MSG(mem_size), MSG(vcpus),
+                MSG(generation), MSG(memory_file), MSG(vmstate_file), MSG(disk_file),
+                MSG(disk_size), MSG(kernel), MSG(guest), MSG(parent_tag), MSG(parent_content_hash),
+#undef MSG
+        };
+
+        if (r == -EADDRNOTAVAIL)
+                return "snapshot.json: unknown field";
+
+        for (size_t i = 0; field && i < ELEMENTSOF(msgs); i++)
+                if (strcmp(field, msgs[i].name) == 0)
+                        return r == -ENXIO ? msgs[i].missing : msgs[i].invalid;
+
+        return "snapshot.json: invalid field";
+}
+
+/* Null is spelled null: an empty string is not a way to say "no parent". */
+static bool key_is_empty_string(struct json_object *obj, const char *key) {
+        struct json_object *v;
+
+        return json_object_object_get_ex(obj, key, &v) && v &&
+                json_object_is_type(v, json_type_string) && json_object_get_string_len(v) == 0;
+}
+
+int snapshot_meta_parse(const char *json, size_t len, struct snapshot_meta *ret, const char **ret_error) {
+        _cleanup_json_ struct json_object *obj = NULL;
+        _cleanup_free_ struct snapshot_meta *m = NULL;
+        const char *field = NULL, *e = NULL;
+        int r;
+
+        if (!json && len > 0)
+                return -EINVAL;
+
+        r = json_parse_strict(json, len, SNAPSHOT_META_FILE_MAX, SNAPSHOT_META_MAX_DEPTH, &obj, &e);
+        if (r < 0) {
+                set_error(ret_error, e);
+                return r;
+        }
+
+        m = calloc(1, sizeof(*m));
+        if (!m)
+                return -ENOMEM;
+
+        r = json_dispatch_full(obj, snapshot_meta_table, JSON_REJECT_UNKNOWN, m, &field, &e);
+        if (r < 0) {
+                log_debug_errno(r, "snapshot.json: field '%s': %s", field ?: "", e ?: "");
+                set_error(ret_error, dispatch_error(field, r));
+                return r;
+        }
+
+        if (key_is_empty_string(obj, "parent_tag")) {
+                set_error(ret_error, "parent_tag is not a valid tag");
+                return -EINVAL;
+        }
+        if (key_is_empty_string(obj, "parent_content_hash")) {
+                set_error(ret_error, "parent_content_hash is not 64 lowercase hex digits");
+                return -EINVAL;
+        }
+
+        r = snapshot_meta_validate(m, ret_error);
+        if (r < 0)
+                return r;
+
+        *ret = *m;
+        return 0;
+}
+
+static int json_add(struct json_object *o, const char *key, struct json_object *v, bool may_be_null) {
+        if (!v && !may_be_null)
+                return -ENOMEM;
+        if (json_object_object_add(o, key, v) < 0) {
+                json_object_put(v);
+                return -ENOMEM;
+        }
+        return 0;
+}
+
+int snapshot_meta_format(const struct snapshot_meta *m, char **ret_json) {
+        _cleanup_json_ struct json_object *o = NULL;
+        const char *s;
+        char *out;
+        size_t n;
+        int r;
+
+        r = snapshot_meta_validate(m, NULL);
+        if (r < 0)
+                return r;
+
+        o = json_object_new_object();
+        if (!o)
+                return -ENOMEM;
+
+        /* json-c keeps insertion order, which makes the output deterministic. */
+        if (json_add(o, "format", json_object_new_int(m->format), false) < 0 ||
+            json_add(o, "tag", json_object_new_string(m->tag), false) < 0 ||
+            json_add(o, "created_at_unix", json_object_new_int64(m->created_at_unix), false) < 0 ||
+            json_add(o, "mem_size", json_object_new_uint64(m->mem_size), false) < 0 ||
+            json_add(o, "vcpus", json_object_new_uint64(m->vcpus), false) < 0 ||
+            json_add(o, "generation", json_object_new_uint64(m->generation), false) < 0 ||
+            json_add(o, "memory_file", json_object_new_string(m->memory_file), false) < 0 ||
+            json_add(o, "vmstate_file", json_object_new_string(m->vmstate_file), false) < 0 ||
+            json_add(o, "disk_file", json_object_new_string(m->disk_file), false) < 0 ||
+            json_add(o, "disk_size", json_object_new_uint64(m->disk_size), false) < 0 ||
+            json_add(o, "kernel", json_object_new_string(m->kernel), false) < 0 ||
+            json_add(o, "guest", json_object_new_string(m->guest), false) < 0 ||
+            json_add(o, "parent_tag",
+                     m->parent_tag[0] ? json_object_new_string(m->parent_tag) : NULL, !m->parent_tag[0]) < 0 ||
+            json_add(o, "parent_content_hash",
+                     m->parent_content_hash[0] ? json_object_new_string(m->parent_content_hash) : NULL,
+                     !m->parent_content_hash[0]) < 0)
+                return -ENOMEM;
+
+        s = json_object_to_json_string_ext(o, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_SPACED |
+                                              JSON_C_TO_STRING_NOSLASHESCAPE);
+        if (!s)
+                return -ENOMEM;
+
+        n = strlen(s);
+        out = malloc(n + 2);
+        if (!out)
+                return -ENOMEM;
+        memcpy(out, s, n);
+        out[n] = '\n';
+        out[n + 1] = 0;
+
+        *ret_json = out;
+        return 0;
+}
+
+/* Read a regular file of at most max bytes; -EMSGSIZE if it is larger. */
+static int read_file_capped(const char *path, size_t max, char **ret_buf, size_t *ret_len) {
+        _cleanup_close_ int fd = -EBADF;
+        _cleanup_free_ char *buf = NULL;
+        struct stat st;
+        size_t n = 0;
+
+        fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+        if (fd < 0)
+                return negative_errno();
+        if (fstat(fd, &st) < 0)
+                return negative_errno();
+        if (S_ISDIR(st.st_mode))
+                return -EISDIR;
+        if (!S_ISREG(st.st_mode))
+                return -EBADFD;
+
+        buf = malloc(max + 2); /* one more byte to detect oversize, one for a NUL */
+        if (!buf)
+                return -ENOMEM;
+
+        while (n < max + 1) {
+                ssize_t k = read(fd, buf + n, max + 1 - n);
+                if (k < 0) {
+                        if (errno == EINTR)
+                                continue;
+                        return negative_errno();
+                }
+                if (k == 0)
+                        break;
+                n += (size_t) k;
+        }
+        if (n > max)
+                return -EMSGSIZE;
+        buf[n] = 0;
+
+        *ret_buf = TAKE_PTR(buf);
+        *ret_len = n;
+        return 0;
+}
+
+int snapshot_meta_read_file(const char *path, struct snapshot_meta *ret, const char **ret_error) {
+        _cleanup_free_ char *buf = NULL;
+        size_t len;
+        int r;
+
+        r = read_file_capped(path, SNAPSHOT_META_FILE_MAX, &buf, &len);
+        if (r == -EMSGSIZE) {
+                set_error(ret_error, "snapshot.json too large");
+                return r;
+        }
+        if (r < 0) {
+                set_error(ret_error, "cannot read snapshot.json");
+                return r;
+        }
+
+        return snapshot_meta_parse(buf, len, ret, ret_error);
+}

@@ -29,6 +29,26 @@
  * reserved fields, CRC mismatch, a section that runs past the payload, a
  * section of the wrong size, an unknown or duplicate section, a missing
  * mandatory section, or sections out of order.
+ *
+ * In detail (each is a static reason string from vmstate_decode()):
+ *   - the header CRC is checked before the version, so a version error is
+ *     only reported for an intact header; payload_len must match the buffer
+ *     exactly (no trailing bytes);
+ *   - every section's len is the exact sizeof() of its kernel struct; CPUID
+ *     and MSRS have len == 8 + count * entry size with count <= the maximum;
+ *     the u32 pad after a count or device kind is 0; padding bytes are 0;
+ *   - every section except DEVICE is mandatory; vCPU sections carry the vCPU
+ *     index (< VMSTATE_MAX_VCPUS, numbered from 0 without gaps, at least one
+ *     vCPU), VM-wide sections index 0, DEVICE sections slots 0, 1, 2, ...
+ *     without gaps (index < VMSTATE_MAX_DEVS);
+ *   - order is strictly MEMORY; per vCPU in index order the vCPU sections in
+ *     enum order; PIT, CLOCK, PIC_MASTER, PIC_SLAVE, IOAPIC; devices by slot;
+ *   - MEMORY: reserved 0, mem_size a non-zero multiple of 2 MiB;
+ *   - irqchip sections carry their chip_id (0, 1, 2);
+ *   - DEVICE: kind is a known enum vmstate_dev_kind, blob <= VMSTATE_DEV_BLOB_MAX.
+ * The MSR order inside MSRS (TSC_DEADLINE last) is the writer's duty and is
+ * not checked. Kernel structs are stored as the kernel lays them out (x86 is
+ * little-endian); the format is x86-64 only.
  */
 
 #include <linux/kvm.h>
@@ -114,7 +134,10 @@ struct vmstate {
         struct vmstate_dev devs[VMSTATE_MAX_DEVS];
 };
 
-/* Serialize. On success *ret_buf is malloc()ed and owned by the caller. */
+/* Serialize. On success *ret_buf is malloc()ed and owned by the caller.
+ * Refuses (-EINVAL) a state that vmstate_decode() would refuse: n_vcpus not
+ * in 1..VMSTATE_MAX_VCPUS, counts or blob lengths over their maximum, unknown
+ * device kinds, wrong irqchip ids, bad mem_size or non-zero reserved. */
 int vmstate_encode(const struct vmstate *s, void **ret_buf, size_t *ret_len);
 
 /* Parse and validate. On failure returns a negative errno (-EBADMSG corrupt,
@@ -122,6 +145,10 @@ int vmstate_encode(const struct vmstate *s, void **ret_buf, size_t *ret_len);
  * not NULL, a static human-readable reason; *ret is left untouched. */
 int vmstate_decode(const void *buf, size_t len, struct vmstate *ret, const char **ret_error);
 
-/* Read/write a vmstate file. vmstate_write_file writes and fsyncs path. */
+/* Read/write a vmstate file. vmstate_write_file creates or truncates path
+ * (mode 0600 before umask), writes it whole and fsyncs it; callers that need
+ * atomic replacement write to a temporary name and rename. vmstate_read_file
+ * refuses anything but a regular file and files larger than VMSTATE_MAX_SIZE
+ * (-EMSGSIZE) without reading them whole. */
 int vmstate_write_file(const char *path, const struct vmstate *s);
 int vmstate_read_file(const char *path, struct vmstate *ret, const char **ret_error);

@@ -1,0 +1,81 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#pragma once
+
+/*
+ * snapshot.json: the metadata file of a snapshot directory.
+ *
+ * A JSON object with exactly these keys (unknown or missing keys are refused):
+ *
+ *   format               1
+ *   tag                  ^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$
+ *   created_at_unix      integer seconds, >= 0
+ *   mem_size             bytes, non-zero multiple of 2 MiB, <= 3 GiB
+ *   vcpus                1
+ *   generation           unsigned integer
+ *   memory_file          plain file name inside the snapshot directory
+ *   vmstate_file         plain file name
+ *   disk_file            plain file name
+ *   disk_size            bytes (unsigned integer)
+ *   kernel               non-empty path, < 1024 bytes, no control characters
+ *   guest                "test" or "linux"
+ *   parent_tag           null or a tag
+ *   parent_content_hash  null or 64 lowercase hex digits
+ *
+ * A plain file name is 1..64 bytes, not "." or "..", without '/' and
+ * without control characters.
+ */
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define SNAPSHOT_META_FORMAT 1
+#define SNAPSHOT_TAG_MAX 64
+#define SNAPSHOT_FILE_NAME_MAX 64
+#define SNAPSHOT_KERNEL_PATH_MAX 1024 /* buffer size, including the NUL */
+#define SNAPSHOT_HASH_LEN 64
+#define SNAPSHOT_MEM_ALIGN (UINT64_C(2) << 20)
+#define SNAPSHOT_MEM_MAX (UINT64_C(3) << 30)
+#define SNAPSHOT_META_FILE_MAX (64u * 1024u) /* a larger snapshot.json is refused */
+
+struct snapshot_meta {
+        int format;
+        char tag[SNAPSHOT_TAG_MAX + 1];
+        int64_t created_at_unix;
+        uint64_t mem_size;
+        uint32_t vcpus;
+        uint64_t generation;
+        char memory_file[SNAPSHOT_FILE_NAME_MAX + 1];
+        char vmstate_file[SNAPSHOT_FILE_NAME_MAX + 1];
+        char disk_file[SNAPSHOT_FILE_NAME_MAX + 1];
+        uint64_t disk_size;
+        char kernel[SNAPSHOT_KERNEL_PATH_MAX];
+        char guest[16];                                    /* "test" or "linux" */
+        char parent_tag[SNAPSHOT_TAG_MAX + 1];             /* "" means null */
+        char parent_content_hash[SNAPSHOT_HASH_LEN + 1];   /* "" means null */
+};
+
+/* ^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$ */
+bool snapshot_tag_is_valid(const char *tag);
+
+/* 1..64 bytes, not "." or "..", no '/', no control characters. */
+bool snapshot_file_name_is_valid(const char *name);
+
+/* Exactly 64 lowercase hex digits. */
+bool snapshot_content_hash_is_valid(const char *hash);
+
+/* Check every field of m against the rules above. */
+int snapshot_meta_validate(const struct snapshot_meta *m, const char **ret_error);
+
+/* Parse and validate json[0..len). Returns -EMSGSIZE if len exceeds
+ * SNAPSHOT_META_FILE_MAX, -EBADMSG for malformed JSON, -EINVAL (or the
+ * dispatcher's errno) for a bad field; *ret is untouched on failure and
+ * *ret_error (if not NULL) is a static reason. */
+int snapshot_meta_parse(const char *json, size_t len, struct snapshot_meta *ret, const char **ret_error);
+
+/* Pretty-print m (validated first; -EINVAL if invalid) with keys in the
+ * order listed above and a trailing newline. *ret_json is malloc()ed. */
+int snapshot_meta_format(const struct snapshot_meta *m, char **ret_json);
+
+/* Read (at most SNAPSHOT_META_FILE_MAX bytes, -EMSGSIZE if larger) and parse. */
+int snapshot_meta_read_file(const char *path, struct snapshot_meta *ret, const char **ret_error);
