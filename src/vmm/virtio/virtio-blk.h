@@ -1,0 +1,67 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#pragma once
+
+/*
+ * virtio-blk (virtio 1.x 5.2) over virtio-mmio, one request queue of 256.
+ *
+ * The disk is a read-only base image plus a private copy-on-write overlay:
+ * the base is never written. The overlay is an unlinked temporary file
+ * (O_TMPFILE in overlay_dir, falling back to mkostemp + unlink) created on the
+ * first write, with an in-memory bitmap of the 4 KiB blocks it holds; a
+ * partial write of a block not yet in the overlay copies the block from the
+ * base first. A device that is never written costs one small allocation.
+ *
+ * Offered features: VIRTIO_F_VERSION_1, VIRTIO_BLK_F_FLUSH.
+ * Requests: T_IN, T_OUT, T_FLUSH (nothing to do: the overlay is temporary),
+ * T_GET_ID; anything else gets VIRTIO_BLK_S_UNSUPP. A request that reaches
+ * past the capacity, is not a multiple of 512 bytes, or has its data buffers
+ * in the wrong direction gets VIRTIO_BLK_S_IOERR. The status byte is written
+ * whenever the chain has a device-writable last byte; a chain without one is
+ * completed with nothing done.
+ *
+ * Config space: u64 capacity (512-byte sectors) only.
+ */
+
+#include <stdint.h>
+
+#include "virtio-mmio.h"
+
+#define VIRTIO_BLK_F_FLUSH_BIT 9
+
+#define VIRTIO_BLK_T_IN     0u
+#define VIRTIO_BLK_T_OUT    1u
+#define VIRTIO_BLK_T_FLUSH  4u
+#define VIRTIO_BLK_T_GET_ID 8u
+
+#define VIRTIO_BLK_S_OK     0u
+#define VIRTIO_BLK_S_IOERR  1u
+#define VIRTIO_BLK_S_UNSUPP 2u
+
+#define VIRTIO_BLK_SECTOR_SIZE 512u
+#define VIRTIO_BLK_ID_BYTES    20u
+#define VIRTIO_BLK_OVERLAY_BLOCK 4096u
+#define VIRTIO_BLK_QUEUE_SIZE  256u
+
+/* Create the device at mmio_base (irq on gsi) and register it on vmm's bus.
+ * base_fd: the disk image, opened read-only (regular file or block device);
+ * the device owns it after success (untouched on failure). The capacity is
+ * its size rounded down to 512 bytes. overlay_dir: where the overlay goes
+ * once the guest writes (NULL: $TMPDIR or /var/tmp); copied. */
+int virtio_blk_new(struct vmm *vmm, uint64_t mmio_base, uint32_t gsi, int base_fd, const char *overlay_dir,
+                   struct virtio_mmio **ret);
+
+/* The serial returned by VIRTIO_BLK_T_GET_ID: at most 20 bytes, zero-padded
+ * (default "forkd"). -EINVAL if longer than 20 or dev is not a virtio-blk. */
+int virtio_blk_set_id(struct virtio_mmio *dev, const char *id);
+
+/* Capacity in 512-byte sectors (0 if dev is not a virtio-blk). */
+uint64_t virtio_blk_capacity(struct virtio_mmio *dev);
+
+/* Write the merged disk (base + overlay), capacity bytes, into the regular
+ * file out_fd from offset 0; out_fd is truncated first, so ranges that are
+ * holes in the base stay holes. Uses copy_file_range() where possible.
+ * Does not change the file offset of out_fd. 0 or negative errno. */
+int virtio_blk_export(struct virtio_mmio *dev, int out_fd);
+
+/* Blocks written by the guest so far (blocks held by the overlay). */
+uint64_t virtio_blk_overlay_blocks(struct virtio_mmio *dev);
