@@ -1,0 +1,156 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""Exercise forkd-test-guest over its agent socket.
+
+Usage: agent-check.py SOCKET [--pings N] [--hostile] [--shutdown]
+
+Connects to the unix stream socket forkd-vmm bridges to the guest's
+virtio-console, runs every op of docs/agent-protocol.md with checks, then
+(optionally) hostile input and a ping round-trip measurement.
+"""
+import json
+import socket
+import struct
+import sys
+import time
+
+MAGIC = 0x31414B46
+REQ, RESP, ERR, EVENT = 1, 2, 3, 4
+
+
+def fnv1a(data, h=0xcbf29ce484222325):
+    for b in data:
+        h = ((h ^ b) * 0x100000001b3) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+class Agent:
+    def __init__(self, path, timeout=10.0):
+        self.s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.s.settimeout(timeout)
+        self.s.connect(path)
+        self.next_id = 1
+        self.buf = b""
+
+    def send_raw(self, data):
+        self.s.sendall(data)
+
+    def frame(self, ftype, fid, payload, flags=0):
+        return struct.pack("<IHHII", MAGIC, ftype, flags, fid, len(payload)) + payload
+
+    def recv_exact(self, n):
+        while len(self.buf) < n:
+            chunk = self.s.recv(65536)
+            if not chunk:
+                raise EOFError("agent socket closed")
+            self.buf += chunk
+        out, self.buf = self.buf[:n], self.buf[n:]
+        return out
+
+    def recv_frame(self):
+        magic, ftype, flags, fid, ln = struct.unpack("<IHHII", self.recv_exact(16))
+        assert magic == MAGIC, hex(magic)
+        assert flags == 0
+        payload = self.recv_exact(ln)
+        return ftype, fid, json.loads(payload)
+
+    def call(self, op, **args):
+        fid = self.next_id
+        self.next_id += 1
+        body = dict(op=op, **args)
+        self.send_raw(self.frame(REQ, fid, json.dumps(body).encode()))
+        ftype, rid, obj = self.recv_frame()
+        assert rid == fid, (rid, fid)
+        return ftype, obj
+
+
+def check(cond, what):
+    if not cond:
+        raise SystemExit("FAIL: " + what)
+    print("ok:", what)
+
+
+def main():
+    path = sys.argv[1]
+    pings = 1000
+    if "--pings" in sys.argv:
+        pings = int(sys.argv[sys.argv.index("--pings") + 1])
+    a = Agent(path)
+
+    t, r = a.call("ping")
+    check(t == RESP and r.get("pong") is True and r.get("agent") == "forkd-test-guest", "ping %r" % r)
+
+    t, r = a.call("identity")
+    check(t == RESP and len(r["seed"]) == 64 and isinstance(r["wall_ns"], int), "identity %r" % r)
+    drift = abs(r["wall_ns"] - time.time_ns()) / 1e6
+    print("   wall clock offset vs host: %.3f ms" % drift)
+
+    t, r = a.call("mem_write", offset_pages=3, pages=4, pattern=0xDEADBEEF)
+    want = fnv1a(struct.pack("<I", 0xDEADBEEF) * 1024 * 4)
+    check(t == RESP and r == {"pages": 4, "checksum": "%016x" % want}, "mem_write %r" % r)
+    t, r = a.call("mem_checksum", offset_pages=3, pages=4)
+    check(t == RESP and r == {"pages": 4, "checksum": "%016x" % want}, "mem_checksum %r" % r)
+    t, r = a.call("mem_checksum", offset_pages=0, pages=1 << 40)
+    check(t == ERR, "mem_checksum out of range -> error %r" % r)
+
+    t, r = a.call("disk_write", block=5, pattern=0x01020304)
+    want = fnv1a(struct.pack("<I", 0x01020304) * 1024)
+    check(t == RESP and r == {"block": 5, "checksum": "%016x" % want}, "disk_write %r" % r)
+    t, r = a.call("disk_read", block=5)
+    check(t == RESP and r == {"block": 5, "checksum": "%016x" % want, "first": 0x01020304}, "disk_read %r" % r)
+    t, r = a.call("disk_read", block=1 << 50)
+    check(t == ERR, "disk_read beyond the end -> error %r" % r)
+
+    for op in ("exec", "eval", "nope"):
+        t, r = a.call(op)
+        check(t == ERR and "error" in r, "%s -> error %r" % (op, r))
+    t, r = a.call("mem_write", offset_pages="x", pages=1, pattern=1)
+    check(t == ERR, "wrong argument type -> error")
+
+    if "--hostile" in sys.argv:
+        for bad in (b"", b"[]", b"{", b'{"op":}', b'{"op":"ping"} x', b'{"op":"ping","a":[[[[' * 20,
+                    b'{"op":"p\\ing"}', b'{"op":"ping","x":"\x01"}', b"\xff" * 100):
+            a.send_raw(a.frame(REQ, 77, bad))
+            t, fid, r = a.recv_frame()
+            check(t == ERR and fid == 77, "malformed payload %r -> error" % bad[:20])
+        a.send_raw(a.frame(REQ, 78, b"x" * 20000))
+        t, fid, r = a.recv_frame()
+        check(t == ERR and fid == 78, "oversized frame -> error with its id")
+        a.send_raw(b"garbage!" * 5)
+        t, fid, r = a.recv_frame()
+        check(t == ERR and fid == 0, "bad magic -> one error with id 0")
+        a.send_raw(a.frame(REQ, 79, b'{"op":"ping"}', flags=1))
+        t, fid, r = a.recv_frame()
+        check(t == ERR and fid == 0, "non-zero flags -> error with id 0")
+        # byte-at-a-time delivery still reassembles
+        data = a.frame(REQ, 80, b'{"op":"ping"}')
+        for i in range(len(data)):
+            a.send_raw(data[i:i + 1])
+            time.sleep(0.001)
+        t, fid, r = a.recv_frame()
+        check(t == RESP and fid == 80 and r["pong"] is True, "ping delivered one byte at a time")
+        # several requests in one write
+        a.send_raw(b"".join(a.frame(REQ, 100 + i, b'{"op":"ping"}') for i in range(40)))
+        ids = [a.recv_frame()[1] for _ in range(40)]
+        check(ids == list(range(100, 140)), "40 pipelined pings answered in order")
+
+    if pings:
+        lat = []
+        for _ in range(pings):
+            t0 = time.perf_counter_ns()
+            t, r = a.call("ping")
+            lat.append(time.perf_counter_ns() - t0)
+            assert t == RESP
+        lat.sort()
+        print("ping round trip over %d: p50 %.1f us, p90 %.1f us, p99 %.1f us, min %.1f us" % (
+            pings, lat[len(lat) // 2] / 1e3, lat[len(lat) * 9 // 10] / 1e3, lat[len(lat) * 99 // 100] / 1e3,
+            lat[0] / 1e3))
+
+    if "--shutdown" in sys.argv:
+        t, r = a.call("shutdown")
+        check(t == RESP and r == {"ok": True}, "shutdown")
+    print("all checks passed")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,211 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+/*
+ * forkd-test-guest: the ring-0 entry, trap and interrupt paths (the one-time
+ * table setup and the fatal-exception printer are C, in ring0.c).
+ *
+ * Under PVM every ring-0 instruction is emulated, so this file is kept to a
+ * handful of plain integer instructions per path: no string ops, no SSE, no
+ * int3, no cmpxchg16b, no xsave.
+ */
+#include "guest.h"
+
+        .section .text.entry, "ax"
+        .code64
+
+/*
+ * Entry from forkd-vmm: long mode, CPL 0, IF=0, RDI = bootinfo, RSP = the
+ * VMM's boot stack. Load our GDT, let ring0_setup() build the IDT and TSS and
+ * program the LAPIC and IOAPIC, then drop to ring 3 for good with IF=1. RDI survives the iretq, so user_start gets the bootinfo pointer.
+ *
+ * There are no syscalls: under PVM `syscall` jumps to LSTAR without leaving
+ * CPL 3 (measured: the LSTAR handler's lgdt raised #GP with CS=0x23), and
+ * `int n` raises #UD. The only way into ring 0 is a fault, so WAIT is a hlt
+ * in ring 3 at hlt_gate, which raises #GP; see exc_13 below.
+ */
+        .globl _start
+        .type _start, @function
+_start:
+        cli
+        lgdt    g_gdtr(%rip)
+        movq    %rdi, %rbx
+        call    ring0_setup
+        movq    %rbx, %rdi
+        leaq    hot+USTACK_SIZE(%rip), %rax
+        pushq   $(G_SEL_UDATA | 3)
+        pushq   %rax
+        pushq   $0x202                          /* IF=1 */
+        pushq   $(G_SEL_UCODE | 3)
+        leaq    user_start(%rip), %rax
+        pushq   %rax
+        iretq
+        .size _start, . - _start
+
+/* ring 3: WAIT. The hlt faults (#GP) into exc_13, which returns past it. */
+        .globl sys_wait
+        .type sys_wait, @function
+sys_wait:
+hlt_gate:
+        hlt
+        ret
+        .size sys_wait, . - sys_wait
+
+/*
+ * ring 3: void u_outb(u16 port, u8 val). Under PVM, IOPL cannot be raised for
+ * ring 3 (iretq and popfq leave it 0: measured), so this out faults (#GP) and
+ * exc_13 performs it in ring 0. Used only at boot, on errors and to power off.
+ */
+        .globl u_outb
+        .type u_outb, @function
+u_outb:
+        movl    %esi, %eax
+        movl    %edi, %edx
+outb_gate:
+        outb    %al, %dx
+        ret
+        .size u_outb, . - u_outb
+
+/*
+ * #GP, through TSS.RSP0 (not IST, so that it stays in the hot page).
+ * Frame: error, rip, cs, rflags, rsp, ss. If it is the WAIT hlt: halt here
+ * with interrupts enabled unless a device interrupt is already pending (the
+ * STI shadow covers the hlt, so a wakeup cannot slip in between), then step
+ * over the hlt. If it is the out at outb_gate, do it and step over it.
+ * Any other #GP is fatal.
+ */
+exc_13:
+        pushq   %rax
+        leaq    hlt_gate(%rip), %rax
+        cmpq    %rax, 16(%rsp)
+        jne     3f
+        movq    hot+HOT_PENDING_OFF(%rip), %rax
+        testq   %rax, %rax
+        jnz     2f
+        sti
+        hlt
+        cli
+2:      incq    16(%rsp)
+        popq    %rax
+        addq    $8, %rsp
+        iretq
+3:      leaq    outb_gate(%rip), %rax
+        cmpq    %rax, 16(%rsp)
+        jne     1f
+        popq    %rax
+        outb    %al, %dx
+        incq    8(%rsp)
+        addq    $8, %rsp
+        iretq
+1:      popq    %rax
+        pushq   $13
+        jmp     exc_common
+
+/*
+ * Device interrupts: mark the device pending, EOI the LAPIC, return.
+ * RAX is saved because the interrupt may land anywhere in ring 3.
+ */
+        .macro IRQ n
+irq_\n:
+        movb    $1, hot+HOT_PENDING_OFF+\n(%rip)
+        pushq   %rax
+        movl    $(LAPIC_BASE + 0xb0), %eax
+        movl    $0, (%rax)
+        popq    %rax
+        iretq
+        .endm
+        IRQ 0
+        IRQ 1
+        IRQ 2
+        IRQ 3
+        IRQ 4
+        IRQ 5
+        IRQ 6
+        IRQ 7
+
+/* any other vector from the APIC: EOI and ignore */
+irq_other:
+        pushq   %rax
+        movl    $(LAPIC_BASE + 0xb0), %eax
+        movl    $0, (%rax)
+        popq    %rax
+        iretq
+
+/* the spurious vector needs no EOI */
+irq_spurious:
+        iretq
+
+/* exceptions: fatal. Frame on the IST stack: vector, error, rip, cs, rflags, rsp, ss */
+        .macro EXC n, err
+exc_\n:
+        .if \err == 0
+        pushq   $0
+        .endif
+        pushq   $\n
+        jmp     exc_common
+        .endm
+        EXC 0, 0
+        EXC 1, 0
+        EXC 2, 0
+        EXC 3, 0
+        EXC 4, 0
+        EXC 5, 0
+        EXC 6, 0
+        EXC 7, 0
+        EXC 8, 1
+        EXC 9, 0
+        EXC 10, 1
+        EXC 11, 1
+        EXC 12, 1
+        EXC 14, 1
+        EXC 15, 0
+        EXC 16, 0
+        EXC 17, 1
+        EXC 18, 0
+        EXC 19, 0
+        EXC 20, 0
+        EXC 21, 1
+        EXC 22, 0
+        EXC 23, 0
+        EXC 24, 0
+        EXC 25, 0
+        EXC 26, 0
+        EXC 27, 0
+        EXC 28, 0
+        EXC 29, 1
+        EXC 30, 1
+        EXC 31, 0
+
+exc_common:
+        movq    %rsp, %rdi
+        call    ring0_fatal
+5:      cli
+        hlt
+        jmp     5b
+
+/* ring 3: the first code after _start's iretq */
+        .globl user_start
+        .type user_start, @function
+user_start:
+        andq    $-16, %rsp
+        call    user_main
+        ud2
+
+        .section .rodata
+        .balign 8
+        .globl exc_handlers
+exc_handlers:
+        .irp n, 0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31
+        .quad exc_\n
+        .endr
+        .globl irq_handlers
+irq_handlers:
+        .irp n, 0,1,2,3,4,5,6,7
+        .quad irq_\n
+        .endr
+        .globl irq_other_handler
+irq_other_handler:
+        .quad irq_other
+        .globl irq_spurious_handler
+irq_spurious_handler:
+        .quad irq_spurious
+
+        .section .note.GNU-stack, "", @progbits
