@@ -200,14 +200,13 @@ static void control_read(struct vmm *vmm, struct vmm_host *host) {
         }
 }
 
-static void accept_on(int listen_fd, int *conn_fd, bool seqpacket) {
+static void accept_on(int listen_fd, int *conn_fd) {
         int fd = accept4(listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
         if (fd < 0)
                 return;
         safe_close(*conn_fd);
         *conn_fd = fd;
         (void) arm_fd(fd);
-        (void) seqpacket;
 }
 
 /* Service every host fd without blocking (or blocking, while paused). */
@@ -245,12 +244,17 @@ static void service_host(struct vmm *vmm, struct vmm_host *host, int timeout) {
 
         if (idx_alisten >= 0 && (p[idx_alisten].revents & POLLIN)) {
                 int fd = accept4(host->agent_listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+                /* virtio_console_process() below reads what is already queued. */
                 if (fd >= 0 && virtio_console_set_host_fd(vmm->console, fd) < 0)
                         safe_close(fd);
         }
-        if (idx_clisten >= 0 && (p[idx_clisten].revents & POLLIN))
-                accept_on(host->control_listen_fd, &host->control_fd, true);
-        if (idx_ctl >= 0 && (p[idx_ctl].revents & (POLLIN | POLLHUP | POLLERR)))
+        if (idx_clisten >= 0 && (p[idx_clisten].revents & POLLIN)) {
+                accept_on(host->control_listen_fd, &host->control_fd);
+                /* Bytes that arrived before the fd was armed raised no SIGIO:
+                 * read them now rather than wait for the next event. */
+                if (host->control_fd >= 0)
+                        control_read(vmm, host);
+        } else if (idx_ctl >= 0 && (p[idx_ctl].revents & (POLLIN | POLLHUP | POLLERR)))
                 control_read(vmm, host);
 process:
         (void) idx_console;
