@@ -60,7 +60,7 @@ int vmm_client_boot(const struct vmm_boot_args *a, struct vmm_proc *ret) {
         char mem[32];
         const char *argv[24];
         unsigned n = 0;
-        pid_t pid;
+        pid_t pid = 0;
         int r;
 
         if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, agent) < 0)
@@ -199,7 +199,7 @@ int vmm_client_template_start(const char *vmm_path, const char *snapshot_dir, co
         const char *argv[10];
         struct json_object *o = NULL, *ev, *g;
         unsigned n = 0;
-        pid_t pid;
+        pid_t pid = 0;
         int r;
 
         if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, ctl) < 0)
