@@ -235,7 +235,7 @@ int main(int argc, char *argv[]) {
                 }
 
         run.t0 = now_usec();
-        r = vmm_client_template_spawn(&t, (const char *const *) ids, arg_n, NULL, run.agent_fds, NULL, run.pids,
+        r = vmm_client_template_spawn(&t, (const char *const *) ids, arg_n, NULL, NULL, run.agent_fds, NULL, run.pids,
                                       send_pings, &run);
         spawn_us = now_usec() - run.t0;
         if (r < 0) {

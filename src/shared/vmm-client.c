@@ -111,7 +111,11 @@ fail:
 }
 
 static int recv_json(int fd, uint64_t deadline, struct json_object **ret) {
-        static char buf[CONTROL_REPLY_MAX + 1];
+        /* Heap, not static: the daemon calls this from worker threads. */
+        _cleanup_free_ char *buf = malloc(CONTROL_REPLY_MAX + 1);
+
+        if (!buf)
+                return -ENOMEM;
 
         for (;;) {
                 uint64_t now = now_usec();
@@ -127,7 +131,7 @@ static int recv_json(int fd, uint64_t deadline, struct json_object **ret) {
                         return -errno;
                 if (r <= 0)
                         continue;
-                n = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+                n = recv(fd, buf, CONTROL_REPLY_MAX + 1, MSG_DONTWAIT);
                 if (n < 0) {
                         if (errno == EAGAIN || errno == EINTR)
                                 continue;
@@ -242,7 +246,7 @@ int vmm_client_template_start(const char *vmm_path, const char *snapshot_dir, co
 }
 
 static int send_batch(struct vmm_template *t, const char *const *ids, size_t n, const char *console_dir,
-                      const int *fds, unsigned n_fds, bool with_control) {
+                      const char *cgroup_parent, const int *fds, unsigned n_fds, bool with_control) {
         struct json_object *req = json_object_new_object(), *arr = json_object_new_array();
         char cbuf[CMSG_SPACE(sizeof(int) * 2 * SPAWN_BATCH)] = {};
         struct iovec iov;
@@ -258,6 +262,7 @@ static int send_batch(struct vmm_template *t, const char *const *ids, size_t n, 
         json_object_object_add(req, "ids", arr);
         json_object_object_add(req, "with_control", json_object_new_boolean(with_control));
         json_object_object_add(req, "console_dir", console_dir ? json_object_new_string(console_dir) : NULL);
+        json_object_object_add(req, "cgroup_parent", cgroup_parent ? json_object_new_string(cgroup_parent) : NULL);
         s = json_object_to_json_string_ext(req, JSON_C_TO_STRING_PLAIN);
         iov = (struct iovec) { .iov_base = (void *) s, .iov_len = strlen(s) };
 
@@ -274,7 +279,7 @@ static int send_batch(struct vmm_template *t, const char *const *ids, size_t n, 
 }
 
 int vmm_client_template_spawn(struct vmm_template *t, const char *const *ids, size_t n, const char *console_dir,
-                              int *agent_fds, int *control_fds, pid_t *pids, vmm_batch_sent_t on_batch,
+                              const char *cgroup_parent, int *agent_fds, int *control_fds, pid_t *pids, vmm_batch_sent_t on_batch,
                               void *userdata) {
         bool with_control = control_fds != NULL;
         size_t sent = 0, got = 0;
@@ -310,7 +315,7 @@ int vmm_client_template_spawn(struct vmm_template *t, const char *const *ids, si
                                 fds[n_fds++] = c[1];
                         }
                 }
-                r = send_batch(t, ids + sent, k, console_dir, fds, n_fds, with_control);
+                r = send_batch(t, ids + sent, k, console_dir, cgroup_parent, fds, n_fds, with_control);
         close_batch:
                 for (unsigned i = 0; i < n_fds; i++)
                         safe_close(fds[i]);

@@ -56,7 +56,10 @@ int vmm_client_template_start(const char *vmm_path, const char *snapshot_dir, co
  * not NULL) is called as soon as a batch is sent, so the caller can start
  * talking to those children while the template still forks the rest. */
 typedef void (*vmm_batch_sent_t)(size_t first, size_t n, void *userdata);
+/* cgroup_parent (may be NULL): each child joins <cgroup_parent>/<id>, which
+ * the caller has created, before it restores anything. */
 int vmm_client_template_spawn(struct vmm_template *t, const char *const *ids, size_t n, const char *console_dir,
+                              const char *cgroup_parent,
                               int *agent_fds, int *control_fds, pid_t *pids, vmm_batch_sent_t on_batch,
                               void *userdata);
 

@@ -8,7 +8,11 @@
  * through the page cache and pay only for the pages they write.
  *
  * Control protocol: SOCK_SEQPACKET, one JSON object per message.
- *   -> {"op":"spawn","ids":[...],"with_control":bool,"console_dir":str|null}
+ *   -> {"op":"spawn","ids":[...],"with_control":bool,"console_dir":str|null,
+ *       "cgroup_parent":str|null}
+ *      cgroup_parent: each child joins the cgroup <cgroup_parent>/<id> (which
+ *      the controller created and limited) before it restores anything, and
+ *      exits with status 3 rather than run outside it.
  *      with SCM_RIGHTS: per id, its agent fd, then (with_control) its control fd
  *   <- {"ok":true,"pids":[...]} | {"ok":false,"error":"..."}
  *   <- {"event":"ready","generation":N,"mem_size":N} once, at start
@@ -68,7 +72,7 @@ static void send_error(struct template *t, const char *msg) {
 }
 
 static _Noreturn void child_main(struct template *t, const char *id, int agent_fd, int ctl_fd,
-                                 const char *console_dir) {
+                                 const char *console_dir, const char *cgroup_parent) {
         struct machine_config cfg = { .id = id, .overlay_dir = t->overlay_dir, .agent_fd = agent_fd };
         struct vmm_host host = { .agent_listen_fd = -1, .control_listen_fd = -1, .control_fd = ctl_fd,
                                  .exit_on_control_eof = ctl_fd >= 0, .kernel = t->snap->meta.kernel };
@@ -83,6 +87,18 @@ static _Noreturn void child_main(struct template *t, const char *id, int agent_f
         sigaddset(&ss, SIGCHLD);
         (void) sigprocmask(SIG_UNBLOCK, &ss, NULL);
 
+        if (cgroup_parent) {
+                char procs[4096];
+                int fd;
+
+                snprintf(procs, sizeof(procs), "%s/%s/cgroup.procs", cgroup_parent, id);
+                fd = open(procs, O_WRONLY | O_CLOEXEC);
+                if (fd < 0 || write(fd, "0", 1) != 1) {
+                        log_error_errno(errno, "Failed to join cgroup %s: %m", procs);
+                        _exit(3);
+                }
+                close(fd);
+        }
         if (console_dir) {
                 snprintf(log_path, sizeof(log_path), "%s/%s.log", console_dir, id);
                 cfg.console_log = log_path;
@@ -107,7 +123,7 @@ static void close_fds(int *fds, unsigned n) {
 
 static void handle_spawn(struct template *t, struct json_object *req, int *fds, unsigned n_fds) {
         struct json_object *ids, *o, *reply, *pids;
-        const char *console_dir = NULL;
+        const char *console_dir = NULL, *cgroup_parent = NULL;
         bool with_control = false;
         size_t n;
 
@@ -139,6 +155,14 @@ static void handle_spawn(struct template *t, struct json_object *req, int *fds, 
                 }
                 console_dir = json_object_get_string(o);
         }
+        if (json_object_object_get_ex(req, "cgroup_parent", &o) && !json_object_is_type(o, json_type_null)) {
+                if (!json_object_is_type(o, json_type_string) || json_object_get_string(o)[0] != '/' ||
+                    json_object_get_string_len(o) > 3000) {
+                        send_error(t, "\"cgroup_parent\" must be an absolute path or null");
+                        goto fail;
+                }
+                cgroup_parent = json_object_get_string(o);
+        }
         if (n_fds != n * (with_control ? 2 : 1)) {
                 send_error(t, "spawn: wrong number of file descriptors attached");
                 goto fail;
@@ -168,7 +192,8 @@ static void handle_spawn(struct template *t, struct json_object *req, int *fds, 
                                         safe_close(fds[k]);
                         safe_close(t->control_fd);
                         safe_close(t->sig_fd);
-                        child_main(t, id, fds[i * per], with_control ? fds[i * per + 1] : -1, console_dir);
+                        child_main(t, id, fds[i * per], with_control ? fds[i * per + 1] : -1, console_dir,
+                                   cgroup_parent);
                 }
                 t->children[t->n_children].pid = pid;
                 snprintf(t->children[t->n_children].id, sizeof(t->children[0].id), "%s", id);

@@ -173,7 +173,7 @@ static void fleet_start(struct fleet *f, unsigned n, const char *snap) {
         if (r < 0)
                 fail_msg("template: %s", err ?: strerror(-r));
         f->n = n;
-        r = vmm_client_template_spawn(&f->t, ids, n, workdir, f->agent, f->control, f->pid, NULL, NULL);
+        r = vmm_client_template_spawn(&f->t, ids, n, workdir, NULL, f->agent, f->control, f->pid, NULL, NULL);
         assert_int_equal(r, 0);
 }
 
