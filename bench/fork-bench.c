@@ -149,6 +149,22 @@ static long child_kib(pid_t pid) {
         return priv < 0 || pte < 0 ? -1 : priv + pte;
 }
 
+/* Nanoseconds the task has run on a CPU (schedstat), or -1. */
+static long long task_cpu_ns(pid_t pid) {
+        char path[64];
+        long long ns = -1;
+        FILE *f;
+
+        snprintf(path, sizeof(path), "/proc/%d/schedstat", (int) pid);
+        f = fopen(path, "re");
+        if (!f)
+                return -1;
+        if (fscanf(f, "%lld", &ns) != 1)
+                ns = -1;
+        fclose(f);
+        return ns;
+}
+
 static int make_disk(const char *path) {
         _cleanup_close_ int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
         if (fd < 0 || ftruncate(fd, 16u << 20) < 0)
@@ -168,6 +184,7 @@ int main(int argc, char *argv[]) {
         uint64_t t_boot, cold_boot_us = 0, ready_us = 0, spawn_us;
         double per_child_kib = 0;
         long kib_sum = 0, kib_n = 0;
+        long long cpu_ns_sum = 0, cpu_n = 0, template_cpu_ns = -1;
         int r;
 
         log_prefix = "bench/fork";
@@ -257,6 +274,14 @@ int main(int argc, char *argv[]) {
                 }
         }
         per_child_kib = kib_n ? (double) kib_sum / kib_n : -1;
+        for (unsigned i = 0; i < arg_n; i++) {
+                long long ns = run.pids[i] > 0 ? task_cpu_ns(run.pids[i]) : -1;
+                if (ns >= 0) {
+                        cpu_ns_sum += ns;
+                        cpu_n++;
+                }
+        }
+        template_cpu_ns = task_cpu_ns(t.pid);
 
         printf("%-34s %12s\n", "figure", "value");
         printf("%-34s %12u\n", "children forked", arg_n);
@@ -267,6 +292,8 @@ int main(int argc, char *argv[]) {
         printf("%-34s %12.1f\n", "cold boot to first ping (ms)", cold_boot_us / 1000.0);
         printf("%-34s %12.1f\n", "cold boot / amortised fork", cold_boot_us / ((double) ready_us / arg_n));
         printf("%-34s %12.1f\n", "host memory per idle child (KiB)", per_child_kib);
+        printf("%-34s %12.3f\n", "CPU per child until ready (ms)", cpu_n ? cpu_ns_sum / 1e6 / cpu_n : -1.0);
+        printf("%-34s %12.1f\n", "template CPU (ms)", template_cpu_ns / 1e6);
         if (arg_json)
                 printf("{\"n\": %u, \"ready\": %u, \"ready_ms\": %.2f, \"per_child_kib\": %.1f, "
                        "\"cold_boot_ms\": %.2f}\n",
