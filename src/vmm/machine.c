@@ -61,6 +61,21 @@ static int machine_add_devices(struct vmm *vmm, int disk_fd, const struct machin
         return 0;
 }
 
+/* Last step of boot and restore: take the generation and queue the identity
+ * event, so the guest re-identifies before it answers anything. Consumes vmm. */
+static int machine_finish(struct vmm *vmm, uint64_t generation, struct vmm **ret) {
+        int r;
+
+        vmm->generation = generation;
+        r = machine_send_identity(vmm);
+        if (r < 0) {
+                machine_free(vmm);
+                return r;
+        }
+        *ret = vmm;
+        return 0;
+}
+
 int machine_boot(int kvm_fd, const char *kernel, const char *disk, uint64_t mem_size, const struct machine_config *cfg,
                  struct vmm **ret) {
         struct forkd_bootinfo_dev devs[2] = {
@@ -131,13 +146,7 @@ int machine_boot(int kvm_fd, const char *kernel, const char *disk, uint64_t mem_
         if (r < 0)
                 goto fail;
 
-        vmm->generation = 0;
-        r = machine_send_identity(vmm);
-        if (r < 0)
-                goto fail;
-
-        *ret = vmm;
-        return 0;
+        return machine_finish(vmm, 0, ret);
 fail:
         machine_free(vmm);
         return r;
@@ -225,13 +234,7 @@ int machine_restore(int kvm_fd, const struct snapshot *snap, uint8_t *mem, const
         vmm->cpuid->nent = s->vcpus[0].n_cpuid;
         memcpy(vmm->cpuid->entries, s->vcpus[0].cpuid, s->vcpus[0].n_cpuid * sizeof(s->vcpus[0].cpuid[0]));
 
-        vmm->generation = s->memory.generation + 1;
-        r = machine_send_identity(vmm);
-        if (r < 0)
-                goto fail;
-
-        *ret = vmm;
-        return 0;
+        return machine_finish(vmm, s->memory.generation + 1, ret);
 fail:
         machine_free(vmm);
         return r;
