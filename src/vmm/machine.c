@@ -15,6 +15,7 @@
 #include "virtio-blk.h"
 #include "virtio-console.h"
 #include "virtio-mmio.h"
+#include "acpi.h"
 #include "x86.h"
 
 #define CPUID_MAX_ENTRIES VMSTATE_MAX_CPUID
@@ -142,7 +143,28 @@ int machine_boot(int kvm_fd, const char *kernel, const char *disk, uint64_t mem_
                 goto fail;
         TAKE_FD(disk_fd); /* owned by virtio-blk now */
 
-        r = x86_boot_setup(vmm, elf_fd, devs, ELEMENTSOF(devs), NULL);
+        if (x86_is_bzimage(elf_fd)) {
+                struct acpi_dev adevs[ELEMENTSOF(devs)];
+                _cleanup_close_ int initrd_fd = -EBADF;
+
+                for (unsigned i = 0; i < ELEMENTSOF(devs); i++)
+                        adevs[i] = (struct acpi_dev) { .mmio_base = devs[i].mmio_base,
+                                                       .mmio_size = (uint32_t) devs[i].mmio_size,
+                                                       .gsi = devs[i].gsi };
+                if (cfg->initrd) {
+                        initrd_fd = open(cfg->initrd, O_RDONLY | O_CLOEXEC);
+                        if (initrd_fd < 0) {
+                                r = log_debug_errno(errno, "Failed to open initrd %s: %m", cfg->initrd);
+                                goto fail;
+                        }
+                }
+                snprintf(vmm->guest_kind, sizeof(vmm->guest_kind), "linux");
+                r = x86_linux_setup(vmm, elf_fd, initrd_fd, cfg->cmdline ?: MACHINE_LINUX_CMDLINE, adevs,
+                                    ELEMENTSOF(adevs));
+        } else {
+                snprintf(vmm->guest_kind, sizeof(vmm->guest_kind), "test");
+                r = x86_boot_setup(vmm, elf_fd, devs, ELEMENTSOF(devs), NULL);
+        }
         if (r < 0)
                 goto fail;
 
@@ -231,6 +253,7 @@ int machine_restore(int kvm_fd, const struct snapshot *snap, uint8_t *mem, const
                 r = -ENOMEM;
                 goto fail;
         }
+        snprintf(vmm->guest_kind, sizeof(vmm->guest_kind), "%s", snap->meta.guest);
         vmm->cpuid->nent = s->vcpus[0].n_cpuid;
         memcpy(vmm->cpuid->entries, s->vcpus[0].cpuid, s->vcpus[0].n_cpuid * sizeof(s->vcpus[0].cpuid[0]));
 

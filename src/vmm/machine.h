@@ -15,9 +15,15 @@ struct machine_config {
         const char *console_log; /* serial output, NULL to discard */
         const char *overlay_dir; /* where the copy-on-write disk overlay lives */
         int agent_fd;            /* connected agent channel, or -1 */
+        const char *initrd;      /* Linux guests only, may be NULL */
+        const char *cmdline;     /* Linux guests only, NULL for the default */
 };
 
-/* Boot a fresh VM from an ELF guest image and a disk image. */
+#define MACHINE_LINUX_CMDLINE "console=ttyS0 reboot=k panic=-1 root=/dev/vda rw quiet"
+
+
+/* Boot a fresh VM from a guest image (the ELF test guest, or a Linux bzImage
+ * described to the kernel by ACPI) and a disk image. */
 int machine_boot(int kvm_fd, const char *kernel, const char *disk, uint64_t mem_size, const struct machine_config *cfg,
                  struct vmm **ret);
 

@@ -14,6 +14,7 @@
 #include "snapshot.h"
 #include "template.h"
 
+static const char *arg_initrd, *arg_cmdline;
 static const char *arg_kernel, *arg_disk, *arg_snapshot, *arg_console_log, *arg_agent_socket,
         *arg_control_socket, *arg_overlay_dir, *arg_id = "vm";
 static uint64_t arg_mem_mib = 64;
@@ -21,7 +22,8 @@ static int arg_agent_fd = -1, arg_control_fd = -1;
 
 static void help(void) {
         printf("Usage:\n"
-               "  forkd-vmm boot --kernel ELF --disk IMG [OPTIONS]   boot a guest image\n"
+               "  forkd-vmm boot --kernel IMAGE --disk IMG [OPTIONS] boot a guest image (ELF test guest\n"
+               "                                                     or Linux bzImage)\n"
                "  forkd-vmm restore --snapshot DIR [OPTIONS]         restore one VM from a snapshot\n"
                "  forkd-vmm template --snapshot DIR --control-fd N   fork VMs from a snapshot on request\n"
                "  forkd-vmm check DIR                                validate a snapshot directory\n"
@@ -30,6 +32,9 @@ static void help(void) {
                "\n"
                "Options:\n"
                "  --mem-mib N           guest RAM in MiB, 16..3072, even (boot; default 64)\n"
+               "  --initrd PATH         initramfs for a Linux guest\n"
+               "  --cmdline TEXT        kernel command line for a Linux guest (default\n"
+               "                        \"" MACHINE_LINUX_CMDLINE "\")\n"
                "  --id ID               sandbox id told to the guest (default \"vm\")\n"
                "  --console-log PATH    append the guest's serial console to PATH\n"
                "  --agent-socket PATH   listen on a unix stream socket for the agent channel\n"
@@ -62,10 +67,12 @@ static int parse_fd(const char *s, int *ret) {
 
 static int parse_argv(int argc, char *argv[]) {
         enum { ARG_KERNEL = 0x100, ARG_DISK, ARG_SNAPSHOT, ARG_MEM, ARG_ID, ARG_CONSOLE, ARG_ASOCK, ARG_AFD,
-               ARG_CSOCK, ARG_CFD, ARG_OVERLAY, ARG_VERSION };
+               ARG_CSOCK, ARG_CFD, ARG_OVERLAY, ARG_VERSION, ARG_INITRD, ARG_CMDLINE };
         static const struct option opts[] = {
                 { "kernel", required_argument, NULL, ARG_KERNEL },
                 { "disk", required_argument, NULL, ARG_DISK },
+                { "initrd", required_argument, NULL, ARG_INITRD },
+                { "cmdline", required_argument, NULL, ARG_CMDLINE },
                 { "snapshot", required_argument, NULL, ARG_SNAPSHOT },
                 { "mem-mib", required_argument, NULL, ARG_MEM },
                 { "id", required_argument, NULL, ARG_ID },
@@ -94,6 +101,14 @@ static int parse_argv(int argc, char *argv[]) {
                         break;
                 case ARG_DISK:
                         arg_disk = optarg;
+                        break;
+                case ARG_INITRD:
+                        arg_initrd = optarg;
+                        break;
+                case ARG_CMDLINE:
+                        if (strlen(optarg) >= 4096)
+                                return log_error_errno(E2BIG, "--cmdline is longer than 4095 bytes");
+                        arg_cmdline = optarg;
                         break;
                 case ARG_SNAPSHOT:
                         arg_snapshot = optarg;
@@ -202,7 +217,7 @@ static int run_vm(struct vmm *vmm, const char *kernel) {
 
 static int cmd_boot(int kvm_fd) {
         struct machine_config cfg = { .id = arg_id, .console_log = arg_console_log, .overlay_dir = arg_overlay_dir,
-                                      .agent_fd = arg_agent_fd };
+                                      .agent_fd = arg_agent_fd, .initrd = arg_initrd, .cmdline = arg_cmdline };
         struct vmm *vmm = NULL;
         int r;
 

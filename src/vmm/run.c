@@ -26,18 +26,28 @@
 
 static struct kvm_run *volatile current_run;
 static volatile sig_atomic_t got_term;
+static volatile pid_t vcpu_tid;
 
-static void on_sigio(int sig) {
+/* KVM may add its own worker threads to our thread group (for instance the
+ * NX huge page recovery task); a process-directed signal can land there and
+ * would then not interrupt KVM_RUN. SIGIO is aimed at the vCPU thread
+ * (F_OWNER_TID); other signals are passed on to it. */
+static void kick_vcpu(int sig) {
         struct kvm_run *run = current_run;
+
         if (run)
                 run->immediate_exit = 1;
+        if (vcpu_tid > 0 && gettid() != vcpu_tid)
+                (void) tgkill(getpid(), vcpu_tid, sig);
+}
+
+static void on_sigio(int sig) {
+        kick_vcpu(sig);
 }
 
 static void on_term(int sig) {
-        struct kvm_run *run = current_run;
         got_term = 1;
-        if (run)
-                run->immediate_exit = 1;
+        kick_vcpu(sig);
 }
 
 int vmm_install_signals(void) {
@@ -67,7 +77,9 @@ static int arm_fd(int fd) {
 
         if (fd < 0)
                 return 0;
-        if (fcntl(fd, F_SETOWN, getpid()) < 0)
+        struct f_owner_ex owner = { .type = F_OWNER_TID, .pid = gettid() };
+
+        if (fcntl(fd, F_SETOWN_EX, &owner) < 0)
                 return -errno;
         fl = fcntl(fd, F_GETFL);
         if (fl < 0 || fcntl(fd, F_SETFL, fl | O_ASYNC | O_NONBLOCK) < 0)
@@ -310,6 +322,7 @@ int vmm_run(struct vmm *vmm, struct vmm_host *host) {
         int r;
 
         host->armed_console_fd = -1;
+        vcpu_tid = gettid();
         r = arm_fd(host->control_fd);
         if (r >= 0)
                 r = arm_fd(host->agent_listen_fd);

@@ -234,7 +234,7 @@ int snapshot_write(struct vmm *vmm, const char *dir, const char *tag, const char
         snprintf(meta.disk_file, sizeof(meta.disk_file), "%s", SNAPSHOT_DISK_FILE);
         meta.disk_size = (uint64_t) st.st_size;
         snprintf(meta.kernel, sizeof(meta.kernel), "%s", kernel ?: "");
-        snprintf(meta.guest, sizeof(meta.guest), "%s", "test");
+        snprintf(meta.guest, sizeof(meta.guest), "%s", vmm->guest_kind[0] ? vmm->guest_kind : "test");
         r = snapshot_meta_format(&meta, &json);
         if (r < 0)
                 goto fail;

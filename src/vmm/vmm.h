@@ -78,6 +78,7 @@ struct vmm {
         uint32_t tsc_khz;
         char id[65];           /* sandbox id given by the host */
         uint64_t generation;   /* 0 at boot, parent's + 1 after a restore */
+        char guest_kind[16];   /* "test" (ELF test guest) or "linux" (bzImage) */
         struct kvm_cpuid2 *cpuid; /* what the vCPU was given, saved with snapshots */
 
         enum vmm_stop_reason stop;

@@ -19,7 +19,11 @@ while [ ! -S "$dir/agent.sock" ]; do
         kill -0 "$pid" || { echo "forkd-vmm died"; cat "$dir/console.log"; exit 1; }
         sleep 0.01
 done
-python3 "$check" "$dir/agent.sock" --hostile --shutdown
+if ! python3 "$check" "$dir/agent.sock" --hostile --shutdown; then
+        echo "agent check failed; console log:"; cat "$dir/console.log"
+        echo "forkd-vmm state:"; grep -E "State|SigPnd|ShdPnd" "/proc/$pid/status" || true
+        exit 1
+fi
 rc=0; wait "$pid" || rc=$?
 pid=
 [ "$rc" -eq 0 ] || { echo "forkd-vmm exited $rc after guest shutdown"; cat "$dir/console.log"; exit 1; }

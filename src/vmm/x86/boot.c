@@ -77,7 +77,7 @@ static int load_elf(struct vmm *vmm, int fd, uint64_t *ret_entry) {
         return 0;
 }
 
-static void build_page_tables(struct vmm *vmm) {
+void x86_build_page_tables(struct vmm *vmm) {
         uint64_t *pml4 = vmm_gpa(vmm, FORKD_PML4_GPA, 4096);
         uint64_t *pdpt = vmm_gpa(vmm, FORKD_PDPT_GPA, 4096);
         uint64_t *pd = vmm_gpa(vmm, FORKD_PD_GPA, 4 * 4096);
@@ -170,7 +170,7 @@ int x86_boot_setup(struct vmm *vmm, int elf_fd, const struct forkd_bootinfo_dev 
         if (r < 0)
                 return r;
 
-        build_page_tables(vmm);
+        x86_build_page_tables(vmm);
         build_gdt(vmm);
 
         bi = vmm_gpa(vmm, FORKD_BOOTINFO_GPA, sizeof(*bi));

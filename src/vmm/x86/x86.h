@@ -5,9 +5,17 @@
 #include "vmm.h"
 #include "vmstate.h"
 
+struct acpi_dev;
+
 /* boot.c */
+void x86_build_page_tables(struct vmm *vmm);
 int x86_boot_setup(struct vmm *vmm, int elf_fd, const struct forkd_bootinfo_dev *devs, unsigned n_devs,
                    const char *cmdline);
+
+/* linux.c */
+bool x86_is_bzimage(int fd);
+int x86_linux_setup(struct vmm *vmm, int kernel_fd, int initrd_fd, const char *cmdline, const struct acpi_dev *devs,
+                    unsigned n_devs);
 
 /* cpu.c */
 int x86_vcpu_save(struct vmm *vmm, const struct kvm_cpuid2 *cpuid, struct vmstate_vcpu *v);
