@@ -1,0 +1,49 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#pragma once
+
+/*
+ * Asynchronous polkit checks for D-Bus method handlers.
+ *
+ * A handler that changes state calls bus_verify_polkit_async() first:
+ *
+ *     r = bus_verify_polkit_async(m, "org.forkd.fork",
+ *                                 (const char *[]) { "snapshot", tag, "verb", "fork", NULL },
+ *                                 &manager->polkit_registry, error);
+ *     if (r < 0)
+ *             return r;       (error is set: AccessDenied, or a failure)
+ *     if (r == 0)
+ *             return 1;       (asked polkit; the handler runs again when it answers)
+ *     ... authorized: do the work ...
+ *
+ * Mechanism: a sender whose effective uid is 0 is authorized at once. For
+ * anyone else, org.freedesktop.PolicyKit1.Authority.CheckAuthorization is
+ * called asynchronously on the message's bus (subject "system-bus-name",
+ * no interaction) and the request message is remembered in the registry.
+ * When polkit answers, the answer is stored and the request message is put
+ * back into the bus's read queue (sd_bus_enqueue_for_read()), so the same
+ * handler runs again with the same message; this time the stored answer is
+ * returned (1 or -EACCES) and the registry entry is dropped.
+ *
+ * Rules for handlers:
+ *  - call it before any state change and before any reply;
+ *  - one action per message (a second check on the same message with another
+ *    action would start over);
+ *  - the handler must be safe to run twice on the same message: everything
+ *    it does before the check (argument parsing, validation) is repeated.
+ *
+ * If polkitd is not on the bus, non-root callers are refused with
+ * AccessDenied ("polkit is not available"), never left waiting.
+ */
+
+#include <systemd/sd-bus.h>
+
+struct polkit_registry;
+
+int bus_verify_polkit_async(sd_bus_message *m, const char *action, const char **details,
+                            struct polkit_registry **registry, sd_bus_error *error);
+
+/* Cancels the pending queries and frees everything. Accepts NULL, returns NULL. */
+struct polkit_registry *polkit_registry_free(struct polkit_registry *registry);
+
+/* Number of queries in the registry (pending or answered but not yet consumed). */
+unsigned polkit_registry_size(const struct polkit_registry *registry);

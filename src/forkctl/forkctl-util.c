@@ -1,0 +1,153 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#include <errno.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "forkctl-util.h"
+#include "macro.h"
+
+static char *xasprintf(const char *fmt, ...) _printf_(1, 2);
+static char *xasprintf(const char *fmt, ...) {
+        va_list ap;
+        char *s;
+        int r;
+
+        va_start(ap, fmt);
+        r = vasprintf(&s, fmt, ap);
+        va_end(ap);
+        return r < 0 ? NULL : s;
+}
+
+static bool is(const sd_bus_error *e, const char *name) {
+        return e && e->name && strcmp(e->name, name) == 0;
+}
+
+char *forkctl_error_message(const sd_bus_error *e, const struct error_context *ctx) {
+        static const struct error_context empty = {};
+        const char *msg = e && e->message && *e->message ? e->message : NULL;
+        const char *tag, *id, *verb;
+
+        if (!ctx)
+                ctx = &empty;
+        tag = ctx->tag ?: "?";
+        id = ctx->id ?: "?";
+        verb = ctx->verb ?: "the request";
+
+        if (is(e, SD_BUS_ERROR_SERVICE_UNKNOWN) || is(e, SD_BUS_ERROR_NAME_HAS_NO_OWNER))
+                return xasprintf("forkd is not running; start it with 'systemctl start forkd' or "
+                                 "'tools/forkd-stack up' (and set FORKD_BUS_ADDRESS to what it prints)");
+
+        if (is(e, SD_BUS_ERROR_ACCESS_DENIED))
+                return xasprintf("%s: %s; ask an administrator to add you to the forkd group",
+                                 verb, msg ?: "access denied");
+
+        if (is(e, FORKD_ERROR_NO_SUCH_SNAPSHOT))
+                return xasprintf("no snapshot '%s'; list them with 'forkctl snapshot ls'", tag);
+
+        if (is(e, FORKD_ERROR_NO_SUCH_SANDBOX))
+                return xasprintf("no sandbox '%s' (or it is no longer running); list them with 'forkctl ls'", id);
+
+        if (is(e, FORKD_ERROR_SNAPSHOT_EXISTS))
+                return xasprintf("snapshot '%s' already exists; choose another tag, or remove it first with "
+                                 "'forkctl snapshot rm %s'", tag, tag);
+
+        if (is(e, FORKD_ERROR_HAS_DEPENDENTS))
+                return xasprintf("snapshot '%s' has dependents (%s); remove them too with "
+                                 "'forkctl snapshot rm --cascade %s'", tag, msg ?: "other snapshots chain on it", tag);
+
+        if (is(e, FORKD_ERROR_BUSY))
+                return xasprintf("forkd is busy (%s); retry in a moment", msg ?: "too many operations running");
+
+        if (is(e, FORKD_ERROR_NOT_SUPPORTED))
+                return xasprintf("%s is not supported by this forkd yet: %s", verb, msg ?: "not supported");
+
+        if (is(e, FORKD_ERROR_GUEST_ERROR))
+                return xasprintf("the guest agent in sandbox '%s' failed: %s", id, msg ?: "no details");
+
+        if (is(e, FORKD_ERROR_TIMEOUT))
+                return xasprintf("%s: the guest did not answer in time (%s); check it with 'forkctl ping %s'",
+                                 verb, msg ?: "timeout", id);
+
+        if (is(e, SD_BUS_ERROR_INVALID_ARGS))
+                return xasprintf("%s: invalid argument: %s; see 'forkctl --help'", verb, msg ?: "rejected by forkd");
+
+        if (is(e, SD_BUS_ERROR_NO_REPLY) || is(e, SD_BUS_ERROR_TIMEOUT))
+                return xasprintf("%s: forkd did not reply in time; it may still be working, check with "
+                                 "'forkctl ls' / 'forkctl snapshot ls', and the journal "
+                                 "('journalctl -u forkd')", verb);
+
+        if (is(e, SD_BUS_ERROR_UNKNOWN_METHOD) || is(e, SD_BUS_ERROR_UNKNOWN_OBJECT) ||
+            is(e, SD_BUS_ERROR_UNKNOWN_INTERFACE))
+                return xasprintf("%s: this forkd does not offer it (%s); forkctl and forkd versions differ?",
+                                 verb, msg ?: e->name);
+
+        if (is(e, SD_BUS_ERROR_DISCONNECTED))
+                return xasprintf("%s: lost the connection to the bus; is forkd still running?", verb);
+
+        if (is(e, FORKD_ERROR_FAILED))
+                return xasprintf("%s failed: %s; see forkd's log ('journalctl -u forkd')", verb,
+                                 msg ?: "unknown error");
+
+        return xasprintf("%s failed: %s%s%s", verb, msg ?: "", msg ? " " : "",
+                         e && e->name ? e->name : "(no error name)");
+}
+
+int forkctl_error_exit_code(const sd_bus_error *e) {
+        if (is(e, SD_BUS_ERROR_ACCESS_DENIED))
+                return 4;
+        if (is(e, FORKD_ERROR_NO_SUCH_SNAPSHOT) || is(e, FORKD_ERROR_NO_SUCH_SANDBOX))
+                return 3;
+        if (is(e, SD_BUS_ERROR_SERVICE_UNKNOWN) || is(e, SD_BUS_ERROR_NAME_HAS_NO_OWNER))
+                return 5;
+        return 1;
+}
+
+int parse_u32(const char *s, uint32_t min, uint32_t max, uint32_t *ret) {
+        unsigned long long v = 0;
+
+        if (!s || !*s)
+                return -EINVAL;
+        for (const char *p = s; *p; p++) {
+                if (*p < '0' || *p > '9')
+                        return -EINVAL;
+                v = v * 10 + (unsigned) (*p - '0');
+                if (v > UINT32_MAX)
+                        return -ERANGE;
+        }
+        if (v < min || v > max)
+                return -ERANGE;
+        *ret = (uint32_t) v;
+        return 0;
+}
+
+const char *format_bytes(char *buf, size_t size, uint64_t bytes) {
+        static const char suffix[] = "KMGTPE";
+        double v = (double) bytes;
+        size_t i = 0;
+
+        if (bytes < 1024) {
+                snprintf(buf, size, "%lluB", (unsigned long long) bytes);
+                return buf;
+        }
+        v /= 1024.0;
+        while (v >= 1024.0 && i + 1 < sizeof suffix - 1) {
+                v /= 1024.0;
+                i++;
+        }
+        snprintf(buf, size, "%.1f%c", v, suffix[i]);
+        return buf;
+}
+
+const char *format_unix_time(char *buf, size_t size, uint64_t t) {
+        struct tm tm;
+        time_t tt = (time_t) t;
+
+        if (t == 0 || t > (uint64_t) INT64_MAX || !localtime_r(&tt, &tm) ||
+            strftime(buf, size, "%Y-%m-%d %H:%M:%S", &tm) == 0)
+                snprintf(buf, size, "-");
+        return buf;
+}

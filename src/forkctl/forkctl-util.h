@@ -1,0 +1,44 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#pragma once
+
+/* forkctl helpers that do not talk to the bus: error messages that say what to
+ * do, strict number parsing, formatting of sizes and times. Unit-tested. */
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <systemd/sd-bus.h>
+
+#define FORKD_ERROR_NO_SUCH_SNAPSHOT "org.forkd.Error.NoSuchSnapshot"
+#define FORKD_ERROR_NO_SUCH_SANDBOX  "org.forkd.Error.NoSuchSandbox"
+#define FORKD_ERROR_SNAPSHOT_EXISTS  "org.forkd.Error.SnapshotExists"
+#define FORKD_ERROR_HAS_DEPENDENTS   "org.forkd.Error.HasDependents"
+#define FORKD_ERROR_BUSY             "org.forkd.Error.Busy"
+#define FORKD_ERROR_NOT_SUPPORTED    "org.forkd.Error.NotSupported"
+#define FORKD_ERROR_GUEST_ERROR      "org.forkd.Error.GuestError"
+#define FORKD_ERROR_TIMEOUT          "org.forkd.Error.Timeout"
+#define FORKD_ERROR_FAILED           "org.forkd.Error.Failed"
+
+/* What the call was about, for the message: the tag or sandbox id (may be NULL). */
+struct error_context {
+        const char *verb;    /* "fork", "snapshot create", ... */
+        const char *tag;     /* snapshot tag, if any */
+        const char *id;      /* sandbox id, if any */
+};
+
+/* Formats a one-line message (without "forkctl: " and without newline) for a
+ * failed call: what went wrong, then what to do. Returns a malloc()ed string or
+ * NULL on OOM. e may carry any error name; unknown ones keep forkd's message. */
+char *forkctl_error_message(const sd_bus_error *e, const struct error_context *ctx);
+
+/* Exit code for a failed call: 1 in general; 4 denied, 3 no such object, 5 forkd unreachable. */
+int forkctl_error_exit_code(const sd_bus_error *e);
+
+/* Strict unsigned parsing: decimal digits only, no sign, no spaces, no trailing
+ * bytes, within [min, max]. *ret is untouched on failure (-EINVAL, -ERANGE). */
+int parse_u32(const char *s, uint32_t min, uint32_t max, uint32_t *ret);
+
+/* "64.0M", "1.5G", "512B": buf of at least 16 bytes. */
+const char *format_bytes(char *buf, size_t size, uint64_t bytes);
+/* Local time "2026-05-20 08:08:46", or "-" for 0. buf of at least 32 bytes. */
+const char *format_unix_time(char *buf, size_t size, uint64_t t);

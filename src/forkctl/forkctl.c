@@ -1,0 +1,985 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+/*
+ * forkctl: drive forkd (org.forkd.Manager) over D-Bus.
+ *
+ * Every verb is one method call; replies are converted to JSON objects once
+ * (bus-json.c) and then either printed as one JSON document (--json) or as a
+ * table. Long calls (CreateSnapshot, Fork) run through sd-event so a spinner
+ * can show progress on a terminal.
+ */
+
+#include <getopt.h>
+#include <signal.h>
+#include <sys/ioctl.h>
+#include <systemd/sd-bus.h>
+#include <systemd/sd-event.h>
+#include <time.h>
+
+#include "bus-json.h"
+#include "forkctl-util.h"
+#include "macro.h"
+#include "table.h"
+
+#define BUS_NAME "org.forkd.Manager"
+#define BUS_PATH "/org/forkd/Manager"
+#define BUS_INTERFACE "org.forkd.Manager"
+
+#define USEC_PER_SEC 1000000ULL
+/* Large enough for a Fork of 1000 children or a slow snapshot boot. */
+#define CALL_TIMEOUT_USEC (5ULL * 60ULL * USEC_PER_SEC)
+
+#define EXIT_USAGE 2
+
+static const char *arg_bus_address = NULL;
+static bool arg_json = false;
+static bool arg_no_progress = false;
+static const char *arg_kernel = NULL, *arg_rootfs = NULL;
+static uint32_t arg_mem_mib = 0, arg_boot_wait = 0;
+static bool arg_cascade = false, arg_force = false;
+static uint32_t arg_n = 1;
+static uint32_t arg_memory_limit_mib = 0;
+static bool arg_memory_limit_set = false;
+static bool arg_per_child_netns = false, arg_live_fork = false;
+static uint32_t arg_timeout = 0;
+
+/* Options given, to refuse ones that do not apply to the verb. */
+enum {
+        OPT_KERNEL = 1u << 0,
+        OPT_ROOTFS = 1u << 1,
+        OPT_MEM_MIB = 1u << 2,
+        OPT_BOOT_WAIT = 1u << 3,
+        OPT_CASCADE = 1u << 4,
+        OPT_FORCE = 1u << 5,
+        OPT_COUNT = 1u << 6,
+        OPT_MEMORY_LIMIT = 1u << 7,
+        OPT_PER_CHILD_NETNS = 1u << 8,
+        OPT_LIVE_FORK = 1u << 9,
+        OPT_TIMEOUT = 1u << 10,
+};
+static unsigned arg_given = 0;
+
+static int usage_error(const char *fmt, ...) _printf_(1, 2);
+static int usage_error(const char *fmt, ...) {
+        va_list ap;
+
+        fputs("forkctl: ", stderr);
+        va_start(ap, fmt);
+        vfprintf(stderr, fmt, ap);
+        va_end(ap);
+        fputs("\nTry 'forkctl --help'.\n", stderr);
+        return -EXIT_USAGE;
+}
+
+static void help(void) {
+        printf("forkctl [OPTIONS...] COMMAND ...\n"
+               "\n"
+               "Control forkd, the copy-on-write microVM fork service, over D-Bus.\n"
+               "\n"
+               "Snapshots:\n"
+               "  snapshot create TAG --kernel K --rootfs R [--mem-mib M] [--boot-wait S]\n"
+               "                          Boot kernel K with root disk R, wait until its agent\n"
+               "                          answers (at most S seconds, 1..600), snapshot it as TAG\n"
+               "  snapshot ls             List snapshots\n"
+               "  snapshot info TAG       Show everything about one snapshot\n"
+               "  snapshot rm TAG [--cascade|--force]\n"
+               "                          Delete a snapshot (--cascade/--force are reserved for\n"
+               "                          snapshot chains)\n"
+               "Sandboxes:\n"
+               "  fork TAG [-n N] [--memory-limit-mib M] [--per-child-netns] [--live-fork]\n"
+               "                          Fork N (1..1000, default 1) sandboxes of snapshot TAG\n"
+               "  ls                      List running sandboxes\n"
+               "  kill ID...              Terminate sandboxes\n"
+               "  ping ID                 Ask a sandbox's agent whether it is alive\n"
+               "  exec ID [--timeout S] -- ARGV...\n"
+               "                          Run a command in a sandbox (S 0..3600, 0 = forkd's 30)\n"
+               "  eval ID CODE            Evaluate an expression in a sandbox\n"
+               "  run ID CODE             Run a code snippet in a sandbox (RunCode)\n"
+               "\n"
+               "Options:\n"
+               "  -h --help               Show this help\n"
+               "     --version            Show the version\n"
+               "  -j --json               Print one JSON document on stdout instead of a table\n"
+               "     --no-progress        No spinner on stderr for long operations\n"
+               "     --bus-address ADDR   D-Bus address of the bus forkd is on (default:\n"
+               "                          $FORKD_BUS_ADDRESS, else the system bus)\n"
+               "\n"
+               "Exit status: 0 success, 1 failure, 2 usage error, 3 no such snapshot/sandbox,\n"
+               "4 access denied, 5 forkd not running. Errors are printed on stderr.\n"
+               "See forkctl(1) and org.forkd.Manager(5).\n");
+}
+
+/* ---- bus ---------------------------------------------------------------- */
+
+static const char *bus_address(void) {
+        const char *e;
+
+        if (arg_bus_address)
+                return arg_bus_address;
+        e = getenv("FORKD_BUS_ADDRESS");
+        return e && *e ? e : NULL;
+}
+
+static int connect_bus(sd_bus **ret) {
+        _cleanup_(sd_bus_flush_close_unrefp) sd_bus *bus = NULL;
+        const char *addr = bus_address();
+        int r;
+
+        if (addr) {
+                r = sd_bus_new(&bus);
+                if (r >= 0)
+                        r = sd_bus_set_address(bus, addr);
+                if (r >= 0)
+                        r = sd_bus_set_bus_client(bus, 1);
+                if (r >= 0)
+                        r = sd_bus_start(bus);
+        } else
+                r = sd_bus_open_system(&bus);
+        if (r < 0) {
+                fprintf(stderr,
+                        "forkctl: cannot connect to %s%s: %s\n"
+                        "forkctl: is D-Bus running? Without a system bus, run 'tools/forkd-stack up' and set\n"
+                        "forkctl: FORKD_BUS_ADDRESS (or --bus-address) to the address it prints.\n",
+                        addr ? "the bus at " : "the system bus at ",
+                        addr ?: (getenv("DBUS_SYSTEM_BUS_ADDRESS") ?: "unix:path=/run/dbus/system_bus_socket"),
+                        strerror(-r));
+                return -5;
+        }
+
+        r = sd_bus_set_method_call_timeout(bus, CALL_TIMEOUT_USEC);
+        if (r < 0)
+                return -1;
+
+        *ret = TAKE_PTR(bus);
+        return 0;
+}
+
+static int new_call(sd_bus *bus, const char *method, sd_bus_message **ret) {
+        int r = sd_bus_message_new_method_call(bus, ret, BUS_NAME, BUS_PATH, BUS_INTERFACE, method);
+        if (r < 0)
+                fprintf(stderr, "forkctl: failed to build the %s call: %s\n", method, strerror(-r));
+        return r;
+}
+
+/* Prints the error for a failed call and returns minus the exit code. */
+static int report_error(const sd_bus_error *e, int r, const struct error_context *ctx) {
+        _cleanup_free_ char *msg = NULL;
+
+        if (!sd_bus_error_is_set(e)) {
+                fprintf(stderr, "forkctl: %s failed: %s\n", ctx && ctx->verb ? ctx->verb : "call",
+                        strerror(-r));
+                return -1;
+        }
+        msg = forkctl_error_message(e, ctx);
+        fprintf(stderr, "forkctl: %s\n", msg ?: "out of memory");
+        return -forkctl_error_exit_code(e);
+}
+
+/* ---- progress ----------------------------------------------------------- */
+
+struct progress {
+        const char *what;
+        uint64_t start_usec;
+        unsigned tick;
+        bool tty;
+        sd_bus_message *reply;
+};
+
+static uint64_t now_usec(void) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (uint64_t) ts.tv_sec * USEC_PER_SEC + (uint64_t) ts.tv_nsec / 1000;
+}
+
+static int on_tick(sd_event_source *s, uint64_t usec, void *userdata) {
+        static const char spinner[] = "|/-\\";
+        struct progress *p = userdata;
+        double elapsed = (double) (now_usec() - p->start_usec) / USEC_PER_SEC;
+
+        fprintf(stderr, "\r%c %s... %.1fs\033[K", spinner[p->tick++ % 4], p->what, elapsed);
+        fflush(stderr);
+        return sd_event_source_set_time(s, usec + 100 * 1000);
+}
+
+static int on_reply(sd_bus_message *m, void *userdata, sd_bus_error *ret_error) {
+        struct progress *p = userdata;
+
+        p->reply = sd_bus_message_ref(m);
+        return sd_event_exit(sd_bus_get_event(sd_bus_message_get_bus(m)), 0);
+}
+
+/* Like sd_bus_call(), with a spinner on a terminal (or one line otherwise). */
+static int call_with_progress(sd_bus *bus, sd_bus_message *m, const char *what, sd_bus_error *error,
+                              sd_bus_message **ret_reply) {
+        _cleanup_(sd_event_unrefp) sd_event *event = NULL;
+        _cleanup_(sd_event_source_unrefp) sd_event_source *timer = NULL;
+        _cleanup_(sd_bus_slot_unrefp) sd_bus_slot *slot = NULL;
+        struct progress p = { .what = what, .start_usec = now_usec(), .tty = isatty(STDERR_FILENO) };
+        const sd_bus_error *e;
+        int r;
+
+        if (arg_no_progress)
+                return sd_bus_call(bus, m, 0, error, ret_reply);
+
+        r = sd_event_new(&event);
+        if (r < 0)
+                return r;
+        r = sd_bus_attach_event(bus, event, 0);
+        if (r < 0)
+                return r;
+        r = sd_bus_call_async(bus, &slot, m, on_reply, &p, 0);
+        if (r < 0)
+                goto finish;
+
+        if (p.tty) {
+                uint64_t t;
+                r = sd_event_now(event, CLOCK_MONOTONIC, &t);
+                if (r >= 0)
+                        r = sd_event_add_time(event, &timer, CLOCK_MONOTONIC, t, 0, on_tick, &p);
+                if (r < 0)
+                        goto finish;
+        } else
+                fprintf(stderr, "forkctl: %s...\n", what);
+
+        r = sd_event_loop(event);
+        if (p.tty)
+                fputs("\r\033[K", stderr);
+        if (r < 0)
+                goto finish;
+
+        e = sd_bus_message_get_error(p.reply);
+        if (e) {
+                r = -sd_bus_message_get_errno(p.reply);
+                sd_bus_error_copy(error, e);
+                if (r >= 0)
+                        r = -EIO;
+                goto finish;
+        }
+
+        *ret_reply = TAKE_PTR(p.reply);
+        r = 1;
+finish:
+        sd_bus_message_unref(p.reply);
+        slot = sd_bus_slot_unref(slot);
+        (void) sd_bus_detach_event(bus);
+        return r;
+}
+
+/* ---- output ------------------------------------------------------------- */
+
+static int print_json(struct json_object *j) {
+        const char *s = json_object_to_json_string_ext(j, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_NOSLASHESCAPE);
+        if (!s)
+                return -ENOMEM;
+        puts(s);
+        return 0;
+}
+
+static const char *jstr(struct json_object *o, const char *key) {
+        struct json_object *v;
+
+        if (!json_object_object_get_ex(o, key, &v) || !v)
+                return NULL;
+        if (json_object_is_type(v, json_type_string))
+                return json_object_get_string(v);
+        return json_object_to_json_string_ext(v, JSON_C_TO_STRING_PLAIN);
+}
+
+static bool juint(struct json_object *o, const char *key, uint64_t *ret) {
+        struct json_object *v;
+
+        if (!json_object_object_get_ex(o, key, &v) || !json_object_is_type(v, json_type_int))
+                return false;
+        *ret = json_object_get_uint64(v);
+        return true;
+}
+
+static const char *jbytes(struct json_object *o, const char *key, char *buf, size_t size) {
+        uint64_t v;
+        return juint(o, key, &v) ? format_bytes(buf, size, v) : NULL;
+}
+
+static const char *jtime(struct json_object *o, const char *key, char *buf, size_t size) {
+        uint64_t v;
+        return juint(o, key, &v) ? format_unix_time(buf, size, v) : NULL;
+}
+
+static int print_snapshot_table(struct json_object *list) {
+        static const char *const headers[] = { "TAG", "GUEST", "MEMORY", "DISK", "CREATED", "STATUS", "PARENT" };
+        _cleanup_table_ struct table *t = table_new(ELEMENTSOF(headers), headers);
+        size_t n = json_object_array_length(list);
+
+        if (!t)
+                return -ENOMEM;
+        for (size_t i = 0; i < n; i++) {
+                struct json_object *s = json_object_array_get_idx(list, i);
+                char mem[32], disk[32], created[64];
+                const char *cells[] = {
+                        jstr(s, "tag"), jstr(s, "guest"),
+                        jbytes(s, "mem_size", mem, sizeof mem), jbytes(s, "disk_size", disk, sizeof disk),
+                        jtime(s, "created_at_unix", created, sizeof created), jstr(s, "status"),
+                        jstr(s, "parent_tag"),
+                };
+                if (table_add_row(t, cells) < 0)
+                        return -ENOMEM;
+        }
+        if (n == 0) {
+                puts("No snapshots. Create one with 'forkctl snapshot create TAG --kernel K --rootfs R'.");
+                return 0;
+        }
+        return table_print(t, stdout);
+}
+
+static int print_sandbox_table(struct json_object *list, bool empty_hint) {
+        static const char *const headers[] = { "ID", "SNAPSHOT", "STATE", "PID", "MEMLIMIT", "NETNS", "ADDRESS", "CREATED" };
+        _cleanup_table_ struct table *t = table_new(ELEMENTSOF(headers), headers);
+        size_t n = json_object_array_length(list);
+
+        if (!t)
+                return -ENOMEM;
+        for (size_t i = 0; i < n; i++) {
+                struct json_object *s = json_object_array_get_idx(list, i);
+                char created[64], limit[32] = "";
+                uint64_t l;
+
+                if (juint(s, "memory_limit_mib", &l) && l > 0)
+                        snprintf(limit, sizeof limit, "%lluM", (unsigned long long) l);
+                const char *cells[] = {
+                        jstr(s, "id"), jstr(s, "snapshot_tag"), jstr(s, "state"), jstr(s, "pid"), limit,
+                        jstr(s, "netns"), jstr(s, "guest_addr"),
+                        jtime(s, "created_at_unix", created, sizeof created),
+                };
+                if (table_add_row(t, cells) < 0)
+                        return -ENOMEM;
+        }
+        if (n == 0) {
+                if (empty_hint)
+                        puts("No sandboxes. Fork some with 'forkctl fork TAG -n N'.");
+                return 0;
+        }
+        return table_print(t, stdout);
+}
+
+/* Vertical "Key: value" listing: the known keys first, in order, then any others. */
+static int print_info(struct json_object *o, const char *const *keys) {
+        size_t w = 0;
+
+        {
+                json_object_object_foreach(o, k, v) {
+                        (void) v;
+                        w = MAX(w, strlen(k));
+                }
+        }
+        for (const char *const *k = keys; *k; k++) {
+                struct json_object *v;
+                char buf[64];
+                const char *s;
+                uint64_t u;
+
+                if (!json_object_object_get_ex(o, *k, &v))
+                        continue;
+                if (strstr(*k, "_unix") && juint(o, *k, &u))
+                        s = format_unix_time(buf, sizeof buf, u);
+                else if ((strstr(*k, "_size") || strstr(*k, "_bytes")) && juint(o, *k, &u)) {
+                        char b[32];
+                        snprintf(buf, sizeof buf, "%s (%llu bytes)", format_bytes(b, sizeof b, u),
+                                 (unsigned long long) u);
+                        s = buf;
+                } else
+                        s = jstr(o, *k);
+                printf("%*s: %s\n", (int) w, *k, s && *s ? s : "-");
+        }
+        {
+                json_object_object_foreach(o, key, val) {
+                        bool known = false;
+                        (void) val;
+                        for (const char *const *kk = keys; *kk; kk++)
+                                if (strcmp(*kk, key) == 0)
+                                        known = true;
+                        if (!known)
+                                printf("%*s: %s\n", (int) w, key, jstr(o, key) ?: "-");
+                }
+        }
+        return 0;
+}
+
+static const char *const snapshot_keys[] = {
+        "tag", "status", "guest", "dir", "created_at_unix", "mem_size", "disk_size", "generation",
+        "parent_tag", "branched_from", "pause_ms", "memory_logical_bytes", "memory_physical_bytes",
+        "vmstate_bytes", "parent_content_hash", "chain_depth", "ancestors", "dependents", NULL,
+};
+
+/* ---- verbs -------------------------------------------------------------- */
+
+static int verb_snapshot_create(sd_bus *bus, char **args, size_t n_args) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *m = NULL, *reply = NULL;
+        _cleanup_(sd_bus_error_free) sd_bus_error error = SD_BUS_ERROR_NULL;
+        _cleanup_json_ struct json_object *info = NULL;
+        struct error_context ctx = { .verb = "snapshot create", .tag = args[0] };
+        _cleanup_free_ char *what = NULL;
+        int r;
+
+        r = new_call(bus, "CreateSnapshot", &m);
+        if (r < 0)
+                return -1;
+        r = sd_bus_message_append(m, "sssuu", args[0], arg_kernel, arg_rootfs, arg_mem_mib, arg_boot_wait);
+        if (r < 0)
+                return report_error(NULL, r, &ctx);
+
+        if (asprintf(&what, "Creating snapshot '%s'", args[0]) < 0)
+                return -1;
+        r = call_with_progress(bus, m, what, &error, &reply);
+        if (r < 0)
+                return report_error(&error, r, &ctx);
+
+        r = bus_message_read_dict_json(reply, &info);
+        if (r < 0)
+                return report_error(NULL, r, &ctx);
+        if (arg_json)
+                return print_json(info);
+        fprintf(stderr, "Created snapshot '%s'.\n", args[0]);
+        return print_info(info, snapshot_keys);
+}
+
+static int verb_snapshot_ls(sd_bus *bus, char **args, size_t n_args) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
+        _cleanup_(sd_bus_error_free) sd_bus_error error = SD_BUS_ERROR_NULL;
+        _cleanup_json_ struct json_object *list = NULL, *doc = NULL;
+        struct error_context ctx = { .verb = "snapshot ls" };
+        int r;
+
+        r = sd_bus_call_method(bus, BUS_NAME, BUS_PATH, BUS_INTERFACE, "ListSnapshots", &error, &reply, "");
+        if (r < 0)
+                return report_error(&error, r, &ctx);
+        r = bus_message_read_dict_array_json(reply, &list);
+        if (r < 0)
+                return report_error(NULL, r, &ctx);
+        if (!arg_json)
+                return print_snapshot_table(list);
+        doc = json_object_new_object();
+        if (!doc || json_object_object_add(doc, "snapshots", TAKE_PTR(list)) < 0)
+                return -1;
+        return print_json(doc);
+}
+
+static int verb_snapshot_info(sd_bus *bus, char **args, size_t n_args) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
+        _cleanup_(sd_bus_error_free) sd_bus_error error = SD_BUS_ERROR_NULL;
+        _cleanup_json_ struct json_object *info = NULL;
+        struct error_context ctx = { .verb = "snapshot info", .tag = args[0] };
+        int r;
+
+        r = sd_bus_call_method(bus, BUS_NAME, BUS_PATH, BUS_INTERFACE, "GetSnapshotInfo", &error, &reply,
+                               "s", args[0]);
+        if (r < 0)
+                return report_error(&error, r, &ctx);
+        r = bus_message_read_dict_json(reply, &info);
+        if (r < 0)
+                return report_error(NULL, r, &ctx);
+        return arg_json ? print_json(info) : print_info(info, snapshot_keys);
+}
+
+static int verb_snapshot_rm(sd_bus *bus, char **args, size_t n_args) {
+        _cleanup_(sd_bus_error_free) sd_bus_error error = SD_BUS_ERROR_NULL;
+        struct error_context ctx = { .verb = "snapshot rm", .tag = args[0] };
+        int r;
+
+        if (arg_cascade && arg_force)
+                return usage_error("--cascade and --force exclude each other");
+
+        r = sd_bus_call_method(bus, BUS_NAME, BUS_PATH, BUS_INTERFACE, "DeleteSnapshot", &error, NULL,
+                               "sbb", args[0], (int) arg_cascade, (int) arg_force);
+        if (r < 0)
+                return report_error(&error, r, &ctx);
+        if (arg_json) {
+                _cleanup_json_ struct json_object *doc = json_object_new_object();
+                if (!doc || json_object_object_add(doc, "deleted", json_object_new_string(args[0])) < 0)
+                        return -1;
+                return print_json(doc);
+        }
+        fprintf(stderr, "Deleted snapshot '%s'.\n", args[0]);
+        return 0;
+}
+
+static int verb_fork(sd_bus *bus, char **args, size_t n_args) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *m = NULL, *reply = NULL;
+        _cleanup_(sd_bus_error_free) sd_bus_error error = SD_BUS_ERROR_NULL;
+        _cleanup_json_ struct json_object *list = NULL, *doc = NULL;
+        struct error_context ctx = { .verb = "fork", .tag = args[0] };
+        _cleanup_free_ char *what = NULL;
+        uint64_t start = now_usec();
+        int r;
+
+        r = new_call(bus, "Fork", &m);
+        if (r < 0)
+                return -1;
+        r = sd_bus_message_append(m, "su", args[0], arg_n);
+        if (r >= 0)
+                r = sd_bus_message_open_container(m, 'a', "{sv}");
+        if (r >= 0 && (arg_given & OPT_PER_CHILD_NETNS))
+                r = sd_bus_message_append(m, "{sv}", "per_child_netns", "b", (int) arg_per_child_netns);
+        if (r >= 0 && arg_memory_limit_set)
+                r = sd_bus_message_append(m, "{sv}", "memory_limit_mib", "u", arg_memory_limit_mib);
+        if (r >= 0 && (arg_given & OPT_LIVE_FORK))
+                r = sd_bus_message_append(m, "{sv}", "live_fork", "b", (int) arg_live_fork);
+        if (r >= 0)
+                r = sd_bus_message_close_container(m);
+        if (r < 0)
+                return report_error(NULL, r, &ctx);
+
+        if (asprintf(&what, "Forking %u sandbox%s of '%s'", arg_n, arg_n == 1 ? "" : "es", args[0]) < 0)
+                return -1;
+        r = call_with_progress(bus, m, what, &error, &reply);
+        if (r < 0)
+                return report_error(&error, r, &ctx);
+
+        r = bus_message_read_dict_array_json(reply, &list);
+        if (r < 0)
+                return report_error(NULL, r, &ctx);
+        if (!arg_json) {
+                fprintf(stderr, "Forked %zu sandbox%s of '%s' in %.2fs.\n", json_object_array_length(list),
+                        json_object_array_length(list) == 1 ? "" : "es", args[0],
+                        (double) (now_usec() - start) / USEC_PER_SEC);
+                return print_sandbox_table(list, false);
+        }
+        doc = json_object_new_object();
+        if (!doc || json_object_object_add(doc, "sandboxes", TAKE_PTR(list)) < 0)
+                return -1;
+        return print_json(doc);
+}
+
+static int verb_ls(sd_bus *bus, char **args, size_t n_args) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
+        _cleanup_(sd_bus_error_free) sd_bus_error error = SD_BUS_ERROR_NULL;
+        _cleanup_json_ struct json_object *list = NULL, *doc = NULL;
+        struct error_context ctx = { .verb = "ls" };
+        int r;
+
+        r = sd_bus_call_method(bus, BUS_NAME, BUS_PATH, BUS_INTERFACE, "ListSandboxes", &error, &reply, "");
+        if (r < 0)
+                return report_error(&error, r, &ctx);
+        r = bus_message_read_dict_array_json(reply, &list);
+        if (r < 0)
+                return report_error(NULL, r, &ctx);
+        if (!arg_json)
+                return print_sandbox_table(list, true);
+        doc = json_object_new_object();
+        if (!doc || json_object_object_add(doc, "sandboxes", TAKE_PTR(list)) < 0)
+                return -1;
+        return print_json(doc);
+}
+
+static int verb_kill(sd_bus *bus, char **args, size_t n_args) {
+        _cleanup_json_ struct json_object *done = json_object_new_array(), *failed = json_object_new_array();
+        int ret = 0;
+
+        if (!done || !failed)
+                return -1;
+
+        for (size_t i = 0; i < n_args; i++) {
+                _cleanup_(sd_bus_error_free) sd_bus_error error = SD_BUS_ERROR_NULL;
+                struct error_context ctx = { .verb = "kill", .id = args[i] };
+                int r;
+
+                r = sd_bus_call_method(bus, BUS_NAME, BUS_PATH, BUS_INTERFACE, "TerminateSandbox", &error,
+                                       NULL, "s", args[i]);
+                if (r < 0) {
+                        int k = report_error(&error, r, &ctx);
+                        struct json_object *f = json_object_new_object();
+
+                        if (ret == 0 || k == -5)
+                                ret = k;
+                        if (f) {
+                                json_object_object_add(f, "id", json_object_new_string(args[i]));
+                                json_object_object_add(f, "error",
+                                                       json_object_new_string(error.name ?: "org.freedesktop.DBus.Error.Failed"));
+                                json_object_object_add(f, "message",
+                                                       json_object_new_string(error.message ?: strerror(-r)));
+                                json_object_array_add(failed, f);
+                        }
+                        if (k == -5) /* forkd is gone: the others would fail the same way */
+                                break;
+                        continue;
+                }
+                json_object_array_add(done, json_object_new_string(args[i]));
+        }
+
+        if (arg_json) {
+                _cleanup_json_ struct json_object *doc = json_object_new_object();
+                if (!doc)
+                        return -1;
+                json_object_object_add(doc, "terminated", TAKE_PTR(done));
+                json_object_object_add(doc, "failed", TAKE_PTR(failed));
+                (void) print_json(doc);
+        }
+        return ret;
+}
+
+/* Ping, Exec, Eval, RunCode all answer the guest agent's JSON, passed through. */
+static int agent_result(sd_bus_message *reply, const struct error_context *ctx, bool exec) {
+        _cleanup_json_ struct json_object *j = NULL;
+        const char *s;
+        int r;
+
+        r = sd_bus_message_read(reply, "s", &s);
+        if (r < 0)
+                return report_error(NULL, r, ctx);
+
+        j = json_tokener_parse(s);
+        if (arg_json) {
+                if (!j) {
+                        /* Still one valid JSON document: wrap what we got. */
+                        _cleanup_json_ struct json_object *w = json_object_new_object();
+                        if (!w)
+                                return -1;
+                        json_object_object_add(w, "raw", json_object_new_string(s));
+                        return print_json(w);
+                }
+                return print_json(j);
+        }
+        if (!j || !json_object_is_type(j, json_type_object)) {
+                puts(s);
+                return 0;
+        }
+
+        if (exec) {
+                /* A Linux agent answers with stdout/stderr/exit code; show them like a shell would. */
+                struct json_object *v;
+                bool shown = false;
+                int code = 0;
+
+                if (json_object_object_get_ex(j, "stdout", &v) && json_object_is_type(v, json_type_string)) {
+                        fputs(json_object_get_string(v), stdout);
+                        shown = true;
+                }
+                if (json_object_object_get_ex(j, "stderr", &v) && json_object_is_type(v, json_type_string)) {
+                        fputs(json_object_get_string(v), stderr);
+                        shown = true;
+                }
+                if ((json_object_object_get_ex(j, "exit_code", &v) || json_object_object_get_ex(j, "returncode", &v)) &&
+                    json_object_is_type(v, json_type_int)) {
+                        code = json_object_get_int(v);
+                        if (code < 0 || code > 255)
+                                code = 1;
+                        shown = true;
+                }
+                if (shown)
+                        return -code;
+        }
+        return print_json(j);
+}
+
+static int verb_ping(sd_bus *bus, char **args, size_t n_args) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
+        _cleanup_(sd_bus_error_free) sd_bus_error error = SD_BUS_ERROR_NULL;
+        struct error_context ctx = { .verb = "ping", .id = args[0] };
+        int r;
+
+        r = sd_bus_call_method(bus, BUS_NAME, BUS_PATH, BUS_INTERFACE, "Ping", &error, &reply, "s", args[0]);
+        if (r < 0)
+                return report_error(&error, r, &ctx);
+        return agent_result(reply, &ctx, false);
+}
+
+static int verb_exec(sd_bus *bus, char **args, size_t n_args) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *m = NULL, *reply = NULL;
+        _cleanup_(sd_bus_error_free) sd_bus_error error = SD_BUS_ERROR_NULL;
+        struct error_context ctx = { .verb = "exec", .id = args[0] };
+        uint64_t timeout;
+        int r;
+
+        r = new_call(bus, "Exec", &m);
+        if (r < 0)
+                return -1;
+        r = sd_bus_message_append(m, "s", args[0]);
+        if (r >= 0)
+                r = sd_bus_message_append_strv(m, args + 1);
+        if (r >= 0)
+                r = sd_bus_message_append(m, "u", arg_timeout);
+        if (r < 0)
+                return report_error(NULL, r, &ctx);
+
+        /* Leave forkd time to report the guest's timeout itself. */
+        timeout = MAX(CALL_TIMEOUT_USEC, ((uint64_t) (arg_timeout ?: 30) + 60) * USEC_PER_SEC);
+        r = sd_bus_call(bus, m, timeout, &error, &reply);
+        if (r < 0)
+                return report_error(&error, r, &ctx);
+        return agent_result(reply, &ctx, true);
+}
+
+static int verb_code(sd_bus *bus, const char *method, const char *verb, char **args) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
+        _cleanup_(sd_bus_error_free) sd_bus_error error = SD_BUS_ERROR_NULL;
+        struct error_context ctx = { .verb = verb, .id = args[0] };
+        int r;
+
+        r = sd_bus_call_method(bus, BUS_NAME, BUS_PATH, BUS_INTERFACE, method, &error, &reply, "ss",
+                               args[0], args[1]);
+        if (r < 0)
+                return report_error(&error, r, &ctx);
+        return agent_result(reply, &ctx, false);
+}
+
+static int verb_eval(sd_bus *bus, char **args, size_t n_args) {
+        return verb_code(bus, "Eval", "eval", args);
+}
+
+static int verb_run(sd_bus *bus, char **args, size_t n_args) {
+        return verb_code(bus, "RunCode", "run", args);
+}
+
+struct verb {
+        const char *group; /* "snapshot" or NULL */
+        const char *name;
+        size_t min_args, max_args; /* positional arguments after the verb */
+        unsigned options;          /* OPT_* allowed */
+        const char *synopsis;
+        int (*run)(sd_bus *bus, char **args, size_t n_args);
+};
+
+static const struct verb verbs[] = {
+        { "snapshot", "create", 1, 1, OPT_KERNEL | OPT_ROOTFS | OPT_MEM_MIB | OPT_BOOT_WAIT,
+          "snapshot create TAG --kernel K --rootfs R [--mem-mib M] [--boot-wait S]", verb_snapshot_create },
+        { "snapshot", "ls", 0, 0, 0, "snapshot ls", verb_snapshot_ls },
+        { "snapshot", "list", 0, 0, 0, "snapshot ls", verb_snapshot_ls },
+        { "snapshot", "info", 1, 1, 0, "snapshot info TAG", verb_snapshot_info },
+        { "snapshot", "rm", 1, 1, OPT_CASCADE | OPT_FORCE, "snapshot rm TAG [--cascade|--force]", verb_snapshot_rm },
+        { NULL, "fork", 1, 1, OPT_COUNT | OPT_MEMORY_LIMIT | OPT_PER_CHILD_NETNS | OPT_LIVE_FORK,
+          "fork TAG [-n N] [--memory-limit-mib M] [--per-child-netns] [--live-fork]", verb_fork },
+        { NULL, "ls", 0, 0, 0, "ls", verb_ls },
+        { NULL, "list", 0, 0, 0, "ls", verb_ls },
+        { NULL, "kill", 1, SIZE_MAX, 0, "kill ID...", verb_kill },
+        { NULL, "ping", 1, 1, 0, "ping ID", verb_ping },
+        { NULL, "exec", 2, SIZE_MAX, OPT_TIMEOUT, "exec ID [--timeout S] -- ARGV...", verb_exec },
+        { NULL, "eval", 2, 2, 0, "eval ID CODE", verb_eval },
+        { NULL, "run", 2, 2, 0, "run ID CODE", verb_run },
+};
+
+static const char *option_name(unsigned bit) {
+        switch (bit) {
+        case OPT_KERNEL: return "--kernel";
+        case OPT_ROOTFS: return "--rootfs";
+        case OPT_MEM_MIB: return "--mem-mib";
+        case OPT_BOOT_WAIT: return "--boot-wait";
+        case OPT_CASCADE: return "--cascade";
+        case OPT_FORCE: return "--force";
+        case OPT_COUNT: return "-n";
+        case OPT_MEMORY_LIMIT: return "--memory-limit-mib";
+        case OPT_PER_CHILD_NETNS: return "--per-child-netns";
+        case OPT_LIVE_FORK: return "--live-fork";
+        case OPT_TIMEOUT: return "--timeout";
+        default: return "?";
+        }
+}
+
+static int parse_number(const char *opt, const char *value, uint32_t min, uint32_t max, uint32_t *ret) {
+        int r = parse_u32(value, min, max, ret);
+        if (r < 0)
+                return usage_error("%s wants a whole number in %u..%u, not '%s'", opt, min, max, value);
+        return 0;
+}
+
+enum {
+        ARG_VERSION = 0x100,
+        ARG_BUS_ADDRESS,
+        ARG_NO_PROGRESS,
+        ARG_KERNEL,
+        ARG_ROOTFS,
+        ARG_MEM_MIB,
+        ARG_BOOT_WAIT,
+        ARG_CASCADE,
+        ARG_FORCE,
+        ARG_MEMORY_LIMIT,
+        ARG_PER_CHILD_NETNS,
+        ARG_LIVE_FORK,
+        ARG_TIMEOUT,
+};
+
+static int parse_argv(int argc, char *argv[]) {
+        static const struct option options[] = {
+                { "help", no_argument, NULL, 'h' },
+                { "version", no_argument, NULL, ARG_VERSION },
+                { "json", no_argument, NULL, 'j' },
+                { "no-progress", no_argument, NULL, ARG_NO_PROGRESS },
+                { "bus-address", required_argument, NULL, ARG_BUS_ADDRESS },
+                { "kernel", required_argument, NULL, ARG_KERNEL },
+                { "rootfs", required_argument, NULL, ARG_ROOTFS },
+                { "mem-mib", required_argument, NULL, ARG_MEM_MIB },
+                { "boot-wait", required_argument, NULL, ARG_BOOT_WAIT },
+                { "cascade", no_argument, NULL, ARG_CASCADE },
+                { "force", no_argument, NULL, ARG_FORCE },
+                { "count", required_argument, NULL, 'n' },
+                { "memory-limit-mib", required_argument, NULL, ARG_MEMORY_LIMIT },
+                { "per-child-netns", no_argument, NULL, ARG_PER_CHILD_NETNS },
+                { "live-fork", no_argument, NULL, ARG_LIVE_FORK },
+                { "timeout", required_argument, NULL, ARG_TIMEOUT },
+                {}
+        };
+        int c, r;
+
+        opterr = 0;
+        while ((c = getopt_long(argc, argv, "hjn:", options, NULL)) >= 0) {
+                switch (c) {
+                case 'h':
+                        help();
+                        return 0;
+                case ARG_VERSION:
+                        printf("forkctl %s\n", FORKD_VERSION);
+                        return 0;
+                case 'j':
+                        arg_json = true;
+                        break;
+                case ARG_NO_PROGRESS:
+                        arg_no_progress = true;
+                        break;
+                case ARG_BUS_ADDRESS:
+                        if (!*optarg)
+                                return usage_error("--bus-address wants a D-Bus address");
+                        arg_bus_address = optarg;
+                        break;
+                case ARG_KERNEL:
+                        arg_kernel = optarg;
+                        arg_given |= OPT_KERNEL;
+                        break;
+                case ARG_ROOTFS:
+                        arg_rootfs = optarg;
+                        arg_given |= OPT_ROOTFS;
+                        break;
+                case ARG_MEM_MIB:
+                        r = parse_number("--mem-mib", optarg, 0, UINT32_MAX, &arg_mem_mib);
+                        if (r < 0)
+                                return r;
+                        arg_given |= OPT_MEM_MIB;
+                        break;
+                case ARG_BOOT_WAIT:
+                        r = parse_number("--boot-wait", optarg, 1, 600, &arg_boot_wait);
+                        if (r < 0)
+                                return r;
+                        arg_given |= OPT_BOOT_WAIT;
+                        break;
+                case ARG_CASCADE:
+                        arg_cascade = true;
+                        arg_given |= OPT_CASCADE;
+                        break;
+                case ARG_FORCE:
+                        arg_force = true;
+                        arg_given |= OPT_FORCE;
+                        break;
+                case 'n':
+                        r = parse_number("-n", optarg, 1, 1000, &arg_n);
+                        if (r < 0)
+                                return r;
+                        arg_given |= OPT_COUNT;
+                        break;
+                case ARG_MEMORY_LIMIT:
+                        r = parse_number("--memory-limit-mib", optarg, 1, UINT32_MAX, &arg_memory_limit_mib);
+                        if (r < 0)
+                                return r;
+                        arg_memory_limit_set = true;
+                        arg_given |= OPT_MEMORY_LIMIT;
+                        break;
+                case ARG_PER_CHILD_NETNS:
+                        arg_per_child_netns = true;
+                        arg_given |= OPT_PER_CHILD_NETNS;
+                        break;
+                case ARG_LIVE_FORK:
+                        arg_live_fork = true;
+                        arg_given |= OPT_LIVE_FORK;
+                        break;
+                case ARG_TIMEOUT:
+                        r = parse_number("--timeout", optarg, 0, 3600, &arg_timeout);
+                        if (r < 0)
+                                return r;
+                        arg_given |= OPT_TIMEOUT;
+                        break;
+                case '?':
+                        if (optopt)
+                                return usage_error("unknown option '-%c'", optopt);
+                        return usage_error("unknown option '%s'", argv[optind - 1]);
+                case ':':
+                        return usage_error("option '%s' wants a value", argv[optind - 1]);
+                default:
+                        return usage_error("cannot parse the options");
+                }
+        }
+        return 1;
+}
+
+static int run(int argc, char *argv[]) {
+        _cleanup_(sd_bus_flush_close_unrefp) sd_bus *bus = NULL;
+        const struct verb *verb = NULL;
+        char **pos;
+        size_t n_pos, skip;
+        int r;
+
+        r = parse_argv(argc, argv);
+        if (r <= 0)
+                return r;
+
+        pos = argv + optind;
+        n_pos = (size_t) (argc - optind);
+        if (n_pos == 0)
+                return usage_error("no command given");
+
+        for (size_t i = 0; i < ELEMENTSOF(verbs); i++) {
+                const struct verb *v = verbs + i;
+                if (v->group) {
+                        if (strcmp(pos[0], v->group) != 0)
+                                continue;
+                        if (n_pos < 2)
+                                return usage_error("'snapshot' wants a subcommand: create, ls, info or rm");
+                        if (strcmp(pos[1], v->name) != 0)
+                                continue;
+                        skip = 2;
+                } else {
+                        if (strcmp(pos[0], v->name) != 0)
+                                continue;
+                        skip = 1;
+                }
+                verb = v;
+                break;
+        }
+        if (!verb) {
+                if (strcmp(pos[0], "snapshot") == 0)
+                        return usage_error("unknown snapshot subcommand '%s'; use create, ls, info or rm", pos[1]);
+                return usage_error("unknown command '%s'", pos[0]);
+        }
+
+        pos += skip;
+        n_pos -= skip;
+        if (n_pos < verb->min_args || n_pos > verb->max_args)
+                return usage_error("usage: forkctl %s", verb->synopsis);
+        for (unsigned bit = 1; bit <= OPT_TIMEOUT; bit <<= 1)
+                if ((arg_given & bit) && !(verb->options & bit))
+                        return usage_error("option %s does not apply here; usage: forkctl %s", option_name(bit),
+                                           verb->synopsis);
+
+        if (verb->run == verb_snapshot_create) {
+                if (!arg_kernel || !*arg_kernel || !arg_rootfs || !*arg_rootfs)
+                        return usage_error("snapshot create needs --kernel and --rootfs; usage: forkctl %s",
+                                           verb->synopsis);
+                if (!(arg_given & OPT_BOOT_WAIT))
+                        arg_boot_wait = 60;
+        }
+
+        r = connect_bus(&bus);
+        if (r < 0)
+                return r;
+
+        return verb->run(bus, pos, n_pos);
+}
+
+int main(int argc, char *argv[]) {
+        int r;
+
+        /* A closed stdout (forkctl ls | head) must not kill us with SIGPIPE mid-call. */
+        signal(SIGPIPE, SIG_IGN);
+
+        r = run(argc, argv);
+        if (fflush(stdout) != 0 && r == 0) {
+                fprintf(stderr, "forkctl: failed to write the output: %s\n", strerror(errno));
+                return 1;
+        }
+        if (r >= 0)
+                return 0;
+        return -r > 255 ? 1 : -r;
+}

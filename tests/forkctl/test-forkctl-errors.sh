@@ -1,0 +1,93 @@
+#!/bin/bash
+# SPDX-License-Identifier: LGPL-2.1-or-later
+#
+# forkctl's errors and usage, against a real dbus-daemon on which forkd is not
+# running: every failure exits non-zero, prints on stderr only, and says what to do.
+# usage: test-forkctl-errors.sh FORKCTL
+
+set -u
+forkctl=${1:?usage: test-forkctl-errors.sh FORKCTL}
+command -v dbus-daemon >/dev/null || { echo "1..0 # SKIP dbus-daemon not installed"; exit 77; }
+
+T=$(mktemp -d /tmp/forkctl-errors.XXXXXX)
+chmod 755 "$T"
+cat > "$T/bus.conf" <<XML
+<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-BUS Bus Configuration 1.0//EN"
+ "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
+<busconfig>
+  <type>system</type>
+  <listen>unix:path=$T/bus</listen>
+  <auth>EXTERNAL</auth>
+  <policy context="default">
+    <allow user="*"/>
+    <allow send_type="method_call"/>
+    <allow send_type="signal"/>
+    <allow send_requested_reply="true" send_type="method_return"/>
+    <allow send_requested_reply="true" send_type="error"/>
+    <allow receive_type="method_call"/>
+    <allow receive_type="method_return"/>
+    <allow receive_type="error"/>
+    <allow receive_type="signal"/>
+  </policy>
+</busconfig>
+XML
+dbus-daemon --config-file="$T/bus.conf" --nofork --nopidfile 2>"$T/dbus.log" &
+dbus_pid=$!
+trap 'kill $dbus_pid 2>/dev/null; wait $dbus_pid 2>/dev/null; rm -rf "$T"' EXIT
+for _ in $(seq 100); do [ -S "$T/bus" ] && break; sleep 0.05; done
+bus="unix:path=$T/bus"
+
+n=0; failed=0
+ok()     { n=$((n + 1)); echo "ok $n - $*"; }
+not_ok() { n=$((n + 1)); failed=$((failed + 1)); echo "not ok $n - $*"; }
+
+# expect EXIT STDERR-SUBSTRING DESCRIPTION -- ARGS...: runs forkctl, checks exit code,
+# that stderr contains the text and that stdout stays empty.
+expect() {
+        local want_rc=$1 want_err=$2 desc=$3; shift 4
+        local rc
+        "$forkctl" "$@" >"$T/out" 2>"$T/err" </dev/null; rc=$?
+        if [ "$rc" != "$want_rc" ]; then
+                not_ok "$desc: exit $rc, wanted $want_rc ($(cat "$T/err"))"
+        elif ! grep -qF -- "$want_err" "$T/err"; then
+                not_ok "$desc: stderr lacks '$want_err': $(cat "$T/err")"
+        elif [ -s "$T/out" ]; then
+                not_ok "$desc: wrote to stdout: $(cat "$T/out")"
+        else
+                ok "$desc"
+        fi
+}
+
+echo "1..22"
+notrunning="forkd is not running; start it with 'systemctl start forkd' or 'tools/forkd-stack up'"
+expect 5 "$notrunning" "ls without forkd" -- --bus-address "$bus" ls
+expect 5 "$notrunning" "ls --json without forkd" -- --bus-address "$bus" ls --json
+expect 5 "$notrunning" "snapshot ls without forkd" -- --bus-address "$bus" snapshot ls
+expect 5 "$notrunning" "fork without forkd (progress path)" -- --bus-address "$bus" fork base -n 2
+expect 5 "$notrunning" "snapshot create without forkd" -- --bus-address "$bus" snapshot create t --kernel /k --rootfs /r
+expect 5 "$notrunning" "kill without forkd" -- --bus-address "$bus" kill a b
+expect 5 "$notrunning" "exec without forkd" -- --bus-address "$bus" exec sb -- /bin/true
+FORKD_BUS_ADDRESS=$bus expect 5 "$notrunning" "\$FORKD_BUS_ADDRESS selects the bus" -- ping sb
+FORKD_BUS_ADDRESS="unix:path=$T/nope" expect 5 "$notrunning" "--bus-address overrides \$FORKD_BUS_ADDRESS" -- --bus-address "$bus" ping sb
+expect 5 "cannot connect to the bus at unix:path=$T/nope" "unreachable bus" -- --bus-address "unix:path=$T/nope" ls
+expect 2 "no command given" "no command" --
+expect 2 "unknown command 'frob'" "unknown command" -- frob
+expect 2 "unknown snapshot subcommand" "unknown snapshot subcommand" -- snapshot frob
+expect 2 "-n wants a whole number in 1..1000, not '0'" "-n 0 refused before any call" -- fork base -n 0
+expect 2 "-n wants a whole number in 1..1000, not '1001'" "-n 1001 refused" -- fork base -n 1001
+expect 2 "usage: forkctl fork TAG" "fork without a tag" -- fork
+expect 2 "needs --kernel and --rootfs" "snapshot create without --kernel" -- snapshot create t --rootfs /r
+expect 2 "option --kernel does not apply here" "an option of another verb" -- ls --kernel /k
+expect 2 "--cascade and --force exclude each other" "rm --cascade --force" -- --bus-address "$bus" snapshot rm t --cascade --force
+expect 2 "unknown option '--frob'" "unknown option" -- ls --frob
+
+"$forkctl" --help >"$T/out" 2>&1; rc=$?
+missing=""
+for v in "snapshot create" "snapshot ls" "snapshot info" "snapshot rm" "fork TAG" " ls " "kill ID" "ping ID" "exec ID" "eval ID" "run ID" "--json" "--bus-address" "FORKD_BUS_ADDRESS"; do
+        grep -qF -- "$v" "$T/out" || missing="$missing [$v]"
+done
+[ "$rc" = 0 ] && [ -z "$missing" ] && ok "--help names every verb and option" || not_ok "--help: rc=$rc missing:$missing"
+out=$("$forkctl" --version); rc=$?
+[ "$rc" = 0 ] && [[ "$out" =~ ^forkctl\ [0-9]+\.[0-9]+ ]] && ok "--version" || not_ok "--version: $out"
+
+[ "$failed" = 0 ]

@@ -1,0 +1,94 @@
+#!/bin/bash
+# SPDX-License-Identifier: LGPL-2.1-or-later
+#
+# forkctl through the whole flow against the real forkd, real dbus-daemon and
+# real /dev/kvm, brought up by tools/forkd-stack: snapshot create (test guest),
+# snapshot ls/info, fork, ls --json parses, ping, kill, errors that name the
+# fix, snapshot rm.
+# usage: test-forkctl-flow.sh FORKCTL SOURCE-ROOT   ($FORKD_BUILD_DIR: the build dir)
+# Skips (77) when forkd is not built yet or /dev/kvm is missing.
+
+set -u
+forkctl=${1:?usage: test-forkctl-flow.sh FORKCTL SOURCE-ROOT}
+top=${2:?usage: test-forkctl-flow.sh FORKCTL SOURCE-ROOT}
+build=${FORKD_BUILD_DIR:?FORKD_BUILD_DIR must name the build dir}
+
+skip() { echo "1..0 # SKIP $*"; exit 77; }
+[ -x "$build/src/daemon/forkd" ] || skip "forkd is not built ($build/src/daemon/forkd)"
+[ -c /dev/kvm ] || skip "no /dev/kvm"
+[ "$(id -u)" = 0 ] || skip "needs root (forkd allows root without polkit)"
+jsonok() { python3 -c 'import json, sys; json.load(sys.stdin)' 2>/dev/null; }
+command -v python3 >/dev/null || skip "python3 (to parse --json) is missing"
+
+state=$(mktemp -d /tmp/forkctl-flow.XXXXXX)
+port=$((20000 + RANDOM % 20000))
+cleanup() {
+        FORKD_BUILD_DIR=$build "$top/tools/forkd-stack" down --state-dir "$state" >/dev/null 2>&1
+        rm -rf "$state"
+}
+trap cleanup EXIT
+
+env_out=$(FORKD_BUILD_DIR=$build "$top/tools/forkd-stack" up --state-dir "$state" --port "$port" 2>"$state.up.log")
+rc=$?
+if [ $rc != 0 ]; then
+        echo "1..1"; echo "not ok 1 - tools/forkd-stack up failed ($rc)"; sed 's/^/# /' "$state.up.log"; rm -f "$state.up.log"; exit 1
+fi
+rm -f "$state.up.log"
+eval "$env_out"
+export FORKD_BUS_ADDRESS
+
+n=0; failed=0
+ok()     { n=$((n + 1)); echo "ok $n - $*"; }
+not_ok() { n=$((n + 1)); failed=$((failed + 1)); echo "not ok $n - $*"; }
+fc() { "$forkctl" --no-progress "$@" 2>"$state/err"; }
+
+echo "1..16"
+tag=flow-$$
+if fc snapshot create "$tag" --kernel "$FORKD_GUEST_KERNEL" --rootfs "$FORKD_GUEST_ROOTFS" --boot-wait 60 --json >"$state/out" && jsonok <"$state/out"; then
+        ok "snapshot create $tag (--json parses)"
+else
+        not_ok "snapshot create: $(cat "$state/err")"; sed 's/^/# /' "$state/forkd.log" | tail -20
+fi
+
+fc snapshot ls --json >"$state/out" && jsonok <"$state/out" &&
+        jq -e --arg t "$tag" '.snapshots | map(.tag) | index($t) != null' "$state/out" >/dev/null \
+        && ok "snapshot ls --json lists it" || not_ok "snapshot ls --json: $(cat "$state/out" "$state/err")"
+fc snapshot ls | grep -q "^$tag " && ok "snapshot ls table lists it" || not_ok "snapshot ls table"
+fc snapshot info "$tag" | grep -q "tag: $tag" && ok "snapshot info" || not_ok "snapshot info: $(cat "$state/err")"
+
+fc fork "$tag" -n 3 --json >"$state/fork.json"
+if jsonok <"$state/fork.json" && [ "$(jq '.sandboxes | length' "$state/fork.json")" = 3 ]; then
+        ok "fork -n 3 --json gives 3 sandboxes"
+else
+        not_ok "fork -n 3: $(cat "$state/fork.json" "$state/err")"
+fi
+mapfile -t ids < <(jq -r '.sandboxes[].id' "$state/fork.json" 2>/dev/null)
+
+fc ls --json >"$state/ls.json" && jsonok <"$state/ls.json" && ok "ls --json parses" || not_ok "ls --json"
+[ "$(jq '.sandboxes | length' "$state/ls.json" 2>/dev/null)" = 3 ] && ok "ls shows the 3 sandboxes" || not_ok "ls count: $(cat "$state/ls.json")"
+fc ls | head -1 | grep -q '^ID  *SNAPSHOT  *STATE' && ok "ls table has a header" || not_ok "ls table"
+
+if [ ${#ids[@]} -ge 1 ] && fc ping "${ids[0]}" --json >"$state/out" && jq -e '.pong == true' "$state/out" >/dev/null; then
+        ok "ping ${ids[0]} answers pong"
+else
+        not_ok "ping: $(cat "$state/out" "$state/err")"
+fi
+
+fc kill "${ids[@]}" && ok "kill ${ids[*]}" || not_ok "kill: $(cat "$state/err")"
+[ "$(fc ls --json | jq '.sandboxes | length')" = 0 ] && ok "no sandboxes left" || not_ok "sandboxes left after kill"
+
+fc ping "${ids[0]:-none}"; rc=$?
+[ $rc = 3 ] && grep -q "no sandbox '${ids[0]:-none}'.*forkctl ls" "$state/err" && ok "ping of a dead sandbox: exit 3, says what to do" \
+        || not_ok "ping dead: rc=$rc $(cat "$state/err")"
+fc fork no-such-tag; rc=$?
+[ $rc = 3 ] && grep -qF "no snapshot 'no-such-tag'; list them with 'forkctl snapshot ls'" "$state/err" \
+        && ok "fork of an unknown tag: exit 3, says what to do" || not_ok "fork unknown: rc=$rc $(cat "$state/err")"
+fc snapshot create "$tag" --kernel "$FORKD_GUEST_KERNEL" --rootfs "$FORKD_GUEST_ROOTFS"; rc=$?
+[ $rc != 0 ] && grep -q "already exists" "$state/err" && ok "snapshot create of an existing tag refused" \
+        || not_ok "duplicate create: rc=$rc $(cat "$state/err")"
+
+fc snapshot rm "$tag" && ok "snapshot rm" || not_ok "snapshot rm: $(cat "$state/err")"
+fc snapshot info "$tag"; rc=$?
+[ $rc = 3 ] && ok "snapshot info after rm: exit 3" || not_ok "info after rm: rc=$rc $(cat "$state/err")"
+
+[ "$failed" = 0 ]

@@ -1,0 +1,241 @@
+#!/bin/bash
+# SPDX-License-Identifier: LGPL-2.1-or-later
+#
+# bus_verify_polkit_async() against a real polkitd on a private system bus.
+#
+# The machine is never changed: the test re-executes itself in a private mount
+# namespace (unshare -m) and bind-mounts, only there,
+#   - copies of /etc/passwd and /etc/group holding two throwaway users:
+#     forkd-pk-in (member of group "forkd") and forkd-pk-out (not),
+#   - our polkit/org.forkd.policy over /usr/share/polkit-1/actions,
+#   - our polkit/org.forkd.rules over /usr/share/polkit-1/rules.d, and an empty
+#     dir over /etc/polkit-1/rules.d,
+# then starts dbus-daemon (own config) and /usr/lib/polkit-1/polkitd in it.
+#
+# Checks, against test-polkit-service (links src/daemon/polkit.c):
+#   root allowed without a polkit round trip, the group member allowed after
+#   one, the outsider refused with org.freedesktop.DBus.Error.AccessDenied
+#   naming the action; with polkitd gone, the outsider is refused at once
+#   (no hang) and root still allowed; no query is left in the registry.
+# If $FORKD_DAEMON is an executable, the same allow/deny check runs against forkd.
+#
+# usage: test-polkit.sh SERVICE-BINARY POLKIT-SOURCE-DIR
+# Output: TAP. Exit 77 (skip) when polkitd, unshare or root are missing.
+
+set -u
+service=${1:?usage: test-polkit.sh SERVICE-BINARY POLKIT-DIR}
+polkit_dir=${2:?usage: test-polkit.sh SERVICE-BINARY POLKIT-DIR}
+POLKITD=${POLKITD:-/usr/lib/polkit-1/polkitd}
+
+skip() { echo "1..0 # SKIP $*"; exit 77; }
+
+if [ -z "${FORKD_PK_INNER:-}" ]; then
+        [ -x "$POLKITD" ] || skip "polkitd not installed ($POLKITD)"
+        [ "$(id -u)" = 0 ] || skip "needs root (mount namespace, setpriv)"
+        command -v dbus-daemon >/dev/null || skip "dbus-daemon not installed"
+        command -v busctl >/dev/null || skip "busctl not installed"
+        command -v setpriv >/dev/null || skip "setpriv not installed"
+        command -v dbus-send >/dev/null || skip "dbus-send not installed"
+        unshare -m --propagation private true 2>/dev/null || skip "cannot create a mount namespace"
+        FORKD_PK_INNER=1 exec unshare -m --propagation private "$0" "$@"
+fi
+
+# ---- inside the private mount namespace ----
+service=$(realpath "$service")
+polkit_dir=$(realpath "$polkit_dir")
+T=$(mktemp -d /tmp/forkd-polkit-test.XXXXXX)
+chmod 755 "$T"
+pids=()
+cleanup() {
+        for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
+        for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done
+        rm -rf "$T"
+}
+trap cleanup EXIT
+
+n=0; failed=0
+ok()     { n=$((n + 1)); echo "ok $n - $*"; }
+not_ok() { n=$((n + 1)); failed=$((failed + 1)); echo "not ok $n - $*"; }
+
+UID_IN=61771; UID_OUT=61772; GID_FORKD=61770
+mkdir -p "$T/actions" "$T/rules" "$T/etc-rules"
+cp "$polkit_dir/org.forkd.policy" "$T/actions/"
+cp "$polkit_dir/org.forkd.rules" "$T/rules/50-org.forkd.rules"
+grep -v -E '^(forkd|forkd-pk-in|forkd-pk-out):' /etc/passwd > "$T/passwd"
+grep -v -E '^(forkd|forkd-pk-in|forkd-pk-out):' /etc/group > "$T/group"
+echo "forkd-pk-in:x:$UID_IN:$UID_IN::/nonexistent:/usr/sbin/nologin" >> "$T/passwd"
+echo "forkd-pk-out:x:$UID_OUT:$UID_OUT::/nonexistent:/usr/sbin/nologin" >> "$T/passwd"
+echo "forkd-pk-in:x:$UID_IN:" >> "$T/group"
+echo "forkd-pk-out:x:$UID_OUT:" >> "$T/group"
+echo "forkd:x:$GID_FORKD:forkd-pk-in" >> "$T/group"
+chmod 644 "$T/passwd" "$T/group"
+mount --bind "$T/passwd" /etc/passwd
+mount --bind "$T/group" /etc/group
+mount --bind "$T/actions" /usr/share/polkit-1/actions
+mount --bind "$T/rules" /usr/share/polkit-1/rules.d
+mkdir -p /etc/polkit-1/rules.d 2>/dev/null
+mount --bind "$T/etc-rules" /etc/polkit-1/rules.d
+
+cat > "$T/bus.conf" <<XML
+<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-BUS Bus Configuration 1.0//EN"
+ "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
+<busconfig>
+  <type>system</type>
+  <listen>unix:path=$T/system_bus_socket</listen>
+  <auth>EXTERNAL</auth>
+  <policy context="default">
+    <allow user="*"/>
+    <deny own="*"/>
+    <allow send_type="method_call"/>
+    <allow send_destination="org.freedesktop.DBus"/>
+    <allow send_requested_reply="true" send_type="method_return"/>
+    <allow send_requested_reply="true" send_type="error"/>
+    <allow send_type="signal"/>
+    <allow receive_type="method_call"/>
+    <allow receive_type="method_return"/>
+    <allow receive_type="error"/>
+    <allow receive_type="signal"/>
+  </policy>
+  <policy user="polkitd">
+    <allow own="org.freedesktop.PolicyKit1"/>
+  </policy>
+  <policy user="root">
+    <allow own="org.freedesktop.PolicyKit1"/>
+    <allow own="org.forkd.PolkitTest"/>
+    <allow own="org.forkd.Manager"/>
+  </policy>
+</busconfig>
+XML
+
+dbus-daemon --config-file="$T/bus.conf" --nofork --nopidfile 2>"$T/dbus.log" &
+pids+=($!)
+export DBUS_SYSTEM_BUS_ADDRESS="unix:path=$T/system_bus_socket"
+bus=$DBUS_SYSTEM_BUS_ADDRESS
+for _ in $(seq 100); do [ -S "$T/system_bus_socket" ] && break; sleep 0.05; done
+
+"$POLKITD" --no-debug >"$T/polkitd.log" 2>&1 &
+polkitd_pid=$!
+pids+=($polkitd_pid)
+for _ in $(seq 100); do
+        timeout 5 busctl --address="$bus" status org.freedesktop.PolicyKit1 >/dev/null 2>&1 && break
+        sleep 0.1
+done
+
+echo "1..15"
+if timeout 5 busctl --address="$bus" status org.freedesktop.PolicyKit1 >/dev/null 2>&1; then
+        ok "polkitd owns org.freedesktop.PolicyKit1 on the private bus"
+else
+        not_ok "polkitd owns org.freedesktop.PolicyKit1 on the private bus"
+        sed 's/^/# /' "$T/polkitd.log"
+        exit 1
+fi
+
+"$service" org.forkd.PolkitTest 2>"$T/service.log" &
+service_pid=$!
+pids+=($service_pid)
+for _ in $(seq 100); do
+        timeout 5 busctl --address="$bus" status org.forkd.PolkitTest >/dev/null 2>&1 && break
+        sleep 0.05
+done
+
+# call UID GID [extra setpriv args...] -- busctl args: prints "rc<TAB>output"
+call_as() {
+        local uid=$1 gid=$2 groups=$3; shift 3
+        local out rc
+        if [ "$uid" = 0 ]; then
+                out=$(busctl --address="$bus" --timeout=30 call "$@" 2>&1); rc=$?
+        else
+                out=$(setpriv --reuid="$uid" --regid="$gid" --groups="$groups" \
+                        busctl --address="$bus" --timeout=30 call "$@" 2>&1); rc=$?
+        fi
+        echo "$rc $out"
+}
+# dsend UID GID GROUPS: Fork via dbus-send, which prints the error name and message
+dsend() {
+        setpriv --reuid="$1" --regid="$2" --groups="$3" \
+                dbus-send --bus="$bus" --print-reply --reply-timeout=30000 --dest=org.forkd.PolkitTest \
+                /org/forkd/PolkitTest org.forkd.PolkitTest.Fork string:base 2>&1
+}
+fork_as() { call_as "$@" org.forkd.PolkitTest /org/forkd/PolkitTest org.forkd.PolkitTest Fork s base; }
+runs() { busctl --address="$bus" call org.forkd.PolkitTest /org/forkd/PolkitTest org.forkd.PolkitTest LastRuns | awk '{print $2}'; }
+pending() { busctl --address="$bus" call org.forkd.PolkitTest /org/forkd/PolkitTest org.forkd.PolkitTest Pending | awk '{print $2}'; }
+
+res=$(fork_as 0 0 0)
+[ "$res" = '0 s "authorized"' ] && ok "root is allowed" || not_ok "root is allowed: $res"
+[ "$(runs)" = 1 ] && ok "root is allowed without asking polkit (handler ran once)" || not_ok "root handler runs: $(runs)"
+
+res=$(fork_as $UID_IN $UID_IN $GID_FORKD)
+[ "$res" = '0 s "authorized"' ] && ok "member of group forkd is allowed" || not_ok "member of group forkd is allowed: $res"
+[ "$(runs)" = 2 ] && ok "member: polkit asked asynchronously, message re-dispatched (handler ran twice)" \
+        || not_ok "member handler runs: $(runs)"
+
+res=$(dsend $UID_OUT $UID_OUT $UID_OUT)
+echo "# outsider: $res"
+case "$res" in
+*"Access denied: polkit does not allow uid $UID_OUT to perform action 'org.forkd.fork'"*)
+        ok "outsider is refused with a message naming the action" ;;
+*)      not_ok "outsider is refused with a message naming the action: $res" ;;
+esac
+case "$res" in
+"Error org.freedesktop.DBus.Error.AccessDenied: "*) ok "outsider gets org.freedesktop.DBus.Error.AccessDenied" ;;
+*) not_ok "outsider gets org.freedesktop.DBus.Error.AccessDenied: $res" ;;
+esac
+
+[ "$(pending)" = 0 ] && ok "no query left in the registry" || not_ok "queries left in the registry: $(pending)"
+
+# polkitd goes away: non-root refused at once, root still allowed.
+kill "$polkitd_pid"; wait "$polkitd_pid" 2>/dev/null
+start=$(date +%s)
+res=$(dsend $UID_IN $UID_IN $GID_FORKD)
+elapsed=$(( $(date +%s) - start ))
+echo "# without polkitd: $res (${elapsed}s)"
+case "$res" in
+*"polkit (org.freedesktop.PolicyKit1) is not available"*) ok "without polkitd, non-root is refused with a clear error" ;;
+*) not_ok "without polkitd, non-root is refused with a clear error: $res" ;;
+esac
+[ "$elapsed" -le 5 ] && ok "without polkitd, the refusal does not hang (${elapsed}s)" || not_ok "refusal took ${elapsed}s"
+res=$(fork_as 0 0 0)
+[ "$res" = '0 s "authorized"' ] && ok "without polkitd, root is still allowed" || not_ok "root without polkitd: $res"
+
+# A query still pending at exit: polkitd stopped (SIGSTOP) while a member asks.
+"$POLKITD" --no-debug >>"$T/polkitd.log" 2>&1 &
+polkitd_pid=$!
+pids+=($polkitd_pid)
+for _ in $(seq 100); do timeout 5 busctl --address="$bus" status org.freedesktop.PolicyKit1 >/dev/null 2>&1 && break; sleep 0.1; done
+kill -STOP "$polkitd_pid"
+(fork_as $UID_IN $UID_IN $GID_FORKD >/dev/null 2>&1) &
+caller=$!
+for _ in $(seq 50); do [ "$(pending)" = 1 ] && break; sleep 0.1; done
+[ "$(pending)" = 1 ] && ok "a query is pending while polkitd does not answer" || not_ok "pending queries: $(pending)"
+
+# The service frees its registry (with the pending query) on SIGTERM and exits 0
+# (under ASan: no leaks).
+kill -TERM "$service_pid"; wait "$service_pid"; rc=$?
+[ $rc = 0 ] && ok "service exits cleanly with a query pending, registry freed (exit 0)" || { not_ok "service exit status $rc"; sed 's/^/# /' "$T/service.log"; }
+kill "$caller" 2>/dev/null; wait "$caller" 2>/dev/null
+kill -CONT "$polkitd_pid"
+
+# The real daemon, when it has landed.
+if [ -n "${FORKD_DAEMON:-}" ] && [ -x "$FORKD_DAEMON" ]; then
+        mkdir -p "$T/state"
+        "$FORKD_DAEMON" --state-dir "$T/state" >"$T/forkd.log" 2>&1 &
+        pids+=($!)
+        for _ in $(seq 100); do timeout 5 busctl --address="$bus" status org.forkd.Manager >/dev/null 2>&1 && break; sleep 0.1; done
+        mfork() { call_as "$@" org.forkd.Manager /org/forkd/Manager org.forkd.Manager Fork 'sua{sv}' no-such-tag 1 0; }
+        res=$(mfork $UID_OUT $UID_OUT $UID_OUT)
+        case "$res" in
+        *"Access denied"*) ok "forkd: outsider refused ($res)" ;;
+        *) not_ok "forkd: outsider refused: $res"; sed 's/^/# /' "$T/forkd.log" ;;
+        esac
+        res=$(mfork $UID_IN $UID_IN $GID_FORKD)
+        case "$res" in
+        *"Access denied"*|"") not_ok "forkd: member allowed past polkit: $res" ;;
+        *) ok "forkd: member allowed past polkit ($res)" ;;
+        esac
+else
+        n=$((n + 1)); echo "ok $n # SKIP forkd not built; daemon: outsider refused"
+        n=$((n + 1)); echo "ok $n # SKIP forkd not built; daemon: member allowed"
+fi
+
+[ "$failed" = 0 ] || { echo "# $failed failed; service log:"; sed 's/^/# /' "$T/service.log"; exit 1; }
+exit 0
