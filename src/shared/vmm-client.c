@@ -335,6 +335,9 @@ int vmm_client_template_spawn(struct vmm_template *t, const char *const *ids, si
                 if (r < 0)
                         return r;
                 if (json_object_object_get_ex(o, "event", &ev)) {
+                        if (t->on_event)
+                                t->on_event(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN),
+                                            t->event_userdata);
                         t->n_exits++;
                         json_object_put(o);
                         continue;

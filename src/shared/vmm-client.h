@@ -44,6 +44,13 @@ struct vmm_template {
         int control_fd;
         uint64_t generation; /* of the snapshot */
         unsigned n_exits;    /* exit events seen so far */
+        /* Optional: called (from the thread that waits in
+         * vmm_client_template_spawn()) with the JSON text of every template
+         * event met while collecting spawn replies, so that a caller watching
+         * the control socket itself loses none. The text is valid during the
+         * call only. */
+        void (*on_event)(const char *json, void *userdata);
+        void *event_userdata;
 };
 
 /* Start "forkd-vmm template" for a snapshot and wait until it is ready. */

@@ -1,0 +1,722 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#include <dirent.h>
+#include <fcntl.h>
+#include <linux/magic.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/wait.h>
+
+#include "cgroup.h"
+#include "fs-util.h"
+#include "macro.h"
+#include "snapshot-meta.h"
+
+#define REMOVAL_RETRY_USEC (20 * 1000ull)
+#define REMOVAL_GIVE_UP_USEC (60 * 1000000ull)
+
+struct cgroup_removal {
+        char *path;
+        uint64_t deadline;
+        struct cgroup_removal *next;
+};
+
+/* ---- shared helpers ---- */
+
+static int write_string_file(const char *path, const char *s) {
+        _cleanup_close_ int fd = open(path, O_WRONLY | O_CLOEXEC | O_NOCTTY | O_NOFOLLOW);
+        size_t n = strlen(s);
+
+        if (fd < 0)
+                return -errno;
+        if (write(fd, s, n) != (ssize_t) n)
+                return negative_errno();
+        return 0;
+}
+
+int cgroup_parse_oom_kill(const char *text, uint64_t *ret) {
+        for (const char *p = text; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL) {
+                unsigned long long v;
+                char *end;
+
+                if (strncmp(p, "oom_kill ", 9) != 0)
+                        continue;
+                errno = 0;
+                v = strtoull(p + 9, &end, 10);
+                if (errno != 0 || end == p + 9 || (*end != '\n' && *end != 0))
+                        return -EBADMSG;
+                *ret = v;
+                return 0;
+        }
+        return -ENODATA;
+}
+
+static int read_oom_kill_file(const char *path, uint64_t *ret) {
+        _cleanup_free_ char *text = NULL;
+        int r = read_small_file(path, 4096, &text, NULL);
+
+        if (r < 0)
+                return r;
+        return cgroup_parse_oom_kill(text, ret);
+}
+
+static void removal_free_all(CGroupManager *c) {
+        while (c->removals) {
+                struct cgroup_removal *x = c->removals;
+                c->removals = x->next;
+                free(x->path);
+                free(x);
+        }
+        c->n_removals = 0;
+}
+
+static int on_removal_timer(sd_event_source *s, uint64_t usec, void *userdata) {
+        CGroupManager *c = userdata;
+        uint64_t now = 0;
+
+        (void) sd_event_now(c->event, CLOCK_MONOTONIC, &now);
+        for (struct cgroup_removal **p = &c->removals; *p;) {
+                struct cgroup_removal *x = *p;
+                bool drop = false;
+
+                if (rmdir(x->path) >= 0 || errno == ENOENT)
+                        drop = true;
+                else if (errno != EBUSY) {
+                        log_warning_errno(errno, "Failed to remove cgroup %s, leaving it: %m", x->path);
+                        drop = true;
+                } else if (now >= x->deadline) {
+                        log_warning("Cgroup %s still holds tasks after %llus, leaving it.", x->path,
+                                    (unsigned long long) (REMOVAL_GIVE_UP_USEC / 1000000));
+                        drop = true;
+                }
+                if (drop) {
+                        *p = x->next;
+                        free(x->path);
+                        free(x);
+                        c->n_removals--;
+                } else
+                        p = &x->next;
+        }
+        if (c->removals) {
+                (void) sd_event_source_set_time_relative(s, REMOVAL_RETRY_USEC);
+                (void) sd_event_source_set_enabled(s, SD_EVENT_ONESHOT);
+        }
+        return 0;
+}
+
+/* rmdir now, or keep retrying from the event loop while tasks are dying. */
+static int remove_cgroup_dir(CGroupManager *c, const char *path) {
+        struct cgroup_removal *x;
+        uint64_t now = 0;
+        int r;
+
+        if (rmdir(path) >= 0 || errno == ENOENT)
+                return 0;
+        if (errno != EBUSY)
+                return -errno;
+
+        x = calloc(1, sizeof(*x));
+        if (!x)
+                return -ENOMEM;
+        x->path = strdup(path);
+        if (!x->path) {
+                free(x);
+                return -ENOMEM;
+        }
+        (void) sd_event_now(c->event, CLOCK_MONOTONIC, &now);
+        x->deadline = now + REMOVAL_GIVE_UP_USEC;
+        x->next = c->removals;
+        c->removals = x;
+        c->n_removals++;
+
+        if (!c->removal_timer) {
+                r = sd_event_add_time_relative(c->event, &c->removal_timer, CLOCK_MONOTONIC, REMOVAL_RETRY_USEC, 0,
+                                               on_removal_timer, c);
+                if (r < 0)
+                        return r;
+                (void) sd_event_source_set_description(c->removal_timer, "cgroup-removal");
+        } else {
+                (void) sd_event_source_set_time_relative(c->removal_timer, REMOVAL_RETRY_USEC);
+                (void) sd_event_source_set_enabled(c->removal_timer, SD_EVENT_ONESHOT);
+        }
+        return 0;
+}
+
+/* ---- cgroupfs (v1 and v2) ---- */
+
+static int cgroupfs_init(CGroupManager *c) {
+        char path[4096];
+        int r;
+
+        r = mkdir_parents_and_self(c->root, 0755);
+        if (r < 0)
+                return log_debug_errno(r, "Failed to create cgroup %s: %m", c->root);
+        if (c->version == 2) {
+                /* The sandboxes' cgroups need the memory controller from their parent. */
+                snprintf(path, sizeof(path), "%s/cgroup.subtree_control", c->root);
+                r = write_string_file(path, "+memory");
+                if (r < 0)
+                        return log_debug_errno(r, "Failed to enable the memory controller in %s: %m", c->root);
+        }
+        return 0;
+}
+
+static int cgroupfs_prepare(CGroupManager *c, const char *id, uint64_t limit, cgroup_prepare_done_t done,
+                            void *userdata, char **ret_parent) {
+        char dir[4096], file[4200], value[32];
+        char *parent;
+        int r;
+
+        snprintf(dir, sizeof(dir), "%s/%s", c->root, id);
+        if (mkdir(dir, 0755) < 0 && errno != EEXIST)
+                return -errno;
+        snprintf(value, sizeof(value), "%llu", (unsigned long long) limit);
+        if (c->version == 2) {
+                snprintf(file, sizeof(file), "%s/memory.max", dir);
+                r = write_string_file(file, value);
+                if (r >= 0) {
+                        /* No swap either, so that the limit is the limit. Optional. */
+                        snprintf(file, sizeof(file), "%s/memory.swap.max", dir);
+                        (void) write_string_file(file, "0");
+                }
+        } else {
+                snprintf(file, sizeof(file), "%s/memory.limit_in_bytes", dir);
+                r = write_string_file(file, value);
+                if (r >= 0) {
+                        /* memsw must be >= the memory limit, so it comes second. Absent without swap accounting. */
+                        snprintf(file, sizeof(file), "%s/memory.memsw.limit_in_bytes", dir);
+                        if (access(file, F_OK) >= 0)
+                                r = write_string_file(file, value);
+                }
+        }
+        if (r < 0) {
+                (void) rmdir(dir);
+                return r;
+        }
+        parent = strdup(c->root);
+        if (!parent) {
+                (void) rmdir(dir);
+                return -ENOMEM;
+        }
+        *ret_parent = parent;
+        return 1;
+}
+
+static int cgroupfs_oom_kills(CGroupManager *c, const char *id, uint64_t *ret) {
+        char path[4200];
+
+        snprintf(path, sizeof(path), "%s/%s/%s", c->root, id, c->version == 2 ? "memory.events" : "memory.oom_control");
+        return read_oom_kill_file(path, ret);
+}
+
+static int cgroupfs_remove(CGroupManager *c, const char *id) {
+        char dir[4096];
+
+        snprintf(dir, sizeof(dir), "%s/%s", c->root, id);
+        return remove_cgroup_dir(c, dir);
+}
+
+static int cgroupfs_sweep(CGroupManager *c) {
+        DIR *d = opendir(c->root);
+        struct dirent *de;
+        int r = 0;
+
+        if (!d)
+                return errno == ENOENT ? 0 : -errno;
+        while ((de = readdir(d))) {
+                char dir[4096];
+
+                /* Only what looks like ours: sandbox ids are sb-<hex>-<digits>. */
+                if (de->d_type != DT_DIR || strncmp(de->d_name, "sb-", 3) != 0 || !snapshot_tag_is_valid(de->d_name))
+                        continue;
+                snprintf(dir, sizeof(dir), "%s/%s", c->root, de->d_name);
+                log_info("Removing stale cgroup %s.", dir);
+                int k = remove_cgroup_dir(c, dir);
+                if (k < 0 && r == 0)
+                        r = k;
+        }
+        closedir(d);
+        return r;
+}
+
+static const CGroupBackend backend_cgroupfs = {
+        .name = "cgroupfs",
+        .init = cgroupfs_init,
+        .prepare = cgroupfs_prepare,
+        .oom_kills = cgroupfs_oom_kills,
+        .remove = cgroupfs_remove,
+        .sweep = cgroupfs_sweep,
+};
+
+/* ---- systemd transient scopes ---- */
+
+struct scope_unit {
+        CGroupManager *manager;
+        char id[SNAPSHOT_TAG_MAX + 1];
+        char unit[SNAPSHOT_TAG_MAX + 32];
+        char *job;          /* job path while starting */
+        char *cgroup;       /* the scope's cgroup directory, once started */
+        pid_t placeholder;  /* keeps the scope populated until the VMM joined */
+        sd_bus_slot *slot;  /* the StartTransientUnit call */
+        cgroup_prepare_done_t done;
+        void *userdata;     /* NULL once done() was called or cancelled */
+        struct scope_unit *next;
+};
+
+static void scope_kill_placeholder(struct scope_unit *u) {
+        if (u->placeholder <= 0)
+                return;
+        (void) kill(u->placeholder, SIGKILL);
+        (void) waitpid(u->placeholder, NULL, 0); /* a process that only sleeps dies at once */
+        u->placeholder = 0;
+}
+
+static struct scope_unit *scope_unit_free(struct scope_unit *u) {
+        if (!u)
+                return NULL;
+        scope_kill_placeholder(u);
+        sd_bus_slot_unref(u->slot);
+        free(u->job);
+        free(u->cgroup);
+        free(u);
+        return NULL;
+}
+
+static void scope_unlink(CGroupManager *c, struct scope_unit *u) {
+        for (struct scope_unit **p = &c->units; *p; p = &(*p)->next)
+                if (*p == u) {
+                        *p = u->next;
+                        return;
+                }
+}
+
+static struct scope_unit *scope_find(CGroupManager *c, const char *id) {
+        for (struct scope_unit *u = c->units; u; u = u->next)
+                if (strcmp(u->id, id) == 0)
+                        return u;
+        return NULL;
+}
+
+static void scope_finish(struct scope_unit *u, int r) {
+        cgroup_prepare_done_t done = u->done;
+        void *userdata = u->userdata;
+
+        u->done = NULL;
+        u->userdata = NULL;
+        if (done)
+                done(r, u->id, r >= 0 ? u->cgroup : NULL, userdata);
+}
+
+static int scope_read_cgroup(struct scope_unit *u) {
+        _cleanup_free_ char *text = NULL;
+        char path[64];
+        const char *line;
+        char *nl, *dir, sub[4200];
+        int r;
+
+        snprintf(path, sizeof(path), "/proc/%d/cgroup", (int) u->placeholder);
+        r = read_small_file(path, 64 * 1024, &text, NULL);
+        if (r < 0)
+                return r;
+        line = strstr(text, "0::");
+        if (!line || (line != text && line[-1] != '\n'))
+                return -ENOMEDIUM;
+        line += 3;
+        nl = strchr(line, '\n');
+        if (nl)
+                *nl = 0;
+        if (asprintf(&dir, "/sys/fs/cgroup%s", line) < 0)
+                return -ENOMEM;
+        free(u->cgroup);
+        u->cgroup = dir;
+        /* Delegate=yes: the sub-cgroup is ours to make. The limit sits on the scope. */
+        snprintf(sub, sizeof(sub), "%s/%s", dir, u->id);
+        if (mkdir(sub, 0755) < 0 && errno != EEXIST)
+                return -errno;
+        return 0;
+}
+
+static int on_job_removed(sd_bus_message *m, void *userdata, sd_bus_error *ret_error) {
+        CGroupManager *c = userdata;
+        const char *job, *unit, *result;
+        uint32_t jid;
+        int r;
+
+        r = sd_bus_message_read(m, "uoss", &jid, &job, &unit, &result);
+        if (r < 0)
+                return 0;
+        for (struct scope_unit *u = c->units; u; u = u->next) {
+                if (!u->job || strcmp(u->job, job) != 0)
+                        continue;
+                free(u->job);
+                u->job = NULL;
+                if (strcmp(result, "done") != 0) {
+                        log_warning("Scope %s failed to start: %s", unit, result);
+                        scope_finish(u, -EIO);
+                } else
+                        scope_finish(u, scope_read_cgroup(u));
+                break;
+        }
+        return 0;
+}
+
+static int on_start_reply(sd_bus_message *m, void *userdata, sd_bus_error *ret_error) {
+        struct scope_unit *u = userdata;
+        const sd_bus_error *e = sd_bus_message_get_error(m);
+        const char *job;
+        int r;
+
+        u->slot = sd_bus_slot_unref(u->slot);
+        if (e) {
+                log_warning("StartTransientUnit(%s) failed: %s", u->unit, e->message ?: e->name);
+                scope_finish(u, -sd_bus_error_get_errno(e) ?: -EIO);
+                return 0;
+        }
+        r = sd_bus_message_read(m, "o", &job);
+        if (r < 0) {
+                scope_finish(u, r);
+                return 0;
+        }
+        u->job = strdup(job);
+        if (!u->job)
+                scope_finish(u, -ENOMEM);
+        return 0;
+}
+
+static int scope_init(CGroupManager *c) {
+        int r;
+
+        r = sd_bus_open_system(&c->system_bus);
+        if (r < 0)
+                return r;
+        r = sd_bus_attach_event(c->system_bus, c->event, 0);
+        if (r < 0)
+                return r;
+        r = sd_bus_match_signal_async(c->system_bus, &c->job_removed_slot, "org.freedesktop.systemd1",
+                                      "/org/freedesktop/systemd1", "org.freedesktop.systemd1.Manager", "JobRemoved",
+                                      on_job_removed, NULL, c);
+        if (r < 0)
+                return r;
+        return sd_bus_call_method_async(c->system_bus, NULL, "org.freedesktop.systemd1", "/org/freedesktop/systemd1",
+                                        "org.freedesktop.systemd1.Manager", "Subscribe", NULL, NULL, NULL);
+}
+
+static void scope_done(CGroupManager *c) {
+        while (c->units) {
+                struct scope_unit *u = c->units;
+                c->units = u->next;
+                scope_unit_free(u);
+        }
+        c->job_removed_slot = sd_bus_slot_unref(c->job_removed_slot);
+        c->system_bus = sd_bus_flush_close_unref(c->system_bus);
+}
+
+static int scope_prepare(CGroupManager *c, const char *id, uint64_t limit, cgroup_prepare_done_t done,
+                         void *userdata, char **ret_parent) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *m = NULL;
+        struct scope_unit *u;
+        pid_t parent = getpid();
+        char desc[128];
+        int r;
+
+        if (scope_find(c, id))
+                return -EEXIST;
+        u = calloc(1, sizeof(*u));
+        if (!u)
+                return -ENOMEM;
+        u->manager = c;
+        snprintf(u->id, sizeof(u->id), "%s", id);
+        snprintf(u->unit, sizeof(u->unit), "forkd-%s.scope", id);
+        u->done = done;
+        u->userdata = userdata;
+
+        /* A scope is created around existing processes: a placeholder holds it
+         * until the VMM child has joined its sub-cgroup. */
+        u->placeholder = fork();
+        if (u->placeholder < 0) {
+                r = -errno;
+                u->placeholder = 0;
+                goto fail;
+        }
+        if (u->placeholder == 0) {
+                (void) prctl(PR_SET_PDEATHSIG, SIGKILL);
+                if (getppid() != parent)
+                        _exit(0);
+                for (;;)
+                        pause();
+        }
+
+        snprintf(desc, sizeof(desc), "forkd sandbox %s", id);
+        r = sd_bus_message_new_method_call(c->system_bus, &m, "org.freedesktop.systemd1", "/org/freedesktop/systemd1",
+                                           "org.freedesktop.systemd1.Manager", "StartTransientUnit");
+        if (r >= 0)
+                r = sd_bus_message_append(m, "ss", u->unit, "fail");
+        if (r >= 0)
+                r = sd_bus_message_open_container(m, 'a', "(sv)");
+        if (r >= 0)
+                r = sd_bus_message_append(m, "(sv)(sv)(sv)(sv)(sv)(sv)",
+                                          "Description", "s", desc,
+                                          "Slice", "s", "forkd.slice",
+                                          "PIDs", "au", 1, (uint32_t) u->placeholder,
+                                          "MemoryMax", "t", limit,
+                                          "Delegate", "b", 1,
+                                          "CollectMode", "s", "inactive-or-failed");
+        if (r >= 0)
+                r = sd_bus_message_close_container(m);
+        if (r >= 0)
+                r = sd_bus_message_append(m, "a(sa(sv))", 0);
+        if (r >= 0)
+                r = sd_bus_call_async(c->system_bus, &u->slot, m, on_start_reply, u, 0);
+        if (r < 0)
+                goto fail;
+
+        u->next = c->units;
+        c->units = u;
+        return 0;
+fail:
+        scope_unit_free(u);
+        return r;
+}
+
+static void scope_cancel(CGroupManager *c, void *userdata) {
+        for (struct scope_unit *u = c->units; u; u = u->next)
+                if (u->userdata == userdata) {
+                        u->done = NULL;
+                        u->userdata = NULL;
+                }
+}
+
+static void scope_attached(CGroupManager *c, const char *id) {
+        struct scope_unit *u = scope_find(c, id);
+
+        if (u)
+                scope_kill_placeholder(u);
+}
+
+static int scope_oom_kills(CGroupManager *c, const char *id, uint64_t *ret) {
+        struct scope_unit *u = scope_find(c, id);
+        char path[4200];
+
+        if (!u || !u->cgroup)
+                return -ENOENT;
+        snprintf(path, sizeof(path), "%s/memory.events", u->cgroup);
+        return read_oom_kill_file(path, ret);
+}
+
+static int scope_remove(CGroupManager *c, const char *id) {
+        struct scope_unit *u = scope_find(c, id);
+        char sub[4200];
+        int r = 0;
+
+        if (!u)
+                return 0;
+        scope_unlink(c, u);
+        scope_kill_placeholder(u);
+        if (u->cgroup) {
+                snprintf(sub, sizeof(sub), "%s/%s", u->cgroup, u->id);
+                r = remove_cgroup_dir(c, sub);
+        }
+        /* An empty scope is collected by systemd anyway; stop it in case something lingers. */
+        (void) sd_bus_call_method_async(c->system_bus, NULL, "org.freedesktop.systemd1", "/org/freedesktop/systemd1",
+                                        "org.freedesktop.systemd1.Manager", "StopUnit", NULL, NULL, "ss", u->unit,
+                                        "fail");
+        scope_unit_free(u);
+        return r;
+}
+
+static int scope_sweep(CGroupManager *c) {
+        /* The scopes of a killed daemon emptied when their VMMs died
+         * (PR_SET_PDEATHSIG), and systemd collects empty transient scopes
+         * (CollectMode=inactive-or-failed). Nothing to do. */
+        return 0;
+}
+
+static const CGroupBackend backend_scope = {
+        .name = "systemd-scope",
+        .init = scope_init,
+        .done = scope_done,
+        .prepare = scope_prepare,
+        .cancel = scope_cancel,
+        .attached = scope_attached,
+        .oom_kills = scope_oom_kills,
+        .remove = scope_remove,
+        .sweep = scope_sweep,
+};
+
+/* ---- none ---- */
+
+static const CGroupBackend backend_none = {
+        .name = "none",
+};
+
+/* ---- selection ---- */
+
+static int fs_type(const char *path, long *ret) {
+        struct statfs sfs;
+
+        if (statfs(path, &sfs) < 0)
+                return -errno;
+        *ret = (long) sfs.f_type;
+        return 0;
+}
+
+static bool v2_has_memory(const char *dir) {
+        _cleanup_free_ char *text = NULL;
+        char path[4200];
+
+        snprintf(path, sizeof(path), "%s/cgroup.controllers", dir);
+        if (read_small_file(path, 4096, &text, NULL) < 0)
+                return false;
+        for (char *t = strtok(text, " \n"); t; t = strtok(NULL, " \n"))
+                if (strcmp(t, "memory") == 0)
+                        return true;
+        return false;
+}
+
+/* Which cgroupfs version holds dir (or its nearest existing ancestor)? */
+static int detect_version(const char *dir, int *ret) {
+        _cleanup_free_ char *p = strdup(dir);
+        long type = 0;
+
+        if (!p)
+                return -ENOMEM;
+        for (;;) {
+                if (fs_type(p, &type) >= 0)
+                        break;
+                char *slash = strrchr(p, '/');
+                if (!slash || slash == p)
+                        return -ENOENT;
+                *slash = 0;
+        }
+        if (type == CGROUP2_SUPER_MAGIC)
+                *ret = 2;
+        else if (type == CGROUP_SUPER_MAGIC)
+                *ret = 1;
+        else
+                return -ENOTDIR;
+        return 0;
+}
+
+int cgroup_manager_new(sd_event *e, const char *root, CGroupManager **ret) {
+        CGroupManager *c = calloc(1, sizeof(*c));
+        long type = 0;
+        int r;
+
+        if (!c)
+                return -ENOMEM;
+        c->event = sd_event_ref(e);
+
+        if (root) {
+                r = detect_version(root, &c->version);
+                if (r < 0) {
+                        log_error_errno(r, "%s is not on a cgroup file system: %m", root);
+                        goto fail;
+                }
+                c->root = strdup(root);
+                if (!c->root) {
+                        r = -ENOMEM;
+                        goto fail;
+                }
+                c->backend = &backend_cgroupfs;
+        } else if (access("/run/systemd/system", F_OK) >= 0 && fs_type("/sys/fs/cgroup", &type) >= 0 &&
+                   type == CGROUP2_SUPER_MAGIC && v2_has_memory("/sys/fs/cgroup"))
+                c->backend = &backend_scope;
+        else if (fs_type("/sys/fs/cgroup", &type) >= 0 && type == CGROUP2_SUPER_MAGIC &&
+                 v2_has_memory("/sys/fs/cgroup")) {
+                c->backend = &backend_cgroupfs;
+                c->version = 2;
+                c->root = strdup("/sys/fs/cgroup/forkd");
+        } else if (fs_type("/sys/fs/cgroup/memory", &type) >= 0 && type == CGROUP_SUPER_MAGIC) {
+                c->backend = &backend_cgroupfs;
+                c->version = 1;
+                c->root = strdup("/sys/fs/cgroup/memory/forkd");
+        } else
+                c->backend = &backend_none;
+        if (c->backend == &backend_cgroupfs && !c->root) {
+                r = -ENOMEM;
+                goto fail;
+        }
+
+        if (c->backend->init) {
+                r = c->backend->init(c);
+                if (r < 0) {
+                        log_warning_errno(r, "Memory limits are not available (%s backend): %m", c->backend->name);
+                        if (c->backend->done)
+                                c->backend->done(c);
+                        c->backend = &backend_none;
+                }
+        }
+        if (c->backend == &backend_cgroupfs)
+                log_info("Memory limits: cgroupfs v%d under %s.", c->version, c->root);
+        else
+                log_info("Memory limits: %s.", c->backend->name);
+        *ret = c;
+        return 0;
+fail:
+        cgroup_manager_free(c);
+        return r;
+}
+
+CGroupManager *cgroup_manager_free(CGroupManager *c) {
+        if (!c)
+                return NULL;
+        if (c->backend && c->backend->done)
+                c->backend->done(c);
+        /* Last try for removals still pending; the next start sweeps the rest. */
+        for (struct cgroup_removal *x = c->removals; x; x = x->next)
+                (void) rmdir(x->path);
+        removal_free_all(c);
+        sd_event_source_disable_unref(c->removal_timer);
+        sd_event_unref(c->event);
+        free(c->root);
+        free(c);
+        return NULL;
+}
+
+bool cgroup_manager_supported(const CGroupManager *c) {
+        return c && c->backend->prepare;
+}
+
+const char *cgroup_manager_name(const CGroupManager *c) {
+        return c->backend->name;
+}
+
+int cgroup_prepare(CGroupManager *c, const char *id, uint64_t limit_bytes, cgroup_prepare_done_t done,
+                   void *userdata, char **ret_parent) {
+        if (!c->backend->prepare)
+                return -EOPNOTSUPP;
+        return c->backend->prepare(c, id, limit_bytes, done, userdata, ret_parent);
+}
+
+void cgroup_cancel(CGroupManager *c, void *userdata) {
+        if (c->backend->cancel)
+                c->backend->cancel(c, userdata);
+}
+
+void cgroup_attached(CGroupManager *c, const char *id) {
+        if (c->backend->attached)
+                c->backend->attached(c, id);
+}
+
+int cgroup_oom_kills(CGroupManager *c, const char *id, uint64_t *ret) {
+        if (!c->backend->oom_kills)
+                return -EOPNOTSUPP;
+        return c->backend->oom_kills(c, id, ret);
+}
+
+int cgroup_remove(CGroupManager *c, const char *id) {
+        if (!c->backend->remove)
+                return -EOPNOTSUPP;
+        return c->backend->remove(c, id);
+}
+
+int cgroup_sweep(CGroupManager *c) {
+        if (!c->backend->sweep)
+                return 0;
+        return c->backend->sweep(c);
+}
+
+unsigned cgroup_pending_removals(const CGroupManager *c) {
+        return c ? c->n_removals : 0;
+}

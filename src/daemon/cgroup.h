@@ -1,0 +1,85 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#pragma once
+
+/*
+ * Per-sandbox memory limits, behind a small table of backends:
+ *
+ *   cgroupfs-v2   <root>/<id>/memory.max
+ *   cgroupfs-v1   <root>/<id>/memory.limit_in_bytes (+ memory.memsw.limit_in_bytes)
+ *   systemd-scope a transient scope forkd-<id>.scope (MemoryMax=, Delegate=yes)
+ *                 started with StartTransientUnit and tracked through JobRemoved;
+ *                 the VMM child joins the sub-cgroup <scope>/<id>
+ *   none          every call -EOPNOTSUPP
+ *
+ * The VMM child of sandbox id joins "<parent>/<id>" before it restores, where
+ * parent is what prepare() hands back.
+ */
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <systemd/sd-bus.h>
+#include <systemd/sd-event.h>
+
+typedef struct CGroupManager CGroupManager;
+
+typedef void (*cgroup_prepare_done_t)(int r, const char *id, const char *parent, void *userdata);
+
+typedef struct CGroupBackend {
+        const char *name;
+        int (*init)(CGroupManager *c);
+        void (*done)(CGroupManager *c);
+        /* 1 and *ret_parent: ready now; 0: done() follows (unless cancelled); < 0: failed. */
+        int (*prepare)(CGroupManager *c, const char *id, uint64_t limit_bytes, cgroup_prepare_done_t done,
+                       void *userdata, char **ret_parent);
+        /* Forget the pending prepares made with this userdata. */
+        void (*cancel)(CGroupManager *c, void *userdata);
+        /* The sandbox answered: its VMM is inside its cgroup. */
+        void (*attached)(CGroupManager *c, const char *id);
+        int (*oom_kills)(CGroupManager *c, const char *id, uint64_t *ret);
+        /* Remove, retrying in the background while the cgroup holds dying tasks. */
+        int (*remove)(CGroupManager *c, const char *id);
+        /* At start: remove what a previous daemon left. */
+        int (*sweep)(CGroupManager *c);
+} CGroupBackend;
+
+struct cgroup_removal;
+struct scope_unit;
+
+struct CGroupManager {
+        const CGroupBackend *backend;
+        sd_event *event;
+        char *root;     /* cgroupfs: directory holding one cgroup per sandbox */
+        int version;    /* cgroupfs: 1 or 2 */
+
+        struct cgroup_removal *removals;
+        unsigned n_removals;
+        sd_event_source *removal_timer;
+
+        /* systemd-scope */
+        sd_bus *system_bus;
+        sd_bus_slot *job_removed_slot;
+        struct scope_unit *units;
+};
+
+/* root: an explicit cgroupfs directory (--cgroup-root), or NULL to choose:
+ * the systemd scope backend when systemd is PID 1 on a unified hierarchy,
+ * else cgroupfs v2 /sys/fs/cgroup/forkd, else v1 /sys/fs/cgroup/memory/forkd,
+ * else none. */
+int cgroup_manager_new(sd_event *e, const char *root, CGroupManager **ret);
+CGroupManager *cgroup_manager_free(CGroupManager *c);
+
+bool cgroup_manager_supported(const CGroupManager *c);
+const char *cgroup_manager_name(const CGroupManager *c);
+
+int cgroup_prepare(CGroupManager *c, const char *id, uint64_t limit_bytes, cgroup_prepare_done_t done,
+                   void *userdata, char **ret_parent);
+void cgroup_cancel(CGroupManager *c, void *userdata);
+void cgroup_attached(CGroupManager *c, const char *id);
+int cgroup_oom_kills(CGroupManager *c, const char *id, uint64_t *ret);
+int cgroup_remove(CGroupManager *c, const char *id);
+int cgroup_sweep(CGroupManager *c);
+/* Removals still being retried. */
+unsigned cgroup_pending_removals(const CGroupManager *c);
+
+/* Parse the "oom_kill N" line of memory.events (v2) or memory.oom_control (v1). */
+int cgroup_parse_oom_kill(const char *text, uint64_t *ret);

@@ -1,0 +1,527 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#include <signal.h>
+#include <stdarg.h>
+#include <sys/random.h>
+#include <time.h>
+
+#include "agent-proto.h"
+#include "cgroup.h"
+#include "fork-op.h"
+#include "fs-util.h"
+#include "image.h"
+#include "macro.h"
+#include "sandbox-dbus.h"
+#include "sandbox.h"
+#include "vm-template.h"
+#include "vmm-client.h"
+#include "worker.h"
+
+#define PING_TIMEOUT_USEC (60 * 1000000ull)
+#define SPAWN_EVENTS_MAX 8192u
+
+static int fork_run(ForkOp *f);
+
+static void set_ping_error(ForkOp *f, const char *fmt, ...) _printf_(2, 3);
+static void set_ping_error(ForkOp *f, const char *fmt, ...) {
+        va_list ap;
+
+        if (f->ping_error)
+                return; /* the first one says it */
+        va_start(ap, fmt);
+        if (vasprintf(&f->ping_error, fmt, ap) < 0)
+                f->ping_error = NULL;
+        va_end(ap);
+}
+
+static void strv_free_n(char **l, unsigned n) {
+        if (!l)
+                return;
+        for (unsigned i = 0; i < n; i++)
+                free(l[i]);
+        free(l);
+}
+
+ForkOp *fork_op_free(ForkOp *f) {
+        if (!f)
+                return NULL;
+        if (f->manager->cgroups)
+                cgroup_cancel(f->manager->cgroups, f);
+        if (f->template && f->state == FORK_WAITING)
+                for (ForkOp **p = &f->template->waiters; *p; p = &(*p)->next_waiter)
+                        if (*p == f) {
+                                *p = f->next_waiter;
+                                break;
+                        }
+        if (f->reserved)
+                f->manager->n_sandboxes_reserved -= f->n;
+        if (f->image)
+                f->image->n_users--;
+        if (f->agent_fds)
+                for (unsigned i = 0; i < f->n; i++)
+                        safe_close(f->agent_fds[i]);
+        free(f->agent_fds);
+        free(f->pids);
+        strv_free_n(f->ids, f->n);
+        strv_free_n(f->cgroup_parents, f->n);
+        strv_free_n(f->events, f->n_events);
+        free(f->has_cgroup);
+        free(f->vmm_path);
+        free(f->overlay_dir);
+        free(f->sandboxes_dir);
+        free(f->error);
+        free(f->slots);
+        free(f->ping_error);
+        free(f);
+        return NULL;
+}
+
+/* Undo what belongs to children that never became sandboxes. */
+static void cleanup_unowned(ForkOp *f) {
+        Manager *m = f->manager;
+
+        for (unsigned i = 0; i < f->n; i++) {
+                if (hashmap_get(m->sandboxes, f->ids[i]))
+                        continue; /* the sandbox cleans up after itself */
+                if (f->records_written) {
+                        char path[4096];
+                        snprintf(path, sizeof(path), "%s/%s.json", m->sandboxes_dir, f->ids[i]);
+                        (void) unlink(path);
+                }
+                if (f->has_cgroup[i]) {
+                        (void) cgroup_remove(m->cgroups, f->ids[i]);
+                        f->has_cgroup[i] = false;
+                }
+        }
+}
+
+static void fork_fail(ForkOp *f, int r, const char *name, const char *fmt, ...) _printf_(4, 5);
+static void fork_fail(ForkOp *f, int r, const char *name, const char *fmt, ...) {
+        _cleanup_free_ char *msg = NULL;
+        va_list ap;
+
+        va_start(ap, fmt);
+        if (vasprintf(&msg, fmt, ap) < 0)
+                msg = NULL;
+        va_end(ap);
+
+        /* Children that exist are killed; each removes itself when its exit is reported. */
+        for (unsigned i = 0; i < f->n; i++) {
+                Sandbox *s = hashmap_get(f->manager->sandboxes, f->ids[i]);
+                if (s && s->state == SANDBOX_STARTING)
+                        (void) sandbox_kill(s);
+        }
+        cleanup_unowned(f);
+        f->state = FORK_DONE;
+        log_warning("Fork of %s failed: %s", f->image ? f->image->tag : "?", msg ?: "out of memory");
+        f->done(f, r, name, msg ?: "Out of memory", f->userdata); /* may free f */
+}
+
+static void fork_succeed(ForkOp *f) {
+        Manager *m = f->manager;
+
+        for (unsigned i = 0; i < f->n; i++) {
+                Sandbox *s = hashmap_get(m->sandboxes, f->ids[i]);
+                s->state = SANDBOX_RUNNING;
+                sandbox_send_new_signal(s);
+        }
+        f->state = FORK_DONE;
+        log_info("Forked %u sandbox(es) of %s.", f->n, f->image->tag);
+        f->done(f, 0, NULL, NULL, f->userdata); /* may free f */
+}
+
+static void check_pings_done(ForkOp *f) {
+        unsigned missing = 0;
+
+        if (f->n_answered + f->n_failed < f->n)
+                return;
+        /* A child may have answered and died since. */
+        for (unsigned i = 0; i < f->n; i++)
+                if (!hashmap_get(f->manager->sandboxes, f->ids[i]))
+                        missing++;
+        if (f->n_failed > 0 || missing > 0) {
+                fork_fail(f, -EIO, FORKD_ERROR_FAILED, "%u of %u children did not come up (%s); none was kept",
+                          MAX(f->n_failed, missing), f->n, f->ping_error ?: "exited after answering");
+                return;
+        }
+        fork_succeed(f);
+}
+
+static void on_ping(int r, uint16_t type, const char *json, struct json_object *obj, void *userdata) {
+        struct ping_slot *slot = userdata;
+        ForkOp *f = slot->op;
+
+        if (r >= 0 && type == FKA_RESPONSE) {
+                f->n_answered++;
+                if (f->has_cgroup[slot->index])
+                        cgroup_attached(f->manager->cgroups, f->ids[slot->index]);
+        } else {
+                f->n_failed++;
+                if (!f->ping_error) {
+                        if (r < 0)
+                                set_ping_error(f, "%s: %s", f->ids[slot->index],
+                                                r == -ECONNRESET ? "the VM exited" : strerror(-r));
+                        else
+                                set_ping_error(f, "%s: the agent refused ping", f->ids[slot->index]);
+                }
+        }
+        check_pings_done(f);
+}
+
+/* ---- worker ---- */
+
+static void on_spawn_event(const char *json, void *userdata) {
+        ForkOp *f = userdata;
+        char **l;
+
+        if (f->n_events >= SPAWN_EVENTS_MAX)
+                return;
+        l = realloc(f->events, (f->n_events + 1) * sizeof(char *));
+        if (!l)
+                return;
+        f->events = l;
+        l[f->n_events] = strdup(json);
+        if (l[f->n_events])
+                f->n_events++;
+}
+
+static int fork_work_error(ForkOp *f, int r, const char *what) {
+        free(f->error);
+        if (asprintf(&f->error, "%s: %s", what, strerror(-r)) < 0)
+                f->error = NULL;
+        return r;
+}
+
+static int fork_work(void *userdata) {
+        ForkOp *f = userdata;
+        VmTemplate *t = f->template;
+        int r;
+
+        /* Records first: if the daemon dies from here on, the next start knows what to clean. */
+        for (unsigned i = 0; i < f->n; i++) {
+                struct sandbox_params p = {
+                        .id = f->ids[i], .snapshot_tag = t->tag, .created_at = f->created_at,
+                        .memory_limit_mib = f->opts.memory_limit_mib, .has_cgroup = f->has_cgroup[i],
+                        .live_fork = f->opts.live_fork,
+                };
+                _cleanup_free_ char *json = NULL, *name = NULL;
+
+                r = sandbox_record_format(&p, &json);
+                if (r < 0)
+                        return fork_work_error(f, r, "Failed to format a sandbox record");
+                if (asprintf(&name, "%s.json", f->ids[i]) < 0) {
+                        name = NULL;
+                        return fork_work_error(f, -ENOMEM, "Failed to write a sandbox record");
+                }
+                f->records_written = true;
+                r = write_file_atomic(f->sandboxes_dir, name, json, strlen(json), false);
+                if (r < 0)
+                        return fork_work_error(f, r, "Failed to write a sandbox record");
+        }
+        r = fsync_path(f->sandboxes_dir);
+        if (r < 0)
+                return fork_work_error(f, r, "Failed to sync the sandbox records");
+
+        if (f->need_start) {
+                _cleanup_free_ char *err = NULL;
+
+                r = vmm_client_template_start(f->vmm_path, t->snapshot_dir, f->overlay_dir, &t->vt, &err);
+                if (r < 0) {
+                        t->vt.pid = 0;
+                        t->vt.control_fd = -EBADF;
+                        free(f->error);
+                        if (asprintf(&f->error, "Failed to start the template of %s: %s", t->tag,
+                                     err ?: strerror(-r)) < 0)
+                                f->error = NULL;
+                        return r;
+                }
+        }
+
+        t->vt.on_event = on_spawn_event;
+        t->vt.event_userdata = f;
+        /* One spawn request per run of children with the same cgroup parent. */
+        for (unsigned start = 0; start < f->n;) {
+                unsigned end = start + 1;
+                const char *parent = f->cgroup_parents[start];
+
+                while (end < f->n && ((!parent && !f->cgroup_parents[end]) ||
+                                      (parent && f->cgroup_parents[end] && strcmp(parent, f->cgroup_parents[end]) == 0)))
+                        end++;
+                r = vmm_client_template_spawn(&t->vt, (const char *const *) f->ids + start, end - start, NULL, parent,
+                                              f->agent_fds + start, NULL, f->pids + start, NULL, NULL);
+                if (r < 0) {
+                        f->spawn_failed = true;
+                        break;
+                }
+                start = end;
+        }
+        t->vt.on_event = NULL;
+        t->vt.event_userdata = NULL;
+        if (r < 0)
+                return fork_work_error(f, r, "The template failed to spawn children");
+        return 0;
+}
+
+static void fork_work_done(int r, void *userdata) {
+        ForkOp *f = userdata;
+        VmTemplate *t = f->template;
+        Manager *m = f->manager;
+
+        if (r >= 0) {
+                for (unsigned i = 0; i < f->n; i++) {
+                        struct sandbox_params p = {
+                                .id = f->ids[i], .snapshot_tag = t->tag,
+                                .netns = NULL, .pid = (uint32_t) f->pids[i], .created_at = f->created_at,
+                                .memory_limit_mib = f->opts.memory_limit_mib, .has_cgroup = f->has_cgroup[i],
+                                .live_fork = f->opts.live_fork,
+                        };
+                        char netns[64];
+                        Sandbox *s;
+                        int k;
+
+                        if (f->opts.per_child_netns) {
+                                snprintf(netns, sizeof(netns), "forkd-child-%u", i + 1);
+                                p.netns = netns;
+                        }
+                        if (f->pids[i] <= 0) {
+                                /* The template could not fork this one. */
+                                f->agent_fds[i] = safe_close(f->agent_fds[i]);
+                                continue;
+                        }
+                        k = sandbox_new(m, &p, TAKE_FD(f->agent_fds[i]), &s);
+                        if (k < 0) {
+                                log_warning_errno(k, "Failed to register sandbox %s: %m", f->ids[i]);
+                                (void) kill(f->pids[i], SIGKILL);
+                                continue;
+                        }
+                        /* Owned by the sandbox now. */
+                        f->has_cgroup[i] = false;
+                        vm_template_add_sandbox(t, s);
+                }
+                m->n_sandboxes_reserved -= f->n;
+                f->reserved = false;
+        }
+
+        /* Exits the worker met while spawning, then the template's own state. */
+        for (unsigned i = 0; i < f->n_events; i++)
+                vm_template_handle_event(t, f->events[i]);
+        vm_template_end_work(t);
+
+        if (r < 0) {
+                if (f->spawn_failed) {
+                        /* Children of unknown pids may exist: only stopping the template ends them. */
+                        log_error("Spawning failed; stopping the template of %s and its children.", t->tag);
+                        vm_template_stop(t);
+                }
+                f->template = NULL;
+                fork_op_run_next(t);
+                vm_template_maybe_gc(t);
+                fork_fail(f, r, FORKD_ERROR_FAILED, "%s", f->error ?: "spawning failed");
+                return;
+        }
+
+        f->template = NULL;
+        fork_op_run_next(t);
+
+        f->state = FORK_PINGING;
+        f->n_failed = 0;
+        for (unsigned i = 0; i < f->n; i++) {
+                Sandbox *s = hashmap_get(m->sandboxes, f->ids[i]);
+                int k;
+
+                if (!s || f->pids[i] <= 0 || s->pid != (uint32_t) f->pids[i]) {
+                        /* Not forked, not registered, or already gone. */
+                        f->n_failed++;
+                        if (!f->ping_error)
+                                set_ping_error(f, "%s: the VM exited before it answered", f->ids[i]);
+                        continue;
+                }
+                f->slots[i] = (struct ping_slot) { .op = f, .index = i };
+                k = sandbox_call(s, "{\"op\":\"ping\"}", PING_TIMEOUT_USEC, on_ping, &f->slots[i]);
+                if (k < 0) {
+                        f->n_failed++;
+                        if (!f->ping_error)
+                                set_ping_error(f, "%s: %s", f->ids[i], strerror(-k));
+                }
+        }
+        check_pings_done(f);
+}
+
+static int fork_run(ForkOp *f) {
+        VmTemplate *t = f->template;
+        int r;
+
+        if (t->busy) {
+                ForkOp **p = &t->waiters;
+                while (*p)
+                        p = &(*p)->next_waiter;
+                *p = f;
+                f->state = FORK_WAITING;
+                return 0;
+        }
+        f->state = FORK_SPAWNING;
+        f->need_start = t->vt.pid == 0;
+        vm_template_begin_work(t);
+        r = worker_pool_submit(f->manager->workers, fork_work, fork_work_done, f);
+        if (r < 0) {
+                vm_template_end_work(t);
+                f->template = NULL;
+                vm_template_maybe_gc(t);
+                return r;
+        }
+        return 0;
+}
+
+void fork_op_run_next(VmTemplate *t) {
+        ForkOp *f = t->waiters;
+        int r;
+
+        if (!f || t->busy)
+                return;
+        t->waiters = f->next_waiter;
+        f->next_waiter = NULL;
+        f->state = FORK_SPAWNING;
+        r = fork_run(f);
+        if (r < 0)
+                fork_fail(f, r, FORKD_ERROR_FAILED, "Failed to queue the fork: %s", strerror(-r));
+}
+
+static void cgroups_ready(ForkOp *f) {
+        Image *i = f->image;
+        int r;
+
+        if (f->cgroup_error < 0) {
+                fork_fail(f, f->cgroup_error, FORKD_ERROR_FAILED, "Failed to set up the memory limits: %s",
+                          strerror(-f->cgroup_error));
+                return;
+        }
+        r = vm_template_get(i, &f->template);
+        if (r < 0) {
+                fork_fail(f, r, FORKD_ERROR_FAILED, "Failed to set up the template: %s", strerror(-r));
+                return;
+        }
+        r = fork_run(f);
+        if (r < 0)
+                fork_fail(f, r, FORKD_ERROR_FAILED, "Failed to queue the fork: %s", strerror(-r));
+}
+
+static void on_cgroup_ready(int r, const char *id, const char *parent, void *userdata) {
+        ForkOp *f = userdata;
+
+        for (unsigned i = 0; i < f->n; i++) {
+                if (strcmp(f->ids[i], id) != 0 || f->cgroup_parents[i])
+                        continue;
+                if (r >= 0) {
+                        f->cgroup_parents[i] = strdup(parent);
+                        if (!f->cgroup_parents[i])
+                                r = -ENOMEM;
+                }
+                if (r < 0 && f->cgroup_error == 0)
+                        f->cgroup_error = r;
+                break;
+        }
+        if (--f->n_cgroups_pending == 0)
+                cgroups_ready(f);
+}
+
+int fork_op_start(Manager *m, Image *i, unsigned n, const struct fork_options *o, fork_done_t done, void *userdata,
+                  ForkOp **ret) {
+        ForkOp *f;
+        char prefix[7];
+        int r;
+
+        if (n == 0 || n > FORK_N_MAX)
+                return -EINVAL;
+        if (hashmap_size(m->sandboxes) + m->n_sandboxes_reserved + n > SANDBOXES_MAX)
+                return -EUSERS;
+        if (o->memory_limit_mib > 0 && !cgroup_manager_supported(m->cgroups))
+                return -EOPNOTSUPP;
+
+        f = calloc(1, sizeof(*f));
+        if (!f)
+                return -ENOMEM;
+        f->manager = m;
+        f->n = n;
+        f->opts = *o;
+        f->done = done;
+        f->userdata = userdata;
+        f->created_at = (uint64_t) time(NULL);
+        f->image = i;
+        i->n_users++;
+        f->reserved = true;
+        m->n_sandboxes_reserved += n;
+        f->ids = calloc(n, sizeof(char *));
+        f->cgroup_parents = calloc(n, sizeof(char *));
+        f->has_cgroup = calloc(n, sizeof(bool));
+        f->agent_fds = calloc(n, sizeof(int));
+        f->pids = calloc(n, sizeof(pid_t));
+        f->slots = calloc(n, sizeof(struct ping_slot));
+        f->vmm_path = strdup(m->vmm_path);
+        f->overlay_dir = strdup(m->overlay_dir);
+        f->sandboxes_dir = strdup(m->sandboxes_dir);
+        if (!f->ids || !f->cgroup_parents || !f->has_cgroup || !f->agent_fds || !f->pids || !f->slots ||
+            !f->vmm_path || !f->overlay_dir || !f->sandboxes_dir) {
+                r = -ENOMEM;
+                goto fail;
+        }
+        for (unsigned k = 0; k < n; k++)
+                f->agent_fds[k] = -EBADF;
+
+        /* sb-<6 hex>-<4 digits>: one random prefix per fork, unused by any live sandbox. */
+        for (unsigned attempt = 0;; attempt++) {
+                char probe[32];
+
+                random_hex(prefix, 6);
+                snprintf(probe, sizeof(probe), "sb-%s-0000", prefix);
+                if (!hashmap_get(m->sandboxes, probe))
+                        break;
+                if (attempt > 16) {
+                        r = -EADDRINUSE;
+                        goto fail;
+                }
+        }
+        for (unsigned k = 0; k < n; k++)
+                if (asprintf(&f->ids[k], "sb-%s-%04u", prefix, k) < 0) {
+                        f->ids[k] = NULL;
+                        r = -ENOMEM;
+                        goto fail;
+                }
+
+        if (o->memory_limit_mib > 0) {
+                uint64_t bytes = (uint64_t) o->memory_limit_mib << 20;
+
+                for (unsigned k = 0; k < n; k++) {
+                        char *parent = NULL;
+
+                        r = cgroup_prepare(m->cgroups, f->ids[k], bytes, on_cgroup_ready, f, &parent);
+                        if (r < 0) {
+                                log_warning_errno(r, "Failed to create the cgroup of %s: %m", f->ids[k]);
+                                goto fail;
+                        }
+                        f->has_cgroup[k] = true;
+                        if (r > 0)
+                                f->cgroup_parents[k] = parent;
+                        else
+                                f->n_cgroups_pending++;
+                }
+        }
+
+        if (f->n_cgroups_pending > 0)
+                f->state = FORK_CGROUPS;
+        else {
+                r = vm_template_get(i, &f->template);
+                if (r < 0)
+                        goto fail;
+                r = fork_run(f);
+                if (r < 0)
+                        goto fail;
+        }
+        *ret = f;
+        return 0;
+fail:
+        if (f->has_cgroup)
+                for (unsigned k = 0; k < n; k++)
+                        if (f->has_cgroup[k])
+                                (void) cgroup_remove(m->cgroups, f->ids[k]);
+        fork_op_free(f);
+        return r;
+}

@@ -1,0 +1,79 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#pragma once
+
+/*
+ * Forking n sandboxes of a snapshot, as a state machine driven by the event loop:
+ *
+ *   cgroups    prepare one cgroup per child (may wait for systemd)
+ *   waiting    for the template, if another fork of the snapshot uses it
+ *   spawning   worker: write the records, start the template if needed, spawn
+ *   pinging    every child's agent must answer ping
+ *   done       done() is called once, with the result
+ */
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "manager.h"
+
+struct fork_options {
+        bool per_child_netns;
+        uint32_t memory_limit_mib; /* 0: none */
+        bool live_fork;
+};
+
+/* r >= 0: every child answered; the sandboxes are f->ids[0..n) in the
+ * manager, running and announced. r < 0: error_name/error_message say why. */
+typedef void (*fork_done_t)(ForkOp *f, int r, const char *error_name, const char *error_message, void *userdata);
+
+struct ping_slot {
+        ForkOp *op;
+        unsigned index;
+};
+
+struct ForkOp {
+        Manager *manager;
+        Image *image;
+        VmTemplate *template;
+        unsigned n;
+        struct fork_options opts;
+        uint64_t created_at;
+        char **ids;
+        char **cgroup_parents;     /* per child; NULL: none */
+        bool *has_cgroup;
+        unsigned n_cgroups_pending;
+        int cgroup_error;
+        bool reserved;             /* n counted in manager->n_sandboxes_reserved */
+
+        /* handed to the worker */
+        bool need_start;
+        bool spawn_failed;
+        bool records_written;
+        char *vmm_path, *overlay_dir, *sandboxes_dir;
+        int *agent_fds;
+        pid_t *pids;
+        char **events;
+        unsigned n_events;
+        char *error;
+
+        struct ping_slot *slots;
+        unsigned n_answered, n_failed;
+        char *ping_error;
+
+        enum { FORK_CGROUPS, FORK_WAITING, FORK_SPAWNING, FORK_PINGING, FORK_DONE } state;
+        ForkOp *next_waiter;
+        fork_done_t done;
+        void *userdata;
+};
+
+/* Validates nothing the caller must check (n, limits, netns); returns
+ * -EUSERS when the sandbox limit would be exceeded, -EOPNOTSUPP when memory
+ * limits are unavailable. On success done() follows later, never from here. */
+int fork_op_start(Manager *m, Image *i, unsigned n, const struct fork_options *o, fork_done_t done, void *userdata,
+                  ForkOp **ret);
+/* Cancel (shutdown) or release after done(). Accepts NULL, returns NULL. */
+ForkOp *fork_op_free(ForkOp *f);
+
+/* The template became free: run the next waiting fork. */
+void fork_op_run_next(VmTemplate *t);

@@ -1,0 +1,244 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+/*
+ * forkd: the D-Bus service org.forkd.Manager. main() and the lifecycle only;
+ * the registry is manager.c, the bus faces are *-dbus.c.
+ */
+#include <getopt.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <systemd/sd-daemon.h>
+
+#include "cgroup.h"
+#include "macro.h"
+#include "manager-dbus.h"
+#include "manager.h"
+#include "worker.h"
+
+#ifndef FORKD_VMM_DEFAULT
+#define FORKD_VMM_DEFAULT "/usr/libexec/forkd/forkd-vmm"
+#endif
+
+#define EXIT_GRACE_USEC (20 * 1000000ull)
+
+static const char *arg_state_dir = "/var/lib/forkd";
+static const char *arg_vmm = NULL;
+static const char *arg_bus_address = NULL;
+static const char *arg_cgroup_root = NULL;
+static unsigned arg_max_operations = OPERATIONS_MAX_DEFAULT;
+
+static void help(void) {
+        printf("Usage: forkd [OPTIONS]\n\n"
+               "The forkd service: owns org.forkd.Manager on the system bus and forks\n"
+               "KVM microVMs copy-on-write from snapshots.\n\n"
+               "  -h --help               Show this help\n"
+               "     --version            Show the version\n"
+               "     --state-dir DIR      Registry location (default /var/lib/forkd)\n"
+               "     --vmm PATH           forkd-vmm binary (default $FORKD_VMM, else %s)\n"
+               "     --bus-address ADDR   Connect to this bus instead of the system bus\n"
+               "     --cgroup-root DIR    Use cgroupfs under DIR for memory limits\n"
+               "                          (default: systemd scopes where systemd is PID 1,\n"
+               "                          else /sys/fs/cgroup/forkd or /sys/fs/cgroup/memory/forkd)\n"
+               "     --max-operations N   Long operations at once, 1..%u (default %u)\n",
+               FORKD_VMM_DEFAULT, OPERATIONS_MAX_LIMIT, OPERATIONS_MAX_DEFAULT);
+}
+
+static int parse_argv(int argc, char *argv[]) {
+        enum { ARG_VERSION = 0x100, ARG_STATE_DIR, ARG_VMM, ARG_BUS_ADDRESS, ARG_CGROUP_ROOT, ARG_MAX_OPERATIONS };
+        static const struct option options[] = {
+                { "help", no_argument, NULL, 'h' },
+                { "version", no_argument, NULL, ARG_VERSION },
+                { "state-dir", required_argument, NULL, ARG_STATE_DIR },
+                { "vmm", required_argument, NULL, ARG_VMM },
+                { "bus-address", required_argument, NULL, ARG_BUS_ADDRESS },
+                { "cgroup-root", required_argument, NULL, ARG_CGROUP_ROOT },
+                { "max-operations", required_argument, NULL, ARG_MAX_OPERATIONS },
+                {},
+        };
+        int c;
+
+        while ((c = getopt_long(argc, argv, "h", options, NULL)) >= 0)
+                switch (c) {
+                case 'h':
+                        help();
+                        return 0;
+                case ARG_VERSION:
+                        printf("forkd %s\n", FORKD_VERSION);
+                        return 0;
+                case ARG_STATE_DIR:
+                        if (optarg[0] != '/' || strlen(optarg) > 1024)
+                                return log_error_errno(EINVAL, "--state-dir needs an absolute path of at most 1024 bytes.");
+                        arg_state_dir = optarg;
+                        break;
+                case ARG_VMM:
+                        arg_vmm = optarg;
+                        break;
+                case ARG_BUS_ADDRESS:
+                        arg_bus_address = optarg;
+                        break;
+                case ARG_CGROUP_ROOT:
+                        if (optarg[0] != '/' || strlen(optarg) > 1024)
+                                return log_error_errno(EINVAL, "--cgroup-root needs an absolute path of at most 1024 bytes.");
+                        arg_cgroup_root = optarg;
+                        break;
+                case ARG_MAX_OPERATIONS: {
+                        char *end;
+                        unsigned long v;
+
+                        errno = 0;
+                        v = strtoul(optarg, &end, 10);
+                        if (errno != 0 || *end || end == optarg || v < 1 || v > OPERATIONS_MAX_LIMIT)
+                                return log_error_errno(EINVAL, "--max-operations takes a number from 1 to %u.",
+                                                       OPERATIONS_MAX_LIMIT);
+                        arg_max_operations = (unsigned) v;
+                        break;
+                }
+                case '?':
+                        return -EINVAL;
+                default:
+                        return -EINVAL;
+                }
+        if (optind < argc)
+                return log_error_errno(EINVAL, "forkd takes no positional arguments.");
+        return 1;
+}
+
+static int on_exit_timer(sd_event_source *s, uint64_t usec, void *userdata) {
+        Manager *m = userdata;
+
+        log_warning("Operations still running after %llus, exiting anyway.",
+                    (unsigned long long) (EXIT_GRACE_USEC / 1000000));
+        return sd_event_exit(m->event, 0);
+}
+
+static int on_term(sd_event_source *s, const struct signalfd_siginfo *si, void *userdata) {
+        Manager *m = userdata;
+
+        if (m->exiting)
+                return 0;
+        log_info("Received SIG%s, stopping once the running operations end.", sigabbrev_np((int) si->ssi_signo));
+        (void) sd_notify(false, "STOPPING=1");
+        m->exiting = true;
+        (void) sd_event_add_time_relative(m->event, &m->exit_timer, CLOCK_MONOTONIC, EXIT_GRACE_USEC, 0,
+                                          on_exit_timer, m);
+        manager_check_idle_exit(m);
+        return 0;
+}
+
+static int connect_bus(Manager *m) {
+        int r;
+
+        if (arg_bus_address) {
+                r = sd_bus_new(&m->bus);
+                if (r < 0)
+                        return r;
+                r = sd_bus_set_address(m->bus, arg_bus_address);
+                if (r >= 0)
+                        r = sd_bus_set_bus_client(m->bus, true);
+                if (r >= 0)
+                        r = sd_bus_start(m->bus);
+        } else
+                r = sd_bus_open_system(&m->bus);
+        if (r < 0)
+                return r;
+        r = sd_bus_attach_event(m->bus, m->event, 0);
+        if (r < 0)
+                return r;
+        return sd_bus_set_exit_on_disconnect(m->bus, true);
+}
+
+static void raise_nofile(void) {
+        struct rlimit rl;
+
+        /* One agent socket per sandbox, up to SANDBOXES_MAX of them. */
+        if (getrlimit(RLIMIT_NOFILE, &rl) >= 0 && rl.rlim_cur < rl.rlim_max) {
+                rl.rlim_cur = rl.rlim_max;
+                (void) setrlimit(RLIMIT_NOFILE, &rl);
+        }
+        if (getrlimit(RLIMIT_NOFILE, &rl) >= 0 && rl.rlim_cur < 2 * SANDBOXES_MAX + 256)
+                log_warning("RLIMIT_NOFILE is %llu: fewer than %u sandboxes may fit.", (unsigned long long) rl.rlim_cur,
+                            SANDBOXES_MAX);
+}
+
+static int run(int argc, char *argv[]) {
+        _cleanup_(manager_freep) Manager *m = NULL;
+        sigset_t ss;
+        int r;
+
+        log_prefix = "forkd";
+        if (getenv("FORKD_LOG_DEBUG"))
+                log_max_level = LOG_LVL_DEBUG;
+        r = parse_argv(argc, argv);
+        if (r <= 0)
+                return r;
+
+        /* Before any thread exists: the loop takes these through signalfd. */
+        sigemptyset(&ss);
+        sigaddset(&ss, SIGTERM);
+        sigaddset(&ss, SIGINT);
+        if (sigprocmask(SIG_BLOCK, &ss, NULL) < 0)
+                return log_error_errno(errno, "sigprocmask failed: %m");
+        (void) signal(SIGPIPE, SIG_IGN);
+        raise_nofile();
+
+        r = manager_new(&m);
+        if (r < 0)
+                return log_error_errno(r, "Failed to allocate the manager: %m");
+        m->max_operations = arg_max_operations;
+        m->state_dir = strdup(arg_state_dir);
+        m->vmm_path = strdup(arg_vmm ?: getenv("FORKD_VMM") ?: FORKD_VMM_DEFAULT);
+        if (!m->state_dir || !m->vmm_path)
+                return log_oom();
+        if (access(m->vmm_path, X_OK) < 0)
+                return log_error_errno(errno, "Cannot execute %s (set --vmm or $FORKD_VMM): %m", m->vmm_path);
+
+        r = cgroup_manager_new(m->event, arg_cgroup_root, &m->cgroups);
+        if (r < 0)
+                return log_error_errno(r, "Failed to set up memory limits: %m");
+        r = manager_startup(m);
+        if (r < 0)
+                return r;
+        r = worker_pool_new(m->event, m->max_operations, &m->workers);
+        if (r < 0)
+                return log_error_errno(r, "Failed to start the worker threads: %m");
+
+        r = sd_event_add_signal(m->event, NULL, SIGTERM, on_term, m);
+        if (r >= 0)
+                r = sd_event_add_signal(m->event, NULL, SIGINT, on_term, m);
+        if (r < 0)
+                return log_error_errno(r, "Failed to watch signals: %m");
+        r = sd_event_set_watchdog(m->event, true);
+        if (r < 0)
+                log_warning_errno(r, "Failed to enable the watchdog: %m");
+
+        r = connect_bus(m);
+        if (r < 0)
+                return log_error_errno(r, "Failed to connect to the bus: %m");
+        r = manager_add_bus_objects(m);
+        if (r < 0)
+                return r;
+        r = sd_bus_request_name(m->bus, FORKD_BUS_NAME, 0);
+        if (r < 0)
+                return log_error_errno(r, "Failed to own the bus name %s: %m", FORKD_BUS_NAME);
+        manager_announce_restart(m);
+
+        log_info("forkd %s ready: state %s, vmm %s, at most %u operations.", FORKD_VERSION, m->state_dir, m->vmm_path,
+                 m->max_operations);
+        (void) sd_notify(false, "READY=1\nSTATUS=Serving org.forkd.Manager.");
+
+        r = sd_event_loop(m->event);
+        if (r < 0)
+                return log_error_errno(r, "Event loop failed: %m");
+        (void) sd_notify(false, "STOPPING=1");
+        if (worker_pool_pending(m->workers) > 0) {
+                /* A worker is blocked in a long boot; its VMM dies with us (PR_SET_PDEATHSIG). */
+                log_warning("Exiting with operations still running.");
+                fflush(stderr);
+                _exit(EXIT_SUCCESS);
+        }
+        return 0;
+}
+
+int main(int argc, char *argv[]) {
+        int r = run(argc, argv);
+        return r < 0 ? EXIT_FAILURE : EXIT_SUCCESS;
+}

@@ -1,0 +1,168 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+
+#include "fs-util.h"
+#include "macro.h"
+
+int mkdir_parents_and_self(const char *path, mode_t mode) {
+        _cleanup_free_ char *p = strdup(path);
+
+        if (!p)
+                return -ENOMEM;
+        for (char *s = p + 1; *s; s++) {
+                if (*s != '/')
+                        continue;
+                *s = 0;
+                if (mkdir(p, mode) < 0 && errno != EEXIST)
+                        return -errno;
+                *s = '/';
+        }
+        if (mkdir(p, mode) < 0 && errno != EEXIST)
+                return -errno;
+        return 0;
+}
+
+int fsync_path(const char *path) {
+        _cleanup_close_ int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+
+        if (fd < 0)
+                return -errno;
+        if (fsync(fd) < 0)
+                return -errno;
+        return 0;
+}
+
+int write_file_atomic(const char *dir, const char *name, const char *content, size_t len, bool sync_dir) {
+        _cleanup_close_ int dfd = -EBADF, fd = -EBADF;
+        char tmp[128];
+        size_t done = 0;
+        int r;
+
+        if (strlen(name) > 80 || strchr(name, '/'))
+                return -EINVAL;
+        dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (dfd < 0)
+                return -errno;
+        snprintf(tmp, sizeof(tmp), ".#%s.%d", name, (int) gettid());
+        fd = openat(dfd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0640);
+        if (fd < 0)
+                return -errno;
+        while (done < len) {
+                ssize_t k = write(fd, content + done, len - done);
+                if (k < 0) {
+                        if (errno == EINTR)
+                                continue;
+                        r = -errno;
+                        goto fail;
+                }
+                done += (size_t) k;
+        }
+        if (fsync(fd) < 0) {
+                r = -errno;
+                goto fail;
+        }
+        if (renameat(dfd, tmp, dfd, name) < 0) {
+                r = -errno;
+                goto fail;
+        }
+        if (sync_dir && fsync(dfd) < 0)
+                return -errno;
+        return 0;
+fail:
+        (void) unlinkat(dfd, tmp, 0);
+        return r;
+}
+
+static int rm_rf_children(int dfd, dev_t dev, unsigned depth) {
+        DIR *d;
+        struct dirent *de;
+        int r = 0;
+
+        if (depth > 16) {
+                safe_close(dfd);
+                return -ELOOP;
+        }
+        d = fdopendir(dfd);
+        if (!d) {
+                r = -errno;
+                safe_close(dfd);
+                return r;
+        }
+        while ((errno = 0, de = readdir(d))) {
+                struct stat st;
+
+                if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
+                        continue;
+                if (fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
+                        if (errno != ENOENT && r == 0)
+                                r = -errno;
+                        continue;
+                }
+                if (S_ISDIR(st.st_mode)) {
+                        int cfd;
+
+                        if (st.st_dev != dev)
+                                continue; /* a mount point: leave it alone */
+                        cfd = openat(dirfd(d), de->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+                        if (cfd >= 0) {
+                                int k = rm_rf_children(cfd, dev, depth + 1);
+                                if (k < 0 && r == 0)
+                                        r = k;
+                        }
+                        if (unlinkat(dirfd(d), de->d_name, AT_REMOVEDIR) < 0 && errno != ENOENT && r == 0)
+                                r = -errno;
+                } else if (unlinkat(dirfd(d), de->d_name, 0) < 0 && errno != ENOENT && r == 0)
+                        r = -errno;
+        }
+        closedir(d);
+        return r;
+}
+
+int rm_rf(const char *path) {
+        struct stat st;
+        int fd, r;
+
+        if (lstat(path, &st) < 0)
+                return errno == ENOENT ? 0 : -errno;
+        if (!S_ISDIR(st.st_mode))
+                return unlink(path) < 0 && errno != ENOENT ? -errno : 0;
+        fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (fd < 0)
+                return -errno;
+        r = rm_rf_children(fd, st.st_dev, 0);
+        if (rmdir(path) < 0 && errno != ENOENT && r == 0)
+                r = -errno;
+        return r;
+}
+
+int read_small_file(const char *path, size_t max, char **ret, size_t *ret_len) {
+        _cleanup_close_ int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NOFOLLOW);
+        _cleanup_free_ char *buf = NULL;
+        size_t n = 0;
+
+        if (fd < 0)
+                return -errno;
+        buf = malloc(max + 1);
+        if (!buf)
+                return -ENOMEM;
+        for (;;) {
+                ssize_t k = read(fd, buf + n, max + 1 - n);
+                if (k < 0) {
+                        if (errno == EINTR)
+                                continue;
+                        return -errno;
+                }
+                if (k == 0)
+                        break;
+                n += (size_t) k;
+                if (n > max)
+                        return -EFBIG;
+        }
+        buf[n] = 0;
+        if (ret_len)
+                *ret_len = n;
+        *ret = TAKE_PTR(buf);
+        return 0;
+}

@@ -1,0 +1,226 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#include "image-dbus.h"
+#include "image.h"
+#include "macro.h"
+#include "polkit.h"
+
+static int property_get_created_at(sd_bus *bus, const char *path, const char *interface, const char *property,
+                                   sd_bus_message *reply, void *userdata, sd_bus_error *error) {
+        Image *i = userdata;
+        return sd_bus_message_append(reply, "t", (uint64_t) i->meta.created_at_unix);
+}
+
+static int property_get_generation(sd_bus *bus, const char *path, const char *interface, const char *property,
+                                   sd_bus_message *reply, void *userdata, sd_bus_error *error) {
+        Image *i = userdata;
+        return sd_bus_message_append(reply, "t", i->meta.generation);
+}
+
+static int property_get_memory_size(sd_bus *bus, const char *path, const char *interface, const char *property,
+                                    sd_bus_message *reply, void *userdata, sd_bus_error *error) {
+        Image *i = userdata;
+        return sd_bus_message_append(reply, "t", i->meta.mem_size);
+}
+
+static int property_get_parent_tag(sd_bus *bus, const char *path, const char *interface, const char *property,
+                                   sd_bus_message *reply, void *userdata, sd_bus_error *error) {
+        Image *i = userdata;
+        return sd_bus_message_append(reply, "s", i->meta.parent_tag);
+}
+
+static int property_get_status(sd_bus *bus, const char *path, const char *interface, const char *property,
+                               sd_bus_message *reply, void *userdata, sd_bus_error *error) {
+        return sd_bus_message_append(reply, "s", "ready");
+}
+
+int image_append_info(sd_bus_message *reply, Image *i, bool details) {
+        int r;
+
+        r = sd_bus_message_open_container(reply, 'a', "{sv}");
+        if (r < 0)
+                return r;
+        r = sd_bus_message_append(reply, "{sv}{sv}{sv}{sv}{sv}{sv}{sv}{sv}",
+                                  "tag", "s", i->tag,
+                                  "dir", "s", i->dir,
+                                  "created_at_unix", "t", (uint64_t) i->meta.created_at_unix,
+                                  "status", "s", "ready",
+                                  "mem_size", "t", i->meta.mem_size,
+                                  "disk_size", "t", i->meta.disk_size,
+                                  "generation", "t", i->meta.generation,
+                                  "guest", "s", i->meta.guest);
+        if (r < 0)
+                return r;
+        if (i->meta.parent_tag[0]) {
+                r = sd_bus_message_append(reply, "{sv}", "parent_tag", "s", i->meta.parent_tag);
+                if (r < 0)
+                        return r;
+        }
+        if (details) {
+                _cleanup_(strv_freep) char **deps = NULL;
+                struct image_sizes sz = {};
+
+                r = image_sizes(i, &sz);
+                if (r < 0)
+                        return r;
+                r = image_dependents(i->manager, i->tag, &deps);
+                if (r < 0)
+                        return r;
+                r = sd_bus_message_append(reply, "{sv}{sv}{sv}{sv}",
+                                          "memory_logical_bytes", "t", sz.memory_logical,
+                                          "memory_physical_bytes", "t", sz.memory_physical,
+                                          "vmstate_bytes", "t", sz.vmstate,
+                                          "chain_depth", "u", (uint32_t) (i->meta.parent_tag[0] ? 1 : 0));
+                if (r < 0)
+                        return r;
+                if (i->meta.parent_content_hash[0]) {
+                        r = sd_bus_message_append(reply, "{sv}", "parent_content_hash", "s",
+                                                  i->meta.parent_content_hash);
+                        if (r < 0)
+                                return r;
+                }
+                /* Chains land with the chain issue: the ancestors are the parent, if any. */
+                r = sd_bus_message_open_container(reply, 'e', "sv");
+                if (r >= 0)
+                        r = sd_bus_message_append(reply, "s", "ancestors");
+                if (r >= 0)
+                        r = sd_bus_message_open_container(reply, 'v', "as");
+                if (r >= 0) {
+                        if (i->meta.parent_tag[0])
+                                r = sd_bus_message_append(reply, "as", 1, i->meta.parent_tag);
+                        else
+                                r = sd_bus_message_append(reply, "as", 0);
+                }
+                if (r >= 0)
+                        r = sd_bus_message_close_container(reply);
+                if (r >= 0)
+                        r = sd_bus_message_close_container(reply);
+                if (r >= 0)
+                        r = sd_bus_message_open_container(reply, 'e', "sv");
+                if (r >= 0)
+                        r = sd_bus_message_append(reply, "s", "dependents");
+                if (r >= 0)
+                        r = sd_bus_message_open_container(reply, 'v', "as");
+                if (r >= 0)
+                        r = sd_bus_message_append_strv(reply, deps);
+                if (r >= 0)
+                        r = sd_bus_message_close_container(reply);
+                if (r >= 0)
+                        r = sd_bus_message_close_container(reply);
+                if (r < 0)
+                        return r;
+        }
+        return sd_bus_message_close_container(reply);
+}
+
+int image_object_find(sd_bus *bus, const char *path, const char *interface, void *userdata, void **found,
+                      sd_bus_error *error) {
+        _cleanup_free_ char *tag = NULL;
+        Manager *m = userdata;
+        Image *i;
+        int r;
+
+        r = sd_bus_path_decode(path, FORKD_SNAPSHOT_PREFIX, &tag);
+        if (r <= 0)
+                return 0;
+        i = hashmap_get(m->images, tag);
+        if (!i)
+                return 0;
+        *found = i;
+        return 1;
+}
+
+int image_node_enumerator(sd_bus *bus, const char *path, void *userdata, char ***nodes, sd_bus_error *error) {
+        Manager *m = userdata;
+        HashmapIter it = {};
+        size_t n = 0;
+        char **l;
+        void *v;
+
+        l = calloc(hashmap_size(m->images) + 1, sizeof(char *));
+        if (!l)
+                return -ENOMEM;
+        while (hashmap_iterate(m->images, &it, &v)) {
+                if (image_object_path(((Image *) v)->tag, &l[n]) < 0) {
+                        strv_free(l);
+                        return -ENOMEM;
+                }
+                n++;
+        }
+        *nodes = l;
+        return 1;
+}
+
+void image_send_signal(Manager *m, const char *tag, bool new) {
+        _cleanup_free_ char *p = NULL;
+
+        if (!m->bus || image_object_path(tag, &p) < 0)
+                return;
+        (void) sd_bus_emit_signal(m->bus, FORKD_MANAGER_PATH, FORKD_BUS_NAME, new ? "SnapshotNew" : "SnapshotRemoved",
+                                  "so", tag, p);
+}
+
+int bus_image_method_delete(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        _cleanup_(strv_freep) char **deps = NULL;
+        _cleanup_free_ char *tag = NULL;
+        Image *i = userdata;
+        Manager *m = i->manager;
+        int cascade, force, r;
+
+        r = sd_bus_message_read(message, "bb", &cascade, &force);
+        if (r < 0)
+                return r;
+        if (cascade && force)
+                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "cascade and force exclude each other.");
+
+        r = bus_verify_polkit_async(message, "org.forkd.manage-snapshots",
+                                    (const char *[]) { "snapshot", i->tag, "verb", "delete", NULL },
+                                    &m->polkit_registry, error);
+        if (r < 0)
+                return r;
+        if (r == 0)
+                return 1;
+
+        if (i->n_users > 0)
+                return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "A fork of snapshot %s is in progress.", i->tag);
+        r = image_dependents(m, i->tag, &deps);
+        if (r < 0)
+                return r;
+        if (r > 0 && !cascade && !force)
+                return sd_bus_error_setf(error, FORKD_ERROR_HAS_DEPENDENTS,
+                                         "Snapshot %s has %d dependent snapshot(s), e.g. %s.", i->tag, r, deps[0]);
+        if (r > 0)
+                return sd_bus_error_setf(error, FORKD_ERROR_NOT_SUPPORTED,
+                                         "Deleting snapshot chains (cascade, force) is not implemented yet.");
+
+        tag = strdup(i->tag);
+        if (!tag)
+                return -ENOMEM;
+        r = image_delete(i);
+        if (r < 0)
+                return sd_bus_error_set_errnof(error, r, "Failed to delete snapshot %s: %m", tag);
+        log_info("Snapshot %s deleted.", tag);
+        image_send_signal(m, tag, false);
+        return sd_bus_reply_method_return(message, NULL);
+}
+
+static int object_delete(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        /* Dispatched again after polkit answers: read from the start. */
+        int r = sd_bus_message_rewind(message, true);
+        if (r < 0)
+                return r;
+        return bus_image_method_delete(message, userdata, error);
+}
+
+const sd_bus_vtable image_vtable[] = {
+        SD_BUS_VTABLE_START(0),
+        SD_BUS_PROPERTY("Tag", "s", NULL, offsetof(Image, tag), SD_BUS_VTABLE_PROPERTY_CONST),
+        SD_BUS_PROPERTY("Directory", "s", NULL, offsetof(Image, dir), SD_BUS_VTABLE_PROPERTY_CONST),
+        SD_BUS_PROPERTY("CreatedAt", "t", property_get_created_at, 0, SD_BUS_VTABLE_PROPERTY_CONST),
+        SD_BUS_PROPERTY("Generation", "t", property_get_generation, 0, SD_BUS_VTABLE_PROPERTY_CONST),
+        SD_BUS_PROPERTY("MemorySize", "t", property_get_memory_size, 0, SD_BUS_VTABLE_PROPERTY_CONST),
+        SD_BUS_PROPERTY("ParentTag", "s", property_get_parent_tag, 0, SD_BUS_VTABLE_PROPERTY_CONST),
+        SD_BUS_PROPERTY("Status", "s", property_get_status, 0, SD_BUS_VTABLE_PROPERTY_CONST),
+        SD_BUS_METHOD_WITH_ARGS("Delete", SD_BUS_ARGS("b", cascade, "b", force), SD_BUS_NO_RESULT,
+                                object_delete, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_VTABLE_END,
+};

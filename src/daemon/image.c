@@ -1,0 +1,292 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#include <fcntl.h>
+#include <stdarg.h>
+#include <sys/stat.h>
+
+#include <json-c/json.h>
+
+#include "agent-proto.h"
+#include "fs-util.h"
+#include "image.h"
+#include "macro.h"
+#include "vm-template.h"
+#include "vmm-client.h"
+
+char **strv_free(char **l) {
+        if (!l)
+                return NULL;
+        for (char **p = l; *p; p++)
+                free(*p);
+        free(l);
+        return NULL;
+}
+
+int image_object_path(const char *tag, char **ret) {
+        return sd_bus_path_encode(FORKD_SNAPSHOT_PREFIX, tag, ret);
+}
+
+static int check_file(int dfd, const char *name, uint64_t *ret_size) {
+        struct stat st;
+
+        if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+                return -errno;
+        if (!S_ISREG(st.st_mode))
+                return -EBADF;
+        if (ret_size)
+                *ret_size = (uint64_t) st.st_size;
+        return 0;
+}
+
+int image_load(Manager *m, const char *tag, Image **ret, const char **ret_reason) {
+        _cleanup_free_ char *dir = NULL, *meta_path = NULL;
+        _cleanup_close_ int dfd = -EBADF;
+        struct snapshot_meta meta;
+        const char *reason = NULL;
+        uint64_t size = 0;
+        Image *i;
+        int r;
+
+        if (!snapshot_tag_is_valid(tag)) {
+                reason = "not a valid tag";
+                r = -EINVAL;
+                goto refuse;
+        }
+        if (hashmap_get(m->images, tag))
+                return -EEXIST;
+        if (asprintf(&dir, "%s/%s", m->snapshots_dir, tag) < 0 || asprintf(&meta_path, "%s/snapshot.json", dir) < 0)
+                return -ENOMEM;
+        dfd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (dfd < 0) {
+                r = -errno;
+                reason = "cannot open the directory";
+                goto refuse;
+        }
+        r = snapshot_meta_read_file(meta_path, &meta, &reason);
+        if (r < 0) {
+                reason = reason ?: "cannot read snapshot.json";
+                goto refuse;
+        }
+        if (strcmp(meta.tag, tag) != 0) {
+                r = -EINVAL;
+                reason = "snapshot.json names another tag";
+                goto refuse;
+        }
+        r = check_file(dfd, meta.memory_file, &size);
+        if (r >= 0 && size != meta.mem_size)
+                r = -EINVAL;
+        if (r < 0) {
+                reason = "the memory file is missing or has the wrong size";
+                goto refuse;
+        }
+        r = check_file(dfd, meta.vmstate_file, NULL);
+        if (r < 0) {
+                reason = "the vmstate file is missing";
+                goto refuse;
+        }
+        r = check_file(dfd, meta.disk_file, &size);
+        if (r >= 0 && size != meta.disk_size)
+                r = -EINVAL;
+        if (r < 0) {
+                reason = "the disk file is missing or has the wrong size";
+                goto refuse;
+        }
+
+        i = calloc(1, sizeof(*i));
+        if (!i)
+                return -ENOMEM;
+        i->manager = m;
+        i->meta = meta;
+        i->dir = TAKE_PTR(dir);
+        i->tag = strdup(tag);
+        if (!i->tag) {
+                free(i->dir);
+                free(i);
+                return -ENOMEM;
+        }
+        r = hashmap_put(m->images, i->tag, i);
+        if (r < 0) {
+                free(i->tag);
+                free(i->dir);
+                free(i);
+                return r;
+        }
+        if (ret)
+                *ret = i;
+        return 0;
+refuse:
+        if (ret_reason)
+                *ret_reason = reason ?: "invalid";
+        return r;
+}
+
+Image *image_free(Image *i) {
+        if (!i)
+                return NULL;
+        hashmap_remove(i->manager->images, i->tag);
+        if (i->template)
+                vm_template_detach_image(i->template);
+        free(i->tag);
+        free(i->dir);
+        free(i);
+        return NULL;
+}
+
+int image_delete(Image *i) {
+        _cleanup_free_ char *trash = NULL;
+        char rnd[9];
+        int r;
+
+        random_hex(rnd, 8);
+        if (asprintf(&trash, "%s/.deleted-%s.%s", i->manager->snapshots_dir, i->tag, rnd) < 0)
+                return -ENOMEM;
+        /* After the rename the tag is gone for good, whatever happens to the removal. */
+        if (rename(i->dir, trash) < 0)
+                return -errno;
+        (void) fsync_path(i->manager->snapshots_dir);
+        r = rm_rf(trash);
+        if (r < 0)
+                log_warning_errno(r, "Failed to remove %s, the next start retries: %m", trash);
+        image_free(i);
+        return 0;
+}
+
+int image_dependents(Manager *m, const char *tag, char ***ret) {
+        HashmapIter it = {};
+        char **l = NULL;
+        size_t n = 0;
+        void *v;
+
+        l = calloc(1, sizeof(char *));
+        if (!l)
+                return -ENOMEM;
+        while (hashmap_iterate(m->images, &it, &v)) {
+                Image *i = v;
+                char **nl;
+
+                if (strcmp(i->meta.parent_tag, tag) != 0)
+                        continue;
+                nl = realloc(l, (n + 2) * sizeof(char *));
+                if (!nl)
+                        goto oom;
+                l = nl;
+                l[n] = strdup(i->tag);
+                if (!l[n])
+                        goto oom;
+                l[++n] = NULL;
+        }
+        *ret = l;
+        return (int) n;
+oom:
+        strv_free(l);
+        return -ENOMEM;
+}
+
+int image_sizes(Image *i, struct image_sizes *ret) {
+        _cleanup_close_ int dfd = open(i->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        struct stat st;
+
+        if (dfd < 0)
+                return -errno;
+        if (fstatat(dfd, i->meta.memory_file, &st, AT_SYMLINK_NOFOLLOW) < 0)
+                return -errno;
+        ret->memory_logical = (uint64_t) st.st_size;
+        ret->memory_physical = (uint64_t) st.st_blocks * 512u;
+        if (fstatat(dfd, i->meta.vmstate_file, &st, AT_SYMLINK_NOFOLLOW) < 0)
+                return -errno;
+        ret->vmstate = (uint64_t) st.st_size;
+        return 0;
+}
+
+/* ---- creation (worker thread) ---- */
+
+ImageCreate *image_create_free(ImageCreate *c) {
+        if (!c)
+                return NULL;
+        free(c->vmm_path);
+        free(c->tag);
+        free(c->kernel);
+        free(c->rootfs);
+        free(c->dir);
+        free(c->overlay_dir);
+        free(c->console_log);
+        free(c->error);
+        free(c);
+        return NULL;
+}
+
+static int set_error(ImageCreate *c, int r, const char *fmt, ...) _printf_(3, 4);
+static int set_error(ImageCreate *c, int r, const char *fmt, ...) {
+        va_list ap;
+
+        free(c->error);
+        c->error = NULL;
+        va_start(ap, fmt);
+        if (vasprintf(&c->error, fmt, ap) < 0)
+                c->error = NULL;
+        va_end(ap);
+        return r;
+}
+
+int image_create_work(void *userdata) {
+        ImageCreate *c = userdata;
+        struct vmm_boot_args a = {
+                .vmm_path = c->vmm_path,
+                .kernel = c->kernel,
+                .disk = c->rootfs,
+                .mem_mib = c->mem_mib,
+                .id = c->tag,
+                .console_log = c->console_log,
+                .overlay_dir = c->overlay_dir,
+        };
+        struct vmm_proc p = { .pid = 0, .control_fd = -EBADF, .agent_fd = -EBADF };
+        _cleanup_free_ char *reply = NULL;
+        struct json_object *req = NULL, *o = NULL, *e;
+        uint16_t type = 0;
+        int r;
+
+        if (c->console_log)
+                (void) unlink(c->console_log); /* forkd-vmm appends */
+
+        r = vmm_client_boot(&a, &p);
+        if (r < 0)
+                return set_error(c, r, "Failed to start %s: %s", c->vmm_path, strerror(-r));
+
+        r = fka_call(p.agent_fd, "{\"op\":\"ping\"}", (uint64_t) c->boot_wait_secs * 1000000u, NULL, &type);
+        if (r == -ETIMEDOUT) {
+                set_error(c, r, "The guest's agent did not answer within %us (console: %s)", c->boot_wait_secs,
+                          c->console_log ?: "none");
+                goto finish;
+        }
+        if (r < 0 || type != FKA_RESPONSE) {
+                set_error(c, r < 0 ? r : -EPROTO, "The VM did not come up: %s (console: %s)",
+                          r < 0 ? strerror(-r) : "the agent refused ping", c->console_log ?: "none");
+                r = r < 0 ? r : -EPROTO;
+                goto finish;
+        }
+
+        req = json_object_new_object();
+        if (!req) {
+                r = -ENOMEM;
+                goto finish;
+        }
+        json_object_object_add(req, "op", json_object_new_string("snapshot"));
+        json_object_object_add(req, "dir", json_object_new_string(c->dir));
+        json_object_object_add(req, "tag", json_object_new_string(c->tag));
+        r = vmm_client_control(p.control_fd, json_object_to_json_string_ext(req, JSON_C_TO_STRING_PLAIN),
+                               300 * 1000000ull, &reply);
+        if (r < 0) {
+                const char *why = NULL;
+
+                if (reply) {
+                        o = json_tokener_parse(reply);
+                        if (o && json_object_object_get_ex(o, "error", &e) && json_object_is_type(e, json_type_string))
+                                why = json_object_get_string(e);
+                }
+                set_error(c, r, "The VMM could not write the snapshot: %s", why ?: strerror(-r));
+        }
+finish:
+        json_object_put(req);
+        json_object_put(o);
+        vmm_proc_stop(&p, 2 * 1000000ull);
+        return r;
+}

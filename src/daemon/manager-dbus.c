@@ -1,0 +1,600 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#include <sys/stat.h>
+
+#include "cgroup.h"
+#include "fork-op.h"
+#include "fs-util.h"
+#include "image-dbus.h"
+#include "image.h"
+#include "macro.h"
+#include "manager-dbus.h"
+#include "operation.h"
+#include "polkit.h"
+#include "sandbox-dbus.h"
+#include "sandbox.h"
+#include "snapshot-meta.h"
+#include "worker.h"
+
+/* ---- properties ---- */
+
+static int property_get_version(sd_bus *bus, const char *path, const char *interface, const char *property,
+                                sd_bus_message *reply, void *userdata, sd_bus_error *error) {
+        return sd_bus_message_append(reply, "s", FORKD_VERSION);
+}
+
+static int property_get_state_dir(sd_bus *bus, const char *path, const char *interface, const char *property,
+                                  sd_bus_message *reply, void *userdata, sd_bus_error *error) {
+        Manager *m = userdata;
+        return sd_bus_message_append(reply, "s", m->state_dir);
+}
+
+static int property_get_snapshot_count(sd_bus *bus, const char *path, const char *interface, const char *property,
+                                       sd_bus_message *reply, void *userdata, sd_bus_error *error) {
+        Manager *m = userdata;
+        return sd_bus_message_append(reply, "u", (uint32_t) hashmap_size(m->images));
+}
+
+static int property_get_sandbox_count(sd_bus *bus, const char *path, const char *interface, const char *property,
+                                      sd_bus_message *reply, void *userdata, sd_bus_error *error) {
+        Manager *m = userdata;
+        return sd_bus_message_append(reply, "u", (uint32_t) manager_n_visible_sandboxes(m));
+}
+
+/* ---- lookups with precise errors ---- */
+
+static int get_image(Manager *m, const char *tag, Image **ret, sd_bus_error *error) {
+        Image *i;
+
+        if (!snapshot_tag_is_valid(tag))
+                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
+                                         "Invalid snapshot tag \"%.64s\": it must match ^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$.",
+                                         tag);
+        i = hashmap_get(m->images, tag);
+        if (!i)
+                return sd_bus_error_setf(error, FORKD_ERROR_NO_SUCH_SNAPSHOT, "No snapshot with tag %s.", tag);
+        *ret = i;
+        return 0;
+}
+
+static int get_sandbox(Manager *m, const char *id, Sandbox **ret, sd_bus_error *error) {
+        Sandbox *s;
+
+        if (!snapshot_tag_is_valid(id))
+                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "Invalid sandbox id \"%.64s\".", id);
+        s = hashmap_get(m->sandboxes, id);
+        if (!s || !sandbox_is_visible(s))
+                return sd_bus_error_setf(error, FORKD_ERROR_NO_SUCH_SANDBOX, "No sandbox with id %s.", id);
+        *ret = s;
+        return 0;
+}
+
+/* ---- snapshots ---- */
+
+static int check_file_arg(const char *what, const char *path, sd_bus_error *error) {
+        struct stat st;
+
+        if (path[0] != '/' || strlen(path) >= PATH_ARG_MAX)
+                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "%s must be an absolute path.", what);
+        if (stat(path, &st) < 0)
+                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "%s %s: %s.", what, path, strerror(errno));
+        if (!S_ISREG(st.st_mode))
+                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "%s %s is not a regular file.", what, path);
+        return 0;
+}
+
+static int create_work(void *userdata) {
+        Operation *o = userdata;
+        /* Worker thread: only o->create, which nobody else touches meanwhile. */
+        return image_create_work(o->create);
+}
+
+static void create_done(int r, void *userdata) {
+        Operation *o = userdata;
+        Manager *m = o->manager;
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
+        const char *reason = NULL;
+        Image *i = NULL;
+
+        if (r >= 0) {
+                r = image_load(m, o->tag, &i, &reason);
+                if (r < 0) {
+                        log_error_errno(r, "The new snapshot %s does not load: %s", o->tag, reason ?: "?");
+                        (void) rm_rf(o->create->dir);
+                        (void) sd_bus_reply_method_errorf(o->message, FORKD_ERROR_FAILED,
+                                                          "The new snapshot does not load: %s", reason ?: strerror(-r));
+                        operation_free(o);
+                        return;
+                }
+        } else {
+                log_error_errno(r, "Creating snapshot %s failed: %s", o->tag, o->create->error ?: strerror(-r));
+                (void) sd_bus_reply_method_errorf(o->message, FORKD_ERROR_FAILED, "%s",
+                                                  o->create->error ?: strerror(-r));
+                operation_free(o);
+                return;
+        }
+
+        log_info("Snapshot %s created.", i->tag);
+        image_send_signal(m, i->tag, true);
+        r = sd_bus_message_new_method_return(o->message, &reply);
+        if (r >= 0)
+                r = image_append_info(reply, i, false);
+        if (r >= 0)
+                r = sd_bus_send(NULL, reply, NULL);
+        if (r < 0)
+                (void) sd_bus_reply_method_errno(o->message, r, NULL);
+        operation_free(o);
+}
+
+static int method_create_snapshot(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        Manager *m = userdata;
+        const char *tag, *kernel, *rootfs;
+        uint32_t mem_mib, boot_wait;
+        Operation *o = NULL;
+        ImageCreate *c;
+        struct stat st;
+        char dir[4096];
+        int r;
+
+        r = sd_bus_message_rewind(message, true); /* polkit may dispatch it twice */
+        if (r < 0)
+                return r;
+        r = sd_bus_message_read(message, "sssuu", &tag, &kernel, &rootfs, &mem_mib, &boot_wait);
+        if (r < 0)
+                return r;
+        if (!snapshot_tag_is_valid(tag))
+                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
+                                         "Invalid snapshot tag \"%.64s\": it must match ^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$.",
+                                         tag);
+        r = check_file_arg("kernel", kernel, error);
+        if (r < 0)
+                return r;
+        r = check_file_arg("rootfs", rootfs, error);
+        if (r < 0)
+                return r;
+        if (mem_mib != 0 && (mem_mib < 16 || mem_mib > MEM_MIB_MAX || mem_mib % 2 != 0))
+                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
+                                         "mem_mib must be 0 (default) or an even number from 16 to %u.", MEM_MIB_MAX);
+        if (boot_wait < 1 || boot_wait > BOOT_WAIT_MAX)
+                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "boot_wait_secs must be from 1 to %u.",
+                                         BOOT_WAIT_MAX);
+
+        r = bus_verify_polkit_async(message, "org.forkd.manage-snapshots",
+                                    (const char *[]) { "snapshot", tag, "verb", "create", NULL }, &m->polkit_registry,
+                                    error);
+        if (r < 0)
+                return r;
+        if (r == 0)
+                return 1;
+
+        if (m->exiting)
+                return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "forkd is shutting down.");
+        snprintf(dir, sizeof(dir), "%s/%s", m->snapshots_dir, tag);
+        if (hashmap_get(m->images, tag) || hashmap_get(m->creating, tag))
+                return sd_bus_error_setf(error, FORKD_ERROR_SNAPSHOT_EXISTS, "Snapshot %s exists already.", tag);
+        if (lstat(dir, &st) >= 0)
+                return sd_bus_error_setf(error, FORKD_ERROR_SNAPSHOT_EXISTS,
+                                         "%s exists on disk (a snapshot that failed to load?); remove it first.", dir);
+        if (hashmap_size(m->images) + hashmap_size(m->creating) >= SNAPSHOTS_MAX)
+                return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "At most %u snapshots.", SNAPSHOTS_MAX);
+
+        r = operation_new(m, message, &o);
+        if (r == -EBUSY)
+                return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "%u operations are running; retry later.",
+                                         m->max_operations);
+        if (r < 0)
+                return r;
+
+        c = calloc(1, sizeof(*c));
+        if (!c) {
+                operation_free(o);
+                return -ENOMEM;
+        }
+        o->create = c;
+        c->mem_mib = mem_mib;
+        c->boot_wait_secs = boot_wait;
+        c->vmm_path = strdup(m->vmm_path);
+        c->tag = strdup(tag);
+        c->kernel = strdup(kernel);
+        c->rootfs = strdup(rootfs);
+        c->dir = strdup(dir);
+        c->overlay_dir = strdup(m->overlay_dir);
+        o->tag = strdup(tag);
+        if (asprintf(&c->console_log, "%s/%s.boot.log", m->log_dir, tag) < 0)
+                c->console_log = NULL;
+        if (!c->vmm_path || !c->tag || !c->kernel || !c->rootfs || !c->dir || !c->overlay_dir || !c->console_log ||
+            !o->tag) {
+                operation_free(o);
+                return -ENOMEM;
+        }
+        r = hashmap_put(m->creating, o->tag, o);
+        if (r < 0) {
+                free(o->tag);
+                o->tag = NULL;
+                operation_free(o);
+                return r;
+        }
+        r = worker_pool_submit(m->workers, create_work, create_done, o);
+        if (r < 0) {
+                operation_free(o);
+                return r;
+        }
+        log_info("Creating snapshot %s from %s.", tag, kernel);
+        return 1;
+}
+
+static int method_list_snapshots(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
+        Manager *m = userdata;
+        HashmapIter it = {};
+        void *v;
+        int r;
+
+        r = sd_bus_message_new_method_return(message, &reply);
+        if (r < 0)
+                return r;
+        r = sd_bus_message_open_container(reply, 'a', "a{sv}");
+        if (r < 0)
+                return r;
+        while (hashmap_iterate(m->images, &it, &v)) {
+                r = image_append_info(reply, v, false);
+                if (r < 0)
+                        return r;
+        }
+        r = sd_bus_message_close_container(reply);
+        if (r < 0)
+                return r;
+        return sd_bus_send(NULL, reply, NULL);
+}
+
+static int method_get_snapshot_info(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
+        Manager *m = userdata;
+        const char *tag;
+        Image *i;
+        int r;
+
+        r = sd_bus_message_rewind(message, true); /* polkit may dispatch it twice */
+        if (r < 0)
+                return r;
+        r = sd_bus_message_read(message, "s", &tag);
+        if (r < 0)
+                return r;
+        r = get_image(m, tag, &i, error);
+        if (r < 0)
+                return r;
+        r = sd_bus_message_new_method_return(message, &reply);
+        if (r < 0)
+                return r;
+        r = image_append_info(reply, i, true);
+        if (r < 0)
+                return sd_bus_error_set_errnof(error, r, "Failed to inspect snapshot %s: %m", tag);
+        return sd_bus_send(NULL, reply, NULL);
+}
+
+static int method_delete_snapshot(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        Manager *m = userdata;
+        const char *tag;
+        Image *i;
+        int r;
+
+        r = sd_bus_message_rewind(message, true); /* polkit may dispatch it twice */
+        if (r < 0)
+                return r;
+        r = sd_bus_message_read(message, "s", &tag);
+        if (r < 0)
+                return r;
+        r = get_image(m, tag, &i, error);
+        if (r < 0)
+                return r;
+        return bus_image_method_delete(message, i, error);
+}
+
+/* ---- sandboxes ---- */
+
+static int parse_fork_options(sd_bus_message *message, struct fork_options *o, sd_bus_error *error) {
+        int r;
+
+        r = sd_bus_message_enter_container(message, 'a', "{sv}");
+        if (r < 0)
+                return r;
+        for (;;) {
+                const char *key, *type = NULL;
+
+                r = sd_bus_message_enter_container(message, 'e', "sv");
+                if (r < 0)
+                        return r;
+                if (r == 0)
+                        break;
+                r = sd_bus_message_read(message, "s", &key);
+                if (r < 0)
+                        return r;
+                if (strcmp(key, "per_child_netns") == 0 || strcmp(key, "live_fork") == 0)
+                        type = "b";
+                else if (strcmp(key, "memory_limit_mib") == 0)
+                        type = "u";
+                else
+                        return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
+                                                 "Unknown fork option \"%.64s\" (known: per_child_netns, "
+                                                 "memory_limit_mib, live_fork).", key);
+                r = sd_bus_message_enter_container(message, 'v', type);
+                if (r < 0)
+                        return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "Fork option %s must be of type %s.",
+                                                 key, type);
+                if (type[0] == 'b') {
+                        int b;
+                        r = sd_bus_message_read(message, "b", &b);
+                        if (r < 0)
+                                return r;
+                        if (key[0] == 'p')
+                                o->per_child_netns = b;
+                        else
+                                o->live_fork = b;
+                } else {
+                        r = sd_bus_message_read(message, "u", &o->memory_limit_mib);
+                        if (r < 0)
+                                return r;
+                        if (o->memory_limit_mib < MEMORY_LIMIT_MIB_MIN || o->memory_limit_mib > MEMORY_LIMIT_MIB_MAX)
+                                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
+                                                         "memory_limit_mib must be from %u to %u.",
+                                                         MEMORY_LIMIT_MIB_MIN, MEMORY_LIMIT_MIB_MAX);
+                }
+                r = sd_bus_message_exit_container(message);
+                if (r < 0)
+                        return r;
+                r = sd_bus_message_exit_container(message);
+                if (r < 0)
+                        return r;
+        }
+        return sd_bus_message_exit_container(message);
+}
+
+static void fork_done(ForkOp *f, int r, const char *error_name, const char *error_message, void *userdata) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
+        Operation *o = userdata;
+        Manager *m = o->manager;
+
+        if (r < 0) {
+                (void) sd_bus_reply_method_errorf(o->message, error_name ?: FORKD_ERROR_FAILED, "%s",
+                                                  error_message ?: strerror(-r));
+                operation_free(o);
+                return;
+        }
+        r = sd_bus_message_new_method_return(o->message, &reply);
+        if (r >= 0)
+                r = sd_bus_message_open_container(reply, 'a', "a{sv}");
+        for (unsigned i = 0; r >= 0 && i < f->n; i++)
+                r = sandbox_append_info(reply, hashmap_get(m->sandboxes, f->ids[i]));
+        if (r >= 0)
+                r = sd_bus_message_close_container(reply);
+        if (r >= 0)
+                r = sd_bus_send(NULL, reply, NULL);
+        if (r < 0)
+                (void) sd_bus_reply_method_errno(o->message, r, NULL);
+        operation_free(o);
+}
+
+static int method_fork(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        struct fork_options opts = {};
+        Manager *m = userdata;
+        const char *tag;
+        Operation *o = NULL;
+        uint32_t n;
+        Image *i;
+        int r;
+
+        r = sd_bus_message_rewind(message, true); /* polkit may dispatch it twice */
+        if (r < 0)
+                return r;
+        r = sd_bus_message_read(message, "su", &tag, &n);
+        if (r < 0)
+                return r;
+        r = parse_fork_options(message, &opts, error);
+        if (r < 0)
+                return r;
+        if (!snapshot_tag_is_valid(tag))
+                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
+                                         "Invalid snapshot tag \"%.64s\": it must match ^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$.",
+                                         tag);
+        if (n < 1 || n > FORK_N_MAX)
+                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "n must be from 1 to %u, not %u.",
+                                         FORK_N_MAX, n);
+        if (opts.per_child_netns)
+                for (uint32_t k = 1; k <= n; k++) {
+                        char path[64];
+                        snprintf(path, sizeof(path), "/run/netns/forkd-child-%u", k);
+                        if (access(path, F_OK) < 0)
+                                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
+                                                         "per_child_netns needs the network namespaces forkd-child-1 "
+                                                         "to forkd-child-%u under /run/netns; %s is missing.",
+                                                         n, path);
+                }
+        if (opts.memory_limit_mib > 0 && !cgroup_manager_supported(m->cgroups))
+                return sd_bus_error_setf(error, FORKD_ERROR_NOT_SUPPORTED,
+                                         "Memory limits are not available on this host (no usable cgroup backend).");
+        r = get_image(m, tag, &i, error);
+        if (r < 0)
+                return r;
+
+        r = bus_verify_polkit_async(message, "org.forkd.fork",
+                                    (const char *[]) { "snapshot", tag, "verb", "fork", NULL }, &m->polkit_registry,
+                                    error);
+        if (r < 0)
+                return r;
+        if (r == 0)
+                return 1;
+
+        if (m->exiting)
+                return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "forkd is shutting down.");
+        r = operation_new(m, message, &o);
+        if (r == -EBUSY)
+                return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "%u operations are running; retry later.",
+                                         m->max_operations);
+        if (r < 0)
+                return r;
+        r = fork_op_start(m, i, n, &opts, fork_done, o, &o->fork);
+        if (r < 0) {
+                operation_free(o);
+                if (r == -EUSERS)
+                        return sd_bus_error_setf(error, FORKD_ERROR_BUSY,
+                                                 "At most %u sandboxes may exist at once.", SANDBOXES_MAX);
+                if (r == -EOPNOTSUPP)
+                        return sd_bus_error_setf(error, FORKD_ERROR_NOT_SUPPORTED, "Memory limits are not available.");
+                return sd_bus_error_set_errnof(error, r, "Failed to start the fork: %m");
+        }
+        log_info("Forking %u sandbox(es) of %s.", n, tag);
+        return 1;
+}
+
+static int method_list_sandboxes(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
+        Manager *m = userdata;
+        HashmapIter it = {};
+        void *v;
+        int r;
+
+        r = sd_bus_message_new_method_return(message, &reply);
+        if (r < 0)
+                return r;
+        r = sd_bus_message_open_container(reply, 'a', "a{sv}");
+        if (r < 0)
+                return r;
+        while (hashmap_iterate(m->sandboxes, &it, &v)) {
+                if (!sandbox_is_visible(v))
+                        continue;
+                r = sandbox_append_info(reply, v);
+                if (r < 0)
+                        return r;
+        }
+        r = sd_bus_message_close_container(reply);
+        if (r < 0)
+                return r;
+        return sd_bus_send(NULL, reply, NULL);
+}
+
+static int method_get_sandbox(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
+        Manager *m = userdata;
+        const char *id;
+        Sandbox *s;
+        int r;
+
+        r = sd_bus_message_rewind(message, true); /* polkit may dispatch it twice */
+        if (r < 0)
+                return r;
+        r = sd_bus_message_read(message, "s", &id);
+        if (r < 0)
+                return r;
+        r = get_sandbox(m, id, &s, error);
+        if (r < 0)
+                return r;
+        r = sd_bus_message_new_method_return(message, &reply);
+        if (r < 0)
+                return r;
+        r = sandbox_append_info(reply, s);
+        if (r < 0)
+                return r;
+        return sd_bus_send(NULL, reply, NULL);
+}
+
+/* Manager methods taking an id: look the sandbox up and hand over to its
+ * object's handler, so that each verb has one authorization path. */
+static int forward_to_sandbox(sd_bus_message *message, Manager *m, sd_bus_message_handler_t handler,
+                              sd_bus_error *error) {
+        const char *id;
+        Sandbox *s;
+        int r;
+
+        r = sd_bus_message_rewind(message, true); /* polkit may dispatch it twice */
+        if (r < 0)
+                return r;
+        r = sd_bus_message_read(message, "s", &id);
+        if (r < 0)
+                return r;
+        r = get_sandbox(m, id, &s, error);
+        if (r < 0)
+                return r;
+        return handler(message, s, error);
+}
+
+static int method_terminate_sandbox(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        return forward_to_sandbox(message, userdata, bus_sandbox_method_terminate, error);
+}
+
+static int method_ping(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        return forward_to_sandbox(message, userdata, bus_sandbox_method_ping, error);
+}
+
+static int method_exec(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        return forward_to_sandbox(message, userdata, bus_sandbox_method_exec, error);
+}
+
+static int method_eval(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        return forward_to_sandbox(message, userdata, bus_sandbox_method_eval, error);
+}
+
+static int method_run_code(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        return forward_to_sandbox(message, userdata, bus_sandbox_method_run_code, error);
+}
+
+const sd_bus_vtable manager_vtable[] = {
+        SD_BUS_VTABLE_START(0),
+        SD_BUS_PROPERTY("Version", "s", property_get_version, 0, SD_BUS_VTABLE_PROPERTY_CONST),
+        SD_BUS_PROPERTY("StateDirectory", "s", property_get_state_dir, 0, SD_BUS_VTABLE_PROPERTY_CONST),
+        SD_BUS_PROPERTY("SnapshotCount", "u", property_get_snapshot_count, 0, 0),
+        SD_BUS_PROPERTY("SandboxCount", "u", property_get_sandbox_count, 0, 0),
+
+        SD_BUS_METHOD_WITH_ARGS("CreateSnapshot",
+                                SD_BUS_ARGS("s", tag, "s", kernel, "s", rootfs, "u", mem_mib, "u", boot_wait_secs),
+                                SD_BUS_RESULT("a{sv}", info), method_create_snapshot, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("ListSnapshots", SD_BUS_NO_ARGS, SD_BUS_RESULT("aa{sv}", snapshots),
+                                method_list_snapshots, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("GetSnapshotInfo", SD_BUS_ARGS("s", tag), SD_BUS_RESULT("a{sv}", info),
+                                method_get_snapshot_info, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("DeleteSnapshot", SD_BUS_ARGS("s", tag, "b", cascade, "b", force), SD_BUS_NO_RESULT,
+                                method_delete_snapshot, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("Fork", SD_BUS_ARGS("s", snapshot_tag, "u", n, "a{sv}", options),
+                                SD_BUS_RESULT("aa{sv}", sandboxes), method_fork, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("ListSandboxes", SD_BUS_NO_ARGS, SD_BUS_RESULT("aa{sv}", sandboxes),
+                                method_list_sandboxes, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("GetSandbox", SD_BUS_ARGS("s", id), SD_BUS_RESULT("a{sv}", info), method_get_sandbox,
+                                SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("TerminateSandbox", SD_BUS_ARGS("s", id), SD_BUS_NO_RESULT, method_terminate_sandbox,
+                                SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("Ping", SD_BUS_ARGS("s", id), SD_BUS_RESULT("s", result_json), method_ping,
+                                SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("Exec", SD_BUS_ARGS("s", id, "as", args, "u", timeout_secs),
+                                SD_BUS_RESULT("s", result_json), method_exec, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("Eval", SD_BUS_ARGS("s", id, "s", code), SD_BUS_RESULT("s", result_json), method_eval,
+                                SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("RunCode", SD_BUS_ARGS("s", id, "s", code), SD_BUS_RESULT("s", result_json),
+                                method_run_code, SD_BUS_VTABLE_UNPRIVILEGED),
+
+        SD_BUS_SIGNAL_WITH_ARGS("SnapshotNew", SD_BUS_ARGS("s", tag, "o", object), 0),
+        SD_BUS_SIGNAL_WITH_ARGS("SnapshotRemoved", SD_BUS_ARGS("s", tag, "o", object), 0),
+        SD_BUS_SIGNAL_WITH_ARGS("SandboxNew", SD_BUS_ARGS("s", id, "o", object), 0),
+        SD_BUS_SIGNAL_WITH_ARGS("SandboxRemoved", SD_BUS_ARGS("s", id, "o", object, "s", reason), 0),
+        SD_BUS_VTABLE_END,
+};
+
+int manager_add_bus_objects(Manager *m) {
+        int r;
+
+        r = sd_bus_add_object_vtable(m->bus, NULL, FORKD_MANAGER_PATH, FORKD_BUS_NAME, manager_vtable, m);
+        if (r < 0)
+                return log_error_errno(r, "Failed to add the manager object: %m");
+        r = sd_bus_add_fallback_vtable(m->bus, NULL, FORKD_SNAPSHOT_PREFIX, "org.forkd.Snapshot", image_vtable,
+                                       image_object_find, m);
+        if (r < 0)
+                return log_error_errno(r, "Failed to add the snapshot objects: %m");
+        r = sd_bus_add_node_enumerator(m->bus, NULL, FORKD_SNAPSHOT_PREFIX, image_node_enumerator, m);
+        if (r < 0)
+                return log_error_errno(r, "Failed to add the snapshot enumerator: %m");
+        r = sd_bus_add_fallback_vtable(m->bus, NULL, FORKD_SANDBOX_PREFIX, "org.forkd.Sandbox", sandbox_vtable,
+                                       sandbox_object_find, m);
+        if (r < 0)
+                return log_error_errno(r, "Failed to add the sandbox objects: %m");
+        r = sd_bus_add_node_enumerator(m->bus, NULL, FORKD_SANDBOX_PREFIX, sandbox_node_enumerator, m);
+        if (r < 0)
+                return log_error_errno(r, "Failed to add the sandbox enumerator: %m");
+        return 0;
+}

@@ -1,0 +1,233 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+
+#include "cgroup.h"
+#include "fs-util.h"
+#include "image.h"
+#include "manager.h"
+#include "macro.h"
+#include "operation.h"
+#include "polkit.h"
+#include "sandbox-dbus.h"
+#include "sandbox.h"
+#include "vm-template.h"
+#include "worker.h"
+
+void random_hex(char *buf, size_t n_digits) {
+        static const char hex[] = "0123456789abcdef";
+        uint8_t bytes[64];
+        size_t n = (n_digits + 1) / 2;
+
+        if (n > sizeof(bytes))
+                n = sizeof(bytes);
+        if (getrandom(bytes, n, 0) != (ssize_t) n)
+                for (size_t i = 0; i < n; i++)
+                        bytes[i] = (uint8_t) random();
+        for (size_t i = 0; i < n_digits && i / 2 < n; i++)
+                buf[i] = hex[(bytes[i / 2] >> ((i & 1) ? 0 : 4)) & 15];
+        buf[n_digits] = 0;
+}
+
+int manager_new(Manager **ret) {
+        Manager *m = calloc(1, sizeof(*m));
+        int r;
+
+        if (!m)
+                return -ENOMEM;
+        m->lock_fd = -EBADF;
+        m->max_operations = OPERATIONS_MAX_DEFAULT;
+        r = hashmap_new(&m->images);
+        if (r >= 0)
+                r = hashmap_new(&m->creating);
+        if (r >= 0)
+                r = hashmap_new(&m->sandboxes);
+        if (r >= 0)
+                r = sd_event_default(&m->event);
+        if (r < 0) {
+                manager_free(m);
+                return r;
+        }
+        *ret = m;
+        return 0;
+}
+
+Manager *manager_free(Manager *m) {
+        if (!m)
+                return NULL;
+        m->exiting = m->freeing = true;
+
+        /* Workers first: after this nobody else touches templates. */
+        m->workers = worker_pool_free(m->workers);
+        m->polkit_registry = polkit_registry_free(m->polkit_registry);
+
+        /* Sandboxes before operations: a fork waits for their answers. */
+        while (hashmap_size(m->sandboxes) > 0)
+                sandbox_free(hashmap_first(m->sandboxes));
+        while (m->operations)
+                operation_free(m->operations);
+        while (m->templates)
+                vm_template_free(m->templates);
+        while (hashmap_size(m->images) > 0)
+                image_free(hashmap_first(m->images));
+
+        m->cgroups = cgroup_manager_free(m->cgroups);
+        m->images = hashmap_free(m->images);
+        m->creating = hashmap_free(m->creating);
+        m->sandboxes = hashmap_free(m->sandboxes);
+        for (unsigned i = 0; i < m->n_stale_ids; i++)
+                free(m->stale_ids[i]);
+        free(m->stale_ids);
+
+        sd_event_source_disable_unref(m->exit_timer);
+        m->bus = sd_bus_flush_close_unref(m->bus);
+        m->event = sd_event_unref(m->event);
+        safe_close(m->lock_fd);
+        free(m->state_dir);
+        free(m->snapshots_dir);
+        free(m->sandboxes_dir);
+        free(m->overlay_dir);
+        free(m->log_dir);
+        free(m->vmm_path);
+        free(m);
+        return NULL;
+}
+
+static bool is_staging_name(const char *name) {
+        /* forkd-vmm stages a snapshot as "<tag>.tmp.<pid>". */
+        const char *p = strstr(name, ".tmp.");
+        const char *last = NULL;
+
+        while (p) {
+                last = p;
+                p = strstr(p + 1, ".tmp.");
+        }
+        if (!last || last == name || !last[5])
+                return false;
+        for (const char *d = last + 5; *d; d++)
+                if (*d < '0' || *d > '9')
+                        return false;
+        return true;
+}
+
+static int load_snapshots(Manager *m) {
+        DIR *d = opendir(m->snapshots_dir);
+        struct dirent *de;
+
+        if (!d)
+                return log_error_errno(errno, "Failed to open %s: %m", m->snapshots_dir);
+        while ((de = readdir(d))) {
+                _cleanup_free_ char *path = NULL;
+                const char *reason = NULL;
+                int r;
+
+                if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
+                        continue;
+                if (asprintf(&path, "%s/%s", m->snapshots_dir, de->d_name) < 0) {
+                        closedir(d);
+                        return log_oom();
+                }
+                if (strncmp(de->d_name, ".deleted-", 9) == 0) {
+                        log_info("Finishing the deletion of %s.", path);
+                        r = rm_rf(path);
+                        if (r < 0)
+                                log_warning_errno(r, "Failed to remove %s: %m", path);
+                        continue;
+                }
+                if (hashmap_size(m->images) >= SNAPSHOTS_MAX) {
+                        log_warning("More than %u snapshots, ignoring %s.", SNAPSHOTS_MAX, path);
+                        continue;
+                }
+                r = image_load(m, de->d_name, NULL, &reason);
+                if (r >= 0) {
+                        log_debug("Loaded snapshot %s.", de->d_name);
+                        continue;
+                }
+                if (r == -ENOMEM) {
+                        closedir(d);
+                        return log_oom();
+                }
+                if (is_staging_name(de->d_name)) {
+                        /* A snapshot that was being written when its VMM died: never complete. */
+                        log_info("Removing the unfinished snapshot %s.", path);
+                        r = rm_rf(path);
+                        if (r < 0)
+                                log_warning_errno(r, "Failed to remove %s: %m", path);
+                        continue;
+                }
+                log_warning("Skipping %s: %s.", path, reason ?: "not a snapshot");
+        }
+        closedir(d);
+        (void) fsync_path(m->snapshots_dir);
+        log_info("Loaded %u snapshot(s) from %s.", hashmap_size(m->images), m->snapshots_dir);
+        return 0;
+}
+
+int manager_startup(Manager *m) {
+        _cleanup_free_ char *lock = NULL;
+        int r;
+
+        if (asprintf(&m->snapshots_dir, "%s/snapshots", m->state_dir) < 0 ||
+            asprintf(&m->sandboxes_dir, "%s/sandboxes", m->state_dir) < 0 ||
+            asprintf(&m->overlay_dir, "%s/overlays", m->state_dir) < 0 ||
+            asprintf(&m->log_dir, "%s/logs", m->state_dir) < 0 || asprintf(&lock, "%s/.lock", m->state_dir) < 0)
+                return log_oom();
+
+        r = mkdir_parents_and_self(m->state_dir, 0750);
+        if (r < 0)
+                return log_error_errno(r, "Failed to create %s: %m", m->state_dir);
+        m->lock_fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+        if (m->lock_fd < 0)
+                return log_error_errno(errno, "Failed to open %s: %m", lock);
+        if (flock(m->lock_fd, LOCK_EX | LOCK_NB) < 0)
+                return log_error_errno(errno, "Another forkd uses %s (%m).", m->state_dir);
+
+        const char *dirs[] = { m->snapshots_dir, m->sandboxes_dir, m->overlay_dir, m->log_dir };
+        for (size_t i = 0; i < ELEMENTSOF(dirs); i++)
+                if (mkdir(dirs[i], 0750) < 0 && errno != EEXIST)
+                        return log_error_errno(errno, "Failed to create %s: %m", dirs[i]);
+
+        /* What a killed predecessor left: its VMMs died with it (PR_SET_PDEATHSIG),
+         * so its sandboxes are gone; their records and cgroups go now. */
+        r = sandbox_cleanup_records(m);
+        if (r < 0)
+                return log_error_errno(r, "Failed to read %s: %m", m->sandboxes_dir);
+        r = cgroup_sweep(m->cgroups);
+        if (r < 0)
+                log_warning_errno(r, "Failed to sweep stale cgroups: %m");
+
+        return load_snapshots(m);
+}
+
+void manager_announce_restart(Manager *m) {
+        for (unsigned i = 0; i < m->n_stale_ids; i++) {
+                _cleanup_free_ char *p = NULL;
+
+                if (sandbox_object_path(m->stale_ids[i], &p) >= 0)
+                        (void) sd_bus_emit_signal(m->bus, FORKD_MANAGER_PATH, FORKD_BUS_NAME, "SandboxRemoved", "sos",
+                                                  m->stale_ids[i], p, "daemon-restart");
+                free(m->stale_ids[i]);
+        }
+        free(m->stale_ids);
+        m->stale_ids = NULL;
+        m->n_stale_ids = 0;
+}
+
+unsigned manager_n_visible_sandboxes(const Manager *m) {
+        HashmapIter it = {};
+        unsigned n = 0;
+        void *v;
+
+        while (hashmap_iterate(m->sandboxes, &it, &v))
+                if (sandbox_is_visible(v))
+                        n++;
+        return n;
+}
+
+void manager_check_idle_exit(Manager *m) {
+        if (m->exiting && m->n_operations == 0 && m->event)
+                (void) sd_event_exit(m->event, 0);
+}

@@ -1,0 +1,113 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#pragma once
+
+/* The daemon's state: snapshots (Image), sandboxes, templates, operations.
+ * Everything here lives in the event loop thread; worker threads only ever
+ * see the private job structures handed to them. */
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <systemd/sd-bus.h>
+#include <systemd/sd-event.h>
+
+#include "hashmap.h"
+
+#define FORKD_BUS_NAME "org.forkd.Manager"
+#define FORKD_MANAGER_PATH "/org/forkd/Manager"
+#define FORKD_SNAPSHOT_PREFIX "/org/forkd/snapshot"
+#define FORKD_SANDBOX_PREFIX "/org/forkd/sandbox"
+
+#define FORKD_ERROR_NO_SUCH_SNAPSHOT "org.forkd.Error.NoSuchSnapshot"
+#define FORKD_ERROR_NO_SUCH_SANDBOX "org.forkd.Error.NoSuchSandbox"
+#define FORKD_ERROR_SNAPSHOT_EXISTS "org.forkd.Error.SnapshotExists"
+#define FORKD_ERROR_HAS_DEPENDENTS "org.forkd.Error.HasDependents"
+#define FORKD_ERROR_BUSY "org.forkd.Error.Busy"
+#define FORKD_ERROR_NOT_SUPPORTED "org.forkd.Error.NotSupported"
+#define FORKD_ERROR_GUEST_ERROR "org.forkd.Error.GuestError"
+#define FORKD_ERROR_TIMEOUT "org.forkd.Error.Timeout"
+#define FORKD_ERROR_FAILED "org.forkd.Error.Failed"
+
+/* Limits on what callers control */
+#define SANDBOXES_MAX 4096u           /* live sandboxes, all snapshots together */
+#define SNAPSHOTS_MAX 1024u
+#define FORK_N_MAX 1000u
+#define OPERATIONS_MAX_DEFAULT 4u
+#define OPERATIONS_MAX_LIMIT 64u
+#define PATH_ARG_MAX 4096u            /* kernel and rootfs paths */
+#define CODE_MAX (256u * 1024u)       /* Eval/RunCode code */
+#define EXEC_ARGS_MAX 1024u
+#define EXEC_ARGS_BYTES_MAX (256u * 1024u)
+#define EXEC_TIMEOUT_DEFAULT 30u
+#define EXEC_TIMEOUT_MAX 3600u
+#define BOOT_WAIT_MAX 600u
+#define MEM_MIB_MAX 3072u
+#define MEMORY_LIMIT_MIB_MIN 16u
+#define MEMORY_LIMIT_MIB_MAX (1024u * 1024u)
+#define AGENT_CALLS_MAX 64u           /* requests in flight per sandbox */
+
+typedef struct Manager Manager;
+typedef struct Image Image;
+typedef struct Sandbox Sandbox;
+typedef struct VmTemplate VmTemplate;
+typedef struct ForkOp ForkOp;
+typedef struct Operation Operation;
+typedef struct CGroupManager CGroupManager;
+typedef struct WorkerPool WorkerPool;
+struct polkit_registry;
+
+struct Manager {
+        sd_event *event;
+        sd_bus *bus;
+
+        char *state_dir;
+        char *snapshots_dir;  /* state_dir/snapshots */
+        char *sandboxes_dir;  /* state_dir/sandboxes: one record per live sandbox */
+        char *overlay_dir;    /* state_dir/overlays: unlinked copy-on-write disk files */
+        char *log_dir;        /* state_dir/logs: boot consoles */
+        char *vmm_path;
+        int lock_fd;          /* flock on state_dir/.lock: one daemon per state dir */
+
+        Hashmap *images;      /* tag -> Image */
+        Hashmap *creating;    /* tag -> Operation: snapshots being created */
+        Hashmap *sandboxes;   /* id -> Sandbox, starting ones included */
+        unsigned n_sandboxes_reserved; /* by forks in progress, not yet in the map */
+        VmTemplate *templates;
+
+        Operation *operations;
+        unsigned n_operations, max_operations;
+        WorkerPool *workers;
+
+        CGroupManager *cgroups;
+        struct polkit_registry *polkit_registry;
+
+        /* Sandboxes recorded by the previous daemon, announced once on the bus. */
+        char **stale_ids;
+        unsigned n_stale_ids;
+
+        bool exiting;         /* asked to stop: exit once no operation runs */
+        bool freeing;         /* in manager_free(): leave records and cgroups to the next start */
+        sd_event_source *exit_timer;
+};
+
+int manager_new(Manager **ret);
+Manager *manager_free(Manager *m);
+static inline void manager_freep(Manager **m) {
+        if (*m)
+                manager_free(*m);
+}
+
+/* Create the state directory layout, take the lock, clean up what a killed
+ * daemon left behind and load the snapshots. */
+int manager_startup(Manager *m);
+
+/* Called when the bus name is ours. */
+void manager_announce_restart(Manager *m);
+
+/* Number of sandboxes that are visible (running or terminating). */
+unsigned manager_n_visible_sandboxes(const Manager *m);
+
+/* Exit the loop once no operation runs any more. */
+void manager_check_idle_exit(Manager *m);
+
+/* Random lowercase hex. */
+void random_hex(char *buf, size_t n_digits);

@@ -1,0 +1,49 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#include "fork-op.h"
+#include "image.h"
+#include "macro.h"
+#include "operation.h"
+
+int operation_new(Manager *m, sd_bus_message *message, Operation **ret) {
+        Operation *o;
+
+        if (m->n_operations >= m->max_operations)
+                return -EBUSY;
+        o = calloc(1, sizeof(*o));
+        if (!o)
+                return -ENOMEM;
+        o->manager = m;
+        o->message = sd_bus_message_ref(message);
+        o->next = m->operations;
+        if (m->operations)
+                m->operations->prev = o;
+        m->operations = o;
+        m->n_operations++;
+        *ret = o;
+        return 0;
+}
+
+Operation *operation_free(Operation *o) {
+        Manager *m;
+
+        if (!o)
+                return NULL;
+        m = o->manager;
+        if (o->prev)
+                o->prev->next = o->next;
+        else
+                m->operations = o->next;
+        if (o->next)
+                o->next->prev = o->prev;
+        m->n_operations--;
+        if (o->tag) {
+                hashmap_remove(m->creating, o->tag);
+                free(o->tag);
+        }
+        image_create_free(o->create);
+        fork_op_free(o->fork);
+        sd_bus_message_unref(o->message);
+        free(o);
+        manager_check_idle_exit(m);
+        return NULL;
+}

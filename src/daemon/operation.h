@@ -1,0 +1,25 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#pragma once
+
+/* A long-running method call (CreateSnapshot, Fork): holds the request
+ * message until the reply, and counts against --max-operations. */
+
+#include <systemd/sd-bus.h>
+
+#include "manager.h"
+
+struct ImageCreate;
+
+struct Operation {
+        Manager *manager;
+        sd_bus_message *message;
+        char *tag;                  /* CreateSnapshot: its entry in manager->creating */
+        struct ImageCreate *create;
+        ForkOp *fork;
+        Operation *next, *prev;
+};
+
+/* -EBUSY when max_operations run already. */
+int operation_new(Manager *m, sd_bus_message *message, Operation **ret);
+/* Accepts NULL, returns NULL. */
+Operation *operation_free(Operation *o);

@@ -1,0 +1,28 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#pragma once
+
+#include <systemd/sd-bus.h>
+
+#include "manager.h"
+
+extern const sd_bus_vtable sandbox_vtable[];
+
+int sandbox_object_find(sd_bus *bus, const char *path, const char *interface, void *userdata, void **found,
+                        sd_bus_error *error);
+int sandbox_node_enumerator(sd_bus *bus, const char *path, void *userdata, char ***nodes, sd_bus_error *error);
+
+/* Is the sandbox visible on the bus (running or terminating)? */
+bool sandbox_is_visible(const Sandbox *s);
+/* Append a SandboxInfo a{sv}. */
+int sandbox_append_info(sd_bus_message *reply, Sandbox *s);
+
+void sandbox_send_new_signal(Sandbox *s);
+void sandbox_send_removed_signal(Sandbox *s, const char *reason);
+void sandbox_send_state_changed(Sandbox *s);
+
+/* The object's methods; the Manager's forward here with the looked-up sandbox. */
+int bus_sandbox_method_terminate(sd_bus_message *message, void *userdata, sd_bus_error *error);
+int bus_sandbox_method_ping(sd_bus_message *message, void *userdata, sd_bus_error *error);
+int bus_sandbox_method_exec(sd_bus_message *message, void *userdata, sd_bus_error *error);
+int bus_sandbox_method_eval(sd_bus_message *message, void *userdata, sd_bus_error *error);
+int bus_sandbox_method_run_code(sd_bus_message *message, void *userdata, sd_bus_error *error);

@@ -1,0 +1,394 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#include <dirent.h>
+#include <poll.h>
+#include <signal.h>
+
+#include <json-c/json.h>
+
+#include "agent-proto.h"
+#include "cgroup.h"
+#include "fs-util.h"
+#include "json-util.h"
+#include "macro.h"
+#include "sandbox-dbus.h"
+#include "sandbox.h"
+#include "snapshot-meta.h"
+#include "vm-template.h"
+
+#define RECORD_MAX 4096u
+
+struct agent_call {
+        Sandbox *sandbox;
+        agent_reply_t cb;
+        void *userdata;
+        struct agent_call *next, *prev;
+};
+
+static const char *const state_table[_SANDBOX_STATE_MAX] = {
+        [SANDBOX_STARTING] = "starting",
+        [SANDBOX_RUNNING] = "running",
+        [SANDBOX_TERMINATING] = "terminating",
+};
+
+const char *sandbox_state_to_string(SandboxState s) {
+        return s >= 0 && s < _SANDBOX_STATE_MAX ? state_table[s] : NULL;
+}
+
+int sandbox_object_path(const char *id, char **ret) {
+        return sd_bus_path_encode(FORKD_SANDBOX_PREFIX, id, ret);
+}
+
+static void call_unlink(Sandbox *s, struct agent_call *c) {
+        if (c->prev)
+                c->prev->next = c->next;
+        else
+                s->calls = c->next;
+        if (c->next)
+                c->next->prev = c->prev;
+        c->next = c->prev = NULL;
+}
+
+static void fail_all_calls(Sandbox *s, int error) {
+        while (s->calls) {
+                struct agent_call *c = s->calls;
+                call_unlink(s, c);
+                c->cb(error, 0, NULL, NULL, c->userdata);
+                free(c);
+        }
+}
+
+int sandbox_new(Manager *m, const struct sandbox_params *p, int agent_fd, Sandbox **ret) {
+        Sandbox *s;
+        int r;
+
+        s = calloc(1, sizeof(*s));
+        if (!s) {
+                safe_close(agent_fd);
+                return -ENOMEM;
+        }
+        s->manager = m;
+        s->agent_fd = agent_fd;
+        s->pid = p->pid;
+        s->created_at = p->created_at;
+        s->memory_limit_mib = p->memory_limit_mib;
+        s->has_cgroup = p->has_cgroup;
+        s->live_fork = p->live_fork;
+        s->state = SANDBOX_STARTING;
+        s->id = strdup(p->id);
+        s->snapshot_tag = strdup(p->snapshot_tag);
+        s->netns = p->netns ? strdup(p->netns) : NULL;
+        if (!s->id || !s->snapshot_tag || (p->netns && !s->netns) ||
+            asprintf(&s->guest_addr, "agent:%s", p->id) < 0) {
+                s->guest_addr = NULL;
+                r = -ENOMEM;
+                goto fail;
+        }
+        r = fka_client_new(agent_fd, AGENT_CALLS_MAX, &s->client);
+        if (r < 0)
+                goto fail;
+        r = hashmap_put(m->sandboxes, s->id, s);
+        if (r < 0)
+                goto fail;
+        *ret = s;
+        return 0;
+fail:
+        /* Nothing is ours yet: the caller keeps the cgroup and the record. */
+        s->has_cgroup = false;
+        fka_client_free(s->client);
+        s->client = NULL;
+        safe_close(s->agent_fd);
+        free(s->id);
+        free(s->snapshot_tag);
+        free(s->netns);
+        free(s->guest_addr);
+        free(s);
+        return r;
+}
+
+Sandbox *sandbox_free(Sandbox *s) {
+        Manager *m;
+
+        if (!s)
+                return NULL;
+        m = s->manager;
+        if (hashmap_get(m->sandboxes, s->id) == s)
+                hashmap_remove(m->sandboxes, s->id);
+        if (s->template)
+                vm_template_remove_sandbox(s->template, s);
+
+        s->io_source = sd_event_source_disable_unref(s->io_source);
+        s->timer_source = sd_event_source_disable_unref(s->timer_source);
+        fail_all_calls(s, -ECONNRESET);
+        fka_client_free(s->client);
+        safe_close(s->agent_fd);
+
+        if (!m->freeing) {
+                char path[4096];
+
+                snprintf(path, sizeof(path), "%s/%s.json", m->sandboxes_dir, s->id);
+                if (unlink(path) < 0 && errno != ENOENT)
+                        log_warning_errno(errno, "Failed to remove %s: %m", path);
+                if (s->has_cgroup) {
+                        int r = cgroup_remove(m->cgroups, s->id);
+                        if (r < 0)
+                                log_warning_errno(r, "Failed to remove the cgroup of %s: %m", s->id);
+                }
+        }
+        free(s->id);
+        free(s->snapshot_tag);
+        free(s->netns);
+        free(s->guest_addr);
+        free(s);
+        return NULL;
+}
+
+void sandbox_exited(Sandbox *s, int code, int sig) {
+        Manager *m = s->manager;
+        const char *reason;
+        uint64_t ooms = 0;
+        VmTemplate *t = s->template;
+
+        if (s->killed)
+                reason = "terminated";
+        else if (s->has_cgroup && cgroup_oom_kills(m->cgroups, s->id, &ooms) >= 0 && ooms > 0)
+                reason = "oom-killed";
+        else if (sig != 0 || code != 0)
+                reason = "crashed";
+        else
+                reason = "exited";
+
+        if (s->state == SANDBOX_STARTING)
+                log_debug("Sandbox %s ended before it was ready (%s).", s->id, reason);
+        else {
+                log_info("Sandbox %s removed: %s (code %d, signal %d).", s->id, reason, code, sig);
+                sandbox_send_removed_signal(s, reason);
+        }
+        sandbox_free(s);
+        if (t)
+                vm_template_maybe_gc(t);
+}
+
+int sandbox_kill(Sandbox *s) {
+        if (s->killed)
+                return 0;
+        s->killed = true;
+        if (s->state == SANDBOX_RUNNING) {
+                s->state = SANDBOX_TERMINATING;
+                sandbox_send_state_changed(s);
+        }
+        /* The exit event of the template finishes the job; the kernel tears
+         * the VM down off our critical path. */
+        if (s->pid > 0 && kill((pid_t) s->pid, SIGKILL) < 0 && errno != ESRCH)
+                return -errno;
+        return 0;
+}
+
+/* ---- agent channel ---- */
+
+static void update_io(Sandbox *s);
+
+static int on_agent_timer(sd_event_source *es, uint64_t usec, void *userdata) {
+        Sandbox *s = userdata;
+
+        (void) fka_client_expire(s->client, fka_now_usec());
+        update_io(s);
+        return 0;
+}
+
+static void pump(Sandbox *s) {
+        for (;;) {
+                fka_completion comp = {};
+                struct agent_call *c;
+                int r = fka_client_next(s->client, &comp);
+
+                if (r < 0) {
+                        /* Broken: every call came out already. Stop watching. */
+                        if (s->io_source)
+                                (void) sd_event_source_set_enabled(s->io_source, SD_EVENT_OFF);
+                        fail_all_calls(s, r);
+                        return;
+                }
+                if (r == 0)
+                        return;
+                c = comp.userdata;
+                if (c) {
+                        call_unlink(s, c);
+                        c->cb(comp.error, comp.type, comp.json, comp.obj, c->userdata);
+                        free(c);
+                }
+                fka_completion_done(&comp);
+        }
+}
+
+static int on_agent_io(sd_event_source *es, int fd, uint32_t revents, void *userdata) {
+        Sandbox *s = userdata;
+
+        pump(s);
+        update_io(s);
+        return 0;
+}
+
+static void update_io(Sandbox *s) {
+        uint64_t deadline;
+        short ev;
+
+        if (!s->io_source || sd_event_source_get_enabled(s->io_source, NULL) <= 0)
+                return;
+        ev = fka_client_events(s->client);
+        (void) sd_event_source_set_io_events(s->io_source, EPOLLIN | ((ev & POLLOUT) ? EPOLLOUT : 0));
+
+        deadline = fka_client_next_deadline(s->client);
+        if (deadline == UINT64_MAX) {
+                if (s->timer_source)
+                        (void) sd_event_source_set_enabled(s->timer_source, SD_EVENT_OFF);
+                return;
+        }
+        if (!s->timer_source) {
+                if (sd_event_add_time(s->manager->event, &s->timer_source, CLOCK_MONOTONIC, deadline, 1000,
+                                      on_agent_timer, s) < 0)
+                        return;
+                (void) sd_event_source_set_description(s->timer_source, "agent-timeout");
+        } else {
+                (void) sd_event_source_set_time(s->timer_source, deadline);
+                (void) sd_event_source_set_enabled(s->timer_source, SD_EVENT_ONESHOT);
+        }
+}
+
+int sandbox_call(Sandbox *s, const char *json, uint64_t timeout_usec, agent_reply_t cb, void *userdata) {
+        struct agent_call *c;
+        int r;
+
+        if (!s->io_source) {
+                r = sd_event_add_io(s->manager->event, &s->io_source, s->agent_fd, EPOLLIN, on_agent_io, s);
+                if (r < 0)
+                        return r;
+                (void) sd_event_source_set_description(s->io_source, "agent");
+        } else if (sd_event_source_get_enabled(s->io_source, NULL) <= 0)
+                return -ECONNRESET; /* the channel broke: the VM is gone or going */
+
+        c = calloc(1, sizeof(*c));
+        if (!c)
+                return -ENOMEM;
+        *c = (struct agent_call) { .sandbox = s, .cb = cb, .userdata = userdata };
+        r = fka_client_send(s->client, json, SIZE_MAX, fka_now_usec() + timeout_usec, c);
+        if (r < 0) {
+                free(c);
+                return r;
+        }
+        c->next = s->calls;
+        if (s->calls)
+                s->calls->prev = c;
+        s->calls = c;
+        /* Completions come out of the loop, never from here. */
+        update_io(s);
+        return 0;
+}
+
+/* ---- records ---- */
+
+int sandbox_record_format(const struct sandbox_params *p, char **ret) {
+        _cleanup_json_ struct json_object *o = json_object_new_object();
+        char *s;
+
+        if (!o)
+                return -ENOMEM;
+        if (json_object_object_add(o, "id", json_object_new_string(p->id)) < 0 ||
+            json_object_object_add(o, "snapshot_tag", json_object_new_string(p->snapshot_tag)) < 0 ||
+            json_object_object_add(o, "created_at_unix", json_object_new_int64((int64_t) p->created_at)) < 0 ||
+            json_object_object_add(o, "memory_limit_mib", json_object_new_int64(p->memory_limit_mib)) < 0 ||
+            json_object_object_add(o, "cgroup", json_object_new_boolean(p->has_cgroup)) < 0)
+                return -ENOMEM;
+        s = strdup(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN));
+        if (!s)
+                return -ENOMEM;
+        *ret = s;
+        return 0;
+}
+
+struct record {
+        char id[SNAPSHOT_TAG_MAX + 1];
+        char snapshot_tag[SNAPSHOT_TAG_MAX + 1];
+        int64_t created_at_unix;
+        uint32_t memory_limit_mib;
+        bool cgroup;
+};
+
+static const struct json_dispatch record_table[] = {
+        { "id", JSON_KIND_STRING, NULL, offsetof(struct record, id), JSON_FIELD_SIZE(struct record, id), JSON_MANDATORY },
+        { "snapshot_tag", JSON_KIND_STRING, NULL, offsetof(struct record, snapshot_tag),
+          JSON_FIELD_SIZE(struct record, snapshot_tag), JSON_MANDATORY },
+        { "created_at_unix", JSON_KIND_INT64, NULL, offsetof(struct record, created_at_unix), 0, 0 },
+        { "memory_limit_mib", JSON_KIND_UINT32, NULL, offsetof(struct record, memory_limit_mib), 0, 0 },
+        { "cgroup", JSON_KIND_BOOL, NULL, offsetof(struct record, cgroup), 0, JSON_MANDATORY },
+        {},
+};
+
+static int cleanup_record(Manager *m, const char *name) {
+        _cleanup_free_ char *path = NULL, *text = NULL;
+        _cleanup_json_ struct json_object *o = NULL;
+        struct record rec = {};
+        const char *field = NULL;
+        size_t len;
+        int r;
+
+        if (asprintf(&path, "%s/%s", m->sandboxes_dir, name) < 0)
+                return -ENOMEM;
+        r = read_small_file(path, RECORD_MAX, &text, &len);
+        if (r >= 0)
+                r = json_parse_strict(text, len, RECORD_MAX, 2, &o, NULL);
+        if (r >= 0)
+                r = json_dispatch(o, record_table, JSON_REJECT_UNKNOWN, &rec, &field);
+        if (r >= 0 && (!snapshot_tag_is_valid(rec.id) || strlen(rec.id) + 5 != strlen(name) ||
+                       strncmp(rec.id, name, strlen(rec.id)) != 0))
+                r = -EINVAL;
+        if (r < 0)
+                log_warning_errno(r, "Ignoring broken sandbox record %s%s%s: %m", path, field ? ", field " : "",
+                                  field ?: "");
+        else {
+                char **l;
+
+                /* Its VMM died with the previous daemon (PR_SET_PDEATHSIG). */
+                log_info("Sandbox %s of %s did not survive the restart of forkd, cleaning up.", rec.id,
+                         rec.snapshot_tag);
+                if (rec.cgroup) {
+                        int k = cgroup_remove(m->cgroups, rec.id);
+                        if (k < 0 && k != -EOPNOTSUPP)
+                                log_warning_errno(k, "Failed to remove the cgroup of %s: %m", rec.id);
+                }
+                l = realloc(m->stale_ids, (m->n_stale_ids + 1) * sizeof(char *));
+                if (l) {
+                        m->stale_ids = l;
+                        l[m->n_stale_ids] = strdup(rec.id);
+                        if (l[m->n_stale_ids])
+                                m->n_stale_ids++;
+                }
+        }
+        if (unlink(path) < 0 && errno != ENOENT)
+                return log_warning_errno(errno, "Failed to remove %s: %m", path);
+        return 0;
+}
+
+int sandbox_cleanup_records(Manager *m) {
+        DIR *d = opendir(m->sandboxes_dir);
+        struct dirent *de;
+
+        if (!d)
+                return -errno;
+        while ((de = readdir(d))) {
+                size_t l = strlen(de->d_name);
+
+                if (de->d_name[0] == '.') {
+                        /* A temporary file of an interrupted write. */
+                        if (strncmp(de->d_name, ".#", 2) == 0)
+                                (void) unlinkat(dirfd(d), de->d_name, 0);
+                        continue;
+                }
+                if (l < 6 || strcmp(de->d_name + l - 5, ".json") != 0)
+                        continue;
+                (void) cleanup_record(m, de->d_name);
+        }
+        closedir(d);
+        if (m->n_stale_ids > 0)
+                (void) fsync_path(m->sandboxes_dir);
+        return 0;
+}

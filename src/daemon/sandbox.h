@@ -1,0 +1,80 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#pragma once
+
+/* A sandbox: one child VM of a template, its agent channel and its cgroup.
+ * No D-Bus here (sandbox-dbus.c). */
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "manager.h"
+
+struct json_object;
+struct agent_call;
+typedef struct fka_client fka_client;
+
+typedef enum SandboxState {
+        SANDBOX_STARTING,    /* spawned, its agent has not answered yet; not on the bus */
+        SANDBOX_RUNNING,
+        SANDBOX_TERMINATING, /* killed, waiting for its exit */
+        _SANDBOX_STATE_MAX,
+} SandboxState;
+
+struct Sandbox {
+        Manager *manager;
+        char *id;
+        char *snapshot_tag;
+        char *netns;          /* NULL: none */
+        char *guest_addr;
+        uint32_t pid;
+        uint64_t created_at;  /* unix seconds */
+        uint32_t memory_limit_mib; /* 0: none */
+        bool has_cgroup;
+        bool live_fork;
+        bool killed;          /* by us: the exit reason is "terminated" */
+        SandboxState state;
+
+        int agent_fd;
+        fka_client *client;
+        sd_event_source *io_source, *timer_source;
+        struct agent_call *calls;
+
+        VmTemplate *template;
+        Sandbox *tpl_next, *tpl_prev;
+};
+
+struct sandbox_params {
+        const char *id, *snapshot_tag, *netns;
+        uint32_t pid;
+        uint64_t created_at;
+        uint32_t memory_limit_mib;
+        bool has_cgroup, live_fork;
+};
+
+/* Takes agent_fd (closed on failure too). Registers the sandbox in the manager. */
+int sandbox_new(Manager *m, const struct sandbox_params *p, int agent_fd, Sandbox **ret);
+/* Unregister and free. Calls in flight fail with -ECONNRESET. Unless the
+ * daemon is exiting, the record and the cgroup are removed. No signal. */
+Sandbox *sandbox_free(Sandbox *s);
+
+/* The VMM exited (code, or signal sig): decide the reason, announce it if
+ * the sandbox was on the bus, and free it. */
+void sandbox_exited(Sandbox *s, int code, int sig);
+
+/* SIGKILL the VMM; teardown and the exit event follow. Idempotent. */
+int sandbox_kill(Sandbox *s);
+
+/* Send one agent request. cb runs exactly once, from the event loop, also
+ * when the sandbox goes away first (-ECONNRESET). r < 0: no answer; else
+ * type is FKA_RESPONSE or FKA_ERROR with the payload (json, obj). cb must not
+ * free the sandbox. -EBUSY when AGENT_CALLS_MAX requests are in flight. */
+typedef void (*agent_reply_t)(int r, uint16_t type, const char *json, struct json_object *obj, void *userdata);
+int sandbox_call(Sandbox *s, const char *json, uint64_t timeout_usec, agent_reply_t cb, void *userdata);
+
+const char *sandbox_state_to_string(SandboxState s);
+int sandbox_object_path(const char *id, char **ret);
+
+/* The record state_dir/sandboxes/<id>.json (for the next start's cleanup). */
+int sandbox_record_format(const struct sandbox_params *p, char **ret);
+/* At start: remove what the records of a previous daemon name. */
+int sandbox_cleanup_records(Manager *m);

@@ -1,0 +1,58 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#pragma once
+
+/*
+ * The per-snapshot template process (forkd-vmm template): started by the
+ * first fork of a snapshot, reused by the next ones, stopped when its
+ * snapshot is deleted and its last sandbox is gone.
+ *
+ * Its control socket belongs to the event loop (exit events of children),
+ * except while a worker spawns children through it ("busy"): then the loop
+ * leaves it alone and the worker hands over the events it met. Forks of the
+ * same snapshot take turns.
+ */
+
+#include <stdbool.h>
+
+#include "manager.h"
+#include "vmm-client.h"
+
+struct VmTemplate {
+        Manager *manager;
+        Image *image;            /* NULL once the snapshot was deleted */
+        char *tag;
+        char *snapshot_dir;
+
+        struct vmm_template vt;  /* vt.pid == 0: no process */
+        int pidfd;
+        sd_event_source *io_source, *pid_source;
+        bool busy;
+
+        ForkOp *waiters;         /* forks waiting for their turn, FIFO */
+        Sandbox *sandboxes;
+        unsigned n_sandboxes;
+
+        VmTemplate *next, *prev;
+};
+
+/* The template of image i, created (not started) if needed. */
+int vm_template_get(Image *i, VmTemplate **ret);
+/* Free without waiting (shutdown). */
+VmTemplate *vm_template_free(VmTemplate *t);
+void vm_template_detach_image(VmTemplate *t);
+
+/* A worker is about to use t->vt / has finished with it. */
+void vm_template_begin_work(VmTemplate *t);
+void vm_template_end_work(VmTemplate *t);
+
+/* A template event (JSON text) from the socket or collected by a worker. */
+void vm_template_handle_event(VmTemplate *t, const char *json);
+
+/* Close the control socket: the template kills its children and exits. */
+void vm_template_stop(VmTemplate *t);
+
+/* Stop and free if the snapshot is gone and nothing uses the template. */
+void vm_template_maybe_gc(VmTemplate *t);
+
+void vm_template_add_sandbox(VmTemplate *t, Sandbox *s);
+void vm_template_remove_sandbox(VmTemplate *t, Sandbox *s);
