@@ -256,9 +256,13 @@ static void service_host(struct vmm *vmm, struct vmm_host *host, int timeout) {
 
         if (idx_alisten >= 0 && (p[idx_alisten].revents & POLLIN)) {
                 int fd = accept4(host->agent_listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
-                /* virtio_console_process() below reads what is already queued. */
-                if (fd >= 0 && virtio_console_set_host_fd(vmm->console, fd) < 0)
+                /* Arm it now, not on the next pass: that pass may only come
+                 * after a KVM_RUN that nothing would interrupt. What arrived
+                 * before arming, virtio_console_process() below reads. */
+                if (fd >= 0 && (arm_fd(fd) < 0 || virtio_console_set_host_fd(vmm->console, fd) < 0))
                         safe_close(fd);
+                else if (fd >= 0)
+                        host->armed_console_fd = fd;
         }
         if (idx_clisten >= 0 && (p[idx_clisten].revents & POLLIN)) {
                 accept_on(host->control_listen_fd, &host->control_fd);
