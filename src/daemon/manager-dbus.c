@@ -145,12 +145,6 @@ static int method_create_snapshot(sd_bus_message *message, void *userdata, sd_bu
                 return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
                                          "Invalid snapshot tag \"%.64s\": it must match ^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$.",
                                          tag);
-        r = check_file_arg("kernel", kernel, error);
-        if (r < 0)
-                return r;
-        r = check_file_arg("rootfs", rootfs, error);
-        if (r < 0)
-                return r;
         if (mem_mib != 0 && (mem_mib < 16 || mem_mib > MEM_MIB_MAX || mem_mib % 2 != 0))
                 return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
                                          "mem_mib must be 0 (default) or an even number from 16 to %u.", MEM_MIB_MAX);
@@ -166,6 +160,15 @@ static int method_create_snapshot(sd_bus_message *message, void *userdata, sd_bu
         if (r == 0)
                 return 1;
 
+        /* Only after polkit: the daemon looks at these paths with its own
+         * privileges, so an unauthorized caller must not learn whether a
+         * path exists. */
+        r = check_file_arg("kernel", kernel, error);
+        if (r < 0)
+                return r;
+        r = check_file_arg("rootfs", rootfs, error);
+        if (r < 0)
+                return r;
         if (m->exiting)
                 return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "forkd is shutting down.");
         snprintf(dir, sizeof(dir), "%s/%s", m->snapshots_dir, tag);

@@ -151,7 +151,11 @@ int bus_sandbox_method_terminate(sd_bus_message *message, void *userdata, sd_bus
         if (r < 0)
                 return sd_bus_error_set_errnof(error, r, "Failed to kill sandbox %s: %m", s->id);
         log_info("Sandbox %s: terminate requested.", s->id);
-        return sd_bus_reply_method_return(message, NULL);
+        if (s->n_terminate_waiters >= ELEMENTSOF(s->terminate_waiters))
+                return sd_bus_reply_method_return(message, NULL);
+        /* Answered from sandbox_free(), when the template reports the exit. */
+        s->terminate_waiters[s->n_terminate_waiters++] = sd_bus_message_ref(message);
+        return 1;
 }
 
 static void agent_reply(int r, uint16_t type, const char *json, struct json_object *obj, void *userdata) {

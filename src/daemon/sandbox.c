@@ -118,6 +118,11 @@ Sandbox *sandbox_free(Sandbox *s) {
 
         s->io_source = sd_event_source_disable_unref(s->io_source);
         s->timer_source = sd_event_source_disable_unref(s->timer_source);
+        for (unsigned i = 0; i < s->n_terminate_waiters; i++) {
+                (void) sd_bus_reply_method_return(s->terminate_waiters[i], NULL);
+                sd_bus_message_unref(s->terminate_waiters[i]);
+        }
+        s->n_terminate_waiters = 0;
         fail_all_calls(s, -ECONNRESET);
         fka_client_free(s->client);
         safe_close(s->agent_fd);

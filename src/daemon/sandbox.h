@@ -32,6 +32,10 @@ struct Sandbox {
         bool has_cgroup;
         bool live_fork;
         bool killed;          /* by us: the exit reason is "terminated" */
+        /* Terminate calls answered once the VMM is gone, so that a caller
+         * that sees the reply never finds the sandbox listed any more. */
+        sd_bus_message *terminate_waiters[16];
+        unsigned n_terminate_waiters;
         SandboxState state;
 
         int agent_fd;

@@ -221,7 +221,10 @@ if [ -n "${FORKD_DAEMON:-}" ] && [ -x "$FORKD_DAEMON" ]; then
         "$FORKD_DAEMON" --state-dir "$T/state" >"$T/forkd.log" 2>&1 &
         pids+=($!)
         for _ in $(seq 100); do timeout 5 busctl --address="$bus" status org.forkd.Manager >/dev/null 2>&1 && break; sleep 0.1; done
-        mfork() { call_as "$@" org.forkd.Manager /org/forkd/Manager org.forkd.Manager Fork 'sua{sv}' no-such-tag 1 0; }
+        # CreateSnapshot: its authorization comes before anything that
+        # depends on state (Fork of an unknown tag answers NoSuchSnapshot to
+        # anyone, as ListSnapshots shows the tags to anyone anyway).
+        mfork() { call_as "$@" org.forkd.Manager /org/forkd/Manager org.forkd.Manager CreateSnapshot 'sssuu' polkit-probe /nonexistent/kernel /nonexistent/rootfs 0 1; }
         res=$(mfork $UID_OUT $UID_OUT $UID_OUT)
         case "$res" in
         *"Access denied"*) ok "forkd: outsider refused ($res)" ;;
