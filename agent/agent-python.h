@@ -1,0 +1,34 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#pragma once
+
+/*
+ * The warm CPython embedded in the agent. One interpreter, started once,
+ * with numpy imported when it is importable. eval and run_code share the
+ * globals of __main__, so later calls see earlier names, as in a REPL.
+ *
+ * Calls are synchronous: the loop waits while Python runs (up to the
+ * request's timeout_secs, enforced with ITIMER_REAL and a SIGALRM handler
+ * that raises TimeoutError between bytecodes; a long call inside a C
+ * extension finishes first). The GIL is released while the loop polls, so
+ * threads started by user code keep running.
+ */
+
+#include <stdbool.h>
+#include <stdint.h>
+
+struct json_object;
+typedef struct Agent Agent;
+
+/* Start the interpreter. Returns 0, or a negative errno (eval/run_code then
+ * answer errors; the rest of the agent is unaffected). */
+int agent_python_init(void);
+bool agent_python_ready(void);
+/* numpy.__version__ as read at start-up, or NULL without numpy. */
+const char *agent_python_numpy_version(void);
+
+int agent_op_eval(Agent *a, uint32_t id, struct json_object *req);
+int agent_op_run_code(Agent *a, uint32_t id, struct json_object *req);
+
+/* After the kernel RNG was reseeded: reseed random, numpy.random and
+ * tempfile's name sequence, where loaded. */
+void agent_python_reseed(void);

@@ -1,0 +1,183 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+
+/*
+ * forkd-agent: PID 1 of a forkd Linux guest. Mounts what the guest needs,
+ * reaps orphans, and serves the agent protocol on the virtio-console port.
+ * Outside a VM (not PID 1) it does none of the PID 1 work and serves a unix
+ * socket or an inherited fd, which is how it is tested.
+ */
+
+#include <errno.h>
+#include <getopt.h>
+#include <poll.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+
+#include "agent-init.h"
+#include "agent-python.h"
+#include "agent.h"
+#include "macro.h"
+
+#define MODPROBE_MAX 32
+
+static const char *arg_channel = "/dev/hvc0";
+static int arg_clock = -1; /* -1: when PID 1 */
+static bool arg_python = true;
+static char *arg_modules[MODPROBE_MAX];
+static unsigned arg_n_modules;
+
+static void help(void) {
+        printf("forkd-agent [OPTIONS...]\n\n"
+               "The guest agent of forkd: PID 1 of a Linux guest, serving the agent protocol.\n\n"
+               "  -h --help              Show this help\n"
+               "     --version           Show the version\n"
+               "     --channel=SPEC      The channel: a tty path (default /dev/hvc0),\n"
+               "                         unix:PATH (listen there) or fd:N (inherited, connected)\n"
+               "     --clock / --no-clock\n"
+               "                         Set the wall clock from identity events (default: when PID 1)\n"
+               "     --no-python         Do not start the embedded interpreter\n"
+               "     --modprobe=MODULE   Load a kernel module first (PID 1 only; repeatable)\n"
+               "     --log-level=LEVEL   err, warning, info or debug (default: warning)\n");
+}
+
+static int parse_argv(int argc, char *argv[]) {
+        enum {
+                ARG_VERSION = 0x100,
+                ARG_CHANNEL,
+                ARG_CLOCK,
+                ARG_NO_CLOCK,
+                ARG_NO_PYTHON,
+                ARG_MODPROBE,
+                ARG_LOG_LEVEL,
+        };
+        static const struct option options[] = {
+                { "help", no_argument, NULL, 'h' },
+                { "version", no_argument, NULL, ARG_VERSION },
+                { "channel", required_argument, NULL, ARG_CHANNEL },
+                { "clock", no_argument, NULL, ARG_CLOCK },
+                { "no-clock", no_argument, NULL, ARG_NO_CLOCK },
+                { "no-python", no_argument, NULL, ARG_NO_PYTHON },
+                { "modprobe", required_argument, NULL, ARG_MODPROBE },
+                { "log-level", required_argument, NULL, ARG_LOG_LEVEL },
+                {}
+        };
+        int c;
+
+        while ((c = getopt_long(argc, argv, "h", options, NULL)) >= 0)
+                switch (c) {
+                case 'h':
+                        help();
+                        return 0;
+                case ARG_VERSION:
+                        printf("forkd-agent %s\n", FORKD_VERSION);
+                        return 0;
+                case ARG_CHANNEL:
+                        arg_channel = optarg;
+                        break;
+                case ARG_CLOCK:
+                        arg_clock = 1;
+                        break;
+                case ARG_NO_CLOCK:
+                        arg_clock = 0;
+                        break;
+                case ARG_NO_PYTHON:
+                        arg_python = false;
+                        break;
+                case ARG_MODPROBE:
+                        if (arg_n_modules >= MODPROBE_MAX)
+                                return log_error_errno(E2BIG, "Too many --modprobe= (at most %d).", MODPROBE_MAX);
+                        arg_modules[arg_n_modules++] = optarg;
+                        break;
+                case ARG_LOG_LEVEL:
+                        if (streq(optarg, "err"))
+                                log_max_level = LOG_LVL_ERR;
+                        else if (streq(optarg, "warning"))
+                                log_max_level = LOG_LVL_WARNING;
+                        else if (streq(optarg, "info"))
+                                log_max_level = LOG_LVL_INFO;
+                        else if (streq(optarg, "debug"))
+                                log_max_level = LOG_LVL_DEBUG;
+                        else
+                                return log_error_errno(EINVAL, "Unknown log level: %s", optarg);
+                        break;
+                case '?':
+                        return -EINVAL;
+                default:
+                        return -EINVAL;
+                }
+        if (optind < argc)
+                return log_error_errno(EINVAL, "Unexpected argument: %s", argv[optind]);
+        return 1;
+}
+
+/* PID 1 must never exit: the kernel panics. Log and keep reaping. */
+static _Noreturn void pid1_hang(void) {
+        log_error("forkd-agent cannot serve; staying up to reap orphans.");
+        for (;;) {
+                while (waitpid(-1, NULL, 0) > 0)
+                        ;
+                (void) poll(NULL, 0, 1000);
+        }
+}
+
+int main(int argc, char *argv[]) {
+        _cleanup_(agent_freep) Agent *a = NULL;
+        AgentConfig config = {};
+        int r;
+
+        log_prefix = "forkd-agent";
+        log_max_level = LOG_LVL_WARNING;
+        config.pid1 = getpid() == 1;
+
+        if (config.pid1)
+                pid1_setup(); /* before anything else: /dev, /proc */
+        else
+                /* so that the tests see orphans reaped as the guest would */
+                (void) prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+
+        r = parse_argv(argc, argv);
+        if (r <= 0) {
+                if (config.pid1) {
+                        log_error("Bad command line; using defaults.");
+                        arg_channel = "/dev/hvc0";
+                } else
+                        return r < 0 ? EXIT_FAILURE : EXIT_SUCCESS;
+        }
+
+        config.channel = arg_channel;
+        config.set_clock = arg_clock < 0 ? config.pid1 : arg_clock > 0;
+        config.python = arg_python;
+
+        r = agent_new(&config, &a);
+        if (r < 0) {
+                log_error_errno(r, "Failed to set up the agent (channel '%s'): %m", arg_channel);
+                if (config.pid1)
+                        pid1_hang();
+                return EXIT_FAILURE;
+        }
+
+        r = signals_setup(a->sigchld_pipe[1], config.pid1);
+        if (r < 0)
+                log_error_errno(r, "Failed to set up signal handlers: %m");
+
+        if (config.pid1)
+                pid1_modprobe(arg_modules, arg_n_modules);
+
+        if (config.python)
+                (void) agent_python_init(); /* logs; eval and run_code answer errors without it */
+
+        r = agent_open_channel(a);
+        if (r < 0) {
+                if (config.pid1)
+                        pid1_hang();
+                return EXIT_FAILURE;
+        }
+
+        log_debug("Serving %s.", arg_channel);
+        r = agent_run(a);
+        if (config.pid1) {
+                log_error_errno(r, "The agent loop ended: %m");
+                pid1_hang();
+        }
+        return r < 0 ? EXIT_FAILURE : EXIT_SUCCESS;
+}
