@@ -182,8 +182,12 @@ _Noreturn void agent_poweroff(bool pid1) {
         if (pid1) {
                 (void) kill(-1, SIGKILL);
                 sync();
-                (void) reboot(RB_POWER_OFF);
-                log_error_errno(errno, "Power-off failed: %m");
+                /* forkd-vmm's machine has hardware-reduced ACPI with no sleep
+                 * registers, so RB_POWER_OFF would only halt the CPU. A reset
+                 * (the kernel's reboot=k writes 0xFE to the i8042) is what
+                 * makes the VMM stop cleanly. */
+                (void) reboot(RB_AUTOBOOT);
+                log_error_errno(errno, "Reset failed: %m");
                 for (;;)
                         pause(); /* PID 1 must not exit */
         }
