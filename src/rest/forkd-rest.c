@@ -1,0 +1,355 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+/*
+ * forkd-rest: the forkd REST API over HTTP(S), translated into calls to
+ * org.forkd.Manager on D-Bus. Lifecycle and command line only; the server
+ * is rest-server.c, the routes rest-routes.c.
+ */
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <systemd/sd-daemon.h>
+
+#include "macro.h"
+#include "rest-server.h"
+
+#define TOKEN_MAX 4096
+#define PEM_MAX (1024 * 1024)
+
+static const char *arg_listen = "127.0.0.1:8889";
+static const char *arg_token_file, *arg_tls_cert, *arg_tls_key, *arg_bus_address;
+static unsigned arg_connection_limit = REST_CONNECTION_LIMIT_DEFAULT;
+static unsigned arg_timeout = REST_TIMEOUT_SECS_DEFAULT;
+static unsigned arg_calls_max = REST_CALLS_MAX_DEFAULT;
+static size_t arg_body_max = REST_BODY_MAX_DEFAULT;
+static size_t arg_memory_limit = REST_MEMORY_LIMIT_DEFAULT;
+
+static void help(void) {
+        printf("Usage: forkd-rest [OPTIONS]\n"
+               "Serve the forkd REST API and translate it into D-Bus calls to org.forkd.Manager.\n\n"
+               "  --listen ADDR:PORT       listen here (default 127.0.0.1:8889; [::1]:PORT for IPv6);\n"
+               "                           a socket passed by systemd (sd_listen_fds) takes precedence\n"
+               "  --token-file FILE        require 'Authorization: Bearer <token>' (all routes but /healthz)\n"
+               "  --tls-cert FILE          serve HTTPS with this PEM certificate ...\n"
+               "  --tls-key FILE           ... and this PEM key\n"
+               "  --bus-address ADDRESS    D-Bus address of the daemon's bus (default: the system bus)\n"
+               "  --connection-limit N     concurrent connections (default %u)\n"
+               "  --timeout SECS           idle timeout and deadline for a whole request (default %u)\n"
+               "  --body-max BYTES         request body cap (default %u)\n"
+               "  --memory-limit BYTES     per-connection memory, bounds the headers (default %u)\n"
+               "  --max-calls N            D-Bus calls in flight before answering 503 (default %u)\n"
+               "  --debug                  log at debug level\n"
+               "  --version                print the version\n",
+               REST_CONNECTION_LIMIT_DEFAULT, REST_TIMEOUT_SECS_DEFAULT, REST_BODY_MAX_DEFAULT,
+               REST_MEMORY_LIMIT_DEFAULT, REST_CALLS_MAX_DEFAULT);
+}
+
+static int parse_ulong(const char *s, unsigned long lo, unsigned long hi, unsigned long *ret) {
+        unsigned long v;
+        char *end;
+
+        errno = 0;
+        v = strtoul(s, &end, 10);
+        if (errno || end == s || *end || *s == '-' || v < lo || v > hi)
+                return -EINVAL;
+        *ret = v;
+        return 0;
+}
+
+static int parse_argv(int argc, char *argv[]) {
+        enum { ARG_LISTEN = 0x100, ARG_TOKEN, ARG_CERT, ARG_KEY, ARG_BUS, ARG_CONNS, ARG_TIMEOUT,
+               ARG_BODY, ARG_MEM, ARG_CALLS, ARG_DEBUG, ARG_VERSION };
+        static const struct option opts[] = {
+                { "listen", required_argument, NULL, ARG_LISTEN },
+                { "token-file", required_argument, NULL, ARG_TOKEN },
+                { "tls-cert", required_argument, NULL, ARG_CERT },
+                { "tls-key", required_argument, NULL, ARG_KEY },
+                { "bus-address", required_argument, NULL, ARG_BUS },
+                { "connection-limit", required_argument, NULL, ARG_CONNS },
+                { "timeout", required_argument, NULL, ARG_TIMEOUT },
+                { "body-max", required_argument, NULL, ARG_BODY },
+                { "memory-limit", required_argument, NULL, ARG_MEM },
+                { "max-calls", required_argument, NULL, ARG_CALLS },
+                { "debug", no_argument, NULL, ARG_DEBUG },
+                { "version", no_argument, NULL, ARG_VERSION },
+                { "help", no_argument, NULL, 'h' },
+                {}
+        };
+        unsigned long v;
+        int c;
+
+        while ((c = getopt_long(argc, argv, "h", opts, NULL)) >= 0)
+                switch (c) {
+                case ARG_LISTEN: arg_listen = optarg; break;
+                case ARG_TOKEN: arg_token_file = optarg; break;
+                case ARG_CERT: arg_tls_cert = optarg; break;
+                case ARG_KEY: arg_tls_key = optarg; break;
+                case ARG_BUS: arg_bus_address = optarg; break;
+                case ARG_CONNS:
+                        if (parse_ulong(optarg, 1, 65536, &v) < 0)
+                                return log_error_errno(EINVAL, "--connection-limit must be 1..65536");
+                        arg_connection_limit = (unsigned) v;
+                        break;
+                case ARG_TIMEOUT:
+                        if (parse_ulong(optarg, 1, 3600, &v) < 0)
+                                return log_error_errno(EINVAL, "--timeout must be 1..3600");
+                        arg_timeout = (unsigned) v;
+                        break;
+                case ARG_BODY:
+                        if (parse_ulong(optarg, 1024, 64UL * 1024 * 1024, &v) < 0)
+                                return log_error_errno(EINVAL, "--body-max must be 1024..67108864");
+                        arg_body_max = v;
+                        break;
+                case ARG_MEM:
+                        if (parse_ulong(optarg, 8192, 16UL * 1024 * 1024, &v) < 0)
+                                return log_error_errno(EINVAL, "--memory-limit must be 8192..16777216");
+                        arg_memory_limit = v;
+                        break;
+                case ARG_CALLS:
+                        if (parse_ulong(optarg, 1, 65536, &v) < 0)
+                                return log_error_errno(EINVAL, "--max-calls must be 1..65536");
+                        arg_calls_max = (unsigned) v;
+                        break;
+                case ARG_DEBUG: log_max_level = LOG_LVL_DEBUG; break;
+                case ARG_VERSION: puts(FORKD_VERSION); return 0;
+                case 'h': help(); return 0;
+                default: return -EINVAL;
+                }
+        if (optind < argc)
+                return log_error_errno(EINVAL, "Unexpected argument: %s", argv[optind]);
+        if (!!arg_tls_cert != !!arg_tls_key)
+                return log_error_errno(EINVAL, "--tls-cert and --tls-key go together");
+        return 1;
+}
+
+/* Read a small file whole. With secret, refuse a world-readable file. */
+static int read_small_file(const char *path, size_t max, bool secret, char **ret) {
+        _cleanup_close_ int fd = -EBADF;
+        _cleanup_free_ char *buf = NULL;
+        struct stat st;
+        size_t n = 0;
+
+        fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+        if (fd < 0)
+                return negative_errno();
+        if (fstat(fd, &st) < 0)
+                return negative_errno();
+        if (!S_ISREG(st.st_mode))
+                return -EBADFD;
+        if (secret && (st.st_mode & S_IROTH))
+                return -EPERM;
+        if ((uint64_t) st.st_size > max)
+                return -EFBIG;
+        buf = malloc((size_t) st.st_size + 1);
+        if (!buf)
+                return -ENOMEM;
+        while (n < (size_t) st.st_size) {
+                ssize_t k = read(fd, buf + n, (size_t) st.st_size - n);
+                if (k < 0) {
+                        if (errno == EINTR)
+                                continue;
+                        return negative_errno();
+                }
+                if (k == 0)
+                        break;
+                n += (size_t) k;
+        }
+        buf[n] = 0;
+        if (strlen(buf) != n)
+                return -EBADMSG; /* NUL inside */
+        *ret = TAKE_PTR(buf);
+        return 0;
+}
+
+static int load_token(const char *path, char **ret) {
+        _cleanup_free_ char *t = NULL;
+        size_t n;
+        int r;
+
+        r = read_small_file(path, TOKEN_MAX, true, &t);
+        if (r == -EPERM)
+                return log_error_errno(r, "Token file %s is readable by everyone; chmod o-r it.", path);
+        if (r < 0)
+                return log_error_errno(r, "Cannot read token file %s: %m", path);
+        n = strlen(t);
+        while (n > 0 && strchr(" \t\r\n", t[n - 1]))
+                t[--n] = 0;
+        if (n == 0)
+                return log_error_errno(EINVAL, "Token file %s is empty.", path);
+        for (size_t i = 0; i < n; i++)
+                if ((unsigned char) t[i] <= ' ' || (unsigned char) t[i] >= 0x7f)
+                        return log_error_errno(EINVAL, "Token in %s must be printable ASCII without spaces.", path);
+        *ret = TAKE_PTR(t);
+        return 0;
+}
+
+static int parse_listen(const char *s, struct sockaddr_storage *ret, socklen_t *ret_len) {
+        _cleanup_free_ char *host = NULL;
+        const char *colon, *port_s;
+        unsigned long port;
+        struct sockaddr_storage ss = {};
+
+        if (s[0] == '[') {
+                const char *end = strchr(s, ']');
+                if (!end || end[1] != ':')
+                        return -EINVAL;
+                host = strndup(s + 1, (size_t) (end - s - 1));
+                port_s = end + 2;
+        } else {
+                colon = strrchr(s, ':');
+                if (!colon)
+                        return -EINVAL;
+                host = strndup(s, (size_t) (colon - s));
+                port_s = colon + 1;
+        }
+        if (!host)
+                return -ENOMEM;
+        if (parse_ulong(port_s, 0, 65535, &port) < 0)
+                return -EINVAL;
+
+        if (s[0] == '[') {
+                struct sockaddr_in6 *sa = (struct sockaddr_in6 *) &ss;
+                sa->sin6_family = AF_INET6;
+                sa->sin6_port = htons((uint16_t) port);
+                if (inet_pton(AF_INET6, host, &sa->sin6_addr) != 1)
+                        return -EINVAL;
+                *ret_len = sizeof *sa;
+        } else {
+                struct sockaddr_in *sa = (struct sockaddr_in *) &ss;
+                sa->sin_family = AF_INET;
+                sa->sin_port = htons((uint16_t) port);
+                if (inet_pton(AF_INET, host, &sa->sin_addr) != 1)
+                        return -EINVAL;
+                *ret_len = sizeof *sa;
+        }
+        *ret = ss;
+        return 0;
+}
+
+static int open_listen_socket(int *ret) {
+        _cleanup_close_ int fd = -EBADF;
+        struct sockaddr_storage ss;
+        socklen_t len;
+        int one = 1, n, r;
+
+        n = sd_listen_fds(true);
+        if (n < 0)
+                return log_error_errno(n, "Failed to get sockets from the service manager: %m");
+        if (n > 1)
+                return log_error_errno(EINVAL, "Expected at most one socket from the service manager, got %d.", n);
+        if (n == 1) {
+                fd = SD_LISTEN_FDS_START;
+                r = sd_is_socket(fd, AF_UNSPEC, SOCK_STREAM, 1);
+                if (r < 0)
+                        return log_error_errno(r, "Failed to check the passed socket: %m");
+                if (r == 0)
+                        return log_error_errno(EINVAL, "The passed fd is not a listening stream socket.");
+                if (fcntl(fd, F_SETFD, FD_CLOEXEC) < 0)
+                        return log_error_errno(errno, "fcntl: %m");
+                log_info("Using the socket passed by the service manager.");
+                *ret = TAKE_FD(fd);
+                return 0;
+        }
+
+        r = parse_listen(arg_listen, &ss, &len);
+        if (r < 0)
+                return log_error_errno(r, "Invalid --listen address '%s' (want ADDR:PORT or [ADDR6]:PORT).", arg_listen);
+        fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        if (fd < 0)
+                return log_error_errno(errno, "socket(): %m");
+        (void) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        if (bind(fd, (struct sockaddr *) &ss, len) < 0)
+                return log_error_errno(errno, "Cannot bind %s: %m", arg_listen);
+        if (listen(fd, SOMAXCONN) < 0)
+                return log_error_errno(errno, "listen(): %m");
+        log_info("Listening on %s.", arg_listen);
+        *ret = TAKE_FD(fd);
+        return 0;
+}
+
+static int run(int argc, char *argv[]) {
+        _cleanup_(rest_server_freep) RestServer *server = NULL;
+        _cleanup_(sd_event_unrefp) sd_event *event = NULL;
+        _cleanup_free_ char *token = NULL, *cert = NULL, *key = NULL;
+        RestConfig config = {};
+        sigset_t mask;
+        int fd = -EBADF, r;
+
+        log_prefix = "forkd-rest";
+        r = parse_argv(argc, argv);
+        if (r <= 0)
+                return r;
+
+        if (arg_token_file) {
+                r = load_token(arg_token_file, &token);
+                if (r < 0)
+                        return r;
+        } else
+                log_warning("No --token-file: the API is open to anyone who can connect.");
+        if (arg_tls_cert) {
+                r = read_small_file(arg_tls_cert, PEM_MAX, false, &cert);
+                if (r < 0)
+                        return log_error_errno(r, "Cannot read %s: %m", arg_tls_cert);
+                r = read_small_file(arg_tls_key, PEM_MAX, true, &key);
+                if (r == -EPERM)
+                        return log_error_errno(r, "TLS key %s is readable by everyone; chmod o-r it.", arg_tls_key);
+                if (r < 0)
+                        return log_error_errno(r, "Cannot read %s: %m", arg_tls_key);
+        }
+
+        (void) signal(SIGPIPE, SIG_IGN);
+        sigemptyset(&mask);
+        sigaddset(&mask, SIGTERM);
+        sigaddset(&mask, SIGINT);
+        if (sigprocmask(SIG_BLOCK, &mask, NULL) < 0)
+                return log_error_errno(errno, "sigprocmask: %m");
+
+        r = sd_event_default(&event);
+        if (r < 0)
+                return log_error_errno(r, "Cannot allocate the event loop: %m");
+        r = sd_event_add_signal(event, NULL, SIGTERM, NULL, NULL);
+        if (r >= 0)
+                r = sd_event_add_signal(event, NULL, SIGINT, NULL, NULL);
+        if (r < 0)
+                return log_error_errno(r, "Cannot watch signals: %m");
+
+        r = open_listen_socket(&fd);
+        if (r < 0)
+                return r;
+
+        config = (RestConfig) {
+                .listen_fd = fd,
+                .tls_cert_pem = cert,
+                .tls_key_pem = key,
+                .token = token,
+                .bus_address = arg_bus_address,
+                .connection_limit = arg_connection_limit,
+                .timeout_secs = arg_timeout,
+                .memory_limit = arg_memory_limit,
+                .body_max = arg_body_max,
+                .calls_max = arg_calls_max,
+        };
+        r = rest_server_new(event, &config, &server);
+        if (key)
+                explicit_bzero(key, strlen(key));
+        if (token)
+                explicit_bzero(token, strlen(token));
+        if (r < 0)
+                return log_error_errno(r, "Cannot start the HTTP server%s: %m",
+                                       cert ? " (check the TLS certificate and key)" : "");
+
+        (void) sd_notify(false, "READY=1\nSTATUS=Serving the forkd REST API");
+        r = sd_event_loop(event);
+        (void) sd_notify(false, "STOPPING=1");
+        if (r < 0)
+                return log_error_errno(r, "Event loop failed: %m");
+        return 0;
+}
+
+int main(int argc, char *argv[]) {
+        return run(argc, argv) < 0 ? EXIT_FAILURE : EXIT_SUCCESS;
+}

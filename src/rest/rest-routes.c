@@ -1,0 +1,563 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+
+/* The REST routes of the forkd API, each translated into one asynchronous
+ * call to org.forkd.Manager. Validation happens here, before any D-Bus call;
+ * the daemon validates again. */
+
+#include <limits.h>
+
+#include "json-util.h"
+#include "macro.h"
+#include "rest-server.h"
+#include "rest-util.h"
+
+#define USEC_PER_SEC 1000000ULL
+#define CALL_TIMEOUT_SHORT (30 * USEC_PER_SEC)
+#define CALL_TIMEOUT_FORK (600 * USEC_PER_SEC)
+#define BOOT_WAIT_DEFAULT 30
+#define BOOT_WAIT_MAX 600
+#define EXEC_TIMEOUT_MAX 3600
+#define EXEC_ARGS_MAX 4096
+#define FORK_N_MAX 1000
+#define IN_SET_N(r) ((r) == -EINVAL || (r) == -ERANGE)
+
+static int reply_dispatch_error(RestRequest *req, int r, const char *field, const char *reason) {
+        if (r == -ENOMEM)
+                return rest_reply_error(req, 500, "out of memory");
+        if (r == -EADDRNOTAVAIL)
+                return rest_reply_error(req, 400, "unknown field '%s'", field ?: "?");
+        if (!field)
+                return rest_reply_error(req, 400, "request body: %s", reason ?: "invalid");
+        return rest_reply_error(req, 400, "field '%s': %s", field, reason ?: "invalid value");
+}
+
+/* A '%' path segment that must be a tag or sandbox id. */
+static const char *param_or_reply(RestRequest *req, const char *what) {
+        const char *p = rest_request_param(req);
+
+        if (!rest_tag_is_valid(p)) {
+                (void) rest_reply_error(req, 400, "invalid %s: must match ^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$", what);
+                return NULL;
+        }
+        return p;
+}
+
+/* Failure to create or send a call: no reply is queued yet. */
+static int reply_call_failed(RestRequest *req, int r) {
+        if (r == -EBUSY)
+                return rest_reply_error(req, 503, "too many requests in flight to the daemon, retry later");
+        if (r == -ENOMEM)
+                return rest_reply_error(req, 500, "out of memory");
+        return rest_reply_error(req, 503, "forkd daemon unavailable: cannot reach the bus: %s", strerror(-r));
+}
+
+static int reply_bus_result(RestRequest *req, sd_bus_message *reply, unsigned exists_status) {
+        const sd_bus_error *e = sd_bus_message_get_error(reply);
+
+        if (e)
+                return rest_reply_bus_error(req, e, exists_status);
+        return 1;
+}
+
+/* ---- replies ---- */
+
+static int on_reply_dict(RestRequest *req, sd_bus_message *reply, unsigned status, unsigned exists_status) {
+        _cleanup_json_ struct json_object *o = NULL;
+        int r;
+
+        r = reply_bus_result(req, reply, exists_status);
+        if (r <= 0)
+                return r;
+        r = rest_bus_read_dict_json(reply, &o);
+        if (r < 0)
+                return rest_reply_error(req, 500, "unexpected reply from the daemon: %s", strerror(-r));
+        return rest_reply_json(req, status, o);
+}
+
+static int on_reply_dict_200(RestRequest *req, sd_bus_message *reply) {
+        return on_reply_dict(req, reply, 200, 0);
+}
+
+static int on_reply_snapshot_created(RestRequest *req, sd_bus_message *reply) {
+        /* The spec says 400 for "snapshot already exists" here. */
+        return on_reply_dict(req, reply, 201, 400);
+}
+
+static int on_reply_snapshot_info(RestRequest *req, sd_bus_message *reply) {
+        _cleanup_json_ struct json_object *o = NULL;
+        int r;
+
+        r = reply_bus_result(req, reply, 0);
+        if (r <= 0)
+                return r;
+        r = rest_bus_read_dict_json(reply, &o);
+        if (r < 0)
+                return rest_reply_error(req, 500, "unexpected reply from the daemon: %s", strerror(-r));
+        /* The spec always carries these three; the daemon may omit empty ones. */
+        if (!json_object_object_get_ex(o, "ancestors", NULL))
+                json_object_object_add(o, "ancestors", json_object_new_array());
+        if (!json_object_object_get_ex(o, "dependents", NULL))
+                json_object_object_add(o, "dependents", json_object_new_array());
+        if (!json_object_object_get_ex(o, "chain_depth", NULL))
+                json_object_object_add(o, "chain_depth", json_object_new_int64(0));
+        return rest_reply_json(req, 200, o);
+}
+
+static int on_reply_array(RestRequest *req, sd_bus_message *reply, unsigned status) {
+        _cleanup_json_ struct json_object *a = NULL;
+        int r;
+
+        r = reply_bus_result(req, reply, 0);
+        if (r <= 0)
+                return r;
+        r = rest_bus_read_dict_array_json(reply, &a);
+        if (r < 0)
+                return rest_reply_error(req, 500, "unexpected reply from the daemon: %s", strerror(-r));
+        return rest_reply_json(req, status, a);
+}
+
+static int on_reply_array_200(RestRequest *req, sd_bus_message *reply) {
+        return on_reply_array(req, reply, 200);
+}
+
+static int on_reply_array_201(RestRequest *req, sd_bus_message *reply) {
+        return on_reply_array(req, reply, 201);
+}
+
+static int on_reply_empty_204(RestRequest *req, sd_bus_message *reply) {
+        int r = reply_bus_result(req, reply, 0);
+        if (r <= 0)
+                return r;
+        return rest_reply_no_content(req);
+}
+
+/* Ping, Exec, Eval: the agent's JSON, passed through unchanged. */
+static int on_reply_agent(RestRequest *req, sd_bus_message *reply) {
+        _cleanup_json_ struct json_object *o = NULL;
+        const char *s;
+        int r;
+
+        r = reply_bus_result(req, reply, 0);
+        if (r <= 0)
+                return r;
+        r = sd_bus_message_read_basic(reply, 's', &s);
+        if (r < 0)
+                return rest_reply_error(req, 500, "unexpected reply from the daemon: %s", strerror(-r));
+        r = json_parse_strict(s, strlen(s), 16 * 1024 * 1024, 64, &o, NULL);
+        if (r < 0)
+                return rest_reply_error(req, 500, "the guest agent's reply is not a JSON object");
+        return rest_reply_raw(req, 200, "application/json", s, strlen(s));
+}
+
+/* ---- plain routes ---- */
+
+static int route_healthz(RestRequest *req) {
+        static const char body[] = "{\"ok\":true}";
+        return rest_reply_raw(req, 200, "application/json", body, sizeof body - 1);
+}
+
+static int route_version(RestRequest *req) {
+        static const char body[] = "{\"version\":\"" FORKD_VERSION "\",\"api\":\"v1\"}";
+        return rest_reply_raw(req, 200, "application/json", body, sizeof body - 1);
+}
+
+static int metrics_reply(RestRequest *req, bool up, unsigned snapshots, unsigned sandboxes) {
+        _cleanup_free_ char *buf = NULL;
+        size_t len = 0;
+        FILE *f;
+        int r;
+
+        f = open_memstream(&buf, &len);
+        if (!f)
+                return rest_reply_error(req, 500, "out of memory");
+        fputs("# HELP forkd_build_info Build information; always 1.\n"
+              "# TYPE forkd_build_info gauge\n"
+              "forkd_build_info{version=\"" FORKD_VERSION "\"} 1\n"
+              "# HELP forkd_rest_daemon_up Whether the last scrape reached the forkd daemon.\n"
+              "# TYPE forkd_rest_daemon_up gauge\n",
+              f);
+        fprintf(f, "forkd_rest_daemon_up %d\n", up);
+        if (up)
+                fprintf(f,
+                        "# HELP forkd_snapshots_total Registered snapshots.\n"
+                        "# TYPE forkd_snapshots_total gauge\n"
+                        "forkd_snapshots_total %u\n"
+                        "# HELP forkd_sandboxes_active Currently alive child VMs.\n"
+                        "# TYPE forkd_sandboxes_active gauge\n"
+                        "forkd_sandboxes_active %u\n",
+                        snapshots, sandboxes);
+        r = rest_metrics_format(rest_request_server(req), f);
+        if (fclose(f) != 0 || r < 0)
+                return rest_reply_error(req, 500, "cannot format metrics");
+        return rest_reply_raw(req, 200, "text/plain; version=0.0.4; charset=utf-8", buf, len);
+}
+
+static int on_reply_metrics(RestRequest *req, sd_bus_message *reply) {
+        unsigned snapshots = 0, sandboxes = 0;
+        bool have_snap = false, have_sb = false;
+        int r;
+
+        if (sd_bus_message_is_method_error(reply, NULL))
+                return metrics_reply(req, false, 0, 0);
+
+        r = sd_bus_message_enter_container(reply, 'a', "{sv}");
+        if (r < 0)
+                return metrics_reply(req, false, 0, 0);
+        while ((r = sd_bus_message_enter_container(reply, 'e', "sv")) > 0) {
+                const char *key;
+
+                if (sd_bus_message_read_basic(reply, 's', &key) < 0)
+                        return metrics_reply(req, false, 0, 0);
+                if (!strcmp(key, "SnapshotCount"))
+                        have_snap = sd_bus_message_read(reply, "v", "u", &snapshots) >= 0;
+                else if (!strcmp(key, "SandboxCount"))
+                        have_sb = sd_bus_message_read(reply, "v", "u", &sandboxes) >= 0;
+                else if (sd_bus_message_skip(reply, "v") < 0)
+                        return metrics_reply(req, false, 0, 0);
+                if (sd_bus_message_exit_container(reply) < 0)
+                        return metrics_reply(req, false, 0, 0);
+        }
+        return metrics_reply(req, have_snap && have_sb, snapshots, sandboxes);
+}
+
+static int route_metrics(RestRequest *req) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *m = NULL;
+        int r;
+
+        r = rest_new_call(req, "/org/forkd/Manager", "org.freedesktop.DBus.Properties", "GetAll", &m);
+        if (r >= 0)
+                r = sd_bus_message_append(m, "s", "org.forkd.Manager");
+        if (r >= 0)
+                r = rest_call(req, m, 5 * USEC_PER_SEC, on_reply_metrics);
+        if (r < 0)
+                return metrics_reply(req, false, 0, 0);
+        return 0;
+}
+
+/* Build a Manager call with the given signature and arguments, send it. */
+static int call_manager(RestRequest *req, const char *member, uint64_t timeout, rest_reply_func cb,
+                        const char *types, ...) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *m = NULL;
+        va_list ap;
+        int r;
+
+        r = rest_new_manager_call(req, member, &m);
+        if (r < 0)
+                return reply_call_failed(req, r);
+        if (types) {
+                va_start(ap, types);
+                r = sd_bus_message_appendv(m, types, ap);
+                va_end(ap);
+                if (r < 0)
+                        return rest_reply_error(req, 500, "cannot build D-Bus call: %s", strerror(-r));
+        }
+        r = rest_call(req, m, timeout, cb);
+        if (r < 0)
+                return reply_call_failed(req, r);
+        return 0;
+}
+
+/* ---- snapshots ---- */
+
+struct snapshot_create_args {
+        char tag[REST_TAG_MAX + 2];
+        char kernel[PATH_MAX];
+        char rootfs[PATH_MAX];
+        int64_t boot_wait_secs;
+        int64_t mem_mib;
+        bool rw;
+        char tap[64];
+};
+
+static int route_snapshots_create(RestRequest *req) {
+        static const struct json_dispatch table[] = {
+                { "tag", JSON_KIND_STRING, NULL, offsetof(struct snapshot_create_args, tag),
+                  JSON_FIELD_SIZE(struct snapshot_create_args, tag), JSON_MANDATORY },
+                { "kernel", JSON_KIND_STRING, NULL, offsetof(struct snapshot_create_args, kernel),
+                  JSON_FIELD_SIZE(struct snapshot_create_args, kernel), JSON_MANDATORY },
+                { "rootfs", JSON_KIND_STRING, NULL, offsetof(struct snapshot_create_args, rootfs),
+                  JSON_FIELD_SIZE(struct snapshot_create_args, rootfs), JSON_MANDATORY },
+                { "boot_wait_secs", JSON_KIND_INT64, NULL, offsetof(struct snapshot_create_args, boot_wait_secs), 0, 0 },
+                { "mem_mib", JSON_KIND_INT64, NULL, offsetof(struct snapshot_create_args, mem_mib), 0, JSON_NULLABLE },
+                /* accepted for compatibility; forkd has no tap or rw switch here */
+                { "rw", JSON_KIND_BOOL, NULL, offsetof(struct snapshot_create_args, rw), 0, JSON_NULLABLE },
+                { "tap", JSON_KIND_STRING, NULL, offsetof(struct snapshot_create_args, tap),
+                  JSON_FIELD_SIZE(struct snapshot_create_args, tap), JSON_NULLABLE },
+                {}
+        };
+        _cleanup_json_ struct json_object *o = NULL;
+        struct snapshot_create_args a = { .boot_wait_secs = BOOT_WAIT_DEFAULT };
+        const char *field = NULL, *reason = NULL;
+        int r;
+
+        if (rest_request_parse_json(req, false, &o) < 0)
+                return 0;
+        r = json_dispatch_full(o, table, JSON_REJECT_UNKNOWN, &a, &field, &reason);
+        if (r < 0) {
+                if (field && !strcmp(field, "tag") && r == -ENAMETOOLONG)
+                        return rest_reply_error(req, 400, "invalid tag: at most %d characters", REST_TAG_MAX);
+                return reply_dispatch_error(req, r, field, reason);
+        }
+        if (!rest_tag_is_valid(a.tag))
+                return rest_reply_error(req, 400, "invalid tag '%s': must match ^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$", a.tag);
+        if (!a.kernel[0] || !a.rootfs[0])
+                return rest_reply_error(req, 400, "kernel and rootfs must not be empty");
+        if (a.boot_wait_secs < 1 || a.boot_wait_secs > BOOT_WAIT_MAX)
+                return rest_reply_error(req, 400, "boot_wait_secs must be between 1 and %d", BOOT_WAIT_MAX);
+        if (a.mem_mib < 0 || a.mem_mib > 1024 * 1024)
+                return rest_reply_error(req, 400, "mem_mib out of range");
+
+        return call_manager(req, "CreateSnapshot", (uint64_t) (a.boot_wait_secs + 120) * USEC_PER_SEC,
+                            on_reply_snapshot_created, "sssuu", a.tag, a.kernel, a.rootfs, (uint32_t) a.mem_mib,
+                            (uint32_t) a.boot_wait_secs);
+}
+
+static int route_snapshots_list(RestRequest *req) {
+        return call_manager(req, "ListSnapshots", CALL_TIMEOUT_SHORT, on_reply_array_200, NULL);
+}
+
+static int route_snapshot_delete(RestRequest *req) {
+        const char *tag = param_or_reply(req, "tag");
+        int cascade, force;
+
+        if (!tag)
+                return 0;
+        cascade = rest_parse_bool_arg(rest_request_query(req, "cascade"));
+        force = rest_parse_bool_arg(rest_request_query(req, "force"));
+        if (cascade < 0 || force < 0)
+                return rest_reply_error(req, 400, "cascade and force take true or false");
+        if (cascade && force)
+                return rest_reply_error(req, 400, "?cascade=true and ?force=true are mutually exclusive");
+        return call_manager(req, "DeleteSnapshot", CALL_TIMEOUT_FORK, on_reply_empty_204, "sbb", tag, cascade, force);
+}
+
+static int route_snapshot_info(RestRequest *req) {
+        const char *tag = param_or_reply(req, "tag");
+
+        if (!tag)
+                return 0;
+        return call_manager(req, "GetSnapshotInfo", CALL_TIMEOUT_SHORT, on_reply_snapshot_info, "s", tag);
+}
+
+static int route_snapshot_compact(RestRequest *req) {
+        if (!param_or_reply(req, "tag"))
+                return 0;
+        return rest_reply_error(req, 501, "snapshot compaction is not implemented by this forkd");
+}
+
+/* ---- sandboxes ---- */
+
+struct fork_args {
+        char snapshot_tag[REST_TAG_MAX + 2];
+        int64_t n;
+        bool per_child_netns;
+        int64_t memory_limit_mib;
+        bool live_fork;
+};
+
+static int route_sandboxes_create(RestRequest *req) {
+        static const struct json_dispatch table[] = {
+                { "snapshot_tag", JSON_KIND_STRING, NULL, offsetof(struct fork_args, snapshot_tag),
+                  JSON_FIELD_SIZE(struct fork_args, snapshot_tag), JSON_MANDATORY },
+                { "n", JSON_KIND_INT64, NULL, offsetof(struct fork_args, n), 0, 0 },
+                { "per_child_netns", JSON_KIND_BOOL, NULL, offsetof(struct fork_args, per_child_netns), 0, 0 },
+                { "memory_limit_mib", JSON_KIND_INT64, NULL, offsetof(struct fork_args, memory_limit_mib), 0,
+                  JSON_NULLABLE },
+                { "live_fork", JSON_KIND_BOOL, NULL, offsetof(struct fork_args, live_fork), 0, 0 },
+                {}
+        };
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *m = NULL;
+        _cleanup_json_ struct json_object *o = NULL;
+        struct fork_args a = { .n = 1 };
+        const char *field = NULL, *reason = NULL;
+        int r;
+
+        if (rest_request_parse_json(req, false, &o) < 0)
+                return 0;
+        r = json_dispatch_full(o, table, JSON_REJECT_UNKNOWN, &a, &field, &reason);
+        if (r < 0) {
+                if (field && !strcmp(field, "snapshot_tag") && r == -ENAMETOOLONG)
+                        return rest_reply_error(req, 400, "invalid snapshot_tag: at most %d characters", REST_TAG_MAX);
+                if (field && !strcmp(field, "n") && IN_SET_N(r))
+                        return rest_reply_error(req, 400, "n must be an integer between 1 and %d", FORK_N_MAX);
+                return reply_dispatch_error(req, r, field, reason);
+        }
+        if (!rest_tag_is_valid(a.snapshot_tag))
+                return rest_reply_error(req, 400, "invalid snapshot_tag '%s': must match ^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$",
+                                        a.snapshot_tag);
+        if (a.n < 1 || a.n > FORK_N_MAX)
+                return rest_reply_error(req, 400, "n must be an integer between 1 and %d", FORK_N_MAX);
+        if (a.memory_limit_mib < 0 || a.memory_limit_mib > UINT32_MAX)
+                return rest_reply_error(req, 400, "memory_limit_mib out of range");
+
+        r = rest_new_manager_call(req, "Fork", &m);
+        if (r < 0)
+                return reply_call_failed(req, r);
+        r = sd_bus_message_append(m, "su", a.snapshot_tag, (uint32_t) a.n);
+        if (r >= 0)
+                r = sd_bus_message_open_container(m, 'a', "{sv}");
+        if (r >= 0)
+                r = sd_bus_message_append(m, "{sv}", "per_child_netns", "b", a.per_child_netns);
+        if (r >= 0 && a.memory_limit_mib > 0)
+                r = sd_bus_message_append(m, "{sv}", "memory_limit_mib", "u", (uint32_t) a.memory_limit_mib);
+        if (r >= 0)
+                r = sd_bus_message_append(m, "{sv}", "live_fork", "b", a.live_fork);
+        if (r >= 0)
+                r = sd_bus_message_close_container(m);
+        if (r < 0)
+                return rest_reply_error(req, 500, "cannot build D-Bus call: %s", strerror(-r));
+        r = rest_call(req, m, CALL_TIMEOUT_FORK, on_reply_array_201);
+        if (r < 0)
+                return reply_call_failed(req, r);
+        return 0;
+}
+
+static int route_sandboxes_list(RestRequest *req) {
+        return call_manager(req, "ListSandboxes", CALL_TIMEOUT_SHORT, on_reply_array_200, NULL);
+}
+
+static int route_sandbox_get(RestRequest *req) {
+        const char *id = param_or_reply(req, "sandbox id");
+
+        if (!id)
+                return 0;
+        return call_manager(req, "GetSandbox", CALL_TIMEOUT_SHORT, on_reply_dict_200, "s", id);
+}
+
+static int route_sandbox_delete(RestRequest *req) {
+        const char *id = param_or_reply(req, "sandbox id");
+
+        if (!id)
+                return 0;
+        return call_manager(req, "TerminateSandbox", CALL_TIMEOUT_SHORT, on_reply_empty_204, "s", id);
+}
+
+static int route_sandbox_ping(RestRequest *req) {
+        const char *id = param_or_reply(req, "sandbox id");
+
+        if (!id)
+                return 0;
+        return call_manager(req, "Ping", CALL_TIMEOUT_SHORT, on_reply_agent, "s", id);
+}
+
+struct exec_args {
+        struct json_object *args;
+        int64_t timeout_secs;
+};
+
+static int route_sandbox_exec(RestRequest *req) {
+        static const struct json_dispatch table[] = {
+                { "args", JSON_KIND_ARRAY, NULL, offsetof(struct exec_args, args), 0, JSON_MANDATORY },
+                { "timeout_secs", JSON_KIND_INT64, NULL, offsetof(struct exec_args, timeout_secs), 0, 0 },
+                {}
+        };
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *m = NULL;
+        _cleanup_json_ struct json_object *o = NULL;
+        struct exec_args a = {};
+        const char *field = NULL, *reason = NULL, *id;
+        size_t n;
+        int r;
+
+        id = param_or_reply(req, "sandbox id");
+        if (!id)
+                return 0;
+        if (rest_request_parse_json(req, false, &o) < 0)
+                return 0;
+        r = json_dispatch_full(o, table, JSON_REJECT_UNKNOWN, &a, &field, &reason);
+        if (r < 0)
+                return reply_dispatch_error(req, r, field, reason);
+        n = json_object_array_length(a.args);
+        if (n == 0 || n > EXEC_ARGS_MAX)
+                return rest_reply_error(req, 400, "args must hold 1 to %d strings", EXEC_ARGS_MAX);
+        if (a.timeout_secs < 0 || a.timeout_secs > EXEC_TIMEOUT_MAX)
+                return rest_reply_error(req, 400, "timeout_secs must be between 0 and %d", EXEC_TIMEOUT_MAX);
+
+        r = rest_new_manager_call(req, "Exec", &m);
+        if (r < 0)
+                return reply_call_failed(req, r);
+        r = sd_bus_message_append(m, "s", id);
+        if (r >= 0)
+                r = sd_bus_message_open_container(m, 'a', "s");
+        for (size_t i = 0; r >= 0 && i < n; i++) {
+                struct json_object *e = json_object_array_get_idx(a.args, i);
+                const char *s;
+                size_t len;
+
+                if (!e || !json_object_is_type(e, json_type_string))
+                        return rest_reply_error(req, 400, "args[%zu]: expected a string", i);
+                s = json_object_get_string(e);
+                len = (size_t) json_object_get_string_len(e);
+                if (memchr(s, 0, len) || !utf8_is_valid_n(s, len))
+                        return rest_reply_error(req, 400, "args[%zu]: invalid string", i);
+                r = sd_bus_message_append_basic(m, 's', s);
+        }
+        if (r >= 0)
+                r = sd_bus_message_close_container(m);
+        if (r >= 0)
+                r = sd_bus_message_append(m, "u", (uint32_t) a.timeout_secs);
+        if (r < 0)
+                return rest_reply_error(req, 500, "cannot build D-Bus call: %s", strerror(-r));
+        r = rest_call(req, m, (uint64_t) ((a.timeout_secs ?: 30) + 30) * USEC_PER_SEC, on_reply_agent);
+        if (r < 0)
+                return reply_call_failed(req, r);
+        return 0;
+}
+
+struct eval_args {
+        char *code;
+};
+
+static int route_sandbox_eval(RestRequest *req) {
+        static const struct json_dispatch table[] = {
+                { "code", JSON_KIND_STRING, NULL, offsetof(struct eval_args, code), 0, JSON_MANDATORY },
+                {}
+        };
+        _cleanup_json_ struct json_object *o = NULL;
+        struct eval_args a = {};
+        const char *field = NULL, *reason = NULL, *id;
+        int r;
+
+        id = param_or_reply(req, "sandbox id");
+        if (!id)
+                return 0;
+        if (rest_request_parse_json(req, false, &o) < 0)
+                return 0;
+        r = json_dispatch_full(o, table, JSON_REJECT_UNKNOWN, &a, &field, &reason);
+        if (r < 0) {
+                free(a.code);
+                return reply_dispatch_error(req, r, field, reason);
+        }
+        r = call_manager(req, "Eval", CALL_TIMEOUT_SHORT, on_reply_agent, "ss", id, a.code);
+        free(a.code);
+        return r;
+}
+
+static int route_sandbox_branch(RestRequest *req) {
+        if (!param_or_reply(req, "sandbox id"))
+                return 0;
+        return rest_reply_error(req, 501, "branching a running sandbox is not implemented by this forkd");
+}
+
+static int route_sandbox_fork(RestRequest *req) {
+        if (!param_or_reply(req, "sandbox id"))
+                return 0;
+        return rest_reply_error(req, 501, "forking a running sandbox is not implemented by this forkd");
+}
+
+const RestRoute rest_routes[] = {
+        { "/healthz", true, { { "GET", route_healthz } }, "GET" },
+        { "/version", false, { { "GET", route_version } }, "GET" },
+        { "/metrics", false, { { "GET", route_metrics } }, "GET" },
+        { "/v1/snapshots", false, { { "GET", route_snapshots_list }, { "POST", route_snapshots_create } }, "GET, POST" },
+        { "/v1/snapshots/%", false, { { "DELETE", route_snapshot_delete } }, "DELETE" },
+        { "/v1/snapshots/%/info", false, { { "GET", route_snapshot_info } }, "GET" },
+        { "/v1/snapshots/%/compact", false, { { "POST", route_snapshot_compact } }, "POST" },
+        { "/v1/sandboxes", false, { { "GET", route_sandboxes_list }, { "POST", route_sandboxes_create } }, "GET, POST" },
+        { "/v1/sandboxes/%", false, { { "GET", route_sandbox_get }, { "DELETE", route_sandbox_delete } }, "GET, DELETE" },
+        { "/v1/sandboxes/%/ping", false, { { "POST", route_sandbox_ping } }, "POST" },
+        { "/v1/sandboxes/%/exec", false, { { "POST", route_sandbox_exec } }, "POST" },
+        { "/v1/sandboxes/%/eval", false, { { "POST", route_sandbox_eval } }, "POST" },
+        { "/v1/sandboxes/%/branch", false, { { "POST", route_sandbox_branch } }, "POST" },
+        { "/v1/sandboxes/%/fork", false, { { "POST", route_sandbox_fork } }, "POST" },
+};
+const size_t rest_routes_count = ELEMENTSOF(rest_routes);

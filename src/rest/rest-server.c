@@ -1,0 +1,959 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+
+#include <fcntl.h>
+#include <inttypes.h>
+#include <microhttpd.h>
+#include <stdarg.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include "json-util.h"
+#include "macro.h"
+#include "rest-server.h"
+#include "rest-util.h"
+
+#define REST_PARAM_MAX 256
+#define REST_JSON_DEPTH_MAX 32
+#define USEC_PER_SEC 1000000ULL
+
+enum { METHOD_GET, METHOD_POST, METHOD_DELETE, METHOD_OTHER, _METHOD_MAX };
+static const char *const method_names[_METHOD_MAX] = { "GET", "POST", "DELETE", "OTHER" };
+
+static const unsigned metric_codes[] = { 200, 201, 204, 400, 401, 403, 404, 405, 409, 413, 500, 501, 503, 504 };
+#define CODE_OTHER ELEMENTSOF(metric_codes)
+#define CODES_MAX (ELEMENTSOF(metric_codes) + 1)
+
+static const double latency_buckets[] = { 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
+                                          0.05,   0.1,     0.25,   0.5,   1,      2.5,   5,    10,  30, 60 };
+#define BUCKETS ELEMENTSOF(latency_buckets)
+#define ROUTES_MAX 24
+
+typedef struct RestConn RestConn;
+
+struct RestConn {
+        RestServer *server;
+        int fd;
+        uint64_t deadline; /* CLOCK_MONOTONIC usec; 0: none */
+        RestConn *prev, *next;
+};
+
+struct RestRequest {
+        RestServer *server;
+        struct MHD_Connection *connection;
+        RestConn *conn;
+        const RestRoute *route;
+        const struct rest_method *method;
+        int route_index; /* rest_routes_count: unknown */
+        int method_index;
+        char param[REST_PARAM_MAX];
+        bool has_param;
+
+        char *body;
+        size_t body_len, body_alloc;
+
+        bool too_large;   /* body over the cap: discarding the rest */
+        bool queued;      /* a response went to MHD */
+        bool suspended;   /* a D-Bus call is in flight */
+        struct MHD_Response *pending;
+        unsigned pending_status;
+        sd_bus_slot *slot;
+        rest_reply_func on_reply;
+
+        unsigned status;
+        uint64_t start;
+        RestRequest *prev, *next; /* suspended list */
+};
+
+struct RestServer {
+        sd_event *event;
+        struct MHD_Daemon *daemon;
+        sd_event_source *io_source, *timer_source, *deadline_source, *resume_source;
+        sd_bus *bus;
+        char *bus_address;
+        char *token;
+        size_t token_len;
+        char *tls_cert, *tls_key;
+        unsigned timeout_secs;
+        size_t body_max;
+        unsigned calls_max, calls_in_flight;
+
+        RestConn *conns;
+        unsigned conns_active;
+        RestRequest *suspended;
+
+        /* metrics */
+        uint64_t requests[ROUTES_MAX][_METHOD_MAX][CODES_MAX];
+        uint64_t hist[ROUTES_MAX][BUCKETS + 1];
+        double hist_sum[ROUTES_MAX];
+        uint64_t hist_count[ROUTES_MAX];
+        uint64_t conns_cut, conns_total, calls_total, calls_rejected;
+};
+
+static uint64_t now_usec(void) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (uint64_t) ts.tv_sec * USEC_PER_SEC + (uint64_t) ts.tv_nsec / 1000;
+}
+
+/* ---------------- D-Bus connection ---------------- */
+
+static int bus_ensure(RestServer *s) {
+        _cleanup_(sd_bus_unrefp) sd_bus *bus = NULL;
+        int r;
+
+        if (s->bus && sd_bus_is_open(s->bus) > 0)
+                return 0;
+
+        /* Calls still pending on a closed connection hold their own
+         * references; the old bus stays attached until they got their
+         * (synthesised) error replies. */
+        s->bus = sd_bus_unref(s->bus);
+
+        if (s->bus_address) {
+                r = sd_bus_new(&bus);
+                if (r < 0)
+                        return r;
+                r = sd_bus_set_address(bus, s->bus_address);
+                if (r < 0)
+                        return r;
+                r = sd_bus_set_bus_client(bus, true);
+                if (r < 0)
+                        return r;
+                (void) sd_bus_set_description(bus, "forkd-rest");
+                r = sd_bus_start(bus);
+                if (r < 0)
+                        return r;
+        } else {
+                r = sd_bus_open_system_with_description(&bus, "forkd-rest");
+                if (r < 0)
+                        return r;
+        }
+        r = sd_bus_attach_event(bus, s->event, SD_EVENT_PRIORITY_NORMAL);
+        if (r < 0)
+                return r;
+
+        s->bus = TAKE_PTR(bus);
+        return 0;
+}
+
+/* ---------------- responses ---------------- */
+
+static void suspended_unlink(RestRequest *req) {
+        RestServer *s = req->server;
+
+        if (req->prev)
+                req->prev->next = req->next;
+        else if (s->suspended == req)
+                s->suspended = req->next;
+        if (req->next)
+                req->next->prev = req->prev;
+        req->prev = req->next = NULL;
+}
+
+static int queue_response(RestRequest *req, unsigned status, struct MHD_Response *resp) {
+        if (req->suspended) {
+                /* We are in a D-Bus reply callback: park the response and
+                 * let MHD call the access handler again. */
+                req->pending = resp;
+                req->pending_status = status;
+                req->suspended = false;
+                suspended_unlink(req);
+                (void) MHD_set_connection_option(req->connection, MHD_CONNECTION_OPTION_TIMEOUT,
+                                                 req->server->timeout_secs);
+                MHD_resume_connection(req->connection);
+                /* MHD has no wake-up channel in external polling mode: run it
+                 * once more from this loop iteration. */
+                (void) sd_event_source_set_enabled(req->server->resume_source, SD_EVENT_ONESHOT);
+                return 0;
+        }
+        if (req->queued || req->pending) {
+                MHD_destroy_response(resp);
+                return -EALREADY;
+        }
+        if (MHD_queue_response(req->connection, status, resp) != MHD_YES) {
+                MHD_destroy_response(resp);
+                return -EIO;
+        }
+        MHD_destroy_response(resp);
+        req->queued = true;
+        req->status = status;
+        return 0;
+}
+
+int rest_reply_raw(RestRequest *req, unsigned status, const char *content_type, const char *body, size_t len) {
+        struct MHD_Response *resp;
+
+        resp = MHD_create_response_from_buffer(len, (void *) body, MHD_RESPMEM_MUST_COPY);
+        if (!resp)
+                return -ENOMEM;
+        if (content_type)
+                (void) MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);
+        if (status == 401)
+                (void) MHD_add_response_header(resp, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
+        if (status == 405 && req->route && req->route->allow)
+                (void) MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, req->route->allow);
+        return queue_response(req, status, resp);
+}
+
+int rest_reply_json(RestRequest *req, unsigned status, struct json_object *body) {
+        const char *s;
+        size_t len;
+
+        s = rest_json_string(body, &len);
+        if (!s)
+                return -ENOMEM;
+        return rest_reply_raw(req, status, "application/json", s, len);
+}
+
+int rest_reply_no_content(RestRequest *req) {
+        return rest_reply_raw(req, 204, NULL, "", 0);
+}
+
+static int reply_error_string(RestRequest *req, unsigned status, const char *msg) {
+        _cleanup_json_ struct json_object *o = NULL;
+        struct json_object *m;
+
+        o = json_object_new_object();
+        if (!o)
+                return -ENOMEM;
+        /* json-c escapes control bytes; invalid UTF-8 from a peer is replaced */
+        m = json_object_new_string(utf8_is_valid_n(msg, strlen(msg)) ? msg : "(message not valid UTF-8)");
+        if (!m || json_object_object_add(o, "error", m) < 0) {
+                json_object_put(m);
+                return -ENOMEM;
+        }
+        return rest_reply_json(req, status, o);
+}
+
+int rest_reply_error(RestRequest *req, unsigned status, const char *fmt, ...) {
+        char msg[1024];
+        va_list ap;
+
+        va_start(ap, fmt);
+        (void) vsnprintf(msg, sizeof msg, fmt, ap);
+        va_end(ap);
+        return reply_error_string(req, status, msg);
+}
+
+int rest_reply_bus_error(RestRequest *req, const sd_bus_error *e, unsigned override_exists_status) {
+        unsigned status = rest_status_from_bus_error(e ? e->name : NULL);
+
+        if (override_exists_status && e && e->name && !strcmp(e->name, "org.forkd.Error.SnapshotExists"))
+                status = override_exists_status;
+        if (e && rest_bus_error_is_unavailable(e->name))
+                return rest_reply_error(req, status, "forkd daemon unavailable: %s",
+                                        e->message ?: e->name);
+        return reply_error_string(req, status, e && e->message && *e->message ? e->message
+                                              : e && e->name                   ? e->name
+                                                                               : "internal error");
+}
+
+/* ---------------- D-Bus calls ---------------- */
+
+int rest_new_call(RestRequest *req, const char *path, const char *interface, const char *member,
+                  sd_bus_message **ret) {
+        RestServer *s = req->server;
+        int r;
+
+        r = bus_ensure(s);
+        if (r < 0)
+                return log_debug_errno(r, "Cannot connect to the bus: %m");
+        return sd_bus_message_new_method_call(s->bus, ret, "org.forkd.Manager", path, interface, member);
+}
+
+int rest_new_manager_call(RestRequest *req, const char *member, sd_bus_message **ret) {
+        return rest_new_call(req, "/org/forkd/Manager", "org.forkd.Manager", member, ret);
+}
+
+static int on_bus_reply(sd_bus_message *reply, void *userdata, sd_bus_error *ret_error) {
+        RestRequest *req = userdata;
+        RestServer *s = req->server;
+        int r;
+
+        req->slot = sd_bus_slot_unref(req->slot);
+        s->calls_in_flight--;
+
+        r = req->on_reply(req, reply);
+        if (r < 0 && req->suspended)
+                (void) rest_reply_error(req, 500, "failed to translate the daemon's reply: %s", strerror(-r));
+        if (req->suspended) /* a handler that forgot to answer */
+                (void) rest_reply_error(req, 500, "no reply produced");
+        return 0;
+}
+
+int rest_call(RestRequest *req, sd_bus_message *m, uint64_t timeout_usec, rest_reply_func on_reply) {
+        RestServer *s = req->server;
+        int r;
+
+        if (s->calls_in_flight >= s->calls_max) {
+                s->calls_rejected++;
+                return -EBUSY;
+        }
+        r = sd_bus_call_async(s->bus, &req->slot, m, on_bus_reply, req, timeout_usec);
+        if (r < 0)
+                return log_debug_errno(r, "Failed to send D-Bus call: %m");
+
+        s->calls_in_flight++;
+        s->calls_total++;
+        req->on_reply = on_reply;
+        req->suspended = true;
+        req->next = s->suspended;
+        if (s->suspended)
+                s->suspended->prev = req;
+        s->suspended = req;
+        /* No idle timeout while we wait for the daemon: the D-Bus call has its own. */
+        (void) MHD_set_connection_option(req->connection, MHD_CONNECTION_OPTION_TIMEOUT, 0);
+        MHD_suspend_connection(req->connection);
+        return 0;
+}
+
+/* ---------------- request accessors ---------------- */
+
+const char *rest_request_param(RestRequest *req) {
+        return req->has_param ? req->param : NULL;
+}
+
+const char *rest_request_body(RestRequest *req, size_t *ret_len) {
+        *ret_len = req->body_len;
+        return req->body ?: "";
+}
+
+const char *rest_request_query(RestRequest *req, const char *key) {
+        return MHD_lookup_connection_value(req->connection, MHD_GET_ARGUMENT_KIND, key);
+}
+
+RestServer *rest_request_server(RestRequest *req) {
+        return req->server;
+}
+
+int rest_request_parse_json(RestRequest *req, bool allow_empty, struct json_object **ret) {
+        const char *err = NULL;
+        struct json_object *o;
+        size_t i;
+        int r;
+
+        for (i = 0; i < req->body_len; i++)
+                if (!strchr(" \t\r\n", req->body[i]))
+                        break;
+        if (i == req->body_len) {
+                if (!allow_empty) {
+                        (void) rest_reply_error(req, 400, "request body must be a JSON object");
+                        return -EBADMSG;
+                }
+                o = json_object_new_object();
+                if (!o)
+                        return -ENOMEM;
+                *ret = o;
+                return 0;
+        }
+
+        r = json_parse_strict(req->body, req->body_len, req->server->body_max, REST_JSON_DEPTH_MAX, &o, &err);
+        if (r < 0) {
+                (void) rest_reply_error(req, r == -EMSGSIZE ? 413 : 400, "malformed JSON body: %s",
+                                        err ?: "parse error");
+                return r;
+        }
+        *ret = o;
+        return 0;
+}
+
+/* ---------------- routing ---------------- */
+
+static bool route_match(const char *pattern, const char *url, char *param, size_t param_size, bool *has_param) {
+        const char *p = pattern, *u = url;
+
+        *has_param = false;
+        while (*p && *u) {
+                if (*p == '%') {
+                        size_t n = strcspn(u, "/");
+
+                        if (n == 0)
+                                return false;
+                        if (n >= param_size)
+                                n = param_size - 1; /* too long: validation refuses it later */
+                        memcpy(param, u, n);
+                        param[n] = 0;
+                        *has_param = true;
+                        u += strcspn(u, "/");
+                        p++;
+                        continue;
+                }
+                if (*p != *u)
+                        return false;
+                p++, u++;
+        }
+        return *p == 0 && *u == 0;
+}
+
+static int method_index(const char *m) {
+        for (int i = 0; i < METHOD_OTHER; i++)
+                if (!strcmp(m, method_names[i]))
+                        return i;
+        return METHOD_OTHER;
+}
+
+static bool check_auth(RestRequest *req) {
+        RestServer *s = req->server;
+        const char *h;
+        size_t n;
+
+        if (!s->token || (req->route_index < (int) rest_routes_count && rest_routes[req->route_index].no_auth))
+                return true;
+        h = MHD_lookup_connection_value(req->connection, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+        if (!h || strncasecmp(h, "Bearer ", 7) != 0)
+                return false;
+        h += 7;
+        h += strspn(h, " ");
+        n = strlen(h);
+        while (n > 0 && h[n - 1] == ' ')
+                n--;
+        return rest_secret_equal(h, n, s->token, s->token_len);
+}
+
+/* The first call for a request: headers are in. Route, authenticate, check
+ * the announced body size. A response may be queued right here. */
+static enum MHD_Result request_begin(RestRequest *req, const char *url, const char *method) {
+        RestServer *s = req->server;
+        const char *cl;
+
+        req->route_index = (int) rest_routes_count;
+        req->method_index = method_index(method);
+        for (size_t i = 0; i < rest_routes_count; i++)
+                if (route_match(rest_routes[i].pattern, url, req->param, sizeof req->param, &req->has_param)) {
+                        req->route = &rest_routes[i];
+                        req->route_index = (int) i;
+                        break;
+                }
+        if (!req->route)
+                req->has_param = false;
+
+        if (req->conn)
+                req->conn->deadline = now_usec() + s->timeout_secs * USEC_PER_SEC; /* now for the body */
+
+        if (!check_auth(req)) {
+                return rest_reply_error(req, 401, "missing or invalid bearer token") < 0 ? MHD_NO : MHD_YES;
+        }
+        if (!req->route) {
+                return rest_reply_error(req, 404, "no route for %s %s", method, url) < 0 ? MHD_NO : MHD_YES;
+        }
+        for (size_t i = 0; i < ELEMENTSOF(req->route->methods) && req->route->methods[i].method; i++)
+                if (!strcmp(req->route->methods[i].method, method)) {
+                        req->method = &req->route->methods[i];
+                        break;
+                }
+        if (!req->method) {
+                return rest_reply_error(req, 405, "method %s not allowed on %s", method, url) < 0 ? MHD_NO : MHD_YES;
+        }
+
+        cl = MHD_lookup_connection_value(req->connection, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+        if (cl) {
+                char *end;
+                unsigned long long v;
+
+                errno = 0;
+                v = strtoull(cl, &end, 10);
+                if (errno || end == cl || *end) {
+                        return rest_reply_error(req, 400, "invalid Content-Length") < 0 ? MHD_NO : MHD_YES;
+                }
+                if (v > s->body_max) {
+                        return rest_reply_error(req, 413, "request body larger than %zu bytes", s->body_max) < 0 ? MHD_NO : MHD_YES;
+                }
+        }
+        return MHD_YES;
+}
+
+static enum MHD_Result handle_access(void *cls, struct MHD_Connection *connection, const char *url,
+                                     const char *method, const char *version, const char *upload_data,
+                                     size_t *upload_data_size, void **con_cls) {
+        RestServer *s = cls;
+        RestRequest *req = *con_cls;
+        int r;
+
+        if (!req) {
+                const union MHD_ConnectionInfo *ci;
+
+                req = calloc(1, sizeof *req);
+                if (!req)
+                        return MHD_NO;
+                req->server = s;
+                req->connection = connection;
+                req->start = now_usec();
+                ci = MHD_get_connection_info(connection, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+                req->conn = ci ? ci->socket_context : NULL;
+                *con_cls = req;
+                return request_begin(req, url, method);
+        }
+
+        if (req->pending) {
+                /* resumed after the D-Bus reply */
+                struct MHD_Response *resp = TAKE_PTR(req->pending);
+
+                if (MHD_queue_response(connection, req->pending_status, resp) != MHD_YES) {
+                        MHD_destroy_response(resp);
+                        return MHD_NO;
+                }
+                MHD_destroy_response(resp);
+                req->queued = true;
+                req->status = req->pending_status;
+                return MHD_YES;
+        }
+
+        if (*upload_data_size > 0) {
+                size_t n = *upload_data_size;
+
+                *upload_data_size = 0;
+                if (req->queued)
+                        return MHD_YES; /* answered early: discard */
+                if (req->too_large)
+                        return MHD_YES; /* discard; the request deadline bounds how long */
+                if (n > s->body_max - req->body_len) {
+                        /* Chunked, or more than Content-Length said: refuse
+                         * before buffering. MHD does not take a response in
+                         * the middle of an upload, so drop the rest and
+                         * answer 413 once the client is done. */
+                        free(req->body);
+                        req->body = NULL;
+                        req->body_len = req->body_alloc = 0;
+                        req->too_large = true;
+                        return MHD_YES;
+                }
+                if (req->body_len + n + 1 > req->body_alloc) {
+                        size_t a = MAX(req->body_alloc * 2, req->body_len + n + 1);
+                        char *b;
+
+                        a = MIN(a, s->body_max + 1);
+                        b = realloc(req->body, a);
+                        if (!b)
+                                return MHD_NO;
+                        req->body = b;
+                        req->body_alloc = a;
+                }
+                memcpy(req->body + req->body_len, upload_data, n);
+                req->body_len += n;
+                req->body[req->body_len] = 0;
+                return MHD_YES;
+        }
+
+        if (req->queued || req->suspended)
+                return MHD_YES;
+
+        if (!req->method) /* an early answer could not be queued */
+                return MHD_NO;
+
+        /* The whole request is in. */
+        if (req->conn)
+                req->conn->deadline = 0;
+        if (req->too_large) {
+                r = rest_reply_error(req, 413, "request body larger than %zu bytes", s->body_max);
+                return r < 0 ? MHD_NO : MHD_YES;
+        }
+        r = req->method->handler(req);
+        if (!req->queued && !req->suspended && !req->pending) {
+                if (r == -EBUSY)
+                        r = rest_reply_error(req, 503, "too many requests in flight to the daemon, retry later");
+                else if (r < 0)
+                        r = rest_reply_error(req, 503, "forkd daemon unavailable: %s", strerror(-r));
+                else
+                        r = rest_reply_error(req, 500, "internal error: no response");
+                if (r < 0)
+                        return MHD_NO;
+        }
+        return MHD_YES;
+}
+
+static void record_metrics(RestServer *s, RestRequest *req) {
+        size_t code = CODE_OTHER;
+        double secs;
+        size_t b;
+
+        if (req->route_index < 0 || req->route_index >= ROUTES_MAX)
+                return;
+        for (size_t i = 0; i < ELEMENTSOF(metric_codes); i++)
+                if (metric_codes[i] == req->status) {
+                        code = i;
+                        break;
+                }
+        s->requests[req->route_index][req->method_index][code]++;
+
+        secs = (double) (now_usec() - req->start) / 1e6;
+        for (b = 0; b < BUCKETS; b++)
+                if (secs <= latency_buckets[b])
+                        break;
+        s->hist[req->route_index][b]++;
+        s->hist_sum[req->route_index] += secs;
+        s->hist_count[req->route_index]++;
+}
+
+static void handle_completed(void *cls, struct MHD_Connection *connection, void **con_cls,
+                             enum MHD_RequestTerminationCode toe) {
+        RestServer *s = cls;
+        RestRequest *req = *con_cls;
+
+        if (!req)
+                return;
+        if (req->queued)
+                record_metrics(s, req);
+        if (req->slot) {
+                req->slot = sd_bus_slot_unref(req->slot); /* cancels the call */
+                s->calls_in_flight--;
+        }
+        if (req->suspended)
+                suspended_unlink(req);
+        if (req->pending)
+                MHD_destroy_response(req->pending);
+        if (req->conn) /* the next request on this connection has its own deadline */
+                req->conn->deadline = now_usec() + s->timeout_secs * USEC_PER_SEC;
+        free(req->body);
+        free(req);
+        *con_cls = NULL;
+}
+
+static void handle_connection(void *cls, struct MHD_Connection *connection, void **socket_context,
+                              enum MHD_ConnectionNotificationCode toe) {
+        RestServer *s = cls;
+        RestConn *c;
+
+        if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+                const union MHD_ConnectionInfo *ci;
+
+                c = calloc(1, sizeof *c);
+                if (!c)
+                        return; /* no deadline for this one; the idle timeout still applies */
+                c->server = s;
+                ci = MHD_get_connection_info(connection, MHD_CONNECTION_INFO_CONNECTION_FD);
+                c->fd = ci ? ci->connect_fd : -1;
+                c->deadline = now_usec() + s->timeout_secs * USEC_PER_SEC;
+                c->next = s->conns;
+                if (s->conns)
+                        s->conns->prev = c;
+                s->conns = c;
+                s->conns_active++;
+                s->conns_total++;
+                *socket_context = c;
+                return;
+        }
+
+        c = *socket_context;
+        if (!c)
+                return;
+        if (c->prev)
+                c->prev->next = c->next;
+        else
+                s->conns = c->next;
+        if (c->next)
+                c->next->prev = c->prev;
+        s->conns_active--;
+        free(c);
+        *socket_context = NULL;
+}
+
+/* ---------------- event loop glue ---------------- */
+
+static int dispatch_http_io(sd_event_source *es, int fd, uint32_t revents, void *userdata) {
+        RestServer *s = userdata;
+        unsigned before = s->conns_active;
+
+        if (MHD_run(s->daemon) != MHD_YES)
+                log_debug("MHD_run() failed");
+        /* MHD drops the listening socket from its epoll set while at the
+         * connection limit and puts it back only at the start of the next
+         * run; with nothing else pending that run would never come. */
+        if (s->conns_active < before)
+                (void) MHD_run(s->daemon);
+        return 0;
+}
+
+static int dispatch_http_defer(sd_event_source *es, void *userdata) {
+        return dispatch_http_io(NULL, -1, 0, userdata);
+}
+
+static int dispatch_http_timer(sd_event_source *es, uint64_t usec, void *userdata) {
+        return dispatch_http_io(NULL, -1, 0, userdata);
+}
+
+static int prepare_http(sd_event_source *es, void *userdata) {
+        RestServer *s = userdata;
+        MHD_UNSIGNED_LONG_LONG ms;
+        uint64_t now;
+        int r;
+
+        if (MHD_get_timeout(s->daemon, &ms) != MHD_YES)
+                return sd_event_source_set_enabled(s->timer_source, SD_EVENT_OFF);
+
+        r = sd_event_now(s->event, CLOCK_MONOTONIC, &now);
+        if (r < 0)
+                return r;
+        r = sd_event_source_set_time(s->timer_source, now + MIN(ms, 3600000ULL) * 1000ULL);
+        if (r < 0)
+                return r;
+        return sd_event_source_set_enabled(s->timer_source, SD_EVENT_ONESHOT);
+}
+
+/* Slow clients: MHD's timeout is an idle timeout, so a client that trickles
+ * a byte now and then would stay forever. Every request must arrive whole
+ * within timeout_secs; past that its socket is shut down and MHD closes it. */
+static int dispatch_deadlines(sd_event_source *es, uint64_t usec, void *userdata) {
+        RestServer *s = userdata;
+        uint64_t now = now_usec();
+
+        for (RestConn *c = s->conns; c; c = c->next)
+                if (c->deadline > 0 && now > c->deadline && c->fd >= 0) {
+                        (void) shutdown(c->fd, SHUT_RDWR);
+                        c->deadline = 0;
+                        s->conns_cut++;
+                }
+
+        (void) sd_event_source_set_time_relative(es, 250000);
+        return sd_event_source_set_enabled(es, SD_EVENT_ONESHOT);
+}
+
+static int unhex(char c) {
+        if (c >= '0' && c <= '9')
+                return c - '0';
+        if (c >= 'a' && c <= 'f')
+                return c - 'a' + 10;
+        if (c >= 'A' && c <= 'F')
+                return c - 'A' + 10;
+        return -1;
+}
+
+/* %HH decoding of the path and query, except that %00 stays as it is: a NUL
+ * would silently cut the path short ("/v1/snapshots/x%00/info" must not
+ * become "/v1/snapshots/x"); left encoded, validation refuses it. */
+static size_t unescape_uri(void *cls, struct MHD_Connection *c, char *uri) {
+        char *w = uri;
+
+        for (const char *r = uri; *r;) {
+                int hi, lo;
+
+                if (r[0] == '%' && (hi = unhex(r[1])) >= 0 && (lo = unhex(r[2])) >= 0 && (hi | lo) != 0) {
+                        *w++ = (char) (hi << 4 | lo);
+                        r += 3;
+                } else
+                        *w++ = *r++;
+        }
+        *w = 0;
+        return (size_t) (w - uri);
+}
+
+static void mhd_logger(void *cls, const char *fmt, va_list ap) {
+        char msg[512];
+
+        (void) vsnprintf(msg, sizeof msg, fmt, ap);
+        msg[strcspn(msg, "\n")] = 0;
+        log_debug("microhttpd: %s", msg);
+}
+
+int rest_server_new(sd_event *event, const RestConfig *config, RestServer **ret) {
+        _cleanup_(rest_server_freep) RestServer *s = NULL;
+        unsigned flags = MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
+        struct MHD_OptionItem opts[16];
+        const union MHD_DaemonInfo *info;
+        size_t n = 0;
+        int fd = config->listen_fd, r;
+
+        s = calloc(1, sizeof *s);
+        if (!s) {
+                safe_close(fd);
+                return -ENOMEM;
+        }
+        s->event = sd_event_ref(event);
+        s->timeout_secs = config->timeout_secs ?: REST_TIMEOUT_SECS_DEFAULT;
+        s->body_max = config->body_max ?: REST_BODY_MAX_DEFAULT;
+        s->calls_max = config->calls_max ?: REST_CALLS_MAX_DEFAULT;
+        if (config->bus_address && !(s->bus_address = strdup(config->bus_address))) {
+                safe_close(fd);
+                return -ENOMEM;
+        }
+        if (config->token) {
+                s->token = strdup(config->token);
+                if (!s->token) {
+                        safe_close(fd);
+                        return -ENOMEM;
+                }
+                s->token_len = strlen(s->token);
+        }
+
+        r = fcntl(fd, F_GETFL);
+        if (r < 0 || fcntl(fd, F_SETFL, r | O_NONBLOCK) < 0) {
+                r = negative_errno();
+                safe_close(fd);
+                return r;
+        }
+
+        opts[n++] = (struct MHD_OptionItem) { MHD_OPTION_EXTERNAL_LOGGER, (intptr_t) mhd_logger, NULL };
+        opts[n++] = (struct MHD_OptionItem) { MHD_OPTION_LISTEN_SOCKET, fd, NULL };
+        opts[n++] = (struct MHD_OptionItem) { MHD_OPTION_CONNECTION_LIMIT,
+                                              config->connection_limit ?: REST_CONNECTION_LIMIT_DEFAULT, NULL };
+        opts[n++] = (struct MHD_OptionItem) { MHD_OPTION_CONNECTION_TIMEOUT, s->timeout_secs, NULL };
+        opts[n++] = (struct MHD_OptionItem) { MHD_OPTION_CONNECTION_MEMORY_LIMIT,
+                                              (intptr_t) (config->memory_limit ?: REST_MEMORY_LIMIT_DEFAULT),
+                                              NULL };
+        opts[n++] = (struct MHD_OptionItem) { MHD_OPTION_NOTIFY_COMPLETED, (intptr_t) handle_completed, s };
+        opts[n++] = (struct MHD_OptionItem) { MHD_OPTION_NOTIFY_CONNECTION, (intptr_t) handle_connection, s };
+        opts[n++] = (struct MHD_OptionItem) { MHD_OPTION_STRICT_FOR_CLIENT, 1, NULL };
+        opts[n++] = (struct MHD_OptionItem) { MHD_OPTION_UNESCAPE_CALLBACK, (intptr_t) unescape_uri, NULL };
+        if (config->tls_cert_pem && config->tls_key_pem) {
+                s->tls_cert = strdup(config->tls_cert_pem);
+                s->tls_key = strdup(config->tls_key_pem);
+                if (!s->tls_cert || !s->tls_key) {
+                        safe_close(fd);
+                        return -ENOMEM;
+                }
+                flags |= MHD_USE_TLS;
+                opts[n++] = (struct MHD_OptionItem) { MHD_OPTION_HTTPS_MEM_CERT, 0, s->tls_cert };
+                opts[n++] = (struct MHD_OptionItem) { MHD_OPTION_HTTPS_MEM_KEY, 0, s->tls_key };
+        }
+        opts[n++] = (struct MHD_OptionItem) { MHD_OPTION_END, 0, NULL };
+
+        s->daemon = MHD_start_daemon(flags, 0, NULL, NULL, handle_access, s, MHD_OPTION_ARRAY, opts,
+                                     MHD_OPTION_END);
+        if (!s->daemon) {
+                safe_close(fd);
+                return -EINVAL;
+        }
+
+        info = MHD_get_daemon_info(s->daemon, MHD_DAEMON_INFO_EPOLL_FD);
+        if (!info)
+                return -EINVAL;
+        r = sd_event_add_io(event, &s->io_source, info->epoll_fd, EPOLLIN, dispatch_http_io, s);
+        if (r < 0)
+                return r;
+        r = sd_event_source_set_prepare(s->io_source, prepare_http);
+        if (r < 0)
+                return r;
+        /* accuracy 1us: 0 would mean sd-event's default of 250ms, and MHD
+         * asks for "at once" whenever it has buffered data to process */
+        r = sd_event_add_time(event, &s->timer_source, CLOCK_MONOTONIC, 0, 1, dispatch_http_timer, s);
+        if (r < 0)
+                return r;
+        r = sd_event_source_set_enabled(s->timer_source, SD_EVENT_OFF);
+        if (r < 0)
+                return r;
+        r = sd_event_add_defer(event, &s->resume_source, dispatch_http_defer, s);
+        if (r < 0)
+                return r;
+        r = sd_event_source_set_enabled(s->resume_source, SD_EVENT_OFF);
+        if (r < 0)
+                return r;
+        r = sd_event_add_time_relative(event, &s->deadline_source, CLOCK_MONOTONIC, 250000, 0,
+                                       dispatch_deadlines, s);
+        if (r < 0)
+                return r;
+
+        /* Connect early so the first request does not pay for it; failure is
+         * not fatal (the daemon side may come up later). */
+        r = bus_ensure(s);
+        if (r < 0)
+                log_warning_errno(r, "Cannot connect to the bus yet, will retry per request: %m");
+
+        *ret = TAKE_PTR(s);
+        return 0;
+}
+
+RestServer *rest_server_free(RestServer *s) {
+        if (!s)
+                return NULL;
+
+        if (s->daemon) {
+                /* Resume whatever waits for the daemon, with a 503, so MHD
+                 * can close every connection cleanly. */
+                while (s->suspended) {
+                        RestRequest *req = s->suspended;
+
+                        req->slot = sd_bus_slot_unref(req->slot);
+                        s->calls_in_flight--;
+                        (void) rest_reply_error(req, 503, "forkd-rest is shutting down");
+                        if (req->suspended) { /* could not even reply */
+                                req->suspended = false;
+                                suspended_unlink(req);
+                                MHD_resume_connection(req->connection);
+                        }
+                }
+                (void) MHD_run(s->daemon);
+                MHD_stop_daemon(s->daemon);
+        }
+        sd_event_source_unref(s->io_source);
+        sd_event_source_unref(s->timer_source);
+        sd_event_source_unref(s->deadline_source);
+        sd_event_source_unref(s->resume_source);
+        sd_bus_flush_close_unref(s->bus);
+        sd_event_unref(s->event);
+        free(s->bus_address);
+        if (s->token)
+                explicit_bzero(s->token, s->token_len);
+        free(s->token);
+        if (s->tls_key)
+                explicit_bzero(s->tls_key, strlen(s->tls_key));
+        free(s->tls_key);
+        free(s->tls_cert);
+        free(s);
+        return NULL;
+}
+
+/* ---------------- metrics ---------------- */
+
+int rest_metrics_format(RestServer *s, FILE *f) {
+        size_t nroutes = MIN(rest_routes_count + 1, (size_t) ROUTES_MAX);
+
+        fputs("# HELP forkd_rest_requests_total HTTP requests answered by forkd-rest, by route, method and status.\n"
+              "# TYPE forkd_rest_requests_total counter\n",
+              f);
+        for (size_t r = 0; r < nroutes; r++)
+                for (size_t m = 0; m < _METHOD_MAX; m++)
+                        for (size_t c = 0; c < CODES_MAX; c++) {
+                                if (!s->requests[r][m][c])
+                                        continue;
+                                fprintf(f, "forkd_rest_requests_total{route=\"%s\",method=\"%s\",code=\"",
+                                        r < rest_routes_count ? rest_routes[r].pattern : "unknown", method_names[m]);
+                                if (c < CODE_OTHER)
+                                        fprintf(f, "%u", metric_codes[c]);
+                                else
+                                        fputs("other", f);
+                                fprintf(f, "\"} %" PRIu64 "\n", s->requests[r][m][c]);
+                        }
+
+        fputs("# HELP forkd_rest_request_duration_seconds Time from request headers to response, by route.\n"
+              "# TYPE forkd_rest_request_duration_seconds histogram\n",
+              f);
+        for (size_t r = 0; r < nroutes; r++) {
+                const char *name = r < rest_routes_count ? rest_routes[r].pattern : "unknown";
+                uint64_t cum = 0;
+
+                if (!s->hist_count[r])
+                        continue;
+                for (size_t b = 0; b < BUCKETS; b++) {
+                        cum += s->hist[r][b];
+                        fprintf(f, "forkd_rest_request_duration_seconds_bucket{route=\"%s\",le=\"%g\"} %" PRIu64 "\n",
+                                name, latency_buckets[b], cum);
+                }
+                fprintf(f, "forkd_rest_request_duration_seconds_bucket{route=\"%s\",le=\"+Inf\"} %" PRIu64 "\n",
+                        name, s->hist_count[r]);
+                fprintf(f, "forkd_rest_request_duration_seconds_sum{route=\"%s\"} %.6f\n", name, s->hist_sum[r]);
+                fprintf(f, "forkd_rest_request_duration_seconds_count{route=\"%s\"} %" PRIu64 "\n", name,
+                        s->hist_count[r]);
+        }
+
+        fprintf(f,
+                "# HELP forkd_rest_dbus_calls_in_flight D-Bus calls to the daemon awaiting a reply.\n"
+                "# TYPE forkd_rest_dbus_calls_in_flight gauge\n"
+                "forkd_rest_dbus_calls_in_flight %u\n"
+                "# HELP forkd_rest_dbus_calls_total D-Bus calls sent to the daemon.\n"
+                "# TYPE forkd_rest_dbus_calls_total counter\n"
+                "forkd_rest_dbus_calls_total %" PRIu64 "\n"
+                "# HELP forkd_rest_dbus_calls_rejected_total Requests refused because too many calls were in flight.\n"
+                "# TYPE forkd_rest_dbus_calls_rejected_total counter\n"
+                "forkd_rest_dbus_calls_rejected_total %" PRIu64 "\n"
+                "# HELP forkd_rest_connections_active Open HTTP connections.\n"
+                "# TYPE forkd_rest_connections_active gauge\n"
+                "forkd_rest_connections_active %u\n"
+                "# HELP forkd_rest_connections_total HTTP connections accepted.\n"
+                "# TYPE forkd_rest_connections_total counter\n"
+                "forkd_rest_connections_total %" PRIu64 "\n"
+                "# HELP forkd_rest_connections_cut_total Connections cut off for not sending a request in time.\n"
+                "# TYPE forkd_rest_connections_cut_total counter\n"
+                "forkd_rest_connections_cut_total %" PRIu64 "\n",
+                s->calls_in_flight, s->calls_total, s->calls_rejected, s->conns_active, s->conns_total,
+                s->conns_cut);
+        return ferror(f) ? -EIO : 0;
+}

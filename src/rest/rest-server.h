@@ -1,0 +1,95 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#pragma once
+
+/*
+ * forkd-rest's HTTP side: libmicrohttpd in external-polling epoll mode driven
+ * by sd-event (its epoll fd is one io source, its timeout one timer), the
+ * request lifecycle (auth, body cap, suspend while a D-Bus call is in flight,
+ * resume on the reply), request deadlines and the bridge's own metrics.
+ * No threads.
+ */
+
+#include <json-c/json.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/socket.h>
+#include <systemd/sd-bus.h>
+#include <systemd/sd-event.h>
+
+typedef struct RestServer RestServer;
+typedef struct RestRequest RestRequest;
+
+typedef struct RestConfig {
+        int listen_fd;              /* bound, listening socket; the server takes it */
+        const char *tls_cert_pem;   /* both set: HTTPS */
+        const char *tls_key_pem;
+        const char *token;          /* NULL: no authentication */
+        const char *bus_address;    /* NULL: the system bus */
+        unsigned connection_limit;  /* MHD_OPTION_CONNECTION_LIMIT */
+        unsigned timeout_secs;      /* idle timeout and request deadline */
+        size_t memory_limit;        /* per-connection pool (headers) */
+        size_t body_max;            /* request body cap */
+        unsigned calls_max;         /* D-Bus calls in flight */
+} RestConfig;
+
+#define REST_CONNECTION_LIMIT_DEFAULT 256u
+#define REST_TIMEOUT_SECS_DEFAULT 10u
+#define REST_MEMORY_LIMIT_DEFAULT (64u * 1024u)
+#define REST_BODY_MAX_DEFAULT (1024u * 1024u)
+#define REST_CALLS_MAX_DEFAULT 64u
+
+int rest_server_new(sd_event *event, const RestConfig *config, RestServer **ret);
+RestServer *rest_server_free(RestServer *s);
+static inline void rest_server_freep(RestServer **s) {
+        rest_server_free(*s);
+}
+
+/* ---- used by the route handlers (rest-routes.c) ---- */
+
+typedef int (*rest_reply_func)(RestRequest *req, sd_bus_message *reply);
+
+struct rest_method {
+        const char *method;     /* "GET", "POST", "DELETE" */
+        int (*handler)(RestRequest *req);
+};
+
+typedef struct RestRoute {
+        const char *pattern;    /* "/v1/snapshots/%/info": '%' matches one segment */
+        bool no_auth;
+        struct rest_method methods[3];
+        const char *allow;      /* value of the Allow header on 405 */
+} RestRoute;
+
+extern const RestRoute rest_routes[];
+extern const size_t rest_routes_count;
+
+const char *rest_request_param(RestRequest *req);             /* the '%' segment, or NULL */
+const char *rest_request_body(RestRequest *req, size_t *ret_len);
+const char *rest_request_query(RestRequest *req, const char *key);
+RestServer *rest_request_server(RestRequest *req);
+
+/* Parse the body as one strict JSON object. An empty body yields an empty
+ * object when allow_empty. On failure a 400 has been queued and the return
+ * value is negative. */
+int rest_request_parse_json(RestRequest *req, bool allow_empty, struct json_object **ret);
+
+/* Replies. Each returns 0 (or a negative errno if even the reply failed). */
+int rest_reply_json(RestRequest *req, unsigned status, struct json_object *body);
+int rest_reply_raw(RestRequest *req, unsigned status, const char *content_type, const char *body, size_t len);
+int rest_reply_error(RestRequest *req, unsigned status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+int rest_reply_no_content(RestRequest *req);
+/* Turn a D-Bus error reply into the mapped status and {"error": message}. */
+int rest_reply_bus_error(RestRequest *req, const sd_bus_error *e, unsigned override_exists_status);
+
+/* Create a method call on org.forkd.Manager at /org/forkd/Manager, or on
+ * interface/path given. Fails with a queued 503 when the bus is unreachable. */
+int rest_new_manager_call(RestRequest *req, const char *member, sd_bus_message **ret);
+int rest_new_call(RestRequest *req, const char *path, const char *interface, const char *member,
+                  sd_bus_message **ret);
+/* Send m asynchronously and suspend the connection until the reply; then
+ * on_reply(req, reply) is called with an error or a method return. A 503
+ * is queued instead when the cap of calls in flight is reached. */
+int rest_call(RestRequest *req, sd_bus_message *m, uint64_t timeout_usec, rest_reply_func on_reply);
+
+/* Metrics in Prometheus text format (the bridge's own counters). */
+int rest_metrics_format(RestServer *s, FILE *f);

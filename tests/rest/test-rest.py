@@ -1,0 +1,821 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""
+Integration test of forkd-rest: real HTTP(S) against the real stack (a
+private dbus-daemon, the real forkd daemon with forkd-vmm and the test guest,
+and forkd-rest), TAP output. Standard library only.
+
+Environment (set by tests/rest/meson.build):
+  FORKD_REST        build/src/rest/forkd-rest
+  FORKD_DAEMON      build/src/daemon/forkd (the daemon part is skipped if absent)
+  FORKD_VMM         build/src/vmm/forkd-vmm
+  FORKD_TEST_GUEST  build/tests/guest/forkd-test-guest.elf
+  DBUS_DAEMON       dbus-daemon
+"""
+
+import http.client
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+
+REST = os.environ.get("FORKD_REST", "")
+DAEMON = os.environ.get("FORKD_DAEMON", "")
+VMM = os.environ.get("FORKD_VMM", "")
+GUEST = os.environ.get("FORKD_TEST_GUEST", "")
+DBUS_DAEMON = os.environ.get("DBUS_DAEMON") or shutil.which("dbus-daemon") or ""
+TOKEN = "t0ken-" + os.urandom(12).hex()
+REQUEST_TIMEOUT = 3  # forkd-rest --timeout for the main instance
+BODY_MAX = 1024 * 1024
+
+# ---------------------------------------------------------------- TAP
+
+
+class Skip(Exception):
+    pass
+
+
+class Tap:
+    def __init__(self):
+        self.n = 0
+        self.failed = 0
+
+    def run(self, name, fn, *args):
+        self.n += 1
+        try:
+            fn(*args)
+            print(f"ok {self.n} - {name}", flush=True)
+        except Skip as e:
+            print(f"ok {self.n} - {name} # SKIP {e}", flush=True)
+        except Exception as e:  # noqa: BLE001 - report every failure, keep going
+            self.failed += 1
+            print(f"not ok {self.n} - {name}", flush=True)
+            for line in (f"{type(e).__name__}: {e}\n" + traceback.format_exc()).splitlines():
+                print(f"# {line}", flush=True)
+
+    def done(self):
+        print(f"1..{self.n}", flush=True)
+        return 1 if self.failed else 0
+
+
+def check(cond, msg):
+    if not cond:
+        raise AssertionError(msg)
+
+
+# ---------------------------------------------------------------- processes
+
+
+class Stack:
+    """Every process and file the test creates; torn down even on failure."""
+
+    def __init__(self):
+        self.tmp = tempfile.mkdtemp(prefix="forkd-rest-test.")
+        self.procs = []
+        self.bus = None
+        self.daemon = None
+
+    def spawn(self, argv, env=None, **kw):
+        logname = os.path.join(self.tmp, os.path.basename(argv[0]) + f".{len(self.procs)}.log")
+        log = open(logname, "wb")
+        p = subprocess.Popen(argv, stdout=kw.pop("stdout", log), stderr=log, env=env,
+                             stdin=subprocess.DEVNULL, **kw)
+        p.logname = logname
+        self.procs.append(p)
+        return p
+
+    def stop(self, p, sig=signal.SIGTERM):
+        if p.poll() is None:
+            p.send_signal(sig)
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+    def cleanup(self):
+        for p in reversed(self.procs):
+            try:
+                self.stop(p)
+            except Exception:  # noqa: BLE001
+                pass
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def log_tail(self, p, n=30):
+        try:
+            with open(p.logname, "rb") as f:
+                return b"\n".join(f.read().splitlines()[-n:]).decode(errors="replace")
+        except OSError:
+            return ""
+
+    def start_bus(self):
+        conf = os.path.join(self.tmp, "bus.conf")
+        sock = os.path.join(self.tmp, "bus.sock")
+        with open(conf, "w") as f:
+            f.write(f"""<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
+ "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
+<busconfig>
+  <type>session</type>
+  <listen>unix:path={sock}</listen>
+  <auth>EXTERNAL</auth>
+  <policy context="default">
+    <allow send_destination="*" eavesdrop="true"/>
+    <allow eavesdrop="true"/>
+    <allow own="*"/>
+  </policy>
+</busconfig>
+""")
+        p = self.spawn([DBUS_DAEMON, "--config-file=" + conf, "--nofork", "--nopidfile",
+                        "--print-address=1"], stdout=subprocess.PIPE)
+        line = p.stdout.readline().decode().strip()
+        check(line.startswith("unix:"), f"dbus-daemon did not print its address: {line!r}")
+        self.bus = line
+        return line
+
+    def start_daemon(self):
+        state = os.path.join(self.tmp, "state")
+        os.makedirs(state, exist_ok=True)
+        env = dict(os.environ, FORKD_VMM=VMM)
+        self.daemon = self.spawn([DAEMON, "--state-dir", state, "--bus-address", self.bus], env=env)
+        return self.daemon
+
+    def start_rest(self, *extra, port=None, token=True, env=None):
+        port = port or free_port()
+        argv = [REST, "--listen", f"127.0.0.1:{port}", "--bus-address", self.bus,
+                "--timeout", str(REQUEST_TIMEOUT), "--connection-limit", "64"]
+        if token:
+            argv += ["--token-file", self.token_file()]
+        p = self.spawn(argv + list(extra), env=env)
+        wait_port(port, p, self)
+        return p, port
+
+    def token_file(self):
+        path = os.path.join(self.tmp, "token")
+        if not os.path.exists(path):
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            os.write(fd, (TOKEN + "\n").encode())
+            os.close(fd)
+        return path
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port, proc, stack):
+    for _ in range(200):
+        if proc.poll() is not None:
+            raise AssertionError(f"{proc.args[0]} exited with {proc.returncode}: {stack.log_tail(proc)}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise AssertionError(f"nothing listens on port {port}")
+
+
+# ---------------------------------------------------------------- HTTP
+
+
+class Resp:
+    def __init__(self, status, headers, data):
+        self.status = status
+        self.headers = headers
+        self.data = data
+        self.json = None
+        if data and headers.get("Content-Type", "").startswith("application/json"):
+            self.json = json.loads(data)
+
+    def __repr__(self):
+        return f"<{self.status} {self.data[:300]!r}>"
+
+
+class Client:
+    def __init__(self, port, tls_ctx=None):
+        self.port = port
+        self.tls_ctx = tls_ctx
+
+    def conn(self, timeout=60):
+        if self.tls_ctx:
+            return http.client.HTTPSConnection("127.0.0.1", self.port, timeout=timeout, context=self.tls_ctx)
+        return http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+
+    def req(self, method, path, body=None, token=TOKEN, headers=None, raw=None, timeout=120):
+        h = dict(headers or {})
+        if token is not None:
+            h["Authorization"] = f"Bearer {token}"
+        data = raw
+        if body is not None:
+            data = json.dumps(body).encode()
+            h.setdefault("Content-Type", "application/json")
+        c = self.conn(timeout)
+        try:
+            c.request(method, path, body=data, headers=h)
+            r = c.getresponse()
+            resp = Resp(r.status, r.headers, r.read())
+        finally:
+            c.close()
+        if resp.status >= 400:
+            check(resp.json is not None and isinstance(resp.json, dict), f"{method} {path}: error body is not JSON: {resp}")
+            check(list(resp.json.keys()) == ["error"] and isinstance(resp.json["error"], str) and resp.json["error"],
+                  f"{method} {path}: error body is not {{\"error\": message}}: {resp}")
+        return resp
+
+    def expect(self, status, method, path, body=None, **kw):
+        r = self.req(method, path, body, **kw)
+        check(r.status == status, f"{method} {path} {body!r}: expected {status}, got {r}")
+        return r
+
+
+# ---------------------------------------------------------------- tests without the daemon
+
+
+def t_healthz(c):
+    r = c.expect(200, "GET", "/healthz", token=None)
+    check(r.json == {"ok": True}, r)
+    c.expect(200, "GET", "/healthz", token="wrong")
+
+
+def t_auth(c):
+    for tok in (None, "wrong", TOKEN + "x", TOKEN[:-1], ""):
+        r = c.expect(401, "GET", "/version", token=tok)
+        check(r.headers.get("WWW-Authenticate") == "Bearer", r.headers)
+    c.expect(401, "GET", "/version", token=None, headers={"Authorization": "Basic " + TOKEN})
+    c.expect(401, "GET", "/v1/snapshots", token=None)
+    c.expect(401, "POST", "/v1/sandboxes", {"snapshot_tag": "x"}, token=None)
+    c.expect(401, "DELETE", "/v1/snapshots/x", token="nope")
+    c.expect(401, "GET", "/metrics", token=None)
+    r = c.expect(200, "GET", "/version")
+    check(r.json == {"version": r.json["version"], "api": "v1"} and isinstance(r.json["version"], str), r)
+
+
+def t_unknown_route_and_method(c):
+    for path in ("/", "/v2/snapshots", "/v1/snapshots/", "/v1/snapshots/a/b", "/v1/sandboxes/x/nope", "/healthz/x"):
+        c.expect(404, "GET", path)
+    for method, path, allow in (("PUT", "/v1/snapshots", "GET, POST"), ("DELETE", "/v1/sandboxes", "GET, POST"),
+                                ("POST", "/healthz", "GET"), ("GET", "/v1/sandboxes/x/ping", "POST"),
+                                ("PATCH", "/v1/sandboxes/x", "GET, DELETE"), ("GET", "/v1/snapshots/x", "DELETE")):
+        r = c.expect(405, method, path, token=TOKEN)
+        check(r.headers.get("Allow") == allow, f"{method} {path}: Allow {r.headers.get('Allow')!r}")
+
+
+def t_malformed_json(c):
+    for raw in (b"{", b"[]", b"\"x\"", b"{\"snapshot_tag\": \"a\",}", b"{\"snapshot_tag\": \"a\"} x",
+                b"{\"snapshot_tag\": \"\xff\"}", b"\x00", b"nul", b"{'a': 1}", b"{\"a\":" * 100 + b"1" + b"}" * 100,
+                b"{\"snapshot_tag\": \"a\", \"n\": 1e400}", b"{\"snapshot_tag\": \"a\", \"n\": 99999999999999999999999}"):
+        c.expect(400, "POST", "/v1/sandboxes", raw=raw, headers={"Content-Type": "application/json"})
+    c.expect(400, "POST", "/v1/sandboxes", raw=b"")
+    c.expect(400, "POST", "/v1/snapshots", raw=b"   ")
+    c.expect(400, "POST", "/v1/sandboxes/sb-1/eval", raw=b"{")
+    c.expect(400, "POST", "/v1/sandboxes/sb-1/exec", raw=b"[\"ls\"]")
+
+
+def t_wrong_types(c):
+    base = {"snapshot_tag": "py"}
+    for extra in ({"n": "3"}, {"n": 1.5}, {"n": True}, {"n": None}, {"n": [1]}, {"per_child_netns": "yes"},
+                  {"per_child_netns": 1}, {"live_fork": "true"}, {"memory_limit_mib": "256"},
+                  {"memory_limit_mib": -1}, {"snapshot_tag": 5}, {"snapshot_tag": None}, {"bogus": 1}):
+        c.expect(400, "POST", "/v1/sandboxes", dict(base, **extra))
+    c.expect(400, "POST", "/v1/sandboxes", {"n": 2})  # snapshot_tag missing
+    snap = {"tag": "t", "kernel": "/k", "rootfs": "/r"}
+    for extra in ({"tag": 1}, {"kernel": None}, {"rootfs": ["x"]}, {"boot_wait_secs": "10"},
+                  {"boot_wait_secs": 0}, {"boot_wait_secs": 601}, {"mem_mib": -4}, {"rw": "yes"}, {"tap": 7},
+                  {"unknown": True}):
+        c.expect(400, "POST", "/v1/snapshots", dict(snap, **extra))
+    for missing in ("tag", "kernel", "rootfs"):
+        c.expect(400, "POST", "/v1/snapshots", {k: v for k, v in snap.items() if k != missing})
+    for body in ({}, {"args": "ls"}, {"args": []}, {"args": [1]}, {"args": ["ls"], "timeout_secs": "5"},
+                 {"args": ["ls"], "timeout_secs": -1}, {"args": ["ls"], "timeout_secs": 3601}, {"args": ["a\u0000b"]},
+                 {"args": ["ls"], "cwd": "/"}):
+        c.expect(400, "POST", "/v1/sandboxes/sb-1/exec", body)
+    for body in ({}, {"code": 1}, {"code": None}, {"code": ["x"]}, {"code": "1", "x": 1}):
+        c.expect(400, "POST", "/v1/sandboxes/sb-1/eval", body)
+
+
+def t_validation(c):
+    for n in (0, 1001, -1, 2**32, 2**63):
+        r = c.expect(400, "POST", "/v1/sandboxes", {"snapshot_tag": "py", "n": n})
+        check("1000" in r.json["error"], r)
+    for tag in (".hidden", "-x", "a" * 65, "a b", "a/b", "", "ü", "a;b", "x\n"):
+        c.expect(400, "POST", "/v1/snapshots", {"tag": tag, "kernel": "/k", "rootfs": "/r"})
+        c.expect(400, "POST", "/v1/sandboxes", {"snapshot_tag": tag})
+    for seg in (".x", "-x", "a" * 65, "a%20b", "%2e%2e", "x%00"):
+        c.expect(400, "GET", f"/v1/snapshots/{seg}/info")
+        c.expect(400, "DELETE", f"/v1/snapshots/{seg}")
+        c.expect(400, "GET", f"/v1/sandboxes/{seg}")
+        c.expect(400, "POST", f"/v1/sandboxes/{seg}/ping")
+    c.expect(400, "DELETE", "/v1/snapshots/py?cascade=true&force=true")
+    c.expect(400, "DELETE", "/v1/snapshots/py?cascade=maybe")
+
+
+def t_not_implemented(c):
+    r = c.expect(501, "POST", "/v1/snapshots/py/compact", {"to": "py-flat"})
+    check("not implemented" in r.json["error"], r)
+    c.expect(501, "POST", "/v1/sandboxes/sb-1/branch", {"tag": "c1", "mode": "full"})
+    c.expect(501, "POST", "/v1/sandboxes/sb-1/branch", {})
+    c.expect(501, "POST", "/v1/sandboxes/sb-1/fork", {"n": 2})
+
+
+def t_body_cap(c):
+    # announced too large: refused before any byte of the body is read
+    s = socket.create_connection(("127.0.0.1", c.port), timeout=10)
+    s.sendall(b"POST /v1/sandboxes HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + TOKEN.encode() +
+              b"\r\nContent-Type: application/json\r\nContent-Length: " + str(BODY_MAX + 1).encode() + b"\r\n\r\n")
+    data = s.recv(4096)
+    s.close()
+    check(data.startswith(b"HTTP/1.1 413 "), data)
+    check(b'{"error":' in data, data)
+    # streamed (chunked) past the cap: the excess is dropped, then 413
+    s = socket.create_connection(("127.0.0.1", c.port), timeout=10)
+    s.sendall(b"POST /v1/sandboxes HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + TOKEN.encode() +
+              b"\r\nTransfer-Encoding: chunked\r\n\r\n")
+    chunk = b"4000\r\n" + b" " * 0x4000 + b"\r\n"
+    for _ in range(BODY_MAX // 0x4000 + 8):
+        s.sendall(chunk)
+    s.sendall(b"0\r\n\r\n")
+    data = s.recv(4096)
+    s.close()
+    check(data.startswith(b"HTTP/1.1 413 "), data)
+    # just under the cap still parses (and fails as JSON, not as size)
+    c.expect(400, "POST", "/v1/sandboxes", raw=b" " * (BODY_MAX - 10) + b"[]")
+
+
+def t_header_cap(c):
+    s = socket.create_connection(("127.0.0.1", c.port), timeout=10)
+    try:
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (256 * 1024) + b"\r\n\r\n")
+    except OSError:
+        pass  # the server may close while we still send
+    try:
+        data = s.recv(4096)
+    except OSError:
+        data = b""
+    s.close()
+    check(data == b"" or data.split(b" ")[1] in (b"413", b"431", b"400"), data[:200])
+    c.expect(200, "GET", "/healthz")
+
+
+def t_daemon_absent(c):
+    for method, path, body in (("GET", "/v1/snapshots", None), ("GET", "/v1/sandboxes", None),
+                               ("POST", "/v1/sandboxes", {"snapshot_tag": "py", "n": 2}),
+                               ("POST", "/v1/sandboxes/sb-1/ping", None), ("GET", "/v1/snapshots/py/info", None)):
+        r = c.expect(503, method, path, body)
+        check("unavailable" in r.json["error"], r)
+    r = c.expect(200, "GET", "/metrics")
+    text = r.data.decode()
+    check('forkd_build_info{version="' in text and "forkd_rest_daemon_up 0" in text, text[:400])
+
+
+def t_slow_client(c):
+    """Headers sent byte by byte, each gap longer than the timeout; and a
+    trickle fast enough to dodge an idle timeout: both cut off, while another
+    client is served."""
+    results = {}
+
+    def slow(name, gap):
+        s = socket.create_connection(("127.0.0.1", c.port), timeout=30)
+        req = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-Padding: " + b"p" * 200 + b"\r\n\r\n"
+        sent = 0
+        try:
+            for b in req:
+                s.sendall(bytes([b]))
+                sent += 1
+                time.sleep(gap)
+            results[name] = ("completed", sent, s.recv(100))
+        except OSError as e:
+            results[name] = ("cut", sent, str(e))
+        finally:
+            s.close()
+
+    threads = [threading.Thread(target=slow, args=("idle", REQUEST_TIMEOUT + 1.5)),
+               threading.Thread(target=slow, args=("trickle", 0.25))]
+    for t in threads:
+        t.start()
+    time.sleep(0.5)
+    served = 0
+    while any(t.is_alive() for t in threads):
+        c.expect(200, "GET", "/healthz", token=None)
+        served += 1
+        time.sleep(0.2)
+    for t in threads:
+        t.join()
+    for name in ("idle", "trickle"):
+        state, sent, info = results[name]
+        check(state == "cut" or (state == "completed" and info == b""),
+              f"{name} client was not cut off: {results[name]}")
+        check(sent < 220, f"{name} client sent its whole request: {results[name]}")
+    check(served > 0, "no other client was served meanwhile")
+    m = c.expect(200, "GET", "/metrics").data.decode()
+    cut = [l for l in m.splitlines() if l.startswith("forkd_rest_connections_cut_total ")]
+    check(cut and int(cut[0].split()[1]) >= 1, cut)
+
+
+def t_connection_flood(c):
+    socks = []
+    try:
+        for _ in range(200):  # --connection-limit is 64
+            try:
+                socks.append(socket.create_connection(("127.0.0.1", c.port), timeout=5))
+            except OSError:
+                break
+        for s in socks[:100]:
+            try:
+                s.sendall(b"GET /heal")
+            except OSError:
+                pass
+    finally:
+        for s in socks:
+            s.close()
+    for _ in range(50):
+        try:
+            c.expect(200, "GET", "/healthz", token=None)
+            return
+        except (OSError, http.client.HTTPException):
+            time.sleep(0.1)
+    c.expect(200, "GET", "/healthz", token=None)
+
+
+def t_token_file_checks(stack):
+    bad = os.path.join(stack.tmp, "token-bad")
+    for content, mode in ((b"", 0o600), (b"\n\n", 0o600), (b"secret\n", 0o644), (b"sec ret\n", 0o600)):
+        with open(bad, "wb") as f:
+            f.write(content)
+        os.chmod(bad, mode)
+        p = subprocess.run([REST, "--listen", f"127.0.0.1:{free_port()}", "--token-file", bad],
+                           stdin=subprocess.DEVNULL, capture_output=True, timeout=20)
+        check(p.returncode != 0, f"forkd-rest started with token file {content!r} mode {oct(mode)}")
+    p = subprocess.run([REST, "--listen", "nonsense"], capture_output=True, timeout=20)
+    check(p.returncode != 0, "bad --listen accepted")
+    p = subprocess.run([REST, "--tls-cert", "/nonexistent"], capture_output=True, timeout=20)
+    check(p.returncode != 0, "--tls-cert without --tls-key accepted")
+
+
+def t_https(stack):
+    openssl = shutil.which("openssl")
+    if not openssl:
+        raise Skip("openssl not installed")
+    cert = os.path.join(stack.tmp, "cert.pem")
+    key = os.path.join(stack.tmp, "key.pem")
+    subprocess.run([openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                    "-nodes", "-keyout", key, "-out", cert, "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True, timeout=60)
+    os.chmod(key, 0o600)
+    p, port = stack.start_rest("--tls-cert", cert, "--tls-key", key)
+    ctx = ssl.create_default_context(cafile=cert)
+    c = Client(port, ctx)
+    r = c.expect(200, "GET", "/healthz", token=None)
+    check(r.json == {"ok": True}, r)
+    c.expect(200, "GET", "/version")
+    c.expect(401, "GET", "/version", token="wrong")
+    c.expect(400, "POST", "/v1/sandboxes", {"snapshot_tag": "py", "n": 0})
+    # a client that does not trust the certificate fails the handshake
+    try:
+        Client(port, ssl.create_default_context()).req("GET", "/healthz", token=None)
+        raise AssertionError("TLS handshake succeeded with an untrusted certificate")
+    except ssl.SSLError:
+        pass
+    # plain HTTP to the TLS port gets no HTTP answer
+    try:
+        r = Client(port).req("GET", "/healthz", token=None, timeout=10)
+        raise AssertionError(f"plain HTTP answered on the TLS port: {r}")
+    except (OSError, http.client.HTTPException):
+        pass
+    c.expect(200, "GET", "/healthz", token=None)
+    stack.stop(p)
+    check(p.returncode == 0, f"forkd-rest (TLS) exit status {p.returncode}")
+
+
+def t_socket_activation(stack):
+    sa = shutil.which("systemd-socket-activate")
+    if not sa:
+        raise Skip("systemd-socket-activate not installed")
+    port = free_port()
+    p = stack.spawn([sa, "-l", f"127.0.0.1:{port}", REST, "--token-file", stack.token_file(),
+                     "--bus-address", stack.bus, "--listen", "127.0.0.1:1"])
+    wait_port(port, p, stack)
+    c = Client(port)
+    # the first connection makes systemd-socket-activate exec forkd-rest
+    for _ in range(100):
+        try:
+            r = c.req("GET", "/healthz", token=None, timeout=10)
+            break
+        except (OSError, http.client.HTTPException):
+            time.sleep(0.1)
+    check(r.status == 200 and r.json == {"ok": True}, r)
+    c.expect(200, "GET", "/version")
+    c.expect(401, "GET", "/version", token=None)
+    log = stack.log_tail(p)
+    check("passed by the service manager" in log, log)
+    stack.stop(p)
+
+
+# ---------------------------------------------------------------- tests with the daemon
+
+
+class Ctx:
+    tag = "rest-test"
+    sandboxes = []
+
+
+def wait_daemon(c, stack):
+    for _ in range(300):
+        if stack.daemon.poll() is not None:
+            raise AssertionError(f"forkd exited with {stack.daemon.returncode}: {stack.log_tail(stack.daemon)}")
+        r = c.req("GET", "/v1/snapshots")
+        if r.status == 200:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"forkd did not come up: {r}")
+
+
+def t_snapshot_create(c, stack):
+    rootfs = os.path.join(stack.tmp, "rootfs.img")
+    with open(rootfs, "wb") as f:
+        f.truncate(8 << 20)
+    Ctx.rootfs = rootfs
+    r = c.expect(201, "POST", "/v1/snapshots",
+                 {"tag": Ctx.tag, "kernel": GUEST, "rootfs": rootfs, "boot_wait_secs": 30, "rw": True,
+                  "tap": "forkd-tap0"})
+    check(r.json["tag"] == Ctx.tag and isinstance(r.json["dir"], str) and r.json["dir"].startswith("/"), r)
+    check(isinstance(r.json["created_at_unix"], int) and r.json["created_at_unix"] > 1600000000, r)
+    Ctx.snapshot = r.json
+
+
+def t_snapshot_errors(c, stack):
+    # spec: "400 - ... snapshot already exists"
+    r = c.expect(400, "POST", "/v1/snapshots", {"tag": Ctx.tag, "kernel": GUEST, "rootfs": Ctx.rootfs})
+    check(Ctx.tag in r.json["error"] or "exist" in r.json["error"], r)
+    # spec: 500 on a boot failure (or 400 if the daemon refuses the path up front)
+    r = c.req("POST", "/v1/snapshots", {"tag": "rest-nokernel", "kernel": "/nonexistent/vmlinux",
+                                        "rootfs": Ctx.rootfs, "boot_wait_secs": 5})
+    check(r.status in (400, 500), r)
+    c.expect(404, "GET", "/v1/snapshots/rest-nosuch/info")
+    c.expect(404, "DELETE", "/v1/snapshots/rest-nosuch")
+    c.expect(404, "POST", "/v1/sandboxes", {"snapshot_tag": "rest-nosuch", "n": 1})
+
+
+def t_snapshot_list_info(c, stack):
+    r = c.expect(200, "GET", "/v1/snapshots")
+    check(isinstance(r.json, list), r)
+    mine = [s for s in r.json if s.get("tag") == Ctx.tag]
+    check(len(mine) == 1 and mine[0]["dir"] == Ctx.snapshot["dir"], r)
+    r = c.expect(200, "GET", f"/v1/snapshots/{Ctx.tag}/info")
+    i = r.json
+    check(i["tag"] == Ctx.tag and i["dir"] == Ctx.snapshot["dir"], r)
+    check(i["chain_depth"] == 0 and i["ancestors"] == [] and i["dependents"] == [], r)
+    for k in ("memory_logical_bytes", "memory_physical_bytes", "vmstate_bytes"):
+        check(isinstance(i.get(k), int) and i[k] >= 0, f"{k}: {r}")
+    check(i["memory_logical_bytes"] > 0, r)
+    check("parent_tag" not in i, r)
+
+
+def t_fork(c, stack):
+    r = c.expect(201, "POST", "/v1/sandboxes", {"snapshot_tag": Ctx.tag, "n": 2, "per_child_netns": False,
+                                                 "live_fork": False})
+    check(isinstance(r.json, list) and len(r.json) == 2, r)
+    for sb in r.json:
+        check(sb["snapshot_tag"] == Ctx.tag and isinstance(sb["id"], str) and sb["id"], r)
+        check(isinstance(sb["created_at_unix"], int), r)
+        check(isinstance(sb.get("pid"), int) and sb["pid"] > 1, r)
+        check("memory_limit_mib" not in sb or sb["memory_limit_mib"] == 0, r)
+    check(r.json[0]["id"] != r.json[1]["id"], r)
+    Ctx.sandboxes = [sb["id"] for sb in r.json]
+
+
+def t_sandbox_list_get(c, stack):
+    r = c.expect(200, "GET", "/v1/sandboxes")
+    ids = {sb["id"] for sb in r.json}
+    check(set(Ctx.sandboxes) <= ids, r)
+    r = c.expect(200, "GET", f"/v1/sandboxes/{Ctx.sandboxes[0]}")
+    check(r.json["id"] == Ctx.sandboxes[0] and r.json["snapshot_tag"] == Ctx.tag, r)
+    c.expect(404, "GET", "/v1/sandboxes/sb-nosuch")
+    m = c.expect(200, "GET", "/metrics").data.decode()
+    check("forkd_rest_daemon_up 1" in m, m[:300])
+    check(any(l.startswith("forkd_snapshots_total ") and int(l.split()[1]) >= 1 for l in m.splitlines()), m[:600])
+    check(any(l.startswith("forkd_sandboxes_active ") and int(l.split()[1]) >= 2 for l in m.splitlines()), m[:600])
+
+
+def t_ping(c, stack):
+    for sid in Ctx.sandboxes:
+        r = c.expect(200, "POST", f"/v1/sandboxes/{sid}/ping")
+        check(r.json["pong"] is True and r.json["pid"] == 1 and "numpy_version" in r.json, r)
+    c.expect(200, "POST", f"/v1/sandboxes/{Ctx.sandboxes[0]}/ping", {})
+    c.expect(404, "POST", "/v1/sandboxes/sb-nosuch/ping")
+
+
+def t_exec_eval(c, stack):
+    """The test guest refuses exec and eval (docs/agent-protocol.md): an
+    error from the guest, never a fake success."""
+    sid = Ctx.sandboxes[0]
+    # the agent's error frame {"error": "not supported by the test guest"}
+    # comes back as org.forkd.Error.GuestError -> 500 with that message
+    r = c.req("POST", f"/v1/sandboxes/{sid}/exec", {"args": ["python3", "-c", "print(2+2)"], "timeout_secs": 5})
+    check(r.status == 500 and r.json == {"error": "not supported by the test guest"}, r)
+    r = c.req("POST", f"/v1/sandboxes/{sid}/eval", {"code": "1+1"})
+    check(r.status == 500 and r.json == {"error": "not supported by the test guest"}, r)
+    c.expect(404, "POST", "/v1/sandboxes/sb-nosuch/exec", {"args": ["true"]})
+    c.expect(404, "POST", "/v1/sandboxes/sb-nosuch/eval", {"code": "1"})
+    # the sandbox is still healthy afterwards
+    c.expect(200, "POST", f"/v1/sandboxes/{sid}/ping")
+
+
+def t_sandbox_delete(c, stack):
+    for sid in Ctx.sandboxes:
+        r = c.expect(204, "DELETE", f"/v1/sandboxes/{sid}")
+        check(r.data == b"", r)
+        c.expect(404, "DELETE", f"/v1/sandboxes/{sid}")
+        c.expect(404, "GET", f"/v1/sandboxes/{sid}")
+        c.expect(404, "POST", f"/v1/sandboxes/{sid}/ping")
+
+
+def t_fork_errors(c, stack):
+    # a snapshot whose memory image is damaged: the restore fails -> 500
+    tag = "rest-broken"
+    r = c.expect(201, "POST", "/v1/snapshots", {"tag": tag, "kernel": GUEST, "rootfs": Ctx.rootfs})
+    files = os.listdir(r.json["dir"])
+    broken = False
+    for name in files:
+        if name.startswith("mem"):
+            with open(os.path.join(r.json["dir"], name), "r+b") as f:
+                f.truncate(4096)
+            broken = True
+    r2 = c.req("POST", "/v1/sandboxes", {"snapshot_tag": tag, "n": 1})
+    if r2.status == 201:  # nothing to break, or the daemon checks lazily: do not leak
+        for sb in r2.json:
+            c.req("DELETE", f"/v1/sandboxes/{sb['id']}")
+    c.expect(204, "DELETE", f"/v1/snapshots/{tag}")
+    check(broken, f"no memory file in {files}")
+    check(r2.status == 500, r2)
+
+
+def t_calls_cap(c, stack):
+    """A hung daemon: calls in flight wait (suspended, the loop keeps serving),
+    the one beyond --max-calls is 503 at once, and a client that leaves
+    mid-call does no harm."""
+    import select
+    p, port = stack.start_rest("--max-calls", "2")
+    c2 = Client(port)
+    os.kill(stack.daemon.pid, signal.SIGSTOP)
+    socks = []
+    try:
+        for path in ("/v1/sandboxes", "/v1/snapshots", "/v1/sandboxes"):
+            s = socket.create_connection(("127.0.0.1", port), timeout=30)
+            s.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n\r\n".encode())
+            socks.append(s)
+        # exactly one of the three is beyond the cap of two and answered at once
+        ready, _, _ = select.select(socks, [], [], 30)
+        check(len(ready) == 1, f"{len(ready)} answered while the daemon is stopped")
+        data = ready[0].recv(4096)
+        check(data.startswith(b"HTTP/1.1 503 ") and b"too many" in data, data)
+        waiting = [s for s in socks if s is not ready[0]]
+        m = c2.expect(200, "GET", "/metrics").data.decode()  # over the cap too: no daemon gauges
+        check("forkd_rest_dbus_calls_in_flight 2" in m and "forkd_rest_daemon_up 0" in m, m[-900:])
+        c2.expect(200, "GET", "/healthz", token=None)
+        c2.expect(400, "POST", "/v1/sandboxes", {"snapshot_tag": "x", "n": 0})
+        waiting[0].close()  # leaves mid-call
+    finally:
+        os.kill(stack.daemon.pid, signal.SIGCONT)
+    data = waiting[1].recv(4096)
+    check(data.startswith(b"HTTP/1.1 200 "), data)
+    for s in socks:
+        s.close()
+    for _ in range(100):
+        m = c2.expect(200, "GET", "/metrics").data.decode()
+        if "forkd_rest_dbus_calls_in_flight 0" in m:
+            break
+        time.sleep(0.05)
+    check("forkd_rest_dbus_calls_in_flight 0" in m, m[-900:])
+    c2.expect(200, "GET", "/v1/snapshots")
+    stack.stop(p)
+    check(p.returncode == 0, f"forkd-rest exit status {p.returncode}: {stack.log_tail(p)}")
+
+
+def t_snapshot_delete(c, stack):
+    c.expect(400, "DELETE", f"/v1/snapshots/{Ctx.tag}?cascade=true&force=true")
+    c.expect(204, "DELETE", f"/v1/snapshots/{Ctx.tag}")
+    c.expect(404, "DELETE", f"/v1/snapshots/{Ctx.tag}")
+    c.expect(404, "GET", f"/v1/snapshots/{Ctx.tag}/info")
+    r = c.expect(200, "GET", "/v1/snapshots")
+    check(all(s["tag"] != Ctx.tag for s in r.json), r)
+
+
+def t_no_leak(c, stack):
+    c.expect(200, "GET", "/healthz", token=None)
+    r = c.expect(200, "GET", "/v1/sandboxes")
+    check(r.json == [], f"leaked sandboxes: {r}")
+    check(stack.daemon.poll() is None, "forkd died")
+
+
+def t_daemon_gone(c, stack):
+    stack.stop(stack.daemon)
+    r = c.expect(503, "GET", "/v1/sandboxes")
+    check("unavailable" in r.json["error"], r)
+    c.expect(200, "GET", "/healthz", token=None)
+
+
+# ---------------------------------------------------------------- main
+
+
+def main():
+    tap = Tap()
+    if not REST or not os.access(REST, os.X_OK):
+        print(f"1..0 # SKIP forkd-rest not built ({REST!r})")
+        return 77
+    if not DBUS_DAEMON:
+        print("1..0 # SKIP dbus-daemon not installed")
+        return 77
+
+    stack = Stack()
+
+    def on_signal(signum, frame):
+        stack.cleanup()
+        sys.exit(1)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        stack.start_bus()
+        rest, port = stack.start_rest()
+        c = Client(port)
+
+        tap.run("GET /healthz without a token", t_healthz, c)
+        tap.run("bearer token on every route but /healthz", t_auth, c)
+        tap.run("unknown route 404, wrong method 405 with Allow", t_unknown_route_and_method, c)
+        tap.run("malformed JSON bodies are 400", t_malformed_json, c)
+        tap.run("wrong JSON types and unknown fields are 400", t_wrong_types, c)
+        tap.run("tags, ids and n validated before any D-Bus call", t_validation, c)
+        tap.run("compact, branch, fork of a running sandbox are 501", t_not_implemented, c)
+        tap.run("daemon absent: 503, /metrics still answers", t_daemon_absent, c)
+        tap.run("body cap: 413 from Content-Length and while streaming", t_body_cap, c)
+        tap.run("header cap", t_header_cap, c)
+        tap.run("slow clients are cut off while another is served", t_slow_client, c)
+        tap.run("connection flood", t_connection_flood, c)
+        tap.run("token file: empty, world-readable, bad characters refused", t_token_file_checks, stack)
+        tap.run("HTTPS with a generated certificate", t_https, stack)
+        tap.run("socket activation via systemd-socket-activate", t_socket_activation, stack)
+
+        daemon_tests = [
+            ("POST /v1/snapshots from the test guest", t_snapshot_create),
+            ("POST /v1/snapshots error rows", t_snapshot_errors),
+            ("GET /v1/snapshots and /v1/snapshots/:tag/info", t_snapshot_list_info),
+            ("POST /v1/sandboxes n=2", t_fork),
+            ("GET /v1/sandboxes, /v1/sandboxes/:id, /metrics gauges", t_sandbox_list_get),
+            ("POST /v1/sandboxes/:id/ping", t_ping),
+            ("exec and eval: the test guest's error, passed on", t_exec_eval),
+            ("DELETE /v1/sandboxes/:id", t_sandbox_delete),
+            ("POST /v1/sandboxes on a damaged snapshot is 500", t_fork_errors),
+            ("a hung daemon: call cap 503, loop keeps serving", t_calls_cap),
+            ("DELETE /v1/snapshots/:tag", t_snapshot_delete),
+            ("afterwards: /healthz answers, no sandbox leaked", t_no_leak),
+            ("daemon stopped: 503", t_daemon_gone),
+        ]
+        missing = [what for what, path in (("forkd", DAEMON), ("forkd-vmm", VMM), ("test guest", GUEST))
+                   if not path or not os.path.exists(path)]
+        if missing or not os.path.exists("/dev/kvm"):
+            reason = ("not built: " + ", ".join(missing)) if missing else "no /dev/kvm"
+            for name, _ in daemon_tests:
+                tap.run(name, lambda: (_ for _ in ()).throw(Skip(reason)))
+        else:
+            stack.start_daemon()
+            try:
+                wait_daemon(c, stack)
+                ok = True
+            except AssertionError as e:
+                ok = False
+                tap.run("forkd comes up", lambda: (_ for _ in ()).throw(e))
+            if ok:
+                for name, fn in daemon_tests:
+                    tap.run(name, fn, c, stack)
+                    if name.startswith("POST /v1/snapshots from") and tap.failed:
+                        break
+                # whatever happened, do not leave sandboxes behind
+                try:
+                    r = c.req("GET", "/v1/sandboxes")
+                    for sb in (r.json or []) if r.status == 200 else []:
+                        c.req("DELETE", f"/v1/sandboxes/{sb['id']}")
+                except Exception:  # noqa: BLE001
+                    pass
+            if tap.failed and stack.daemon:
+                for line in stack.log_tail(stack.daemon, 40).splitlines():
+                    print(f"# forkd: {line}")
+
+        stack.stop(rest)
+        if rest.returncode != 0:
+            tap.failed += 1
+            print(f"# forkd-rest exited with {rest.returncode}: {stack.log_tail(rest)}")
+    finally:
+        stack.cleanup()
+    return tap.done()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
