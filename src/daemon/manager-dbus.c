@@ -43,7 +43,7 @@ static int property_get_sandbox_count(sd_bus *bus, const char *path, const char 
 /* ---- lookups with precise errors ---- */
 
 static int get_image(Manager *m, const char *tag, Image **ret, sd_bus_error *error) {
-        Image *i;
+        Image *i = NULL;
 
         if (!snapshot_tag_is_valid(tag))
                 return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
@@ -57,7 +57,7 @@ static int get_image(Manager *m, const char *tag, Image **ret, sd_bus_error *err
 }
 
 static int get_sandbox(Manager *m, const char *id, Sandbox **ret, sd_bus_error *error) {
-        Sandbox *s;
+        Sandbox *s = NULL;
 
         if (!snapshot_tag_is_valid(id))
                 return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "Invalid sandbox id \"%.64s\".", id);
@@ -253,7 +253,7 @@ static int method_get_snapshot_info(sd_bus_message *message, void *userdata, sd_
         _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
         Manager *m = userdata;
         const char *tag;
-        Image *i;
+        Image *i = NULL;
         int r;
 
         r = sd_bus_message_rewind(message, true); /* polkit may dispatch it twice */
@@ -277,7 +277,7 @@ static int method_get_snapshot_info(sd_bus_message *message, void *userdata, sd_
 static int method_delete_snapshot(sd_bus_message *message, void *userdata, sd_bus_error *error) {
         Manager *m = userdata;
         const char *tag;
-        Image *i;
+        Image *i = NULL;
         int r;
 
         r = sd_bus_message_rewind(message, true); /* polkit may dispatch it twice */
@@ -382,7 +382,7 @@ static int method_fork(sd_bus_message *message, void *userdata, sd_bus_error *er
         const char *tag;
         Operation *o = NULL;
         uint32_t n;
-        Image *i;
+        Image *i = NULL;
         int r;
 
         r = sd_bus_message_rewind(message, true); /* polkit may dispatch it twice */
@@ -478,7 +478,7 @@ static int method_get_sandbox(sd_bus_message *message, void *userdata, sd_bus_er
         _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
         Manager *m = userdata;
         const char *id;
-        Sandbox *s;
+        Sandbox *s = NULL;
         int r;
 
         r = sd_bus_message_rewind(message, true); /* polkit may dispatch it twice */
@@ -504,7 +504,7 @@ static int method_get_sandbox(sd_bus_message *message, void *userdata, sd_bus_er
 static int forward_to_sandbox(sd_bus_message *message, Manager *m, sd_bus_message_handler_t handler,
                               sd_bus_error *error) {
         const char *id;
-        Sandbox *s;
+        Sandbox *s = NULL;
         int r;
 
         r = sd_bus_message_rewind(message, true); /* polkit may dispatch it twice */
