@@ -10,22 +10,9 @@
 #include <systemd/sd-bus.h>
 #include <systemd/sd-event.h>
 
+#include "forkd-bus.h"
 #include "hashmap.h"
 
-#define FORKD_BUS_NAME "org.forkd.Manager"
-#define FORKD_MANAGER_PATH "/org/forkd/Manager"
-#define FORKD_SNAPSHOT_PREFIX "/org/forkd/snapshot"
-#define FORKD_SANDBOX_PREFIX "/org/forkd/sandbox"
-
-#define FORKD_ERROR_NO_SUCH_SNAPSHOT "org.forkd.Error.NoSuchSnapshot"
-#define FORKD_ERROR_NO_SUCH_SANDBOX "org.forkd.Error.NoSuchSandbox"
-#define FORKD_ERROR_SNAPSHOT_EXISTS "org.forkd.Error.SnapshotExists"
-#define FORKD_ERROR_HAS_DEPENDENTS "org.forkd.Error.HasDependents"
-#define FORKD_ERROR_BUSY "org.forkd.Error.Busy"
-#define FORKD_ERROR_NOT_SUPPORTED "org.forkd.Error.NotSupported"
-#define FORKD_ERROR_GUEST_ERROR "org.forkd.Error.GuestError"
-#define FORKD_ERROR_TIMEOUT "org.forkd.Error.Timeout"
-#define FORKD_ERROR_FAILED "org.forkd.Error.Failed"
 
 /* Limits on what callers control */
 #define SANDBOXES_MAX 4096u           /* live sandboxes, all snapshots together */

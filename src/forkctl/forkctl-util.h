@@ -9,15 +9,7 @@
 #include <stdint.h>
 #include <systemd/sd-bus.h>
 
-#define FORKD_ERROR_NO_SUCH_SNAPSHOT "org.forkd.Error.NoSuchSnapshot"
-#define FORKD_ERROR_NO_SUCH_SANDBOX  "org.forkd.Error.NoSuchSandbox"
-#define FORKD_ERROR_SNAPSHOT_EXISTS  "org.forkd.Error.SnapshotExists"
-#define FORKD_ERROR_HAS_DEPENDENTS   "org.forkd.Error.HasDependents"
-#define FORKD_ERROR_BUSY             "org.forkd.Error.Busy"
-#define FORKD_ERROR_NOT_SUPPORTED    "org.forkd.Error.NotSupported"
-#define FORKD_ERROR_GUEST_ERROR      "org.forkd.Error.GuestError"
-#define FORKD_ERROR_TIMEOUT          "org.forkd.Error.Timeout"
-#define FORKD_ERROR_FAILED           "org.forkd.Error.Failed"
+#include "forkd-bus.h"
 
 /* What the call was about, for the message: the tag or sandbox id (may be NULL). */
 struct error_context {

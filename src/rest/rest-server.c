@@ -9,6 +9,7 @@
 
 #include "json-util.h"
 #include "macro.h"
+#include "forkd-bus.h"
 #include "rest-server.h"
 #include "rest-util.h"
 
@@ -238,7 +239,7 @@ int rest_reply_error(RestRequest *req, unsigned status, const char *fmt, ...) {
 int rest_reply_bus_error(RestRequest *req, const sd_bus_error *e, unsigned override_exists_status) {
         unsigned status = rest_status_from_bus_error(e ? e->name : NULL);
 
-        if (override_exists_status && e && e->name && !strcmp(e->name, "org.forkd.Error.SnapshotExists"))
+        if (override_exists_status && e && e->name && !strcmp(e->name, FORKD_ERROR_SNAPSHOT_EXISTS))
                 status = override_exists_status;
         if (e && rest_bus_error_is_unavailable(e->name))
                 return rest_reply_error(req, status, "forkd daemon unavailable: %s",

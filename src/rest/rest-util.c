@@ -3,6 +3,7 @@
 #include <strings.h>
 
 #include "macro.h"
+#include "forkd-bus.h"
 #include "rest-util.h"
 
 static void json_putp(struct json_object **p) {
@@ -59,17 +60,17 @@ static const struct {
         { "org.freedesktop.DBus.Error.InvalidArgs", 400 },
         { "org.freedesktop.DBus.Error.AccessDenied", 403 },
         { "org.freedesktop.DBus.Error.InteractiveAuthorizationRequired", 403 },
-        { "org.forkd.Error.NoSuchSnapshot", 404 },
-        { "org.forkd.Error.NoSuchSandbox", 404 },
-        { "org.forkd.Error.SnapshotExists", 409 },
-        { "org.forkd.Error.HasDependents", 409 },
-        { "org.forkd.Error.Busy", 503 },
-        { "org.forkd.Error.NotSupported", 501 },
-        { "org.forkd.Error.Timeout", 504 },
+        { FORKD_ERROR_NO_SUCH_SNAPSHOT, 404 },
+        { FORKD_ERROR_NO_SUCH_SANDBOX, 404 },
+        { FORKD_ERROR_SNAPSHOT_EXISTS, 409 },
+        { FORKD_ERROR_HAS_DEPENDENTS, 409 },
+        { FORKD_ERROR_BUSY, 503 },
+        { FORKD_ERROR_NOT_SUPPORTED, 501 },
+        { FORKD_ERROR_TIMEOUT, 504 },
         { "org.freedesktop.DBus.Error.Timeout", 504 },
         { "org.freedesktop.DBus.Error.TimedOut", 504 },
-        { "org.forkd.Error.GuestError", 500 },
-        { "org.forkd.Error.Failed", 500 },
+        { FORKD_ERROR_GUEST_ERROR, 500 },
+        { FORKD_ERROR_FAILED, 500 },
         /* the daemon is not there, or went away mid-call */
         { "org.freedesktop.DBus.Error.ServiceUnknown", 503 },
         { "org.freedesktop.DBus.Error.NameHasNoOwner", 503 },
