@@ -114,10 +114,14 @@ int vmm_setup_cpuid(struct vmm *vmm, struct kvm_cpuid2 *cpuid, uint32_t max_entr
                 struct kvm_cpuid_entry2 *e = &cpuid->entries[i];
 
                 /* Leaf 1: APIC id 0, and hide the hypervisor-unfriendly bits the
-                 * test guest never needs (no x2APIC here, it uses the xAPIC). */
+                 * test guest never needs (no x2APIC here, it uses the xAPIC).
+                 * Set the hypervisor bit: KVM leaves it to the VMM, and Linux
+                 * looks for the KVM leaves (kvmclock, the TSC frequency) only
+                 * when it is set. */
                 if (e->function == 1) {
                         e->ebx &= 0x00ffffff;
                         e->ecx &= ~(1u << 21); /* x2APIC */
+                        e->ecx |= 1u << 31;    /* hypervisor */
                 }
         }
 

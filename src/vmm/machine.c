@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 #include <fcntl.h>
+#include <limits.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/random.h>
@@ -77,6 +78,29 @@ static int machine_finish(struct vmm *vmm, uint64_t generation, struct vmm **ret
         return 0;
 }
 
+/* Where Debian puts a kernel's initramfs: beside it, vmlinuz[-V] -> initrd.img[-V].
+ * Used when no --initrd was given and that file exists; the snapshot API takes a
+ * kernel and a root disk only, and Debian's kernels need their virtio modules. */
+static const char *linux_default_initrd(const char *kernel, char *buf, size_t size) {
+        const char *base = strrchr(kernel, '/');
+        size_t dir_len = base ? (size_t) (base - kernel) + 1 : 0;
+        const char *name = kernel + dir_len, *suffix;
+        int n;
+
+        if (strncmp(name, "vmlinuz", 7) == 0)
+                suffix = name + 7;
+        else if (strncmp(name, "vmlinux", 7) == 0)
+                suffix = name + 7;
+        else
+                return NULL;
+        if (*suffix != 0 && *suffix != '-')
+                return NULL;
+        n = snprintf(buf, size, "%.*sinitrd.img%s", (int) dir_len, kernel, suffix);
+        if (n < 0 || (size_t) n >= size || access(buf, R_OK) < 0)
+                return NULL;
+        return buf;
+}
+
 int machine_boot(int kvm_fd, const char *kernel, const char *disk, uint64_t mem_size, const struct machine_config *cfg,
                  struct vmm **ret) {
         struct forkd_bootinfo_dev devs[2] = {
@@ -151,10 +175,13 @@ int machine_boot(int kvm_fd, const char *kernel, const char *disk, uint64_t mem_
                         adevs[i] = (struct acpi_dev) { .mmio_base = devs[i].mmio_base,
                                                        .mmio_size = (uint32_t) devs[i].mmio_size,
                                                        .gsi = devs[i].gsi };
-                if (cfg->initrd) {
-                        initrd_fd = open(cfg->initrd, O_RDONLY | O_CLOEXEC);
+                char initrd_buf[PATH_MAX];
+                const char *initrd = cfg->initrd ?: linux_default_initrd(kernel, initrd_buf, sizeof(initrd_buf));
+
+                if (initrd) {
+                        initrd_fd = open(initrd, O_RDONLY | O_CLOEXEC);
                         if (initrd_fd < 0) {
-                                r = log_debug_errno(errno, "Failed to open initrd %s: %m", cfg->initrd);
+                                r = log_debug_errno(errno, "Failed to open initrd %s: %m", initrd);
                                 goto fail;
                         }
                 }

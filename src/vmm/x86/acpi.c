@@ -244,6 +244,10 @@ int acpi_build(struct vmm *vmm, const struct acpi_dev *devs, unsigned n_devs) {
 
                 header(h, "FACP", 276, 6);
                 memcpy(f + 40, &dsdt32, 4);
+                /* IAPC_BOOT_ARCH: no CMOS RTC (Linux then skips a probe of ports
+                 * 0x70/0x71 that costs seconds with nothing there; kvmclock and the
+                 * identity event give the wall clock) and no 8042 (bit 1 clear). */
+                f[109] = 1u << 5;
                 memcpy(f + 112, &flags, 4);
                 f[131] = 5;                       /* minor version */
                 memcpy(f + 140, &dsdt64, 8);      /* X_DSDT */
