@@ -256,8 +256,10 @@ struct scope_unit {
         char id[SNAPSHOT_TAG_MAX + 1];
         char unit[SNAPSHOT_TAG_MAX + 32];
         char *job;          /* job path while starting */
-        char *cgroup;       /* the scope's cgroup directory, once started */
-        pid_t placeholder;  /* keeps the scope populated until the VMM joined */
+        char *cgroup;       /* the scope's cgroup holding the memory limit, once started */
+        char *track[4];     /* the scope's cgroups in the other hierarchies (unified, name=systemd) */
+        unsigned n_track;
+        pid_t placeholder;  /* keeps the scope populated until the sandbox is removed */
         sd_bus_slot *slot;  /* the StartTransientUnit call */
         cgroup_prepare_done_t done;
         void *userdata;     /* NULL once done() was called or cancelled */
@@ -279,6 +281,8 @@ static struct scope_unit *scope_unit_free(struct scope_unit *u) {
         sd_bus_slot_unref(u->slot);
         free(u->job);
         free(u->cgroup);
+        for (unsigned i = 0; i < u->n_track; i++)
+                free(u->track[i]);
         free(u);
         return NULL;
 }
@@ -308,32 +312,89 @@ static void scope_finish(struct scope_unit *u, int r) {
                 done(r, u->id, r >= 0 ? u->cgroup : NULL, userdata);
 }
 
+static bool controllers_have(const char *list, const char *name) {
+        size_t n = strlen(name);
+
+        for (const char *p = list; p && *p; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL)
+                if (strncmp(p, name, n) == 0 && (p[n] == ',' || p[n] == 0))
+                        return true;
+        return false;
+}
+
+/* Where the placeholder sits, in every hierarchy in which the scope has a cgroup
+ * of its own: the memory one (v2: the unified hierarchy; v1: the memory
+ * hierarchy, with systemd applying MemoryMax= as memory.limit_in_bytes) holds
+ * the limit; the others (the unified hierarchy of a hybrid layout, name=systemd)
+ * are how systemd tracks the scope, so the VMM joins those too. */
 static int scope_read_cgroup(struct scope_unit *u) {
+        CGroupManager *c = u->manager;
         _cleanup_free_ char *text = NULL;
-        char path[64];
-        const char *line;
-        char *nl, *dir, sub[4200];
+        char path[64], sub[4200];
+        char *line, *next;
+        size_t ul = strlen(u->unit);
         int r;
 
         snprintf(path, sizeof(path), "/proc/%d/cgroup", (int) u->placeholder);
         r = read_small_file(path, 64 * 1024, &text, NULL);
         if (r < 0)
                 return r;
-        line = strstr(text, "0::");
-        if (!line || (line != text && line[-1] != '\n'))
+        for (line = text; line && *line; line = next) {
+                char *ctrl, *cg, *dir = NULL;
+                const char *mnt;
+                bool is_memory;
+                size_t cl;
+
+                next = strchr(line, '\n');
+                if (next)
+                        *next++ = 0;
+                ctrl = strchr(line, ':');
+                if (!ctrl)
+                        continue;
+                ctrl++;
+                cg = strchr(ctrl, ':');
+                if (!cg)
+                        continue;
+                *cg++ = 0;
+                cl = strlen(cg);
+                /* Only the hierarchies where the scope is realized. */
+                if (cl <= ul || cg[cl - ul - 1] != '/' || strcmp(cg + cl - ul, u->unit) != 0)
+                        continue;
+                if (*ctrl == 0) {
+                        mnt = c->version == 2 ? "/sys/fs/cgroup" : "/sys/fs/cgroup/unified";
+                        is_memory = c->version == 2;
+                        r = asprintf(&dir, "%s%s", mnt, cg);
+                } else if (strcmp(ctrl, "name=systemd") == 0) {
+                        is_memory = false;
+                        r = asprintf(&dir, "/sys/fs/cgroup/systemd%s", cg);
+                } else if (c->version == 1 && controllers_have(ctrl, "memory")) {
+                        is_memory = true;
+                        r = asprintf(&dir, "/sys/fs/cgroup/%s%s", ctrl, cg);
+                } else
+                        continue;
+                if (r < 0)
+                        return -ENOMEM;
+                if (access(dir, F_OK) < 0) {
+                        free(dir);
+                        continue;
+                }
+                /* Delegate=yes: the sub-cgroups are ours to make. The limit sits on the scope. */
+                snprintf(sub, sizeof(sub), "%s/%s", dir, u->id);
+                if (mkdir(sub, 0755) < 0 && errno != EEXIST) {
+                        r = -errno;
+                        free(dir);
+                        return r;
+                }
+                if (is_memory && !u->cgroup)
+                        u->cgroup = dir;
+                else if (!is_memory && u->n_track < ELEMENTSOF(u->track))
+                        u->track[u->n_track++] = dir;
+                else
+                        free(dir);
+        }
+        if (!u->cgroup) {
+                log_warning("Scope %s has no cgroup in the memory hierarchy.", u->unit);
                 return -ENOMEDIUM;
-        line += 3;
-        nl = strchr(line, '\n');
-        if (nl)
-                *nl = 0;
-        if (asprintf(&dir, "/sys/fs/cgroup%s", line) < 0)
-                return -ENOMEM;
-        free(u->cgroup);
-        u->cgroup = dir;
-        /* Delegate=yes: the sub-cgroup is ours to make. The limit sits on the scope. */
-        snprintf(sub, sizeof(sub), "%s/%s", dir, u->id);
-        if (mkdir(sub, 0755) < 0 && errno != EEXIST)
-                return -errno;
+        }
         return 0;
 }
 
@@ -487,21 +548,111 @@ static void scope_cancel(CGroupManager *c, void *userdata) {
                 }
 }
 
+/* The VMM joined <memory cgroup>/<id>; make it join the same sub-cgroup in the
+ * hierarchies systemd tracks the scope with, so that the unit shows it. The
+ * placeholder stays until removal: if the scope emptied when the VMM dies,
+ * systemd would stop it and remove its cgroups before the daemon could read
+ * the OOM count. */
 static void scope_attached(CGroupManager *c, const char *id) {
         struct scope_unit *u = scope_find(c, id);
+        _cleanup_free_ char *procs = NULL;
+        char path[4200];
 
-        if (u)
-                scope_kill_placeholder(u);
+        if (!u || !u->cgroup || u->n_track == 0)
+                return;
+        snprintf(path, sizeof(path), "%s/%s/cgroup.procs", u->cgroup, u->id);
+        if (read_small_file(path, 64 * 1024, &procs, NULL) < 0)
+                return;
+        for (unsigned i = 0; i < u->n_track; i++) {
+                _cleanup_free_ char *copy = strdup(procs);
+                char *save = NULL;
+
+                if (!copy)
+                        return;
+                snprintf(path, sizeof(path), "%s/%s/cgroup.procs", u->track[i], u->id);
+                for (char *t = strtok_r(copy, "\n", &save); t; t = strtok_r(NULL, "\n", &save)) {
+                        int r = write_string_file(path, t);
+                        if (r < 0)
+                                log_warning_errno(r, "Failed to move %s into %s: %m", t, path);
+                }
+        }
 }
 
 static int scope_oom_kills(CGroupManager *c, const char *id, uint64_t *ret) {
         struct scope_unit *u = scope_find(c, id);
         char path[4200];
 
+        uint64_t a = 0, b = 0;
+        int ra, rb;
+
         if (!u || !u->cgroup)
                 return -ENOENT;
-        snprintf(path, sizeof(path), "%s/memory.events", u->cgroup);
-        return read_oom_kill_file(path, ret);
+        if (c->version == 2) {
+                /* Hierarchical: counts the kills in <scope>/<id> too. */
+                snprintf(path, sizeof(path), "%s/memory.events", u->cgroup);
+                return read_oom_kill_file(path, ret);
+        }
+        /* v1 counts a kill in one memcg only (the victim's on recent kernels, the
+         * one over its limit on older ones): add the sub-cgroup and the scope. */
+        snprintf(path, sizeof(path), "%s/%s/memory.oom_control", u->cgroup, u->id);
+        ra = read_oom_kill_file(path, &a);
+        snprintf(path, sizeof(path), "%s/memory.oom_control", u->cgroup);
+        rb = read_oom_kill_file(path, &b);
+        if (ra < 0 && rb < 0)
+                return ra;
+        *ret = (ra >= 0 ? a : 0) + (rb >= 0 ? b : 0);
+        return 0;
+}
+
+/* The scope of a sandbox of a killed predecessor (from its record): its VMM
+ * may have died after systemd found the scope empty in the hierarchy it tracks
+ * (the VMM had not yet joined it there) and failed to remove the cgroups the VMM
+ * still held. Stop the unit, kill what is left in it, remove its cgroups. */
+static int scope_remove_stale(CGroupManager *c, const char *id) {
+        static const char *const v1_roots[] = { "/sys/fs/cgroup/memory", "/sys/fs/cgroup/unified",
+                                                "/sys/fs/cgroup/systemd" };
+        static const char *const v2_roots[] = { "/sys/fs/cgroup" };
+        const char *const *roots = c->version == 2 ? v2_roots : v1_roots;
+        size_t n_roots = c->version == 2 ? ELEMENTSOF(v2_roots) : ELEMENTSOF(v1_roots);
+        char unit[SNAPSHOT_TAG_MAX + 32];
+        int r = 0;
+
+        snprintf(unit, sizeof(unit), "forkd-%s.scope", id);
+        (void) sd_bus_call_method_async(c->system_bus, NULL, "org.freedesktop.systemd1", "/org/freedesktop/systemd1",
+                                        "org.freedesktop.systemd1.Manager", "StopUnit", NULL, NULL, "ss", unit,
+                                        "fail");
+        for (size_t i = 0; i < n_roots; i++) {
+                char dir[4096], sub[4200];
+
+                snprintf(dir, sizeof(dir), "%s/forkd.slice/%s", roots[i], unit);
+                if (access(dir, F_OK) < 0)
+                        continue;
+                snprintf(sub, sizeof(sub), "%s/%s", dir, id);
+                for (int pass = 0; pass < 2; pass++) {
+                        _cleanup_free_ char *procs = NULL;
+                        char file[4300];
+
+                        snprintf(file, sizeof(file), "%s/cgroup.procs", pass == 0 ? sub : dir);
+                        if (read_small_file(file, 64 * 1024, &procs, NULL) < 0)
+                                continue;
+                        for (char *t = procs, *end; *t; t = end) {
+                                long pid = strtol(t, &end, 10);
+                                if (end == t)
+                                        break;
+                                if (pid > 1)
+                                        (void) kill((pid_t) pid, SIGKILL);
+                        }
+                }
+                log_info("Removing stale cgroup %s.", dir);
+                /* The sub-cgroup first; the scope's own one is retried until it is empty. */
+                int k = remove_cgroup_dir(c, sub);
+                if (k < 0 && r == 0)
+                        r = k;
+                k = remove_cgroup_dir(c, dir);
+                if (k < 0 && r == 0)
+                        r = k;
+        }
+        return r;
 }
 
 static int scope_remove(CGroupManager *c, const char *id) {
@@ -510,12 +661,20 @@ static int scope_remove(CGroupManager *c, const char *id) {
         int r = 0;
 
         if (!u)
-                return 0;
+                return scope_remove_stale(c, id);
         scope_unlink(c, u);
         scope_kill_placeholder(u);
+        for (unsigned i = 0; i < u->n_track; i++) {
+                snprintf(sub, sizeof(sub), "%s/%s", u->track[i], u->id);
+                int k = remove_cgroup_dir(c, sub);
+                if (k < 0 && r == 0)
+                        r = k;
+        }
         if (u->cgroup) {
                 snprintf(sub, sizeof(sub), "%s/%s", u->cgroup, u->id);
-                r = remove_cgroup_dir(c, sub);
+                int k = remove_cgroup_dir(c, sub);
+                if (k < 0 && r == 0)
+                        r = k;
         }
         /* An empty scope is collected by systemd anyway; stop it in case something lingers. */
         (void) sd_bus_call_method_async(c->system_bus, NULL, "org.freedesktop.systemd1", "/org/freedesktop/systemd1",
@@ -620,9 +779,15 @@ int cgroup_manager_new(sd_event *e, const char *root, CGroupManager **ret) {
                 }
                 c->backend = &backend_cgroupfs;
         } else if (access("/run/systemd/system", F_OK) >= 0 && fs_type("/sys/fs/cgroup", &type) >= 0 &&
-                   type == CGROUP2_SUPER_MAGIC && v2_has_memory("/sys/fs/cgroup"))
+                   type == CGROUP2_SUPER_MAGIC && v2_has_memory("/sys/fs/cgroup")) {
                 c->backend = &backend_scope;
-        else if (fs_type("/sys/fs/cgroup", &type) >= 0 && type == CGROUP2_SUPER_MAGIC &&
+                c->version = 2;
+        } else if (access("/run/systemd/system", F_OK) >= 0 && fs_type("/sys/fs/cgroup/memory", &type) >= 0 &&
+                   type == CGROUP_SUPER_MAGIC) {
+                /* systemd on a hybrid or legacy layout: MemoryMax= lands in the v1 memory hierarchy. */
+                c->backend = &backend_scope;
+                c->version = 1;
+        } else if (fs_type("/sys/fs/cgroup", &type) >= 0 && type == CGROUP2_SUPER_MAGIC &&
                  v2_has_memory("/sys/fs/cgroup")) {
                 c->backend = &backend_cgroupfs;
                 c->version = 2;
@@ -650,7 +815,8 @@ int cgroup_manager_new(sd_event *e, const char *root, CGroupManager **ret) {
         if (c->backend == &backend_cgroupfs)
                 log_info("Memory limits: cgroupfs v%d under %s.", c->version, c->root);
         else
-                log_info("Memory limits: %s.", c->backend->name);
+                log_info("Memory limits: %s%s.", c->backend->name,
+                         c->backend != &backend_scope ? "" : c->version == 2 ? " (memory on cgroup v2)" : " (memory on cgroup v1)");
         *ret = c;
         return 0;
 fail:

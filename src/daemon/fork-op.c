@@ -151,9 +151,13 @@ static void on_ping(int r, uint16_t type, const char *json, struct json_object *
         ForkOp *f = slot->op;
 
         if (r >= 0 && type == FKA_RESPONSE) {
+                Sandbox *s = hashmap_get(f->manager->sandboxes, f->ids[slot->index]);
+
                 f->n_answered++;
-                if (f->has_cgroup[slot->index])
-                        cgroup_attached(f->manager->cgroups, f->ids[slot->index]);
+                /* The sandbox owns the cgroup by now (fork_work_done cleared has_cgroup[]);
+                 * the child joined it before it could answer. */
+                if (s && s->has_cgroup)
+                        cgroup_attached(f->manager->cgroups, s->id);
         } else {
                 f->n_failed++;
                 if (!f->ping_error) {
@@ -296,6 +300,10 @@ static void fork_work_done(int r, void *userdata) {
                         /* Owned by the sandbox now. */
                         f->has_cgroup[i] = false;
                         vm_template_add_sandbox(t, s);
+                        /* Early, so that the service manager sees the VMM in its scope as soon as
+                         * possible; again once it answered, when it has surely joined its cgroup. */
+                        if (s->has_cgroup)
+                                cgroup_attached(m->cgroups, s->id);
                 }
                 m->n_sandboxes_reserved -= f->n;
                 f->reserved = false;
