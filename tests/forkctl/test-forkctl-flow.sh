@@ -18,6 +18,15 @@ skip() { echo "1..0 # SKIP $*"; exit 77; }
 [ -c /dev/kvm ] || skip "no /dev/kvm"
 [ "$(id -u)" = 0 ] || skip "needs root (forkd allows root without polkit)"
 jsonok() { python3 -c 'import json, sys; json.load(sys.stdin)' 2>/dev/null; }
+# jq is not among the dependencies: pyq EXPR [FILE] prints EXPR evaluated on the
+# JSON document j (lists one item per line) and fails when it is False.
+pyq() {
+        python3 -c 'import json, sys
+j = json.load(open(sys.argv[2]) if len(sys.argv) > 2 else sys.stdin)
+r = eval(sys.argv[1])
+print("\n".join(map(str, r)) if isinstance(r, list) else r)
+sys.exit(r is False)' "$@" 2>/dev/null
+}
 command -v python3 >/dev/null || skip "python3 (to parse --json) is missing"
 
 state=$(mktemp -d /tmp/forkctl-flow.XXXXXX)
@@ -51,31 +60,31 @@ else
 fi
 
 fc snapshot ls --json >"$state/out" && jsonok <"$state/out" &&
-        jq -e --arg t "$tag" '.snapshots | map(.tag) | index($t) != null' "$state/out" >/dev/null \
+        pyq "'$tag' in [s['tag'] for s in j['snapshots']]" "$state/out" >/dev/null \
         && ok "snapshot ls --json lists it" || not_ok "snapshot ls --json: $(cat "$state/out" "$state/err")"
 fc snapshot ls | grep -q "^$tag " && ok "snapshot ls table lists it" || not_ok "snapshot ls table"
 fc snapshot info "$tag" | grep -q "tag: $tag" && ok "snapshot info" || not_ok "snapshot info: $(cat "$state/err")"
 
 fc fork "$tag" -n 3 --json >"$state/fork.json"
-if jsonok <"$state/fork.json" && [ "$(jq '.sandboxes | length' "$state/fork.json")" = 3 ]; then
+if jsonok <"$state/fork.json" && [ "$(pyq "len(j['sandboxes'])" "$state/fork.json")" = 3 ]; then
         ok "fork -n 3 --json gives 3 sandboxes"
 else
         not_ok "fork -n 3: $(cat "$state/fork.json" "$state/err")"
 fi
-mapfile -t ids < <(jq -r '.sandboxes[].id' "$state/fork.json" 2>/dev/null)
+mapfile -t ids < <(pyq "[s['id'] for s in j['sandboxes']]" "$state/fork.json")
 
 fc ls --json >"$state/ls.json" && jsonok <"$state/ls.json" && ok "ls --json parses" || not_ok "ls --json"
-[ "$(jq '.sandboxes | length' "$state/ls.json" 2>/dev/null)" = 3 ] && ok "ls shows the 3 sandboxes" || not_ok "ls count: $(cat "$state/ls.json")"
+[ "$(pyq "len(j['sandboxes'])" "$state/ls.json")" = 3 ] && ok "ls shows the 3 sandboxes" || not_ok "ls count: $(cat "$state/ls.json")"
 fc ls | head -1 | grep -q '^ID  *SNAPSHOT  *STATE' && ok "ls table has a header" || not_ok "ls table"
 
-if [ ${#ids[@]} -ge 1 ] && fc ping "${ids[0]}" --json >"$state/out" && jq -e '.pong == true' "$state/out" >/dev/null; then
+if [ ${#ids[@]} -ge 1 ] && fc ping "${ids[0]}" --json >"$state/out" && pyq "j['pong'] is True" "$state/out" >/dev/null; then
         ok "ping ${ids[0]} answers pong"
 else
         not_ok "ping: $(cat "$state/out" "$state/err")"
 fi
 
 fc kill "${ids[@]}" && ok "kill ${ids[*]}" || not_ok "kill: $(cat "$state/err")"
-[ "$(fc ls --json | jq '.sandboxes | length')" = 0 ] && ok "no sandboxes left" || not_ok "sandboxes left after kill"
+[ "$(fc ls --json | pyq "len(j['sandboxes'])")" = 0 ] && ok "no sandboxes left" || not_ok "sandboxes left after kill"
 
 fc ping "${ids[0]:-none}"; rc=$?
 [ $rc = 3 ] && grep -q "no sandbox '${ids[0]:-none}'.*forkctl ls" "$state/err" && ok "ping of a dead sandbox: exit 3, says what to do" \

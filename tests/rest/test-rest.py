@@ -730,10 +730,10 @@ def main():
     tap = Tap()
     if not REST or not os.access(REST, os.X_OK):
         print(f"1..0 # SKIP forkd-rest not built ({REST!r})")
-        return 77
+        return 0  # meson's TAP protocol: a skip exits 0 (77 is an error)
     if not DBUS_DAEMON:
         print("1..0 # SKIP dbus-daemon not installed")
-        return 77
+        return 0
 
     stack = Stack()
 
