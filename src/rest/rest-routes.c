@@ -339,10 +339,60 @@ static int route_snapshot_info(RestRequest *req) {
         return call_manager(req, "GetSnapshotInfo", CALL_TIMEOUT_SHORT, on_reply_snapshot_info, "s", tag);
 }
 
+/* ---- routes whose engine has not landed: validated, their object looked up
+ * (so that the spec's 400 and 404 rows hold), then 501, never a fake success. ---- */
+
+static int on_reply_not_implemented(RestRequest *req, sd_bus_message *reply, const char *what) {
+        int r = reply_bus_result(req, reply, 0);
+
+        if (r <= 0)
+                return r; /* 404 for an unknown tag or sandbox, 503 without the daemon, ... */
+        return rest_reply_error(req, 501, "%s is not implemented by this forkd", what);
+}
+
+static int on_reply_compact(RestRequest *req, sd_bus_message *reply) {
+        return on_reply_not_implemented(req, reply, "snapshot compaction");
+}
+
+static int on_reply_branch(RestRequest *req, sd_bus_message *reply) {
+        return on_reply_not_implemented(req, reply, "branching a running sandbox");
+}
+
+static int on_reply_sandbox_fork(RestRequest *req, sd_bus_message *reply) {
+        return on_reply_not_implemented(req, reply, "forking a running sandbox");
+}
+
+struct compact_args {
+        char to[REST_TAG_MAX + 2];
+};
+
 static int route_snapshot_compact(RestRequest *req) {
-        if (!param_or_reply(req, "tag"))
+        static const struct json_dispatch table[] = {
+                { "to", JSON_KIND_STRING, NULL, offsetof(struct compact_args, to), JSON_FIELD_SIZE(struct compact_args, to),
+                  JSON_MANDATORY },
+                {}
+        };
+        _cleanup_json_ struct json_object *o = NULL;
+        struct compact_args a = {};
+        const char *field = NULL, *reason = NULL, *tag;
+        int r;
+
+        tag = param_or_reply(req, "tag");
+        if (!tag)
                 return 0;
-        return rest_reply_error(req, 501, "snapshot compaction is not implemented by this forkd");
+        if (rest_request_parse_json(req, false, &o) < 0)
+                return 0;
+        r = json_dispatch_full(o, table, JSON_REJECT_UNKNOWN, &a, &field, &reason);
+        if (r < 0) {
+                if (field && !strcmp(field, "to") && r == -ENAMETOOLONG)
+                        return rest_reply_error(req, 400, "invalid to: at most %d characters", REST_TAG_MAX);
+                return reply_dispatch_error(req, r, field, reason);
+        }
+        if (!rest_tag_is_valid(a.to))
+                return rest_reply_error(req, 400, "invalid to '%s': must match ^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$", a.to);
+        if (!strcmp(a.to, tag))
+                return rest_reply_error(req, 400, "to must name a new snapshot, not '%s' itself", tag);
+        return call_manager(req, "GetSnapshotInfo", CALL_TIMEOUT_SHORT, on_reply_compact, "s", tag);
 }
 
 /* ---- sandboxes ---- */
@@ -532,16 +582,83 @@ static int route_sandbox_eval(RestRequest *req) {
         return r;
 }
 
+struct branch_args {
+        char tag[REST_TAG_MAX + 2];
+        char mode[8];
+        bool diff;
+        bool wait;
+};
+
 static int route_sandbox_branch(RestRequest *req) {
-        if (!param_or_reply(req, "sandbox id"))
+        static const struct json_dispatch table[] = {
+                { "tag", JSON_KIND_STRING, NULL, offsetof(struct branch_args, tag), JSON_FIELD_SIZE(struct branch_args, tag),
+                  JSON_NULLABLE },
+                { "mode", JSON_KIND_STRING, NULL, offsetof(struct branch_args, mode),
+                  JSON_FIELD_SIZE(struct branch_args, mode), 0 },
+                { "diff", JSON_KIND_BOOL, NULL, offsetof(struct branch_args, diff), 0, 0 },
+                { "wait", JSON_KIND_BOOL, NULL, offsetof(struct branch_args, wait), 0, 0 },
+                {}
+        };
+        _cleanup_json_ struct json_object *o = NULL;
+        struct branch_args a = { .wait = true };
+        const char *field = NULL, *reason = NULL, *id;
+        int r;
+
+        id = param_or_reply(req, "sandbox id");
+        if (!id)
                 return 0;
-        return rest_reply_error(req, 501, "branching a running sandbox is not implemented by this forkd");
+        if (rest_request_parse_json(req, true, &o) < 0)
+                return 0;
+        r = json_dispatch_full(o, table, JSON_REJECT_UNKNOWN, &a, &field, &reason);
+        if (r < 0) {
+                if (field && !strcmp(field, "mode") && r == -ENAMETOOLONG)
+                        return rest_reply_error(req, 400, "mode must be \"full\", \"diff\" or \"live\"");
+                if (field && !strcmp(field, "tag") && r == -ENAMETOOLONG)
+                        return rest_reply_error(req, 400, "invalid tag: at most %d characters", REST_TAG_MAX);
+                return reply_dispatch_error(req, r, field, reason);
+        }
+        if (a.tag[0] && !rest_tag_is_valid(a.tag))
+                return rest_reply_error(req, 400, "invalid tag '%s': must match ^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$", a.tag);
+        if (json_object_object_get_ex(o, "mode", NULL) && strcmp(a.mode, "full") && strcmp(a.mode, "diff") &&
+            strcmp(a.mode, "live"))
+                return rest_reply_error(req, 400, "mode must be \"full\", \"diff\" or \"live\"");
+        if (json_object_object_get_ex(o, "mode", NULL) && json_object_object_get_ex(o, "diff", NULL))
+                return rest_reply_error(req, 400, "mode and diff are mutually exclusive; use mode");
+        if (!a.wait && strcmp(a.mode, "live"))
+                return rest_reply_error(req, 400, "wait: false needs mode: \"live\"");
+        return call_manager(req, "GetSandbox", CALL_TIMEOUT_SHORT, on_reply_branch, "s", id);
 }
 
+#define SANDBOX_FORK_N_MAX 32
+
+struct sandbox_fork_args {
+        int64_t n;
+};
+
 static int route_sandbox_fork(RestRequest *req) {
-        if (!param_or_reply(req, "sandbox id"))
+        static const struct json_dispatch table[] = {
+                { "n", JSON_KIND_INT64, NULL, offsetof(struct sandbox_fork_args, n), 0, 0 },
+                {}
+        };
+        _cleanup_json_ struct json_object *o = NULL;
+        struct sandbox_fork_args a = { .n = 1 };
+        const char *field = NULL, *reason = NULL, *id;
+        int r;
+
+        id = param_or_reply(req, "sandbox id");
+        if (!id)
                 return 0;
-        return rest_reply_error(req, 501, "forking a running sandbox is not implemented by this forkd");
+        if (rest_request_parse_json(req, true, &o) < 0)
+                return 0;
+        r = json_dispatch_full(o, table, JSON_REJECT_UNKNOWN, &a, &field, &reason);
+        if (r < 0) {
+                if (field && !strcmp(field, "n") && IN_SET_N(r))
+                        return rest_reply_error(req, 400, "n must be an integer between 1 and %d", SANDBOX_FORK_N_MAX);
+                return reply_dispatch_error(req, r, field, reason);
+        }
+        if (a.n < 1 || a.n > SANDBOX_FORK_N_MAX)
+                return rest_reply_error(req, 400, "n must be an integer between 1 and %d", SANDBOX_FORK_N_MAX);
+        return call_manager(req, "GetSandbox", CALL_TIMEOUT_SHORT, on_reply_sandbox_fork, "s", id);
 }
 
 const RestRoute rest_routes[] = {

@@ -107,6 +107,7 @@ class Stack:
                 self.stop(p)
             except Exception:  # noqa: BLE001
                 pass
+        self.remove_cgroot()
         shutil.rmtree(self.tmp, ignore_errors=True)
 
     def log_tail(self, p, n=30):
@@ -144,8 +145,38 @@ class Stack:
         state = os.path.join(self.tmp, "state")
         os.makedirs(state, exist_ok=True)
         env = dict(os.environ, FORKD_VMM=VMM)
-        self.daemon = self.spawn([DAEMON, "--state-dir", state, "--bus-address", self.bus], env=env)
+        argv = [DAEMON, "--state-dir", state, "--bus-address", self.bus]
+        # Memory limits in a cgroup of our own, not in the host's forkd one.
+        self.cgroot = None
+        if os.geteuid() == 0:
+            if os.path.exists("/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+                self.cgroot = f"/sys/fs/cgroup/memory/forkd-rest-test-{os.getpid()}"
+            else:
+                try:
+                    with open("/sys/fs/cgroup/cgroup.controllers") as f:
+                        if "memory" in f.read().split():
+                            self.cgroot = f"/sys/fs/cgroup/forkd-rest-test-{os.getpid()}"
+                except OSError:
+                    pass
+        if self.cgroot:
+            argv += ["--cgroup-root", self.cgroot]
+        self.daemon = self.spawn(argv, env=env)
         return self.daemon
+
+    def remove_cgroot(self):
+        if not getattr(self, "cgroot", None):
+            return
+        for _ in range(100):
+            try:
+                for d in os.listdir(self.cgroot):
+                    if os.path.isdir(os.path.join(self.cgroot, d)):
+                        os.rmdir(os.path.join(self.cgroot, d))
+                os.rmdir(self.cgroot)
+                return
+            except FileNotFoundError:
+                return
+            except OSError:
+                time.sleep(0.1)
 
     def start_rest(self, *extra, port=None, token=True, env=None):
         port = port or free_port()
@@ -318,12 +349,31 @@ def t_validation(c):
     c.expect(400, "DELETE", "/v1/snapshots/py?cascade=maybe")
 
 
-def t_not_implemented(c):
-    r = c.expect(501, "POST", "/v1/snapshots/py/compact", {"to": "py-flat"})
-    check("not implemented" in r.json["error"], r)
-    c.expect(501, "POST", "/v1/sandboxes/sb-1/branch", {"tag": "c1", "mode": "full"})
-    c.expect(501, "POST", "/v1/sandboxes/sb-1/branch", {})
-    c.expect(501, "POST", "/v1/sandboxes/sb-1/fork", {"n": 2})
+def t_not_implemented_validation(c):
+    """branch, compact and the running-sandbox fork have no engine yet, but
+    their requests are checked first: the spec's 400 rows hold."""
+    # spec: 400 when both mode and diff are set, or wait: false without mode "live"
+    for body in ({"mode": "full", "diff": True}, {"mode": "diff", "diff": False}, {"wait": False},
+                 {"mode": "full", "wait": False}, {"mode": "diff", "wait": False}, {"mode": "fast"},
+                 {"mode": "livelier"}, {"mode": 1}, {"diff": "yes"}, {"wait": "no"}, {"tag": "../x"},
+                 {"tag": "a" * 65}, {"tag": 5}, {"bogus": 1}):
+        c.expect(400, "POST", "/v1/sandboxes/sb-1/branch", body)
+    c.expect(400, "POST", "/v1/sandboxes/sb-1/branch", raw=b"{")
+    c.expect(400, "POST", "/v1/sandboxes/..x/branch", {})
+    # spec: 400 when to == :tag or either tag is unsafe
+    for body in ({}, {"to": "py"}, {"to": "../x"}, {"to": ""}, {"to": 1}, {"to": "a" * 65}, {"to": "b", "x": 1}):
+        c.expect(400, "POST", "/v1/snapshots/py/compact", body)
+    c.expect(400, "POST", "/v1/snapshots/-py/compact", {"to": "py-flat"})
+    # Podflare: n between 1 and 32
+    for body in ({"n": 0}, {"n": 33}, {"n": "2"}, {"n": 1.5}, {"m": 1}):
+        c.expect(400, "POST", "/v1/sandboxes/sb-1/fork", body)
+    # valid requests go on to the daemon, which is not there yet
+    for path, body in (("/v1/sandboxes/sb-1/branch", {"tag": "c1", "mode": "full"}),
+                       ("/v1/sandboxes/sb-1/branch", {"mode": "live", "wait": False}),
+                       ("/v1/sandboxes/sb-1/branch", {"diff": True}), ("/v1/sandboxes/sb-1/branch", None),
+                       ("/v1/snapshots/py/compact", {"to": "py-flat"}), ("/v1/sandboxes/sb-1/fork", {"n": 32}),
+                       ("/v1/sandboxes/sb-1/fork", None)):
+        c.expect(503, "POST", path, body)
 
 
 def t_body_cap(c):
@@ -559,6 +609,15 @@ def t_snapshot_errors(c, stack):
     r = c.req("POST", "/v1/snapshots", {"tag": "rest-nokernel", "kernel": "/nonexistent/vmlinux",
                                         "rootfs": Ctx.rootfs, "boot_wait_secs": 5})
     check(r.status in (400, 500), r)
+    # spec: 500 on a boot failure: a kernel that exists but is no kernel
+    junk = os.path.join(stack.tmp, "junk-kernel")
+    with open(junk, "wb") as f:
+        f.write(os.urandom(64 << 10))
+    r = c.expect(500, "POST", "/v1/snapshots", {"tag": "rest-junk", "kernel": junk, "rootfs": Ctx.rootfs,
+                                                "boot_wait_secs": 5})
+    r = c.expect(200, "GET", "/v1/snapshots")
+    check(all(s["tag"] != "rest-junk" for s in r.json), f"a failed boot left a snapshot: {r}")
+    check(not os.path.exists(os.path.join(os.path.dirname(Ctx.snapshot["dir"]), "rest-junk")), "snapshot dir left")
     c.expect(404, "GET", "/v1/snapshots/rest-nosuch/info")
     c.expect(404, "DELETE", "/v1/snapshots/rest-nosuch")
     c.expect(404, "POST", "/v1/sandboxes", {"snapshot_tag": "rest-nosuch", "n": 1})
@@ -590,6 +649,36 @@ def t_fork(c, stack):
         check("memory_limit_mib" not in sb or sb["memory_limit_mib"] == 0, r)
     check(r.json[0]["id"] != r.json[1]["id"], r)
     Ctx.sandboxes = [sb["id"] for sb in r.json]
+
+
+def t_fork_memory_limit(c, stack):
+    """memory_limit_mib: each child in a cgroup of its own with that limit,
+    shown in SandboxInfo, gone with the sandbox."""
+    if not stack.cgroot:
+        raise Skip("no cgroup memory controller (or not root)")
+    r = c.expect(201, "POST", "/v1/sandboxes", {"snapshot_tag": Ctx.tag, "n": 2, "memory_limit_mib": 48})
+    ids = [sb["id"] for sb in r.json]
+    try:
+        check(all(sb["memory_limit_mib"] == 48 for sb in r.json), r)
+        v1 = stack.cgroot.startswith("/sys/fs/cgroup/memory/")
+        for sid in ids:
+            with open(os.path.join(stack.cgroot, sid, "memory.limit_in_bytes" if v1 else "memory.max")) as f:
+                check(int(f.read()) == 48 << 20, f"{sid}: limit in the kernel")
+            r = c.expect(200, "GET", f"/v1/sandboxes/{sid}")
+            check(r.json["memory_limit_mib"] == 48, r)
+            c.expect(200, "POST", f"/v1/sandboxes/{sid}/ping")
+    finally:
+        for sid in ids:
+            c.req("DELETE", f"/v1/sandboxes/{sid}")
+    for _ in range(100):
+        if not any(os.path.exists(os.path.join(stack.cgroot, sid)) for sid in ids):
+            break
+        time.sleep(0.1)
+    check(not any(os.path.exists(os.path.join(stack.cgroot, sid)) for sid in ids), "cgroups left after DELETE")
+    # spec: "per_child_netns ... the host must have created those namespaces"
+    if not os.path.exists("/run/netns/forkd-child-1"):
+        r = c.expect(400, "POST", "/v1/sandboxes", {"snapshot_tag": Ctx.tag, "n": 1, "per_child_netns": True})
+        check("forkd-child-1" in r.json["error"], r)
 
 
 def t_sandbox_list_get(c, stack):
@@ -627,6 +716,26 @@ def t_exec_eval(c, stack):
     c.expect(404, "POST", "/v1/sandboxes/sb-nosuch/eval", {"code": "1"})
     # the sandbox is still healthy afterwards
     c.expect(200, "POST", f"/v1/sandboxes/{sid}/ping")
+
+
+def t_not_implemented(c, stack):
+    """No engine yet: 501 with an error body for an existing sandbox or
+    snapshot, the spec's 404 for an unknown one; never a fake success."""
+    sid = Ctx.sandboxes[0]
+    for body in ({"tag": "rest-c1", "mode": "full"}, {"mode": "diff"}, {"mode": "live", "wait": False},
+                 {"diff": True}, None):
+        r = c.expect(501, "POST", f"/v1/sandboxes/{sid}/branch", body)
+        check("not implemented" in r.json["error"], r)
+    c.expect(404, "POST", "/v1/sandboxes/sb-nosuch/branch", {"mode": "full"})
+    r = c.expect(501, "POST", f"/v1/snapshots/{Ctx.tag}/compact", {"to": "rest-flat"})
+    check("not implemented" in r.json["error"], r)
+    c.expect(404, "POST", "/v1/snapshots/rest-nosuch/compact", {"to": "rest-flat"})
+    c.expect(501, "POST", f"/v1/sandboxes/{sid}/fork", {"n": 2})
+    c.expect(404, "POST", "/v1/sandboxes/sb-nosuch/fork", {"n": 2})
+    r = c.expect(200, "GET", "/v1/snapshots")
+    check(all(s["tag"] not in ("rest-c1", "rest-flat") for s in r.json), f"a 501 created a snapshot: {r}")
+    r = c.expect(200, "GET", "/v1/sandboxes")
+    check(len(r.json) == len(Ctx.sandboxes), f"a 501 created sandboxes: {r}")
 
 
 def t_sandbox_delete(c, stack):
@@ -753,7 +862,7 @@ def main():
         tap.run("malformed JSON bodies are 400", t_malformed_json, c)
         tap.run("wrong JSON types and unknown fields are 400", t_wrong_types, c)
         tap.run("tags, ids and n validated before any D-Bus call", t_validation, c)
-        tap.run("compact, branch, fork of a running sandbox are 501", t_not_implemented, c)
+        tap.run("compact, branch, fork of a running sandbox: the spec's 400 rows", t_not_implemented_validation, c)
         tap.run("daemon absent: 503, /metrics still answers", t_daemon_absent, c)
         tap.run("body cap: 413 from Content-Length and while streaming", t_body_cap, c)
         tap.run("header cap", t_header_cap, c)
@@ -768,9 +877,12 @@ def main():
             ("POST /v1/snapshots error rows", t_snapshot_errors),
             ("GET /v1/snapshots and /v1/snapshots/:tag/info", t_snapshot_list_info),
             ("POST /v1/sandboxes n=2", t_fork),
+            ("POST /v1/sandboxes with memory_limit_mib; per_child_netns without the namespaces is 400",
+             t_fork_memory_limit),
             ("GET /v1/sandboxes, /v1/sandboxes/:id, /metrics gauges", t_sandbox_list_get),
             ("POST /v1/sandboxes/:id/ping", t_ping),
             ("exec and eval: the test guest's error, passed on", t_exec_eval),
+            ("branch, compact, fork of a running sandbox: 501, or 404 for an unknown one", t_not_implemented),
             ("DELETE /v1/sandboxes/:id", t_sandbox_delete),
             ("POST /v1/sandboxes on a damaged snapshot is 500", t_fork_errors),
             ("a hung daemon: call cap 503, loop keeps serving", t_calls_cap),
