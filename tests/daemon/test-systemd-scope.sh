@@ -4,12 +4,13 @@
 # Real test of the systemd-scope memory-limit backend (src/daemon/cgroup.c):
 # systemd (from a Debian debootstrap tree) boots as PID 1 of new PID, mount, UTS,
 # IPC and cgroup namespaces, with the build directory and /dev/kvm bind-mounted
-# in; forkd runs inside as a transient service, must pick the systemd-scope
-# backend, and forks the test guest with memory_limit_mib. Checked: each sandbox
+# in; forkd runs inside as the repository ships it (units/forkd.service, started
+# by D-Bus activation through dbus/org.forkd.Manager.service), must pick the
+# systemd-scope backend, and forks the test guest with memory_limit_mib. Checked: each sandbox
 # gets forkd-<id>.scope with MemoryMax=, the limit is in the kernel, a sandbox
 # driven over its limit dies alone and is reported "oom-killed", its siblings
 # answer, terminating removes the scopes, and after a kill -9 of forkd in the
-# middle of a fork and a restart no VMM, scope or cgroup is left.
+# middle of a fork and systemd's restart of it no VMM, scope or cgroup is left.
 #
 # The tree is cached outside the repository, in $FORKD_SCOPE_TREE_CACHE
 # (default /var/cache/forkd-systemd-scope); its first build (debootstrap
@@ -26,6 +27,8 @@ CACHE=${FORKD_SCOPE_TREE_CACHE:-/var/cache/forkd-systemd-scope}
 TREE=$CACHE/tree
 SUITE=bookworm
 LIMIT_MIB=40
+STATE=/var/lib/forkd     # inside the namespace: the unit's --state-dir
+LOG=/run/forkd-test.log  # inside the namespace: forkd's output
 
 skip() { echo "1..0 # SKIP $*"; exit 0; }
 bail() { echo "Bail out! $*"; exit 1; }
@@ -190,7 +193,7 @@ notok() {
         N=$((N + 1)); FAILED=$((FAILED + 1)); echo "not ok $N - $1"
         shift
         [ $# -gt 0 ] && printf '# %s\n' "$@"
-        IN tail -n 15 /run/forkd-test.log 2>/dev/null | sed 's/^/# forkd: /'
+        IN tail -n 15 "$LOG" </dev/null 2>/dev/null | sed 's/^/# forkd: /'
 }
 bus() { IN busctl --timeout=120 "$@"; }
 mgr() { bus --json=short call org.forkd.Manager /org/forkd/Manager org.forkd.Manager "$@"; }
@@ -209,18 +212,33 @@ else
         exit 1
 fi
 
-# forkd as a transient service, with the bus policy of the repository.
+# forkd as the repository ships it: units/forkd.service (hardened, Type=dbus,
+# watchdog, Restart=on-failure), started by D-Bus activation through
+# dbus/org.forkd.Manager.service (SystemdService=), with the bus policy
+# dbus/org.forkd.Manager.conf. Only the paths of the binaries are the build's,
+# and a drop-in sends the log to a file.
 SRCDIR=$(cd "$(dirname "$0")/../.." && pwd)
-cp "$SRCDIR/dbus/org.forkd.Manager.conf" "/proc/$NSINIT/root/etc/dbus-1/system.d/"
+R=/proc/$NSINIT/root
+render() { sed -e "s|@SBINDIR@/forkd|$FORKD|g" -e "s|@LIBEXECDIR@/forkd/forkd-vmm|$FORKD_VMM|g" "$1"; }
+cp "$SRCDIR/dbus/org.forkd.Manager.conf" "$R/etc/dbus-1/system.d/"
+mkdir -p "$R/usr/share/dbus-1/system-services" "$R/etc/systemd/system/forkd.service.d"
+render "$SRCDIR/dbus/org.forkd.Manager.service" >"$R/usr/share/dbus-1/system-services/org.forkd.Manager.service"
+render "$SRCDIR/units/forkd.service" >"$R/etc/systemd/system/forkd.service"
+printf '[Service]\nStandardOutput=append:%s\nStandardError=append:%s\n' $LOG $LOG \
+        >"$R/etc/systemd/system/forkd.service.d/50-test-log.conf"
+# LeakSanitizer stops the world with ptrace(2), which the unit's system call
+# filter refuses: a sanitizer build gets ptrace back, nothing else.
+if ldd "$FORKD" "$FORKD_VMM" 2>/dev/null | grep -q libasan; then
+        printf '[Service]\nSystemCallFilter=ptrace\n' >"$R/etc/systemd/system/forkd.service.d/60-sanitizer.conf"
+fi
+IN systemctl daemon-reload
 IN busctl call org.freedesktop.DBus / org.freedesktop.DBus ReloadConfig >/dev/null 2>&1
 IN truncate -s 16M /run/disk.img
-start_forkd() {
-        IN systemd-run --quiet --unit=forkd-test -p StandardOutput=append:/run/forkd-test.log \
-                -p StandardError=append:/run/forkd-test.log \
-                --setenv=FORKD_VMM="$FORKD_VMM" "$FORKD" --state-dir /run/forkd-state
-        for i in $(seq 200); do
+# Wait until forkd owns its name (after activation or an automatic restart).
+wait_forkd() {
+        for i in $(seq 300); do
                 bus call org.freedesktop.DBus /org/freedesktop/DBus org.freedesktop.DBus NameHasOwner s org.forkd.Manager 2>/dev/null |
-                        grep -q true && return 0
+                        grep -q true && [ "$(IN systemctl is-active forkd.service)" = active ] && return 0
                 sleep 0.05
         done
         return 1
@@ -240,9 +258,16 @@ vmms() {
                 [ "$arg0" = "$FORKD_VMM" ] && echo "${d#/proc/}"
         done
 }
-start_forkd
-if IN grep -q "Memory limits: systemd-scope" /run/forkd-test.log; then
-        ok "forkd picks the systemd-scope backend under systemd ($(IN grep -o 'Memory limits: .*' /run/forkd-test.log))"
+# The first call activates it.
+if mgr ListSnapshots >/dev/null 2>"$T/activate.err" && wait_forkd; then
+        ok "a call to org.forkd.Manager activates forkd.service (the shipped, hardened unit)"
+else
+        notok "a call to org.forkd.Manager activates forkd.service" "$(cat "$T/activate.err")" \
+                "$(IN systemctl --no-pager status forkd.service 2>&1)"
+        wait_forkd
+fi
+if IN grep -q "Memory limits: systemd-scope" $LOG; then
+        ok "forkd picks the systemd-scope backend under systemd ($(IN grep -o 'Memory limits: .*' $LOG))"
 else
         notok "forkd picks the systemd-scope backend under systemd"
 fi
@@ -330,7 +355,7 @@ except OSError:
 EOF
 reason=
 for i in $(seq 200); do
-        reason=$(IN sed -n "s/.*Sandbox ${IDS[1]} removed: \([a-z-]*\).*/\1/p" /run/forkd-test.log)
+        reason=$(IN sed -n "s/.*Sandbox ${IDS[1]} removed: \([a-z-]*\).*/\1/p" $LOG)
         [ -n "$reason" ] && break
         sleep 0.05
 done
@@ -344,7 +369,7 @@ alive=0
 for i in 0 2; do
         mgr Ping s "${IDS[$i]}" 2>/dev/null | grep -q pong && alive=$((alive + 1))
 done
-if [ $alive = 2 ] && [ "$(IN systemctl is-active forkd-test.service)" = active ] &&
+if [ $alive = 2 ] && [ "$(IN systemctl is-active forkd.service)" = active ] &&
         [ "$(IN systemctl is-active "forkd-${IDS[0]}.scope")" = active ]; then
         ok "its siblings answer, their scopes and forkd live on"
 else
@@ -375,18 +400,18 @@ for i in $(seq 2000); do
         [ "$(vmms | wc -l)" -ge 3 ] && break
         sleep 0.01
 done
-during="$(IN sh -c 'ls /run/forkd-state/sandboxes | wc -l') records, $(IN systemctl list-units --all --plain --no-legend 'forkd-sb-*.scope' | wc -l) scopes, $(vmms | wc -l) VMM processes"
-IN systemctl kill --kill-who=main -s KILL forkd-test.service
+during="$(IN ls "$STATE/sandboxes" | wc -l) records, $(IN systemctl list-units --all --plain --no-legend 'forkd-sb-*.scope' | wc -l) scopes, $(vmms | wc -l) VMM processes"
+IN systemctl kill --kill-who=main -s KILL forkd.service
 wait $forkpid 2>/dev/null
 for i in $(seq 200); do
         [ -z "$(vmms)" ] && [ -z "$(leftovers)" ] && break
         sleep 0.05
 done
 vmms_left=$(vmms)
-# forkd again: it cleans up after its predecessor, from the sandbox records.
-IN systemctl reset-failed forkd-test.service 2>/dev/null
+# systemd starts forkd again (Restart=on-failure); it cleans up after its
+# predecessor, from the sandbox records.
 started=yes
-start_forkd || started=no
+wait_forkd || started=no
 for i in $(seq 200); do
         [ -z "$(leftovers)" ] && break
         sleep 0.05
@@ -400,7 +425,7 @@ else
 fi
 tags=$(mgr ListSnapshots 2>/dev/null | python3 -c 'import json, sys; print(" ".join(s["tag"]["data"] for s in json.load(sys.stdin)["data"][0]))' 2>/dev/null)
 sbs=$(mgr ListSandboxes 2>/dev/null | python3 -c 'import json, sys; print(len(json.load(sys.stdin)["data"][0]))' 2>/dev/null)
-recs=$(IN ls /run/forkd-state/sandboxes 2>/dev/null)
+recs=$(IN ls "$STATE/sandboxes" 2>/dev/null)
 mgr Fork 'sua{sv}' t1 2 1 memory_limit_mib u $LIMIT_MIB >"$T/fork2.json" 2>&1
 mapfile -t IDS2 < <(python3 -c 'import json, sys; print("\n".join(s["id"]["data"] for s in json.load(open(sys.argv[1]))["data"][0]))' "$T/fork2.json" 2>/dev/null)
 pongs=0
@@ -415,8 +440,8 @@ else
         notok "after the restart: registry intact, new fork works" "snapshots: '$tags', sandboxes: '$sbs', records: '$recs', answered: $pongs" "$(cat "$T/fork2.json")"
 fi
 
-if IN grep -Eq "Sanitizer|runtime error:" /run/forkd-test.log; then
-        notok "forkd logged no sanitizer report" "$(IN grep -E -A20 "Sanitizer|runtime error:" /run/forkd-test.log | head -40)"
+if IN grep -Eq "Sanitizer|runtime error:" $LOG; then
+        notok "forkd logged no sanitizer report" "$(IN grep -E -A20 "Sanitizer|runtime error:" $LOG | head -40)"
 else
         ok "forkd logged no sanitizer report"
 fi
