@@ -163,8 +163,15 @@ while read -r lib; do
         mkdir -p "$R$(dirname "$lib")"
         cp -L "$lib" "$R$lib"
 done <"$T/libs"
+# pivot_root, not chroot: a chrooted process may not create user namespaces
+# (units with PrivateUsers=), and systemd is better off at the real root.
 cd "$R"
-exec chroot . /usr/bin/env -i container=forkd-test /lib/systemd/systemd --unit=basic.target
+mkdir -p .oldroot
+pivot_root . .oldroot
+cd /
+umount -l /.oldroot
+rmdir /.oldroot
+exec /usr/bin/env -i container=forkd-test /lib/systemd/systemd --unit=basic.target
 EOF
 chmod +x "$T/init.sh"
 
