@@ -327,6 +327,17 @@ static void agent_disconnect(Agent *a) {
         outq_clear(&a->out);
 }
 
+static int agent_send_ready(Agent *a) {
+        struct json_object *o = json_object_new_object();
+
+        if (!o)
+                return -ENOMEM;
+        json_object_object_add(o, "op", json_object_new_string("ready"));
+        json_object_object_add(o, "agent", json_object_new_string(AGENT_NAME));
+        json_object_object_add(o, "version", json_object_new_string(FORKD_VERSION));
+        return agent_send_json(a, FKA_EVENT, 0, o);
+}
+
 static int open_tty(Agent *a) {
         _cleanup_close_ int fd = -EBADF;
         struct termios t;
@@ -346,6 +357,11 @@ static int open_tty(Agent *a) {
         }
         agent_connected(a, TAKE_FD(fd));
         a->reopen_usec = 0;
+        /* The tty dropped whatever the host sent before this open (and the flush
+         * above drops the rest): say that we listen now, so that the host sends
+         * its request again (docs/agent-protocol.md, "ready"). */
+        if (agent_send_ready(a) < 0)
+                log_oom();
         return 0;
 }
 

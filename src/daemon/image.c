@@ -251,7 +251,7 @@ int image_create_work(void *userdata) {
         if (r < 0)
                 return set_error(c, r, "Failed to start %s: %s", c->vmm_path, strerror(-r));
 
-        r = fka_call(p.agent_fd, "{\"op\":\"ping\"}", (uint64_t) c->boot_wait_secs * 1000000u, NULL, &type);
+        r = fka_wait_ready(p.agent_fd, (uint64_t) c->boot_wait_secs * 1000000u, &type);
         if (r == -ETIMEDOUT) {
                 set_error(c, r, "The guest's agent did not answer within %us (console: %s)", c->boot_wait_secs,
                           c->console_log ?: "none");

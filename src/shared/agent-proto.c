@@ -788,23 +788,41 @@ int fka_client_next(fka_client *c, fka_completion *ret) {
         }
 }
 
+static uint64_t deadline_after(uint64_t timeout_usec) {
+        uint64_t now, deadline;
+
+        if (timeout_usec == UINT64_MAX)
+                return 0;
+        now = fka_now_usec();
+        deadline = timeout_usec > UINT64_MAX - now - 1 ? UINT64_MAX - 1 : now + timeout_usec;
+        return deadline ?: 1;
+}
+
+/* Wait until the socket can make progress, or the deadline (0: none) passes. */
+static int wait_io(fka_client *c, int fd, uint64_t deadline) {
+        struct pollfd pfd = { .fd = fd, .events = fka_client_events(c) };
+        int timeout_ms = -1;
+
+        if (deadline > 0) {
+                uint64_t now = fka_now_usec(), left = deadline > now ? deadline - now : 0;
+
+                timeout_ms = (int) MIN((left + 999) / 1000, (uint64_t) INT_MAX);
+        }
+        if (poll(&pfd, 1, timeout_ms) < 0 && errno != EINTR)
+                return negative_errno();
+        return 0;
+}
+
 int fka_call(int fd, const char *request_json, uint64_t timeout_usec, char **ret_response_json, uint16_t *ret_type) {
         _cleanup_(fka_client_freep) fka_client *c = NULL;
-        uint64_t deadline = 0;
+        uint64_t deadline;
         int r;
 
         if (fd < 0)
                 return -EBADF;
         if (!request_json)
                 return -EINVAL;
-
-        if (timeout_usec != UINT64_MAX) {
-                uint64_t now = fka_now_usec();
-
-                deadline = timeout_usec > UINT64_MAX - now - 1 ? UINT64_MAX - 1 : now + timeout_usec;
-                if (deadline == 0)
-                        deadline = 1;
-        }
+        deadline = deadline_after(timeout_usec);
 
         r = fka_client_new(fd, 1, &c);
         if (r < 0)
@@ -816,8 +834,6 @@ int fka_call(int fd, const char *request_json, uint64_t timeout_usec, char **ret
 
         for (;;) {
                 fka_completion comp = {};
-                struct pollfd pfd;
-                int timeout_ms = -1;
 
                 if (deadline > 0)
                         (void) fka_client_expire(c, fka_now_usec());
@@ -840,16 +856,66 @@ int fka_call(int fd, const char *request_json, uint64_t timeout_usec, char **ret
                         fka_completion_done(&comp);
                         return r;
                 }
+                r = wait_io(c, fd, deadline);
+                if (r < 0)
+                        return r;
+        }
+}
 
-                if (deadline > 0) {
-                        uint64_t now = fka_now_usec(), left;
+static bool is_ready_event(const fka_completion *comp) {
+        struct json_object *op;
 
-                        left = deadline > now ? deadline - now : 0;
-                        timeout_ms = (int) MIN((left + 999) / 1000, (uint64_t) INT_MAX);
+        return comp->type == FKA_EVENT && comp->obj && json_object_object_get_ex(comp->obj, "op", &op) &&
+               json_object_is_type(op, json_type_string) && strcmp(json_object_get_string(op), "ready") == 0;
+}
+
+int fka_wait_ready(int fd, uint64_t timeout_usec, uint16_t *ret_type) {
+        static const char ping[] = "{\"op\":\"ping\"}";
+        _cleanup_(fka_client_freep) fka_client *c = NULL;
+        uintptr_t newest = 1;
+        uint64_t deadline;
+        int r;
+
+        if (fd < 0)
+                return -EBADF;
+        deadline = deadline_after(timeout_usec);
+
+        r = fka_client_new(fd, 64, &c); /* one ping per ready event: a few at most */
+        if (r < 0)
+                return r;
+        r = fka_client_send(c, ping, SIZE_MAX, deadline, (void *) newest);
+        if (r < 0)
+                return r;
+
+        for (;;) {
+                fka_completion comp = {};
+
+                if (deadline > 0)
+                        (void) fka_client_expire(c, fka_now_usec());
+
+                r = fka_client_next(c, &comp);
+                if (r < 0)
+                        return r;
+                if (r > 0) {
+                        bool ready = is_ready_event(&comp), answer = comp.type != FKA_EVENT &&
+                                                                    (uintptr_t) comp.userdata == newest;
+
+                        r = comp.error;
+                        if (answer && r >= 0 && ret_type)
+                                *ret_type = comp.type;
+                        fka_completion_done(&comp);
+                        if (answer)
+                                return r;
+                        if (ready) {
+                                /* The channel was (re)opened: what came before may be lost. */
+                                r = fka_client_send(c, ping, SIZE_MAX, deadline, (void *) ++newest);
+                                if (r < 0)
+                                        return r;
+                        }
+                        continue;
                 }
-
-                pfd = (struct pollfd) { .fd = fd, .events = fka_client_events(c) };
-                if (poll(&pfd, 1, timeout_ms) < 0 && errno != EINTR)
-                        return negative_errno();
+                r = wait_io(c, fd, deadline);
+                if (r < 0)
+                        return r;
         }
 }

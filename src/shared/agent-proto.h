@@ -229,3 +229,14 @@ unsigned fka_client_in_flight(const fka_client *c);
  * late answer: do not reuse it for fka_call()), or the completion's error.
  */
 int fka_call(int fd, const char *request_json, uint64_t timeout_usec, char **ret_response_json, uint16_t *ret_type);
+
+/*
+ * Wait until a freshly booted guest's agent answers ping, within timeout_usec.
+ * A Linux guest's tty drops whatever arrived before its agent opened the
+ * channel; the agent then sends a "ready" event. Ping is sent at once and again
+ * after every ready event, and only the answer to the newest ping counts, so
+ * no answer is left in flight when this returns (what a snapshot would keep).
+ * Returns 0 and the answer's type (FKA_RESPONSE or FKA_ERROR), or a negative
+ * errno (-ETIMEDOUT, or the connection's error).
+ */
+int fka_wait_ready(int fd, uint64_t timeout_usec, uint16_t *ret_type);

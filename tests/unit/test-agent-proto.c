@@ -1161,6 +1161,83 @@ _Noreturn static void child_agent(int fd) {
         }
 }
 
+/* A Linux guest's agent: its tty lost the first ping (drop_first) or not, then it
+ * says "ready" and answers every ping after that with the ping's id. */
+_Noreturn static void child_ready_agent(int fd, bool drop_first) {
+        _cleanup_(fka_decoder_freep) fka_decoder *d = NULL;
+        bool first = true;
+        char body[64];
+
+        if (fka_decoder_new(FKA_GUEST_MAX_PAYLOAD, &d) < 0)
+                _exit(2);
+        for (;;) {
+                fka_frame f = {};
+                int r = peer_read_frame(fd, d, &f);
+
+                if (r == 0)
+                        _exit(0);
+                if (r != 1 || f.type != FKA_REQUEST || !strstr(f.payload, "\"ping\""))
+                        _exit(3);
+                r = 0;
+                if (first) {
+                        r = peer_write(fd, FKA_EVENT, 0, "{\"op\":\"ready\",\"agent\":\"test\"}");
+                        first = false;
+                        if (drop_first) {
+                                fka_frame_done(&f);
+                                continue;
+                        }
+                }
+                snprintf(body, sizeof(body), "{\"pong\":true,\"id\":%u}", (unsigned) f.id);
+                if (r >= 0)
+                        r = peer_write(fd, FKA_RESPONSE, f.id, body);
+                fka_frame_done(&f);
+                if (r < 0)
+                        _exit(4);
+        }
+}
+
+static void test_wait_ready(void **state) {
+        for (int drop_first = 0; drop_first <= 1; drop_first++) {
+                uint16_t type = 0;
+                int sv[2], status;
+                struct pollfd pfd;
+                pid_t pid;
+
+                make_pair(sv);
+                pid = fork();
+                assert_true(pid >= 0);
+                if (pid == 0) {
+                        close(sv[0]);
+                        child_ready_agent(sv[1], drop_first);
+                }
+                close(sv[1]);
+
+                /* Answered whether or not the first ping was lost; only the answer to
+                 * the newest ping counts, so nothing is left in flight afterwards. */
+                assert_int_equal(fka_wait_ready(sv[0], 5 * 1000000, &type), 0);
+                assert_int_equal(type, FKA_RESPONSE);
+                pfd = (struct pollfd) { .fd = sv[0], .events = POLLIN };
+                assert_int_equal(poll(&pfd, 1, 100), 0);
+
+                close(sv[0]);
+                assert_int_equal(waitpid(pid, &status, 0), pid);
+                assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+        }
+
+        /* A guest that never answers: -ETIMEDOUT, type untouched. */
+        {
+                uint16_t type = 0;
+                int sv[2];
+
+                make_pair(sv);
+                assert_int_equal(fka_wait_ready(sv[0], 100 * 1000, &type), -ETIMEDOUT);
+                assert_int_equal(type, 0);
+                close(sv[0]);
+                close(sv[1]);
+        }
+        assert_int_equal(fka_wait_ready(-1, 1000, NULL), -EBADF);
+}
+
 static void test_call_forked_peer(void **state) {
         _cleanup_free_ char *resp = NULL;
         char *untouched = (char *) 0x77;
@@ -1231,6 +1308,7 @@ int main(void) {
                 cmocka_unit_test(test_client_oversized_response),
                 cmocka_unit_test(test_client_event_and_eof),
                 cmocka_unit_test(test_call_forked_peer),
+                cmocka_unit_test(test_wait_ready),
         };
 
         /* A peer that hangs up must not kill the test with SIGPIPE */
