@@ -1,0 +1,229 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""The Linux guest on real KVM, through the whole stack (TAP).
+
+Runs inside the test host (tests/host-vm/run), where /dev/kvm is real (nested SVM
+under QEMU TCG), systemd is PID 1 and the system bus and polkitd run:
+
+  tools/forkd-stack up        forkd on the system bus, forkd-rest, the Linux image
+  forkctl snapshot create     boot Debian's cloud kernel to forkd-agent, snapshot it
+  forkctl fork -n 3           three children from the template, each in a systemd scope
+
+then checks each child's agent (ping, eval, exec, run_code), their isolation (REPL
+state, files, entropy), their clocks, an exec that outlives its timeout, and the
+scopes' memory limit. Timings are printed as TAP comments: they are TCG figures
+(every instruction emulated, ~100 us a VM exit), not the product's speed.
+
+Usage: test-linux-guest.py --build DIR --image DIR
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+N_CHILDREN = 3
+MEM_MIB = 256
+LIMIT_MIB = 768
+
+
+class Tap:
+    def __init__(self):
+        self.n = 0
+        self.failed = 0
+
+    def ok(self, cond, what, detail=None):
+        self.n += 1
+        if cond:
+            print(f"ok {self.n} - {what}", flush=True)
+        else:
+            self.failed += 1
+            print(f"not ok {self.n} - {what}", flush=True)
+            if detail is not None:
+                for line in str(detail).splitlines()[-30:]:
+                    print(f"#   {line}", flush=True)
+        return cond
+
+    def note(self, text):
+        for line in str(text).splitlines():
+            print(f"# {line}", flush=True)
+
+    def bail(self, why):
+        print(f"Bail out! {why}", flush=True)
+        sys.exit(1)
+
+
+class Forkctl:
+    def __init__(self, path, env):
+        self.path = path
+        self.env = env
+
+    def __call__(self, *args, timeout=600):
+        """Run forkctl --json; returns (exit status, parsed JSON or None, stderr)."""
+        p = subprocess.run([self.path, "--no-progress", "--json", *args], env=self.env,
+                           capture_output=True, text=True, timeout=timeout)
+        try:
+            doc = json.loads(p.stdout) if p.stdout.strip() else None
+        except ValueError:
+            doc = None
+        return p.returncode, doc, p.stderr.strip() or p.stdout.strip()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", required=True)
+    ap.add_argument("--image", required=True)
+    args = ap.parse_args()
+    top = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    build = os.path.abspath(args.build)
+    t = Tap()
+
+    # Install the bus policy as a package would, so that forkd owns its name on the
+    # host's real system bus (the test host is thrown away afterwards).
+    if os.path.isdir("/etc/dbus-1/system.d"):
+        subprocess.run(["cp", f"{top}/dbus/org.forkd.Manager.conf", "/etc/dbus-1/system.d/"], check=True)
+        subprocess.run(["busctl", "call", "org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus",
+                        "ReloadConfig"], capture_output=True)
+    state = tempfile.mkdtemp(prefix="forkd-linux-test.")
+    env = dict(os.environ, FORKD_BUILD_DIR=build, FORKD_STACK_NO_BUILD="1", FORKD_GUEST_IMAGE=args.image)
+    up = subprocess.run([f"{top}/tools/forkd-stack", "up", "--state-dir", state, "--port", "18889"],
+                        env=env, capture_output=True, text=True, timeout=300)
+    if up.returncode != 0:
+        t.bail(f"tools/forkd-stack up failed: {up.stderr[-2000:]}")
+    stack = dict(line.split("=", 1) for line in up.stdout.splitlines() if "=" in line)
+    env["FORKD_BUS_ADDRESS"] = stack["FORKD_BUS_ADDRESS"]
+    fc = Forkctl(f"{build}/src/forkctl/forkctl", env)
+    try:
+        run(t, fc, stack, args.image)
+    except Exception:
+        t.ok(False, "the test ran to its end", __import__("traceback").format_exc())
+    finally:
+        if t.failed:
+            dump_logs(t, state)
+        subprocess.run([f"{top}/tools/forkd-stack", "down", "--state-dir", state], env=env,
+                       capture_output=True, timeout=120)
+        leftovers = subprocess.run(["pgrep", "-f", "forkd-vmm"], capture_output=True, text=True).stdout.split()
+        t.ok(not leftovers, "forkd-stack down leaves no forkd-vmm behind", leftovers)
+    print(f"1..{t.n}", flush=True)
+    sys.exit(1 if t.failed else 0)
+
+
+def dump_logs(t, state):
+    """forkd's and forkd-rest's logs and the guests' consoles, for a failed run."""
+    for root, _, files in os.walk(state):
+        for name in sorted(files):
+            if name.endswith(".log") or "console" in name:
+                path = os.path.join(root, name)
+                with open(path, errors="replace") as f:
+                    lines = f.read().splitlines()[-40:]
+                t.note(f"--- {path} (last {len(lines)} lines)")
+                t.note("\n".join(lines))
+
+
+def run(t, fc, stack, image):
+    kernel, rootfs = stack["FORKD_GUEST_KERNEL"], stack["FORKD_GUEST_ROOTFS"]
+    t.ok(kernel == os.path.join(image, "vmlinuz") and rootfs == os.path.join(image, "rootfs.ext4"),
+         "forkd-stack names the Linux image as the default guest on real KVM", stack)
+
+    # Boot and snapshot.
+    t0 = time.monotonic()
+    rc, doc, err = fc("snapshot", "create", "linux", "--kernel", kernel, "--rootfs", rootfs,
+                      "--mem-mib", str(MEM_MIB), "--boot-wait", "300")
+    boot_s = time.monotonic() - t0
+    if not t.ok(rc == 0, "snapshot create: boot the Debian kernel to forkd-agent and snapshot it", err):
+        return
+    t.note(f"snapshot create (boot to the agent's first answer, then snapshot): {boot_s:.1f} s under TCG")
+    rc, info, err = fc("snapshot", "info", "linux")
+    t.ok(rc == 0 and isinstance(info, dict), "snapshot info", err)
+    if isinstance(info, dict):
+        t.note("snapshot info: " + json.dumps(info, sort_keys=True))
+
+    # Fork 3 with a memory limit: each child in its own systemd scope.
+    t0 = time.monotonic()
+    rc, doc, err = fc("fork", "linux", "-n", str(N_CHILDREN), "--memory-limit-mib", str(LIMIT_MIB))
+    fork_s = time.monotonic() - t0
+    ids = [s["id"] for s in (doc or {}).get("sandboxes", [])]
+    if not t.ok(rc == 0 and len(ids) == N_CHILDREN, f"fork -n {N_CHILDREN} (every child answered)", err):
+        return
+    t.note(f"fork of {N_CHILDREN}, all answered: {fork_s * 1000:.0f} ms under TCG")
+
+    for sid in ids:
+        rc, r, err = fc("ping", sid)
+        t.ok(rc == 0 and r.get("pong") is True and r.get("pid") == 1 and isinstance(r.get("numpy_version"), str),
+             f"{sid}: ping shows numpy's version and pid 1", r or err)
+        rc, r, err = fc("eval", sid, "numpy.zeros(5).sum()")
+        t.ok(rc == 0 and r.get("result") == "0.0", f"{sid}: eval numpy.zeros(5).sum() is '0.0'", r or err)
+        rc, r, err = fc("eval", sid, "1/0")
+        t.ok(r is not None and r.get("result") is None and "ZeroDivisionError" in (r.get("error") or "")
+             and r.get("exit_code", 0) != 0, f"{sid}: eval 1/0 reports a ZeroDivisionError", r or err)
+        rc, r, err = fc("exec", sid, "--", "python3", "-c", "print(2+2)")
+        t.ok(rc == 0 and r.get("stdout") == "4\n" and r.get("exit_code") == 0,
+             f"{sid}: exec python3 -c 'print(2+2)' prints '4\\n'", r or err)
+
+    # REPL state: persists within a child, is not shared between siblings.
+    for i, sid in enumerate(ids):
+        fc("run", sid, f"state = {i} * 1000 + 7\nhistory = [state]")
+    good = True
+    detail = []
+    for i, sid in enumerate(ids):
+        rc, r, err = fc("run", sid, "history.append(state + 1)\nprint(state, len(history))")
+        detail.append(r or err)
+        good &= rc == 0 and r.get("stdout") == f"{i * 1000 + 7} 2\n"
+    t.ok(good, "run_code state persists across calls and differs between siblings", detail)
+
+    # Files: a write in one child is invisible to its siblings.
+    rc, r, err = fc("exec", ids[0], "--", "sh", "-c", "echo only-here > /root/mark && sync && cat /root/mark")
+    t.ok(rc == 0 and r.get("stdout") == "only-here\n", f"{ids[0]}: writes /root/mark", r or err)
+    absent = True
+    for sid in ids[1:]:
+        rc, r, err = fc("exec", sid, "--", "test", "-e", "/root/mark")
+        absent &= rc == 0 and r.get("exit_code") == 1
+    t.ok(absent, "the file is absent in its siblings")
+
+    # Entropy and clocks.
+    seen = {}
+    for sid in ids:
+        rc, r, err = fc("eval", sid, "__import__('os').urandom(16).hex()")
+        seen[sid] = (r or {}).get("result")
+    t.ok(all(seen.values()) and len(set(seen.values())) == N_CHILDREN, "os.urandom differs in every child", seen)
+    skew = {}
+    for sid in ids:
+        rc, r, err = fc("eval", sid, "__import__('time').time()")
+        try:
+            skew[sid] = float(r["result"]) - time.time()
+        except (TypeError, KeyError, ValueError):
+            skew[sid] = None
+    t.ok(all(s is not None and abs(s) < 5 for s in skew.values()),
+         "each child's clock is within 5 s of the host's", skew)
+    t.note("clock offsets (s): " + ", ".join(f"{k}: {v:+.3f}" for k, v in skew.items() if v is not None))
+
+    # A command that outlives its timeout is killed; the agent still answers.
+    t0 = time.monotonic()
+    rc, r, err = fc("exec", ids[0], "--timeout", "2", "--", "sh", "-c", "sleep 60 & sleep 60")
+    took = time.monotonic() - t0
+    t.ok(r is not None and r.get("timed_out") is True and r.get("exit_code") == 124 and took < 30,
+         f"exec past its timeout is killed ({took:.1f} s)", r or err)
+    rc, r, err = fc("ping", ids[0])
+    t.ok(rc == 0 and r.get("pong") is True, "the agent answers after the timeout", r or err)
+    rc, r, err = fc("exec", ids[0], "--", "sh", "-c", "pgrep -x sleep || true")
+    t.ok(rc == 0 and r.get("stdout") == "", "the timed-out command's whole process group is gone", r or err)
+
+    # Memory limits under systemd: each sandbox is a scope with MemoryMax=.
+    scopes = {}
+    for sid in ids:
+        p = subprocess.run(["systemctl", "show", "-p", "MemoryMax", "-p", "ActiveState", f"forkd-{sid}.scope"],
+                           capture_output=True, text=True)
+        scopes[sid] = p.stdout.split()
+    t.ok(all(s == ["MemoryMax=%d" % (LIMIT_MIB << 20), "ActiveState=active"] for s in scopes.values()),
+         f"each sandbox is an active forkd-<id>.scope with MemoryMax={LIMIT_MIB} MiB (systemd, cgroup v2)", scopes)
+
+    rc, r, err = fc("kill", *ids)
+    t.ok(rc == 0, "kill the children", err)
+    rc, r, err = fc("snapshot", "rm", "linux")
+    t.ok(rc == 0, "snapshot rm", err)
+
+
+if __name__ == "__main__":
+    main()
