@@ -36,6 +36,16 @@ bail() { echo "Bail out! $*"; exit 1; }
 [ -n "${FORKD:-}" ] && [ -n "${FORKD_VMM:-}" ] && [ -n "${FORKD_TEST_GUEST:-}" ] && [ -n "${FORKD_BUILD_ROOT:-}" ] ||
         bail "FORKD, FORKD_VMM, FORKD_TEST_GUEST and FORKD_BUILD_ROOT must be set"
 [ "$(id -u)" = 0 ] || skip "needs root (namespaces, mounts, cgroups)"
+# Inside the tree the build directory sits at a fixed path: the shipped unit's
+# PrivateTmp= and ProtectHome= would hide it where checkouts often live (/tmp, /root).
+INBUILD=/opt/forkd-test-build
+inside() {
+        case "$1" in
+        "$FORKD_BUILD_ROOT"/*) echo "$INBUILD${1#"$FORKD_BUILD_ROOT"}" ;;
+        *) bail "$1 is not under FORKD_BUILD_ROOT ($FORKD_BUILD_ROOT)" ;;
+        esac
+}
+IN_FORKD=$(inside "$FORKD") IN_VMM=$(inside "$FORKD_VMM") IN_GUEST=$(inside "$FORKD_TEST_GUEST")
 for tool in unshare nsenter chroot python3 flock; do
         command -v $tool >/dev/null || skip "$tool is missing"
 done
@@ -130,7 +140,7 @@ cat >"$T/init.sh" <<'EOF'
 #!/bin/bash
 # PID 1 of the new namespaces until it execs systemd.
 set -e
-T=$1 TREE=$2 BUILD=$3 CGMODE=$4
+T=$1 TREE=$2 BUILD=$3 CGMODE=$4 INBUILD=$5
 R=$T/root
 mkdir -p "$T/upper" "$T/work" "$R"
 # The cached tree stays pristine: writes go to an overlay in $T.
@@ -156,9 +166,9 @@ done
 mkdir "$R/dev/pts" "$R/dev/shm"
 mount -t devpts -o newinstance,ptmxmode=0666 devpts "$R/dev/pts"
 ln -s pts/ptmx "$R/dev/ptmx"
-mkdir -p "$R$BUILD"
-mount --bind "$BUILD" "$R$BUILD"
-mount -o remount,bind,ro "$R$BUILD"
+mkdir -p "$R$INBUILD"
+mount --bind "$BUILD" "$R$INBUILD"
+mount -o remount,bind,ro "$R$INBUILD"
 while read -r lib; do
         mkdir -p "$R$(dirname "$lib")"
         cp -L "$lib" "$R$lib"
@@ -177,7 +187,7 @@ chmod +x "$T/init.sh"
 
 # Join the cgroups, then unshare: the cgroup namespace is rooted there.
 sh -c 'for d in "$@"; do echo $$ >"$d/cgroup.procs" || exit 1; done
-       exec unshare --pid --fork --mount --uts --ipc --cgroup --propagation private "'"$T"'/init.sh" "'"$T"'" "'"$TREE"'" "'"$FORKD_BUILD_ROOT"'" "'"$CGMODE"'"' \
+       exec unshare --pid --fork --mount --uts --ipc --cgroup --propagation private "'"$T"'/init.sh" "'"$T"'" "'"$TREE"'" "'"$FORKD_BUILD_ROOT"'" "'"$CGMODE"'" "'"$INBUILD"'"' \
         sh "${CGS[@]}" >"$T/console.log" 2>&1 &
 echo $! >"$T/unshare.pid"
 
@@ -226,7 +236,7 @@ fi
 # and a drop-in sends the log to a file.
 SRCDIR=$(cd "$(dirname "$0")/../.." && pwd)
 R=/proc/$NSINIT/root
-render() { sed -e "s|@SBINDIR@/forkd|$FORKD|g" -e "s|@LIBEXECDIR@/forkd/forkd-vmm|$FORKD_VMM|g" "$1"; }
+render() { sed -e "s|@SBINDIR@/forkd|$IN_FORKD|g" -e "s|@LIBEXECDIR@/forkd/forkd-vmm|$IN_VMM|g" "$1"; }
 cp "$SRCDIR/dbus/org.forkd.Manager.conf" "$R/etc/dbus-1/system.d/"
 mkdir -p "$R/usr/share/dbus-1/system-services" "$R/etc/systemd/system/forkd.service.d"
 render "$SRCDIR/dbus/org.forkd.Manager.service" >"$R/usr/share/dbus-1/system-services/org.forkd.Manager.service"
@@ -262,7 +272,7 @@ vmms() {
         for d in /proc/[0-9]*; do
                 [ "$d/ns/pid" -ef "/proc/$NSINIT/ns/pid" ] || continue
                 read -r -d '' arg0 <"$d/cmdline" 2>/dev/null || continue
-                [ "$arg0" = "$FORKD_VMM" ] && echo "${d#/proc/}"
+                [ "$arg0" = "$IN_VMM" ] && echo "${d#/proc/}"
         done
 }
 # The first call activates it.
@@ -279,7 +289,7 @@ else
         notok "forkd picks the systemd-scope backend under systemd"
 fi
 
-if mgr CreateSnapshot sssuu t1 "$FORKD_TEST_GUEST" /run/disk.img 64 30 | grep -q '"ready"'; then
+if mgr CreateSnapshot sssuu t1 "$IN_GUEST" /run/disk.img 64 30 | grep -q '"ready"'; then
         ok "CreateSnapshot of the test guest"
 else
         notok "CreateSnapshot of the test guest"
