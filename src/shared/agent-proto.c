@@ -798,19 +798,29 @@ static uint64_t deadline_after(uint64_t timeout_usec) {
         return deadline ?: 1;
 }
 
-/* Wait until the socket can make progress, or the deadline (0: none) passes. */
-static int wait_io(fka_client *c, int fd, uint64_t deadline) {
-        struct pollfd pfd = { .fd = fd, .events = fka_client_events(c) };
-        int timeout_ms = -1;
+/* Block until the client yields its next completion (1, *comp filled) or the
+ * connection breaks (<0). Requests past the deadline (0: none) come out as
+ * completions with -ETIMEDOUT, so this returns by then. */
+static int next_completion(fka_client *c, int fd, uint64_t deadline, fka_completion *comp) {
+        for (;;) {
+                struct pollfd pfd = { .fd = fd };
+                int r, timeout_ms = -1;
 
-        if (deadline > 0) {
-                uint64_t now = fka_now_usec(), left = deadline > now ? deadline - now : 0;
+                if (deadline > 0)
+                        (void) fka_client_expire(c, fka_now_usec());
+                r = fka_client_next(c, comp);
+                if (r != 0)
+                        return r;
 
-                timeout_ms = (int) MIN((left + 999) / 1000, (uint64_t) INT_MAX);
+                if (deadline > 0) {
+                        uint64_t now = fka_now_usec(), left = deadline > now ? deadline - now : 0;
+
+                        timeout_ms = (int) MIN((left + 999) / 1000, (uint64_t) INT_MAX);
+                }
+                pfd.events = fka_client_events(c);
+                if (poll(&pfd, 1, timeout_ms) < 0 && errno != EINTR)
+                        return negative_errno();
         }
-        if (poll(&pfd, 1, timeout_ms) < 0 && errno != EINTR)
-                return negative_errno();
-        return 0;
 }
 
 int fka_call(int fd, const char *request_json, uint64_t timeout_usec, char **ret_response_json, uint16_t *ret_type) {
@@ -827,7 +837,6 @@ int fka_call(int fd, const char *request_json, uint64_t timeout_usec, char **ret
         r = fka_client_new(fd, 1, &c);
         if (r < 0)
                 return r;
-
         r = fka_client_send(c, request_json, SIZE_MAX, deadline, NULL);
         if (r < 0)
                 return r;
@@ -835,30 +844,22 @@ int fka_call(int fd, const char *request_json, uint64_t timeout_usec, char **ret
         for (;;) {
                 fka_completion comp = {};
 
-                if (deadline > 0)
-                        (void) fka_client_expire(c, fka_now_usec());
-
-                r = fka_client_next(c, &comp);
+                r = next_completion(c, fd, deadline, &comp);
                 if (r < 0)
                         return r;
-                if (r > 0) {
-                        if (comp.type == FKA_EVENT) {
-                                fka_completion_done(&comp);
-                                continue;
-                        }
-                        r = comp.error;
-                        if (r >= 0) {
-                                if (ret_response_json)
-                                        *ret_response_json = TAKE_PTR(comp.json);
-                                if (ret_type)
-                                        *ret_type = comp.type;
-                        }
+                if (comp.type == FKA_EVENT) {
                         fka_completion_done(&comp);
-                        return r;
+                        continue;
                 }
-                r = wait_io(c, fd, deadline);
-                if (r < 0)
-                        return r;
+                r = comp.error;
+                if (r >= 0) {
+                        if (ret_response_json)
+                                *ret_response_json = TAKE_PTR(comp.json);
+                        if (ret_type)
+                                *ret_type = comp.type;
+                }
+                fka_completion_done(&comp);
+                return r;
         }
 }
 
@@ -889,33 +890,24 @@ int fka_wait_ready(int fd, uint64_t timeout_usec, uint16_t *ret_type) {
 
         for (;;) {
                 fka_completion comp = {};
+                bool ready, answer;
 
-                if (deadline > 0)
-                        (void) fka_client_expire(c, fka_now_usec());
-
-                r = fka_client_next(c, &comp);
+                r = next_completion(c, fd, deadline, &comp);
                 if (r < 0)
                         return r;
-                if (r > 0) {
-                        bool ready = is_ready_event(&comp), answer = comp.type != FKA_EVENT &&
-                                                                    (uintptr_t) comp.userdata == newest;
-
-                        r = comp.error;
-                        if (answer && r >= 0 && ret_type)
-                                *ret_type = comp.type;
-                        fka_completion_done(&comp);
-                        if (answer)
+                ready = is_ready_event(&comp);
+                answer = comp.type != FKA_EVENT && (uintptr_t) comp.userdata == newest;
+                r = comp.error;
+                if (answer && r >= 0 && ret_type)
+                        *ret_type = comp.type;
+                fka_completion_done(&comp);
+                if (answer)
+                        return r;
+                if (ready) {
+                        /* The channel was (re)opened: what came before may be lost. */
+                        r = fka_client_send(c, ping, SIZE_MAX, deadline, (void *) ++newest);
+                        if (r < 0)
                                 return r;
-                        if (ready) {
-                                /* The channel was (re)opened: what came before may be lost. */
-                                r = fka_client_send(c, ping, SIZE_MAX, deadline, (void *) ++newest);
-                                if (r < 0)
-                                        return r;
-                        }
-                        continue;
                 }
-                r = wait_io(c, fd, deadline);
-                if (r < 0)
-                        return r;
         }
 }
