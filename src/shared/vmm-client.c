@@ -246,8 +246,9 @@ int vmm_client_template_start(const char *vmm_path, const char *snapshot_dir, co
 }
 
 static int send_batch(struct vmm_template *t, const char *const *ids, size_t n, const char *console_dir,
-                      const char *cgroup_parent, const int *fds, unsigned n_fds, bool with_control) {
-        struct json_object *req = json_object_new_object(), *arr = json_object_new_array();
+                      const char *cgroup_parent, const char *const *netns, const int *fds, unsigned n_fds,
+                      bool with_control) {
+        struct json_object *req = json_object_new_object(), *arr = json_object_new_array(), *ns = NULL;
         char cbuf[CMSG_SPACE(sizeof(int) * 2 * SPAWN_BATCH)] = {};
         struct iovec iov;
         struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf,
@@ -258,11 +259,17 @@ static int send_batch(struct vmm_template *t, const char *const *ids, size_t n, 
 
         for (size_t i = 0; i < n; i++)
                 json_object_array_add(arr, json_object_new_string(ids[i]));
+        if (netns) {
+                ns = json_object_new_array();
+                for (size_t i = 0; i < n; i++)
+                        json_object_array_add(ns, netns[i] ? json_object_new_string(netns[i]) : NULL);
+        }
         json_object_object_add(req, "op", json_object_new_string("spawn"));
         json_object_object_add(req, "ids", arr);
         json_object_object_add(req, "with_control", json_object_new_boolean(with_control));
         json_object_object_add(req, "console_dir", console_dir ? json_object_new_string(console_dir) : NULL);
         json_object_object_add(req, "cgroup_parent", cgroup_parent ? json_object_new_string(cgroup_parent) : NULL);
+        json_object_object_add(req, "netns", ns);
         s = json_object_to_json_string_ext(req, JSON_C_TO_STRING_PLAIN);
         iov = (struct iovec) { .iov_base = (void *) s, .iov_len = strlen(s) };
 
@@ -281,6 +288,14 @@ static int send_batch(struct vmm_template *t, const char *const *ids, size_t n, 
 int vmm_client_template_spawn(struct vmm_template *t, const char *const *ids, size_t n, const char *console_dir,
                               const char *cgroup_parent, int *agent_fds, int *control_fds, pid_t *pids, vmm_batch_sent_t on_batch,
                               void *userdata) {
+        const struct vmm_spawn_options opts = { .console_dir = console_dir, .cgroup_parent = cgroup_parent };
+
+        return vmm_client_template_spawn_with(t, ids, n, &opts, agent_fds, control_fds, pids, on_batch, userdata);
+}
+
+int vmm_client_template_spawn_with(struct vmm_template *t, const char *const *ids, size_t n,
+                                   const struct vmm_spawn_options *opts, int *agent_fds, int *control_fds, pid_t *pids,
+                                   vmm_batch_sent_t on_batch, void *userdata) {
         bool with_control = control_fds != NULL;
         size_t sent = 0, got = 0;
         int r = 0;
@@ -315,7 +330,9 @@ int vmm_client_template_spawn(struct vmm_template *t, const char *const *ids, si
                                 fds[n_fds++] = c[1];
                         }
                 }
-                r = send_batch(t, ids + sent, k, console_dir, cgroup_parent, fds, n_fds, with_control);
+                r = send_batch(t, ids + sent, k, opts->console_dir, opts->cgroup_parent,
+                               opts->netns ? opts->netns + sent : NULL,
+                               fds, n_fds, with_control);
         close_batch:
                 for (unsigned i = 0; i < n_fds; i++)
                         safe_close(fds[i]);

@@ -63,12 +63,34 @@ int vmm_client_template_start(const char *vmm_path, const char *snapshot_dir, co
  * not NULL) is called as soon as a batch is sent, so the caller can start
  * talking to those children while the template still forks the rest. */
 typedef void (*vmm_batch_sent_t)(size_t first, size_t n, void *userdata);
-/* cgroup_parent (may be NULL): each child joins <cgroup_parent>/<id>, which
- * the caller has created, before it restores anything. */
+struct vmm_spawn_options {
+        /* Each child logs its console to <console_dir>/<id>.log. May be NULL. */
+        const char *console_dir;
+        /* Each child joins <cgroup_parent>/<id>, which the caller has created,
+         * before it restores anything. May be NULL. */
+        const char *cgroup_parent;
+        /* NULL, or one entry per id: child i enters the network namespace
+         * /run/netns/<netns[i]> (NULL entry: stays in the template's) before it
+         * restores anything. Names must pass the template's check (1 to 64 of
+         * [A-Za-z0-9_.-], no leading '.', no ".."); a bad one fails the spawn. */
+        const char *const *netns;
+};
+int vmm_client_template_spawn_with(struct vmm_template *t, const char *const *ids, size_t n,
+                                   const struct vmm_spawn_options *o, int *agent_fds, int *control_fds, pid_t *pids,
+                                   vmm_batch_sent_t on_batch, void *userdata);
+/* The same, with console_dir and cgroup_parent only (each may be NULL). */
 int vmm_client_template_spawn(struct vmm_template *t, const char *const *ids, size_t n, const char *console_dir,
                               const char *cgroup_parent,
                               int *agent_fds, int *control_fds, pid_t *pids, vmm_batch_sent_t on_batch,
                               void *userdata);
+
+/* Exit statuses of a template's child (forkd-vmm(8)). */
+enum {
+        VMM_CHILD_EXIT_FAILED = 1,  /* the run loop failed */
+        VMM_CHILD_EXIT_RESTORE = 2, /* the snapshot could not be restored */
+        VMM_CHILD_EXIT_CGROUP = 3,  /* could not join its cgroup; never ran */
+        VMM_CHILD_EXIT_NETNS = 4,   /* could not enter its network namespace; never ran */
+};
 
 void vmm_template_stop(struct vmm_template *t);
 

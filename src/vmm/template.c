@@ -9,10 +9,17 @@
  *
  * Control protocol: SOCK_SEQPACKET, one JSON object per message.
  *   -> {"op":"spawn","ids":[...],"with_control":bool,"console_dir":str|null,
- *       "cgroup_parent":str|null}
+ *       "cgroup_parent":str|null,"netns":[str|null,...]|null}
  *      cgroup_parent: each child joins the cgroup <cgroup_parent>/<id> (which
  *      the controller created and limited) before it restores anything, and
- *      exits with status 3 rather than run outside it.
+ *      exits with status 3 (VMM_CHILD_EXIT_CGROUP) rather than run outside it.
+ *      netns: one entry per id. A child with a name enters the network
+ *      namespace /run/netns/<name> (setns CLONE_NEWNET) after its cgroup and
+ *      before it restores anything, and exits with status 4
+ *      (VMM_CHILD_EXIT_NETNS) rather than run outside it. Names are 1 to 64
+ *      characters of [A-Za-z0-9_.-], not starting with '.' and without "..";
+ *      a request with any other name is refused whole. The template itself
+ *      never changes namespace.
  *      with SCM_RIGHTS: per id, its agent fd, then (with_control) its control fd
  *   <- {"ok":true,"pids":[...]} | {"ok":false,"error":"..."}
  *   <- {"event":"ready","generation":N,"mem_size":N} once, at start
@@ -21,6 +28,7 @@
  */
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
@@ -36,6 +44,7 @@
 #include "run.h"
 #include "snapshot-meta.h"
 #include "template.h"
+#include "vmm-client.h"
 
 #define TEMPLATE_MAX_BATCH 100
 #define TEMPLATE_MAX_CHILDREN 4096
@@ -57,6 +66,23 @@ struct template {
         unsigned n_children;
 };
 
+bool template_netns_name_is_valid(const char *name) {
+        size_t n;
+
+        if (!name || name[0] == '\0' || name[0] == '.' || strstr(name, ".."))
+                return false;
+        for (n = 0; name[n]; n++) {
+                char c = name[n];
+
+                if (n >= TEMPLATE_NETNS_NAME_MAX)
+                        return false;
+                if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+                      c == '.' || c == '-'))
+                        return false;
+        }
+        return true;
+}
+
 static void send_json(struct template *t, struct json_object *o) {
         const char *s = json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN);
         if (send(t->control_fd, s, strlen(s), MSG_NOSIGNAL) < 0)
@@ -72,7 +98,7 @@ static void send_error(struct template *t, const char *msg) {
 }
 
 static _Noreturn void child_main(struct template *t, const char *id, int agent_fd, int ctl_fd,
-                                 const char *console_dir, const char *cgroup_parent) {
+                                 const char *console_dir, const char *cgroup_parent, const char *netns) {
         struct machine_config cfg = { .id = id, .overlay_dir = t->overlay_dir, .agent_fd = agent_fd };
         struct vmm_host host = { .agent_listen_fd = -1, .control_listen_fd = -1, .control_fd = ctl_fd,
                                  .exit_on_control_eof = ctl_fd >= 0, .kernel = t->snap->meta.kernel };
@@ -95,7 +121,20 @@ static _Noreturn void child_main(struct template *t, const char *id, int agent_f
                 fd = open(procs, O_WRONLY | O_CLOEXEC);
                 if (fd < 0 || write(fd, "0", 1) != 1) {
                         log_error_errno(errno, "Failed to join cgroup %s: %m", procs);
-                        _exit(3);
+                        _exit(VMM_CHILD_EXIT_CGROUP);
+                }
+                close(fd);
+        }
+        if (netns) {
+                /* Validated by handle_spawn(); never run outside the namespace asked for. */
+                char path[128];
+                int fd;
+
+                snprintf(path, sizeof(path), "/run/netns/%s", netns);
+                fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+                if (fd < 0 || setns(fd, CLONE_NEWNET) < 0) {
+                        log_error_errno(errno, "Failed to enter the network namespace %s: %m", path);
+                        _exit(VMM_CHILD_EXIT_NETNS);
                 }
                 close(fd);
         }
@@ -107,13 +146,13 @@ static _Noreturn void child_main(struct template *t, const char *id, int agent_f
         r = machine_restore(t->kvm_fd, t->snap, t->mem, &cfg, &vmm);
         if (r < 0) {
                 log_error_errno(r, "Failed to restore: %m");
-                _exit(2);
+                _exit(VMM_CHILD_EXIT_RESTORE);
         }
         r = vmm_install_signals();
         if (r >= 0)
                 r = vmm_run(vmm, &host);
         /* No teardown: exit(2) lets the kernel free the VM, off anyone's critical path. */
-        _exit(r < 0 ? 1 : 0);
+        _exit(r < 0 ? VMM_CHILD_EXIT_FAILED : 0);
 }
 
 static void close_fds(int *fds, unsigned n) {
@@ -122,7 +161,7 @@ static void close_fds(int *fds, unsigned n) {
 }
 
 static void handle_spawn(struct template *t, struct json_object *req, int *fds, unsigned n_fds) {
-        struct json_object *ids, *o, *reply, *pids;
+        struct json_object *ids, *o, *reply, *pids, *netns = NULL;
         const char *console_dir = NULL, *cgroup_parent = NULL;
         bool with_control = false;
         size_t n;
@@ -163,6 +202,26 @@ static void handle_spawn(struct template *t, struct json_object *req, int *fds, 
                 }
                 cgroup_parent = json_object_get_string(o);
         }
+        if (json_object_object_get_ex(req, "netns", &o) && !json_object_is_type(o, json_type_null)) {
+                if (!json_object_is_type(o, json_type_array) || json_object_array_length(o) != n) {
+                        send_error(t, "\"netns\" must be null or an array with one entry per id");
+                        goto fail;
+                }
+                for (size_t i = 0; i < n; i++) {
+                        struct json_object *e = json_object_array_get_idx(o, i);
+
+                        if (json_object_is_type(e, json_type_null))
+                                continue;
+                        if (!json_object_is_type(e, json_type_string) ||
+                            strlen(json_object_get_string(e)) != (size_t) json_object_get_string_len(e) ||
+                            !template_netns_name_is_valid(json_object_get_string(e))) {
+                                send_error(t, "spawn: every \"netns\" entry must be null or a namespace name under "
+                                              "/run/netns: 1 to 64 of [A-Za-z0-9_.-], no leading '.', no \"..\"");
+                                goto fail;
+                        }
+                }
+                netns = o;
+        }
         if (n_fds != n * (with_control ? 2 : 1)) {
                 send_error(t, "spawn: wrong number of file descriptors attached");
                 goto fail;
@@ -193,7 +252,8 @@ static void handle_spawn(struct template *t, struct json_object *req, int *fds, 
                         safe_close(t->control_fd);
                         safe_close(t->sig_fd);
                         child_main(t, id, fds[i * per], with_control ? fds[i * per + 1] : -1, console_dir,
-                                   cgroup_parent);
+                                   cgroup_parent,
+                                   netns ? json_object_get_string(json_object_array_get_idx(netns, i)) : NULL);
                 }
                 t->children[t->n_children].pid = pid;
                 snprintf(t->children[t->n_children].id, sizeof(t->children[0].id), "%s", id);
