@@ -41,9 +41,21 @@ static void strv_free_n(char **l, unsigned n) {
         free(l);
 }
 
+/* Starting sandboxes of f stop telling it how they end. */
+static void detach_sandboxes(ForkOp *f) {
+        if (!f->ids)
+                return;
+        for (unsigned i = 0; i < f->n; i++) {
+                Sandbox *s = f->ids[i] ? hashmap_get(f->manager->sandboxes, f->ids[i]) : NULL;
+                if (s && s->fork_op == f)
+                        s->fork_op = NULL;
+        }
+}
+
 ForkOp *fork_op_free(ForkOp *f) {
         if (!f)
                 return NULL;
+        detach_sandboxes(f);
         if (f->manager->cgroups)
                 cgroup_cancel(f->manager->cgroups, f);
         if (f->template && f->state == FORK_WAITING)
@@ -63,6 +75,7 @@ ForkOp *fork_op_free(ForkOp *f) {
         free(f->pids);
         strv_free_n(f->ids, f->n);
         strv_free_n(f->cgroup_parents, f->n);
+        strv_free_n(f->netns, f->n);
         strv_free_n(f->events, f->n_events);
         free(f->has_cgroup);
         free(f->vmm_path);
@@ -111,6 +124,7 @@ static void fork_fail(ForkOp *f, int r, const char *name, const char *fmt, ...) 
                         (void) sandbox_kill(s);
         }
         cleanup_unowned(f);
+        detach_sandboxes(f);
         f->state = FORK_DONE;
         log_warning("Fork of %s failed: %s", f->image ? f->image->tag : "?", msg ?: "out of memory");
         f->done(f, r, name, msg ?: "Out of memory", f->userdata); /* may free f */
@@ -122,6 +136,7 @@ static void fork_succeed(ForkOp *f) {
         for (unsigned i = 0; i < f->n; i++) {
                 Sandbox *s = hashmap_get(m->sandboxes, f->ids[i]);
                 s->state = SANDBOX_RUNNING;
+                s->fork_op = NULL;
                 sandbox_send_new_signal(s);
         }
         f->state = FORK_DONE;
@@ -159,6 +174,17 @@ static void on_ping(int r, uint16_t type, const char *json, struct json_object *
                 if (s && s->has_cgroup)
                         cgroup_attached(f->manager->cgroups, s->id);
         } else {
+                Sandbox *s = hashmap_get(f->manager->sandboxes, f->ids[slot->index]);
+
+                if ((r == -ECONNRESET || r == -EPIPE) && s && s->fork_op == f && s->state == SANDBOX_STARTING) {
+                        /* Its agent channel closed but its exit is not reported yet (it
+                         * would have been freed first): wait for it, it says why. The
+                         * kill makes sure it comes; a VMM that ended already keeps its
+                         * exit status. */
+                        s->fork_awaits_exit = true;
+                        (void) sandbox_kill(s);
+                        return;
+                }
                 f->n_failed++;
                 if (!f->ping_error) {
                         if (r < 0)
@@ -169,6 +195,33 @@ static void on_ping(int r, uint16_t type, const char *json, struct json_object *
                 }
         }
         check_pings_done(f);
+}
+
+bool fork_op_child_exited(ForkOp *f, Sandbox *s, int code, int sig) {
+        if (sig == 0)
+                switch (code) {
+                case VMM_CHILD_EXIT_NETNS:
+                        set_ping_error(f, "%s could not enter its network namespace %s, see the log of forkd",
+                                       s->id, s->netns ?: "(none)");
+                        break;
+                case VMM_CHILD_EXIT_CGROUP:
+                        set_ping_error(f, "%s could not join its cgroup, see the log of forkd", s->id);
+                        break;
+                case VMM_CHILD_EXIT_RESTORE:
+                        set_ping_error(f, "%s could not restore the snapshot, see the log of forkd", s->id);
+                        break;
+                default:
+                        break;
+                }
+        if (!s->fork_awaits_exit)
+                return false;
+        set_ping_error(f, "%s: the VM exited", s->id);
+        return true;
+}
+
+void fork_op_child_gone(ForkOp *f) {
+        f->n_failed++;
+        check_pings_done(f); /* may free f */
 }
 
 /* ---- worker ---- */
@@ -242,16 +295,21 @@ static int fork_work(void *userdata) {
 
         t->vt.on_event = on_spawn_event;
         t->vt.event_userdata = f;
-        /* One spawn request per run of children with the same cgroup parent. */
+        /* One spawn request per run of children with the same cgroup parent; network
+         * namespaces go per child. */
         for (unsigned start = 0; start < f->n;) {
                 unsigned end = start + 1;
                 const char *parent = f->cgroup_parents[start];
+                struct vmm_spawn_options so = {
+                        .cgroup_parent = parent,
+                        .netns = f->netns ? (const char *const *) f->netns + start : NULL,
+                };
 
                 while (end < f->n && ((!parent && !f->cgroup_parents[end]) ||
                                       (parent && f->cgroup_parents[end] && strcmp(parent, f->cgroup_parents[end]) == 0)))
                         end++;
-                r = vmm_client_template_spawn(&t->vt, (const char *const *) f->ids + start, end - start, NULL, parent,
-                                              f->agent_fds + start, NULL, f->pids + start, NULL, NULL);
+                r = vmm_client_template_spawn_with(&t->vt, (const char *const *) f->ids + start, end - start, &so,
+                                                   f->agent_fds + start, NULL, f->pids + start, NULL, NULL);
                 if (r < 0) {
                         f->spawn_failed = true;
                         break;
@@ -274,18 +332,13 @@ static void fork_work_done(int r, void *userdata) {
                 for (unsigned i = 0; i < f->n; i++) {
                         struct sandbox_params p = {
                                 .id = f->ids[i], .snapshot_tag = t->tag,
-                                .netns = NULL, .pid = (uint32_t) f->pids[i], .created_at = f->created_at,
-                                .memory_limit_mib = f->opts.memory_limit_mib, .has_cgroup = f->has_cgroup[i],
-                                .live_fork = f->opts.live_fork,
+                                .netns = f->netns ? f->netns[i] : NULL, .pid = (uint32_t) f->pids[i],
+                                .created_at = f->created_at, .memory_limit_mib = f->opts.memory_limit_mib,
+                                .has_cgroup = f->has_cgroup[i], .live_fork = f->opts.live_fork,
                         };
-                        char netns[64];
                         Sandbox *s;
                         int k;
 
-                        if (f->opts.per_child_netns) {
-                                snprintf(netns, sizeof(netns), "forkd-child-%u", i + 1);
-                                p.netns = netns;
-                        }
                         if (f->pids[i] <= 0) {
                                 /* The template could not fork this one. */
                                 f->agent_fds[i] = safe_close(f->agent_fds[i]);
@@ -299,6 +352,7 @@ static void fork_work_done(int r, void *userdata) {
                         }
                         /* Owned by the sandbox now. */
                         f->has_cgroup[i] = false;
+                        s->fork_op = f;
                         vm_template_add_sandbox(t, s);
                         /* Early, so that the service manager sees the VMM in its scope as soon as
                          * possible; again once it answered, when it has surely joined its cgroup. */
@@ -493,6 +547,22 @@ int fork_op_start(Manager *m, Image *i, unsigned n, const struct fork_options *o
                         r = -ENOMEM;
                         goto fail;
                 }
+        /* per_child_netns: the i-th child of this call (from 1, as the ids count from
+         * 0000) goes into the pre-provisioned namespace forkd-child-<i>, whose
+         * existence the caller checked. */
+        if (o->per_child_netns) {
+                f->netns = calloc(n, sizeof(char *));
+                if (!f->netns) {
+                        r = -ENOMEM;
+                        goto fail;
+                }
+                for (unsigned k = 0; k < n; k++)
+                        if (asprintf(&f->netns[k], "forkd-child-%u", k + 1) < 0) {
+                                f->netns[k] = NULL;
+                                r = -ENOMEM;
+                                goto fail;
+                        }
+        }
 
         if (o->memory_limit_mib > 0) {
                 uint64_t bytes = (uint64_t) o->memory_limit_mib << 20;

@@ -41,6 +41,7 @@ struct ForkOp {
         uint64_t created_at;
         char **ids;
         char **cgroup_parents;     /* per child; NULL: none */
+        char **netns;              /* per child (per_child_netns); NULL: none */
         bool *has_cgroup;
         unsigned n_cgroups_pending;
         int cgroup_error;
@@ -74,6 +75,13 @@ int fork_op_start(Manager *m, Image *i, unsigned n, const struct fork_options *o
                   ForkOp **ret);
 /* Cancel (shutdown) or release after done(). Accepts NULL, returns NULL. */
 ForkOp *fork_op_free(ForkOp *f);
+
+/* A child of f ended before it answered (sandbox_exited() of a starting
+ * sandbox, before it is freed): remember why, for the fork's error. Returns
+ * true when its ping already ended with its agent channel and the fork waits
+ * for this exit: then call fork_op_child_gone() once the sandbox is freed. */
+bool fork_op_child_exited(ForkOp *f, Sandbox *s, int code, int sig);
+void fork_op_child_gone(ForkOp *f);
 
 /* The template became free: run the next waiting fork. */
 void fork_op_run_next(VmTemplate *t);

@@ -7,6 +7,7 @@
 
 #include "agent-proto.h"
 #include "cgroup.h"
+#include "fork-op.h"
 #include "fs-util.h"
 #include "json-util.h"
 #include "macro.h"
@@ -152,6 +153,7 @@ void sandbox_exited(Sandbox *s, int code, int sig) {
         const char *reason;
         uint64_t ooms = 0;
         VmTemplate *t = s->template;
+        ForkOp *f = NULL;
 
         if (s->killed)
                 reason = "terminated";
@@ -162,13 +164,17 @@ void sandbox_exited(Sandbox *s, int code, int sig) {
         else
                 reason = "exited";
 
-        if (s->state == SANDBOX_STARTING)
-                log_debug("Sandbox %s ended before it was ready (%s).", s->id, reason);
-        else {
+        if (s->state == SANDBOX_STARTING) {
+                log_debug("Sandbox %s ended before it was ready (%s, code %d, signal %d).", s->id, reason, code, sig);
+                if (s->fork_op && fork_op_child_exited(s->fork_op, s, code, sig))
+                        f = s->fork_op; /* its ping is over: count it once it is gone */
+        } else {
                 log_info("Sandbox %s removed: %s (code %d, signal %d).", s->id, reason, code, sig);
                 sandbox_send_removed_signal(s, reason);
         }
         sandbox_free(s);
+        if (f)
+                fork_op_child_gone(f);
         if (t)
                 vm_template_maybe_gc(t);
 }

@@ -45,6 +45,11 @@ struct Sandbox {
 
         VmTemplate *template;
         Sandbox *tpl_next, *tpl_prev;
+
+        /* While starting: the fork that waits for its first answer, told why
+         * it ended if it ends first. Cleared by the fork when it finishes. */
+        ForkOp *fork_op;
+        bool fork_awaits_exit; /* its agent channel closed: the fork counts it at its exit */
 };
 
 struct sandbox_params {
