@@ -28,6 +28,10 @@
 /* At most this many detail pairs are forwarded to polkit. */
 #define POLKIT_DETAILS_MAX 32U
 
+/* Callers whose uid is remembered (see struct uid_cache_entry). */
+#define UID_CACHE_SIZE 16U
+#define UID_CACHE_NAME_MAX 64U
+
 struct polkit_query {
         struct polkit_query *prev, *next;
         struct polkit_registry *registry;
@@ -42,9 +46,25 @@ struct polkit_query {
         sd_bus_error error;
 };
 
+/* Asking the bus daemon for a sender's uid is a synchronous round trip
+ * through it on every call. A unique connection name (":1.42") is never
+ * reused by a bus instance (D-Bus specification, "Unique Connection Names")
+ * and a connection's uid is fixed when it authenticates, so (bus instance,
+ * unique name) -> uid stays true for as long as that bus runs. The bus
+ * instance is its id (a new daemon has a new one), and only what the bus
+ * daemon itself said is stored: never for direct connections. */
+struct uid_cache_entry {
+        sd_id128_t bus_id;
+        char name[UID_CACHE_NAME_MAX];
+        uid_t uid;
+        bool used;
+};
+
 struct polkit_registry {
         struct polkit_query *queries;
         unsigned n_queries;
+        struct uid_cache_entry uids[UID_CACHE_SIZE];
+        unsigned uid_next; /* the slot to replace next */
 };
 
 static struct polkit_query *polkit_query_free(struct polkit_query *q) {
@@ -180,7 +200,7 @@ static int polkit_query_reply(sd_bus_message *reply, void *userdata, sd_bus_erro
         return 0;
 }
 
-static int sender_euid(sd_bus_message *m, uid_t *ret) {
+static int sender_euid_query(sd_bus_message *m, uid_t *ret) {
         sd_bus_creds *creds = NULL;
         uid_t uid;
         int r;
@@ -193,6 +213,42 @@ static int sender_euid(sd_bus_message *m, uid_t *ret) {
         sd_bus_creds_unref(creds);
         if (r < 0)
                 return r;
+
+        *ret = uid;
+        return 0;
+}
+
+/* The sender's effective uid, from the cache when this bus daemon told us
+ * before. The cache is used only for messages that came through a bus
+ * daemon (the sender field is then set by the daemon, not by the peer). */
+static int sender_euid(sd_bus_message *m, struct polkit_registry *registry, uid_t *ret) {
+        sd_bus *bus = sd_bus_message_get_bus(m);
+        const char *sender = sd_bus_message_get_sender(m);
+        struct uid_cache_entry *e;
+        sd_id128_t bus_id;
+        uid_t uid;
+        int r;
+
+        if (!registry || !sender || sender[0] != ':' || strlen(sender) >= UID_CACHE_NAME_MAX ||
+            sd_bus_is_bus_client(bus) <= 0 || sd_bus_get_bus_id(bus, &bus_id) < 0)
+                return sender_euid_query(m, ret);
+
+        for (unsigned i = 0; i < UID_CACHE_SIZE; i++) {
+                e = &registry->uids[i];
+                if (e->used && sd_id128_equal(e->bus_id, bus_id) && strcmp(e->name, sender) == 0) {
+                        *ret = e->uid;
+                        return 0;
+                }
+        }
+
+        r = sender_euid_query(m, &uid);
+        if (r < 0)
+                return r;
+
+        e = &registry->uids[registry->uid_next];
+        registry->uid_next = (registry->uid_next + 1) % UID_CACHE_SIZE;
+        *e = (struct uid_cache_entry) { .bus_id = bus_id, .uid = uid, .used = true };
+        strcpy(e->name, sender); /* length checked above */
 
         *ret = uid;
         return 0;
@@ -271,7 +327,13 @@ int bus_verify_polkit_async(sd_bus_message *m, const char *action, const char **
                 return r;
         }
 
-        r = sender_euid(m, &uid);
+        if (!*registry) {
+                *registry = calloc(1, sizeof(struct polkit_registry));
+                if (!*registry)
+                        return -ENOMEM;
+        }
+
+        r = sender_euid(m, *registry, &uid);
         if (r < 0)
                 return sd_bus_error_set_errnof(error, r,
                                                "Cannot determine the caller's credentials to check '%s': %s",
@@ -280,18 +342,12 @@ int bus_verify_polkit_async(sd_bus_message *m, const char *action, const char **
                 return 1;
 
         sender = sd_bus_message_get_sender(m);
-        if (!sender)
+        if (!sender || sd_bus_is_bus_client(sd_bus_message_get_bus(m)) <= 0)
                 /* A direct (peer-to-peer) connection: there is no bus to ask polkit on. */
                 return sd_bus_error_setf(error, SD_BUS_ERROR_ACCESS_DENIED,
                                          "Access denied: uid %u is not root and polkit cannot be asked "
                                          "on a direct connection (action '%s')",
                                          (unsigned) uid, action);
-
-        if (!*registry) {
-                *registry = calloc(1, sizeof(struct polkit_registry));
-                if (!*registry)
-                        return -ENOMEM;
-        }
         if ((*registry)->n_queries >= POLKIT_QUERIES_MAX)
                 return sd_bus_error_setf(error, SD_BUS_ERROR_LIMITS_EXCEEDED,
                                          "Too many authorization requests in flight; retry later");
