@@ -216,6 +216,7 @@ static int run(int argc, char *argv[]) {
         r = manager_add_bus_objects(m);
         if (r < 0)
                 return r;
+        (void) manager_listen_direct(m); /* the bus stays the way in when this fails */
         r = sd_bus_request_name(m->bus, FORKD_BUS_NAME, 0);
         if (r < 0)
                 return log_error_errno(r, "Failed to own the bus name %s: %m", FORKD_BUS_NAME);

@@ -1,5 +1,8 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
 
 #include "cgroup.h"
 #include "fork-op.h"
@@ -26,6 +29,12 @@ static int property_get_state_dir(sd_bus *bus, const char *path, const char *int
                                   sd_bus_message *reply, void *userdata, sd_bus_error *error) {
         Manager *m = userdata;
         return sd_bus_message_append(reply, "s", m->state_dir);
+}
+
+static int property_get_direct_socket(sd_bus *bus, const char *path, const char *interface, const char *property,
+                                      sd_bus_message *reply, void *userdata, sd_bus_error *error) {
+        Manager *m = userdata;
+        return sd_bus_message_append(reply, "s", m->direct_path ?: "");
 }
 
 static int property_get_snapshot_count(sd_bus *bus, const char *path, const char *interface, const char *property,
@@ -543,6 +552,7 @@ const sd_bus_vtable manager_vtable[] = {
         SD_BUS_VTABLE_START(0),
         SD_BUS_PROPERTY("Version", "s", property_get_version, 0, SD_BUS_VTABLE_PROPERTY_CONST),
         SD_BUS_PROPERTY("StateDirectory", "s", property_get_state_dir, 0, SD_BUS_VTABLE_PROPERTY_CONST),
+        SD_BUS_PROPERTY("DirectSocket", "s", property_get_direct_socket, 0, SD_BUS_VTABLE_PROPERTY_CONST),
         SD_BUS_PROPERTY("SnapshotCount", "u", property_get_snapshot_count, 0, 0),
         SD_BUS_PROPERTY("SandboxCount", "u", property_get_sandbox_count, 0, 0),
 
@@ -579,25 +589,191 @@ const sd_bus_vtable manager_vtable[] = {
         SD_BUS_VTABLE_END,
 };
 
-int manager_add_bus_objects(Manager *m) {
+static int add_bus_objects(Manager *m, sd_bus *bus) {
         int r;
 
-        r = sd_bus_add_object_vtable(m->bus, NULL, FORKD_MANAGER_PATH, FORKD_BUS_NAME, manager_vtable, m);
+        r = sd_bus_add_object_vtable(bus, NULL, FORKD_MANAGER_PATH, FORKD_BUS_NAME, manager_vtable, m);
         if (r < 0)
                 return log_error_errno(r, "Failed to add the manager object: %m");
-        r = sd_bus_add_fallback_vtable(m->bus, NULL, FORKD_SNAPSHOT_PREFIX, "org.forkd.Snapshot", image_vtable,
+        r = sd_bus_add_fallback_vtable(bus, NULL, FORKD_SNAPSHOT_PREFIX, "org.forkd.Snapshot", image_vtable,
                                        image_object_find, m);
         if (r < 0)
                 return log_error_errno(r, "Failed to add the snapshot objects: %m");
-        r = sd_bus_add_node_enumerator(m->bus, NULL, FORKD_SNAPSHOT_PREFIX, image_node_enumerator, m);
+        r = sd_bus_add_node_enumerator(bus, NULL, FORKD_SNAPSHOT_PREFIX, image_node_enumerator, m);
         if (r < 0)
                 return log_error_errno(r, "Failed to add the snapshot enumerator: %m");
-        r = sd_bus_add_fallback_vtable(m->bus, NULL, FORKD_SANDBOX_PREFIX, "org.forkd.Sandbox", sandbox_vtable,
+        r = sd_bus_add_fallback_vtable(bus, NULL, FORKD_SANDBOX_PREFIX, "org.forkd.Sandbox", sandbox_vtable,
                                        sandbox_object_find, m);
         if (r < 0)
                 return log_error_errno(r, "Failed to add the sandbox objects: %m");
-        r = sd_bus_add_node_enumerator(m->bus, NULL, FORKD_SANDBOX_PREFIX, sandbox_node_enumerator, m);
+        r = sd_bus_add_node_enumerator(bus, NULL, FORKD_SANDBOX_PREFIX, sandbox_node_enumerator, m);
         if (r < 0)
                 return log_error_errno(r, "Failed to add the sandbox enumerator: %m");
         return 0;
+}
+
+int manager_add_bus_objects(Manager *m) {
+        return add_bus_objects(m, m->bus);
+}
+
+/* ---- direct connections ----
+ *
+ * A caller on the bus pays two passes through the bus daemon per call (call
+ * and reply), each a wakeup of another process. A direct connection is the
+ * same D-Bus objects on a private socket, as systemd's PID 1 offers on
+ * /run/systemd/private. Authorization stays what it is on the bus: the peer
+ * must be root (SO_PEERCRED, checked before anything is read), and every
+ * method still calls bus_verify_polkit_async(), which admits root and
+ * refuses anyone else on a direct connection. forkd-rest finds the socket
+ * through the DirectSocket property. */
+
+static void direct_drop(Manager *m, sd_bus *bus) {
+        for (unsigned i = 0; i < m->n_direct; i++)
+                if (m->direct[i] == bus) {
+                        m->direct[i] = m->direct[--m->n_direct];
+                        m->direct[m->n_direct] = NULL;
+                        (void) sd_bus_flush(bus);
+                        sd_bus_close(bus);
+                        (void) sd_bus_detach_event(bus);
+                        sd_bus_unref(bus);
+                        return;
+                }
+}
+
+static int on_direct_disconnected(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        Manager *m = userdata;
+
+        log_debug("Direct D-Bus connection closed.");
+        direct_drop(m, sd_bus_message_get_bus(message));
+        return 0;
+}
+
+static int direct_peer_is_root(int fd) {
+        struct ucred uc;
+        socklen_t n = sizeof uc;
+
+        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &uc, &n) < 0)
+                return -errno;
+        if (n != sizeof uc)
+                return -EIO;
+        return uc.uid == 0;
+}
+
+static int on_direct_connection(sd_event_source *es, int fd, uint32_t revents, void *userdata) {
+        _cleanup_(sd_bus_unrefp) sd_bus *bus = NULL;
+        Manager *m = userdata;
+        sd_id128_t id;
+        int cfd, r;
+
+        cfd = accept4(fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (cfd < 0) {
+                if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
+                        log_warning_errno(errno, "Failed to accept a direct D-Bus connection: %m");
+                return 0;
+        }
+        r = direct_peer_is_root(cfd);
+        if (r <= 0) {
+                log_debug("Refusing a direct D-Bus connection from a peer that is not root.");
+                safe_close(cfd);
+                return 0;
+        }
+        if (m->n_direct >= FORKD_DIRECT_CONNECTIONS_MAX || m->exiting) {
+                log_debug("Refusing a direct D-Bus connection: %u open.", m->n_direct);
+                safe_close(cfd);
+                return 0;
+        }
+
+        r = sd_bus_new(&bus);
+        if (r < 0) {
+                safe_close(cfd);
+                return 0;
+        }
+        (void) sd_bus_set_description(bus, "forkd-direct");
+        r = sd_bus_set_fd(bus, cfd, cfd);
+        if (r < 0) {
+                safe_close(cfd);
+                return 0;
+        }
+        r = sd_id128_randomize(&id);
+        if (r >= 0)
+                r = sd_bus_set_server(bus, true, id);
+        if (r >= 0)
+                r = sd_bus_set_trusted(bus, false);
+        if (r >= 0)
+                r = sd_bus_start(bus);
+        if (r >= 0)
+                r = sd_bus_attach_event(bus, m->event, 0);
+        if (r >= 0)
+                r = sd_bus_match_signal(bus, NULL, "org.freedesktop.DBus.Local", "/org/freedesktop/DBus/Local",
+                                        "org.freedesktop.DBus.Local", "Disconnected", on_direct_disconnected, m);
+        if (r >= 0)
+                r = add_bus_objects(m, bus);
+        if (r < 0) {
+                log_debug_errno(r, "Cannot set up a direct D-Bus connection: %m");
+                return 0;
+        }
+        m->direct[m->n_direct++] = TAKE_PTR(bus);
+        return 0;
+}
+
+int manager_listen_direct(Manager *m) {
+        union {
+                struct sockaddr sa;
+                struct sockaddr_un un;
+        } sa = { .un.sun_family = AF_UNIX };
+        _cleanup_free_ char *path = NULL;
+        int fd, r;
+
+        if (geteuid() != 0)
+                return 0; /* it would admit nobody: non-root callers need polkit, hence the bus */
+        if (asprintf(&path, "%s/bus.sock", m->state_dir) < 0)
+                return log_oom();
+        if (strlen(path) >= sizeof sa.un.sun_path) {
+                log_debug("%s is too long for a socket; no direct D-Bus connections.", path);
+                return 0;
+        }
+        strcpy(sa.un.sun_path, path);
+
+        fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        if (fd < 0)
+                return log_warning_errno(errno, "Cannot create the direct D-Bus socket: %m");
+        /* We hold the state directory's lock: a socket there is a dead daemon's. */
+        if (unlink(path) < 0 && errno != ENOENT) {
+                r = log_warning_errno(errno, "Cannot remove the old %s: %m", path);
+                safe_close(fd);
+                return r;
+        }
+        /* Only root may connect; the peer check on accept says so again. */
+        mode_t old = umask(0077);
+        r = bind(fd, &sa.sa, sizeof sa.un);
+        umask(old);
+        if (r < 0 || chmod(path, 0600) < 0 || listen(fd, SOMAXCONN) < 0) {
+                r = log_warning_errno(errno, "Cannot listen on %s: %m", path);
+                safe_close(fd);
+                (void) unlink(path);
+                return r;
+        }
+        r = sd_event_add_io(m->event, &m->direct_source, fd, EPOLLIN, on_direct_connection, m);
+        if (r < 0) {
+                safe_close(fd);
+                (void) unlink(path);
+                return log_warning_errno(r, "Cannot watch %s: %m", path);
+        }
+        (void) sd_event_source_set_description(m->direct_source, "direct-bus");
+        m->direct_fd = fd;
+        m->direct_path = TAKE_PTR(path);
+        log_debug("Direct D-Bus connections for root on %s.", m->direct_path);
+        return 0;
+}
+
+void manager_close_direct(Manager *m) {
+        while (m->n_direct > 0)
+                direct_drop(m, m->direct[0]);
+        m->direct_source = sd_event_source_disable_unref(m->direct_source);
+        m->direct_fd = safe_close(m->direct_fd);
+        if (m->direct_path) {
+                (void) unlink(m->direct_path);
+                free(m->direct_path);
+                m->direct_path = NULL;
+        }
 }

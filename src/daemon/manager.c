@@ -10,6 +10,7 @@
 #include "image.h"
 #include "manager.h"
 #include "macro.h"
+#include "manager-dbus.h"
 #include "operation.h"
 #include "polkit.h"
 #include "sandbox-dbus.h"
@@ -39,6 +40,7 @@ int manager_new(Manager **ret) {
         if (!m)
                 return -ENOMEM;
         m->lock_fd = -EBADF;
+        m->direct_fd = -EBADF;
         m->max_operations = OPERATIONS_MAX_DEFAULT;
         r = hashmap_new(&m->images);
         if (r >= 0)
@@ -83,6 +85,7 @@ Manager *manager_free(Manager *m) {
         free(m->stale_ids);
 
         sd_event_source_disable_unref(m->exit_timer);
+        manager_close_direct(m);
         m->bus = sd_bus_flush_close_unref(m->bus);
         m->event = sd_event_unref(m->event);
         safe_close(m->lock_fd);

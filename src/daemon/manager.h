@@ -42,6 +42,8 @@ typedef struct CGroupManager CGroupManager;
 typedef struct WorkerPool WorkerPool;
 struct polkit_registry;
 
+#define FORKD_DIRECT_CONNECTIONS_MAX 16U
+
 struct Manager {
         sd_event *event;
         sd_bus *bus;
@@ -66,6 +68,14 @@ struct Manager {
 
         CGroupManager *cgroups;
         struct polkit_registry *polkit_registry;
+
+        /* Direct (peer-to-peer) D-Bus connections from root, without the bus
+         * daemon in between: state_dir/bus.sock (manager-dbus.c). */
+        int direct_fd;
+        char *direct_path;
+        sd_event_source *direct_source;
+        sd_bus *direct[FORKD_DIRECT_CONNECTIONS_MAX];
+        unsigned n_direct;
 
         /* Sandboxes recorded by the previous daemon, announced once on the bus. */
         char **stale_ids;
