@@ -27,6 +27,7 @@ static unsigned arg_timeout = REST_TIMEOUT_SECS_DEFAULT;
 static unsigned arg_calls_max = REST_CALLS_MAX_DEFAULT;
 static size_t arg_body_max = REST_BODY_MAX_DEFAULT;
 static size_t arg_memory_limit = REST_MEMORY_LIMIT_DEFAULT;
+static bool arg_no_direct;
 
 static void help(void) {
         printf("Usage: forkd-rest [OPTIONS]\n"
@@ -37,6 +38,8 @@ static void help(void) {
                "  --tls-cert FILE          serve HTTPS with this PEM certificate ...\n"
                "  --tls-key FILE           ... and this PEM key\n"
                "  --bus-address ADDRESS    D-Bus address of the daemon's bus (default: the system bus)\n"
+               "  --no-direct              always go through the bus; by default, when running as root,\n"
+               "                           calls use forkd's direct socket (its DirectSocket property)\n"
                "  --connection-limit N     concurrent connections (default %u)\n"
                "  --timeout SECS           idle timeout and deadline for a whole request (default %u)\n"
                "  --body-max BYTES         request body cap (default %u)\n"
@@ -62,13 +65,14 @@ static int parse_ulong(const char *s, unsigned long lo, unsigned long hi, unsign
 
 static int parse_argv(int argc, char *argv[]) {
         enum { ARG_LISTEN = 0x100, ARG_TOKEN, ARG_CERT, ARG_KEY, ARG_BUS, ARG_CONNS, ARG_TIMEOUT,
-               ARG_BODY, ARG_MEM, ARG_CALLS, ARG_DEBUG, ARG_VERSION };
+               ARG_BODY, ARG_MEM, ARG_CALLS, ARG_DEBUG, ARG_VERSION, ARG_NO_DIRECT };
         static const struct option opts[] = {
                 { "listen", required_argument, NULL, ARG_LISTEN },
                 { "token-file", required_argument, NULL, ARG_TOKEN },
                 { "tls-cert", required_argument, NULL, ARG_CERT },
                 { "tls-key", required_argument, NULL, ARG_KEY },
                 { "bus-address", required_argument, NULL, ARG_BUS },
+                { "no-direct", no_argument, NULL, ARG_NO_DIRECT },
                 { "connection-limit", required_argument, NULL, ARG_CONNS },
                 { "timeout", required_argument, NULL, ARG_TIMEOUT },
                 { "body-max", required_argument, NULL, ARG_BODY },
@@ -89,6 +93,7 @@ static int parse_argv(int argc, char *argv[]) {
                 case ARG_CERT: arg_tls_cert = optarg; break;
                 case ARG_KEY: arg_tls_key = optarg; break;
                 case ARG_BUS: arg_bus_address = optarg; break;
+                case ARG_NO_DIRECT: arg_no_direct = true; break;
                 case ARG_CONNS:
                         if (parse_ulong(optarg, 1, 65536, &v) < 0)
                                 return log_error_errno(EINVAL, "--connection-limit must be 1..65536");
@@ -327,6 +332,7 @@ static int run(int argc, char *argv[]) {
                 .tls_key_pem = key,
                 .token = token,
                 .bus_address = arg_bus_address,
+                .no_direct = arg_no_direct,
                 .connection_limit = arg_connection_limit,
                 .timeout_secs = arg_timeout,
                 .memory_limit = arg_memory_limit,

@@ -5,6 +5,8 @@
 #include <microhttpd.h>
 #include <stdarg.h>
 #include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
 #include <time.h>
 
 #include "json-util.h"
@@ -16,6 +18,7 @@
 #define REST_PARAM_MAX 256
 #define REST_JSON_DEPTH_MAX 32
 #define USEC_PER_SEC 1000000ULL
+#define DIRECT_RETRY_USEC (5 * USEC_PER_SEC)
 
 enum { METHOD_GET, METHOD_POST, METHOD_DELETE, METHOD_OTHER, _METHOD_MAX };
 static const char *const method_names[_METHOD_MAX] = { "GET", "POST", "DELETE", "OTHER" };
@@ -71,6 +74,10 @@ struct RestServer {
         sd_event_source *io_source, *timer_source, *deadline_source, *resume_source;
         sd_bus *bus;
         char *bus_address;
+        sd_bus *direct;              /* to forkd itself, bypassing the bus daemon; may be NULL */
+        sd_bus_slot *direct_query;   /* asking forkd for its DirectSocket */
+        uint64_t direct_next_query;  /* CLOCK_MONOTONIC usec */
+        bool no_direct;
         char *token;
         size_t token_len;
         char *tls_cert, *tls_key;
@@ -87,7 +94,7 @@ struct RestServer {
         uint64_t hist[ROUTES_MAX][BUCKETS + 1];
         double hist_sum[ROUTES_MAX];
         uint64_t hist_count[ROUTES_MAX];
-        uint64_t conns_cut, conns_total, calls_total, calls_rejected;
+        uint64_t conns_cut, conns_total, calls_total, calls_direct, calls_rejected;
 };
 
 static uint64_t now_usec(void) {
@@ -135,6 +142,113 @@ static int bus_ensure(RestServer *s) {
 
         s->bus = TAKE_PTR(bus);
         return 0;
+}
+
+/* ---------------- direct connection to forkd ----------------
+ *
+ * Each call through the bus passes the bus daemon twice (call and reply),
+ * each time a wakeup of another process. forkd also serves its objects on a
+ * socket of its own (DirectSocket), to root only: its accept checks the
+ * peer's uid and its methods authorize as they do on the bus. So this is
+ * tried only when we run as root (the shipped unit's dynamic user never
+ * does: it keeps using the bus and polkit), and only to a peer that is root.
+ * The path comes from the owner of org.forkd.Manager, a name that the bus
+ * policy lets only root own. Any failure leaves the bus as it was. */
+
+static int direct_connect(RestServer *s, const char *path) {
+        _cleanup_(sd_bus_unrefp) sd_bus *bus = NULL;
+        union {
+                struct sockaddr sa;
+                struct sockaddr_un un;
+        } sa = { .un.sun_family = AF_UNIX };
+        struct ucred uc;
+        socklen_t n = sizeof uc;
+        int fd, r;
+
+        if (path[0] != '/' || strlen(path) >= sizeof sa.un.sun_path)
+                return -EINVAL;
+        strcpy(sa.un.sun_path, path);
+
+        fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        if (fd < 0)
+                return -errno;
+        /* Non-blocking: a unix socket connects at once or fails (EAGAIN when
+         * the backlog is full); it never stalls the loop. */
+        if (connect(fd, &sa.sa, sizeof sa.un) < 0) {
+                r = -errno;
+                safe_close(fd);
+                return r;
+        }
+        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &uc, &n) < 0 || n != sizeof uc || uc.uid != 0) {
+                safe_close(fd);
+                return -EPERM;
+        }
+
+        r = sd_bus_new(&bus);
+        if (r < 0) {
+                safe_close(fd);
+                return r;
+        }
+        r = sd_bus_set_fd(bus, fd, fd);
+        if (r < 0) {
+                safe_close(fd);
+                return r;
+        }
+        (void) sd_bus_set_description(bus, "forkd-rest-direct");
+        r = sd_bus_start(bus);
+        if (r < 0)
+                return r;
+        r = sd_bus_attach_event(bus, s->event, SD_EVENT_PRIORITY_NORMAL);
+        if (r < 0)
+                return r;
+        s->direct = sd_bus_unref(s->direct);
+        s->direct = TAKE_PTR(bus);
+        log_debug("Calls go to forkd directly on %s.", path);
+        return 0;
+}
+
+static int on_direct_socket(sd_bus_message *reply, void *userdata, sd_bus_error *ret_error) {
+        RestServer *s = userdata;
+        const char *path;
+        int r;
+
+        s->direct_query = sd_bus_slot_unref(s->direct_query);
+        if (sd_bus_message_is_method_error(reply, NULL))
+                return 0; /* an older forkd, or none yet: the bus it is */
+        r = sd_bus_message_read(reply, "v", "s", &path);
+        if (r < 0 || !*path)
+                return 0;
+        r = direct_connect(s, path);
+        if (r < 0)
+                log_debug_errno(r, "No direct connection to forkd on %s, using the bus: %m", path);
+        return 0;
+}
+
+static void direct_query_start(RestServer *s) {
+        uint64_t now = now_usec();
+        int r;
+
+        if (s->no_direct || s->direct_query || !s->bus || now < s->direct_next_query)
+                return;
+        s->direct_next_query = now + DIRECT_RETRY_USEC;
+        r = sd_bus_call_method_async(s->bus, &s->direct_query, "org.forkd.Manager", "/org/forkd/Manager",
+                                     "org.freedesktop.DBus.Properties", "Get", on_direct_socket, s, "ss",
+                                     "org.forkd.Manager", "DirectSocket");
+        if (r < 0)
+                log_debug_errno(r, "Cannot ask forkd for its direct socket: %m");
+}
+
+/* The connection a call goes out on: the direct one while it is open. */
+static sd_bus *call_bus(RestServer *s) {
+        if (s->direct) {
+                if (sd_bus_is_open(s->direct) > 0)
+                        return s->direct;
+                /* forkd went away. Pending calls hold their own references
+                 * and get their (synthesised) error replies. */
+                s->direct = sd_bus_unref(s->direct);
+        }
+        direct_query_start(s);
+        return s->bus;
 }
 
 /* ---------------- responses ---------------- */
@@ -254,12 +368,16 @@ int rest_reply_bus_error(RestRequest *req, const sd_bus_error *e, unsigned overr
 int rest_new_call(RestRequest *req, const char *path, const char *interface, const char *member,
                   sd_bus_message **ret) {
         RestServer *s = req->server;
+        sd_bus *bus;
         int r;
 
         r = bus_ensure(s);
         if (r < 0)
                 return log_debug_errno(r, "Cannot connect to the bus: %m");
-        return sd_bus_message_new_method_call(s->bus, ret, "org.forkd.Manager", path, interface, member);
+        bus = call_bus(s);
+        /* A direct connection has no names: no destination. */
+        return sd_bus_message_new_method_call(bus, ret, bus == s->bus ? "org.forkd.Manager" : NULL, path,
+                                              interface, member);
 }
 
 int rest_new_manager_call(RestRequest *req, const char *member, sd_bus_message **ret) {
@@ -290,12 +408,14 @@ int rest_call(RestRequest *req, sd_bus_message *m, uint64_t timeout_usec, rest_r
                 s->calls_rejected++;
                 return -EBUSY;
         }
-        r = sd_bus_call_async(s->bus, &req->slot, m, on_bus_reply, req, timeout_usec);
+        r = sd_bus_call_async(sd_bus_message_get_bus(m), &req->slot, m, on_bus_reply, req, timeout_usec);
         if (r < 0)
                 return log_debug_errno(r, "Failed to send D-Bus call: %m");
 
         s->calls_in_flight++;
         s->calls_total++;
+        if (sd_bus_message_get_bus(m) == s->direct)
+                s->calls_direct++;
         req->on_reply = on_reply;
         req->suspended = true;
         req->next = s->suspended;
@@ -762,6 +882,7 @@ int rest_server_new(sd_event *event, const RestConfig *config, RestServer **ret)
         s->timeout_secs = config->timeout_secs ?: REST_TIMEOUT_SECS_DEFAULT;
         s->body_max = config->body_max ?: REST_BODY_MAX_DEFAULT;
         s->calls_max = config->calls_max ?: REST_CALLS_MAX_DEFAULT;
+        s->no_direct = config->no_direct || geteuid() != 0; /* forkd admits root only */
         if (config->bus_address && !(s->bus_address = strdup(config->bus_address))) {
                 safe_close(fd);
                 return -ENOMEM;
@@ -847,6 +968,8 @@ int rest_server_new(sd_event *event, const RestConfig *config, RestServer **ret)
         r = bus_ensure(s);
         if (r < 0)
                 log_warning_errno(r, "Cannot connect to the bus yet, will retry per request: %m");
+        else
+                direct_query_start(s);
 
         *ret = TAKE_PTR(s);
         return 0;
@@ -878,6 +1001,8 @@ RestServer *rest_server_free(RestServer *s) {
         sd_event_source_unref(s->timer_source);
         sd_event_source_unref(s->deadline_source);
         sd_event_source_unref(s->resume_source);
+        sd_bus_slot_unref(s->direct_query);
+        sd_bus_flush_close_unref(s->direct);
         sd_bus_flush_close_unref(s->bus);
         sd_event_unref(s->event);
         free(s->bus_address);
@@ -942,6 +1067,9 @@ int rest_metrics_format(RestServer *s, FILE *f) {
                 "# HELP forkd_rest_dbus_calls_total D-Bus calls sent to the daemon.\n"
                 "# TYPE forkd_rest_dbus_calls_total counter\n"
                 "forkd_rest_dbus_calls_total %" PRIu64 "\n"
+                "# HELP forkd_rest_dbus_calls_direct_total D-Bus calls sent on the direct connection to forkd.\n"
+                "# TYPE forkd_rest_dbus_calls_direct_total counter\n"
+                "forkd_rest_dbus_calls_direct_total %" PRIu64 "\n"
                 "# HELP forkd_rest_dbus_calls_rejected_total Requests refused because too many calls were in flight.\n"
                 "# TYPE forkd_rest_dbus_calls_rejected_total counter\n"
                 "forkd_rest_dbus_calls_rejected_total %" PRIu64 "\n"
@@ -954,7 +1082,7 @@ int rest_metrics_format(RestServer *s, FILE *f) {
                 "# HELP forkd_rest_connections_cut_total Connections cut off for not sending a request in time.\n"
                 "# TYPE forkd_rest_connections_cut_total counter\n"
                 "forkd_rest_connections_cut_total %" PRIu64 "\n",
-                s->calls_in_flight, s->calls_total, s->calls_rejected, s->conns_active, s->conns_total,
+                s->calls_in_flight, s->calls_total, s->calls_direct, s->calls_rejected, s->conns_active, s->conns_total,
                 s->conns_cut);
         return ferror(f) ? -EIO : 0;
 }

@@ -25,6 +25,7 @@ typedef struct RestConfig {
         const char *tls_key_pem;
         const char *token;          /* NULL: no authentication */
         const char *bus_address;    /* NULL: the system bus */
+        bool no_direct;             /* never use forkd's direct socket */
         unsigned connection_limit;  /* MHD_OPTION_CONNECTION_LIMIT */
         unsigned timeout_secs;      /* idle timeout and request deadline */
         size_t memory_limit;        /* per-connection pool (headers) */
