@@ -792,19 +792,33 @@ static int dispatch_http_timer(sd_event_source *es, uint64_t usec, void *userdat
         return dispatch_http_io(NULL, -1, 0, userdata);
 }
 
+/* Before each poll: when does MHD want to run again? "At once" (it has
+ * buffered work, or a keep-alive connection just finished a response) goes
+ * through the defer source, which costs no syscall; a real timeout arms the
+ * timer, which is reprogrammed only when MHD needs it earlier (or much
+ * later): every timerfd_settime() is a syscall that shows up in the round
+ * trip, and MHD's idle timeouts move a little on every iteration. Firing
+ * early is harmless: MHD_run() finds nothing to do and we ask again. */
 static int prepare_http(sd_event_source *es, void *userdata) {
         RestServer *s = userdata;
         MHD_UNSIGNED_LONG_LONG ms;
-        uint64_t now;
-        int r;
+        uint64_t now, deadline, current;
+        int enabled, r;
 
         if (MHD_get_timeout(s->daemon, &ms) != MHD_YES)
                 return sd_event_source_set_enabled(s->timer_source, SD_EVENT_OFF);
+        if (ms == 0)
+                return sd_event_source_set_enabled(s->resume_source, SD_EVENT_ONESHOT);
 
         r = sd_event_now(s->event, CLOCK_MONOTONIC, &now);
         if (r < 0)
                 return r;
-        r = sd_event_source_set_time(s->timer_source, now + MIN(ms, 3600000ULL) * 1000ULL);
+        deadline = now + MIN(ms, 3600000ULL) * 1000ULL;
+        if (sd_event_source_get_enabled(s->timer_source, &enabled) >= 0 && enabled != SD_EVENT_OFF &&
+            sd_event_source_get_time(s->timer_source, &current) >= 0 && current <= deadline &&
+            deadline - current < USEC_PER_SEC)
+                return 0;
+        r = sd_event_source_set_time(s->timer_source, deadline);
         if (r < 0)
                 return r;
         return sd_event_source_set_enabled(s->timer_source, SD_EVENT_ONESHOT);
