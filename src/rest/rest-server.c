@@ -238,13 +238,18 @@ static void direct_query_start(RestServer *s) {
                 log_debug_errno(r, "Cannot ask forkd for its direct socket: %m");
 }
 
-/* The connection a call goes out on: the direct one while it is open. */
+/* The connection a call goes out on: the direct one once forkd has
+ * accepted it (authentication done: forkd closes connections it does not
+ * want, e.g. beyond its cap, before that), the bus otherwise. */
 static sd_bus *call_bus(RestServer *s) {
         if (s->direct) {
-                if (sd_bus_is_open(s->direct) > 0)
+                if (sd_bus_is_ready(s->direct) > 0)
                         return s->direct;
-                /* forkd went away. Pending calls hold their own references
-                 * and get their (synthesised) error replies. */
+                if (sd_bus_is_open(s->direct) > 0)
+                        return s->bus; /* still authenticating */
+                /* Closed: forkd went away or refused us. Pending calls hold
+                 * their own references and get their (synthesised) error
+                 * replies. */
                 s->direct = sd_bus_unref(s->direct);
         }
         direct_query_start(s);
