@@ -150,7 +150,7 @@ static int bus_ensure(RestServer *s) {
  * each time a wakeup of another process. forkd also serves its objects on a
  * socket of its own (DirectSocket), to root only: its accept checks the
  * peer's uid and its methods authorize as they do on the bus. So this is
- * tried only when we run as root (the shipped unit's dynamic user never
+ * tried only when we run as root (the shipped unit's user forkd-rest never
  * does: it keeps using the bus and polkit), and only to a peer that is root.
  * The path comes from the owner of org.forkd.Manager, a name that the bus
  * policy lets only root own. Any failure leaves the bus as it was. */
