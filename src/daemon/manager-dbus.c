@@ -631,6 +631,7 @@ static void direct_drop(Manager *m, sd_bus *bus) {
         for (unsigned i = 0; i < m->n_direct; i++)
                 if (m->direct[i] == bus) {
                         m->direct[i] = m->direct[--m->n_direct];
+                        m->direct_started[i] = m->direct_started[m->n_direct];
                         m->direct[m->n_direct] = NULL;
                         (void) sd_bus_flush(bus);
                         sd_bus_close(bus);
@@ -645,6 +646,44 @@ static int on_direct_disconnected(sd_bus_message *message, void *userdata, sd_bu
 
         log_debug("Direct D-Bus connection closed.");
         direct_drop(m, sd_bus_message_get_bus(message));
+        return 0;
+}
+
+/* sd-bus, as a server, may read the peer's BEGIN and its first message in one
+ * go while authenticating, and then leave that message in its buffer: nothing
+ * new arrives on the socket, so the event loop never dispatches it and the
+ * caller waits for ever (seen with two clients connecting at once). After every
+ * iteration of the loop, each connection that has just become ready is
+ * processed until it has nothing left; the source is off once none is waiting. */
+static int on_direct_kick(sd_event_source *s, void *userdata) {
+        Manager *m = userdata;
+        bool waiting = false;
+
+        for (unsigned i = 0; i < m->n_direct;) {
+                sd_bus *bus = m->direct[i];
+                int r;
+
+                if (m->direct_started[i]) {
+                        i++;
+                        continue;
+                }
+                if (sd_bus_is_ready(bus) <= 0) {
+                        waiting = true;
+                        i++;
+                        continue;
+                }
+                m->direct_started[i] = true;
+                sd_bus_ref(bus);
+                do
+                        r = sd_bus_process(bus, NULL);
+                while (r > 0);
+                /* Processing may have dropped it (Disconnected), moving another into slot i. */
+                if (i < m->n_direct && m->direct[i] == bus)
+                        i++;
+                sd_bus_unref(bus);
+        }
+        if (!waiting)
+                (void) sd_event_source_set_enabled(s, SD_EVENT_OFF);
         return 0;
 }
 
@@ -712,6 +751,20 @@ static int on_direct_connection(sd_event_source *es, int fd, uint32_t revents, v
                 log_debug_errno(r, "Cannot set up a direct D-Bus connection: %m");
                 return 0;
         }
+        if (!m->direct_kick) {
+                r = sd_event_add_post(m->event, &m->direct_kick, on_direct_kick, m);
+                if (r < 0) {
+                        log_debug_errno(r, "Cannot set up a direct D-Bus connection: %m");
+                        return 0;
+                }
+                (void) sd_event_source_set_description(m->direct_kick, "direct-bus-kick");
+        }
+        r = sd_event_source_set_enabled(m->direct_kick, SD_EVENT_ON);
+        if (r < 0) {
+                log_debug_errno(r, "Cannot set up a direct D-Bus connection: %m");
+                return 0;
+        }
+        m->direct_started[m->n_direct] = false;
         m->direct[m->n_direct++] = TAKE_PTR(bus);
         return 0;
 }
@@ -770,6 +823,7 @@ void manager_close_direct(Manager *m) {
         while (m->n_direct > 0)
                 direct_drop(m, m->direct[0]);
         m->direct_source = sd_event_source_disable_unref(m->direct_source);
+        m->direct_kick = sd_event_source_disable_unref(m->direct_kick);
         m->direct_fd = safe_close(m->direct_fd);
         if (m->direct_path) {
                 (void) unlink(m->direct_path);

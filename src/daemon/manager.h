@@ -75,7 +75,9 @@ struct Manager {
         char *direct_path;
         sd_event_source *direct_source;
         sd_bus *direct[FORKD_DIRECT_CONNECTIONS_MAX];
+        bool direct_started[FORKD_DIRECT_CONNECTIONS_MAX]; /* ready, and its early bytes processed */
         unsigned n_direct;
+        sd_event_source *direct_kick; /* post source while a connection is still authenticating */
 
         /* Sandboxes recorded by the previous daemon, announced once on the bus. */
         char **stale_ids;

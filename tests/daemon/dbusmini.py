@@ -134,7 +134,8 @@ class _Reader:
 
 
 class Bus:
-    def __init__(self, address, timeout=30.0):
+    def __init__(self, address, timeout=30.0, hello=True):
+        """hello=False: a peer-to-peer connection (no bus daemon to say Hello to)."""
         path = None
         for part in address.split(";")[0].split(":", 1)[1].split(","):
             k, _, v = part.partition("=")
@@ -153,8 +154,10 @@ class Bus:
         self.serial = 0
         self.inbuf = bytearray()
         self.signals = []
-        self.unique_name = self.call("org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus",
-                                     "Hello")[0]
+        self.unique_name = None
+        if hello:
+            self.unique_name = self.call("org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus",
+                                         "Hello")[0]
 
     def close(self):
         self.sock.close()

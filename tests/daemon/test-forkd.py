@@ -14,9 +14,11 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 
@@ -300,6 +302,61 @@ def run(h):
                              "StateDirectory"], capture_output=True, text=True, check=True).stdout
         assert json.loads(js)["data"] == h.state
     h.check("busctl introspect shows org.forkd.Manager", introspect)
+
+    def direct_socket():
+        # forkd's direct (peer-to-peer) socket serves root only: root gets the same
+        # objects; anyone else is refused by the file mode, and, with the mode opened
+        # up, by the peer-credential check before a byte is read.
+        path = h.bus.call(DEST, PATH, "org.freedesktop.DBus.Properties", "Get", "ss", [IFACE, "DirectSocket"])[0]
+        assert path == os.path.join(h.state, "bus.sock"), path
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600, oct(os.stat(path).st_mode)
+        direct = Bus("unix:path=" + path, hello=False)
+        try:
+            assert direct.call(DEST, PATH, IFACE, "ListSnapshots")[0] == []
+        finally:
+            direct.close()
+        # Clients connecting at once: sd-bus may read BEGIN and the first call in
+        # one go, and forkd must still dispatch that call (it once waited for ever).
+        failures = []
+
+        def hammer():
+            for _ in range(40):
+                try:
+                    b = Bus("unix:path=" + path, timeout=5, hello=False)
+                    try:
+                        b.call(DEST, PATH, IFACE, "ListSnapshots", timeout=5)
+                    finally:
+                        b.close()
+                except Exception as e:  # noqa: BLE001 - reported below
+                    failures.append(f"{type(e).__name__}: {e}")
+        threads = [threading.Thread(target=hammer) for _ in range(4)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        assert not failures, f"{len(failures)} of 160 direct calls failed: {failures[:3]}"
+        probe = (f"import sys; sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})\n"
+                 "from dbusmini import Bus\n"
+                 "try:\n"
+                 f"    b = Bus('unix:path={path}', timeout=5, hello=False)\n"
+                 f"    print('SERVED', b.call({DEST!r}, {PATH!r}, {IFACE!r}, 'ListSnapshots'))\n"
+                 "except PermissionError:\n    print('EACCES')\n"
+                 "except Exception as e:\n    print('REFUSED', type(e).__name__)\n")
+        as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", probe]
+        out = subprocess.run(as_nobody, capture_output=True, text=True, timeout=30).stdout.strip()
+        assert out == "EACCES", f"nobody on the 0600 socket: {out!r}"
+        modes = [(d, stat.S_IMODE(os.stat(d).st_mode)) for d in (h.tmp, h.state)]
+        try:
+            for d, _ in modes:
+                os.chmod(d, 0o755)
+            os.chmod(path, 0o666)
+            out = subprocess.run(as_nobody, capture_output=True, text=True, timeout=30).stdout.strip()
+        finally:
+            os.chmod(path, 0o600)
+            for d, mode in modes:
+                os.chmod(d, mode)
+        assert out.startswith("REFUSED"), f"nobody on a 0666 socket: {out!r}"
+    h.check("the direct socket serves root and refuses others (mode and peer credentials)", direct_socket)
 
     def create():
         info = h.m("CreateSnapshot", "sssuu", ["t1", GUEST, disk, 64, 30])[0]
