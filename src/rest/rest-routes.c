@@ -31,6 +31,35 @@ static int reply_dispatch_error(RestRequest *req, int r, const char *field, cons
         return rest_reply_error(req, 400, "field '%s': %s", field, reason ?: "invalid value");
 }
 
+/* What a body's fields mean for the error a client gets back. */
+struct body_rules {
+        const char *tag; /* a field that holds a tag: too long gets the tag error */
+        const char *n;   /* a field that holds a count: out of range gets the count error */
+        int n_max;
+};
+
+/* Parse the body as strict JSON into base by table, unknown fields refused.
+ * Returns 1 when it parsed; otherwise the error is queued and this returns 0
+ * (or the reply's negative errno). *ret_obj is the parsed body. */
+static int parse_body(RestRequest *req, bool allow_empty, const struct json_dispatch *table, void *base,
+                      const struct body_rules *rules, struct json_object **ret_obj) {
+        const char *field = NULL, *reason = NULL;
+        int r;
+
+        if (rest_request_parse_json(req, allow_empty, ret_obj) < 0)
+                return 0;
+        r = json_dispatch_full(*ret_obj, table, JSON_REJECT_UNKNOWN, base, &field, &reason);
+        if (r >= 0)
+                return 1;
+        if (rules && rules->tag && field && !strcmp(field, rules->tag) && r == -ENAMETOOLONG)
+                r = rest_reply_error(req, 400, "invalid %s: at most %d characters", rules->tag, REST_TAG_MAX);
+        else if (rules && rules->n && field && !strcmp(field, rules->n) && IN_SET_N(r))
+                r = rest_reply_error(req, 400, "%s must be an integer between 1 and %d", rules->n, rules->n_max);
+        else
+                r = reply_dispatch_error(req, r, field, reason);
+        return MIN(r, 0);
+}
+
 /* A '%' path segment that must be a tag or sandbox id. */
 static const char *param_or_reply(RestRequest *req, const char *what) {
         const char *p = rest_request_param(req);
@@ -287,17 +316,11 @@ static int route_snapshots_create(RestRequest *req) {
         };
         _cleanup_json_ struct json_object *o = NULL;
         struct snapshot_create_args a = { .boot_wait_secs = BOOT_WAIT_DEFAULT };
-        const char *field = NULL, *reason = NULL;
         int r;
 
-        if (rest_request_parse_json(req, false, &o) < 0)
-                return 0;
-        r = json_dispatch_full(o, table, JSON_REJECT_UNKNOWN, &a, &field, &reason);
-        if (r < 0) {
-                if (field && !strcmp(field, "tag") && r == -ENAMETOOLONG)
-                        return rest_reply_error(req, 400, "invalid tag: at most %d characters", REST_TAG_MAX);
-                return reply_dispatch_error(req, r, field, reason);
-        }
+        r = parse_body(req, false, table, &a, &(struct body_rules) { .tag = "tag" }, &o);
+        if (r <= 0)
+                return r;
         if (!rest_tag_is_valid(a.tag))
                 return rest_reply_error(req, 400, "invalid tag '%s': must match ^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$", a.tag);
         if (!a.kernel[0] || !a.rootfs[0])
@@ -374,20 +397,15 @@ static int route_snapshot_compact(RestRequest *req) {
         };
         _cleanup_json_ struct json_object *o = NULL;
         struct compact_args a = {};
-        const char *field = NULL, *reason = NULL, *tag;
+        const char *tag;
         int r;
 
         tag = param_or_reply(req, "tag");
         if (!tag)
                 return 0;
-        if (rest_request_parse_json(req, false, &o) < 0)
-                return 0;
-        r = json_dispatch_full(o, table, JSON_REJECT_UNKNOWN, &a, &field, &reason);
-        if (r < 0) {
-                if (field && !strcmp(field, "to") && r == -ENAMETOOLONG)
-                        return rest_reply_error(req, 400, "invalid to: at most %d characters", REST_TAG_MAX);
-                return reply_dispatch_error(req, r, field, reason);
-        }
+        r = parse_body(req, false, table, &a, &(struct body_rules) { .tag = "to" }, &o);
+        if (r <= 0)
+                return r;
         if (!rest_tag_is_valid(a.to))
                 return rest_reply_error(req, 400, "invalid to '%s': must match ^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$", a.to);
         if (!strcmp(a.to, tag))
@@ -419,19 +437,12 @@ static int route_sandboxes_create(RestRequest *req) {
         _cleanup_(sd_bus_message_unrefp) sd_bus_message *m = NULL;
         _cleanup_json_ struct json_object *o = NULL;
         struct fork_args a = { .n = 1 };
-        const char *field = NULL, *reason = NULL;
         int r;
 
-        if (rest_request_parse_json(req, false, &o) < 0)
-                return 0;
-        r = json_dispatch_full(o, table, JSON_REJECT_UNKNOWN, &a, &field, &reason);
-        if (r < 0) {
-                if (field && !strcmp(field, "snapshot_tag") && r == -ENAMETOOLONG)
-                        return rest_reply_error(req, 400, "invalid snapshot_tag: at most %d characters", REST_TAG_MAX);
-                if (field && !strcmp(field, "n") && IN_SET_N(r))
-                        return rest_reply_error(req, 400, "n must be an integer between 1 and %d", FORK_N_MAX);
-                return reply_dispatch_error(req, r, field, reason);
-        }
+        r = parse_body(req, false, table, &a,
+                       &(struct body_rules) { .tag = "snapshot_tag", .n = "n", .n_max = FORK_N_MAX }, &o);
+        if (r <= 0)
+                return r;
         if (!rest_tag_is_valid(a.snapshot_tag))
                 return rest_reply_error(req, 400, "invalid snapshot_tag '%s': must match ^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$",
                                         a.snapshot_tag);
@@ -504,18 +515,16 @@ static int route_sandbox_exec(RestRequest *req) {
         _cleanup_(sd_bus_message_unrefp) sd_bus_message *m = NULL;
         _cleanup_json_ struct json_object *o = NULL;
         struct exec_args a = {};
-        const char *field = NULL, *reason = NULL, *id;
+        const char *id;
         size_t n;
         int r;
 
         id = param_or_reply(req, "sandbox id");
         if (!id)
                 return 0;
-        if (rest_request_parse_json(req, false, &o) < 0)
-                return 0;
-        r = json_dispatch_full(o, table, JSON_REJECT_UNKNOWN, &a, &field, &reason);
-        if (r < 0)
-                return reply_dispatch_error(req, r, field, reason);
+        r = parse_body(req, false, table, &a, NULL, &o);
+        if (r <= 0)
+                return r;
         n = json_object_array_length(a.args);
         if (n == 0 || n > EXEC_ARGS_MAX)
                 return rest_reply_error(req, 400, "args must hold 1 to %d strings", EXEC_ARGS_MAX);
@@ -642,20 +651,15 @@ static int route_sandbox_fork(RestRequest *req) {
         };
         _cleanup_json_ struct json_object *o = NULL;
         struct sandbox_fork_args a = { .n = 1 };
-        const char *field = NULL, *reason = NULL, *id;
+        const char *id;
         int r;
 
         id = param_or_reply(req, "sandbox id");
         if (!id)
                 return 0;
-        if (rest_request_parse_json(req, true, &o) < 0)
-                return 0;
-        r = json_dispatch_full(o, table, JSON_REJECT_UNKNOWN, &a, &field, &reason);
-        if (r < 0) {
-                if (field && !strcmp(field, "n") && IN_SET_N(r))
-                        return rest_reply_error(req, 400, "n must be an integer between 1 and %d", SANDBOX_FORK_N_MAX);
-                return reply_dispatch_error(req, r, field, reason);
-        }
+        r = parse_body(req, true, table, &a, &(struct body_rules) { .n = "n", .n_max = SANDBOX_FORK_N_MAX }, &o);
+        if (r <= 0)
+                return r;
         if (a.n < 1 || a.n > SANDBOX_FORK_N_MAX)
                 return rest_reply_error(req, 400, "n must be an integer between 1 and %d", SANDBOX_FORK_N_MAX);
         return call_manager(req, "GetSandbox", CALL_TIMEOUT_SHORT, on_reply_sandbox_fork, "s", id);
