@@ -107,6 +107,10 @@ install -d -m 0700 /etc/forkd
 TOKEN=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')
 (umask 077 && printf '%s\n' "$TOKEN" >/etc/forkd/token)
 mkdir -p "$WORK" && truncate -s 16M "$WORK/disk.img"
+# The guest image where an installed, hardened forkd.service can read it: its
+# PrivateTmp= and ProtectHome= hide checkouts under /tmp, /root and /home.
+install -m 0644 "$GUEST" "$WORK/forkd-test-guest.elf"
+GUEST=$WORK/forkd-test-guest.elf
 
 # Shorten the watchdog so that a forkd that does not ping it is caught within the test.
 mkdir -p /run/systemd/system/forkd.service.d
