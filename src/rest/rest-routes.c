@@ -33,14 +33,16 @@ static int reply_dispatch_error(RestRequest *req, int r, const char *field, cons
 
 /* What a body's fields mean for the error a client gets back. */
 struct body_rules {
-        const char *tag; /* a field that holds a tag: too long gets the tag error */
-        const char *n;   /* a field that holds a count: out of range gets the count error */
+        const char *tag;       /* a field that holds a tag: too long or malformed gets the tag error */
+        const char *tag_value; /* where the dispatch puts it, checked after parsing */
+        const char *n;         /* a field that holds a count: out of range gets the count error */
         int n_max;
 };
 
-/* Parse the body as strict JSON into base by table, unknown fields refused.
- * Returns 1 when it parsed; otherwise the error is queued and this returns 0
- * (or the reply's negative errno). *ret_obj is the parsed body. */
+/* Parse the body as strict JSON into base by table, unknown fields refused,
+ * and check the rules' tag. Returns 1 when it parsed; otherwise the error is
+ * queued and this returns 0 (or the reply's negative errno). *ret_obj is the
+ * parsed body. */
 static int parse_body(RestRequest *req, bool allow_empty, const struct json_dispatch *table, void *base,
                       const struct body_rules *rules, struct json_object **ret_obj) {
         const char *field = NULL, *reason = NULL;
@@ -49,8 +51,13 @@ static int parse_body(RestRequest *req, bool allow_empty, const struct json_disp
         if (rest_request_parse_json(req, allow_empty, ret_obj) < 0)
                 return 0;
         r = json_dispatch_full(*ret_obj, table, JSON_REJECT_UNKNOWN, base, &field, &reason);
-        if (r >= 0)
-                return 1;
+        if (r >= 0) {
+                if (!rules || !rules->tag_value || rest_tag_is_valid(rules->tag_value))
+                        return 1;
+                r = rest_reply_error(req, 400, "invalid %s '%s': must match ^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$",
+                                     rules->tag, rules->tag_value);
+                return MIN(r, 0);
+        }
         if (rules && rules->tag && field && !strcmp(field, rules->tag) && r == -ENAMETOOLONG)
                 r = rest_reply_error(req, 400, "invalid %s: at most %d characters", rules->tag, REST_TAG_MAX);
         else if (rules && rules->n && field && !strcmp(field, rules->n) && IN_SET_N(r))
@@ -318,11 +325,9 @@ static int route_snapshots_create(RestRequest *req) {
         struct snapshot_create_args a = { .boot_wait_secs = BOOT_WAIT_DEFAULT };
         int r;
 
-        r = parse_body(req, false, table, &a, &(struct body_rules) { .tag = "tag" }, &o);
+        r = parse_body(req, false, table, &a, &(struct body_rules) { .tag = "tag", .tag_value = a.tag }, &o);
         if (r <= 0)
                 return r;
-        if (!rest_tag_is_valid(a.tag))
-                return rest_reply_error(req, 400, "invalid tag '%s': must match ^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$", a.tag);
         if (!a.kernel[0] || !a.rootfs[0])
                 return rest_reply_error(req, 400, "kernel and rootfs must not be empty");
         if (a.boot_wait_secs < 1 || a.boot_wait_secs > BOOT_WAIT_MAX)
@@ -403,11 +408,9 @@ static int route_snapshot_compact(RestRequest *req) {
         tag = param_or_reply(req, "tag");
         if (!tag)
                 return 0;
-        r = parse_body(req, false, table, &a, &(struct body_rules) { .tag = "to" }, &o);
+        r = parse_body(req, false, table, &a, &(struct body_rules) { .tag = "to", .tag_value = a.to }, &o);
         if (r <= 0)
                 return r;
-        if (!rest_tag_is_valid(a.to))
-                return rest_reply_error(req, 400, "invalid to '%s': must match ^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$", a.to);
         if (!strcmp(a.to, tag))
                 return rest_reply_error(req, 400, "to must name a new snapshot, not '%s' itself", tag);
         return call_manager(req, "GetSnapshotInfo", CALL_TIMEOUT_SHORT, on_reply_compact, "s", tag);
@@ -440,12 +443,11 @@ static int route_sandboxes_create(RestRequest *req) {
         int r;
 
         r = parse_body(req, false, table, &a,
-                       &(struct body_rules) { .tag = "snapshot_tag", .n = "n", .n_max = FORK_N_MAX }, &o);
+                       &(struct body_rules) { .tag = "snapshot_tag", .tag_value = a.snapshot_tag, .n = "n",
+                                              .n_max = FORK_N_MAX },
+                       &o);
         if (r <= 0)
                 return r;
-        if (!rest_tag_is_valid(a.snapshot_tag))
-                return rest_reply_error(req, 400, "invalid snapshot_tag '%s': must match ^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$",
-                                        a.snapshot_tag);
         if (a.n < 1 || a.n > FORK_N_MAX)
                 return rest_reply_error(req, 400, "n must be an integer between 1 and %d", FORK_N_MAX);
         if (a.memory_limit_mib < 0 || a.memory_limit_mib > UINT32_MAX)
