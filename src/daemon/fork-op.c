@@ -164,18 +164,15 @@ static void check_pings_done(ForkOp *f) {
 static void on_ping(int r, uint16_t type, const char *json, struct json_object *obj, void *userdata) {
         struct ping_slot *slot = userdata;
         ForkOp *f = slot->op;
+        Sandbox *s = hashmap_get(f->manager->sandboxes, f->ids[slot->index]);
 
         if (r >= 0 && type == FKA_RESPONSE) {
-                Sandbox *s = hashmap_get(f->manager->sandboxes, f->ids[slot->index]);
-
                 f->n_answered++;
                 /* The sandbox owns the cgroup by now (fork_work_done cleared has_cgroup[]);
                  * the child joined it before it could answer. */
                 if (s && s->has_cgroup)
                         cgroup_attached(f->manager->cgroups, s->id);
         } else {
-                Sandbox *s = hashmap_get(f->manager->sandboxes, f->ids[slot->index]);
-
                 if ((r == -ECONNRESET || r == -EPIPE) && s && s->fork_op == f && s->state == SANDBOX_STARTING) {
                         /* Its agent channel closed but its exit is not reported yet (it
                          * would have been freed first): wait for it, it says why. The

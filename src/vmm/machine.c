@@ -87,12 +87,9 @@ static const char *linux_default_initrd(const char *kernel, char *buf, size_t si
         const char *name = kernel + dir_len, *suffix;
         int n;
 
-        if (strncmp(name, "vmlinuz", 7) == 0)
-                suffix = name + 7;
-        else if (strncmp(name, "vmlinux", 7) == 0)
-                suffix = name + 7;
-        else
+        if (strncmp(name, "vmlinu", 6) != 0 || (name[6] != 'z' && name[6] != 'x'))
                 return NULL;
+        suffix = name + 7;
         if (*suffix != 0 && *suffix != '-')
                 return NULL;
         n = snprintf(buf, size, "%.*sinitrd.img%s", (int) dir_len, kernel, suffix);
