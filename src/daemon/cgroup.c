@@ -604,6 +604,23 @@ static int scope_oom_kills(CGroupManager *c, const char *id, uint64_t *ret) {
         return 0;
 }
 
+/* Remove the cgroup <dir>/<id> (dir itself when id is NULL); *r keeps the first error. */
+static void remove_cgroup_keep_first(CGroupManager *c, const char *dir, const char *id, int *r) {
+        char path[4200];
+        int k;
+
+        snprintf(path, sizeof(path), "%s%s%s", dir, id ? "/" : "", id ?: "");
+        k = remove_cgroup_dir(c, path);
+        if (k < 0 && *r == 0)
+                *r = k;
+}
+
+static void scope_stop_unit(CGroupManager *c, const char *unit) {
+        (void) sd_bus_call_method_async(c->system_bus, NULL, "org.freedesktop.systemd1", "/org/freedesktop/systemd1",
+                                        "org.freedesktop.systemd1.Manager", "StopUnit", NULL, NULL, "ss", unit,
+                                        "fail");
+}
+
 /* The scope of a sandbox of a killed predecessor (from its record): its VMM
  * may have died after systemd found the scope empty in the hierarchy it tracks
  * (the VMM had not yet joined it there) and failed to remove the cgroups the VMM
@@ -618,9 +635,7 @@ static int scope_remove_stale(CGroupManager *c, const char *id) {
         int r = 0;
 
         snprintf(unit, sizeof(unit), "forkd-%s.scope", id);
-        (void) sd_bus_call_method_async(c->system_bus, NULL, "org.freedesktop.systemd1", "/org/freedesktop/systemd1",
-                                        "org.freedesktop.systemd1.Manager", "StopUnit", NULL, NULL, "ss", unit,
-                                        "fail");
+        scope_stop_unit(c, unit);
         for (size_t i = 0; i < n_roots; i++) {
                 char dir[4096], sub[4200];
 
@@ -645,41 +660,26 @@ static int scope_remove_stale(CGroupManager *c, const char *id) {
                 }
                 log_info("Removing stale cgroup %s.", dir);
                 /* The sub-cgroup first; the scope's own one is retried until it is empty. */
-                int k = remove_cgroup_dir(c, sub);
-                if (k < 0 && r == 0)
-                        r = k;
-                k = remove_cgroup_dir(c, dir);
-                if (k < 0 && r == 0)
-                        r = k;
+                remove_cgroup_keep_first(c, dir, id, &r);
+                remove_cgroup_keep_first(c, dir, NULL, &r);
         }
         return r;
 }
 
 static int scope_remove(CGroupManager *c, const char *id) {
         struct scope_unit *u = scope_find(c, id);
-        char sub[4200];
         int r = 0;
 
         if (!u)
                 return scope_remove_stale(c, id);
         scope_unlink(c, u);
         scope_kill_placeholder(u);
-        for (unsigned i = 0; i < u->n_track; i++) {
-                snprintf(sub, sizeof(sub), "%s/%s", u->track[i], u->id);
-                int k = remove_cgroup_dir(c, sub);
-                if (k < 0 && r == 0)
-                        r = k;
-        }
-        if (u->cgroup) {
-                snprintf(sub, sizeof(sub), "%s/%s", u->cgroup, u->id);
-                int k = remove_cgroup_dir(c, sub);
-                if (k < 0 && r == 0)
-                        r = k;
-        }
+        for (unsigned i = 0; i < u->n_track; i++)
+                remove_cgroup_keep_first(c, u->track[i], u->id, &r);
+        if (u->cgroup)
+                remove_cgroup_keep_first(c, u->cgroup, u->id, &r);
         /* An empty scope is collected by systemd anyway; stop it in case something lingers. */
-        (void) sd_bus_call_method_async(c->system_bus, NULL, "org.freedesktop.systemd1", "/org/freedesktop/systemd1",
-                                        "org.freedesktop.systemd1.Manager", "StopUnit", NULL, NULL, "ss", u->unit,
-                                        "fail");
+        scope_stop_unit(c, u->unit);
         scope_unit_free(u);
         return r;
 }
