@@ -161,6 +161,13 @@ class Harness:
         self.forkd = None
         return rc
 
+    def assert_no_sanitizer_report(self):
+        for log in self.logs:
+            with open(log) as f:
+                text = f.read()
+            for bad in ("Sanitizer", "runtime error:"):
+                assert bad not in text, f"{log}:\n{text[-3000:]}"
+
     def setup_cgroups(self):
         v1 = "/sys/fs/cgroup/memory"
         if os.path.exists(os.path.join(v1, "memory.limit_in_bytes")):
@@ -556,13 +563,7 @@ def run(h):
         assert h.stop_forkd() == 0
     h.check("delete the snapshot, SnapshotRemoved, clean stop", delete)
 
-    def sanitizers():
-        for log in h.logs:
-            with open(log) as f:
-                text = f.read()
-            for bad in ("Sanitizer", "runtime error:"):
-                assert bad not in text, f"{log}:\n{text[-3000:]}"
-    h.check("forkd logged no sanitizer report", sanitizers)
+    h.check("forkd logged no sanitizer report", h.assert_no_sanitizer_report)
 
     print(f"1..{h.n}")
     return 1 if h.failed else 0
