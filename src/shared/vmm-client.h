@@ -84,12 +84,16 @@ int vmm_client_template_spawn(struct vmm_template *t, const char *const *ids, si
                               int *agent_fds, int *control_fds, pid_t *pids, vmm_batch_sent_t on_batch,
                               void *userdata);
 
-/* Exit statuses of a template's child (forkd-vmm(8)). */
+/* Exit statuses of forkd-vmm (forkd-vmm(8), EXIT STATUS). 1, 5 and 6 come
+ * from any VM process (boot, restore, a template's child); 2 to 4 from a
+ * template's child only (boot and restore exit with 2 on bad usage). */
 enum {
         VMM_CHILD_EXIT_FAILED = 1,  /* the run loop failed */
         VMM_CHILD_EXIT_RESTORE = 2, /* the snapshot could not be restored */
         VMM_CHILD_EXIT_CGROUP = 3,  /* could not join its cgroup; never ran */
         VMM_CHILD_EXIT_NETNS = 4,   /* could not enter its network namespace; never ran */
+        VMM_EXIT_TRIPLE_FAULT = 5,  /* the guest crashed: triple fault (KVM_EXIT_SHUTDOWN) */
+        VMM_EXIT_HALTED = 6,        /* the guest crashed: halted with no way to wake up */
 };
 
 void vmm_template_stop(struct vmm_template *t);

@@ -13,6 +13,7 @@
 #include "snapshot-meta.h"
 #include "snapshot.h"
 #include "template.h"
+#include "vmm-client.h"
 
 static const char *arg_initrd, *arg_cmdline;
 static const char *arg_kernel, *arg_disk, *arg_snapshot, *arg_console_log, *arg_agent_socket,
@@ -212,10 +213,13 @@ static int run_vm(struct vmm *vmm, const char *kernel) {
         if (arg_control_socket)
                 (void) unlink(arg_control_socket);
         if (r == -ECANCELED)
-                return log_error_errno(r, "The guest crashed (see its console log)");
+                return log_error_errno(r, "The guest crashed: %s (see its console log)",
+                                       vmm_exit_status(vmm) == VMM_EXIT_TRIPLE_FAULT ? "triple fault" :
+                                                                                      "halted for good");
         return r;
 }
 
+/* cmd_boot() and cmd_restore() return the process's exit status. */
 static int cmd_boot(int kvm_fd) {
         struct machine_config cfg = { .id = arg_id, .console_log = arg_console_log, .overlay_dir = arg_overlay_dir,
                                       .agent_fd = arg_agent_fd, .initrd = arg_initrd, .cmdline = arg_cmdline };
@@ -223,11 +227,12 @@ static int cmd_boot(int kvm_fd) {
         int r;
 
         if (!arg_kernel || !arg_disk)
-                return log_error_errno(EINVAL, "boot needs --kernel and --disk");
+                return log_error_errno(EINVAL, "boot needs --kernel and --disk"), 1;
         r = machine_boot(kvm_fd, arg_kernel, arg_disk, arg_mem_mib << 20, &cfg, &vmm);
         if (r < 0)
-                return log_error_errno(r, "Failed to boot %s: %m", arg_kernel);
+                return log_error_errno(r, "Failed to boot %s: %m", arg_kernel), 1;
         r = run_vm(vmm, arg_kernel);
+        r = r >= 0 || r == -ECANCELED ? vmm_exit_status(vmm) : 1;
         machine_free(vmm);
         return r;
 }
@@ -242,18 +247,19 @@ static int cmd_restore(int kvm_fd) {
         int r;
 
         if (!arg_snapshot)
-                return log_error_errno(EINVAL, "restore needs --snapshot");
+                return log_error_errno(EINVAL, "restore needs --snapshot"), 1;
         r = snapshot_load(arg_snapshot, &snap, &err);
         if (r < 0)
-                return log_error_errno(r, "Refusing snapshot %s: %s", arg_snapshot, err ?: strerror(-r));
+                return log_error_errno(r, "Refusing snapshot %s: %s", arg_snapshot, err ?: strerror(-r)), 1;
 
         mem = mmap(NULL, snap->meta.mem_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_NORESERVE, snap->mem_fd, 0);
         if (mem == MAP_FAILED)
-                return log_error_errno(errno, "Failed to map memory.bin: %m");
+                return log_error_errno(errno, "Failed to map memory.bin: %m"), 1;
         r = machine_restore(kvm_fd, snap, mem, &cfg, &vmm);
         if (r < 0)
-                return log_error_errno(r, "Failed to restore %s: %m", arg_snapshot);
+                return log_error_errno(r, "Failed to restore %s: %m", arg_snapshot), 1;
         r = run_vm(vmm, snap->meta.kernel);
+        r = r >= 0 || r == -ECANCELED ? vmm_exit_status(vmm) : 1;
         machine_free(vmm);
         munmap(mem, snap->meta.mem_size);
         return r;
@@ -313,13 +319,11 @@ int main(int argc, char *argv[]) {
                 return log_error_errno(kvm_fd, "Cannot use /dev/kvm: %m"), 1;
 
         if (strcmp(verb, "boot") == 0)
-                r = cmd_boot(kvm_fd);
-        else if (strcmp(verb, "restore") == 0)
-                r = cmd_restore(kvm_fd);
-        else {
-                if (!arg_snapshot || arg_control_fd < 0)
-                        return log_error_errno(EINVAL, "template needs --snapshot and --control-fd"), 2;
-                r = template_serve(kvm_fd, arg_snapshot, arg_control_fd, arg_overlay_dir);
-        }
+                return cmd_boot(kvm_fd);
+        if (strcmp(verb, "restore") == 0)
+                return cmd_restore(kvm_fd);
+        if (!arg_snapshot || arg_control_fd < 0)
+                return log_error_errno(EINVAL, "template needs --snapshot and --control-fd"), 2;
+        r = template_serve(kvm_fd, arg_snapshot, arg_control_fd, arg_overlay_dir);
         return r < 0 ? 1 : 0;
 }

@@ -21,6 +21,7 @@
 #include "snapshot-meta.h"
 #include "snapshot.h"
 #include "virtio-console.h"
+#include "vmm-client.h"
 
 #define CONTROL_MSG_MAX (64u << 10)
 
@@ -367,7 +368,7 @@ int vmm_run(struct vmm *vmm, struct vmm_host *host) {
                         /* With the in-kernel irqchip KVM handles HLT; a guest that
                          * halts with interrupts off is dead. */
                         log_warning("%s: guest halted with no way to wake up", vmm->id);
-                        vmm_request_stop(vmm, VMM_STOP_SHUTDOWN);
+                        vmm_request_stop(vmm, VMM_STOP_HALTED);
                         r = 0;
                         break;
                 case KVM_EXIT_SHUTDOWN:
@@ -411,8 +412,23 @@ int vmm_run(struct vmm *vmm, struct vmm_host *host) {
         case VMM_STOP_SIGNAL:
                 return 0;
         case VMM_STOP_SHUTDOWN:
+        case VMM_STOP_HALTED:
                 return -ECANCELED;
         default:
                 return -EIO;
+        }
+}
+
+int vmm_exit_status(const struct vmm *vmm) {
+        switch (vmm->stop) {
+        case VMM_STOP_RESET:
+        case VMM_STOP_SIGNAL:
+                return 0;
+        case VMM_STOP_SHUTDOWN:
+                return VMM_EXIT_TRIPLE_FAULT;
+        case VMM_STOP_HALTED:
+                return VMM_EXIT_HALTED;
+        default:
+                return VMM_CHILD_EXIT_FAILED;
         }
 }

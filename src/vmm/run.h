@@ -20,3 +20,8 @@ int vmm_install_signals(void);
  * (guest reset/power-off, SIGTERM, "shutdown"), -ECANCELED if the guest
  * crashed, -EIO on a VMM error. */
 int vmm_run(struct vmm *vmm, struct vmm_host *host);
+
+/* The exit status of a process whose VM stopped (forkd-vmm(8), EXIT STATUS):
+ * 0 for a clean stop, VMM_EXIT_TRIPLE_FAULT or VMM_EXIT_HALTED when the guest
+ * crashed, VMM_CHILD_EXIT_FAILED when the VMM failed. */
+int vmm_exit_status(const struct vmm *vmm);

@@ -149,10 +149,11 @@ static _Noreturn void child_main(struct template *t, const char *id, int agent_f
                 _exit(VMM_CHILD_EXIT_RESTORE);
         }
         r = vmm_install_signals();
-        if (r >= 0)
-                r = vmm_run(vmm, &host);
+        if (r < 0)
+                _exit(VMM_CHILD_EXIT_FAILED);
+        r = vmm_run(vmm, &host);
         /* No teardown: exit(2) lets the kernel free the VM, off anyone's critical path. */
-        _exit(r < 0 ? VMM_CHILD_EXIT_FAILED : 0);
+        _exit(r >= 0 || r == -ECANCELED ? vmm_exit_status(vmm) : VMM_CHILD_EXIT_FAILED);
 }
 
 static void close_fds(int *fds, unsigned n) {

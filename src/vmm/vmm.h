@@ -48,7 +48,8 @@ struct pio_dev {
 enum vmm_stop_reason {
         VMM_RUNNING = 0,
         VMM_STOP_RESET,     /* guest asked for reset / power off via i8042 */
-        VMM_STOP_SHUTDOWN,  /* triple fault or KVM_EXIT_SHUTDOWN */
+        VMM_STOP_SHUTDOWN,  /* triple fault (KVM_EXIT_SHUTDOWN) */
+        VMM_STOP_HALTED,    /* the guest halted with no way to wake up */
         VMM_STOP_SIGNAL,    /* SIGTERM/SIGINT from the host */
         VMM_STOP_ERROR,     /* internal error or unhandled exit */
 };
