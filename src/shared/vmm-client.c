@@ -69,7 +69,7 @@ int vmm_client_boot(const struct vmm_boot_args *a, struct vmm_proc *ret) {
                 r = -errno;
                 goto fail;
         }
-        snprintf(mem, sizeof(mem), "%llu", (unsigned long long) (a->mem_mib ?: 64));
+        snprintf(mem, sizeof(mem), "%llu", (unsigned long long) a->mem_mib);
 
         argv[n++] = a->vmm_path;
         argv[n++] = "boot";
@@ -77,8 +77,10 @@ int vmm_client_boot(const struct vmm_boot_args *a, struct vmm_proc *ret) {
         argv[n++] = a->kernel;
         argv[n++] = "--disk";
         argv[n++] = a->disk;
-        argv[n++] = "--mem-mib";
-        argv[n++] = mem;
+        if (a->mem_mib > 0) {
+                argv[n++] = "--mem-mib";
+                argv[n++] = mem;
+        }
         argv[n++] = "--agent-fd=3";
         argv[n++] = "--control-fd=4";
         if (a->id) {

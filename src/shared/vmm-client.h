@@ -18,11 +18,17 @@ struct vmm_proc {
         int agent_fd;   /* SOCK_STREAM, ours */
 };
 
+/* Guest RAM in MiB when the caller names none (mem_mib 0 here and in
+ * CreateSnapshot, forkd-vmm boot without --mem-mib): what Debian's cloud
+ * kernel and its initramfs need (in 64 MiB they triple-fault). memory.bin is
+ * sparse, so a snapshot stores only the pages the guest wrote. */
+#define VMM_MEM_MIB_DEFAULT 256u
+
 struct vmm_boot_args {
         const char *vmm_path;    /* forkd-vmm binary */
         const char *kernel;
         const char *disk;
-        uint64_t mem_mib;
+        uint64_t mem_mib;        /* 0: forkd-vmm's default, VMM_MEM_MIB_DEFAULT */
         const char *id;
         const char *console_log; /* may be NULL */
         const char *overlay_dir; /* may be NULL */

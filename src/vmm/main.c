@@ -18,7 +18,7 @@
 static const char *arg_initrd, *arg_cmdline;
 static const char *arg_kernel, *arg_disk, *arg_snapshot, *arg_console_log, *arg_agent_socket,
         *arg_control_socket, *arg_overlay_dir, *arg_id = "vm";
-static uint64_t arg_mem_mib = 64;
+static uint64_t arg_mem_mib = VMM_MEM_MIB_DEFAULT;
 static int arg_agent_fd = -1, arg_control_fd = -1;
 
 static void help(void) {
@@ -32,7 +32,7 @@ static void help(void) {
                "forkd's virtual machine monitor: one process per microVM on /dev/kvm.\n"
                "\n"
                "Options:\n"
-               "  --mem-mib N           guest RAM in MiB, 16..3072, even (boot; default 64)\n"
+               "  --mem-mib N           guest RAM in MiB, 16..3072, even (boot; default %u)\n"
                "  --initrd PATH         initramfs for a Linux guest (default: where Debian puts it,\n"
                "                        beside the kernel: vmlinuz[-V] -> initrd.img[-V], if present)\n"
                "  --cmdline TEXT        kernel command line for a Linux guest (default\n"
@@ -50,7 +50,8 @@ static void help(void) {
                "\n"
                "Control requests (JSON): {\"op\":\"status\"}, {\"op\":\"pause\"}, {\"op\":\"resume\"},\n"
                "{\"op\":\"shutdown\"}, {\"op\":\"snapshot\",\"dir\":\"/abs/path\",\"tag\":\"name\"}.\n"
-               "See forkd-vmm(8).\n");
+               "See forkd-vmm(8).\n",
+               VMM_MEM_MIB_DEFAULT);
 }
 
 static int parse_fd(const char *s, int *ret) {
