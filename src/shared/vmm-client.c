@@ -192,6 +192,29 @@ static void reap_with_grace(pid_t pid, uint64_t grace_usec) {
         (void) waitpid(pid, NULL, 0);
 }
 
+int vmm_proc_wait(struct vmm_proc *p, uint64_t timeout_usec, int *ret_status) {
+        uint64_t deadline = now_usec() + timeout_usec;
+        struct timespec ts = { 0, 2 * 1000 * 1000 };
+        int status;
+
+        if (p->pid <= 0)
+                return -ECHILD;
+        for (;;) {
+                pid_t r = waitpid(p->pid, &status, WNOHANG);
+
+                if (r < 0 && errno != EINTR)
+                        return -errno;
+                if (r == p->pid) {
+                        p->pid = 0;
+                        *ret_status = status;
+                        return 0;
+                }
+                if (now_usec() >= deadline)
+                        return -ETIMEDOUT;
+                nanosleep(&ts, NULL);
+        }
+}
+
 void vmm_proc_stop(struct vmm_proc *p, uint64_t grace_usec) {
         p->agent_fd = safe_close(p->agent_fd);
         p->control_fd = safe_close(p->control_fd);

@@ -41,6 +41,11 @@ int vmm_client_boot(const struct vmm_boot_args *a, struct vmm_proc *ret);
  * Template events ({"event":...}) met on the way are skipped. */
 int vmm_client_control(int control_fd, const char *request, uint64_t timeout_usec, char **ret_reply);
 
+/* Wait up to timeout_usec for a VM process to exit by itself, and reap it:
+ * *ret_status gets its waitpid() status. -ETIMEDOUT if it still runs (it is
+ * left alone; vmm_proc_stop() ends it). */
+int vmm_proc_wait(struct vmm_proc *p, uint64_t timeout_usec, int *ret_status);
+
 /* Stop a VM process: close our ends (a VM started with a control fd stops
  * when it hangs up), SIGKILL after grace_usec, reap. */
 void vmm_proc_stop(struct vmm_proc *p, uint64_t grace_usec);
