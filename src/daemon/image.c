@@ -2,10 +2,12 @@
 #include <fcntl.h>
 #include <stdarg.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 
 #include <json-c/json.h>
 
 #include "agent-proto.h"
+#include "console-tail.h"
 #include "fs-util.h"
 #include "image.h"
 #include "macro.h"
@@ -227,6 +229,46 @@ static int set_error(ImageCreate *c, int r, const char *fmt, ...) {
         return r;
 }
 
+/* How many console lines a failed boot's error quotes. */
+#define BOOT_ERROR_CONSOLE_LINES 10
+
+/* The error for a boot that failed: what went wrong, then the last lines of
+ * the guest's console (the whole log stays where it is, for the user). */
+static int set_boot_error(ImageCreate *c, int r, const char *fmt, ...) _printf_(3, 4);
+static int set_boot_error(ImageCreate *c, int r, const char *fmt, ...) {
+        _cleanup_free_ char *what = NULL, *tail = NULL;
+        va_list ap;
+        int k;
+
+        va_start(ap, fmt);
+        k = vasprintf(&what, fmt, ap);
+        va_end(ap);
+        if (k < 0)
+                return set_error(c, r, "The VM did not come up");
+        if (!c->console_log)
+                return set_error(c, r, "%s", what);
+        /* Name the log only when it has something to read. */
+        if (console_tail(c->console_log, BOOT_ERROR_CONSOLE_LINES, &tail) < 0 || !tail[0])
+                return set_error(c, r, "%s; the guest printed nothing on its console", what);
+        return set_error(c, r, "%s. The last lines of its console (%s):\n%s", what, c->console_log, tail);
+}
+
+/* Why a VM process that was booting exited, from its waitpid() status
+ * (forkd-vmm(8), EXIT STATUS). */
+static void describe_boot_exit(int status, char *buf, size_t size) {
+        if (WIFSIGNALED(status))
+                snprintf(buf, size, "forkd-vmm was killed by signal %d (%s)", WTERMSIG(status),
+                         strsignal(WTERMSIG(status)));
+        else if (WEXITSTATUS(status) == VMM_EXIT_TRIPLE_FAULT)
+                snprintf(buf, size, "the guest crashed during boot (triple fault)");
+        else if (WEXITSTATUS(status) == VMM_EXIT_HALTED)
+                snprintf(buf, size, "the guest crashed during boot (it halted with interrupts off)");
+        else if (WEXITSTATUS(status) == 0)
+                snprintf(buf, size, "the guest reset or powered off during boot");
+        else
+                snprintf(buf, size, "forkd-vmm failed with exit status %d (see forkd's log)", WEXITSTATUS(status));
+}
+
 int image_create_work(void *userdata) {
         ImageCreate *c = userdata;
         struct vmm_boot_args a = {
@@ -253,14 +295,20 @@ int image_create_work(void *userdata) {
 
         r = fka_wait_ready(p.agent_fd, (uint64_t) c->boot_wait_secs * 1000000u, &type);
         if (r == -ETIMEDOUT) {
-                set_error(c, r, "The guest's agent did not answer within %us (console: %s)", c->boot_wait_secs,
-                          c->console_log ?: "none");
+                set_boot_error(c, r, "The guest's agent did not answer within %us", c->boot_wait_secs);
                 goto finish;
         }
         if (r < 0 || type != FKA_RESPONSE) {
-                set_error(c, r < 0 ? r : -EPROTO, "The VM did not come up: %s (console: %s)",
-                          r < 0 ? strerror(-r) : "the agent refused ping", c->console_log ?: "none");
+                char why[128];
+                int status;
+
+                /* The agent channel closed: forkd-vmm's exit status says why. */
+                if (r < 0 && vmm_proc_wait(&p, 2 * 1000000ull, &status) >= 0)
+                        describe_boot_exit(status, why, sizeof(why));
+                else
+                        snprintf(why, sizeof(why), "%s", r < 0 ? strerror(-r) : "the agent refused ping");
                 r = r < 0 ? r : -EPROTO;
+                set_boot_error(c, r, "The VM did not come up: %s", why);
                 goto finish;
         }
 

@@ -88,9 +88,14 @@ char *forkctl_error_message(const sd_bus_error *e, const struct error_context *c
         if (is(e, SD_BUS_ERROR_DISCONNECTED))
                 return xasprintf("%s: lost the connection to the bus; is forkd still running?", verb);
 
-        if (is(e, FORKD_ERROR_FAILED))
+        if (is(e, FORKD_ERROR_FAILED)) {
+                /* A message of several lines (a failed boot quotes the guest's
+                 * console) keeps its lines last. */
+                if (msg && strchr(msg, '\n'))
+                        return xasprintf("%s failed (see also forkd's log, 'journalctl -u forkd'): %s", verb, msg);
                 return xasprintf("%s failed: %s; see forkd's log ('journalctl -u forkd')", verb,
                                  msg ?: "unknown error");
+        }
 
         return xasprintf("%s failed: %s%s%s", verb, msg ?: "", msg ? " " : "",
                          e && e->name ? e->name : "(no error name)");
