@@ -379,6 +379,23 @@ def run(h):
         assert os.path.isfile(os.path.join(h.state, "snapshots/t1/snapshot.json"))
     h.check("CreateSnapshot from the test guest, SnapshotNew, properties", create)
 
+    def triple_fault():
+        # tests/guest/triple-fault.S, built beside the test guest: it prints two
+        # lines and triple-faults at once. mem_mib 0: the default.
+        elf = os.path.join(os.path.dirname(GUEST), "forkd-triple-fault.elf")
+        assert os.path.exists(elf), f"{elf} is not built"
+        msg = h.expect_error("org.forkd.Error.Failed", "CreateSnapshot", "sssuu", ["tf", elf, disk, 0, 30])
+        assert "the guest crashed during boot (triple fault)" in msg, msg
+        assert msg.endswith("  forkd-triple-fault: started\n"
+                            "  forkd-triple-fault: loading an empty IDT, then faulting"), msg
+        log = os.path.join(h.state, "logs", "tf.boot.log")
+        assert log in msg, msg
+        with open(log) as f:
+            assert "forkd-triple-fault: started" in f.read(), "the console log the error names is gone"
+        assert all(i["tag"] != "tf" for i in h.m("ListSnapshots")[0])
+        assert not os.path.exists(os.path.join(h.state, "snapshots", "tf"))
+    h.check("CreateSnapshot of a guest that triple-faults: the error says so and quotes its console", triple_fault)
+
     def bad_args():
         h.expect_error(INVALID_ARGS, "Fork", "sua{sv}", ["t1", 0, {}])
         h.expect_error(INVALID_ARGS, "Fork", "sua{sv}", ["t1", 1001, {}])

@@ -4,7 +4,7 @@
 # forkctl through the whole flow against the real forkd, real dbus-daemon and
 # real /dev/kvm, brought up by tools/forkd-stack: snapshot create (test guest),
 # snapshot ls/info, fork, ls --json parses, ping, kill, errors that name the
-# fix, snapshot rm.
+# fix (a guest that triple-faults at boot among them), snapshot rm.
 # usage: test-forkctl-flow.sh FORKCTL SOURCE-ROOT   ($FORKD_BUILD_DIR: the build dir)
 # Skips (77) when forkd is not built yet or /dev/kvm is missing.
 
@@ -51,7 +51,7 @@ ok()     { n=$((n + 1)); echo "ok $n - $*"; }
 not_ok() { n=$((n + 1)); failed=$((failed + 1)); echo "not ok $n - $*"; }
 fc() { "$forkctl" --no-progress "$@" 2>"$state/err"; }
 
-echo "1..16"
+echo "1..17"
 tag=flow-$$
 if fc snapshot create "$tag" --kernel "$FORKD_GUEST_KERNEL" --rootfs "$FORKD_GUEST_ROOTFS" --boot-wait 60 --json >"$state/out" && jsonok <"$state/out"; then
         ok "snapshot create $tag (--json parses)"
@@ -95,6 +95,12 @@ fc fork no-such-tag; rc=$?
 fc snapshot create "$tag" --kernel "$FORKD_GUEST_KERNEL" --rootfs "$FORKD_GUEST_ROOTFS"; rc=$?
 [ $rc != 0 ] && grep -q "already exists" "$state/err" && ok "snapshot create of an existing tag refused" \
         || not_ok "duplicate create: rc=$rc $(cat "$state/err")"
+# tests/guest/triple-fault.S: prints two lines and triple-faults at once.
+fc snapshot create "$tag-tf" --kernel "$build/tests/guest/forkd-triple-fault.elf" --rootfs "$FORKD_GUEST_ROOTFS"; rc=$?
+[ $rc = 1 ] && grep -qF "the guest crashed during boot (triple fault)" "$state/err" \
+        && grep -qx "  forkd-triple-fault: loading an empty IDT, then faulting" "$state/err" \
+        && ok "snapshot create of a guest that triple-faults: exit 1, the crash and its console lines" \
+        || not_ok "triple fault: rc=$rc $(cat "$state/err")"
 
 fc snapshot rm "$tag" && ok "snapshot rm" || not_ok "snapshot rm: $(cat "$state/err")"
 fc snapshot info "$tag"; rc=$?

@@ -2,7 +2,8 @@
 /*
  * forkd-vmm on the real /dev/kvm with the test guest: boot, snapshot, fork,
  * copy-on-write isolation of memory and disk, identity, corrupt snapshots,
- * kill -9 of one child, crash during snapshot writing.
+ * kill -9 of one child, crash during snapshot writing, a guest that
+ * triple-faults while booting.
  */
 #include <fcntl.h>
 #include <limits.h>
@@ -17,6 +18,7 @@
 #include <json-c/json.h>
 
 #include "agent-proto.h"
+#include "console-tail.h"
 #include "macro.h"
 #include "vmm-client.h"
 
@@ -420,6 +422,43 @@ static void test_crash_during_snapshot(void **state) {
         }
 }
 
+/* A guest that triple-faults while booting (tests/guest/triple-fault.S, built
+ * beside the test guest): forkd-vmm exits with VMM_EXIT_TRIPLE_FAULT, and its
+ * console log keeps what the guest printed. No mem_mib: forkd-vmm's default. */
+static void test_triple_fault_at_boot(void **state) {
+        _cleanup_free_ char *elf = NULL, *log = NULL, *tail = NULL;
+        const char *slash = strrchr(guest_path, '/');
+        struct vmm_proc p;
+        int status = 0;
+
+        assert_true(asprintf(&elf, "%.*s/forkd-triple-fault.elf", slash ? (int) (slash - guest_path) : 1,
+                             slash ? guest_path : ".") > 0);
+        if (access(elf, R_OK) < 0)
+                fail_msg("%s is not built: %s", elf, strerror(errno));
+        assert_true(asprintf(&log, "%s/triple-fault.log", workdir) > 0);
+        struct vmm_boot_args a = { .vmm_path = vmm_path, .kernel = elf, .disk = diskpath, .id = "tf",
+                                   .console_log = log, .overlay_dir = workdir };
+        assert_int_equal(vmm_client_boot(&a, &p), 0);
+        assert_int_equal(vmm_proc_wait(&p, CALL_TIMEOUT, &status), 0);
+        assert_int_equal(p.pid, 0); /* reaped */
+        assert_true(WIFEXITED(status));
+        assert_int_equal(WEXITSTATUS(status), VMM_EXIT_TRIPLE_FAULT);
+        assert_int_equal(console_tail(log, 5, &tail), 0);
+        assert_string_equal(tail, "  forkd-triple-fault: started\n"
+                                  "  forkd-triple-fault: loading an empty IDT, then faulting");
+        vmm_proc_stop(&p, 0);
+
+        /* A VM that is still running is left alone: -ETIMEDOUT. */
+        struct vmm_boot_args g = { .vmm_path = vmm_path, .kernel = guest_path, .disk = diskpath, .mem_mib = 64,
+                                   .id = "alive", .overlay_dir = workdir };
+        assert_int_equal(vmm_client_boot(&g, &p), 0);
+        status = -1;
+        assert_int_equal(vmm_proc_wait(&p, 100 * 1000, &status), -ETIMEDOUT);
+        assert_int_equal(status, -1);
+        assert_true(p.pid > 0);
+        vmm_proc_stop(&p, 1000000);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_fork_ten_all_answer),
@@ -429,6 +468,7 @@ int main(void) {
                 cmocka_unit_test(test_kill_one_child),
                 cmocka_unit_test(test_corrupt_snapshots_refused),
                 cmocka_unit_test(test_crash_during_snapshot),
+                cmocka_unit_test(test_triple_fault_at_boot),
         };
         int fd;
 
