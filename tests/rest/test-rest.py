@@ -572,8 +572,21 @@ def t_socket_activation(stack):
 # ---------------------------------------------------------------- tests with the daemon
 
 
+# The spec's example request for POST /v1/snapshots, as the spec shows it
+# (only the two paths are ours): no memory field, so forkd's default applies.
+SPEC_SNAPSHOT_REQUEST = {
+    "tag": "py",
+    "kernel": "/var/lib/forkd/kernels/vmlinux-6.1",
+    "rootfs": "/var/lib/forkd/rootfs/python.ext4",
+    "rw": True,
+    "tap": "forkd-tap0",
+    "boot_wait_secs": 10,
+}
+DEFAULT_MEM_MIB = 256  # VMM_MEM_MIB_DEFAULT
+
+
 class Ctx:
-    tag = "rest-test"
+    tag = SPEC_SNAPSHOT_REQUEST["tag"]
     sandboxes = []
 
 
@@ -593,12 +606,16 @@ def t_snapshot_create(c, stack):
     with open(rootfs, "wb") as f:
         f.truncate(8 << 20)
     Ctx.rootfs = rootfs
-    r = c.expect(201, "POST", "/v1/snapshots",
-                 {"tag": Ctx.tag, "kernel": GUEST, "rootfs": rootfs, "boot_wait_secs": 30, "rw": True,
-                  "tap": "forkd-tap0"})
+    body = dict(SPEC_SNAPSHOT_REQUEST, kernel=GUEST, rootfs=rootfs)
+    check(list(body) == list(SPEC_SNAPSHOT_REQUEST), body)
+    r = c.expect(201, "POST", "/v1/snapshots", body)
     check(r.json["tag"] == Ctx.tag and isinstance(r.json["dir"], str) and r.json["dir"].startswith("/"), r)
     check(isinstance(r.json["created_at_unix"], int) and r.json["created_at_unix"] > 1600000000, r)
     Ctx.snapshot = r.json
+    # No memory field: the guest got the default, and the snapshot says so.
+    check(r.json.get("mem_size") == DEFAULT_MEM_MIB << 20, r)
+    r = c.expect(200, "GET", f"/v1/snapshots/{Ctx.tag}/info")
+    check(r.json["memory_logical_bytes"] == DEFAULT_MEM_MIB << 20 and r.json["mem_size"] == DEFAULT_MEM_MIB << 20, r)
 
 
 def t_snapshot_errors(c, stack):
@@ -615,9 +632,22 @@ def t_snapshot_errors(c, stack):
         f.write(os.urandom(64 << 10))
     r = c.expect(500, "POST", "/v1/snapshots", {"tag": "rest-junk", "kernel": junk, "rootfs": Ctx.rootfs,
                                                 "boot_wait_secs": 5})
+    # spec: 500 on a boot failure: a guest that triple-faults while booting
+    # (tests/guest/triple-fault.S): the error says so and quotes its console.
+    elf = os.path.join(os.path.dirname(GUEST), "forkd-triple-fault.elf")
+    check(os.path.exists(elf), f"{elf} is not built")
+    r = c.expect(500, "POST", "/v1/snapshots", {"tag": "rest-tf", "kernel": elf, "rootfs": Ctx.rootfs,
+                                                "boot_wait_secs": 10})
+    err = r.json["error"]
+    check(list(r.json) == ["error"] and "the guest crashed during boot (triple fault)" in err, r)
+    check(err.endswith("  forkd-triple-fault: started\n  forkd-triple-fault: loading an empty IDT, then faulting"),
+          r)
+    log = os.path.join(stack.tmp, "state", "logs", "rest-tf.boot.log")
+    check(log in err and os.path.exists(log), f"the console log the error names: {r}")
     r = c.expect(200, "GET", "/v1/snapshots")
-    check(all(s["tag"] != "rest-junk" for s in r.json), f"a failed boot left a snapshot: {r}")
-    check(not os.path.exists(os.path.join(os.path.dirname(Ctx.snapshot["dir"]), "rest-junk")), "snapshot dir left")
+    for tag in ("rest-junk", "rest-tf"):
+        check(all(s["tag"] != tag for s in r.json), f"a failed boot left a snapshot: {r}")
+        check(not os.path.exists(os.path.join(os.path.dirname(Ctx.snapshot["dir"]), tag)), "snapshot dir left")
     c.expect(404, "GET", "/v1/snapshots/rest-nosuch/info")
     c.expect(404, "DELETE", "/v1/snapshots/rest-nosuch")
     c.expect(404, "POST", "/v1/sandboxes", {"snapshot_tag": "rest-nosuch", "n": 1})
@@ -873,8 +903,9 @@ def main():
         tap.run("socket activation via systemd-socket-activate", t_socket_activation, stack)
 
         daemon_tests = [
-            ("POST /v1/snapshots from the test guest", t_snapshot_create),
-            ("POST /v1/snapshots error rows", t_snapshot_errors),
+            ("POST /v1/snapshots from the test guest, the spec's request as it stands: the default memory",
+             t_snapshot_create),
+            ("POST /v1/snapshots error rows; a guest that triple-faults at boot", t_snapshot_errors),
             ("GET /v1/snapshots and /v1/snapshots/:tag/info", t_snapshot_list_info),
             ("POST /v1/sandboxes n=2", t_fork),
             ("POST /v1/sandboxes with memory_limit_mib; per_child_netns without the namespaces is 400",
