@@ -257,8 +257,9 @@ static int set_boot_error(ImageCreate *c, int r, const char *fmt, ...) {
  * (forkd-vmm(8), EXIT STATUS). */
 static void describe_boot_exit(int status, char *buf, size_t size) {
         if (WIFSIGNALED(status))
+                /* sigdescr_np(), not strsignal(): this runs in a worker thread. */
                 snprintf(buf, size, "forkd-vmm was killed by signal %d (%s)", WTERMSIG(status),
-                         strsignal(WTERMSIG(status)));
+                         sigdescr_np(WTERMSIG(status)) ?: "unknown");
         else if (WEXITSTATUS(status) == VMM_EXIT_TRIPLE_FAULT)
                 snprintf(buf, size, "the guest crashed during boot (triple fault)");
         else if (WEXITSTATUS(status) == VMM_EXIT_HALTED)
