@@ -29,17 +29,12 @@ import urllib.request
 
 N_CHILDREN = 3
 LIMIT_MIB = 768
-# The spec's example request for POST /v1/snapshots, as the spec shows it (only
+# The spec's example request for POST /v1/snapshots (tests/spec-snapshot-request.json,
+# also sent by tests/rest/test-rest.py), as the spec shows it (only
 # the two paths are ours): no memory field, so forkd's default (256 MiB) must
 # boot the Linux guest.
-SPEC_SNAPSHOT_REQUEST = {
-    "tag": "py",
-    "kernel": "/var/lib/forkd/kernels/vmlinux-6.1",
-    "rootfs": "/var/lib/forkd/rootfs/python.ext4",
-    "rw": True,
-    "tap": "forkd-tap0",
-    "boot_wait_secs": 10,
-}
+SPEC_SNAPSHOT_REQUEST = json.load(open(os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "spec-snapshot-request.json")))
 DEFAULT_MEM_MIB = 256
 TAG = SPEC_SNAPSHOT_REQUEST["tag"]
 # The one field changed: under TCG every guest instruction is emulated, and the

@@ -572,16 +572,11 @@ def t_socket_activation(stack):
 # ---------------------------------------------------------------- tests with the daemon
 
 
-# The spec's example request for POST /v1/snapshots, as the spec shows it
+# The spec's example request for POST /v1/snapshots (tests/spec-snapshot-request.json,
+# also sent by tests/linux/test-linux-guest.py), as the spec shows it
 # (only the two paths are ours): no memory field, so forkd's default applies.
-SPEC_SNAPSHOT_REQUEST = {
-    "tag": "py",
-    "kernel": "/var/lib/forkd/kernels/vmlinux-6.1",
-    "rootfs": "/var/lib/forkd/rootfs/python.ext4",
-    "rw": True,
-    "tap": "forkd-tap0",
-    "boot_wait_secs": 10,
-}
+SPEC_SNAPSHOT_REQUEST = json.load(open(os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "spec-snapshot-request.json")))
 DEFAULT_MEM_MIB = 256  # VMM_MEM_MIB_DEFAULT
 
 
