@@ -176,43 +176,46 @@ int vmm_client_control(int control_fd, const char *request, uint64_t timeout_use
         }
 }
 
-static void reap_with_grace(pid_t pid, uint64_t grace_usec) {
-        uint64_t deadline = now_usec() + grace_usec;
-        struct timespec ts = { 0, 2 * 1000 * 1000 };
-
-        if (pid <= 0)
-                return;
-        while (now_usec() < deadline) {
-                pid_t r = waitpid(pid, NULL, WNOHANG);
-                if (r == pid || (r < 0 && errno == ECHILD))
-                        return;
-                nanosleep(&ts, NULL);
-        }
-        (void) kill(pid, SIGKILL);
-        (void) waitpid(pid, NULL, 0);
-}
-
-int vmm_proc_wait(struct vmm_proc *p, uint64_t timeout_usec, int *ret_status) {
-        uint64_t deadline = now_usec() + timeout_usec;
+/* Reaps pid once it exits, polling until deadline: 0 (its wait status in *ret_status when
+ * that is not NULL), -ETIMEDOUT, or waitpid()'s error (-ECHILD: not ours, or reaped). */
+static int reap_until(pid_t pid, uint64_t deadline, int *ret_status) {
         struct timespec ts = { 0, 2 * 1000 * 1000 };
         int status;
 
-        if (p->pid <= 0)
-                return -ECHILD;
         for (;;) {
-                pid_t r = waitpid(p->pid, &status, WNOHANG);
+                pid_t r = waitpid(pid, &status, WNOHANG);
 
-                if (r < 0 && errno != EINTR)
-                        return -errno;
-                if (r == p->pid) {
-                        p->pid = 0;
-                        *ret_status = status;
+                if (r == pid) {
+                        if (ret_status)
+                                *ret_status = status;
                         return 0;
                 }
+                if (r < 0 && errno != EINTR)
+                        return -errno;
                 if (now_usec() >= deadline)
                         return -ETIMEDOUT;
                 nanosleep(&ts, NULL);
         }
+}
+
+static void reap_with_grace(pid_t pid, uint64_t grace_usec) {
+        if (pid <= 0)
+                return;
+        if (reap_until(pid, now_usec() + grace_usec, NULL) == -ETIMEDOUT) {
+                (void) kill(pid, SIGKILL);
+                (void) waitpid(pid, NULL, 0);
+        }
+}
+
+int vmm_proc_wait(struct vmm_proc *p, uint64_t timeout_usec, int *ret_status) {
+        int r;
+
+        if (p->pid <= 0)
+                return -ECHILD;
+        r = reap_until(p->pid, now_usec() + timeout_usec, ret_status);
+        if (r == 0)
+                p->pid = 0;
+        return r;
 }
 
 void vmm_proc_stop(struct vmm_proc *p, uint64_t grace_usec) {
