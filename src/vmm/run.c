@@ -16,6 +16,7 @@
 #include "json-util.h"
 #include "kvm.h"
 #include "machine.h"
+#include "branch.h"
 #include "run.h"
 #include "serial.h"
 #include "snapshot-meta.h"
@@ -24,6 +25,7 @@
 #include "vmm-client.h"
 
 #define CONTROL_MSG_MAX (64u << 10)
+#define CONTROL_FDS_MAX 4u
 
 static struct kvm_run *volatile current_run;
 static volatile sig_atomic_t got_term;
@@ -105,7 +107,7 @@ static void control_error(struct vmm_host *host, const char *msg) {
 }
 
 /* Complete any in-flight PIO/MMIO so that the register state is consistent. */
-static int vcpu_quiesce(struct vmm *vmm) {
+int vcpu_quiesce(struct vmm *vmm) {
         vmm->run->immediate_exit = 1;
         if (ioctl(vmm->vcpu_fd, KVM_RUN, 0) < 0 && errno != EINTR)
                 return -errno;
@@ -113,7 +115,7 @@ static int vcpu_quiesce(struct vmm *vmm) {
         return 0;
 }
 
-static void control_handle(struct vmm *vmm, struct vmm_host *host, const char *buf, size_t len) {
+static void control_handle(struct vmm *vmm, struct vmm_host *host, const char *buf, size_t len, int *fd) {
         struct json_object *req = NULL, *o, *reply;
         const char *err = NULL, *op;
         int r;
@@ -175,6 +177,15 @@ static void control_handle(struct vmm *vmm, struct vmm_host *host, const char *b
                         goto out;
                 }
                 json_object_object_add(reply, "dir", json_object_new_string(dir));
+        } else if (strcmp(op, "branch") == 0) {
+                char msg[256] = "";
+
+                r = vmm_branch(vmm, host, req, fd, reply, msg, sizeof(msg));
+                if (r < 0) {
+                        json_object_put(reply);
+                        control_error(host, msg[0] ? msg : strerror(-r));
+                        goto out;
+                }
         } else {
                 json_object_put(reply);
                 control_error(host, "unknown op");
@@ -190,26 +201,56 @@ static void control_read(struct vmm *vmm, struct vmm_host *host) {
         static char buf[CONTROL_MSG_MAX + 1];
 
         for (;;) {
-                ssize_t n = recv(host->control_fd, buf, sizeof(buf), MSG_DONTWAIT | MSG_TRUNC);
+                char cbuf[CMSG_SPACE(sizeof(int) * CONTROL_FDS_MAX)];
+                struct iovec iov = { .iov_base = buf, .iov_len = sizeof(buf) };
+                struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf,
+                                     .msg_controllen = sizeof(cbuf) };
+                int fds[CONTROL_FDS_MAX], fd = -EBADF;
+                unsigned n_fds = 0;
+                ssize_t n;
+
+                n = recvmsg(host->control_fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
                 if (n < 0) {
                         if (errno == EAGAIN || errno == EINTR)
                                 return;
                         host->control_fd = safe_close(host->control_fd);
                         return;
                 }
+                for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+                        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+                                continue;
+                        for (size_t i = 0; i < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int); i++) {
+                                int k;
+                                memcpy(&k, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+                                if (n_fds < CONTROL_FDS_MAX)
+                                        fds[n_fds++] = k;
+                                else
+                                        safe_close(k);
+                        }
+                }
+                /* At most one fd per request, and only for ops that take one. */
+                if (n_fds == 1)
+                        fd = fds[0];
+                else
+                        for (unsigned i = 0; i < n_fds; i++)
+                                safe_close(fds[i]);
                 if (n == 0) {
                         /* The controller went away. A VMM with nobody to answer to
                          * keeps running only if it was started standalone. */
+                        safe_close(fd);
                         host->control_fd = safe_close(host->control_fd);
                         if (host->exit_on_control_eof)
                                 vmm_request_stop(vmm, VMM_STOP_SIGNAL);
                         return;
                 }
-                if ((size_t) n > CONTROL_MSG_MAX) {
-                        control_error(host, "request too large");
+                if ((mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) || (size_t) n > CONTROL_MSG_MAX || n_fds > 1) {
+                        safe_close(fd);
+                        control_error(host, n_fds > 1 ? "at most one file descriptor per request" :
+                                                        "request too large");
                         continue;
                 }
-                control_handle(vmm, host, buf, n);
+                control_handle(vmm, host, buf, n, &fd);
+                safe_close(fd);
         }
 }
 

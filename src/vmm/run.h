@@ -16,6 +16,10 @@ struct vmm_host {
 
 int vmm_install_signals(void);
 
+/* Complete any in-flight PIO/MMIO exit (KVM_RUN with immediate_exit), so
+ * that the saved register state is consistent. */
+int vcpu_quiesce(struct vmm *vmm);
+
 /* Run until the guest stops or the host asks. Returns 0 on a clean stop
  * (guest reset/power-off, SIGTERM, "shutdown"), -ECANCELED if the guest
  * crashed, -EIO on a VMM error. */

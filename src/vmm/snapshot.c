@@ -151,21 +151,9 @@ static void remove_dir_files(const char *dir) {
         (void) rmdir(dir);
 }
 
-int snapshot_write(struct vmm *vmm, const char *dir, const char *tag, const char *kernel) {
+int snapshot_collect(struct vmm *vmm, void **ret_buf, size_t *ret_len) {
         _cleanup_free_ struct vmstate *s = NULL;
-        _cleanup_free_ void *vbuf = NULL;
-        _cleanup_free_ char *json = NULL, *staging = NULL, *parent = NULL;
-        _cleanup_close_ int dfd = -EBADF, pfd = -EBADF, disk_fd = -EBADF;
-        struct snapshot_meta meta = {};
-        struct stat st;
-        size_t vlen;
-        char *slash;
         int r;
-
-        if (!dir || dir[0] != '/' || strlen(dir) >= PATH_MAX - 32 || !snapshot_tag_is_valid(tag))
-                return -EINVAL;
-        if (access(dir, F_OK) == 0)
-                return -EEXIST;
 
         s = calloc(1, sizeof(*s));
         if (!s)
@@ -173,9 +161,37 @@ int snapshot_write(struct vmm *vmm, const char *dir, const char *tag, const char
         r = collect_state(vmm, s);
         if (r < 0)
                 return log_debug_errno(r, "Failed to collect VM state: %m");
-        r = vmstate_encode(s, &vbuf, &vlen);
+        return vmstate_encode(s, ret_buf, ret_len);
+}
+
+int snapshot_write(struct vmm *vmm, const char *dir, const char *tag, const char *kernel) {
+        _cleanup_free_ void *vbuf = NULL;
+        size_t vlen;
+        int r;
+
+        if (!dir || dir[0] != '/' || strlen(dir) >= PATH_MAX - 32 || !snapshot_tag_is_valid(tag))
+                return -EINVAL;
+        if (access(dir, F_OK) == 0)
+                return -EEXIST;
+        r = snapshot_collect(vmm, &vbuf, &vlen);
         if (r < 0)
                 return r;
+        return snapshot_write_collected(vmm, dir, tag, kernel, vbuf, vlen);
+}
+
+int snapshot_write_collected(struct vmm *vmm, const char *dir, const char *tag, const char *kernel, const void *vbuf,
+                             size_t vlen) {
+        _cleanup_free_ char *json = NULL, *staging = NULL, *parent = NULL;
+        _cleanup_close_ int dfd = -EBADF, pfd = -EBADF, disk_fd = -EBADF;
+        struct snapshot_meta meta = {};
+        struct stat st;
+        char *slash;
+        int r;
+
+        if (!dir || dir[0] != '/' || strlen(dir) >= PATH_MAX - 32 || !snapshot_tag_is_valid(tag))
+                return -EINVAL;
+        if (access(dir, F_OK) == 0)
+                return -EEXIST;
 
         parent = strdup(dir);
         if (!parent || asprintf(&staging, "%s.tmp.%d", dir, (int) getpid()) < 0)

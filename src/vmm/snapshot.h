@@ -39,3 +39,13 @@ static inline void snapshot_freep(struct snapshot **s) {
 
 /* Write a snapshot of a stopped (not inside KVM_RUN) VM to dir, atomically. */
 int snapshot_write(struct vmm *vmm, const char *dir, const char *tag, const char *kernel);
+
+/* The two halves of snapshot_write(), for a branch of a running VM:
+ * snapshot_collect() saves the vCPU, VM and device state (KVM ioctls, so in
+ * the process that made the VM, while it is not inside KVM_RUN) into an
+ * encoded vmstate (*ret_buf malloc()ed); snapshot_write_collected() writes the
+ * directory from it and from vmm's memory and disk, without any KVM call, so a
+ * fork(2)ed copy of the VMM can do it while the VM runs on. */
+int snapshot_collect(struct vmm *vmm, void **ret_buf, size_t *ret_len);
+int snapshot_write_collected(struct vmm *vmm, const char *dir, const char *tag, const char *kernel, const void *vbuf,
+                             size_t vlen);

@@ -19,8 +19,16 @@
 #define BLK_BLOCK VIRTIO_BLK_OVERLAY_BLOCK
 #define EXPORT_CHUNK (1u << 20)
 
+/* An overlay frozen by virtio_blk_freeze_overlay(): read-only from then on. */
+struct blk_layer {
+        int fd;
+        uint64_t *bitmap;
+};
+
 struct blk {
         int base_fd;
+        struct blk_layer layers[VIRTIO_BLK_LAYERS_MAX]; /* frozen overlays, oldest first */
+        unsigned n_layers;
         uint64_t size;           /* bytes, multiple of 512 */
         int overlay_fd;          /* -EBADF until the first write */
         uint64_t *bitmap;        /* NULL until the first write */
@@ -43,6 +51,10 @@ static void blk_free(void *p) {
         if (!b)
                 return;
         safe_close(b->base_fd);
+        for (unsigned i = 0; i < b->n_layers; i++) {
+                safe_close(b->layers[i].fd);
+                free(b->layers[i].bitmap);
+        }
         safe_close(b->overlay_fd);
         free(b->bitmap);
         free(b->overlay_dir);
@@ -57,6 +69,17 @@ static inline void blk_freep(struct blk **b) {
 
 static bool block_in_overlay(const struct blk *b, uint64_t blk) {
         return b->bitmap && (b->bitmap[blk / 64] >> (blk % 64)) & 1;
+}
+
+/* The file that holds block blk as the guest sees it: the live overlay, the
+ * newest frozen layer that has it, or the base. */
+static int block_source(const struct blk *b, uint64_t blk) {
+        if (block_in_overlay(b, blk))
+                return b->overlay_fd;
+        for (unsigned i = b->n_layers; i > 0; i--)
+                if ((b->layers[i - 1].bitmap[blk / 64] >> (blk % 64)) & 1)
+                        return b->layers[i - 1].fd;
+        return b->base_fd;
 }
 
 static void mark_block(struct blk *b, uint64_t blk) {
@@ -143,15 +166,15 @@ static int pwrite_full(int fd, const void *buf, size_t len, uint64_t off) {
         return 0;
 }
 
-/* End (exclusive, <= end) of the run starting at off whose blocks all are, or
- * all are not, in the overlay. */
-static uint64_t same_source_run(const struct blk *b, uint64_t off, uint64_t end, bool *ret_overlay) {
-        bool ovl = block_in_overlay(b, off / BLK_BLOCK);
+/* End (exclusive, <= end) of the run starting at off whose blocks all come
+ * from the same file (*ret_fd). */
+static uint64_t same_source_run(const struct blk *b, uint64_t off, uint64_t end, int *ret_fd) {
+        int fd = block_source(b, off / BLK_BLOCK);
         uint64_t next = (off / BLK_BLOCK + 1) * BLK_BLOCK;
 
-        while (next < end && block_in_overlay(b, next / BLK_BLOCK) == ovl)
+        while (next < end && block_source(b, next / BLK_BLOCK) == fd)
                 next += BLK_BLOCK;
-        *ret_overlay = ovl;
+        *ret_fd = fd;
         return MIN(next, end);
 }
 
@@ -160,9 +183,9 @@ static int blk_read(struct blk *b, uint64_t off, uint8_t *buf, size_t len) {
         uint64_t end = off + len;
 
         while (off < end) {
-                bool ovl;
-                uint64_t run_end = same_source_run(b, off, end, &ovl);
-                int r = pread_full(ovl ? b->overlay_fd : b->base_fd, buf, run_end - off, off);
+                int fd;
+                uint64_t run_end = same_source_run(b, off, end, &fd);
+                int r = pread_full(fd, buf, run_end - off, off);
                 if (r < 0)
                         return r;
                 buf += run_end - off;
@@ -191,7 +214,7 @@ static int blk_write(struct blk *b, uint64_t off, const uint8_t *buf, size_t len
                         uint8_t tmp[BLK_BLOCK];
                         uint64_t chunk = MIN(bend, end) - off;
 
-                        r = pread_full(b->base_fd, tmp, bend - bstart, bstart);
+                        r = pread_full(block_source(b, blk), tmp, bend - bstart, bstart);
                         if (r < 0)
                                 return r;
                         memcpy(tmp + (off - bstart), buf, chunk);
@@ -530,20 +553,20 @@ static int copy_range(int in_fd, int out_fd, uint64_t off, uint64_t len) {
 }
 
 /* Copy the data parts of [off, end) of the base, skipping its holes. */
-static int copy_base_range(struct blk *b, int out_fd, uint64_t off, uint64_t end) {
+static int copy_base_range(int base_fd, int out_fd, uint64_t off, uint64_t end) {
         while (off < end) {
-                off_t data = lseek(b->base_fd, (off_t) off, SEEK_DATA), hole;
+                off_t data = lseek(base_fd, (off_t) off, SEEK_DATA), hole;
                 if (data < 0) {
                         if (errno == ENXIO)
                                 return 0; /* only a hole up to EOF */
-                        return copy_range(b->base_fd, out_fd, off, end - off); /* no SEEK_DATA */
+                        return copy_range(base_fd, out_fd, off, end - off); /* no SEEK_DATA */
                 }
                 if ((uint64_t) data >= end)
                         return 0;
-                hole = lseek(b->base_fd, data, SEEK_HOLE);
+                hole = lseek(base_fd, data, SEEK_HOLE);
                 if (hole < 0 || (uint64_t) hole <= (uint64_t) data)
                         hole = (off_t) end;
-                int r = copy_range(b->base_fd, out_fd, (uint64_t) data, MIN((uint64_t) hole, end) - (uint64_t) data);
+                int r = copy_range(base_fd, out_fd, (uint64_t) data, MIN((uint64_t) hole, end) - (uint64_t) data);
                 if (r < 0)
                         return r;
                 off = MIN((uint64_t) hole, end);
@@ -561,17 +584,39 @@ int virtio_blk_export(struct virtio_mmio *dev, int out_fd) {
                 return negative_errno();
 
         while (off < b->size) {
-                bool ovl;
-                uint64_t run_end = same_source_run(b, off, b->size, &ovl);
+                int fd;
+                uint64_t run_end = same_source_run(b, off, b->size, &fd);
                 int r;
 
-                if (ovl)
-                        r = copy_range(b->overlay_fd, out_fd, off, run_end - off);
+                if (fd != b->base_fd)
+                        r = copy_range(fd, out_fd, off, run_end - off);
                 else
-                        r = copy_base_range(b, out_fd, off, run_end);
+                        r = copy_base_range(fd, out_fd, off, run_end);
                 if (r < 0)
                         return r;
                 off = run_end;
         }
         return 0;
+}
+
+int virtio_blk_freeze_overlay(struct virtio_mmio *dev) {
+        struct blk *b = blk_of(dev);
+
+        if (!b)
+                return -EINVAL;
+        if (b->overlay_fd < 0)
+                return 0; /* never written: nothing to freeze */
+        if (b->n_layers >= VIRTIO_BLK_LAYERS_MAX)
+                return -E2BIG;
+        b->layers[b->n_layers++] = (struct blk_layer) { .fd = b->overlay_fd, .bitmap = b->bitmap };
+        b->overlay_fd = -EBADF;
+        b->bitmap = NULL;
+        b->n_written = 0;
+        return 1;
+}
+
+unsigned virtio_blk_layers(struct virtio_mmio *dev) {
+        struct blk *b = blk_of(dev);
+
+        return b ? b->n_layers : 0;
 }

@@ -41,6 +41,7 @@
 #define VIRTIO_BLK_ID_BYTES    20u
 #define VIRTIO_BLK_OVERLAY_BLOCK 4096u
 #define VIRTIO_BLK_QUEUE_SIZE  256u
+#define VIRTIO_BLK_LAYERS_MAX  256u
 
 /* Create the device at mmio_base (irq on gsi) and register it on vmm's bus.
  * base_fd: the disk image, opened read-only (regular file or block device);
@@ -62,6 +63,14 @@ uint64_t virtio_blk_capacity(struct virtio_mmio *dev);
  * holes in the base stay holes. Uses copy_file_range() where possible.
  * Does not change the file offset of out_fd. 0 or negative errno. */
 int virtio_blk_export(struct virtio_mmio *dev, int out_fd);
+
+/* Freeze the live overlay (a branch of the running VM took it as it stands):
+ * it becomes a read-only layer between the base and a fresh overlay, made on
+ * the next write. Nothing is copied. 1 if a layer was added, 0 if the disk was
+ * never written since the last freeze, -E2BIG past VIRTIO_BLK_LAYERS_MAX. */
+int virtio_blk_freeze_overlay(struct virtio_mmio *dev);
+/* Frozen layers stacked under the live overlay. */
+unsigned virtio_blk_layers(struct virtio_mmio *dev);
 
 /* Blocks written by the guest so far (blocks held by the overlay). */
 uint64_t virtio_blk_overlay_blocks(struct virtio_mmio *dev);
