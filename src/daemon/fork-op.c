@@ -71,7 +71,11 @@ ForkOp *fork_op_free(ForkOp *f) {
         if (f->agent_fds)
                 for (unsigned i = 0; i < f->n; i++)
                         safe_close(f->agent_fds[i]);
+        if (f->control_fds)
+                for (unsigned i = 0; i < f->n; i++)
+                        safe_close(f->control_fds[i]);
         free(f->agent_fds);
+        free(f->control_fds);
         free(f->pids);
         strv_free_n(f->ids, f->n);
         strv_free_n(f->cgroup_parents, f->n);
@@ -306,7 +310,8 @@ static int fork_work(void *userdata) {
                                       (parent && f->cgroup_parents[end] && strcmp(parent, f->cgroup_parents[end]) == 0)))
                         end++;
                 r = vmm_client_template_spawn_with(&t->vt, (const char *const *) f->ids + start, end - start, &so,
-                                                   f->agent_fds + start, NULL, f->pids + start, NULL, NULL);
+                                                   f->agent_fds + start, f->control_fds + start, f->pids + start,
+                                                   NULL, NULL);
                 if (r < 0) {
                         f->spawn_failed = true;
                         break;
@@ -339,6 +344,7 @@ static void fork_work_done(int r, void *userdata) {
                         if (f->pids[i] <= 0) {
                                 /* The template could not fork this one. */
                                 f->agent_fds[i] = safe_close(f->agent_fds[i]);
+                                f->control_fds[i] = safe_close(f->control_fds[i]);
                                 continue;
                         }
                         k = sandbox_new(m, &p, TAKE_FD(f->agent_fds[i]), &s);
@@ -348,6 +354,7 @@ static void fork_work_done(int r, void *userdata) {
                                 continue;
                         }
                         /* Owned by the sandbox now. */
+                        s->control_fd = TAKE_FD(f->control_fds[i]);
                         f->has_cgroup[i] = false;
                         s->fork_op = f;
                         vm_template_add_sandbox(t, s);
@@ -512,18 +519,19 @@ int fork_op_start(Manager *m, Image *i, unsigned n, const struct fork_options *o
         f->cgroup_parents = calloc(n, sizeof(char *));
         f->has_cgroup = calloc(n, sizeof(bool));
         f->agent_fds = calloc(n, sizeof(int));
+        f->control_fds = calloc(n, sizeof(int));
         f->pids = calloc(n, sizeof(pid_t));
         f->slots = calloc(n, sizeof(struct ping_slot));
         f->vmm_path = strdup(m->vmm_path);
         f->overlay_dir = strdup(m->overlay_dir);
         f->sandboxes_dir = strdup(m->sandboxes_dir);
-        if (!f->ids || !f->cgroup_parents || !f->has_cgroup || !f->agent_fds || !f->pids || !f->slots ||
+        if (!f->ids || !f->cgroup_parents || !f->has_cgroup || !f->agent_fds || !f->control_fds || !f->pids || !f->slots ||
             !f->vmm_path || !f->overlay_dir || !f->sandboxes_dir) {
                 r = -ENOMEM;
                 goto fail;
         }
         for (unsigned k = 0; k < n; k++)
-                f->agent_fds[k] = -EBADF;
+                f->agent_fds[k] = f->control_fds[k] = -EBADF;
 
         /* sb-<6 hex>-<4 digits>: one random prefix per fork, unused by any live sandbox. */
         for (unsigned attempt = 0;; attempt++) {

@@ -53,6 +53,7 @@ struct ForkOp {
         bool records_written;
         char *vmm_path, *overlay_dir, *sandboxes_dir;
         int *agent_fds;
+        int *control_fds;
         pid_t *pids;
         char **events;
         unsigned n_events;

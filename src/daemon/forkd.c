@@ -25,6 +25,7 @@ static const char *arg_vmm = NULL;
 static const char *arg_bus_address = NULL;
 static const char *arg_cgroup_root = NULL;
 static unsigned arg_max_operations = OPERATIONS_MAX_DEFAULT;
+static unsigned arg_max_branches = BRANCHES_MAX_DEFAULT;
 
 static void help(void) {
         printf("Usage: forkd [OPTIONS]\n\n"
@@ -38,12 +39,16 @@ static void help(void) {
                "     --cgroup-root DIR    Use cgroupfs under DIR for memory limits\n"
                "                          (default: systemd scopes where systemd is PID 1,\n"
                "                          else /sys/fs/cgroup/forkd or /sys/fs/cgroup/memory/forkd)\n"
-               "     --max-operations N   Long operations at once, 1..%u (default %u)\n",
-               FORKD_VMM_DEFAULT, OPERATIONS_MAX_LIMIT, OPERATIONS_MAX_DEFAULT);
+               "     --max-operations N   Long operations at once, 1..%u (default %u)\n"
+               "     --max-branches N     Branches of running sandboxes in flight at once, 1..%u\n"
+               "                          (default %u; beyond it BranchSandbox answers Busy)\n",
+               FORKD_VMM_DEFAULT, OPERATIONS_MAX_LIMIT, OPERATIONS_MAX_DEFAULT, BRANCHES_MAX_LIMIT,
+               BRANCHES_MAX_DEFAULT);
 }
 
 static int parse_argv(int argc, char *argv[]) {
-        enum { ARG_VERSION = 0x100, ARG_STATE_DIR, ARG_VMM, ARG_BUS_ADDRESS, ARG_CGROUP_ROOT, ARG_MAX_OPERATIONS };
+        enum { ARG_VERSION = 0x100, ARG_STATE_DIR, ARG_VMM, ARG_BUS_ADDRESS, ARG_CGROUP_ROOT, ARG_MAX_OPERATIONS,
+               ARG_MAX_BRANCHES };
         static const struct option options[] = {
                 { "help", no_argument, NULL, 'h' },
                 { "version", no_argument, NULL, ARG_VERSION },
@@ -52,6 +57,7 @@ static int parse_argv(int argc, char *argv[]) {
                 { "bus-address", required_argument, NULL, ARG_BUS_ADDRESS },
                 { "cgroup-root", required_argument, NULL, ARG_CGROUP_ROOT },
                 { "max-operations", required_argument, NULL, ARG_MAX_OPERATIONS },
+                { "max-branches", required_argument, NULL, ARG_MAX_BRANCHES },
                 {},
         };
         int c;
@@ -90,6 +96,18 @@ static int parse_argv(int argc, char *argv[]) {
                                 return log_error_errno(EINVAL, "--max-operations takes a number from 1 to %u.",
                                                        OPERATIONS_MAX_LIMIT);
                         arg_max_operations = (unsigned) v;
+                        break;
+                }
+                case ARG_MAX_BRANCHES: {
+                        char *end;
+                        unsigned long v;
+
+                        errno = 0;
+                        v = strtoul(optarg, &end, 10);
+                        if (errno != 0 || *end || end == optarg || v < 1 || v > BRANCHES_MAX_LIMIT)
+                                return log_error_errno(EINVAL, "--max-branches takes a number from 1 to %u.",
+                                                       BRANCHES_MAX_LIMIT);
+                        arg_max_branches = (unsigned) v;
                         break;
                 }
                 case '?':
@@ -184,6 +202,7 @@ static int run(int argc, char *argv[]) {
         if (r < 0)
                 return log_error_errno(r, "Failed to allocate the manager: %m");
         m->max_operations = arg_max_operations;
+        m->max_branches = arg_max_branches;
         m->state_dir = strdup(arg_state_dir);
         m->vmm_path = strdup(arg_vmm ?: getenv("FORKD_VMM") ?: FORKD_VMM_DEFAULT);
         if (!m->state_dir || !m->vmm_path)

@@ -39,6 +39,15 @@ int image_append_info(sd_bus_message *reply, Image *i, bool details) {
         r = sd_bus_message_open_container(reply, 'a', "{sv}");
         if (r < 0)
                 return r;
+        r = image_append_info_fields(reply, i, details);
+        if (r < 0)
+                return r;
+        return sd_bus_message_close_container(reply);
+}
+
+int image_append_info_fields(sd_bus_message *reply, Image *i, bool details) {
+        int r;
+
         r = sd_bus_message_append(reply, "{sv}{sv}{sv}{sv}{sv}{sv}{sv}{sv}",
                                   "tag", "s", i->tag,
                                   "dir", "s", i->dir,
@@ -109,7 +118,7 @@ int image_append_info(sd_bus_message *reply, Image *i, bool details) {
                 if (r < 0)
                         return r;
         }
-        return sd_bus_message_close_container(reply);
+        return 0;
 }
 
 int image_object_find(sd_bus *bus, const char *path, const char *interface, void *userdata, void **found,

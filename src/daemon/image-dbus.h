@@ -14,6 +14,8 @@ int image_node_enumerator(sd_bus *bus, const char *path, void *userdata, char **
 
 /* SnapshotInfo, or SnapshotDetails with details. */
 int image_append_info(sd_bus_message *reply, Image *i, bool details);
+/* The same entries, into a dictionary the caller has opened (and adds to). */
+int image_append_info_fields(sd_bus_message *reply, Image *i, bool details);
 
 void image_send_signal(Manager *m, const char *tag, bool new);
 

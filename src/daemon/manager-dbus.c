@@ -13,6 +13,7 @@
 #include "manager-dbus.h"
 #include "operation.h"
 #include "polkit.h"
+#include "branch.h"
 #include "sandbox-dbus.h"
 #include "sandbox.h"
 #include "snapshot-meta.h"
@@ -181,7 +182,7 @@ static int method_create_snapshot(sd_bus_message *message, void *userdata, sd_bu
         if (m->exiting)
                 return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "forkd is shutting down.");
         snprintf(dir, sizeof(dir), "%s/%s", m->snapshots_dir, tag);
-        if (hashmap_get(m->images, tag) || hashmap_get(m->creating, tag))
+        if (hashmap_get(m->images, tag) || hashmap_get(m->creating, tag) || branch_in_flight(m, tag))
                 return sd_bus_error_setf(error, FORKD_ERROR_SNAPSHOT_EXISTS, "Snapshot %s exists already.", tag);
         if (lstat(dir, &st) >= 0)
                 return sd_bus_error_setf(error, FORKD_ERROR_SNAPSHOT_EXISTS,
@@ -252,6 +253,9 @@ static int method_list_snapshots(sd_bus_message *message, void *userdata, sd_bus
                 if (r < 0)
                         return r;
         }
+        r = branch_append_in_flight(reply, m);
+        if (r < 0)
+                return r;
         r = sd_bus_message_close_container(reply);
         if (r < 0)
                 return r;
@@ -423,6 +427,10 @@ static int method_fork(sd_bus_message *message, void *userdata, sd_bus_error *er
         if (opts.memory_limit_mib > 0 && !cgroup_manager_supported(m->cgroups))
                 return sd_bus_error_setf(error, FORKD_ERROR_NOT_SUPPORTED,
                                          "Memory limits are not available on this host (no usable cgroup backend).");
+        if (branch_in_flight(m, tag))
+                return sd_bus_error_setf(error, FORKD_ERROR_NOT_READY,
+                                         "Snapshot %s is still being written by a branch; retry once it is ready.",
+                                         tag);
         r = get_image(m, tag, &i, error);
         if (r < 0)
                 return r;
@@ -548,6 +556,10 @@ static int method_run_code(sd_bus_message *message, void *userdata, sd_bus_error
         return forward_to_sandbox(message, userdata, bus_sandbox_method_run_code, error);
 }
 
+static int method_branch_sandbox(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        return forward_to_sandbox(message, userdata, bus_sandbox_method_branch, error);
+}
+
 const sd_bus_vtable manager_vtable[] = {
         SD_BUS_VTABLE_START(0),
         SD_BUS_PROPERTY("Version", "s", property_get_version, 0, SD_BUS_VTABLE_PROPERTY_CONST),
@@ -581,6 +593,8 @@ const sd_bus_vtable manager_vtable[] = {
                                 SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("RunCode", SD_BUS_ARGS("s", id, "s", code), SD_BUS_RESULT("s", result_json),
                                 method_run_code, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("BranchSandbox", SD_BUS_ARGS("s", id, "s", tag, "s", mode, "b", wait),
+                                SD_BUS_RESULT("a{sv}", info), method_branch_sandbox, SD_BUS_VTABLE_UNPRIVILEGED),
 
         SD_BUS_SIGNAL_WITH_ARGS("SnapshotNew", SD_BUS_ARGS("s", tag, "o", object), 0),
         SD_BUS_SIGNAL_WITH_ARGS("SnapshotRemoved", SD_BUS_ARGS("s", tag, "o", object), 0),

@@ -5,6 +5,7 @@
 #include <sys/random.h>
 #include <sys/stat.h>
 
+#include "branch.h"
 #include "cgroup.h"
 #include "fs-util.h"
 #include "image.h"
@@ -42,9 +43,12 @@ int manager_new(Manager **ret) {
         m->lock_fd = -EBADF;
         m->direct_fd = -EBADF;
         m->max_operations = OPERATIONS_MAX_DEFAULT;
+        m->max_branches = BRANCHES_MAX_DEFAULT;
         r = hashmap_new(&m->images);
         if (r >= 0)
                 r = hashmap_new(&m->creating);
+        if (r >= 0)
+                r = hashmap_new(&m->branching);
         if (r >= 0)
                 r = hashmap_new(&m->sandboxes);
         if (r >= 0)
@@ -69,6 +73,7 @@ Manager *manager_free(Manager *m) {
         /* Sandboxes before operations: a fork waits for their answers. */
         while (hashmap_size(m->sandboxes) > 0)
                 sandbox_free(hashmap_first(m->sandboxes));
+        branch_free_all(m);
         while (m->operations)
                 operation_free(m->operations);
         while (m->templates)
@@ -79,6 +84,7 @@ Manager *manager_free(Manager *m) {
         m->cgroups = cgroup_manager_free(m->cgroups);
         m->images = hashmap_free(m->images);
         m->creating = hashmap_free(m->creating);
+        m->branching = hashmap_free(m->branching);
         m->sandboxes = hashmap_free(m->sandboxes);
         for (unsigned i = 0; i < m->n_stale_ids; i++)
                 free(m->stale_ids[i]);
@@ -152,6 +158,10 @@ static int load_snapshots(Manager *m) {
                 if (r == -ENOMEM) {
                         closedir(d);
                         return log_oom();
+                }
+                if (is_staging_name(de->d_name) && branch_adopt_staging(m, de->d_name) > 0) {
+                        log_info("A branch is still writing %s; it is registered once written.", path);
+                        continue;
                 }
                 if (is_staging_name(de->d_name)) {
                         /* A snapshot that was being written when its VMM died: never complete. */

@@ -20,6 +20,8 @@
 #define FORK_N_MAX 1000u
 #define OPERATIONS_MAX_DEFAULT 4u
 #define OPERATIONS_MAX_LIMIT 64u
+#define BRANCHES_MAX_DEFAULT 4u           /* branches in flight at once (spec: 503 beyond) */
+#define BRANCHES_MAX_LIMIT 64u
 #define PATH_ARG_MAX 4096u            /* kernel and rootfs paths */
 #define CODE_MAX (256u * 1024u)       /* Eval/RunCode code */
 #define EXEC_ARGS_MAX 1024u
@@ -38,6 +40,7 @@ typedef struct Sandbox Sandbox;
 typedef struct VmTemplate VmTemplate;
 typedef struct ForkOp ForkOp;
 typedef struct Operation Operation;
+typedef struct BranchOp BranchOp;
 typedef struct CGroupManager CGroupManager;
 typedef struct WorkerPool WorkerPool;
 struct polkit_registry;
@@ -58,6 +61,8 @@ struct Manager {
 
         Hashmap *images;      /* tag -> Image */
         Hashmap *creating;    /* tag -> Operation: snapshots being created */
+        Hashmap *branching;   /* tag -> BranchOp: branches of running sandboxes in flight */
+        unsigned max_branches;
         Hashmap *sandboxes;   /* id -> Sandbox, starting ones included */
         unsigned n_sandboxes_reserved; /* by forks in progress, not yet in the map */
         VmTemplate *templates;

@@ -2,6 +2,7 @@
 #include <json-c/json.h>
 
 #include "agent-proto.h"
+#include "branch.h"
 #include "json-util.h"
 #include "macro.h"
 #include "polkit.h"
@@ -328,6 +329,7 @@ OBJECT_METHOD(ping)
 OBJECT_METHOD(exec)
 OBJECT_METHOD(eval)
 OBJECT_METHOD(run_code)
+OBJECT_METHOD(branch)
 
 const sd_bus_vtable sandbox_vtable[] = {
         SD_BUS_VTABLE_START(0),
@@ -348,5 +350,7 @@ const sd_bus_vtable sandbox_vtable[] = {
                                 object_eval, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("RunCode", SD_BUS_ARGS("s", code), SD_BUS_RESULT("s", result_json),
                                 object_run_code, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("Branch", SD_BUS_ARGS("s", tag, "s", mode, "b", wait), SD_BUS_RESULT("a{sv}", info),
+                                object_branch, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_VTABLE_END,
 };

@@ -6,6 +6,7 @@
 #include <json-c/json.h>
 
 #include "agent-proto.h"
+#include "branch.h"
 #include "cgroup.h"
 #include "fork-op.h"
 #include "fs-util.h"
@@ -69,6 +70,7 @@ int sandbox_new(Manager *m, const struct sandbox_params *p, int agent_fd, Sandbo
         }
         s->manager = m;
         s->agent_fd = agent_fd;
+        s->control_fd = -EBADF;
         s->pid = p->pid;
         s->created_at = p->created_at;
         s->memory_limit_mib = p->memory_limit_mib;
@@ -125,6 +127,9 @@ Sandbox *sandbox_free(Sandbox *s) {
         }
         s->n_terminate_waiters = 0;
         fail_all_calls(s, -ECONNRESET);
+        branch_sandbox_gone(s);
+        s->control_source = sd_event_source_disable_unref(s->control_source);
+        s->control_fd = safe_close(s->control_fd);
         fka_client_free(s->client);
         safe_close(s->agent_fd);
 

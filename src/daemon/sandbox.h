@@ -40,6 +40,12 @@ struct Sandbox {
 
         int agent_fd;
         fka_client *client;
+        /* The VMM's control socket (SOCK_SEQPACKET, forkd-vmm(8) CONTROL);
+         * the VMM stops when it closes. Requests wait for their replies in
+         * order: ctl_waiters, FIFO (branch.c). */
+        int control_fd;
+        sd_event_source *control_source;
+        BranchOp *ctl_waiters;
         sd_event_source *io_source, *timer_source;
         struct agent_call *calls;
 

@@ -19,3 +19,4 @@
 #define FORKD_ERROR_GUEST_ERROR "org.forkd.Error.GuestError"
 #define FORKD_ERROR_TIMEOUT "org.forkd.Error.Timeout"
 #define FORKD_ERROR_FAILED "org.forkd.Error.Failed"
+#define FORKD_ERROR_NOT_READY "org.forkd.Error.NotReady"

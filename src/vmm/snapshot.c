@@ -12,6 +12,20 @@
 #include "virtio-mmio.h"
 #include "x86.h"
 
+/* For the tests: FORKD_TEST_BRANCH_STALL_MS=<ms> makes a snapshot wait that
+ * long once its staging directory exists, so that a branch is reliably "in
+ * flight" (and a restarted forkd finds it being written). */
+static void test_stall(void) {
+        const char *e = getenv("FORKD_TEST_BRANCH_STALL_MS");
+        unsigned long ms;
+
+        if (!e || !*e)
+                return;
+        ms = strtoul(e, NULL, 10);
+        if (ms > 0 && ms <= 600000)
+                (void) nanosleep(&(struct timespec) { .tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L }, NULL);
+}
+
 /* Fault injection for the crash-safety test: FORKD_TEST_CRASH_SNAPSHOT=<stage>
  * kills the process right after that stage, as a power cut would. */
 static void test_crash_point(const char *stage) {
@@ -214,6 +228,7 @@ int snapshot_write_collected(struct vmm *vmm, const char *dir, const char *tag, 
                 r = -errno;
                 goto fail;
         }
+        test_stall();
 
         r = write_memory(dfd, vmm);
         if (r < 0)

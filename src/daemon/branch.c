@@ -1,0 +1,477 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+/* Branching a running sandbox: see branch.h. */
+#include <signal.h>
+#include <stdio.h>
+#include <sys/syscall.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <json-c/json.h>
+
+#include "branch.h"
+#include "fs-util.h"
+#include "image-dbus.h"
+#include "image.h"
+#include "json-util.h"
+#include "macro.h"
+#include "polkit.h"
+#include "sandbox-dbus.h"
+#include "sandbox.h"
+#include "snapshot-meta.h"
+
+#define CONTROL_REPLY_MAX (64u << 10)
+
+static BranchOp *branch_op_free(BranchOp *b) {
+        if (!b)
+                return NULL;
+        if (b->tag && hashmap_get(b->manager->branching, b->tag) == b)
+                hashmap_remove(b->manager->branching, b->tag);
+        b->result_source = sd_event_source_disable_unref(b->result_source);
+        safe_close(b->result_fd);
+        if (b->message) {
+                (void) sd_bus_reply_method_errorf(b->message, FORKD_ERROR_FAILED, "forkd is shutting down.");
+                sd_bus_message_unref(b->message);
+        }
+        free(b->source_id);
+        free(b->tag);
+        free(b->dir);
+        free(b);
+        return NULL;
+}
+
+static void branch_fail(BranchOp *b, const char *fmt, ...) _printf_(2, 3);
+static void branch_fail(BranchOp *b, const char *fmt, ...) {
+        _cleanup_free_ char *msg = NULL;
+        va_list ap;
+
+        va_start(ap, fmt);
+        if (vasprintf(&msg, fmt, ap) < 0)
+                msg = NULL;
+        va_end(ap);
+        log_warning("Branch %s of %s failed: %s", b->tag, b->source_id, msg ?: "out of memory");
+        if (b->copy_pid > 0) {
+                /* A copy that died half-way leaves its staging directory. */
+                _cleanup_free_ char *staging = NULL;
+                if (asprintf(&staging, "%s.tmp.%d", b->dir, (int) b->copy_pid) >= 0)
+                        (void) rm_rf(staging);
+        }
+        if (b->message) {
+                (void) sd_bus_reply_method_errorf(b->message, FORKD_ERROR_FAILED, "%s", msg ?: "Out of memory");
+                b->message = sd_bus_message_unref(b->message);
+        }
+        branch_op_free(b);
+}
+
+static int append_branch_fields(sd_bus_message *reply, BranchOp *b, const char *status) {
+        return sd_bus_message_append(reply, "{sv}{sv}{sv}{sv}", "branched_from", "s", b->source_id, "pause_ms", "t",
+                                     (b->pause_us + 500) / 1000, "pause_us", "t", b->pause_us, "status", "s",
+                                     status);
+}
+
+/* SnapshotInfo of a branch not written yet. */
+static int append_writing_info(sd_bus_message *reply, BranchOp *b) {
+        int r;
+
+        r = sd_bus_message_open_container(reply, 'a', "{sv}");
+        if (r >= 0)
+                r = sd_bus_message_append(reply, "{sv}{sv}{sv}", "tag", "s", b->tag, "dir", "s", b->dir,
+                                          "created_at_unix", "t", b->started_at);
+        if (r >= 0)
+                r = append_branch_fields(reply, b, "writing");
+        if (r >= 0)
+                r = sd_bus_message_close_container(reply);
+        return r;
+}
+
+static void reply_info(BranchOp *b, Image *i) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
+        int r;
+
+        if (!b->message)
+                return;
+        r = sd_bus_message_new_method_return(b->message, &reply);
+        if (r >= 0 && i) {
+                r = sd_bus_message_open_container(reply, 'a', "{sv}");
+                if (r >= 0)
+                        r = image_append_info_fields(reply, i, false);
+                /* image_append_info_fields() said "ready" already; the branch adds its own */
+                if (r >= 0)
+                        r = sd_bus_message_append(reply, "{sv}{sv}{sv}", "branched_from", "s", b->source_id,
+                                                  "pause_ms", "t", (b->pause_us + 500) / 1000, "pause_us", "t",
+                                                  b->pause_us);
+                if (r >= 0)
+                        r = sd_bus_message_close_container(reply);
+        } else if (r >= 0)
+                r = append_writing_info(reply, b);
+        if (r >= 0)
+                r = sd_bus_send(NULL, reply, NULL);
+        if (r < 0)
+                (void) sd_bus_reply_method_errno(b->message, r, NULL);
+        b->message = sd_bus_message_unref(b->message);
+}
+
+static void branch_written(BranchOp *b) {
+        Manager *m = b->manager;
+        const char *reason = NULL;
+        Image *i = NULL;
+        int r;
+
+        r = image_load(m, b->tag, &i, &reason);
+        if (r < 0) {
+                (void) rm_rf(b->dir);
+                branch_fail(b, "The branch snapshot does not load: %s", reason ?: strerror(-r));
+                return;
+        }
+        log_info("Branched %s into snapshot %s (mode %s, paused %llu us).", b->source_id, b->tag, b->mode,
+                 (unsigned long long) b->pause_us);
+        image_send_signal(m, i->tag, true);
+        reply_info(b, i);
+        branch_op_free(b);
+}
+
+static int on_result(sd_event_source *es, int fd, uint32_t revents, void *userdata) {
+        _cleanup_json_ struct json_object *o = NULL;
+        BranchOp *b = userdata;
+        char buf[4096];
+        struct json_object *ok, *err;
+        const char *perr = NULL;
+        ssize_t n;
+
+        n = recv(fd, buf, sizeof(buf) - 1, MSG_DONTWAIT);
+        if (n < 0 && (errno == EAGAIN || errno == EINTR))
+                return 0;
+        if (n <= 0) {
+                branch_fail(b, "The process writing the snapshot exited without a word (killed?).");
+                return 0;
+        }
+        if (json_parse_strict(buf, (size_t) n, sizeof(buf), 4, &o, &perr) < 0 ||
+            !json_object_object_get_ex(o, "ok", &ok) || !json_object_is_type(ok, json_type_boolean)) {
+                branch_fail(b, "Malformed report from the process writing the snapshot.");
+                return 0;
+        }
+        if (!json_object_get_boolean(ok)) {
+                branch_fail(b, "%s",
+                            json_object_object_get_ex(o, "error", &err) && json_object_is_type(err, json_type_string) ?
+                                    json_object_get_string(err) :
+                                    "writing the snapshot failed");
+                return 0;
+        }
+        branch_written(b);
+        return 0;
+}
+
+/* The VMM answered the branch request: the sandbox runs again. */
+static void on_control_reply(BranchOp *b, struct json_object *o) {
+        struct json_object *ok, *v;
+        int r;
+
+        b->sandbox = NULL;
+        if (!json_object_object_get_ex(o, "ok", &ok) || !json_object_is_type(ok, json_type_boolean)) {
+                branch_fail(b, "Malformed control reply from the VMM of %s.", b->source_id);
+                return;
+        }
+        if (!json_object_get_boolean(ok)) {
+                branch_fail(b, "The VMM of %s refused the branch: %s", b->source_id,
+                            json_object_object_get_ex(o, "error", &v) && json_object_is_type(v, json_type_string) ?
+                                    json_object_get_string(v) :
+                                    "no reason given");
+                return;
+        }
+        if (!json_object_object_get_ex(o, "pause_us", &v) || !json_object_is_type(v, json_type_int) ||
+            json_object_get_int64(v) < 0 || !json_object_object_get_ex(o, "pid", &ok) ||
+            !json_object_is_type(ok, json_type_int) || json_object_get_int64(ok) <= 0) {
+                branch_fail(b, "Malformed control reply from the VMM of %s.", b->source_id);
+                return;
+        }
+        b->pause_us = (uint64_t) json_object_get_int64(v);
+        b->copy_pid = (pid_t) json_object_get_int64(ok);
+        b->state = BRANCH_WRITING;
+        r = sd_event_add_io(b->manager->event, &b->result_source, b->result_fd, EPOLLIN, on_result, b);
+        if (r < 0) {
+                branch_fail(b, "Failed to watch the branch: %s", strerror(-r));
+                return;
+        }
+        (void) sd_event_source_set_description(b->result_source, "branch-result");
+        if (!b->wait)
+                reply_info(b, NULL); /* live, wait false: status "writing" */
+}
+
+static void control_drop(Sandbox *s, const char *why) {
+        s->control_source = sd_event_source_disable_unref(s->control_source);
+        while (s->ctl_waiters) {
+                BranchOp *b = s->ctl_waiters;
+                s->ctl_waiters = b->ctl_next;
+                b->sandbox = NULL;
+                branch_fail(b, "%s", why);
+        }
+}
+
+static int on_control_io(sd_event_source *es, int fd, uint32_t revents, void *userdata) {
+        Sandbox *s = userdata;
+
+        for (;;) {
+                _cleanup_json_ struct json_object *o = NULL;
+                static char buf[CONTROL_REPLY_MAX + 1];
+                const char *perr = NULL;
+                BranchOp *b;
+                ssize_t n;
+
+                n = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+                if (n < 0 && (errno == EAGAIN || errno == EINTR))
+                        return 0;
+                if (n <= 0) {
+                        control_drop(s, "The sandbox's VMM closed its control socket during the branch.");
+                        return 0;
+                }
+                if (json_parse_strict(buf, (size_t) n, CONTROL_REPLY_MAX, 4, &o, &perr) < 0 ||
+                    json_object_object_get_ex(o, "event", NULL))
+                        continue; /* not a reply */
+                b = s->ctl_waiters;
+                if (!b)
+                        continue; /* nobody asked */
+                s->ctl_waiters = b->ctl_next;
+                b->ctl_next = NULL;
+                on_control_reply(b, o);
+        }
+}
+
+void branch_sandbox_gone(Sandbox *s) {
+        control_drop(s, "The sandbox exited during the branch.");
+}
+
+bool branch_in_flight(Manager *m, const char *tag) {
+        return m->branching && hashmap_get(m->branching, tag);
+}
+
+int branch_append_in_flight(sd_bus_message *reply, Manager *m) {
+        HashmapIter it = {};
+        void *v;
+        int r;
+
+        while (hashmap_iterate(m->branching, &it, &v)) {
+                BranchOp *b = v;
+
+                if (b->state != BRANCH_WRITING)
+                        continue;
+                r = append_writing_info(reply, b);
+                if (r < 0)
+                        return r;
+        }
+        return 0;
+}
+
+void branch_free_all(Manager *m) {
+        while (m->branching && hashmap_size(m->branching) > 0)
+                branch_op_free(hashmap_first(m->branching));
+}
+
+static int on_copy_exit(sd_event_source *es, int fd, uint32_t revents, void *userdata) {
+        BranchOp *b = userdata;
+
+        if (access(b->dir, F_OK) < 0) {
+                branch_fail(b, "The process writing the snapshot exited without finishing it.");
+                return 0;
+        }
+        branch_written(b);
+        return 0;
+}
+
+int branch_adopt_staging(Manager *m, const char *name) {
+        _cleanup_free_ char *tag = NULL, *comm_path = NULL;
+        const char *dot = strrchr(name, '.');
+        char comm[32] = "";
+        unsigned long pid;
+        BranchOp *b;
+        FILE *f;
+        int fd, r;
+
+        /* name is "<tag>.tmp.<pid>" (is_staging_name()) */
+        if (!dot || dot - name < 5)
+                return 0;
+        pid = strtoul(dot + 1, NULL, 10);
+        tag = strndup(name, (size_t) (dot - name) - 4);
+        if (!tag || pid == 0 || pid > INT32_MAX || !snapshot_tag_is_valid(tag) || hashmap_get(m->images, tag) ||
+            hashmap_get(m->branching, tag))
+                return 0;
+        if (asprintf(&comm_path, "/proc/%lu/comm", pid) < 0)
+                return -ENOMEM;
+        f = fopen(comm_path, "re");
+        if (!f)
+                return 0;
+        if (!fgets(comm, sizeof(comm), f))
+                comm[0] = 0;
+        fclose(f);
+        if (strcmp(comm, "forkd-branch\n") != 0)
+                return 0;
+        fd = (int) syscall(SYS_pidfd_open, (pid_t) pid, 0);
+        if (fd < 0)
+                return 0;
+
+        b = calloc(1, sizeof(*b));
+        if (!b) {
+                safe_close(fd);
+                return -ENOMEM;
+        }
+        b->manager = m;
+        b->wait = true;
+        b->state = BRANCH_WRITING;
+        b->copy_pid = (pid_t) pid;
+        b->started_at = (uint64_t) time(NULL);
+        b->result_fd = fd; /* a pidfd: readable once the copy exited */
+        snprintf(b->mode, sizeof(b->mode), "full");
+        b->tag = TAKE_PTR(tag);
+        b->source_id = strdup("");
+        if (!b->source_id || asprintf(&b->dir, "%s/%s", m->snapshots_dir, b->tag) < 0) {
+                b->dir = NULL;
+                branch_op_free(b);
+                return -ENOMEM;
+        }
+        r = hashmap_put(m->branching, b->tag, b);
+        if (r >= 0)
+                r = sd_event_add_io(m->event, &b->result_source, fd, EPOLLIN, on_copy_exit, b);
+        if (r < 0) {
+                branch_op_free(b);
+                return r;
+        }
+        return 1;
+}
+
+static int send_request(Sandbox *s, BranchOp *b, int fd) {
+        _cleanup_json_ struct json_object *req = json_object_new_object();
+        char cbuf[CMSG_SPACE(sizeof(int))] = {};
+        const char *text;
+        struct iovec iov;
+        struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof(cbuf) };
+        struct cmsghdr *c;
+
+        if (!req)
+                return -ENOMEM;
+        json_object_object_add(req, "op", json_object_new_string("branch"));
+        json_object_object_add(req, "dir", json_object_new_string(b->dir));
+        json_object_object_add(req, "tag", json_object_new_string(b->tag));
+        json_object_object_add(req, "mode", json_object_new_string("full"));
+        text = json_object_to_json_string_ext(req, JSON_C_TO_STRING_PLAIN);
+        iov = (struct iovec) { .iov_base = (void *) text, .iov_len = strlen(text) };
+        c = CMSG_FIRSTHDR(&mh);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(c), &fd, sizeof(int));
+        if (sendmsg(s->control_fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL) < 0)
+                return -errno;
+        return 0;
+}
+
+int bus_sandbox_method_branch(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        Sandbox *s = userdata;
+        Manager *m = s->manager;
+        const char *tag, *mode;
+        char auto_tag[SNAPSHOT_TAG_MAX + 1];
+        int wait, r, sv[2];
+        BranchOp *b, **p;
+        struct stat st;
+
+        r = sd_bus_message_read(message, "ssb", &tag, &mode, &wait);
+        if (r < 0)
+                return r;
+        if (tag[0] && !snapshot_tag_is_valid(tag))
+                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
+                                         "Invalid snapshot tag \"%.64s\": it must match ^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$.",
+                                         tag);
+        if (!mode[0])
+                mode = "full";
+        if (strcmp(mode, "full") != 0 && strcmp(mode, "diff") != 0 && strcmp(mode, "live") != 0)
+                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
+                                         "mode must be \"full\", \"diff\" or \"live\", not \"%.16s\".", mode);
+        if (!wait && strcmp(mode, "live") != 0)
+                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "wait false needs mode \"live\".");
+        if (strcmp(mode, "diff") == 0)
+                return sd_bus_error_setf(error, FORKD_ERROR_NOT_SUPPORTED,
+                                         "Branch mode \"diff\" is not implemented yet; use \"full\" or \"live\".");
+
+        r = bus_verify_polkit_async(message, "org.forkd.branch",
+                                    (const char *[]) { "sandbox", s->id, "verb", "branch", NULL },
+                                    &m->polkit_registry, error);
+        if (r < 0)
+                return r;
+        if (r == 0)
+                return 1;
+
+        if (!tag[0]) {
+                snprintf(auto_tag, sizeof(auto_tag), "branch-%s-%lld", s->id, (long long) time(NULL));
+                if (!snapshot_tag_is_valid(auto_tag))
+                        return sd_bus_error_setf(error, FORKD_ERROR_FAILED, "Cannot make a tag from %s.", s->id);
+                tag = auto_tag;
+        }
+        if (m->exiting)
+                return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "forkd is shutting down.");
+        if (hashmap_get(m->branching, tag))
+                return sd_bus_error_setf(error, FORKD_ERROR_SNAPSHOT_EXISTS, "A branch to %s is in flight already.",
+                                         tag);
+        if (hashmap_get(m->images, tag) || hashmap_get(m->creating, tag))
+                return sd_bus_error_setf(error, FORKD_ERROR_SNAPSHOT_EXISTS, "Snapshot %s exists already.", tag);
+        if (hashmap_size(m->branching) >= m->max_branches)
+                return sd_bus_error_setf(error, FORKD_ERROR_BUSY,
+                                         "%u branches are in flight (the cap); retry after a short delay.",
+                                         m->max_branches);
+        if (hashmap_size(m->images) + hashmap_size(m->creating) + hashmap_size(m->branching) >= SNAPSHOTS_MAX)
+                return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "At most %u snapshots.", SNAPSHOTS_MAX);
+        if (s->control_fd < 0)
+                return sd_bus_error_setf(error, FORKD_ERROR_FAILED, "Sandbox %s has no control channel.", s->id);
+
+        b = calloc(1, sizeof(*b));
+        if (!b)
+                return -ENOMEM;
+        b->manager = m;
+        b->result_fd = -EBADF;
+        b->wait = wait;
+        b->started_at = (uint64_t) time(NULL);
+        snprintf(b->mode, sizeof(b->mode), "%s", mode);
+        b->tag = strdup(tag);
+        b->source_id = strdup(s->id);
+        if (!b->tag || !b->source_id || asprintf(&b->dir, "%s/%s", m->snapshots_dir, tag) < 0) {
+                b->dir = NULL;
+                branch_op_free(b);
+                return -ENOMEM;
+        }
+        if (lstat(b->dir, &st) >= 0) {
+                branch_op_free(b);
+                return sd_bus_error_setf(error, FORKD_ERROR_SNAPSHOT_EXISTS,
+                                         "%s/%s exists on disk (a snapshot that failed to load?); remove it first.",
+                                         m->snapshots_dir, tag);
+        }
+        r = hashmap_put(m->branching, b->tag, b);
+        if (r < 0) {
+                branch_op_free(b);
+                return r;
+        }
+        if (!s->control_source) {
+                r = sd_event_add_io(m->event, &s->control_source, s->control_fd, EPOLLIN, on_control_io, s);
+                if (r < 0) {
+                        branch_op_free(b);
+                        return r;
+                }
+                (void) sd_event_source_set_description(s->control_source, "sandbox-control");
+        }
+        if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sv) < 0) {
+                r = -errno;
+                branch_op_free(b);
+                return r;
+        }
+        b->result_fd = sv[0];
+        r = send_request(s, b, sv[1]);
+        safe_close(sv[1]);
+        if (r < 0) {
+                branch_op_free(b);
+                return sd_bus_error_set_errnof(error, r, "Failed to ask the VMM of %s for a branch: %m", s->id);
+        }
+        b->message = sd_bus_message_ref(message);
+        b->sandbox = s;
+        for (p = &s->ctl_waiters; *p; p = &(*p)->ctl_next)
+                ;
+        *p = b;
+        log_info("Branching %s into %s (mode %s).", s->id, b->tag, b->mode);
+        return 1;
+}

@@ -1,0 +1,64 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#pragma once
+
+/*
+ * Branching a running sandbox into a new snapshot (BranchSandbox).
+ *
+ *   pausing  the request went to the sandbox's VMM on its control socket
+ *            (forkd-vmm "branch", with the write end of a result socket); the
+ *            VMM pauses the vCPU, saves its state, freezes the disk overlay,
+ *            fork(2)s and answers with the measured pause; the sandbox runs on
+ *   writing  the frozen copy writes snapshots/<tag> atomically and reports on
+ *            the result socket; mode "live" with wait false has been answered
+ *            (status "writing", listed by ListSnapshots, forks refused with
+ *            NotReady) and the others wait for this
+ *   done     registered like any snapshot (independent of the sandbox from
+ *            now on), or failed
+ *
+ * At most manager->max_branches run at once (Busy beyond); a tag in flight
+ * is taken (SnapshotExists).
+ */
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <systemd/sd-bus.h>
+
+#include "manager.h"
+
+struct BranchOp {
+        Manager *manager;
+        sd_bus_message *message;   /* the call, until answered */
+        Sandbox *sandbox;          /* while pausing: the source */
+        BranchOp *ctl_next;        /* the source's FIFO of requests awaiting a control reply */
+        char *source_id, *tag, *dir;
+        char mode[8];
+        bool wait;
+        int result_fd;
+        sd_event_source *result_source;
+        pid_t copy_pid;
+        uint64_t pause_us, started_at;
+        enum { BRANCH_PAUSING, BRANCH_WRITING } state;
+};
+
+/* Sandbox method Branch and the tail of Manager.BranchSandbox (after the id):
+ * reads (s tag, s mode, b wait). */
+int bus_sandbox_method_branch(sd_bus_message *message, void *userdata, sd_bus_error *error);
+
+/* The sandbox goes away: requests still waiting for its VMM fail. */
+void branch_sandbox_gone(Sandbox *s);
+
+/* A branch of tag is being written. */
+bool branch_in_flight(Manager *m, const char *tag);
+
+/* ListSnapshots: an entry (status "writing") for every branch in flight. */
+int branch_append_in_flight(sd_bus_message *reply, Manager *m);
+
+/* At start: name is "<tag>.tmp.<pid>" in the snapshots directory. If pid is
+ * the frozen copy of a branch (of a predecessor killed meanwhile) still
+ * writing it, adopt it: the branch is listed as writing and registered once
+ * the copy is done. Returns 1 if adopted, 0 if not (remove the directory). */
+int branch_adopt_staging(Manager *m, const char *name);
+
+/* Shutdown: forget every branch (their frozen copies finish on their own). */
+void branch_free_all(Manager *m);

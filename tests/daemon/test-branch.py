@@ -1,0 +1,227 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""
+Branching a running sandbox, end to end on the real parts: a private
+dbus-daemon, forkd, forkd-vmm on /dev/kvm and the test guest (the harness of
+test-forkd.py). Guest RAM is checked through /proc/<pid>/mem of the VMMs: the
+parent's scratch area is written before and after a branch, and children of
+the branch must see exactly the first.
+
+Environment: FORKD, FORKD_VMM, FORKD_TEST_GUEST.
+"""
+
+import importlib.util
+import json
+import os
+import signal
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+_spec = importlib.util.spec_from_file_location("test_forkd", os.path.join(HERE, "test-forkd.py"))
+tf = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(tf)
+
+DEST, PATH, IFACE = tf.DEST, tf.PATH, tf.IFACE
+SCRATCH = 16 << 20  # the test guest's scratch area starts at 16 MiB
+NO_SANDBOX = "org.forkd.Error.NoSuchSandbox"
+EXISTS = "org.forkd.Error.SnapshotExists"
+BUSY = "org.forkd.Error.Busy"
+NOT_READY = "org.forkd.Error.NotReady"
+
+
+def guest_mem(pid):
+    """(fd of /proc/pid/mem, address of guest RAM) of a forked VMM."""
+    with open(f"/proc/{pid}/maps") as f:
+        start = next(int(line.split("-")[0], 16) for line in f if line.rstrip().endswith("/memory.bin"))
+    return os.open(f"/proc/{pid}/mem", os.O_RDWR), start
+
+
+def poke(pid, data, off=SCRATCH):
+    fd, base = guest_mem(pid)
+    try:
+        os.pwrite(fd, data, base + off)
+    finally:
+        os.close(fd)
+
+
+def peek(pid, n, off=SCRATCH):
+    fd, base = guest_mem(pid)
+    try:
+        return os.pread(fd, n, base + off)
+    finally:
+        os.close(fd)
+
+
+def main():
+    if not tf.FORKD or not tf.VMM or not tf.GUEST:
+        print("Bail out! FORKD, FORKD_VMM and FORKD_TEST_GUEST must be set")
+        return 1
+    if not tf.kvm_usable():
+        tf.skip("/dev/kvm is not usable")
+    if os.geteuid() != 0:
+        tf.skip("needs root (the system-bus policy, /proc/<pid>/mem of the VMMs)")
+    h = tf.Harness()
+    try:
+        return run(h)
+    finally:
+        h.cleanup()
+
+
+def run(h):
+    disk = os.path.join(h.tmp, "disk.img")
+    with open(disk, "wb") as f:
+        f.truncate(16 << 20)
+    h.start_bus()
+    # The frozen copy waits before it writes, so that a branch is reliably in flight.
+    os.environ["FORKD_TEST_BRANCH_STALL_MS"] = "0"
+    h.start_forkd()
+    ctx = {}
+
+    def branch(sid, tag="", mode="full", wait=True, timeout=60):
+        return h.m("BranchSandbox", "sssb", [sid, tag, mode, wait], timeout=timeout)[0]
+
+    def ping(sid):
+        assert json.loads(h.m("Ping", "s", [sid])[0])["pong"], sid
+
+    def setup():
+        h.m("CreateSnapshot", "sssuu", ["base", tf.GUEST, disk, 64, 30])
+        p = h.fork("base", 1)[0]
+        ctx["parent"] = p
+        poke(p["pid"], b"before-branch")
+        ping(p["id"])
+    h.check("a running sandbox of the test guest", setup)
+
+    def full():
+        p = ctx["parent"]
+        t0 = time.monotonic()
+        info = branch(p["id"], "b1")
+        ctx["b1_wall"] = time.monotonic() - t0
+        assert info["tag"] == "b1" and info["status"] == "ready", info
+        assert info["branched_from"] == p["id"], info
+        assert "pause_ms" in info and info["pause_us"] > 0 and info["pause_ms"] == (info["pause_us"] + 500) // 1000, info
+        assert info["mem_size"] == 64 << 20 and info["generation"] == 1, info
+        h.bus.wait_signal(lambda m, b: m == "SnapshotNew" and b[0] == "b1")
+        # The source runs on with its state, and what it does now is its own.
+        ping(p["id"])
+        assert peek(p["pid"], 13) == b"before-branch"
+        poke(p["pid"], b"after--branch")
+        c = h.fork("b1", 2)
+        for ch in c:
+            ping(ch["id"])
+            assert peek(ch["pid"], 13) == b"before-branch", peek(ch["pid"], 13)
+        # A child's change is its own.
+        poke(c[0]["pid"], b"child0-change")
+        assert peek(c[1]["pid"], 13) == b"before-branch"
+        assert peek(p["pid"], 13) == b"after--branch"
+        ctx["b1_children"] = c
+        assert os.path.isfile(os.path.join(h.state, "snapshots/b1/snapshot.json"))
+        assert not [n for n in os.listdir(os.path.join(h.state, "snapshots")) if ".tmp." in n]
+    h.check("full branch: SnapshotInfo with branched_from, pause_ms, status; children see the state at the pause",
+            full)
+
+    def auto_tag_and_object():
+        p = ctx["parent"]
+        before = int(time.time())
+        info = branch(p["id"])
+        tag = info["tag"]
+        prefix = f"branch-{p['id']}-"
+        assert tag.startswith(prefix) and before <= int(tag[len(prefix):]) <= int(time.time()), tag
+        # The sandbox object has the verb too.
+        obj = tf.path_encode("/org/forkd/sandbox", p["id"])
+        info = h.bus.call(DEST, obj, "org.forkd.Sandbox", "Branch", "ssb", ["b-obj", "live", True])[0]
+        assert info["tag"] == "b-obj" and info["status"] == "ready" and info["branched_from"] == p["id"], info
+        ctx["auto"] = tag
+    h.check("auto tag branch-<id>-<unix-ts>; Sandbox.Branch on the object; live with wait", auto_tag_and_object)
+
+    def errors():
+        p = ctx["parent"]
+        h.expect_error(NO_SANDBOX, "BranchSandbox", "sssb", ["sb-000000-0000", "x", "full", True])
+        h.expect_error(tf.INVALID_ARGS, "BranchSandbox", "sssb", [p["id"], "bad/tag", "full", True])
+        h.expect_error(tf.INVALID_ARGS, "BranchSandbox", "sssb", [p["id"], "x", "fast", True])
+        h.expect_error(tf.INVALID_ARGS, "BranchSandbox", "sssb", [p["id"], "x", "full", False])
+        h.expect_error(EXISTS, "BranchSandbox", "sssb", [p["id"], "b1", "full", True])
+        h.expect_error(EXISTS, "BranchSandbox", "sssb", [p["id"], "base", "live", True])
+        assert "b1" in [s["tag"] for s in h.m("ListSnapshots")[0]]
+        ping(p["id"])
+    h.check("errors: unknown sandbox, bad tag, bad mode, wait false without live, existing tag", errors)
+
+    def chain():
+        # branch of a branch of a branch
+        src = ctx["b1_children"][1]
+        for k, tag in enumerate(["bb2", "bb3", "bb4"]):
+            poke(src["pid"], f"gen-{k}".encode(), SCRATCH + 4096)
+            branch(src["id"], tag)
+            src = h.fork(tag, 1)[0]
+            ping(src["id"])
+            assert peek(src["pid"], 13) == b"before-branch"
+            assert peek(src["pid"], 5, SCRATCH + 4096) == f"gen-{k}".encode()
+        ctx["chain_last"] = src
+    h.check("a branch of a branch of a branch forks with every generation's state", chain)
+
+    def outlives_source():
+        p = ctx["parent"]
+        h.m("TerminateSandbox", "s", [p["id"]])
+        assert h.wait_removed(p["id"]) == "terminated"
+        c = h.fork("b1", 1)[0]
+        ping(c["id"])
+        assert peek(c["pid"], 13) == b"before-branch"
+    h.check("a branch outlives its source sandbox", outlives_source)
+
+    def restart():
+        assert h.stop_forkd() == 0
+        h.start_forkd()
+        tags = {s["tag"] for s in h.m("ListSnapshots")[0]}
+        assert {"b1", "bb2", "bb3", "bb4", "b-obj", ctx["auto"]} <= tags, tags
+        h.stop_forkd(signal.SIGKILL)
+        h.start_forkd()
+        c = h.fork("bb4", 1)[0]
+        ping(c["id"])
+        assert peek(c["pid"], 5, SCRATCH + 4096) == b"gen-2"
+        ctx["p2"] = c
+    h.check("branches outlive a restart of forkd, kill -9 included", restart)
+
+    def in_flight():
+        # Stalled frozen copies: in flight long enough to see the cap, the 409s and "writing".
+        h.stop_forkd()
+        os.environ["FORKD_TEST_BRANCH_STALL_MS"] = "1500"
+        h.start_forkd(["--max-branches", "2"])
+        try:
+            p = h.fork("base", 1)[0]
+            poke(p["pid"], b"live-no-wait!")
+            info = branch(p["id"], "lv", "live", False)
+            assert info["status"] == "writing" and info["tag"] == "lv" and info["branched_from"] == p["id"], info
+            listed = {s["tag"]: s for s in h.m("ListSnapshots")[0]}
+            assert listed["lv"]["status"] == "writing", listed["lv"]
+            h.expect_error(NOT_READY, "Fork", "sua{sv}", ["lv", 1, {}])
+            h.expect_error(EXISTS, "BranchSandbox", "sssb", [p["id"], "lv", "live", False])
+            serial = h.bus.send(DEST, PATH, IFACE, "BranchSandbox", "sssb", [p["id"], "lv2", "full", True])
+            tf.wait_for(lambda: "lv2" in {s["tag"] for s in h.m("ListSnapshots")[0]}, 10, "lv2 in flight")
+            h.expect_error(BUSY, "BranchSandbox", "sssb", [p["id"], "lv3", "live", True])
+            assert h.bus.wait_reply(serial, 30)[0]["status"] == "ready"
+            tf.wait_for(lambda: {s["tag"]: s for s in h.m("ListSnapshots")[0]}["lv"]["status"] == "ready", 30,
+                        "lv to be ready")
+            c = h.fork("lv", 1)[0]
+            assert peek(c["pid"], 13) == b"live-no-wait!"
+            # kill -9 of forkd while a branch is being written: the branch is not lost.
+            branch(p["id"], "lv-kill", "live", False)
+            h.stop_forkd(signal.SIGKILL)
+            os.environ["FORKD_TEST_BRANCH_STALL_MS"] = "0"
+            h.start_forkd()
+            tf.wait_for(lambda: {s["tag"]: s for s in h.m("ListSnapshots")[0]}.get("lv-kill", {}).get("status")
+                        == "ready", 30, "the branch under way at kill -9 to be registered")
+            c = h.fork("lv-kill", 1)[0]
+            assert peek(c["pid"], 13) == b"live-no-wait!"
+        finally:
+            os.environ["FORKD_TEST_BRANCH_STALL_MS"] = "0"
+    h.check("live with wait false: writing then ready; 409 for its tag and forks of it; 503 at the cap; "
+            "kill -9 of forkd mid-write loses nothing", in_flight)
+
+    h.check("no sanitizer report from forkd", h.assert_no_sanitizer_report)
+    print(f"1..{h.n}")
+    return 1 if h.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
