@@ -1,0 +1,231 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""
+forkd-vmm's control op "branch" on the test guest, on the real /dev/kvm: the
+snapshot holds guest RAM and disk as they stood at the pause; the source runs
+on and its later writes (RAM, and disk through a fresh overlay stacked on the
+frozen one) reach neither that branch nor the next; refusals; a frozen copy
+that dies half-way leaves no snapshot. TAP output.
+
+Usage: test-branch-vmm.py FORKD_VMM TEST_GUEST_ELF AGENT_CHECK_PY
+"""
+
+import array
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+VMM, GUEST, AGENT_PY = sys.argv[1:4]
+_spec = importlib.util.spec_from_file_location("agent_check", AGENT_PY)
+ac = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(ac)
+
+n = 0
+failed = 0
+
+
+def check(name, fn):
+    global n, failed
+    n += 1
+    try:
+        fn()
+        print(f"ok {n} - {name}")
+    except Exception as e:  # noqa: BLE001
+        failed += 1
+        print(f"not ok {n} - {name}")
+        for line in traceback.format_exception(type(e), e, e.__traceback__):
+            for sub in line.rstrip().splitlines():
+                print(f"# {sub}")
+
+
+def connect(path, kind):
+    s = socket.socket(socket.AF_UNIX, kind)
+    for _ in range(500):
+        try:
+            s.connect(path)
+            return s
+        except OSError:
+            time.sleep(0.01)
+    raise AssertionError(f"{path} never accepted")
+
+
+class VM:
+    def __init__(self, tmp, name, args, env=None):
+        self.ctl_path = os.path.join(tmp, name + ".ctl")
+        self.agent_path = os.path.join(tmp, name + ".agent")
+        self.p = subprocess.Popen([VMM] + args + ["--control-socket", self.ctl_path, "--agent-socket",
+                                                  self.agent_path, "--console-log", os.path.join(tmp, name + ".log")],
+                                  env=env)
+        self.ctl = connect(self.ctl_path, socket.SOCK_SEQPACKET)
+        self.ctl.settimeout(30)
+        self.agent = None
+
+    def a(self, op, **args):
+        if not self.agent:
+            for _ in range(500):  # until the VMM listens
+                try:
+                    self.agent = ac.Agent(self.agent_path)
+                    break
+                except OSError:
+                    time.sleep(0.01)
+        t, r = self.agent.call(op, **args)
+        assert t == ac.RESP, (op, r)
+        return r
+
+    def control(self, req, fd=None):
+        data = json.dumps(req).encode()
+        if fd is None:
+            self.ctl.send(data)
+        else:
+            self.ctl.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))])
+        return json.loads(self.ctl.recv(65536))
+
+    def branch(self, d, tag, mode=None):
+        a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        req = {"op": "branch", "dir": d, "tag": tag}
+        if mode:
+            req["mode"] = mode
+        try:
+            r = self.control(req, b.fileno())
+        finally:
+            b.close()
+        a.settimeout(30)
+        return r, a
+
+    def stop(self):
+        try:
+            self.control({"op": "shutdown"})
+        except OSError:
+            pass
+        try:
+            self.p.wait(10)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            self.p.wait()
+
+
+def main():
+    try:
+        fd = os.open("/dev/kvm", os.O_RDWR | os.O_CLOEXEC)
+        os.close(fd)
+    except OSError:
+        print("1..0 # SKIP /dev/kvm is not usable")
+        return 0
+    tmp = tempfile.mkdtemp(prefix="forkd-branch-vmm-")
+    vms = []
+    try:
+        run(tmp, vms)
+    finally:
+        for v in vms:
+            if v.p.poll() is None:
+                v.p.kill()
+                v.p.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"1..{n}")
+    return 1 if failed else 0
+
+
+def run(tmp, vms):
+    disk = os.path.join(tmp, "disk.img")
+    with open(disk, "wb") as f:
+        f.truncate(16 << 20)
+    base = os.path.join(tmp, "base")
+    ctx = {}
+
+    def make_base():
+        v = VM(tmp, "boot", ["boot", "--kernel", GUEST, "--disk", disk, "--mem-mib", "64"])
+        vms.append(v)
+        assert v.a("ping")["pong"]
+        # A booted VM's RAM is a shared memfd: a fork would not freeze it.
+        r, _ = v.branch(os.path.join(tmp, "nope"), "nope")
+        assert not r["ok"] and "restored" in r["error"], r
+        assert v.control({"op": "snapshot", "dir": base, "tag": "base"})["ok"]
+        v.stop()
+    check("a snapshot to start from; a booted VM refuses to branch", make_base)
+
+    def ram_and_disk():
+        # The copies write only after a stall, so the source's later writes land first.
+        v = VM(tmp, "src", ["restore", "--snapshot", base], env=dict(os.environ, FORKD_TEST_BRANCH_STALL_MS="400"))
+        vms.append(v)
+        ctx["src"] = v
+        a_sum = v.a("mem_write", offset_pages=0, pages=64, pattern=0x11111111)["checksum"]
+        v.a("disk_write", block=3, pattern=111)
+        v.a("disk_write", block=5, pattern=222)
+        r, res1 = v.branch(os.path.join(tmp, "b1"), "b1")
+        assert r["ok"] and r["pause_us"] > 0 and r["pid"] > 0 and r["mode"] == "full", r
+        # The source runs on at once, while the copy has not written yet.
+        assert v.a("ping")["pong"]
+        # Later writes of the source: RAM, a block of the frozen layer, a new block.
+        v.a("mem_write", offset_pages=0, pages=64, pattern=0x22222222)
+        v.a("disk_write", block=3, pattern=333)
+        assert v.a("disk_read", block=3)["first"] == 333
+        assert v.a("disk_read", block=5)["first"] == 222  # from the frozen layer
+        r, res2 = v.branch(os.path.join(tmp, "b2"), "b2")
+        assert r["ok"], r
+        v.a("disk_write", block=7, pattern=444)
+        v.a("disk_write", block=5, pattern=555)
+        assert [v.a("disk_read", block=b)["first"] for b in (3, 5, 7)] == [333, 555, 444]
+        assert not os.path.exists(os.path.join(tmp, "b1")), "the copy did not stall"
+        assert json.loads(res1.recv(4096)) == {"ok": True, "dir": os.path.join(tmp, "b1")}
+        assert res1.recv(4096) == b""  # the copy is gone
+        assert json.loads(res2.recv(4096))["ok"]
+        assert subprocess.run([VMM, "check", os.path.join(tmp, "b1")], capture_output=True).returncode == 0
+        for tag, mem_sum, blocks in (("b1", a_sum, [111, 222, 0]), ("b2", None, [333, 222, 0])):
+            c = VM(tmp, "c-" + tag, ["restore", "--snapshot", os.path.join(tmp, tag)])
+            vms.append(c)
+            got = c.a("mem_checksum", offset_pages=0, pages=64)["checksum"]
+            if mem_sum:
+                assert got == mem_sum, (tag, got, mem_sum)
+            assert [c.a("disk_read", block=b)["first"] for b in (3, 5, 7)] == blocks, tag
+            c.stop()
+        assert not [x for x in os.listdir(tmp) if ".tmp." in x]
+    check("branch: RAM and disk as at the pause; the source's later writes reach neither branch", ram_and_disk)
+
+    def refusals():
+        v = ctx["src"]
+        d = os.path.join(tmp, "r")
+        r = v.control({"op": "branch", "dir": d, "tag": "r"})
+        assert not r["ok"] and "result fd" in r["error"], r
+        for req, word in (({"dir": "rel/path", "tag": "r"}, "absolute"), ({"dir": d, "tag": "bad/tag"}, "tag"),
+                          ({"dir": d, "tag": "r", "mode": "diff"}, "mode"),
+                          ({"dir": os.path.join(tmp, "b1"), "tag": "b1"}, "exists")):
+            a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            r = v.control(dict(op="branch", **req), b.fileno())
+            b.close()
+            assert not r["ok"] and word in r["error"], (req, r)
+            a.settimeout(1)
+            assert a.recv(100) == b""  # nothing forked: the only other end is closed
+        assert v.a("ping")["pong"]
+    check("refusals: no result fd, relative dir, bad tag, unknown mode, existing dir; the VM runs on", refusals)
+
+    def killed_copy():
+        env = dict(os.environ, FORKD_TEST_BRANCH_STALL_MS="5000")
+        v = VM(tmp, "stall", ["restore", "--snapshot", base], env=env)
+        vms.append(v)
+        r, res = v.branch(os.path.join(tmp, "k"), "k")
+        assert r["ok"], r
+        staging = os.path.join(tmp, f"k.tmp.{r['pid']}")
+        deadline = time.monotonic() + 10
+        while not os.path.isdir(staging):
+            assert time.monotonic() < deadline, "no staging directory"
+            time.sleep(0.01)
+        os.kill(r["pid"], signal.SIGKILL)
+        assert res.recv(4096) == b""  # no report: it died
+        assert not os.path.exists(os.path.join(tmp, "k"))
+        assert v.a("ping")["pong"]
+        v.stop()
+    check("a frozen copy killed half-way: no report, no snapshot, only its staging directory", killed_copy)
+
+    ctx["src"].stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
