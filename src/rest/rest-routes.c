@@ -114,6 +114,10 @@ static int on_reply_dict_200(RestRequest *req, sd_bus_message *reply) {
         return on_reply_dict(req, reply, 200, 0);
 }
 
+static int on_reply_dict_201(RestRequest *req, sd_bus_message *reply) {
+        return on_reply_dict(req, reply, 201, 0);
+}
+
 static int on_reply_snapshot_created(RestRequest *req, sd_bus_message *reply) {
         /* The spec says 400 for "snapshot already exists" here. */
         return on_reply_dict(req, reply, 201, 400);
@@ -382,10 +386,6 @@ static int on_reply_compact(RestRequest *req, sd_bus_message *reply) {
         return on_reply_not_implemented(req, reply, "snapshot compaction");
 }
 
-static int on_reply_branch(RestRequest *req, sd_bus_message *reply) {
-        return on_reply_not_implemented(req, reply, "branching a running sandbox");
-}
-
 static int on_reply_sandbox_fork(RestRequest *req, sd_bus_message *reply) {
         return on_reply_not_implemented(req, reply, "forking a running sandbox");
 }
@@ -637,7 +637,9 @@ static int route_sandbox_branch(RestRequest *req) {
                 return rest_reply_error(req, 400, "mode and diff are mutually exclusive; use mode");
         if (!a.wait && strcmp(a.mode, "live"))
                 return rest_reply_error(req, 400, "wait: false needs mode: \"live\"");
-        return call_manager(req, "GetSandbox", CALL_TIMEOUT_SHORT, on_reply_branch, "s", id);
+        /* diff: true is the legacy spelling of mode "diff"; no mode means "full". */
+        return call_manager(req, "BranchSandbox", CALL_TIMEOUT_FORK, on_reply_dict_201, "sssb", id, a.tag,
+                            a.mode[0] ? a.mode : a.diff ? "diff" : "full", (int) a.wait);
 }
 
 #define SANDBOX_FORK_N_MAX 32

@@ -747,20 +747,52 @@ def t_not_implemented(c, stack):
     """No engine yet: 501 with an error body for an existing sandbox or
     snapshot, the spec's 404 for an unknown one; never a fake success."""
     sid = Ctx.sandboxes[0]
-    for body in ({"tag": "rest-c1", "mode": "full"}, {"mode": "diff"}, {"mode": "live", "wait": False},
-                 {"diff": True}, None):
+    for body in ({"mode": "diff"}, {"diff": True}):
         r = c.expect(501, "POST", f"/v1/sandboxes/{sid}/branch", body)
         check("not implemented" in r.json["error"], r)
-    c.expect(404, "POST", "/v1/sandboxes/sb-nosuch/branch", {"mode": "full"})
     r = c.expect(501, "POST", f"/v1/snapshots/{Ctx.tag}/compact", {"to": "rest-flat"})
     check("not implemented" in r.json["error"], r)
     c.expect(404, "POST", "/v1/snapshots/rest-nosuch/compact", {"to": "rest-flat"})
     c.expect(501, "POST", f"/v1/sandboxes/{sid}/fork", {"n": 2})
     c.expect(404, "POST", "/v1/sandboxes/sb-nosuch/fork", {"n": 2})
     r = c.expect(200, "GET", "/v1/snapshots")
-    check(all(s["tag"] not in ("rest-c1", "rest-flat") for s in r.json), f"a 501 created a snapshot: {r}")
+    check(all(s["tag"] not in ("rest-flat",) and s.get("branched_from") is None for s in r.json),
+          f"a 501 created a snapshot: {r}")
     r = c.expect(200, "GET", "/v1/sandboxes")
     check(len(r.json) == len(Ctx.sandboxes), f"a 501 created sandboxes: {r}")
+
+
+def t_branch(c, stack):
+    """POST /v1/sandboxes/:id/branch (seeds 000 and 001): 201 with a SnapshotInfo
+    carrying branched_from, pause_ms and status; the spec's 404 and 409 rows;
+    children of the branch answer."""
+    sid = Ctx.sandboxes[0]
+    r = c.expect(201, "POST", f"/v1/sandboxes/{sid}/branch", {"tag": "rest-c1", "mode": "full"})
+    check(r.json["tag"] == "rest-c1" and r.json["branched_from"] == sid and r.json["status"] == "ready" and
+          isinstance(r.json["pause_ms"], int) and r.json["dir"].endswith("/rest-c1"), r)
+    r = c.expect(201, "POST", f"/v1/sandboxes/{sid}/branch", None)
+    check(r.json["tag"].startswith(f"branch-{sid}-") and r.json["status"] == "ready", r)
+    r = c.expect(201, "POST", f"/v1/sandboxes/{sid}/branch", {"tag": "rest-live", "mode": "live", "wait": False})
+    check(r.json["status"] in ("writing", "ready") and r.json["branched_from"] == sid, r)
+    r = c.expect(201, "POST", f"/v1/sandboxes/{sid}/branch", {"tag": "rest-live2", "mode": "live"})
+    check(r.json["status"] == "ready", r)
+    c.expect(409, "POST", f"/v1/sandboxes/{sid}/branch", {"tag": "rest-c1"})
+    c.expect(409, "POST", f"/v1/sandboxes/{sid}/branch", {"tag": Ctx.tag, "mode": "live"})
+    c.expect(404, "POST", "/v1/sandboxes/sb-nosuch/branch", {"mode": "full"})
+    deadline = time.monotonic() + 30
+    while True:
+        listed = {s["tag"]: s for s in c.expect(200, "GET", "/v1/snapshots").json}
+        if listed.get("rest-live", {}).get("status") == "ready":
+            break
+        check(time.monotonic() < deadline, f"rest-live never became ready: {listed.get('rest-live')}")
+        time.sleep(0.05)
+    for tag in ("rest-c1", "rest-live"):
+        r = c.expect(201, "POST", "/v1/sandboxes", {"snapshot_tag": tag, "n": 1})
+        child = r.json[0]["id"]
+        c.expect(200, "POST", f"/v1/sandboxes/{child}/ping")
+        c.expect(204, "DELETE", f"/v1/sandboxes/{child}")
+    c.expect(200, "POST", f"/v1/sandboxes/{sid}/ping")
+
 
 
 def t_sandbox_delete(c, stack):
@@ -908,7 +940,8 @@ def main():
             ("GET /v1/sandboxes, /v1/sandboxes/:id, /metrics gauges", t_sandbox_list_get),
             ("POST /v1/sandboxes/:id/ping", t_ping),
             ("exec and eval: the test guest's error, passed on", t_exec_eval),
-            ("branch, compact, fork of a running sandbox: 501, or 404 for an unknown one", t_not_implemented),
+            ("POST /v1/sandboxes/:id/branch: 201 SnapshotInfo, 404, 409; children of a branch answer", t_branch),
+            ("diff branch, compact, fork of a running sandbox: 501, or 404 for an unknown one", t_not_implemented),
             ("DELETE /v1/sandboxes/:id", t_sandbox_delete),
             ("POST /v1/sandboxes on a damaged snapshot is 500", t_fork_errors),
             ("a hung daemon: call cap 503, loop keeps serving", t_calls_cap),
