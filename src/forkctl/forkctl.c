@@ -41,6 +41,8 @@ static uint32_t arg_memory_limit_mib = 0;
 static bool arg_memory_limit_set = false;
 static bool arg_per_child_netns = false, arg_live_fork = false;
 static uint32_t arg_timeout = 0;
+static const char *arg_tag = "", *arg_mode = "";
+static bool arg_no_wait = false;
 
 /* Options given, to refuse ones that do not apply to the verb. */
 enum {
@@ -55,6 +57,9 @@ enum {
         OPT_PER_CHILD_NETNS = 1u << 8,
         OPT_LIVE_FORK = 1u << 9,
         OPT_TIMEOUT = 1u << 10,
+        OPT_TAG = 1u << 11,
+        OPT_MODE = 1u << 12,
+        OPT_NO_WAIT = 1u << 13,
 };
 static unsigned arg_given = 0;
 
@@ -94,6 +99,10 @@ static void help(void) {
                "                          Run a command in a sandbox (S 0..3600, 0 = forkd's 30)\n"
                "  eval ID CODE            Evaluate an expression in a sandbox\n"
                "  run ID CODE             Run a code snippet in a sandbox (RunCode)\n"
+               "  branch ID [--tag T] [--mode full|live] [--no-wait]\n"
+               "                          Branch a running sandbox into a new snapshot (default\n"
+               "                          tag branch-ID-<unix time>); --no-wait (live only)\n"
+               "                          returns while the snapshot is still being written\n"
                "\n"
                "Options:\n"
                "  -h --help               Show this help\n"
@@ -404,7 +413,7 @@ static int print_info(struct json_object *o, const char *const *keys) {
 
 static const char *const snapshot_keys[] = {
         "tag", "status", "guest", "dir", "created_at_unix", "mem_size", "disk_size", "generation",
-        "parent_tag", "branched_from", "pause_ms", "memory_logical_bytes", "memory_physical_bytes",
+        "parent_tag", "branched_from", "pause_ms", "pause_us", "memory_logical_bytes", "memory_physical_bytes",
         "vmstate_bytes", "parent_content_hash", "chain_depth", "ancestors", "dependents", NULL,
 };
 
@@ -727,6 +736,40 @@ static int verb_run(sd_bus *bus, char **args, size_t n_args) {
         return verb_code(bus, "RunCode", "run", args);
 }
 
+static int verb_branch(sd_bus *bus, char **args, size_t n_args) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *m = NULL, *reply = NULL;
+        _cleanup_(sd_bus_error_free) sd_bus_error error = SD_BUS_ERROR_NULL;
+        _cleanup_json_ struct json_object *info = NULL;
+        struct error_context ctx = { .verb = "branch", .id = args[0], .tag = arg_tag[0] ? arg_tag : NULL };
+        _cleanup_free_ char *what = NULL;
+        struct json_object *v;
+        int r;
+
+        if (arg_no_wait && strcmp(arg_mode, "live") != 0)
+                return usage_error("--no-wait needs --mode live");
+        r = new_call(bus, "BranchSandbox", &m);
+        if (r < 0)
+                return -1;
+        r = sd_bus_message_append(m, "sssb", args[0], arg_tag, arg_mode, (int) !arg_no_wait);
+        if (r < 0)
+                return report_error(NULL, r, &ctx);
+        if (asprintf(&what, "Branching sandbox '%s'", args[0]) < 0)
+                return -1;
+        r = call_with_progress(bus, m, what, &error, &reply);
+        if (r < 0)
+                return report_error(&error, r, &ctx);
+        r = bus_message_read_dict_json(reply, &info);
+        if (r < 0)
+                return report_error(NULL, r, &ctx);
+        if (arg_json)
+                return print_json(info);
+        fprintf(stderr, "Branched '%s' into snapshot '%s' (paused %s us, %s).\n", args[0],
+                json_object_object_get_ex(info, "tag", &v) ? json_object_get_string(v) : "?",
+                json_object_object_get_ex(info, "pause_us", &v) ? json_object_get_string(v) : "?",
+                json_object_object_get_ex(info, "status", &v) ? json_object_get_string(v) : "?");
+        return print_info(info, snapshot_keys);
+}
+
 struct verb {
         const char *group; /* "snapshot" or NULL */
         const char *name;
@@ -752,6 +795,8 @@ static const struct verb verbs[] = {
         { NULL, "exec", 2, SIZE_MAX, OPT_TIMEOUT, "exec ID [--timeout S] -- ARGV...", verb_exec },
         { NULL, "eval", 2, 2, 0, "eval ID CODE", verb_eval },
         { NULL, "run", 2, 2, 0, "run ID CODE", verb_run },
+        { NULL, "branch", 1, 1, OPT_TAG | OPT_MODE | OPT_NO_WAIT, "branch ID [--tag T] [--mode M] [--no-wait]",
+          verb_branch },
 };
 
 static const char *option_name(unsigned bit) {
@@ -767,6 +812,9 @@ static const char *option_name(unsigned bit) {
         case OPT_PER_CHILD_NETNS: return "--per-child-netns";
         case OPT_LIVE_FORK: return "--live-fork";
         case OPT_TIMEOUT: return "--timeout";
+        case OPT_TAG: return "--tag";
+        case OPT_MODE: return "--mode";
+        case OPT_NO_WAIT: return "--no-wait";
         default: return "?";
         }
 }
@@ -792,6 +840,9 @@ enum {
         ARG_PER_CHILD_NETNS,
         ARG_LIVE_FORK,
         ARG_TIMEOUT,
+        ARG_TAG,
+        ARG_MODE,
+        ARG_NO_WAIT,
 };
 
 static int parse_argv(int argc, char *argv[]) {
@@ -812,6 +863,9 @@ static int parse_argv(int argc, char *argv[]) {
                 { "per-child-netns", no_argument, NULL, ARG_PER_CHILD_NETNS },
                 { "live-fork", no_argument, NULL, ARG_LIVE_FORK },
                 { "timeout", required_argument, NULL, ARG_TIMEOUT },
+                { "tag", required_argument, NULL, ARG_TAG },
+                { "mode", required_argument, NULL, ARG_MODE },
+                { "no-wait", no_argument, NULL, ARG_NO_WAIT },
                 {}
         };
         int c, r;
@@ -884,6 +938,20 @@ static int parse_argv(int argc, char *argv[]) {
                 case ARG_LIVE_FORK:
                         arg_live_fork = true;
                         arg_given |= OPT_LIVE_FORK;
+                        break;
+                case ARG_TAG:
+                        arg_tag = optarg;
+                        arg_given |= OPT_TAG;
+                        break;
+                case ARG_MODE:
+                        if (strcmp(optarg, "full") != 0 && strcmp(optarg, "diff") != 0 && strcmp(optarg, "live") != 0)
+                                return usage_error("--mode wants full, diff or live, not '%s'", optarg);
+                        arg_mode = optarg;
+                        arg_given |= OPT_MODE;
+                        break;
+                case ARG_NO_WAIT:
+                        arg_no_wait = true;
+                        arg_given |= OPT_NO_WAIT;
                         break;
                 case ARG_TIMEOUT:
                         r = parse_number("--timeout", optarg, 0, 3600, &arg_timeout);

@@ -51,7 +51,7 @@ ok()     { n=$((n + 1)); echo "ok $n - $*"; }
 not_ok() { n=$((n + 1)); failed=$((failed + 1)); echo "not ok $n - $*"; }
 fc() { "$forkctl" --no-progress "$@" 2>"$state/err"; }
 
-echo "1..17"
+echo "1..21"
 tag=flow-$$
 if fc snapshot create "$tag" --kernel "$FORKD_GUEST_KERNEL" --rootfs "$FORKD_GUEST_ROOTFS" --boot-wait 60 --json >"$state/out" && jsonok <"$state/out"; then
         ok "snapshot create $tag (--json parses)"
@@ -82,6 +82,23 @@ if [ ${#ids[@]} -ge 1 ] && fc ping "${ids[0]}" --json >"$state/out" && pyq "j['p
 else
         not_ok "ping: $(cat "$state/out" "$state/err")"
 fi
+
+# branch a running sandbox: the new snapshot forks; an unknown id exits 3; --no-wait needs live
+if fc branch "${ids[0]:-none}" --tag "$tag-br" --json >"$state/br.json" &&
+        pyq "j['tag'] == '$tag-br' and j['branched_from'] == '${ids[0]:-none}' and j['status'] == 'ready' and 'pause_ms' in j" \
+                "$state/br.json" >/dev/null; then
+        ok "branch ${ids[0]:-none} --tag $tag-br --json: SnapshotInfo with branched_from, pause_ms, status"
+else
+        not_ok "branch: $(cat "$state/br.json" "$state/err")"
+fi
+fc fork "$tag-br" --json >"$state/brf.json" && bid=$(pyq "j['sandboxes'][0]['id']" "$state/brf.json") &&
+        fc ping "$bid" >/dev/null && fc kill "$bid" && ok "fork of the branch answers" || not_ok "fork of branch: $(cat "$state/err")"
+fc branch sb-000000-0000; rc=$?
+[ $rc = 3 ] && ok "branch of an unknown sandbox: exit 3" || not_ok "branch unknown: rc=$rc $(cat "$state/err")"
+fc branch "${ids[0]:-none}" --no-wait; rc=$?
+[ $rc = 2 ] && grep -q -- "--no-wait needs --mode live" "$state/err" && ok "branch --no-wait without live: usage error" \
+        || not_ok "branch --no-wait: rc=$rc $(cat "$state/err")"
+fc snapshot rm "$tag-br" >/dev/null
 
 fc kill "${ids[@]}" && ok "kill ${ids[*]}" || not_ok "kill: $(cat "$state/err")"
 [ "$(fc ls --json | pyq "len(j['sandboxes'])")" = 0 ] && ok "no sandboxes left" || not_ok "sandboxes left after kill"
