@@ -123,6 +123,8 @@ int snapshot_meta_validate(const struct snapshot_meta *m, const char **ret_error
                 e = "parent_tag is not a valid tag";
         else if (m->parent_content_hash[0] && !snapshot_content_hash_is_valid(m->parent_content_hash))
                 e = "parent_content_hash is not 64 lowercase hex digits";
+        else if (m->disk_layers > SNAPSHOT_DISK_LAYERS_MAX)
+                e = "disk_layers is larger than 256";
 
         if (e) {
                 set_error(ret_error, e);
@@ -152,6 +154,7 @@ static const struct json_dispatch snapshot_meta_table[] = {
           JSON_FIELD_SIZE(struct snapshot_meta, parent_tag), JSON_MANDATORY | JSON_NULLABLE },
         { "parent_content_hash", JSON_KIND_STRING, NULL, offsetof(struct snapshot_meta, parent_content_hash),
           JSON_FIELD_SIZE(struct snapshot_meta, parent_content_hash), JSON_MANDATORY | JSON_NULLABLE },
+        { "disk_layers", JSON_KIND_UINT32, NULL, offsetof(struct snapshot_meta, disk_layers), 0, 0 },
         {}
 };
 
@@ -164,6 +167,7 @@ static const char *dispatch_error(const char *field, int r) {
                 MSG(format), MSG(tag), MSG(created_at_unix), MSG(mem_size), MSG(vcpus),
                 MSG(generation), MSG(memory_file), MSG(vmstate_file), MSG(disk_file),
                 MSG(disk_size), MSG(kernel), MSG(guest), MSG(parent_tag), MSG(parent_content_hash),
+                MSG(disk_layers),
 #undef MSG
         };
 
@@ -213,6 +217,10 @@ int snapshot_meta_parse(const char *json, size_t len, struct snapshot_meta *ret,
 
         if (key_is_empty_string(obj, "parent_tag")) {
                 set_error(ret_error, "parent_tag is not a valid tag");
+                return -EINVAL;
+        }
+        if (json_object_object_get_ex(obj, "disk_layers", NULL) && m->disk_layers == 0) {
+                set_error(ret_error, "disk_layers must be absent or at least 1");
                 return -EINVAL;
         }
         if (key_is_empty_string(obj, "parent_content_hash")) {
@@ -271,6 +279,8 @@ int snapshot_meta_format(const struct snapshot_meta *m, char **ret_json) {
             json_add(o, "parent_content_hash",
                      m->parent_content_hash[0] ? json_object_new_string(m->parent_content_hash) : NULL,
                      !m->parent_content_hash[0]) < 0)
+                return -ENOMEM;
+        if (m->disk_layers > 0 && json_add(o, "disk_layers", json_object_new_uint64(m->disk_layers), false) < 0)
                 return -ENOMEM;
 
         s = json_object_to_json_string_ext(o, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_SPACED |

@@ -20,6 +20,11 @@
  *   guest                "test" or "linux"
  *   parent_tag           null or a tag
  *   parent_content_hash  null or 64 lowercase hex digits
+ *   disk_layers          optional, 1..SNAPSHOT_DISK_LAYERS_MAX (absent: 0): read-only
+ *                        copy-on-write layers over disk_file, oldest first, in the
+ *                        files "disk.layer.<i>" (blocks at their own offsets) and
+ *                        "disk.layer.<i>.map" (a bitmap of the 4 KiB blocks they hold,
+ *                        little-endian 64-bit words, disk_size / 4096 / 64 + 1 of them)
  *
  * A plain file name is 1..64 bytes, not "." or "..", without '/' and
  * without control characters.
@@ -34,6 +39,7 @@
 #define SNAPSHOT_FILE_NAME_MAX 64
 #define SNAPSHOT_KERNEL_PATH_MAX 1024 /* buffer size, including the NUL */
 #define SNAPSHOT_HASH_LEN 64
+#define SNAPSHOT_DISK_LAYERS_MAX 256u
 #define SNAPSHOT_MEM_ALIGN (UINT64_C(2) << 20)
 #define SNAPSHOT_MEM_MAX (UINT64_C(3) << 30)
 #define SNAPSHOT_META_FILE_MAX (64u * 1024u) /* a larger snapshot.json is refused */
@@ -53,6 +59,7 @@ struct snapshot_meta {
         char guest[16];                                    /* "test" or "linux" */
         char parent_tag[SNAPSHOT_TAG_MAX + 1];             /* "" means null */
         char parent_content_hash[SNAPSHOT_HASH_LEN + 1];   /* "" means null */
+        uint32_t disk_layers;                              /* 0: absent */
 };
 
 /* ^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$ */

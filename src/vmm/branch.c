@@ -55,7 +55,7 @@ static _Noreturn void frozen_copy_main(struct vmm *vmm, struct vmm_host *host, c
         (void) sigaction(SIGINT, &sa, NULL);
         (void) prctl(PR_SET_NAME, "forkd-branch");
 
-        r = snapshot_write_collected(vmm, dir, tag, host->kernel, vbuf, vlen);
+        r = snapshot_write_collected(vmm, dir, tag, host->kernel, vbuf, vlen, true);
         if (r < 0)
                 log_error_errno(r, "Branch %s: writing %s failed: %m", tag, dir);
         send_result(result_fd, r, dir);

@@ -264,6 +264,19 @@ int machine_restore(int kvm_fd, const struct snapshot *snap, uint8_t *mem, const
                         safe_close(disk_fd);
                 goto fail;
         }
+        for (unsigned i = 0; i < snap->n_layers; i++) {
+                int fd = fcntl(snap->layer_fds[i], F_DUPFD_CLOEXEC, 3);
+
+                if (fd < 0) {
+                        r = -errno;
+                        goto fail;
+                }
+                r = virtio_blk_push_layer(vmm->blk, fd, snap->layer_map_fds[i]);
+                if (r < 0) {
+                        safe_close(fd);
+                        goto fail;
+                }
+        }
         r = restore_devices(vmm, s);
         if (r < 0)
                 goto fail;

@@ -190,11 +190,11 @@ int snapshot_write(struct vmm *vmm, const char *dir, const char *tag, const char
         r = snapshot_collect(vmm, &vbuf, &vlen);
         if (r < 0)
                 return r;
-        return snapshot_write_collected(vmm, dir, tag, kernel, vbuf, vlen);
+        return snapshot_write_collected(vmm, dir, tag, kernel, vbuf, vlen, false);
 }
 
 int snapshot_write_collected(struct vmm *vmm, const char *dir, const char *tag, const char *kernel, const void *vbuf,
-                             size_t vlen) {
+                             size_t vlen, bool link_disk) {
         _cleanup_free_ char *json = NULL, *staging = NULL, *parent = NULL;
         _cleanup_close_ int dfd = -EBADF, pfd = -EBADF, disk_fd = -EBADF;
         struct snapshot_meta meta = {};
@@ -240,17 +240,26 @@ int snapshot_write_collected(struct vmm *vmm, const char *dir, const char *tag, 
                 goto fail;
         test_crash_point("vmstate");
 
-        disk_fd = openat(dfd, SNAPSHOT_DISK_FILE, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0640);
-        if (disk_fd < 0) {
-                r = -errno;
-                goto fail;
-        }
-        r = virtio_blk_export(vmm->blk, disk_fd);
-        if (r < 0)
-                goto fail;
-        if (fsync(disk_fd) < 0 || fstat(disk_fd, &st) < 0) {
-                r = -errno;
-                goto fail;
+        if (link_disk && virtio_blk_link_layers(vmm->blk, dfd, SNAPSHOT_DISK_FILE, &meta.disk_layers) >= 0) {
+                disk_fd = openat(dfd, SNAPSHOT_DISK_FILE, O_RDONLY | O_CLOEXEC);
+                if (disk_fd < 0 || fstat(disk_fd, &st) < 0) {
+                        r = -errno;
+                        goto fail;
+                }
+        } else {
+                meta.disk_layers = 0;
+                disk_fd = openat(dfd, SNAPSHOT_DISK_FILE, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0640);
+                if (disk_fd < 0) {
+                        r = -errno;
+                        goto fail;
+                }
+                r = virtio_blk_export(vmm->blk, disk_fd);
+                if (r < 0)
+                        goto fail;
+                if (fsync(disk_fd) < 0 || fstat(disk_fd, &st) < 0) {
+                        r = -errno;
+                        goto fail;
+                }
         }
         test_crash_point("disk");
 
@@ -339,6 +348,8 @@ int snapshot_load(const char *dir, struct snapshot **ret, char **ret_error) {
         if (!snap)
                 return -ENOMEM;
         snap->mem_fd = snap->disk_fd = -EBADF;
+        for (unsigned i = 0; i < SNAPSHOT_DISK_LAYERS_MAX; i++)
+                snap->layer_fds[i] = snap->layer_map_fds[i] = -EBADF;
         snap->dir = strdup(dir);
         snap->state = calloc(1, sizeof(*snap->state));
         if (!snap->dir || !snap->state) {
@@ -370,6 +381,22 @@ int snapshot_load(const char *dir, struct snapshot **ret, char **ret_error) {
         r = open_regular(dfd, snap->meta.disk_file, snap->meta.disk_size, ret_error, &snap->disk_fd);
         if (r < 0)
                 goto fail;
+        for (unsigned i = 0; i < snap->meta.disk_layers; i++) {
+                char name[64];
+
+                snprintf(name, sizeof(name), "disk.layer.%u", i + 1);
+                snap->layer_fds[i] = openat(dfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+                if (snap->layer_fds[i] < 0) {
+                        r = set_error(ret_error, "%s: cannot open: %s", name, strerror(errno));
+                        goto fail;
+                }
+                snap->n_layers = i + 1;
+                snprintf(name, sizeof(name), "disk.layer.%u.map", i + 1);
+                r = open_regular(dfd, name, (snap->meta.disk_size / 512 * 512 + 4095) / 4096 / 64 * 8 + 8,
+                                 ret_error, &snap->layer_map_fds[i]);
+                if (r < 0)
+                        goto fail;
+        }
 
         *ret = snap;
         return 0;
@@ -383,6 +410,10 @@ struct snapshot *snapshot_free(struct snapshot *s) {
                 return NULL;
         safe_close(s->mem_fd);
         safe_close(s->disk_fd);
+        for (unsigned i = 0; i < SNAPSHOT_DISK_LAYERS_MAX; i++) {
+                safe_close(s->layer_fds[i]);
+                safe_close(s->layer_map_fds[i]);
+        }
         free(s->state);
         free(s->dir);
         free(s);

@@ -27,6 +27,9 @@ struct snapshot {
         struct vmstate *state;
         int mem_fd;  /* memory.bin, O_RDONLY */
         int disk_fd; /* disk.img, O_RDONLY */
+        /* disk.layer.<i> and their maps, O_RDONLY (meta.disk_layers of them) */
+        int layer_fds[SNAPSHOT_DISK_LAYERS_MAX], layer_map_fds[SNAPSHOT_DISK_LAYERS_MAX];
+        unsigned n_layers;
 };
 
 /* Load and validate a snapshot directory. On failure *ret_error (if given)
@@ -45,7 +48,11 @@ int snapshot_write(struct vmm *vmm, const char *dir, const char *tag, const char
  * the process that made the VM, while it is not inside KVM_RUN) into an
  * encoded vmstate (*ret_buf malloc()ed); snapshot_write_collected() writes the
  * directory from it and from vmm's memory and disk, without any KVM call, so a
- * fork(2)ed copy of the VMM can do it while the VM runs on. */
+ * fork(2)ed copy of the VMM can do it while the VM runs on. With link_disk
+ * (the disk's overlay is frozen: virtio_blk_freeze_overlay()) the disk is not
+ * copied: its base and frozen layers are hard-linked into dir as disk.img and
+ * disk.layer.<i> (snapshot.json's disk_layers), where the filesystem allows;
+ * else, and without link_disk, the merged disk is exported into disk.img. */
 int snapshot_collect(struct vmm *vmm, void **ret_buf, size_t *ret_len);
 int snapshot_write_collected(struct vmm *vmm, const char *dir, const char *tag, const char *kernel, const void *vbuf,
-                             size_t vlen);
+                             size_t vlen, bool link_disk);

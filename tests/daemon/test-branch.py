@@ -117,6 +117,9 @@ def run(h):
         assert peek(p["pid"], 13) == b"after--branch"
         ctx["b1_children"] = c
         assert os.path.isfile(os.path.join(h.state, "snapshots/b1/snapshot.json"))
+        # No copy of the disk: the branch's disk.img is the source snapshot's, hard-linked.
+        snaps = os.path.join(h.state, "snapshots")
+        assert os.stat(f"{snaps}/b1/disk.img").st_ino == os.stat(f"{snaps}/base/disk.img").st_ino
         assert not [n for n in os.listdir(os.path.join(h.state, "snapshots")) if ".tmp." in n]
     h.check("full branch: SnapshotInfo with branched_from, pause_ms, status; children see the state at the pause",
             full)

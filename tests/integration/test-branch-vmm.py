@@ -153,7 +153,8 @@ def run(tmp, vms):
 
     def ram_and_disk():
         # The copies write only after a stall, so the source's later writes land first.
-        v = VM(tmp, "src", ["restore", "--snapshot", base], env=dict(os.environ, FORKD_TEST_BRANCH_STALL_MS="400"))
+        v = VM(tmp, "src", ["restore", "--snapshot", base, "--overlay-dir", tmp],
+               env=dict(os.environ, FORKD_TEST_BRANCH_STALL_MS="400"))
         vms.append(v)
         ctx["src"] = v
         a_sum = v.a("mem_write", offset_pages=0, pages=64, pattern=0x11111111)["checksum"]
@@ -187,6 +188,31 @@ def run(tmp, vms):
             assert [c.a("disk_read", block=b)["first"] for b in (3, 5, 7)] == blocks, tag
             c.stop()
         assert not [x for x in os.listdir(tmp) if ".tmp." in x]
+        # The disk was not copied: the base and the frozen overlays are hard links.
+        meta = {t: json.load(open(os.path.join(tmp, t, "snapshot.json"))) for t in ("b1", "b2")}
+        assert meta["b1"]["disk_layers"] == 1 and meta["b2"]["disk_layers"] == 2, meta
+        ino = lambda *p: os.stat(os.path.join(tmp, *p)).st_ino  # noqa: E731
+        assert ino("b1", "disk.img") == ino("b2", "disk.img") == ino("base", "disk.img")
+        assert ino("b1", "disk.layer.1") == ino("b2", "disk.layer.1")
+        assert os.stat(os.path.join(tmp, "b2", "disk.layer.2")).st_blocks * 512 <= 3 * 4096 + 4096
+        # A branch of a VM restored from a layered snapshot: its layers, and one more.
+        c = VM(tmp, "c-b2b", ["restore", "--snapshot", os.path.join(tmp, "b2"), "--overlay-dir", tmp])
+        vms.append(c)
+        c.a("disk_write", block=9, pattern=999)
+        r, res = c.branch(os.path.join(tmp, "b3"), "b3")
+        assert r["ok"] and json.loads(res.recv(4096))["ok"], r
+        c.stop()
+        assert json.load(open(os.path.join(tmp, "b3", "snapshot.json")))["disk_layers"] == 3
+        assert ino("b3", "disk.layer.2") == ino("b2", "disk.layer.2")
+        c = VM(tmp, "c-b3", ["restore", "--snapshot", os.path.join(tmp, "b3")])
+        vms.append(c)
+        assert [c.a("disk_read", block=b)["first"] for b in (3, 5, 7, 9)] == [333, 222, 0, 999]
+        c.stop()
+        # A layer's map that does not fit the disk is refused, with a reason.
+        with open(os.path.join(tmp, "b3", "disk.layer.1.map"), "ab") as f:
+            f.write(b"x")
+        out = subprocess.run([VMM, "check", os.path.join(tmp, "b3")], capture_output=True, text=True)
+        assert out.returncode != 0 and "disk.layer.1.map" in out.stderr, out
     check("branch: RAM and disk as at the pause; the source's later writes reach neither branch", ram_and_disk)
 
     def refusals():

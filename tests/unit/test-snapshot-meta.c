@@ -661,6 +661,45 @@ static void test_meta_valid_variants(void **state) {
         }
 }
 
+/* disk_layers: optional; 1..256 when present; formatted only when non-zero. */
+static void test_meta_disk_layers(void **state) {
+        static const char *const bad[] = { "0", "257", "-1", "1.5", "\"2\"", "null" };
+        struct snapshot_meta m, m2;
+        const char *error = NULL;
+        char *json, *out = NULL;
+
+        json = meta_json_with(NULL, NULL, "\"disk_layers\": 3");
+        assert_int_equal(meta_parse(json, &m, &error), 0);
+        assert_int_equal(m.disk_layers, 3);
+        free(json);
+        assert_int_equal(snapshot_meta_format(&m, &out), 0);
+        assert_non_null(strstr(out, "\"disk_layers\": 3"));
+        assert_int_equal(snapshot_meta_parse(out, strlen(out), &m2, NULL), 0);
+        assert_int_equal(m2.disk_layers, 3);
+        free(out);
+        out = NULL;
+
+        json = meta_json_with(NULL, NULL, NULL);
+        assert_int_equal(meta_parse(json, &m, NULL), 0);
+        assert_int_equal(m.disk_layers, 0);
+        free(json);
+        assert_int_equal(snapshot_meta_format(&m, &out), 0);
+        assert_null(strstr(out, "disk_layers"));
+        free(out);
+
+        for (size_t i = 0; i < ELEMENTSOF(bad); i++) {
+                char extra[64];
+
+                snprintf(extra, sizeof(extra), "\"disk_layers\": %s", bad[i]);
+                json = meta_json_with(NULL, NULL, extra);
+                error = NULL;
+                if (meta_parse(json, &m, &error) >= 0)
+                        fail_msg("accepted disk_layers = %s", bad[i]);
+                assert_non_null(error);
+                free(json);
+        }
+}
+
 static void test_meta_keys(void **state) {
         struct snapshot_meta m;
         const char *error;
@@ -838,6 +877,7 @@ int main(void) {
                 cmocka_unit_test(test_meta_invalid_fields),
                 cmocka_unit_test(test_meta_valid_variants),
                 cmocka_unit_test(test_meta_keys),
+                cmocka_unit_test(test_meta_disk_layers),
                 cmocka_unit_test(test_tag_is_valid),
                 cmocka_unit_test(test_meta_format_refuses_invalid),
                 cmocka_unit_test(test_meta_read_file),

@@ -620,3 +620,114 @@ unsigned virtio_blk_layers(struct virtio_mmio *dev) {
 
         return b ? b->n_layers : 0;
 }
+
+static size_t bitmap_words(const struct blk *b) {
+        return b->n_blocks / 64 + 1;
+}
+
+int virtio_blk_push_layer(struct virtio_mmio *dev, int fd, int map_fd) {
+        struct blk *b = blk_of(dev);
+        _cleanup_free_ uint64_t *bitmap = NULL;
+        size_t words;
+        struct stat st;
+        int r;
+
+        if (!b || fd < 0 || map_fd < 0)
+                return -EINVAL;
+        if (b->n_layers >= VIRTIO_BLK_LAYERS_MAX)
+                return -E2BIG;
+        if (b->overlay_fd >= 0)
+                return -EBUSY; /* layers go under the live overlay, before any write */
+        words = bitmap_words(b);
+        if (fstat(map_fd, &st) < 0)
+                return negative_errno();
+        if (!S_ISREG(st.st_mode) || (uint64_t) st.st_size != words * sizeof(uint64_t))
+                return -EBADMSG;
+        if (fstat(fd, &st) < 0)
+                return negative_errno();
+        if (!S_ISREG(st.st_mode) || (uint64_t) st.st_size > b->size + BLK_BLOCK)
+                return -EBADMSG;
+        bitmap = malloc(words * sizeof(uint64_t));
+        if (!bitmap)
+                return -ENOMEM;
+        r = pread_full(map_fd, bitmap, words * sizeof(uint64_t), 0);
+        if (r < 0)
+                return r;
+        for (size_t i = 0; i < words; i++)
+                bitmap[i] = le64toh(bitmap[i]);
+        /* No block beyond the disk. */
+        if (b->n_blocks % 64)
+                bitmap[b->n_blocks / 64] &= (UINT64_C(1) << (b->n_blocks % 64)) - 1;
+        else
+                bitmap[b->n_blocks / 64] = 0;
+        b->layers[b->n_layers++] = (struct blk_layer) { .fd = fd, .bitmap = TAKE_PTR(bitmap) };
+        return 0;
+}
+
+static int link_fd(int fd, int dfd, const char *name) {
+        char path[64];
+
+        snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+        return linkat(AT_FDCWD, path, dfd, name, AT_SYMLINK_FOLLOW) < 0 ? negative_errno() : 0;
+}
+
+int virtio_blk_link_layers(struct virtio_mmio *dev, int dfd, const char *disk_name, unsigned *ret_n) {
+        struct blk *b = blk_of(dev);
+        struct stat st;
+        unsigned i;
+        int r;
+
+        if (!b || !ret_n)
+                return -EINVAL;
+        if (b->overlay_fd >= 0)
+                return -EBUSY; /* unfrozen writes: export instead */
+        if (fstat(b->base_fd, &st) < 0)
+                return negative_errno();
+        if (!S_ISREG(st.st_mode) || st.st_nlink == 0)
+                return -EXDEV;
+        r = link_fd(b->base_fd, dfd, disk_name);
+        if (r < 0)
+                return r;
+        for (i = 0; i < b->n_layers; i++) {
+                _cleanup_free_ uint64_t *le = NULL;
+                _cleanup_close_ int mfd = -EBADF;
+                char name[64], map[72];
+                size_t words = bitmap_words(b);
+
+                snprintf(name, sizeof(name), "disk.layer.%u", i + 1);
+                snprintf(map, sizeof(map), "%s.map", name);
+                r = link_fd(b->layers[i].fd, dfd, name);
+                if (r < 0)
+                        goto fail;
+                le = malloc(words * sizeof(uint64_t));
+                if (!le) {
+                        r = -ENOMEM;
+                        goto fail;
+                }
+                for (size_t k = 0; k < words; k++)
+                        le[k] = htole64(b->layers[i].bitmap[k]);
+                mfd = openat(dfd, map, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0640);
+                if (mfd < 0) {
+                        r = negative_errno();
+                        goto fail;
+                }
+                r = pwrite_full(mfd, le, words * sizeof(uint64_t), 0);
+                if (r >= 0 && fsync(mfd) < 0)
+                        r = negative_errno();
+                if (r < 0)
+                        goto fail;
+        }
+        *ret_n = b->n_layers;
+        return 0;
+fail:
+        (void) unlinkat(dfd, disk_name, 0);
+        for (unsigned k = 0; k <= i && k < b->n_layers; k++) {
+                char name[64], map[72];
+
+                snprintf(name, sizeof(name), "disk.layer.%u", k + 1);
+                snprintf(map, sizeof(map), "%s.map", name);
+                (void) unlinkat(dfd, name, 0);
+                (void) unlinkat(dfd, map, 0);
+        }
+        return r;
+}

@@ -69,6 +69,19 @@ int virtio_blk_export(struct virtio_mmio *dev, int out_fd);
  * the next write. Nothing is copied. 1 if a layer was added, 0 if the disk was
  * never written since the last freeze, -E2BIG past VIRTIO_BLK_LAYERS_MAX. */
 int virtio_blk_freeze_overlay(struct virtio_mmio *dev);
+/* Stack a read-only layer (a snapshot's disk.layer.<i>: fd, and map_fd, its
+ * bitmap: little-endian 64-bit words, capacity / 4096 / 64 + 1 of them) over
+ * the layers so far, before the guest writes anything. Takes fd on success
+ * (map_fd stays the caller's). -EBADMSG for a file of the wrong size. */
+int virtio_blk_push_layer(struct virtio_mmio *dev, int fd, int map_fd);
+
+/* For a snapshot of a VM whose overlay is frozen (no live overlay, else
+ * -EBUSY): hard-link the base as dfd/disk_name and every frozen layer as
+ * dfd/disk.layer.<i> (i from 1), and write their maps, copying no data. Fails
+ * (-EXDEV, ...) where a file cannot be linked (another filesystem, an
+ * unlinked file); the caller then exports. *ret_n: the number of layers. */
+int virtio_blk_link_layers(struct virtio_mmio *dev, int dfd, const char *disk_name, unsigned *ret_n);
+
 /* Frozen layers stacked under the live overlay. */
 unsigned virtio_blk_layers(struct virtio_mmio *dev);
 
