@@ -11,6 +11,7 @@
 #include "branch.h"
 #include "snapshot-meta.h"
 #include "snapshot.h"
+#include "template.h"
 #include "virtio-blk.h"
 #include "virtio-console.h"
 #include "vmm-client.h"
@@ -34,27 +35,34 @@ static void send_result(int fd, int r, const char *dir) {
         json_object_put(o);
 }
 
-static _Noreturn void frozen_copy_main(struct vmm *vmm, struct vmm_host *host, const char *dir, const char *tag,
-                                       const void *vbuf, size_t vlen, int result_fd) {
+/* In a frozen copy: drop everything of the running VM's (its KVM VM and vCPU
+ * fds belong to the source's mm, and would keep that VM alive) and its host
+ * channels. */
+static void frozen_copy_detach(struct vmm *vmm, struct vmm_host *host, const char *name, bool close_kvm) {
         struct sigaction sa = { .sa_handler = SIG_DFL };
-        int r;
 
-        /* Nothing of the running VM's: no KVM fd (they belong to the source's
-         * mm, and would keep its VM alive), no host channel. */
         (void) munmap(vmm->run, vmm->run_size); /* holds the vCPU file too */
-        safe_close(vmm->vcpu_fd);
-        safe_close(vmm->vm_fd);
-        safe_close(vmm->kvm_fd);
-        safe_close(host->control_fd);
-        safe_close(host->agent_listen_fd);
-        safe_close(host->control_listen_fd);
+        vmm->run = NULL;
+        vmm->vcpu_fd = safe_close(vmm->vcpu_fd);
+        vmm->vm_fd = safe_close(vmm->vm_fd);
+        if (close_kvm)
+                vmm->kvm_fd = safe_close(vmm->kvm_fd);
+        host->control_fd = safe_close(host->control_fd);
+        host->agent_listen_fd = safe_close(host->agent_listen_fd);
+        host->control_listen_fd = safe_close(host->control_listen_fd);
         safe_close(virtio_console_host_fd(vmm->console));
         sigemptyset(&sa.sa_mask);
         (void) sigaction(SIGIO, &(struct sigaction) { .sa_handler = SIG_IGN }, NULL);
         (void) sigaction(SIGTERM, &sa, NULL);
         (void) sigaction(SIGINT, &sa, NULL);
-        (void) prctl(PR_SET_NAME, "forkd-branch");
+        (void) prctl(PR_SET_NAME, name);
+}
 
+static _Noreturn void frozen_copy_main(struct vmm *vmm, struct vmm_host *host, const char *dir, const char *tag,
+                                       const void *vbuf, size_t vlen, int result_fd) {
+        int r;
+
+        frozen_copy_detach(vmm, host, "forkd-branch", true);
         r = snapshot_write_collected(vmm, dir, tag, host->kernel, vbuf, vlen, true);
         if (r < 0)
                 log_error_errno(r, "Branch %s: writing %s failed: %m", tag, dir);
@@ -62,48 +70,22 @@ static _Noreturn void frozen_copy_main(struct vmm *vmm, struct vmm_host *host, c
         _exit(r < 0 ? 1 : 0);
 }
 
-int vmm_branch(struct vmm *vmm, struct vmm_host *host, struct json_object *req, int *result_fd,
-               struct json_object *reply, char *msg, size_t msg_size) {
+/* The pause: quiesce, save the state, freeze the disk overlay, fork(2).
+ * Returns the copy's pid in the VM's process (which resumes), 0 in the copy;
+ * *ret_pause_us is the pause, measured in the VM's process. */
+static pid_t pause_and_fork(struct vmm *vmm, void **ret_vbuf, size_t *ret_vlen, uint64_t *ret_pause_us, char *msg,
+                            size_t msg_size) {
         _cleanup_free_ void *vbuf = NULL;
-        struct json_object *o;
-        const char *dir, *tag, *mode = "full";
-        uint64_t t0, t1;
+        uint64_t t0;
         size_t vlen;
         pid_t pid;
         int r;
 
-        if (!json_object_object_get_ex(req, "dir", &o) || !json_object_is_type(o, json_type_string) ||
-            !(dir = json_object_get_string(o)) || dir[0] != '/' || strlen(dir) >= 4000 ||
-            strlen(dir) != (size_t) json_object_get_string_len(o)) {
-                snprintf(msg, msg_size, "branch needs \"dir\", an absolute path");
-                return -EINVAL;
-        }
-        if (!json_object_object_get_ex(req, "tag", &o) || !json_object_is_type(o, json_type_string) ||
-            !snapshot_tag_is_valid(tag = json_object_get_string(o))) {
-                snprintf(msg, msg_size, "branch \"tag\" must match ^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$");
-                return -EINVAL;
-        }
-        if (json_object_object_get_ex(req, "mode", &o)) {
-                if (!json_object_is_type(o, json_type_string) ||
-                    strcmp((mode = json_object_get_string(o)), "full") != 0) {
-                        snprintf(msg, msg_size, "branch \"mode\" must be \"full\"");
-                        return -EINVAL;
-                }
-        }
         if (vmm->mem_fd >= 0) {
                 /* RAM of a booted VM is a shared memfd: a fork would not freeze it. */
-                snprintf(msg, msg_size, "branch needs a VM restored from a snapshot (private guest memory)");
+                snprintf(msg, msg_size, "needs a VM restored from a snapshot (private guest memory)");
                 return -EOPNOTSUPP;
         }
-        if (*result_fd < 0) {
-                snprintf(msg, msg_size, "branch needs a result fd (SCM_RIGHTS)");
-                return -EINVAL;
-        }
-        if (access(dir, F_OK) == 0) {
-                snprintf(msg, msg_size, "%s exists already", dir);
-                return -EEXIST;
-        }
-
         /* The pause starts here. */
         t0 = now_usec();
         r = vcpu_quiesce(vmm);
@@ -126,12 +108,115 @@ int vmm_branch(struct vmm *vmm, struct vmm_host *host, struct json_object *req, 
                 snprintf(msg, msg_size, "fork failed: %s", strerror(-r));
                 return r;
         }
+        /* The pause ends when the run loop calls KVM_RUN again, right after the reply. */
+        *ret_pause_us = now_usec() - t0;
+        *ret_vbuf = TAKE_PTR(vbuf);
+        *ret_vlen = vlen;
+        return pid;
+}
+
+static _Noreturn void frozen_template_main(struct vmm *vmm, struct vmm_host *host, const void *vbuf, size_t vlen,
+                                           int tpl_fd) {
+        _cleanup_(snapshot_freep) struct snapshot *snap = NULL;
+        const char *err = NULL;
+        int r;
+
+        frozen_copy_detach(vmm, host, "forkd-fork", false);
+        (void) sigaction(SIGCHLD, &(struct sigaction) { .sa_handler = SIG_DFL }, NULL);
+
+        snap = calloc(1, sizeof(*snap));
+        if (!snap || !(snap->state = calloc(1, sizeof(*snap->state))))
+                _exit(1);
+        snap->mem_fd = snap->disk_fd = -EBADF;
+        for (unsigned i = 0; i < SNAPSHOT_DISK_LAYERS_MAX; i++)
+                snap->layer_fds[i] = snap->layer_map_fds[i] = -EBADF;
+        r = vmstate_decode(vbuf, vlen, snap->state, &err);
+        if (r < 0) {
+                log_error("Fork of %s: the saved state does not decode: %s", vmm->id, err ?: strerror(-r));
+                _exit(1);
+        }
+        snap->meta = (struct snapshot_meta) { .format = SNAPSHOT_META_FORMAT, .mem_size = vmm->mem_size, .vcpus = 1,
+                                              .generation = vmm->generation };
+        snprintf(snap->meta.tag, sizeof(snap->meta.tag), "%s", vmm->id);
+        snprintf(snap->meta.kernel, sizeof(snap->meta.kernel), "%s", host->kernel ?: "");
+        snprintf(snap->meta.guest, sizeof(snap->meta.guest), "%s", vmm->guest_kind[0] ? vmm->guest_kind : "test");
+        r = virtio_blk_open_layers(vmm->blk, &snap->disk_fd, snap->layer_fds, snap->layer_map_fds, &snap->n_layers);
+        if (r < 0) {
+                log_error_errno(r, "Fork of %s: cannot reopen the disk: %m", vmm->id);
+                _exit(1);
+        }
+        r = template_serve_loaded(vmm->kvm_fd, snap, vmm->mem, tpl_fd, virtio_blk_overlay_dir(vmm->blk));
+        _exit(r < 0 ? 1 : 0);
+}
+
+int vmm_fork_template(struct vmm *vmm, struct vmm_host *host, struct json_object *req, int *tpl_fd,
+                      struct json_object *reply, char *msg, size_t msg_size) {
+        _cleanup_free_ void *vbuf = NULL;
+        uint64_t pause_us;
+        size_t vlen;
+        pid_t pid;
+
+        if (*tpl_fd < 0) {
+                snprintf(msg, msg_size, "fork needs the template's control socket (SCM_RIGHTS)");
+                return -EINVAL;
+        }
+        pid = pause_and_fork(vmm, &vbuf, &vlen, &pause_us, msg, msg_size);
+        if (pid < 0)
+                return pid;
+        if (pid == 0)
+                frozen_template_main(vmm, host, vbuf, vlen, *tpl_fd);
+        *tpl_fd = safe_close(*tpl_fd);
+        json_object_object_add(reply, "pause_us", json_object_new_int64((int64_t) pause_us));
+        json_object_object_add(reply, "pid", json_object_new_int(pid));
+        return 0;
+}
+
+int vmm_branch(struct vmm *vmm, struct vmm_host *host, struct json_object *req, int *result_fd,
+               struct json_object *reply, char *msg, size_t msg_size) {
+        _cleanup_free_ void *vbuf = NULL;
+        struct json_object *o;
+        const char *dir, *tag, *mode = "full";
+        uint64_t pause_us;
+        size_t vlen;
+        pid_t pid;
+
+        if (!json_object_object_get_ex(req, "dir", &o) || !json_object_is_type(o, json_type_string) ||
+            !(dir = json_object_get_string(o)) || dir[0] != '/' || strlen(dir) >= 4000 ||
+            strlen(dir) != (size_t) json_object_get_string_len(o)) {
+                snprintf(msg, msg_size, "branch needs \"dir\", an absolute path");
+                return -EINVAL;
+        }
+        if (!json_object_object_get_ex(req, "tag", &o) || !json_object_is_type(o, json_type_string) ||
+            !snapshot_tag_is_valid(tag = json_object_get_string(o))) {
+                snprintf(msg, msg_size, "branch \"tag\" must match ^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$");
+                return -EINVAL;
+        }
+        if (json_object_object_get_ex(req, "mode", &o)) {
+                if (!json_object_is_type(o, json_type_string) ||
+                    strcmp((mode = json_object_get_string(o)), "full") != 0) {
+                        snprintf(msg, msg_size, "branch \"mode\" must be \"full\"");
+                        return -EINVAL;
+                }
+        }
+        if (*result_fd < 0) {
+                snprintf(msg, msg_size, "branch needs a result fd (SCM_RIGHTS)");
+                return -EINVAL;
+        }
+        if (access(dir, F_OK) == 0) {
+                snprintf(msg, msg_size, "%s exists already", dir);
+                return -EEXIST;
+        }
+
+        pid = pause_and_fork(vmm, &vbuf, &vlen, &pause_us, msg, msg_size);
+        if (pid < 0) {
+                if (pid == -EOPNOTSUPP)
+                        snprintf(msg, msg_size, "branch needs a VM restored from a snapshot (private guest memory)");
+                return pid;
+        }
         if (pid == 0)
                 frozen_copy_main(vmm, host, dir, tag, vbuf, vlen, *result_fd);
-        t1 = now_usec();
-        /* The pause ends when the run loop calls KVM_RUN again, right after the reply. */
         *result_fd = safe_close(*result_fd);
-        json_object_object_add(reply, "pause_us", json_object_new_int64((int64_t) (t1 - t0)));
+        json_object_object_add(reply, "pause_us", json_object_new_int64((int64_t) pause_us));
         json_object_object_add(reply, "pid", json_object_new_int(pid));
         json_object_object_add(reply, "mode", json_object_new_string(mode));
         return 0;

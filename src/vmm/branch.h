@@ -33,3 +33,12 @@ struct json_object;
  * failure msg says why and nothing was forked. */
 int vmm_branch(struct vmm *vmm, struct vmm_host *host, struct json_object *req, int *result_fd,
                struct json_object *reply, char *msg, size_t msg_size);
+
+/* Handle a "fork" request: the same pause, but the frozen copy becomes a
+ * template (template.c) serving the SOCK_SEQPACKET socket passed with the
+ * request (*tpl_fd, taken), with the VM as it stood at the pause as its
+ * snapshot: children share its RAM copy-on-write and stack their own disk
+ * overlay on its frozen layers. It ends, with its children, when that socket
+ * is closed. Reply: {"ok":true,"pause_us":N,"pid":P}. */
+int vmm_fork_template(struct vmm *vmm, struct vmm_host *host, struct json_object *req, int *tpl_fd,
+                      struct json_object *reply, char *msg, size_t msg_size);

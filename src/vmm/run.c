@@ -177,10 +177,13 @@ static void control_handle(struct vmm *vmm, struct vmm_host *host, const char *b
                         goto out;
                 }
                 json_object_object_add(reply, "dir", json_object_new_string(dir));
-        } else if (strcmp(op, "branch") == 0) {
+        } else if (strcmp(op, "branch") == 0 || strcmp(op, "fork") == 0) {
                 char msg[256] = "";
 
-                r = vmm_branch(vmm, host, req, fd, reply, msg, sizeof(msg));
+                if (strcmp(op, "branch") == 0)
+                        r = vmm_branch(vmm, host, req, fd, reply, msg, sizeof(msg));
+                else
+                        r = vmm_fork_template(vmm, host, req, fd, reply, msg, sizeof(msg));
                 if (r < 0) {
                         json_object_put(reply);
                         control_error(host, msg[0] ? msg : strerror(-r));

@@ -355,10 +355,7 @@ static void reap(struct template *t) {
 int template_serve(int kvm_fd, const char *snapshot_dir, int control_fd, const char *overlay_dir) {
         _cleanup_(snapshot_freep) struct snapshot *snap = NULL;
         _cleanup_free_ char *err = NULL;
-        _cleanup_free_ struct child *children = NULL;
-        struct template t = { .kvm_fd = kvm_fd, .control_fd = control_fd, .overlay_dir = overlay_dir };
-        struct json_object *ready;
-        sigset_t ss;
+        uint8_t *mem;
         int r;
 
         (void) prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -366,12 +363,21 @@ int template_serve(int kvm_fd, const char *snapshot_dir, int control_fd, const c
         r = snapshot_load(snapshot_dir, &snap, &err);
         if (r < 0)
                 return log_error_errno(r, "Cannot use snapshot %s: %s", snapshot_dir, err ?: strerror(-r));
-        t.snap = snap;
 
         /* Map, never touch: the template's page tables stay empty, so fork is cheap. */
-        t.mem = mmap(NULL, snap->meta.mem_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_NORESERVE, snap->mem_fd, 0);
-        if (t.mem == MAP_FAILED)
+        mem = mmap(NULL, snap->meta.mem_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_NORESERVE, snap->mem_fd, 0);
+        if (mem == MAP_FAILED)
                 return log_error_errno(errno, "Failed to map memory.bin: %m");
+        return template_serve_loaded(kvm_fd, snap, mem, control_fd, overlay_dir);
+}
+
+int template_serve_loaded(int kvm_fd, struct snapshot *snap, uint8_t *mem, int control_fd, const char *overlay_dir) {
+        _cleanup_free_ struct child *children = NULL;
+        struct template t = { .kvm_fd = kvm_fd, .control_fd = control_fd, .overlay_dir = overlay_dir, .snap = snap,
+                              .mem = mem };
+        struct json_object *ready;
+        sigset_t ss;
+        int r;
 
         children = calloc(TEMPLATE_MAX_CHILDREN, sizeof(*children));
         if (!children)

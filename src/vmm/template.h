@@ -10,6 +10,11 @@
  * the controller hangs up. See template.c for the protocol. */
 int template_serve(int kvm_fd, const char *snapshot_dir, int control_fd, const char *overlay_dir);
 
+struct snapshot;
+/* The same for a snapshot already in memory (a running VM's frozen copy,
+ * branch.c): snap's state and disk files, guest RAM at mem (private). */
+int template_serve_loaded(int kvm_fd, struct snapshot *snap, uint8_t *mem, int control_fd, const char *overlay_dir);
+
 /* A name a child may join as /run/netns/<name>: 1 to TEMPLATE_NETNS_NAME_MAX
  * characters of [A-Za-z0-9_.-], not starting with '.', without "..". */
 bool template_netns_name_is_valid(const char *name);

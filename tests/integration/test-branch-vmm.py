@@ -250,6 +250,62 @@ def run(tmp, vms):
         v.stop()
     check("a frozen copy killed half-way: no report, no snapshot, only its staging directory", killed_copy)
 
+    def fork_running():
+        v = VM(tmp, "fsrc", ["restore", "--snapshot", base, "--overlay-dir", tmp])
+        vms.append(v)
+        want = v.a("mem_write", offset_pages=8, pages=16, pattern=0x5a5a5a5a)["checksum"]
+        v.a("disk_write", block=4, pattern=4444)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            r = v.control({"op": "fork"}, theirs.fileno())
+        finally:
+            theirs.close()
+        assert r["ok"] and r["pause_us"] > 0 and r["pid"] > 0, r
+        ours.settimeout(30)
+        ev = json.loads(ours.recv(65536))
+        assert ev["event"] == "ready" and ev["mem_size"] == 64 << 20, ev
+        # The source runs on; what it writes now, the children do not see.
+        v.a("mem_write", offset_pages=8, pages=16, pattern=0x77777777)
+        v.a("disk_write", block=4, pattern=7777)
+        ids = ["fk-0", "fk-1", "fk-2"]
+        pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) for _ in ids]
+        req = json.dumps({"op": "spawn", "ids": ids, "with_control": False}).encode()
+        ours.sendmsg([req], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [p[1].fileno() for p in pairs]))])
+        for p in pairs:
+            p[1].close()
+        rep = json.loads(ours.recv(65536))
+        assert rep["ok"] and len(rep["pids"]) == 3 and all(x > 0 for x in rep["pids"]), rep
+        agents = []
+        for p in pairs:
+            ag = ac.Agent.__new__(ac.Agent)
+            ag.s, ag.next_id, ag.buf = p[0], 1, b""
+            p[0].settimeout(10)
+            agents.append(ag)
+        for k, ag in enumerate(agents):
+            t, got = ag.call("mem_checksum", offset_pages=8, pages=16)
+            assert t == ac.RESP and got["checksum"] == want, (k, got, want)
+            t, got = ag.call("disk_read", block=4)
+            assert got["first"] == 4444, (k, got)
+            t, got = ag.call("identity")
+            assert got["id"] == ids[k], got
+        # A child's writes are its own.
+        agents[0].call("disk_write", block=4, pattern=1)
+        assert agents[1].call("disk_read", block=4)[1]["first"] == 4444
+        assert v.a("disk_read", block=4)["first"] == 7777
+        # Hanging up ends the template and its children; the source lives on.
+        ours.close()
+        for p in pairs:
+            p[0].settimeout(10)
+            try:
+                while p[0].recv(65536):
+                    pass
+            except OSError:
+                pass
+        assert v.a("ping")["pong"]
+        v.stop()
+    check("fork: the frozen copy becomes a template; children have RAM and disk as at the pause, "
+          "their own identity, and die with it", fork_running)
+
     ctx["src"].stop()
 
 

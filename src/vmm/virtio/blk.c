@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -730,4 +731,59 @@ fail:
                 (void) unlinkat(dfd, map, 0);
         }
         return r;
+}
+
+int virtio_blk_open_layers(struct virtio_mmio *dev, int *ret_base_fd, int *layer_fds, int *map_fds,
+                           unsigned *ret_n) {
+        struct blk *b = blk_of(dev);
+        _cleanup_close_ int base = -EBADF;
+        unsigned i;
+        int r;
+
+        if (!b || !ret_base_fd || !ret_n)
+                return -EINVAL;
+        if (b->overlay_fd >= 0)
+                return -EBUSY;
+        base = fcntl(b->base_fd, F_DUPFD_CLOEXEC, 3);
+        if (base < 0)
+                return negative_errno();
+        for (i = 0; i < b->n_layers; i++) {
+                size_t words = bitmap_words(b);
+                _cleanup_free_ uint64_t *le = malloc(words * sizeof(uint64_t));
+
+                layer_fds[i] = map_fds[i] = -EBADF;
+                if (!le) {
+                        r = -ENOMEM;
+                        goto fail;
+                }
+                for (size_t k = 0; k < words; k++)
+                        le[k] = htole64(b->layers[i].bitmap[k]);
+                layer_fds[i] = fcntl(b->layers[i].fd, F_DUPFD_CLOEXEC, 3);
+                map_fds[i] = memfd_create("forkd-layer-map", MFD_CLOEXEC);
+                if (layer_fds[i] < 0 || map_fds[i] < 0) {
+                        r = negative_errno();
+                        i++;
+                        goto fail;
+                }
+                r = pwrite_full(map_fds[i], le, words * sizeof(uint64_t), 0);
+                if (r < 0) {
+                        i++;
+                        goto fail;
+                }
+        }
+        *ret_base_fd = TAKE_FD(base);
+        *ret_n = b->n_layers;
+        return 0;
+fail:
+        for (unsigned k = 0; k < i; k++) {
+                safe_close(layer_fds[k]);
+                safe_close(map_fds[k]);
+        }
+        return r;
+}
+
+const char *virtio_blk_overlay_dir(struct virtio_mmio *dev) {
+        struct blk *b = blk_of(dev);
+
+        return b ? b->overlay_dir : NULL;
 }

@@ -82,6 +82,15 @@ int virtio_blk_push_layer(struct virtio_mmio *dev, int fd, int map_fd);
  * unlinked file); the caller then exports. *ret_n: the number of layers. */
 int virtio_blk_link_layers(struct virtio_mmio *dev, int dfd, const char *disk_name, unsigned *ret_n);
 
+/* For a frozen copy that becomes a template (no live overlay, else -EBUSY):
+ * new fds of the base and of every frozen layer, with each layer's map in a
+ * memfd, as snapshot_load() would give them for virtio_blk_push_layer(). */
+int virtio_blk_open_layers(struct virtio_mmio *dev, int *ret_base_fd, int *layer_fds, int *map_fds,
+                           unsigned *ret_n);
+
+/* Where the overlay goes (as given to virtio_blk_new()). */
+const char *virtio_blk_overlay_dir(struct virtio_mmio *dev);
+
 /* Frozen layers stacked under the live overlay. */
 unsigned virtio_blk_layers(struct virtio_mmio *dev);
 
