@@ -163,11 +163,16 @@ static int on_result(sd_event_source *es, int fd, uint32_t revents, void *userda
 }
 
 /* The VMM answered the branch request: the sandbox runs again. */
-static void on_control_reply(BranchOp *b, struct json_object *o) {
+static void on_control_reply(ControlWaiter *w, struct json_object *o, const char *why) {
+        BranchOp *b = (BranchOp *) w;
         struct json_object *ok, *v;
         int r;
 
         b->sandbox = NULL;
+        if (!o) {
+                branch_fail(b, "%s", why);
+                return;
+        }
         if (!json_object_object_get_ex(o, "ok", &ok) || !json_object_is_type(ok, json_type_boolean)) {
                 branch_fail(b, "Malformed control reply from the VMM of %s.", b->source_id);
                 return;
@@ -201,10 +206,10 @@ static void on_control_reply(BranchOp *b, struct json_object *o) {
 static void control_drop(Sandbox *s, const char *why) {
         s->control_source = sd_event_source_disable_unref(s->control_source);
         while (s->ctl_waiters) {
-                BranchOp *b = s->ctl_waiters;
-                s->ctl_waiters = b->ctl_next;
-                b->sandbox = NULL;
-                branch_fail(b, "%s", why);
+                ControlWaiter *w = s->ctl_waiters;
+                s->ctl_waiters = w->next;
+                w->next = NULL;
+                w->reply(w, NULL, why);
         }
 }
 
@@ -215,7 +220,7 @@ static int on_control_io(sd_event_source *es, int fd, uint32_t revents, void *us
                 _cleanup_json_ struct json_object *o = NULL;
                 static char buf[CONTROL_REPLY_MAX + 1];
                 const char *perr = NULL;
-                BranchOp *b;
+                ControlWaiter *w;
                 ssize_t n;
 
                 n = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
@@ -228,12 +233,12 @@ static int on_control_io(sd_event_source *es, int fd, uint32_t revents, void *us
                 if (json_parse_strict(buf, (size_t) n, CONTROL_REPLY_MAX, 4, &o, &perr) < 0 ||
                     json_object_object_get_ex(o, "event", NULL))
                         continue; /* not a reply */
-                b = s->ctl_waiters;
-                if (!b)
+                w = s->ctl_waiters;
+                if (!w)
                         continue; /* nobody asked */
-                s->ctl_waiters = b->ctl_next;
-                b->ctl_next = NULL;
-                on_control_reply(b, o);
+                s->ctl_waiters = w->next;
+                w->next = NULL;
+                w->reply(w, o, NULL);
         }
 }
 
@@ -338,13 +343,43 @@ int branch_adopt_staging(Manager *m, const char *name) {
         return 1;
 }
 
+int sandbox_control_send(Sandbox *s, const char *request, int fd, ControlWaiter *w) {
+        char cbuf[CMSG_SPACE(sizeof(int))] = {};
+        struct iovec iov = { .iov_base = (void *) request, .iov_len = strlen(request) };
+        struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
+        ControlWaiter **p;
+        int r;
+
+        if (s->control_fd < 0)
+                return -ENOTCONN;
+        if (!s->control_source) {
+                r = sd_event_add_io(s->manager->event, &s->control_source, s->control_fd, EPOLLIN, on_control_io, s);
+                if (r < 0)
+                        return r;
+                (void) sd_event_source_set_description(s->control_source, "sandbox-control");
+        }
+        if (fd >= 0) {
+                struct cmsghdr *c;
+
+                mh.msg_control = cbuf;
+                mh.msg_controllen = sizeof(cbuf);
+                c = CMSG_FIRSTHDR(&mh);
+                c->cmsg_level = SOL_SOCKET;
+                c->cmsg_type = SCM_RIGHTS;
+                c->cmsg_len = CMSG_LEN(sizeof(int));
+                memcpy(CMSG_DATA(c), &fd, sizeof(int));
+        }
+        if (sendmsg(s->control_fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL) < 0)
+                return -errno;
+        w->next = NULL;
+        for (p = &s->ctl_waiters; *p; p = &(*p)->next)
+                ;
+        *p = w;
+        return 0;
+}
+
 static int send_request(Sandbox *s, BranchOp *b, int fd) {
         _cleanup_json_ struct json_object *req = json_object_new_object();
-        char cbuf[CMSG_SPACE(sizeof(int))] = {};
-        const char *text;
-        struct iovec iov;
-        struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof(cbuf) };
-        struct cmsghdr *c;
 
         if (!req)
                 return -ENOMEM;
@@ -352,16 +387,8 @@ static int send_request(Sandbox *s, BranchOp *b, int fd) {
         json_object_object_add(req, "dir", json_object_new_string(b->dir));
         json_object_object_add(req, "tag", json_object_new_string(b->tag));
         json_object_object_add(req, "mode", json_object_new_string("full"));
-        text = json_object_to_json_string_ext(req, JSON_C_TO_STRING_PLAIN);
-        iov = (struct iovec) { .iov_base = (void *) text, .iov_len = strlen(text) };
-        c = CMSG_FIRSTHDR(&mh);
-        c->cmsg_level = SOL_SOCKET;
-        c->cmsg_type = SCM_RIGHTS;
-        c->cmsg_len = CMSG_LEN(sizeof(int));
-        memcpy(CMSG_DATA(c), &fd, sizeof(int));
-        if (sendmsg(s->control_fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL) < 0)
-                return -errno;
-        return 0;
+        b->waiter.reply = on_control_reply;
+        return sandbox_control_send(s, json_object_to_json_string_ext(req, JSON_C_TO_STRING_PLAIN), fd, &b->waiter);
 }
 
 int bus_sandbox_method_branch(sd_bus_message *message, void *userdata, sd_bus_error *error) {
@@ -370,7 +397,7 @@ int bus_sandbox_method_branch(sd_bus_message *message, void *userdata, sd_bus_er
         const char *tag, *mode;
         char auto_tag[SNAPSHOT_TAG_MAX + 1];
         int wait, r, sv[2];
-        BranchOp *b, **p;
+        BranchOp *b;
         struct stat st;
 
         r = sd_bus_message_read(message, "ssb", &tag, &mode, &wait);
@@ -447,14 +474,6 @@ int bus_sandbox_method_branch(sd_bus_message *message, void *userdata, sd_bus_er
                 branch_op_free(b);
                 return r;
         }
-        if (!s->control_source) {
-                r = sd_event_add_io(m->event, &s->control_source, s->control_fd, EPOLLIN, on_control_io, s);
-                if (r < 0) {
-                        branch_op_free(b);
-                        return r;
-                }
-                (void) sd_event_source_set_description(s->control_source, "sandbox-control");
-        }
         if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sv) < 0) {
                 r = -errno;
                 branch_op_free(b);
@@ -469,9 +488,6 @@ int bus_sandbox_method_branch(sd_bus_message *message, void *userdata, sd_bus_er
         }
         b->message = sd_bus_message_ref(message);
         b->sandbox = s;
-        for (p = &s->ctl_waiters; *p; p = &(*p)->ctl_next)
-                ;
-        *p = b;
         log_info("Branching %s into %s (mode %s).", s->id, b->tag, b->mode);
         return 1;
 }

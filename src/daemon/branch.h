@@ -26,11 +26,25 @@
 
 #include "manager.h"
 
+struct json_object;
+
+/* A request on a sandbox's control socket waiting for its reply. reply() runs
+ * once: with the reply, or with NULL and why when the sandbox or its VMM
+ * went away first. */
+struct ControlWaiter {
+        void (*reply)(ControlWaiter *w, struct json_object *o, const char *why);
+        ControlWaiter *next;
+};
+
+/* Send request (JSON text), with fd (SCM_RIGHTS) if fd >= 0, to the
+ * sandbox's VMM; w waits for the answer, in order. */
+int sandbox_control_send(Sandbox *s, const char *request, int fd, ControlWaiter *w);
+
 struct BranchOp {
+        ControlWaiter waiter;      /* first: the source's FIFO of requests awaiting a control reply */
         Manager *manager;
         sd_bus_message *message;   /* the call, until answered */
         Sandbox *sandbox;          /* while pausing: the source */
-        BranchOp *ctl_next;        /* the source's FIFO of requests awaiting a control reply */
         char *source_id, *tag, *dir;
         char mode[8];
         bool wait;

@@ -144,7 +144,7 @@ static void fork_succeed(ForkOp *f) {
                 sandbox_send_new_signal(s);
         }
         f->state = FORK_DONE;
-        log_info("Forked %u sandbox(es) of %s.", f->n, f->image->tag);
+        log_info("Forked %u sandbox(es) of %s.", f->n, f->image ? f->image->tag : "a running sandbox");
         f->done(f, 0, NULL, NULL, f->userdata); /* may free f */
 }
 
@@ -460,10 +460,12 @@ static void cgroups_ready(ForkOp *f) {
                           strerror(-f->cgroup_error));
                 return;
         }
-        r = vm_template_get(i, &f->template);
-        if (r < 0) {
-                fork_fail(f, r, FORKD_ERROR_FAILED, "Failed to set up the template: %s", strerror(-r));
-                return;
+        if (!f->template) {
+                r = vm_template_get(i, &f->template);
+                if (r < 0) {
+                        fork_fail(f, r, FORKD_ERROR_FAILED, "Failed to set up the template: %s", strerror(-r));
+                        return;
+                }
         }
         r = fork_run(f);
         if (r < 0)
@@ -489,8 +491,21 @@ static void on_cgroup_ready(int r, const char *id, const char *parent, void *use
                 cgroups_ready(f);
 }
 
+static int fork_op_start_full(Manager *m, Image *i, VmTemplate *t, unsigned n, const struct fork_options *o,
+                              fork_done_t done, void *userdata, ForkOp **ret);
+
 int fork_op_start(Manager *m, Image *i, unsigned n, const struct fork_options *o, fork_done_t done, void *userdata,
                   ForkOp **ret) {
+        return fork_op_start_full(m, i, NULL, n, o, done, userdata, ret);
+}
+
+int fork_op_start_template(Manager *m, VmTemplate *t, unsigned n, const struct fork_options *o, fork_done_t done,
+                           void *userdata, ForkOp **ret) {
+        return fork_op_start_full(m, NULL, t, n, o, done, userdata, ret);
+}
+
+static int fork_op_start_full(Manager *m, Image *i, VmTemplate *t, unsigned n, const struct fork_options *o,
+                              fork_done_t done, void *userdata, ForkOp **ret) {
         ForkOp *f;
         char prefix[7];
         int r;
@@ -512,7 +527,9 @@ int fork_op_start(Manager *m, Image *i, unsigned n, const struct fork_options *o
         f->userdata = userdata;
         f->created_at = (uint64_t) time(NULL);
         f->image = i;
-        i->n_users++;
+        if (i)
+                i->n_users++;
+        f->template = t;
         f->reserved = true;
         m->n_sandboxes_reserved += n;
         f->ids = calloc(n, sizeof(char *));
@@ -591,9 +608,11 @@ int fork_op_start(Manager *m, Image *i, unsigned n, const struct fork_options *o
         if (f->n_cgroups_pending > 0)
                 f->state = FORK_CGROUPS;
         else {
-                r = vm_template_get(i, &f->template);
-                if (r < 0)
-                        goto fail;
+                if (!f->template) {
+                        r = vm_template_get(i, &f->template);
+                        if (r < 0)
+                                goto fail;
+                }
                 r = fork_run(f);
                 if (r < 0)
                         goto fail;
@@ -605,6 +624,13 @@ fail:
                 for (unsigned k = 0; k < n; k++)
                         if (f->has_cgroup[k])
                                 (void) cgroup_remove(m->cgroups, f->ids[k]);
+        if (t && f->template == t) {
+                /* A running template of nobody else's: it goes unless something uses it. */
+                f->template = NULL;
+                fork_op_free(f);
+                vm_template_maybe_gc(t);
+                return r;
+        }
         fork_op_free(f);
         return r;
 }

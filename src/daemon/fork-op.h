@@ -74,6 +74,10 @@ struct ForkOp {
  * limits are unavailable. On success done() follows later, never from here. */
 int fork_op_start(Manager *m, Image *i, unsigned n, const struct fork_options *o, fork_done_t done, void *userdata,
                   ForkOp **ret);
+/* The same from a template that runs already (vm_template_new_running()),
+ * not from a snapshot. */
+int fork_op_start_template(Manager *m, VmTemplate *t, unsigned n, const struct fork_options *o, fork_done_t done,
+                           void *userdata, ForkOp **ret);
 /* Cancel (shutdown) or release after done(). Accepts NULL, returns NULL. */
 ForkOp *fork_op_free(ForkOp *f);
 

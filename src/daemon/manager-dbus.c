@@ -14,6 +14,7 @@
 #include "operation.h"
 #include "polkit.h"
 #include "branch.h"
+#include "sandbox-fork.h"
 #include "sandbox-dbus.h"
 #include "sandbox.h"
 #include "snapshot-meta.h"
@@ -560,6 +561,10 @@ static int method_branch_sandbox(sd_bus_message *message, void *userdata, sd_bus
         return forward_to_sandbox(message, userdata, bus_sandbox_method_branch, error);
 }
 
+static int method_fork_sandbox(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        return forward_to_sandbox(message, userdata, bus_sandbox_method_fork, error);
+}
+
 const sd_bus_vtable manager_vtable[] = {
         SD_BUS_VTABLE_START(0),
         SD_BUS_PROPERTY("Version", "s", property_get_version, 0, SD_BUS_VTABLE_PROPERTY_CONST),
@@ -595,6 +600,9 @@ const sd_bus_vtable manager_vtable[] = {
                                 method_run_code, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("BranchSandbox", SD_BUS_ARGS("s", id, "s", tag, "s", mode, "b", wait),
                                 SD_BUS_RESULT("a{sv}", info), method_branch_sandbox, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("ForkSandbox", SD_BUS_ARGS("s", id, "u", n),
+                                SD_BUS_RESULT("aa{sv}", sandboxes, "t", pause_us), method_fork_sandbox,
+                                SD_BUS_VTABLE_UNPRIVILEGED),
 
         SD_BUS_SIGNAL_WITH_ARGS("SnapshotNew", SD_BUS_ARGS("s", tag, "o", object), 0),
         SD_BUS_SIGNAL_WITH_ARGS("SnapshotRemoved", SD_BUS_ARGS("s", tag, "o", object), 0),

@@ -41,6 +41,7 @@ typedef struct VmTemplate VmTemplate;
 typedef struct ForkOp ForkOp;
 typedef struct Operation Operation;
 typedef struct BranchOp BranchOp;
+typedef struct ControlWaiter ControlWaiter;
 typedef struct CGroupManager CGroupManager;
 typedef struct WorkerPool WorkerPool;
 struct polkit_registry;

@@ -42,6 +42,8 @@ Operation *operation_free(Operation *o) {
         }
         image_create_free(o->create);
         fork_op_free(o->fork);
+        if (o->free_extra)
+                o->free_extra(o->extra);
         sd_bus_message_unref(o->message);
         free(o);
         manager_check_idle_exit(m);

@@ -16,6 +16,9 @@ struct Operation {
         char *tag;                  /* CreateSnapshot: its entry in manager->creating */
         struct ImageCreate *create;
         ForkOp *fork;
+        /* Anything else the operation owns (ForkSandbox's state), freed with it. */
+        void *extra;
+        void (*free_extra)(void *extra);
         Operation *next, *prev;
 };
 

@@ -3,6 +3,7 @@
 
 #include "agent-proto.h"
 #include "branch.h"
+#include "sandbox-fork.h"
 #include "json-util.h"
 #include "macro.h"
 #include "polkit.h"
@@ -330,6 +331,7 @@ OBJECT_METHOD(exec)
 OBJECT_METHOD(eval)
 OBJECT_METHOD(run_code)
 OBJECT_METHOD(branch)
+OBJECT_METHOD(fork)
 
 const sd_bus_vtable sandbox_vtable[] = {
         SD_BUS_VTABLE_START(0),
@@ -352,5 +354,7 @@ const sd_bus_vtable sandbox_vtable[] = {
                                 object_run_code, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("Branch", SD_BUS_ARGS("s", tag, "s", mode, "b", wait), SD_BUS_RESULT("a{sv}", info),
                                 object_branch, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("Fork", SD_BUS_ARGS("u", n), SD_BUS_RESULT("aa{sv}", sandboxes, "t", pause_us),
+                                object_fork, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_VTABLE_END,
 };

@@ -45,7 +45,7 @@ struct Sandbox {
          * order: ctl_waiters, FIFO (branch.c). */
         int control_fd;
         sd_event_source *control_source;
-        BranchOp *ctl_waiters;
+        ControlWaiter *ctl_waiters;
         sd_event_source *io_source, *timer_source;
         struct agent_call *calls;
 

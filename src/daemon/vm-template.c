@@ -51,6 +51,32 @@ int vm_template_get(Image *i, VmTemplate **ret) {
         return 0;
 }
 
+int vm_template_new_running(Manager *m, const char *tag, pid_t pid, int control_fd, uint64_t generation,
+                            VmTemplate **ret) {
+        VmTemplate *t;
+
+        t = calloc(1, sizeof(*t));
+        if (!t)
+                return -ENOMEM;
+        t->manager = m;
+        t->pidfd = -EBADF;
+        t->tag = strdup(tag);
+        t->snapshot_dir = strdup("");
+        if (!t->tag || !t->snapshot_dir) {
+                free(t->tag);
+                free(t->snapshot_dir);
+                free(t);
+                return -ENOMEM;
+        }
+        t->vt = (struct vmm_template) { .pid = pid, .control_fd = control_fd, .generation = generation };
+        t->next = m->templates;
+        if (m->templates)
+                m->templates->prev = t;
+        m->templates = t;
+        *ret = t;
+        return 0;
+}
+
 VmTemplate *vm_template_free(VmTemplate *t) {
         Manager *m;
 

@@ -37,6 +37,12 @@ struct VmTemplate {
 
 /* The template of image i, created (not started) if needed. */
 int vm_template_get(Image *i, VmTemplate **ret);
+/* A template that runs already, of no snapshot: the frozen copy of a running
+ * sandbox (ForkSandbox), pid (not our child), its control socket control_fd
+ * (taken). Its children's snapshot_tag is tag. It goes once its last
+ * sandbox is gone (vm_template_maybe_gc()). */
+int vm_template_new_running(Manager *m, const char *tag, pid_t pid, int control_fd, uint64_t generation,
+                            VmTemplate **ret);
 /* Free without waiting (shutdown). */
 VmTemplate *vm_template_free(VmTemplate *t);
 void vm_template_detach_image(VmTemplate *t);

@@ -54,6 +54,14 @@ def peek(pid, n, off=SCRATCH):
         os.close(fd)
 
 
+def comm(pid):
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
 def main():
     if not tf.FORKD or not tf.VMM or not tf.GUEST:
         print("Bail out! FORKD, FORKD_VMM and FORKD_TEST_GUEST must be set")
@@ -184,6 +192,39 @@ def run(h):
         assert peek(c["pid"], 5, SCRATCH + 4096) == b"gen-2"
         ctx["p2"] = c
     h.check("branches outlive a restart of forkd, kill -9 included", restart)
+
+    def fork_running():
+        p = h.fork("base", 1)[0]
+        poke(p["pid"], b"parent-state!")
+        kids, pause_us = h.m("ForkSandbox", "su", [p["id"], 3], timeout=60)
+        assert len(kids) == 3 and 0 < pause_us < 1000000, (kids, pause_us)
+        poke(p["pid"], b"parent-later!")
+        for k in kids:
+            assert k["state"] == "running" and k["snapshot_tag"] == "base", k
+            ping(k["id"])
+            assert peek(k["pid"], 13) == b"parent-state!", peek(k["pid"], 13)
+        poke(kids[0]["pid"], b"kid0-changed!")
+        assert peek(kids[1]["pid"], 13) == b"parent-state!"
+        assert peek(p["pid"], 13) == b"parent-later!"
+        # The Sandbox object has the verb too; a child of a child.
+        obj = tf.path_encode("/org/forkd/sandbox", kids[0]["id"])
+        grand, _ = h.bus.call(DEST, obj, "org.forkd.Sandbox", "Fork", "u", [1])
+        assert peek(grand[0]["pid"], 13) == b"kid0-changed!"
+        h.expect_error(tf.INVALID_ARGS, "ForkSandbox", "su", [p["id"], 0])
+        h.expect_error(tf.INVALID_ARGS, "ForkSandbox", "su", [p["id"], 33])
+        h.expect_error(NO_SANDBOX, "ForkSandbox", "su", ["sb-000000-0000", 1])
+        # The children outlive their parent; the templates go with the last of their children.
+        h.m("TerminateSandbox", "s", [p["id"]])
+        h.wait_removed(p["id"])
+        for k in kids + grand:
+            ping(k["id"])
+        for k in kids + grand:
+            h.m("TerminateSandbox", "s", [k["id"]])
+            h.wait_removed(k["id"])
+        tf.wait_for(lambda: not [d for d in os.listdir("/proc") if d.isdigit() and comm(d) == "forkd-fork"], 10,
+                    "the frozen templates to exit")
+    h.check("ForkSandbox: n children with the parent's state at the pause, each its own; the parent runs on; "
+            "errors; the templates go with their last child", fork_running)
 
     def in_flight():
         # Stalled frozen copies: in flight long enough to see the cap, the 409s and "writing".

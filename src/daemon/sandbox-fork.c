@@ -1,0 +1,256 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+/* Forking a running sandbox: see sandbox-fork.h. */
+#include <sys/socket.h>
+
+#include <json-c/json.h>
+
+#include "branch.h"
+#include "fork-op.h"
+#include "json-util.h"
+#include "macro.h"
+#include "operation.h"
+#include "polkit.h"
+#include "sandbox-dbus.h"
+#include "sandbox-fork.h"
+#include "sandbox.h"
+#include "vm-template.h"
+
+#define READY_TIMEOUT_USEC (30 * 1000000ull)
+
+typedef struct SandboxFork {
+        ControlWaiter waiter; /* first */
+        Manager *manager;
+        Operation *operation; /* holds the call and counts against --max-operations */
+        char *source_id, *tag;
+        unsigned n;
+        uint32_t memory_limit_mib;
+        int tpl_fd;
+        pid_t pid;
+        uint64_t pause_us;
+        sd_event_source *ready_source, *timer_source;
+} SandboxFork;
+
+/* Freed with its operation (operation_free()). */
+static void sandbox_fork_release(void *p) {
+        SandboxFork *f = p;
+
+        f->ready_source = sd_event_source_disable_unref(f->ready_source);
+        f->timer_source = sd_event_source_disable_unref(f->timer_source);
+        safe_close(f->tpl_fd); /* a template we never adopted ends with its children */
+        free(f->source_id);
+        free(f->tag);
+        free(f);
+}
+
+/* Done: free the operation, its fork and f. */
+static void sandbox_fork_free(SandboxFork *f) {
+        operation_free(f->operation);
+}
+
+static void sandbox_fork_fail(SandboxFork *f, const char *name, const char *fmt, ...) _printf_(3, 4);
+static void sandbox_fork_fail(SandboxFork *f, const char *name, const char *fmt, ...) {
+        _cleanup_free_ char *msg = NULL;
+        va_list ap;
+
+        va_start(ap, fmt);
+        if (vasprintf(&msg, fmt, ap) < 0)
+                msg = NULL;
+        va_end(ap);
+        log_warning("Fork of the running sandbox %s failed: %s", f->source_id, msg ?: "out of memory");
+        (void) sd_bus_reply_method_errorf(f->operation->message, name ?: FORKD_ERROR_FAILED, "%s",
+                                          msg ?: "Out of memory");
+        sandbox_fork_free(f);
+}
+
+static void on_fork_done(ForkOp *op, int r, const char *error_name, const char *error_message, void *userdata) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
+        SandboxFork *f = userdata;
+        Manager *m = f->manager;
+
+        if (r < 0) {
+                if (op->template) {
+                        /* Nobody else stops it: it never got a child. */
+                        VmTemplate *t = op->template;
+                        op->template = NULL;
+                        vm_template_maybe_gc(t);
+                }
+                (void) sd_bus_reply_method_errorf(f->operation->message, error_name ?: FORKD_ERROR_FAILED, "%s",
+                                                  error_message ?: strerror(-r));
+                sandbox_fork_free(f);
+                return;
+        }
+        r = sd_bus_message_new_method_return(f->operation->message, &reply);
+        if (r >= 0)
+                r = sd_bus_message_open_container(reply, 'a', "a{sv}");
+        for (unsigned i = 0; r >= 0 && i < op->n; i++)
+                r = sandbox_append_info(reply, hashmap_get(m->sandboxes, op->ids[i]));
+        if (r >= 0)
+                r = sd_bus_message_close_container(reply);
+        if (r >= 0)
+                r = sd_bus_message_append(reply, "t", f->pause_us);
+        if (r >= 0)
+                r = sd_bus_send(NULL, reply, NULL);
+        if (r < 0)
+                (void) sd_bus_reply_method_errno(f->operation->message, r, NULL);
+        log_info("Forked the running sandbox %s into %u (paused %llu us).", f->source_id, op->n,
+                 (unsigned long long) f->pause_us);
+        sandbox_fork_free(f);
+}
+
+static int on_ready_timeout(sd_event_source *es, uint64_t usec, void *userdata) {
+        sandbox_fork_fail(userdata, NULL, "The frozen copy did not become a template in time.");
+        return 0;
+}
+
+/* The frozen copy says it is a template. */
+static int on_ready(sd_event_source *es, int fd, uint32_t revents, void *userdata) {
+        _cleanup_json_ struct json_object *o = NULL;
+        SandboxFork *f = userdata;
+        Manager *m = f->manager;
+        struct fork_options opts = { .memory_limit_mib = f->memory_limit_mib };
+        struct json_object *ev, *g;
+        char buf[4096];
+        VmTemplate *t = NULL;
+        uint64_t generation = 0;
+        ssize_t n;
+        int r;
+
+        n = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+        if (n < 0 && (errno == EAGAIN || errno == EINTR))
+                return 0;
+        if (n <= 0 || json_parse_strict(buf, (size_t) n, sizeof(buf), 4, &o, NULL) < 0 ||
+            !json_object_object_get_ex(o, "event", &ev) || !json_object_is_type(ev, json_type_string) ||
+            strcmp(json_object_get_string(ev), "ready") != 0) {
+                sandbox_fork_fail(f, NULL, "The frozen copy of %s did not become a template (see the log of forkd).",
+                                  f->source_id);
+                return 0;
+        }
+        if (json_object_object_get_ex(o, "generation", &g) && json_object_is_type(g, json_type_int))
+                generation = (uint64_t) json_object_get_int64(g);
+        f->ready_source = sd_event_source_disable_unref(f->ready_source);
+        f->timer_source = sd_event_source_disable_unref(f->timer_source);
+
+        r = vm_template_new_running(m, f->tag, f->pid, f->tpl_fd, generation, &t);
+        if (r < 0) {
+                sandbox_fork_fail(f, NULL, "Failed to set up the template: %s", strerror(-r));
+                return 0;
+        }
+        f->tpl_fd = -EBADF; /* the template's now */
+        r = fork_op_start_template(m, t, f->n, &opts, on_fork_done, f, &f->operation->fork);
+        if (r < 0) {
+                if (r == -EUSERS)
+                        sandbox_fork_fail(f, FORKD_ERROR_BUSY, "At most %u sandboxes may exist at once.",
+                                          SANDBOXES_MAX);
+                else
+                        sandbox_fork_fail(f, NULL, "Failed to start the fork: %s", strerror(-r));
+        }
+        return 0;
+}
+
+static void on_control_reply(ControlWaiter *w, struct json_object *o, const char *why) {
+        SandboxFork *f = (SandboxFork *) w;
+        struct json_object *ok, *v, *p;
+        int r;
+
+        if (!o) {
+                sandbox_fork_fail(f, NULL, "%s", why);
+                return;
+        }
+        if (!json_object_object_get_ex(o, "ok", &ok) || !json_object_is_type(ok, json_type_boolean)) {
+                sandbox_fork_fail(f, NULL, "Malformed control reply from the VMM of %s.", f->source_id);
+                return;
+        }
+        if (!json_object_get_boolean(ok)) {
+                sandbox_fork_fail(f, NULL, "The VMM of %s refused the fork: %s", f->source_id,
+                                  json_object_object_get_ex(o, "error", &v) && json_object_is_type(v, json_type_string) ?
+                                          json_object_get_string(v) :
+                                          "no reason given");
+                return;
+        }
+        if (!json_object_object_get_ex(o, "pause_us", &v) || !json_object_is_type(v, json_type_int) ||
+            json_object_get_int64(v) < 0 || !json_object_object_get_ex(o, "pid", &p) ||
+            !json_object_is_type(p, json_type_int) || json_object_get_int64(p) <= 0) {
+                sandbox_fork_fail(f, NULL, "Malformed control reply from the VMM of %s.", f->source_id);
+                return;
+        }
+        f->pause_us = (uint64_t) json_object_get_int64(v);
+        f->pid = (pid_t) json_object_get_int64(p);
+        r = sd_event_add_io(f->manager->event, &f->ready_source, f->tpl_fd, EPOLLIN, on_ready, f);
+        if (r >= 0)
+                r = sd_event_add_time_relative(f->manager->event, &f->timer_source, CLOCK_MONOTONIC,
+                                               READY_TIMEOUT_USEC, 0, on_ready_timeout, f);
+        if (r < 0)
+                sandbox_fork_fail(f, NULL, "Failed to wait for the template: %s", strerror(-r));
+}
+
+int bus_sandbox_method_fork(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        Sandbox *s = userdata;
+        Manager *m = s->manager;
+        SandboxFork *f;
+        Operation *o = NULL;
+        uint32_t n;
+        int r, sv[2];
+
+        r = sd_bus_message_read(message, "u", &n);
+        if (r < 0)
+                return r;
+        if (n < 1 || n > SANDBOX_FORK_N_MAX)
+                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "n must be from 1 to %u, not %u.",
+                                         SANDBOX_FORK_N_MAX, n);
+
+        r = bus_verify_polkit_async(message, "org.forkd.branch",
+                                    (const char *[]) { "sandbox", s->id, "verb", "fork", NULL },
+                                    &m->polkit_registry, error);
+        if (r < 0)
+                return r;
+        if (r == 0)
+                return 1;
+
+        if (m->exiting)
+                return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "forkd is shutting down.");
+        if (s->control_fd < 0)
+                return sd_bus_error_setf(error, FORKD_ERROR_FAILED, "Sandbox %s has no control channel.", s->id);
+        if (hashmap_size(m->sandboxes) + m->n_sandboxes_reserved + n > SANDBOXES_MAX)
+                return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "At most %u sandboxes may exist at once.",
+                                         SANDBOXES_MAX);
+        r = operation_new(m, message, &o);
+        if (r == -EBUSY)
+                return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "%u operations are running; retry later.",
+                                         m->max_operations);
+        if (r < 0)
+                return r;
+
+        f = calloc(1, sizeof(*f));
+        if (!f) {
+                operation_free(o);
+                return -ENOMEM;
+        }
+        f->manager = m;
+        f->operation = o;
+        o->extra = f;
+        o->free_extra = sandbox_fork_release;
+        f->n = n;
+        f->tpl_fd = -EBADF;
+        f->memory_limit_mib = s->memory_limit_mib;
+        f->waiter.reply = on_control_reply;
+        f->source_id = strdup(s->id);
+        f->tag = strdup(s->snapshot_tag);
+        if (!f->source_id || !f->tag) {
+                sandbox_fork_free(f);
+                return -ENOMEM;
+        }
+        if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0) {
+                r = -errno;
+                sandbox_fork_free(f);
+                return r;
+        }
+        f->tpl_fd = sv[0];
+        r = sandbox_control_send(s, "{\"op\":\"fork\"}", sv[1], &f->waiter);
+        safe_close(sv[1]);
+        if (r < 0) {
+                sandbox_fork_free(f);
+                return sd_bus_error_set_errnof(error, r, "Failed to ask the VMM of %s for a fork: %m", s->id);
+        }
+        log_info("Forking the running sandbox %s into %u.", s->id, n);
+        return 1;
+}

@@ -1,0 +1,20 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#pragma once
+
+/*
+ * Forking a running sandbox into n children (ForkSandbox, Podflare's fork):
+ * the sandbox's VMM pauses as for a branch and fork(2)s; the frozen copy
+ * becomes a template (forkd-vmm "fork") holding the VM as it stood, and the
+ * children are forked from it like any fork (fork-op.c), each answering its
+ * agent before the reply. The parent runs on; the children share its memory
+ * copy-on-write with it and with each other. The template goes once its last
+ * child is gone.
+ */
+
+#include <systemd/sd-bus.h>
+
+#define SANDBOX_FORK_N_MAX 32u
+
+/* Sandbox method Fork and the tail of Manager.ForkSandbox (after the id):
+ * reads (u n). Answers (aa{sv} sandboxes, t pause_us). */
+int bus_sandbox_method_fork(sd_bus_message *message, void *userdata, sd_bus_error *error);
