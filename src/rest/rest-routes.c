@@ -6,6 +6,7 @@
 
 #include <limits.h>
 
+#include "forkd-bus.h"
 #include "json-util.h"
 #include "macro.h"
 #include "rest-server.h"
@@ -386,8 +387,33 @@ static int on_reply_compact(RestRequest *req, sd_bus_message *reply) {
         return on_reply_not_implemented(req, reply, "snapshot compaction");
 }
 
+/* Podflare's answer (seed 002): 200 {"children": [ids]}; 404 {"error": "sandbox not found"}. */
 static int on_reply_sandbox_fork(RestRequest *req, sd_bus_message *reply) {
-        return on_reply_not_implemented(req, reply, "forking a running sandbox");
+        _cleanup_json_ struct json_object *a = NULL, *o = NULL, *ids = NULL;
+        const sd_bus_error *e = sd_bus_message_get_error(reply);
+        int r;
+
+        if (e && sd_bus_error_has_name(e, FORKD_ERROR_NO_SUCH_SANDBOX))
+                return rest_reply_error(req, 404, "sandbox not found");
+        r = reply_bus_result(req, reply, 0);
+        if (r <= 0)
+                return r;
+        r = rest_bus_read_dict_array_json(reply, &a);
+        if (r < 0)
+                return rest_reply_error(req, 500, "unexpected reply from the daemon: %s", strerror(-r));
+        ids = json_object_new_array();
+        o = json_object_new_object();
+        if (!ids || !o)
+                return rest_reply_error(req, 500, "out of memory");
+        for (size_t i = 0; i < json_object_array_length(a); i++) {
+                struct json_object *id;
+
+                if (!json_object_object_get_ex(json_object_array_get_idx(a, i), "id", &id))
+                        return rest_reply_error(req, 500, "unexpected reply from the daemon: a child without id");
+                json_object_array_add(ids, json_object_get(id));
+        }
+        json_object_object_add(o, "children", TAKE_PTR(ids));
+        return rest_reply_json(req, 200, o);
 }
 
 struct compact_args {
@@ -661,12 +687,12 @@ static int route_sandbox_fork(RestRequest *req) {
         id = param_or_reply(req, "sandbox id");
         if (!id)
                 return 0;
-        r = parse_body(req, true, table, &a, &(struct body_rules) { .n = "n", .n_max = SANDBOX_FORK_N_MAX }, &o);
+        r = parse_body(req, true, table, &a, NULL, &o);
         if (r <= 0)
                 return r;
         if (a.n < 1 || a.n > SANDBOX_FORK_N_MAX)
-                return rest_reply_error(req, 400, "n must be an integer between 1 and %d", SANDBOX_FORK_N_MAX);
-        return call_manager(req, "GetSandbox", CALL_TIMEOUT_SHORT, on_reply_sandbox_fork, "s", id);
+                return rest_reply_error(req, 400, "n must be between 1 and %d", SANDBOX_FORK_N_MAX);
+        return call_manager(req, "ForkSandbox", CALL_TIMEOUT_FORK, on_reply_sandbox_fork, "su", id, (uint32_t) a.n);
 }
 
 const RestRoute rest_routes[] = {

@@ -753,13 +753,34 @@ def t_not_implemented(c, stack):
     r = c.expect(501, "POST", f"/v1/snapshots/{Ctx.tag}/compact", {"to": "rest-flat"})
     check("not implemented" in r.json["error"], r)
     c.expect(404, "POST", "/v1/snapshots/rest-nosuch/compact", {"to": "rest-flat"})
-    c.expect(501, "POST", f"/v1/sandboxes/{sid}/fork", {"n": 2})
-    c.expect(404, "POST", "/v1/sandboxes/sb-nosuch/fork", {"n": 2})
     r = c.expect(200, "GET", "/v1/snapshots")
     check(all(s["tag"] not in ("rest-flat",) and s.get("branched_from") is None for s in r.json),
           f"a 501 created a snapshot: {r}")
     r = c.expect(200, "GET", "/v1/sandboxes")
     check(len(r.json) == len(Ctx.sandboxes), f"a 501 created sandboxes: {r}")
+
+
+def t_sandbox_fork(c, stack):
+    """POST /v1/sandboxes/:id/fork (seed 002): 200 {"children": [ids]}, every
+    child answering already; the parent runs on; the error bodies as given."""
+    sid = Ctx.sandboxes[0]
+    r = c.expect(200, "POST", f"/v1/sandboxes/{sid}/fork", {"n": 3})
+    check(list(r.json) == ["children"] and len(r.json["children"]) == 3 and len(set(r.json["children"])) == 3, r)
+    children = list(r.json["children"])
+    for child in children:
+        c.expect(200, "POST", f"/v1/sandboxes/{child}/ping")
+    r = c.expect(200, "POST", f"/v1/sandboxes/{sid}/fork", None)
+    check(len(r.json["children"]) == 1, r)
+    children += r.json["children"]
+    c.expect(200, "POST", f"/v1/sandboxes/{sid}/ping")
+    r = c.expect(400, "POST", f"/v1/sandboxes/{sid}/fork", {"n": 33})
+    check(r.json == {"error": "n must be between 1 and 32"}, r)
+    r = c.expect(404, "POST", "/v1/sandboxes/sb-nosuch/fork", {"n": 2})
+    check(r.json == {"error": "sandbox not found"}, r)
+    r = c.expect(401, "POST", f"/v1/sandboxes/{sid}/fork", {"n": 2}, token="wrong")
+    check(r.json == {"error": "invalid api key"}, r)
+    for child in children:
+        c.expect(204, "DELETE", f"/v1/sandboxes/{child}")
 
 
 def t_branch(c, stack):
@@ -941,7 +962,9 @@ def main():
             ("POST /v1/sandboxes/:id/ping", t_ping),
             ("exec and eval: the test guest's error, passed on", t_exec_eval),
             ("POST /v1/sandboxes/:id/branch: 201 SnapshotInfo, 404, 409; children of a branch answer", t_branch),
-            ("diff branch, compact, fork of a running sandbox: 501, or 404 for an unknown one", t_not_implemented),
+            ("POST /v1/sandboxes/:id/fork: 200 children that answer; seed 002's 400, 401, 404 bodies",
+             t_sandbox_fork),
+            ("diff branch, compact: 501, or 404 for an unknown one", t_not_implemented),
             ("DELETE /v1/sandboxes/:id", t_sandbox_delete),
             ("POST /v1/sandboxes on a damaged snapshot is 500", t_fork_errors),
             ("a hung daemon: call cap 503, loop keeps serving", t_calls_cap),
