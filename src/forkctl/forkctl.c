@@ -99,6 +99,8 @@ static void help(void) {
                "                          Run a command in a sandbox (S 0..3600, 0 = forkd's 30)\n"
                "  eval ID CODE            Evaluate an expression in a sandbox\n"
                "  run ID CODE             Run a code snippet in a sandbox (RunCode)\n"
+               "  fork-sandbox ID [-n N]  Fork a running sandbox into N (1..32) sandboxes that\n"
+               "                          start from its state now; it runs on\n"
                "  branch ID [--tag T] [--mode full|live] [--no-wait]\n"
                "                          Branch a running sandbox into a new snapshot (default\n"
                "                          tag branch-ID-<unix time>); --no-wait (live only)\n"
@@ -770,6 +772,46 @@ static int verb_branch(sd_bus *bus, char **args, size_t n_args) {
         return print_info(info, snapshot_keys);
 }
 
+static int verb_fork_sandbox(sd_bus *bus, char **args, size_t n_args) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *m = NULL, *reply = NULL;
+        _cleanup_(sd_bus_error_free) sd_bus_error error = SD_BUS_ERROR_NULL;
+        _cleanup_json_ struct json_object *list = NULL, *doc = NULL;
+        struct error_context ctx = { .verb = "fork-sandbox", .id = args[0] };
+        _cleanup_free_ char *what = NULL;
+        uint64_t start = now_usec(), pause_us = 0;
+        int r;
+
+        if (arg_n > 32)
+                return usage_error("fork-sandbox takes -n 1..32");
+        r = new_call(bus, "ForkSandbox", &m);
+        if (r < 0)
+                return -1;
+        r = sd_bus_message_append(m, "su", args[0], arg_n);
+        if (r < 0)
+                return report_error(NULL, r, &ctx);
+        if (asprintf(&what, "Forking the running sandbox '%s' into %u", args[0], arg_n) < 0)
+                return -1;
+        r = call_with_progress(bus, m, what, &error, &reply);
+        if (r < 0)
+                return report_error(&error, r, &ctx);
+        r = bus_message_read_dict_array_json(reply, &list);
+        if (r >= 0)
+                r = sd_bus_message_read(reply, "t", &pause_us);
+        if (r < 0)
+                return report_error(NULL, r, &ctx);
+        if (!arg_json) {
+                fprintf(stderr, "Forked '%s' into %zu sandbox%s in %.2fs; it was paused %llu us.\n", args[0],
+                        json_object_array_length(list), json_object_array_length(list) == 1 ? "" : "es",
+                        (double) (now_usec() - start) / USEC_PER_SEC, (unsigned long long) pause_us);
+                return print_sandbox_table(list, false);
+        }
+        doc = json_object_new_object();
+        if (!doc || json_object_object_add(doc, "sandboxes", TAKE_PTR(list)) < 0 ||
+            json_object_object_add(doc, "parent_pause_us", json_object_new_uint64(pause_us)) < 0)
+                return -1;
+        return print_json(doc);
+}
+
 struct verb {
         const char *group; /* "snapshot" or NULL */
         const char *name;
@@ -795,6 +837,7 @@ static const struct verb verbs[] = {
         { NULL, "exec", 2, SIZE_MAX, OPT_TIMEOUT, "exec ID [--timeout S] -- ARGV...", verb_exec },
         { NULL, "eval", 2, 2, 0, "eval ID CODE", verb_eval },
         { NULL, "run", 2, 2, 0, "run ID CODE", verb_run },
+        { NULL, "fork-sandbox", 1, 1, OPT_COUNT, "fork-sandbox ID [-n N]", verb_fork_sandbox },
         { NULL, "branch", 1, 1, OPT_TAG | OPT_MODE | OPT_NO_WAIT, "branch ID [--tag T] [--mode M] [--no-wait]",
           verb_branch },
 };

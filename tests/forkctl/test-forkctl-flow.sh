@@ -51,7 +51,7 @@ ok()     { n=$((n + 1)); echo "ok $n - $*"; }
 not_ok() { n=$((n + 1)); failed=$((failed + 1)); echo "not ok $n - $*"; }
 fc() { "$forkctl" --no-progress "$@" 2>"$state/err"; }
 
-echo "1..21"
+echo "1..23"
 tag=flow-$$
 if fc snapshot create "$tag" --kernel "$FORKD_GUEST_KERNEL" --rootfs "$FORKD_GUEST_ROOTFS" --boot-wait 60 --json >"$state/out" && jsonok <"$state/out"; then
         ok "snapshot create $tag (--json parses)"
@@ -99,6 +99,17 @@ fc branch "${ids[0]:-none}" --no-wait; rc=$?
 [ $rc = 2 ] && grep -q -- "--no-wait needs --mode live" "$state/err" && ok "branch --no-wait without live: usage error" \
         || not_ok "branch --no-wait: rc=$rc $(cat "$state/err")"
 fc snapshot rm "$tag-br" >/dev/null
+# fork a running sandbox
+if fc fork-sandbox "${ids[0]:-none}" -n 2 --json >"$state/fs.json" &&
+        pyq "len(j['sandboxes']) == 2 and j['parent_pause_us'] > 0" "$state/fs.json" >/dev/null; then
+        ok "fork-sandbox ${ids[0]:-none} -n 2 --json: 2 sandboxes and the parent's pause"
+        mapfile -t fids < <(pyq "[s['id'] for s in j['sandboxes']]" "$state/fs.json")
+        fc kill "${fids[@]}"
+else
+        not_ok "fork-sandbox: $(cat "$state/fs.json" "$state/err")"
+fi
+fc fork-sandbox "${ids[0]:-none}" -n 33; rc=$?
+[ $rc = 2 ] && ok "fork-sandbox -n 33: usage error" || not_ok "fork-sandbox -n 33: rc=$rc $(cat "$state/err")"
 
 fc kill "${ids[@]}" && ok "kill ${ids[*]}" || not_ok "kill: $(cat "$state/err")"
 [ "$(fc ls --json | pyq "len(j['sandboxes'])")" = 0 ] && ok "no sandboxes left" || not_ok "sandboxes left after kill"
