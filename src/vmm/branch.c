@@ -59,11 +59,12 @@ static void frozen_copy_detach(struct vmm *vmm, struct vmm_host *host, const cha
 }
 
 static _Noreturn void frozen_copy_main(struct vmm *vmm, struct vmm_host *host, const char *dir, const char *tag,
-                                       const void *vbuf, size_t vlen, int result_fd) {
+                                       const void *vbuf, size_t vlen, int result_fd,
+                                       const struct snapshot_parent *diff) {
         int r;
 
         frozen_copy_detach(vmm, host, "forkd-branch", true);
-        r = snapshot_write_collected(vmm, dir, tag, host->kernel, vbuf, vlen, true);
+        r = snapshot_write_collected(vmm, dir, tag, host->kernel, vbuf, vlen, true, diff);
         if (r < 0)
                 log_error_errno(r, "Branch %s: writing %s failed: %m", tag, dir);
         send_result(result_fd, r, dir);
@@ -176,6 +177,7 @@ int vmm_branch(struct vmm *vmm, struct vmm_host *host, struct json_object *req, 
         _cleanup_free_ void *vbuf = NULL;
         struct json_object *o;
         const char *dir, *tag, *mode = "full";
+        struct snapshot_parent parent = {};
         uint64_t pause_us;
         size_t vlen;
         pid_t pid;
@@ -193,9 +195,24 @@ int vmm_branch(struct vmm *vmm, struct vmm_host *host, struct json_object *req, 
         }
         if (json_object_object_get_ex(req, "mode", &o)) {
                 if (!json_object_is_type(o, json_type_string) ||
-                    strcmp((mode = json_object_get_string(o)), "full") != 0) {
-                        snprintf(msg, msg_size, "branch \"mode\" must be \"full\"");
+                    (strcmp((mode = json_object_get_string(o)), "full") != 0 && strcmp(mode, "diff") != 0)) {
+                        snprintf(msg, msg_size, "branch \"mode\" must be \"full\" or \"diff\"");
                         return -EINVAL;
+                }
+        }
+        if (strcmp(mode, "diff") == 0) {
+                /* The snapshot the VM was restored from: its memory is what the diff is against. */
+                if (!json_object_object_get_ex(req, "parent_dir", &o) || !json_object_is_type(o, json_type_string) ||
+                    !(parent.dir = json_object_get_string(o)) || parent.dir[0] != '/' ||
+                    strlen(parent.dir) >= 4000 || strlen(parent.dir) != (size_t) json_object_get_string_len(o) ||
+                    !json_object_object_get_ex(req, "parent_tag", &o) || !json_object_is_type(o, json_type_string) ||
+                    !snapshot_tag_is_valid(parent.tag = json_object_get_string(o))) {
+                        snprintf(msg, msg_size, "a diff branch needs \"parent_dir\" (absolute) and \"parent_tag\"");
+                        return -EINVAL;
+                }
+                if (access(parent.dir, F_OK) < 0) {
+                        snprintf(msg, msg_size, "the parent snapshot %s is gone", parent.dir);
+                        return -ENOENT;
                 }
         }
         if (*result_fd < 0) {
@@ -214,7 +231,8 @@ int vmm_branch(struct vmm *vmm, struct vmm_host *host, struct json_object *req, 
                 return pid;
         }
         if (pid == 0)
-                frozen_copy_main(vmm, host, dir, tag, vbuf, vlen, *result_fd);
+                frozen_copy_main(vmm, host, dir, tag, vbuf, vlen, *result_fd,
+                                 strcmp(mode, "diff") == 0 ? &parent : NULL);
         *result_fd = safe_close(*result_fd);
         json_object_object_add(reply, "pause_us", json_object_new_int64((int64_t) pause_us));
         json_object_object_add(reply, "pid", json_object_new_int(pid));

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 
+#include "chain.h"
 #include "kvm.h"
 #include "machine.h"
 #include "run.h"
@@ -253,9 +254,9 @@ static int cmd_restore(int kvm_fd) {
         if (r < 0)
                 return log_error_errno(r, "Refusing snapshot %s: %s", arg_snapshot, err ?: strerror(-r)), 1;
 
-        mem = mmap(NULL, snap->meta.mem_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_NORESERVE, snap->mem_fd, 0);
-        if (mem == MAP_FAILED)
-                return log_error_errno(errno, "Failed to map memory.bin: %m"), 1;
+        r = snapshot_map_memory(snap, &mem);
+        if (r < 0)
+                return log_error_errno(r, "Failed to map memory.bin: %m"), 1;
         r = machine_restore(kvm_fd, snap, mem, &cfg, &vmm);
         if (r < 0)
                 return log_error_errno(r, "Failed to restore %s: %m", arg_snapshot), 1;

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "chain.h"
 #include "serial.h"
 #include "snapshot.h"
 #include "virtio-blk.h"
@@ -190,11 +191,11 @@ int snapshot_write(struct vmm *vmm, const char *dir, const char *tag, const char
         r = snapshot_collect(vmm, &vbuf, &vlen);
         if (r < 0)
                 return r;
-        return snapshot_write_collected(vmm, dir, tag, kernel, vbuf, vlen, false);
+        return snapshot_write_collected(vmm, dir, tag, kernel, vbuf, vlen, false, NULL);
 }
 
 int snapshot_write_collected(struct vmm *vmm, const char *dir, const char *tag, const char *kernel, const void *vbuf,
-                             size_t vlen, bool link_disk) {
+                             size_t vlen, bool link_disk, const struct snapshot_parent *diff) {
         _cleanup_free_ char *json = NULL, *staging = NULL, *parent = NULL;
         _cleanup_close_ int dfd = -EBADF, pfd = -EBADF, disk_fd = -EBADF;
         struct snapshot_meta meta = {};
@@ -230,7 +231,34 @@ int snapshot_write_collected(struct vmm *vmm, const char *dir, const char *tag, 
         }
         test_stall();
 
-        r = write_memory(dfd, vmm);
+        if (diff) {
+                _cleanup_close_ int pdfd = -EBADF, pmem = -EBADF;
+                struct snapshot_meta pm;
+                const char *err = NULL;
+                char path[PATH_MAX];
+
+                /* The parent: the snapshot the VM was restored from, unchanged since. */
+                snprintf(path, sizeof(path), "%s/%s", diff->dir, SNAPSHOT_META_FILE);
+                r = snapshot_meta_read_file(path, &pm, &err);
+                if (r < 0)
+                        goto fail;
+                if (strcmp(pm.tag, diff->tag) != 0 || pm.mem_size != vmm->mem_size) {
+                        r = -EBADMSG;
+                        goto fail;
+                }
+                snprintf(path, sizeof(path), "%s/%s", diff->dir, pm.memory_file);
+                pmem = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+                if (pmem < 0) {
+                        r = -errno;
+                        goto fail;
+                }
+                r = chain_hash_file(pmem, meta.parent_content_hash);
+                if (r < 0)
+                        goto fail;
+                snprintf(meta.parent_tag, sizeof(meta.parent_tag), "%s", diff->tag);
+                r = chain_write_memory_diff(dfd, vmm);
+        } else
+                r = write_memory(dfd, vmm);
         if (r < 0)
                 goto fail;
         test_crash_point("memory");
@@ -381,6 +409,9 @@ int snapshot_load(const char *dir, struct snapshot **ret, char **ret_error) {
         r = open_regular(dfd, snap->meta.disk_file, snap->meta.disk_size, ret_error, &snap->disk_fd);
         if (r < 0)
                 goto fail;
+        r = chain_load(snap, ret_error);
+        if (r < 0)
+                goto fail;
         for (unsigned i = 0; i < snap->meta.disk_layers; i++) {
                 char name[64];
 
@@ -410,6 +441,7 @@ struct snapshot *snapshot_free(struct snapshot *s) {
                 return NULL;
         safe_close(s->mem_fd);
         safe_close(s->disk_fd);
+        chain_free(s);
         for (unsigned i = 0; i < SNAPSHOT_DISK_LAYERS_MAX; i++) {
                 safe_close(s->layer_fds[i]);
                 safe_close(s->layer_map_fds[i]);

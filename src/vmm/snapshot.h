@@ -30,6 +30,11 @@ struct snapshot {
         /* disk.layer.<i> and their maps, O_RDONLY (meta.disk_layers of them) */
         int layer_fds[SNAPSHOT_DISK_LAYERS_MAX], layer_map_fds[SNAPSHOT_DISK_LAYERS_MAX];
         unsigned n_layers;
+        /* A diff snapshot's chain, root first, this snapshot last (chain.h):
+         * memory.bin fds, and the page maps of the links (NULL for the root). */
+        int chain_mem_fds[64];
+        uint64_t *chain_maps[64];
+        unsigned n_chain;
 };
 
 /* Load and validate a snapshot directory. On failure *ret_error (if given)
@@ -54,5 +59,11 @@ int snapshot_write(struct vmm *vmm, const char *dir, const char *tag, const char
  * disk.layer.<i> (snapshot.json's disk_layers), where the filesystem allows;
  * else, and without link_disk, the merged disk is exported into disk.img. */
 int snapshot_collect(struct vmm *vmm, void **ret_buf, size_t *ret_len);
+/* diff (may be NULL): write a chain link instead of the whole memory: the
+ * pages that differ from the parent, the snapshot in diff->dir (tag
+ * diff->tag) that the VM was restored from (chain.h). */
+struct snapshot_parent {
+        const char *dir, *tag;
+};
 int snapshot_write_collected(struct vmm *vmm, const char *dir, const char *tag, const char *kernel, const void *vbuf,
-                             size_t vlen, bool link_disk);
+                             size_t vlen, bool link_disk, const struct snapshot_parent *diff);

@@ -38,6 +38,7 @@
 
 #include <json-c/json.h>
 
+#include "chain.h"
 #include "json-util.h"
 #include "kvm.h"
 #include "machine.h"
@@ -365,9 +366,9 @@ int template_serve(int kvm_fd, const char *snapshot_dir, int control_fd, const c
                 return log_error_errno(r, "Cannot use snapshot %s: %s", snapshot_dir, err ?: strerror(-r));
 
         /* Map, never touch: the template's page tables stay empty, so fork is cheap. */
-        mem = mmap(NULL, snap->meta.mem_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_NORESERVE, snap->mem_fd, 0);
-        if (mem == MAP_FAILED)
-                return log_error_errno(errno, "Failed to map memory.bin: %m");
+        r = snapshot_map_memory(snap, &mem);
+        if (r < 0)
+                return log_error_errno(r, "Failed to map memory.bin: %m");
         return template_serve_loaded(kvm_fd, snap, mem, control_fd, overlay_dir);
 }
 

@@ -221,7 +221,10 @@ def run(tmp, vms):
         r = v.control({"op": "branch", "dir": d, "tag": "r"})
         assert not r["ok"] and "result fd" in r["error"], r
         for req, word in (({"dir": "rel/path", "tag": "r"}, "absolute"), ({"dir": d, "tag": "bad/tag"}, "tag"),
-                          ({"dir": d, "tag": "r", "mode": "diff"}, "mode"),
+                          ({"dir": d, "tag": "r", "mode": "live"}, "mode"),
+                          ({"dir": d, "tag": "r", "mode": "diff"}, "parent_dir"),
+                          ({"dir": d, "tag": "r", "mode": "diff", "parent_dir": os.path.join(tmp, "nope"),
+                            "parent_tag": "nope"}, "gone"),
                           ({"dir": os.path.join(tmp, "b1"), "tag": "b1"}, "exists")):
             a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             r = v.control(dict(op="branch", **req), b.fileno())
@@ -305,6 +308,50 @@ def run(tmp, vms):
         v.stop()
     check("fork: the frozen copy becomes a template; children have RAM and disk as at the pause, "
           "their own identity, and die with it", fork_running)
+
+    def diff():
+        import hashlib
+        v = VM(tmp, "dsrc", ["restore", "--snapshot", base, "--overlay-dir", tmp])
+        vms.append(v)
+        x = v.a("mem_write", offset_pages=0, pages=256, pattern=0x0d0d0d0d)["checksum"]
+        a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        r = v.control({"op": "branch", "dir": os.path.join(tmp, "d1"), "tag": "d1", "mode": "diff",
+                       "parent_dir": base, "parent_tag": "base"}, b.fileno())
+        b.close()
+        a.settimeout(30)
+        assert r["ok"] and json.loads(a.recv(4096))["ok"], r
+        v.stop()
+        meta = json.load(open(os.path.join(tmp, "d1", "snapshot.json")))
+        with open(os.path.join(base, "memory.bin"), "rb") as f:
+            want = hashlib.sha256(f.read()).hexdigest()
+        assert meta["parent_tag"] == "base" and meta["parent_content_hash"] == want, meta
+        st = os.stat(os.path.join(tmp, "d1", "memory.bin"))
+        assert st.st_size == 64 << 20 and st.st_blocks * 512 < 8 << 20, st  # only what changed
+        c = VM(tmp, "d1c", ["restore", "--snapshot", os.path.join(tmp, "d1"), "--overlay-dir", tmp])
+        vms.append(c)
+        assert c.a("mem_checksum", offset_pages=0, pages=256)["checksum"] == x
+        assert c.a("ping")["pong"]
+        y = c.a("mem_write", offset_pages=512, pages=16, pattern=0x0e0e0e0e)["checksum"]
+        a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        r = c.control({"op": "branch", "dir": os.path.join(tmp, "d2"), "tag": "d2", "mode": "diff",
+                       "parent_dir": os.path.join(tmp, "d1"), "parent_tag": "d1"}, b.fileno())
+        b.close()
+        a.settimeout(30)
+        assert r["ok"] and json.loads(a.recv(4096))["ok"], r
+        c.stop()
+        c = VM(tmp, "d2c", ["restore", "--snapshot", os.path.join(tmp, "d2")])
+        vms.append(c)
+        assert c.a("mem_checksum", offset_pages=0, pages=256)["checksum"] == x
+        assert c.a("mem_checksum", offset_pages=512, pages=16)["checksum"] == y
+        c.stop()
+        # A parent that changed is refused when the chain is loaded.
+        with open(os.path.join(tmp, "d1", "memory.bin"), "r+b") as f:
+            f.seek(5 << 20)
+            f.write(b"tampered")
+        out = subprocess.run([VMM, "check", os.path.join(tmp, "d2")], capture_output=True, text=True)
+        assert out.returncode != 0 and "parent_content_hash" in out.stderr, out
+    check("diff: only the changed pages, parent_tag and SHA-256 of the parent; a chain of two restores; "
+          "a changed parent is refused", diff)
 
     ctx["src"].stop()
 
