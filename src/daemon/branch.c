@@ -37,6 +37,8 @@ static BranchOp *branch_op_free(BranchOp *b) {
         free(b->source_id);
         free(b->tag);
         free(b->dir);
+        free(b->parent_tag);
+        free(b->parent_dir);
         free(b);
         return NULL;
 }
@@ -101,6 +103,9 @@ static void reply_info(BranchOp *b, Image *i) {
                         r = sd_bus_message_append(reply, "{sv}{sv}{sv}", "branched_from", "s", b->source_id,
                                                   "pause_ms", "t", (b->pause_us + 500) / 1000, "pause_us", "t",
                                                   b->pause_us);
+                if (r >= 0 && i->meta.parent_content_hash[0])
+                        r = sd_bus_message_append(reply, "{sv}", "parent_content_hash", "s",
+                                                  i->meta.parent_content_hash);
                 if (r >= 0)
                         r = sd_bus_message_close_container(reply);
         } else if (r >= 0)
@@ -386,7 +391,13 @@ static int send_request(Sandbox *s, BranchOp *b, int fd) {
         json_object_object_add(req, "op", json_object_new_string("branch"));
         json_object_object_add(req, "dir", json_object_new_string(b->dir));
         json_object_object_add(req, "tag", json_object_new_string(b->tag));
-        json_object_object_add(req, "mode", json_object_new_string("full"));
+        if (strcmp(b->mode, "diff") == 0) {
+                /* Against the snapshot the sandbox was forked from. */
+                json_object_object_add(req, "mode", json_object_new_string("diff"));
+                json_object_object_add(req, "parent_dir", json_object_new_string(b->parent_dir));
+                json_object_object_add(req, "parent_tag", json_object_new_string(b->parent_tag));
+        } else
+                json_object_object_add(req, "mode", json_object_new_string("full"));
         b->waiter.reply = on_control_reply;
         return sandbox_control_send(s, json_object_to_json_string_ext(req, JSON_C_TO_STRING_PLAIN), fd, &b->waiter);
 }
@@ -414,9 +425,6 @@ int bus_sandbox_method_branch(sd_bus_message *message, void *userdata, sd_bus_er
                                          "mode must be \"full\", \"diff\" or \"live\", not \"%.16s\".", mode);
         if (!wait && strcmp(mode, "live") != 0)
                 return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "wait false needs mode \"live\".");
-        if (strcmp(mode, "diff") == 0)
-                return sd_bus_error_setf(error, FORKD_ERROR_NOT_SUPPORTED,
-                                         "Branch mode \"diff\" is not implemented yet; use \"full\" or \"live\".");
 
         r = bus_verify_polkit_async(message, "org.forkd.branch",
                                     (const char *[]) { "sandbox", s->id, "verb", "branch", NULL },
@@ -458,7 +466,10 @@ int bus_sandbox_method_branch(sd_bus_message *message, void *userdata, sd_bus_er
         snprintf(b->mode, sizeof(b->mode), "%s", mode);
         b->tag = strdup(tag);
         b->source_id = strdup(s->id);
-        if (!b->tag || !b->source_id || asprintf(&b->dir, "%s/%s", m->snapshots_dir, tag) < 0) {
+        b->parent_tag = strdup(s->snapshot_tag);
+        if (!b->parent_tag || asprintf(&b->parent_dir, "%s/%s", m->snapshots_dir, s->snapshot_tag) < 0)
+                b->parent_dir = NULL;
+        if (!b->tag || !b->source_id || !b->parent_dir || asprintf(&b->dir, "%s/%s", m->snapshots_dir, tag) < 0) {
                 b->dir = NULL;
                 branch_op_free(b);
                 return -ENOMEM;

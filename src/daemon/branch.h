@@ -46,6 +46,7 @@ struct BranchOp {
         sd_bus_message *message;   /* the call, until answered */
         Sandbox *sandbox;          /* while pausing: the source */
         char *source_id, *tag, *dir;
+        char *parent_tag, *parent_dir; /* mode diff: the source's snapshot */
         char mode[8];
         bool wait;
         int result_fd;

@@ -101,7 +101,7 @@ static void help(void) {
                "  run ID CODE             Run a code snippet in a sandbox (RunCode)\n"
                "  fork-sandbox ID [-n N]  Fork a running sandbox into N (1..32) sandboxes that\n"
                "                          start from its state now; it runs on\n"
-               "  branch ID [--tag T] [--mode full|live] [--no-wait]\n"
+               "  branch ID [--tag T] [--mode full|diff|live] [--no-wait]\n"
                "                          Branch a running sandbox into a new snapshot (default\n"
                "                          tag branch-ID-<unix time>); --no-wait (live only)\n"
                "                          returns while the snapshot is still being written\n"

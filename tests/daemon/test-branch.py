@@ -193,6 +193,33 @@ def run(h):
         ctx["p2"] = c
     h.check("branches outlive a restart of forkd, kill -9 included", restart)
 
+    def diff():
+        p = h.fork("base", 1)[0]
+        poke(p["pid"], b"diff-state-1!")
+        info = branch(p["id"], "d1", "diff")
+        assert info["parent_tag"] == "base" and len(info["parent_content_hash"]) == 64, info
+        assert info["status"] == "ready" and info["branched_from"] == p["id"], info
+        snaps = os.path.join(h.state, "snapshots")
+        assert os.stat(f"{snaps}/d1/memory.bin").st_blocks * 512 < 4 << 20  # only what changed
+        c = h.fork("d1", 1)[0]
+        ping(c["id"])
+        assert peek(c["pid"], 13) == b"diff-state-1!"
+        poke(c["pid"], b"diff-state-2!", SCRATCH + 8192)
+        info = branch(c["id"], "d2", "diff")
+        assert info["parent_tag"] == "d1", info
+        g = h.fork("d2", 2)
+        for k in g:
+            ping(k["id"])
+            assert peek(k["pid"], 13) == b"diff-state-1!" and peek(k["pid"], 13, SCRATCH + 8192) == b"diff-state-2!"
+        details = h.m("GetSnapshotInfo", "s", ["d1"])[0]
+        assert details["dependents"] == ["d2"], details
+        h.expect_error("org.forkd.Error.HasDependents", "DeleteSnapshot", "sbb", ["d1", False, False])
+        for k in [p, c] + g:
+            h.m("TerminateSandbox", "s", [k["id"]])
+            h.wait_removed(k["id"])
+    h.check("diff branch: parent_tag and parent_content_hash, only changed pages; a diff of a diff forks; "
+            "its parent cannot be deleted", diff)
+
     def fork_running():
         p = h.fork("base", 1)[0]
         poke(p["pid"], b"parent-state!")

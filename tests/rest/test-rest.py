@@ -746,10 +746,6 @@ def t_exec_eval(c, stack):
 def t_not_implemented(c, stack):
     """No engine yet: 501 with an error body for an existing sandbox or
     snapshot, the spec's 404 for an unknown one; never a fake success."""
-    sid = Ctx.sandboxes[0]
-    for body in ({"mode": "diff"}, {"diff": True}):
-        r = c.expect(501, "POST", f"/v1/sandboxes/{sid}/branch", body)
-        check("not implemented" in r.json["error"], r)
     r = c.expect(501, "POST", f"/v1/snapshots/{Ctx.tag}/compact", {"to": "rest-flat"})
     check("not implemented" in r.json["error"], r)
     c.expect(404, "POST", "/v1/snapshots/rest-nosuch/compact", {"to": "rest-flat"})
@@ -797,6 +793,10 @@ def t_branch(c, stack):
     check(r.json["status"] in ("writing", "ready") and r.json["branched_from"] == sid, r)
     r = c.expect(201, "POST", f"/v1/sandboxes/{sid}/branch", {"tag": "rest-live2", "mode": "live"})
     check(r.json["status"] == "ready", r)
+    for tag, body in (("rest-d1", {"tag": "rest-d1", "mode": "diff"}), ("rest-d2", {"tag": "rest-d2", "diff": True})):
+        r = c.expect(201, "POST", f"/v1/sandboxes/{sid}/branch", body)
+        check(r.json["tag"] == tag and r.json["parent_tag"] == Ctx.tag and len(r.json["parent_content_hash"]) == 64 and
+              r.json["status"] == "ready", r)
     c.expect(409, "POST", f"/v1/sandboxes/{sid}/branch", {"tag": "rest-c1"})
     c.expect(409, "POST", f"/v1/sandboxes/{sid}/branch", {"tag": Ctx.tag, "mode": "live"})
     c.expect(404, "POST", "/v1/sandboxes/sb-nosuch/branch", {"mode": "full"})
@@ -807,12 +807,16 @@ def t_branch(c, stack):
             break
         check(time.monotonic() < deadline, f"rest-live never became ready: {listed.get('rest-live')}")
         time.sleep(0.05)
-    for tag in ("rest-c1", "rest-live"):
+    for tag in ("rest-c1", "rest-live", "rest-d1"):
         r = c.expect(201, "POST", "/v1/sandboxes", {"snapshot_tag": tag, "n": 1})
         child = r.json[0]["id"]
         c.expect(200, "POST", f"/v1/sandboxes/{child}/ping")
         c.expect(204, "DELETE", f"/v1/sandboxes/{child}")
     c.expect(200, "POST", f"/v1/sandboxes/{sid}/ping")
+    # diff links hold on to their parent
+    c.expect(409, "DELETE", f"/v1/snapshots/{Ctx.tag}")
+    for tag in ("rest-d1", "rest-d2"):
+        c.expect(204, "DELETE", f"/v1/snapshots/{tag}")
 
 
 
@@ -961,10 +965,11 @@ def main():
             ("GET /v1/sandboxes, /v1/sandboxes/:id, /metrics gauges", t_sandbox_list_get),
             ("POST /v1/sandboxes/:id/ping", t_ping),
             ("exec and eval: the test guest's error, passed on", t_exec_eval),
-            ("POST /v1/sandboxes/:id/branch: 201 SnapshotInfo, 404, 409; children of a branch answer", t_branch),
+            ("POST /v1/sandboxes/:id/branch (full, diff, legacy diff, live): 201 SnapshotInfo, 404, 409; "
+             "children of a branch answer", t_branch),
             ("POST /v1/sandboxes/:id/fork: 200 children that answer; seed 002's 400, 401, 404 bodies",
              t_sandbox_fork),
-            ("diff branch, compact: 501, or 404 for an unknown one", t_not_implemented),
+            ("compact: 501, or 404 for an unknown one", t_not_implemented),
             ("DELETE /v1/sandboxes/:id", t_sandbox_delete),
             ("POST /v1/sandboxes on a damaged snapshot is 500", t_fork_errors),
             ("a hung daemon: call cap 503, loop keeps serving", t_calls_cap),
