@@ -39,8 +39,20 @@ static BranchOp *branch_op_free(BranchOp *b) {
         free(b->dir);
         free(b->parent_tag);
         free(b->parent_dir);
+        free(b->error);
         free(b);
         return NULL;
+}
+
+static unsigned count_state(Manager *m, int state, bool equal) {
+        HashmapIter it = {};
+        unsigned n = 0;
+        void *v;
+
+        while (hashmap_iterate(m->branching, &it, &v))
+                if ((((BranchOp *) v)->state == (unsigned) state) == equal)
+                        n++;
+        return n;
 }
 
 static void branch_fail(BranchOp *b, const char *fmt, ...) _printf_(2, 3);
@@ -62,8 +74,26 @@ static void branch_fail(BranchOp *b, const char *fmt, ...) {
         if (b->message) {
                 (void) sd_bus_reply_method_errorf(b->message, FORKD_ERROR_FAILED, "%s", msg ?: "Out of memory");
                 b->message = sd_bus_message_unref(b->message);
+        } else if (b->state == BRANCH_WRITING && b->wait == false && !b->manager->exiting && msg &&
+                   count_state(b->manager, BRANCH_FAILED, true) < BRANCH_FAILED_MAX) {
+                /* Answered "writing" already: say "failed" where it was listed. */
+                b->state = BRANCH_FAILED;
+                b->error = TAKE_PTR(msg);
+                b->result_source = sd_event_source_disable_unref(b->result_source);
+                b->result_fd = safe_close(b->result_fd);
+                return;
         }
         branch_op_free(b);
+}
+
+bool branch_failed(Manager *m, const char *tag) {
+        BranchOp *b = m->branching ? hashmap_get(m->branching, tag) : NULL;
+        return b && b->state == BRANCH_FAILED;
+}
+
+void branch_forget_failed(Manager *m, const char *tag) {
+        if (branch_failed(m, tag))
+                branch_op_free(hashmap_get(m->branching, tag));
 }
 
 static int append_branch_fields(sd_bus_message *reply, BranchOp *b, const char *status) {
@@ -81,7 +111,9 @@ static int append_writing_info(sd_bus_message *reply, BranchOp *b) {
                 r = sd_bus_message_append(reply, "{sv}{sv}{sv}", "tag", "s", b->tag, "dir", "s", b->dir,
                                           "created_at_unix", "t", b->started_at);
         if (r >= 0)
-                r = append_branch_fields(reply, b, "writing");
+                r = append_branch_fields(reply, b, b->state == BRANCH_FAILED ? "failed" : "writing");
+        if (r >= 0 && b->error)
+                r = sd_bus_message_append(reply, "{sv}", "error", "s", b->error);
         if (r >= 0)
                 r = sd_bus_message_close_container(reply);
         return r;
@@ -252,7 +284,8 @@ void branch_sandbox_gone(Sandbox *s) {
 }
 
 bool branch_in_flight(Manager *m, const char *tag) {
-        return m->branching && hashmap_get(m->branching, tag);
+        BranchOp *b = m->branching ? hashmap_get(m->branching, tag) : NULL;
+        return b && b->state != BRANCH_FAILED;
 }
 
 int branch_append_in_flight(sd_bus_message *reply, Manager *m) {
@@ -263,7 +296,7 @@ int branch_append_in_flight(sd_bus_message *reply, Manager *m) {
         while (hashmap_iterate(m->branching, &it, &v)) {
                 BranchOp *b = v;
 
-                if (b->state != BRANCH_WRITING)
+                if (b->state == BRANCH_PAUSING)
                         continue;
                 r = append_writing_info(reply, b);
                 if (r < 0)
@@ -442,12 +475,12 @@ int bus_sandbox_method_branch(sd_bus_message *message, void *userdata, sd_bus_er
         }
         if (m->exiting)
                 return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "forkd is shutting down.");
-        if (hashmap_get(m->branching, tag))
+        if (branch_in_flight(m, tag))
                 return sd_bus_error_setf(error, FORKD_ERROR_SNAPSHOT_EXISTS, "A branch to %s is in flight already.",
                                          tag);
         if (hashmap_get(m->images, tag) || hashmap_get(m->creating, tag))
                 return sd_bus_error_setf(error, FORKD_ERROR_SNAPSHOT_EXISTS, "Snapshot %s exists already.", tag);
-        if (hashmap_size(m->branching) >= m->max_branches)
+        if (count_state(m, BRANCH_FAILED, false) >= m->max_branches)
                 return sd_bus_error_setf(error, FORKD_ERROR_BUSY,
                                          "%u branches are in flight (the cap); retry after a short delay.",
                                          m->max_branches);
@@ -456,6 +489,7 @@ int bus_sandbox_method_branch(sd_bus_message *message, void *userdata, sd_bus_er
         if (s->control_fd < 0)
                 return sd_bus_error_setf(error, FORKD_ERROR_FAILED, "Sandbox %s has no control channel.", s->id);
 
+        branch_forget_failed(m, tag); /* a new branch to a failed one's tag replaces it */
         b = calloc(1, sizeof(*b));
         if (!b)
                 return -ENOMEM;

@@ -53,7 +53,8 @@ struct BranchOp {
         sd_event_source *result_source;
         pid_t copy_pid;
         uint64_t pause_us, started_at;
-        enum { BRANCH_PAUSING, BRANCH_WRITING } state;
+        enum { BRANCH_PAUSING, BRANCH_WRITING, BRANCH_FAILED } state;
+        char *error;               /* failed: why */
 };
 
 /* Sandbox method Branch and the tail of Manager.BranchSandbox (after the id):
@@ -66,7 +67,15 @@ void branch_sandbox_gone(Sandbox *s);
 /* A branch of tag is being written. */
 bool branch_in_flight(Manager *m, const char *tag);
 
-/* ListSnapshots: an entry (status "writing") for every branch in flight. */
+/* A live branch answered "writing" failed afterwards: it is listed with
+ * status "failed" (at most BRANCH_FAILED_MAX of them, until forkd restarts)
+ * until DeleteSnapshot of its tag or a new branch to it. */
+#define BRANCH_FAILED_MAX 64u
+bool branch_failed(Manager *m, const char *tag);
+void branch_forget_failed(Manager *m, const char *tag);
+
+/* ListSnapshots: an entry (status "writing") for every branch in flight, and
+ * one (status "failed", with error) for every failed one still listed. */
 int branch_append_in_flight(sd_bus_message *reply, Manager *m);
 
 /* At start: name is "<tag>.tmp.<pid>" in the snapshots directory. If pid is

@@ -300,6 +300,16 @@ static int method_delete_snapshot(sd_bus_message *message, void *userdata, sd_bu
         r = sd_bus_message_read(message, "s", &tag);
         if (r < 0)
                 return r;
+        if (!hashmap_get(m->images, tag) && branch_failed(m, tag)) {
+                /* A failed live branch, listed as such until now. */
+                r = bus_verify_polkit_async(message, "org.forkd.manage-snapshots",
+                                            (const char *[]) { "snapshot", tag, "verb", "delete", NULL },
+                                            &m->polkit_registry, error);
+                if (r <= 0)
+                        return r < 0 ? r : 1;
+                branch_forget_failed(m, tag);
+                return sd_bus_reply_method_return(message, NULL);
+        }
         r = get_image(m, tag, &i, error);
         if (r < 0)
                 return r;

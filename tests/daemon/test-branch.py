@@ -275,6 +275,22 @@ def run(h):
                         "lv to be ready")
             c = h.fork("lv", 1)[0]
             assert peek(c["pid"], 13) == b"live-no-wait!"
+            # A live branch without wait whose writer dies: listed as failed until deleted.
+            info = branch(p["id"], "lv-fail", "live", False)
+            assert info["status"] == "writing"
+            writers = [int(d) for d in os.listdir("/proc") if d.isdigit() and comm(d) == "forkd-branch"]
+            assert writers, "no forkd-branch process"
+            for w in writers:
+                os.kill(w, signal.SIGKILL)
+            tf.wait_for(lambda: {s["tag"]: s for s in h.m("ListSnapshots")[0]}["lv-fail"]["status"] == "failed", 10,
+                        "lv-fail to be failed")
+            failed = {s["tag"]: s for s in h.m("ListSnapshots")[0]}["lv-fail"]
+            assert failed["error"] and failed["branched_from"] == p["id"], failed
+            h.expect_error("org.forkd.Error.NoSuchSnapshot", "Fork", "sua{sv}", ["lv-fail", 1, {}])
+            h.m("DeleteSnapshot", "sbb", ["lv-fail", False, False])
+            assert "lv-fail" not in {s["tag"] for s in h.m("ListSnapshots")[0]}
+            assert not os.path.exists(os.path.join(h.state, "snapshots", "lv-fail"))
+            assert not [n for n in os.listdir(os.path.join(h.state, "snapshots")) if n.startswith("lv-fail.tmp.")]
             # kill -9 of forkd while a branch is being written: the branch is not lost.
             branch(p["id"], "lv-kill", "live", False)
             h.stop_forkd(signal.SIGKILL)
@@ -289,7 +305,7 @@ def run(h):
             assert peek(c["pid"], 13) == b"live-no-wait!"
         finally:
             os.environ["FORKD_TEST_BRANCH_STALL_MS"] = "0"
-    h.check("live with wait false: writing then ready; 409 for its tag and forks of it; 503 at the cap; "
+    h.check("live with wait false: writing then ready or failed; 409 for its tag and forks of it; 503 at the cap; "
             "kill -9 of forkd mid-write loses nothing", in_flight)
 
     h.check("no sanitizer report from forkd", h.assert_no_sanitizer_report)
