@@ -11,6 +11,7 @@
 #include <json-c/json.h>
 
 #include "branch.h"
+#include "cgroup.h"
 #include "fs-util.h"
 #include "image-dbus.h"
 #include "image.h"
@@ -229,6 +230,8 @@ static void on_control_reply(ControlWaiter *w, struct json_object *o, const char
         }
         b->pause_us = (uint64_t) json_object_get_int64(v);
         b->copy_pid = (pid_t) json_object_get_int64(ok);
+        if (b->source_has_cgroup)
+                (void) cgroup_detach(b->manager->cgroups, b->copy_pid);
         b->state = BRANCH_WRITING;
         r = sd_event_add_io(b->manager->event, &b->result_source, b->result_fd, EPOLLIN, on_result, b);
         if (r < 0) {
@@ -500,6 +503,7 @@ int bus_sandbox_method_branch(sd_bus_message *message, void *userdata, sd_bus_er
         snprintf(b->mode, sizeof(b->mode), "%s", mode);
         b->tag = strdup(tag);
         b->source_id = strdup(s->id);
+        b->source_has_cgroup = s->has_cgroup;
         b->parent_tag = strdup(s->snapshot_tag);
         if (!b->parent_tag || asprintf(&b->parent_dir, "%s/%s", m->snapshots_dir, s->snapshot_tag) < 0)
                 b->parent_dir = NULL;

@@ -49,6 +49,7 @@ struct BranchOp {
         char *parent_tag, *parent_dir; /* mode diff: the source's snapshot */
         char mode[8];
         bool wait;
+        bool source_has_cgroup;    /* the frozen copy leaves the source's cgroup */
         int result_fd;
         sd_event_source *result_source;
         pid_t copy_pid;

@@ -886,3 +886,56 @@ int cgroup_sweep(CGroupManager *c) {
 unsigned cgroup_pending_removals(const CGroupManager *c) {
         return c ? c->n_removals : 0;
 }
+
+int cgroup_detach(CGroupManager *c, pid_t pid) {
+        _cleanup_free_ char *text = NULL;
+        char *line, *next;
+        int r, moved = 0;
+
+        if (!cgroup_manager_supported(c) || pid <= 0)
+                return 0;
+        r = read_small_file("/proc/self/cgroup", 64 * 1024, &text, NULL);
+        if (r < 0)
+                return r;
+        for (line = text; line && *line; line = next) {
+                _cleanup_free_ char *procs = NULL;
+                char *ctrl, *cg, buf[32];
+                int fd;
+
+                next = strchr(line, '\n');
+                if (next)
+                        *next++ = 0;
+                ctrl = strchr(line, ':');
+                if (!ctrl)
+                        continue;
+                ctrl++;
+                cg = strchr(ctrl, ':');
+                if (!cg)
+                        continue;
+                *cg++ = 0;
+                /* The hierarchies where sandboxes get cgroups: the unified one, systemd's, memory. */
+                if (*ctrl == 0)
+                        r = asprintf(&procs, "%s%s/cgroup.procs",
+                                     access("/sys/fs/cgroup/unified", F_OK) >= 0 ? "/sys/fs/cgroup/unified" :
+                                                                                   "/sys/fs/cgroup",
+                                     strcmp(cg, "/") == 0 ? "" : cg);
+                else if (strcmp(ctrl, "name=systemd") == 0)
+                        r = asprintf(&procs, "/sys/fs/cgroup/systemd%s/cgroup.procs", strcmp(cg, "/") == 0 ? "" : cg);
+                else if (controllers_have(ctrl, "memory"))
+                        r = asprintf(&procs, "/sys/fs/cgroup/%s%s/cgroup.procs", ctrl, strcmp(cg, "/") == 0 ? "" : cg);
+                else
+                        continue;
+                if (r < 0)
+                        return -ENOMEM;
+                fd = open(procs, O_WRONLY | O_CLOEXEC);
+                if (fd < 0)
+                        continue;
+                snprintf(buf, sizeof(buf), "%d", (int) pid);
+                if (write(fd, buf, strlen(buf)) < 0)
+                        log_debug_errno(errno, "Failed to move %d to %s: %m", (int) pid, procs);
+                else
+                        moved++;
+                close(fd);
+        }
+        return moved;
+}

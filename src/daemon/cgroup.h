@@ -78,6 +78,11 @@ void cgroup_attached(CGroupManager *c, const char *id);
 int cgroup_oom_kills(CGroupManager *c, const char *id, uint64_t *ret);
 int cgroup_remove(CGroupManager *c, const char *id);
 int cgroup_sweep(CGroupManager *c);
+/* Move pid (a sandbox VMM's frozen copy: a branch writer or a fork template)
+ * out of the sandbox's cgroup into forkd's own, in every hierarchy where
+ * sandboxes get cgroups, so that it outlives the sandbox and does not keep its
+ * cgroup busy. Returns how many hierarchies it moved in. */
+int cgroup_detach(CGroupManager *c, pid_t pid);
 /* Removals still being retried. */
 unsigned cgroup_pending_removals(const CGroupManager *c);
 

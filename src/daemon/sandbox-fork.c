@@ -5,6 +5,7 @@
 #include <json-c/json.h>
 
 #include "branch.h"
+#include "cgroup.h"
 #include "fork-op.h"
 #include "json-util.h"
 #include "macro.h"
@@ -24,6 +25,7 @@ typedef struct SandboxFork {
         char *source_id, *tag;
         unsigned n;
         uint32_t memory_limit_mib;
+        bool source_has_cgroup;
         int tpl_fd;
         pid_t pid;
         uint64_t pause_us;
@@ -175,6 +177,9 @@ static void on_control_reply(ControlWaiter *w, struct json_object *o, const char
         }
         f->pause_us = (uint64_t) json_object_get_int64(v);
         f->pid = (pid_t) json_object_get_int64(p);
+        /* The template outlives its parent: out of the parent's cgroup with it. */
+        if (f->source_has_cgroup)
+                (void) cgroup_detach(f->manager->cgroups, f->pid);
         r = sd_event_add_io(f->manager->event, &f->ready_source, f->tpl_fd, EPOLLIN, on_ready, f);
         if (r >= 0)
                 r = sd_event_add_time_relative(f->manager->event, &f->timer_source, CLOCK_MONOTONIC,
@@ -232,6 +237,7 @@ int bus_sandbox_method_fork(sd_bus_message *message, void *userdata, sd_bus_erro
         f->n = n;
         f->tpl_fd = -EBADF;
         f->memory_limit_mib = s->memory_limit_mib;
+        f->source_has_cgroup = s->has_cgroup;
         f->waiter.reply = on_control_reply;
         f->source_id = strdup(s->id);
         f->tag = strdup(s->snapshot_tag);

@@ -78,6 +78,7 @@ def main():
 
 
 def run(h):
+    h.setup_cgroups()
     disk = os.path.join(h.tmp, "disk.img")
     with open(disk, "wb") as f:
         f.truncate(16 << 20)
@@ -252,6 +253,30 @@ def run(h):
                     "the frozen templates to exit")
     h.check("ForkSandbox: n children with the parent's state at the pause, each its own; the parent runs on; "
             "errors; the templates go with their last child", fork_running)
+
+    def limits():
+        if not h.cgroot:
+            raise AssertionError("no cgroup memory controller on this host")
+        p = h.fork("base", 1, {"memory_limit_mib": ("u", 128)})[0]
+        poke(p["pid"], b"limited-state")
+        kids, _ = h.m("ForkSandbox", "su", [p["id"], 2], timeout=60)
+        assert all(k["memory_limit_mib"] == 128 for k in kids), kids
+        assert {k["id"] for k in kids} <= set(h.cgroup_children()), h.cgroup_children()
+        info = branch(p["id"], "lim-b", "full")
+        assert info["status"] == "ready"
+        # The parent goes; its cgroup too (the template left it), and the children live on.
+        h.m("TerminateSandbox", "s", [p["id"]])
+        h.wait_removed(p["id"])
+        tf.wait_for(lambda: p["id"] not in h.cgroup_children(), 10, "the parent's cgroup to go")
+        for k in kids:
+            ping(k["id"])
+            assert peek(k["pid"], 13) == b"limited-state"
+        for k in kids:
+            h.m("TerminateSandbox", "s", [k["id"]])
+            h.wait_removed(k["id"])
+        tf.wait_for(lambda: not h.cgroup_children(), 10, "the children's cgroups to go")
+    h.check("a sandbox with a memory limit: its fork children get the limit, the template and a branch writer leave "
+            "its cgroup, which goes with it", limits)
 
     def in_flight():
         # Stalled frozen copies: in flight long enough to see the cap, the 409s and "writing".
