@@ -303,8 +303,8 @@ def run(h):
             # A live branch without wait whose writer dies: listed as failed until deleted.
             info = branch(p["id"], "lv-fail", "live", False)
             assert info["status"] == "writing"
-            writers = [int(d) for d in os.listdir("/proc") if d.isdigit() and comm(d) == "forkd-branch"]
-            assert writers, "no forkd-branch process"
+            writers = tf.wait_for(lambda: [int(d) for d in os.listdir("/proc") if d.isdigit() and
+                                           comm(d) == "forkd-branch"], 5, "the forkd-branch process")
             for w in writers:
                 os.kill(w, signal.SIGKILL)
             tf.wait_for(lambda: {s["tag"]: s for s in h.m("ListSnapshots")[0]}["lv-fail"]["status"] == "failed", 10,
