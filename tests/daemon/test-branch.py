@@ -318,6 +318,11 @@ def run(h):
             assert not [n for n in os.listdir(os.path.join(h.state, "snapshots")) if n.startswith("lv-fail.tmp.")]
             # kill -9 of forkd while a branch is being written: the branch is not lost.
             branch(p["id"], "lv-kill", "live", False)
+            # Once the writer has staged its directory (within a millisecond or so of the
+            # reply; a restart before that finds nothing to adopt, and the snapshot, complete
+            # on disk, is registered only at the next start).
+            snaps = os.path.join(h.state, "snapshots")
+            tf.wait_for(lambda: [n for n in os.listdir(snaps) if n.startswith("lv-kill.tmp.")], 5, "the staging dir")
             h.stop_forkd(signal.SIGKILL)
             os.environ["FORKD_TEST_BRANCH_STALL_MS"] = "0"
             h.start_forkd()
