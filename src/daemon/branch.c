@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <sys/syscall.h>
+#include <sys/inotify.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -539,4 +540,52 @@ int bus_sandbox_method_branch(sd_bus_message *message, void *userdata, sd_bus_er
         b->sandbox = s;
         log_info("Branching %s into %s (mode %s).", s->id, b->tag, b->mode);
         return 1;
+}
+
+static int on_snapshots_event(sd_event_source *es, int fd, uint32_t revents, void *userdata) {
+        Manager *m = userdata;
+        char buf[8192] __attribute__((aligned(__alignof__(struct inotify_event))));
+
+        for (;;) {
+                ssize_t n = read(fd, buf, sizeof(buf));
+
+                if (n <= 0)
+                        return 0;
+                for (char *p = buf; p < buf + n;) {
+                        const struct inotify_event *ev = (const struct inotify_event *) p;
+                        const char *reason = NULL;
+                        Image *i = NULL;
+
+                        p += sizeof(*ev) + ev->len;
+                        if (!(ev->mask & IN_MOVED_TO) || !(ev->mask & IN_ISDIR) || ev->len == 0 ||
+                            !snapshot_tag_is_valid(ev->name) || strstr(ev->name, ".tmp."))
+                                continue;
+                        /* Ours to register: a CreateSnapshot or a branch in flight. */
+                        if (hashmap_get(m->images, ev->name) || hashmap_get(m->creating, ev->name) ||
+                            hashmap_get(m->branching, ev->name))
+                                continue;
+                        if (hashmap_size(m->images) >= SNAPSHOTS_MAX || image_load(m, ev->name, &i, &reason) < 0) {
+                                log_warning("%s/%s appeared and does not load: %s", m->snapshots_dir, ev->name,
+                                            reason ?: "too many snapshots");
+                                continue;
+                        }
+                        log_info("Snapshot %s landed (a branch started before forkd restarted).", i->tag);
+                        image_send_signal(m, i->tag, true);
+                }
+        }
+}
+
+int branch_watch_snapshots(Manager *m) {
+        int r;
+
+        m->snapshots_watch_fd = inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
+        if (m->snapshots_watch_fd < 0)
+                return -errno;
+        if (inotify_add_watch(m->snapshots_watch_fd, m->snapshots_dir, IN_MOVED_TO | IN_ONLYDIR) < 0)
+                return -errno;
+        r = sd_event_add_io(m->event, &m->snapshots_watch, m->snapshots_watch_fd, EPOLLIN, on_snapshots_event, m);
+        if (r < 0)
+                return r;
+        (void) sd_event_source_set_description(m->snapshots_watch, "snapshots-watch");
+        return 0;
 }

@@ -85,5 +85,11 @@ int branch_append_in_flight(sd_bus_message *reply, Manager *m);
  * the copy is done. Returns 1 if adopted, 0 if not (remove the directory). */
 int branch_adopt_staging(Manager *m, const char *name);
 
+/* Watch the snapshots directory: a complete snapshot directory renamed into
+ * place that nobody here is creating or branching to (the writer of a branch
+ * a killed predecessor started, which finished before it had staged its
+ * directory or after the scan) is registered then. */
+int branch_watch_snapshots(Manager *m);
+
 /* Shutdown: forget every branch (their frozen copies finish on their own). */
 void branch_free_all(Manager *m);

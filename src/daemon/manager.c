@@ -42,6 +42,7 @@ int manager_new(Manager **ret) {
                 return -ENOMEM;
         m->lock_fd = -EBADF;
         m->direct_fd = -EBADF;
+        m->snapshots_watch_fd = -EBADF;
         m->max_operations = OPERATIONS_MAX_DEFAULT;
         m->max_branches = BRANCHES_MAX_DEFAULT;
         r = hashmap_new(&m->images);
@@ -91,6 +92,8 @@ Manager *manager_free(Manager *m) {
         free(m->stale_ids);
 
         sd_event_source_disable_unref(m->exit_timer);
+        sd_event_source_disable_unref(m->snapshots_watch);
+        safe_close(m->snapshots_watch_fd);
         manager_close_direct(m);
         m->bus = sd_bus_flush_close_unref(m->bus);
         m->event = sd_event_unref(m->event);
@@ -212,6 +215,11 @@ int manager_startup(Manager *m) {
         if (r < 0)
                 log_warning_errno(r, "Failed to sweep stale cgroups: %m");
 
+        /* Before the scan, so that nothing lands unseen in between. */
+        r = branch_watch_snapshots(m);
+        if (r < 0)
+                log_warning_errno(r, "Failed to watch %s; branches written across a restart are registered at "
+                                  "the next start only: %m", m->snapshots_dir);
         return load_snapshots(m);
 }
 

@@ -14,6 +14,7 @@ import importlib.util
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 
@@ -319,8 +320,8 @@ def run(h):
             # kill -9 of forkd while a branch is being written: the branch is not lost.
             branch(p["id"], "lv-kill", "live", False)
             # Once the writer has staged its directory (within a millisecond or so of the
-            # reply; a restart before that finds nothing to adopt, and the snapshot, complete
-            # on disk, is registered only at the next start).
+            # reply), the restarted forkd adopts it; before that, the snapshot is registered
+            # when it lands (see "lands" below).
             snaps = os.path.join(h.state, "snapshots")
             tf.wait_for(lambda: [n for n in os.listdir(snaps) if n.startswith("lv-kill.tmp.")], 5, "the staging dir")
             h.stop_forkd(signal.SIGKILL)
@@ -337,6 +338,32 @@ def run(h):
             os.environ["FORKD_TEST_BRANCH_STALL_MS"] = "0"
     h.check("live with wait false: writing then ready or failed; 409 for its tag and forks of it; 503 at the cap; "
             "kill -9 of forkd mid-write loses nothing", in_flight)
+
+    def lands():
+        # A snapshot directory renamed into place by a writer forkd does not know (the writer
+        # of a branch a killed forkd started, done before it staged anything or after the
+        # restart's scan) is registered when it lands: here forkd-vmm's snapshot op.
+        snaps = os.path.join(h.state, "snapshots")
+        ctl = os.path.join(h.tmp, "outside.ctl")
+        vm = subprocess.Popen([tf.VMM, "restore", "--snapshot", os.path.join(snaps, "base"), "--control-socket", ctl,
+                               "--overlay-dir", h.tmp])
+        try:
+            import socket
+            c = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            tf.wait_for(lambda: os.path.exists(ctl), 10, "the control socket")
+            c.connect(ctl)
+            c.send(json.dumps({"op": "snapshot", "dir": os.path.join(snaps, "outside"), "tag": "outside"}).encode())
+            assert json.loads(c.recv(4096))["ok"]
+            c.send(b'{"op":"shutdown"}')
+            c.recv(4096)
+        finally:
+            vm.wait(10)
+        h.bus.wait_signal(lambda m, b: m == "SnapshotNew" and b[0] == "outside", 10)
+        k = h.fork("outside", 1)[0]
+        ping(k["id"])
+        h.m("TerminateSandbox", "s", [k["id"]])
+        h.wait_removed(k["id"])
+    h.check("a snapshot that lands in the snapshots directory from outside is registered", lands)
 
     h.check("no sanitizer report from forkd", h.assert_no_sanitizer_report)
     print(f"1..{h.n}")
