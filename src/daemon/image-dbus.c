@@ -66,11 +66,21 @@ int image_append_info_fields(sd_bus_message *reply, Image *i, bool details) {
         }
         if (details) {
                 _cleanup_(strv_freep) char **deps = NULL;
+                const char *ancestors[64];
+                size_t n_ancestors = 0;
                 struct image_sizes sz = {};
 
                 r = image_sizes(i, &sz);
                 if (r < 0)
                         return r;
+                /* Parent first, then its parent, ...: as far as they are registered (a
+                 * diff chain's links hold on to their parents, forkd-vmm(8)). */
+                for (Image *a = i; a->meta.parent_tag[0] && n_ancestors < ELEMENTSOF(ancestors);) {
+                        ancestors[n_ancestors++] = a->meta.parent_tag;
+                        a = hashmap_get(i->manager->images, a->meta.parent_tag);
+                        if (!a)
+                                break;
+                }
                 r = image_dependents(i->manager, i->tag, &deps);
                 if (r < 0)
                         return r;
@@ -78,7 +88,7 @@ int image_append_info_fields(sd_bus_message *reply, Image *i, bool details) {
                                           "memory_logical_bytes", "t", sz.memory_logical,
                                           "memory_physical_bytes", "t", sz.memory_physical,
                                           "vmstate_bytes", "t", sz.vmstate,
-                                          "chain_depth", "u", (uint32_t) (i->meta.parent_tag[0] ? 1 : 0));
+                                          "chain_depth", "u", (uint32_t) n_ancestors);
                 if (r < 0)
                         return r;
                 if (i->meta.parent_content_hash[0]) {
@@ -87,18 +97,17 @@ int image_append_info_fields(sd_bus_message *reply, Image *i, bool details) {
                         if (r < 0)
                                 return r;
                 }
-                /* Chains land with the chain issue: the ancestors are the parent, if any. */
                 r = sd_bus_message_open_container(reply, 'e', "sv");
                 if (r >= 0)
                         r = sd_bus_message_append(reply, "s", "ancestors");
                 if (r >= 0)
                         r = sd_bus_message_open_container(reply, 'v', "as");
-                if (r >= 0) {
-                        if (i->meta.parent_tag[0])
-                                r = sd_bus_message_append(reply, "as", 1, i->meta.parent_tag);
-                        else
-                                r = sd_bus_message_append(reply, "as", 0);
-                }
+                if (r >= 0)
+                        r = sd_bus_message_open_container(reply, 'a', "s");
+                for (size_t k = 0; r >= 0 && k < n_ancestors; k++)
+                        r = sd_bus_message_append(reply, "s", ancestors[k]);
+                if (r >= 0)
+                        r = sd_bus_message_close_container(reply);
                 if (r >= 0)
                         r = sd_bus_message_close_container(reply);
                 if (r >= 0)

@@ -215,6 +215,9 @@ def run(h):
             assert peek(k["pid"], 13) == b"diff-state-1!" and peek(k["pid"], 13, SCRATCH + 8192) == b"diff-state-2!"
         details = h.m("GetSnapshotInfo", "s", ["d1"])[0]
         assert details["dependents"] == ["d2"], details
+        details = h.m("GetSnapshotInfo", "s", ["d2"])[0]
+        assert details["ancestors"] == ["d1", "base"] and details["chain_depth"] == 2, details
+        assert details["parent_content_hash"] == info["parent_content_hash"], details
         h.expect_error("org.forkd.Error.HasDependents", "DeleteSnapshot", "sbb", ["d1", False, False])
         for k in [p, c] + g:
             h.m("TerminateSandbox", "s", [k["id"]])
