@@ -16,8 +16,6 @@
 #include "sandbox.h"
 #include "vm-template.h"
 
-#define READY_TIMEOUT_USEC (30 * 1000000ull)
-
 typedef struct SandboxFork {
         ControlWaiter waiter; /* first */
         Manager *manager;
@@ -29,15 +27,12 @@ typedef struct SandboxFork {
         int tpl_fd;
         pid_t pid;
         uint64_t pause_us;
-        sd_event_source *ready_source, *timer_source;
 } SandboxFork;
 
 /* Freed with its operation (operation_free()). */
 static void sandbox_fork_release(void *p) {
         SandboxFork *f = p;
 
-        f->ready_source = sd_event_source_disable_unref(f->ready_source);
-        f->timer_source = sd_event_source_disable_unref(f->timer_source);
         safe_close(f->tpl_fd); /* a template we never adopted ends with its children */
         free(f->source_id);
         free(f->tag);
@@ -99,43 +94,19 @@ static void on_fork_done(ForkOp *op, int r, const char *error_name, const char *
         sandbox_fork_free(f);
 }
 
-static int on_ready_timeout(sd_event_source *es, uint64_t usec, void *userdata) {
-        sandbox_fork_fail(userdata, NULL, "The frozen copy did not become a template in time.");
-        return 0;
-}
-
-/* The frozen copy says it is a template. */
-static int on_ready(sd_event_source *es, int fd, uint32_t revents, void *userdata) {
-        _cleanup_json_ struct json_object *o = NULL;
-        SandboxFork *f = userdata;
-        Manager *m = f->manager;
+/* The frozen copy is a template from now on (its "ready" event, read by the
+ * spawn like any other event, is not waited for: a copy that fails to become
+ * one closes the socket, and the spawn says so). */
+static void start_fork(SandboxFork *f) {
         struct fork_options opts = { .memory_limit_mib = f->memory_limit_mib };
-        struct json_object *ev, *g;
-        char buf[4096];
+        Manager *m = f->manager;
         VmTemplate *t = NULL;
-        uint64_t generation = 0;
-        ssize_t n;
         int r;
 
-        n = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
-        if (n < 0 && (errno == EAGAIN || errno == EINTR))
-                return 0;
-        if (n <= 0 || json_parse_strict(buf, (size_t) n, sizeof(buf), 4, &o, NULL) < 0 ||
-            !json_object_object_get_ex(o, "event", &ev) || !json_object_is_type(ev, json_type_string) ||
-            strcmp(json_object_get_string(ev), "ready") != 0) {
-                sandbox_fork_fail(f, NULL, "The frozen copy of %s did not become a template (see the log of forkd).",
-                                  f->source_id);
-                return 0;
-        }
-        if (json_object_object_get_ex(o, "generation", &g) && json_object_is_type(g, json_type_int))
-                generation = (uint64_t) json_object_get_int64(g);
-        f->ready_source = sd_event_source_disable_unref(f->ready_source);
-        f->timer_source = sd_event_source_disable_unref(f->timer_source);
-
-        r = vm_template_new_running(m, f->tag, f->pid, f->tpl_fd, generation, &t);
+        r = vm_template_new_running(m, f->tag, f->pid, f->tpl_fd, 0, &t);
         if (r < 0) {
                 sandbox_fork_fail(f, NULL, "Failed to set up the template: %s", strerror(-r));
-                return 0;
+                return;
         }
         f->tpl_fd = -EBADF; /* the template's now */
         r = fork_op_start_template(m, t, f->n, &opts, on_fork_done, f, &f->operation->fork);
@@ -146,13 +117,11 @@ static int on_ready(sd_event_source *es, int fd, uint32_t revents, void *userdat
                 else
                         sandbox_fork_fail(f, NULL, "Failed to start the fork: %s", strerror(-r));
         }
-        return 0;
 }
 
 static void on_control_reply(ControlWaiter *w, struct json_object *o, const char *why) {
         SandboxFork *f = (SandboxFork *) w;
         struct json_object *ok, *v, *p;
-        int r;
 
         if (!o) {
                 sandbox_fork_fail(f, NULL, "%s", why);
@@ -180,12 +149,7 @@ static void on_control_reply(ControlWaiter *w, struct json_object *o, const char
         /* The template outlives its parent: out of the parent's cgroup with it. */
         if (f->source_has_cgroup)
                 (void) cgroup_detach(f->manager->cgroups, f->pid);
-        r = sd_event_add_io(f->manager->event, &f->ready_source, f->tpl_fd, EPOLLIN, on_ready, f);
-        if (r >= 0)
-                r = sd_event_add_time_relative(f->manager->event, &f->timer_source, CLOCK_MONOTONIC,
-                                               READY_TIMEOUT_USEC, 0, on_ready_timeout, f);
-        if (r < 0)
-                sandbox_fork_fail(f, NULL, "Failed to wait for the template: %s", strerror(-r));
+        start_fork(f);
 }
 
 int bus_sandbox_method_fork(sd_bus_message *message, void *userdata, sd_bus_error *error) {
