@@ -118,7 +118,7 @@ r2=$(http GET /version)
         notok "/version with and without the token" "$r1" "$r2"
 
 tag=stack-$$
-r=$(http POST /v1/snapshots "{\"tag\":\"$tag\",\"kernel\":\"$FORKD_GUEST_KERNEL\",\"rootfs\":\"$FORKD_GUEST_ROOTFS\",\"boot_wait_secs\":120}")
+r=$(http POST /v1/snapshots "{\"tag\":\"$tag\",\"kernel\":\"$FORKD_GUEST_KERNEL\",\"rootfs\":\"$FORKD_GUEST_ROOTFS\",\"boot_wait_secs\":240}")
 [ "${r%% *}" = 201 ] && [ "$(jsonq 'j["tag"]' <<<"${r#* }")" = "$tag" ] &&
         ok "POST /v1/snapshots of the default guest" || notok "POST /v1/snapshots of the default guest" "$r"
 
@@ -156,7 +156,7 @@ r=$(FORKD_TOKEN_FILE=- http GET /healthz)
 # Something to stop: a live sandbox, so that down has a VMM to take with it.
 # (boot_wait_secs as above: the Linux guest under nested KVM in the test host can take more
 # than the default 30 s to boot)
-r1=$(http POST /v1/snapshots "{\"tag\":\"$tag\",\"kernel\":\"$FORKD_GUEST_KERNEL\",\"rootfs\":\"$FORKD_GUEST_ROOTFS\",\"boot_wait_secs\":120}")
+r1=$(http POST /v1/snapshots "{\"tag\":\"$tag\",\"kernel\":\"$FORKD_GUEST_KERNEL\",\"rootfs\":\"$FORKD_GUEST_ROOTFS\",\"boot_wait_secs\":240}")
 r=$(http POST /v1/sandboxes "{\"snapshot_tag\":\"$tag\",\"n\":2}")
 pids=()
 for f in "$state"/*.pid; do
