@@ -9,6 +9,7 @@ Standard library only. Each test class starts its own agent with
 that exec and the embedded interpreter see the same numpy. Tests that need
 numpy skip (with the reason) when the embedded interpreter has none.
 """
+import hashlib
 import json
 import os
 import random
@@ -486,6 +487,57 @@ class TestHostile(AgentTest):
                 break
         else:
             self.fail("no answer to ping after fuzzing")
+
+
+class TestHashFiles(AgentTest):
+    """hash_files: SHA-256 of the regular files under the paths, symlinks not
+    followed, pseudo file systems not entered, hostile arguments refused."""
+
+    def setUp(self):
+        self.d = tempfile.mkdtemp(prefix="forkd-hash-files.")
+        self.addCleanup(shutil.rmtree, self.d, ignore_errors=True)
+
+    def put(self, rel, data):
+        path = os.path.join(self.d, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(data)
+        return path
+
+    def test_tree(self):
+        a = self.put("a.txt", b"from a")
+        b = self.put("sub/deeper/b.bin", bytes(range(256)) * 1000)
+        e = self.put("empty", b"")
+        os.symlink(a, os.path.join(self.d, "link"))
+        os.symlink("/etc", os.path.join(self.d, "dirlink"))
+        os.mkfifo(os.path.join(self.d, "fifo"))
+        r = self.a.ok("hash_files", paths=[self.d, "/nonexistent/forkd-x", a])
+        want = {p: hashlib.sha256(open(p, "rb").read()).hexdigest() for p in (a, b, e)}
+        self.assertEqual(r, {"files": want})
+        r = self.a.ok("hash_files", paths=[b])
+        self.assertEqual(list(r["files"]), [b])
+        self.assertEqual(self.a.ok("hash_files", paths=[os.path.join(self.d, "link")]), {"files": {}})
+        self.assertEqual(self.a.ok("hash_files", paths=[]), {"files": {}})
+
+    def test_pseudo_fs_not_entered(self):
+        r = self.a.ok("hash_files", paths=["/proc/self", "/sys/kernel"], timeout_secs=30)
+        self.assertEqual(r, {"files": {}})
+
+    def test_bad_arguments(self):
+        for args in ({}, {"paths": "/tmp"}, {"paths": [1]}, {"paths": ["tmp"]}, {"paths": ["/tmp/"]},
+                     {"paths": ["/a/../b"]}, {"paths": ["/a//b"]}, {"paths": ["/a/./b"]}, {"paths": ["/a\nb"]},
+                     {"paths": ["/a\u0000b"]}, {"paths": ["/x"] * 65}, {"paths": ["/" + "x" * 4096]},
+                     {"paths": ["/tmp"], "timeout_secs": 0}, {"paths": ["/tmp"], "timeout_secs": 3601},
+                     {"paths": ["/tmp"], "follow": True}):
+            self.a.error("hash_files", **args)
+        self.alive()
+
+    def test_too_many_files(self):
+        for i in range(10001):
+            open(os.path.join(self.d, f"f{i}"), "wb").close()
+        err = self.a.error("hash_files", paths=[self.d])
+        self.assertIn("10000", err)
+        self.alive()
 
 
 class TestIdentity(AgentTest):
