@@ -135,8 +135,12 @@ def main():
     check(t == RESP and len(r["files"]) == 3, "hash_files / %r" % r)
     t, r = a.call("hash_files", paths=[])
     check(t == RESP and r == {"files": {}}, "hash_files [] %r" % r)
+    # escaped paths, as json-c writes them ("\/root")
+    a.send_raw(a.frame(REQ, 901, b'{"op":"hash_files","paths":["\\/ro\\u006ft"]}'))
+    t, fid, r = a.recv_frame()
+    check(t == RESP and fid == 901 and list(r["files"]) == ["/root/a.txt", "/root/sub/b"], "escaped path %r" % r)
     for args in ({}, {"paths": "/root"}, {"paths": [1]}, {"paths": ["root"]}, {"paths": ["/a/./b"]},
-                 {"paths": ["/x"] * 17}, {"paths": ["/r\\u006ft"]}):
+                 {"paths": ["/x"] * 17}, {"paths": ["/" + "y" * 300]}):
         t, r = a.call("hash_files", **args)
         check(t == ERR, "hash_files %r -> error %r" % (str(args)[:40], r))
     for k in range(8):

@@ -30,6 +30,7 @@
 #define GCODE_MAX       2048
 #define GOUT_MAX        512
 #define HASH_PATHS_MAX  16
+#define HASH_DIR_MAX    256   /* a requested path, with room to spare */
 
 struct gfile {
         u32 used;
@@ -58,7 +59,8 @@ static struct {
         const u8 *error_arg;
         u32 error_arg_len;
         u8 msg[160];            /* error and its argument: 96 + 48 at most, and a newline */
-        u32 dirs[HASH_PATHS_MAX][2];
+        u8 dirs[HASH_PATHS_MAX][HASH_DIR_MAX];
+        u32 dir_len[HASH_PATHS_MAX];
         sha256_ctx sha;
 } g;
 
@@ -443,11 +445,12 @@ void op_hash_files(u32 id, const u8 *p, u32 n)
                 agent_reply_error(id, "bad argument 'paths': an array of absolute paths");
                 return;
         }
-        /* The array is well-formed (json_fields checked it): strings without escapes only. */
+        /* The array is well-formed (json_fields checked it): strings only, decoded. */
         i = f.off + 1;
         end = f.off + f.len - 1;
         for (;;) {
-                u32 s;
+                struct jfield e = { .type = J_STR };
+                int len;
 
                 while (i < end && (p[i] == ' ' || p[i] == '\t' || p[i] == '\n' || p[i] == '\r' || p[i] == ','))
                         i++;
@@ -457,17 +460,16 @@ void op_hash_files(u32 id, const u8 *p, u32 n)
                         agent_reply_error(id, "bad argument 'paths': at most 16 strings");
                         return;
                 }
-                s = ++i;
-                while (i < end && p[i] != '"' && p[i] != '\\')
-                        i++;
-                if (i >= end || p[i] != '"' || !path_valid(p + s, i - s, 4096)) {
-                        agent_reply_error(id, "bad argument 'paths': an invalid path");
+                e.off = i++;
+                while (i < end && p[i] != '"')
+                        i += p[i] == '\\' ? 2 : 1;
+                e.len = ++i - e.off;
+                len = json_str_decode(p, &e, g.dirs[ndirs], HASH_DIR_MAX - 1);
+                if (len < 0 || !path_valid(g.dirs[ndirs], (u32)len, HASH_DIR_MAX)) {
+                        agent_reply_error(id, "bad argument 'paths': an invalid path (or longer than 255 bytes)");
                         return;
                 }
-                g.dirs[ndirs][0] = s;
-                g.dirs[ndirs][1] = i - s;
-                ndirs++;
-                i++;
+                g.dir_len[ndirs++] = (u32)len;
         }
 
         o = agent_reply_begin();
@@ -481,7 +483,7 @@ void op_hash_files(u32 id, const u8 *p, u32 n)
                 if (!gf->used)
                         continue;
                 for (u32 d = 0; d < ndirs && !covered; d++)
-                        covered = path_covers(p + g.dirs[d][0], g.dirs[d][1], gf);
+                        covered = path_covers(g.dirs[d], g.dir_len[d], gf);
                 if (!covered)
                         continue;
                 sha256_init(&g.sha);
