@@ -12,7 +12,9 @@ Environment: as test-rest.py (tests/rest/meson.build).
 import importlib.util
 import json
 import os
+import shutil
 import signal
+import subprocess
 import sys
 import time
 
@@ -285,6 +287,71 @@ def t_merge_restart(c, stack):
         check(left == [], f"cgroups left: {left}")
 
 
+def bus_path(sid):
+    return "/org/forkd/sandbox/" + "".join(ch if ch.isalnum() else "_%02x" % ord(ch) for ch in sid)
+
+
+def busctl(stack, *args, check_rc=True):
+    r = subprocess.run(["busctl", "--address=" + stack.bus, *args], capture_output=True, text=True, timeout=60)
+    if check_rc:
+        check(r.returncode == 0, f"busctl {args}: {r.stderr}")
+    return r
+
+
+def t_merge_bus(c, stack):
+    """MergeSandbox and DiffSandboxes on D-Bus: the signal, the object paths,
+    the properties of the Sandbox object that now drives the winner's VM."""
+    if not shutil.which("busctl"):
+        raise Skip("busctl is not installed")
+    ids, info = fork(c, 2)
+    p, w = ids
+    mon = subprocess.Popen(["busctl", "--address=" + stack.bus, "--json=short", "monitor"], stdout=subprocess.PIPE,
+                           stderr=subprocess.DEVNULL, text=True)
+    try:
+        time.sleep(0.5)
+        ok(c, w, "write /tmp/w x")
+        r = busctl(stack, "--json=short", "call", "org.forkd.Manager", "/org/forkd/Manager", "org.forkd.Manager",
+                   "DiffSandboxes", "ssas", p, w, "0")
+        check(json.loads(r.stdout)["data"] == [["/tmp/w"], [], []], r.stdout)
+        r = busctl(stack, "--json=short", "call", "org.forkd.Manager", "/org/forkd/Manager", "org.forkd.Manager",
+                   "MergeSandbox", "ss", p, w)
+        d = json.loads(r.stdout)["data"][0]
+        check(d["id"]["data"] == p and d["pid"]["data"] == info[w]["pid"], d)
+        r = busctl(stack, "--json=short", "get-property", "org.forkd.Manager", bus_path(p), "org.forkd.Sandbox", "Pid")
+        check(json.loads(r.stdout)["data"] == info[w]["pid"], r.stdout)
+        r = busctl(stack, "--json=short", "get-property", "org.forkd.Manager", bus_path(p), "org.forkd.Sandbox", "Id")
+        check(json.loads(r.stdout)["data"] == p, r.stdout)
+        r = busctl(stack, "introspect", "org.forkd.Manager", bus_path(w), "org.forkd.Sandbox", check_rc=False)
+        check(r.returncode != 0, f"the winner's object still answers: {r.stdout}")
+        r = busctl(stack, "call", "org.forkd.Manager", "/org/forkd/Manager", "org.forkd.Manager", "MergeSandbox",
+                   "ss", p, p, check_rc=False)
+        check(r.returncode != 0 and "another sandbox" in r.stderr, r.stderr)
+        r = busctl(stack, "call", "org.forkd.Manager", bus_path(p), "org.forkd.Sandbox", "Merge", "s", w,
+                   check_rc=False)
+        check(r.returncode != 0 and "No sandbox" in r.stderr, r.stderr)
+        time.sleep(0.5)
+    finally:
+        mon.terminate()
+        out, _ = mon.communicate(timeout=10)
+    removed = changed = False
+    for line in out.splitlines():
+        try:
+            m = json.loads(line)
+        except ValueError:
+            continue
+        if m.get("member") == "SandboxRemoved":
+            args = [x for x in m.get("payload", {}).get("data", [])]
+            check(args[0] != p, f"a SandboxRemoved for {p}, whose id lives on: {line}")
+            if args[0] == w:
+                check(args[2] == "merged" and args[1] == bus_path(w), line)
+                removed = True
+        if m.get("member") == "PropertiesChanged" and m.get("path") == bus_path(p):
+            changed = "Pid" in json.dumps(m.get("payload"))
+    check(removed, "no SandboxRemoved(..., merged) for the winner")
+    check(changed, "no PropertiesChanged with Pid on the surviving object")
+    c.expect(204, "DELETE", f"/v1/sandboxes/{p}")
+
+
 def t_terminate_after_merge(c, stack):
     """Merge, then delete: every VM and cgroup is gone."""
     limit = {"memory_limit_mib": 64} if stack.cgroot else {}
@@ -334,6 +401,8 @@ def main():
             ("POST /v1/sandboxes/:id/merge: :id drives the winner's VM, the winner's id is gone", t_merge),
             ("merge into the same id again", t_merge_again),
             ("merge: 400 and 404 rows", t_merge_errors),
+            ("MergeSandbox and DiffSandboxes on D-Bus: SandboxRemoved \"merged\", object paths, properties",
+             t_merge_bus),
             ("forkd killed after a merge: records and cgroups cleaned up", t_merge_restart),
             ("merge then DELETE: no VM, record or cgroup left", t_terminate_after_merge),
         ]
@@ -350,7 +419,15 @@ def main():
                 c.req("DELETE", f"/v1/sandboxes/{sb['id']}")
         except Exception:  # noqa: BLE001
             pass
-        stack.stop(rest)
+        # both daemons end cleanly, without a sanitizer's report (ASan builds)
+        for name, p in (("forkd", stack.daemon), ("forkd-rest", rest)):
+            stack.stop(p)
+            log = stack.log_tail(p, 100000)
+            if p.returncode != 0 or "Sanitizer" in log or "runtime error" in log:
+                tap.failed += 1
+                print(f"# {name} exited with {p.returncode}:")
+                for line in log.splitlines()[-40:]:
+                    print(f"# {name}: {line}")
     finally:
         stack.cleanup()
     return tap.done()
