@@ -9,7 +9,8 @@
 # systemd-scope backend, and forks the test guest with memory_limit_mib. Checked: each sandbox
 # gets forkd-<id>.scope with MemoryMax=, the limit is in the kernel, a sandbox
 # driven over its limit dies alone and is reported "oom-killed", its siblings
-# answer, terminating removes the scopes, and after a kill -9 of forkd in the
+# answer, MergeSandbox keeps the winner's scope and drops the old VM's, terminating
+# removes the scopes, and after a kill -9 of forkd in the
 # middle of a fork and systemd's restart of it no VMM, scope or cgroup is left.
 #
 # The tree is cached outside the repository, in $FORKD_SCOPE_TREE_CACHE
