@@ -453,7 +453,7 @@ class TestHostile(AgentTest):
             self.a = saved
 
     def fuzz(self, rng):
-        ops = ["ping", "identity", "eval", "run_code", "exec", "nope", 7, None]
+        ops = ["ping", "identity", "eval", "run_code", "exec", "hash_files", "nope", 7, None]
         values = [None, True, 1, -1, 2 ** 64, 1.5, "", "x", [], ["ping"], {}, {"a": [1]}, "\u00e9\U0001f600"]
         for _ in range(400):
             kind = rng.random()
@@ -461,10 +461,14 @@ class TestHostile(AgentTest):
                 data = bytes(rng.getrandbits(8) for _ in range(rng.randrange(1, 64)))
             elif kind < 0.7:
                 req = {"op": rng.choice(ops)}
-                for key in rng.sample(["args", "code", "timeout_secs", "id", "seed", "cwd", "zz"], rng.randrange(0, 3)):
+                for key in rng.sample(["args", "code", "timeout_secs", "id", "seed", "cwd", "paths", "zz"],
+                                      rng.randrange(0, 3)):
                     req[key] = rng.choice(values)
                 if req["op"] == "exec":
                     req["args"] = rng.choice([None, 1, [], [1], "true", {"a": 1}])  # never runs anything
+                if req["op"] == "hash_files" and "paths" in req:
+                    req["paths"] = rng.choice([None, "/", [], ["/proc/self"], ["/nonexistent"], [1], ["x/../y"],
+                                               ["/dev/null"], ["/\u00e9"]])  # never a big tree
                 if req["op"] in ("eval", "run_code") and isinstance(req.get("code"), str):
                     req["code"] = rng.choice(["", "x", "1+", "(", "'\\x00'", "None"])
                 data = frame(rng.choice([REQ, REQ, REQ, EVENT]), rng.randrange(0, 2 ** 32), req)
