@@ -329,6 +329,17 @@ def t_merge_bus(c, stack):
         r = busctl(stack, "call", "org.forkd.Manager", bus_path(p), "org.forkd.Sandbox", "Merge", "s", w,
                    check_rc=False)
         check(r.returncode != 0 and "No sandbox" in r.stderr, r.stderr)
+        # the daemon checks what forkd-rest checks, for callers on the bus
+        mgr = ("call", "org.forkd.Manager", "/org/forkd/Manager", "org.forkd.Manager")
+        for args, want in ((("DiffSandboxes", "ssas", p, p, "65", *(["/x"] * 65)), "At most 64 paths"),
+                           (("DiffSandboxes", "ssas", p, p, "1", "/a/../b"), "normalized"),
+                           (("DiffSandboxes", "ssas", p, "bad id", "0"), "Invalid other sandbox id"),
+                           (("MergeSandbox", "ss", p, "bad id"), "Invalid winner id"),
+                           (("RunCode", "ssu", p, "x = 1", "3601"), "timeout_secs must be at most 3600")):
+            r = busctl(stack, *mgr, *args, check_rc=False)
+            check(r.returncode != 0 and want in r.stderr, f"{args[:3]}: {r.stderr}")
+        r = busctl(stack, "--json=short", *mgr, "RunCode", "ssu", p, "x = 7; print x", "0")
+        check(json.loads(json.loads(r.stdout)["data"][0])["stdout"] == "7\n", r.stdout)
         time.sleep(0.5)
     finally:
         mon.terminate()
