@@ -329,8 +329,14 @@ int sandbox_merge(Sandbox *p, Sandbox *w, char **ret_old_id) {
         if (p == w || p->retired || w->retired)
                 return -EINVAL;
         id = strdup(p->id);
-        if (!id || asprintf(&addr, "agent:%s", p->id) < 0 || asprintf(&name, "%s.json", w->vm_id) < 0) {
-                addr = name = NULL;
+        if (!id)
+                return -ENOMEM;
+        if (asprintf(&addr, "agent:%s", p->id) < 0) {
+                addr = NULL;
+                return -ENOMEM;
+        }
+        if (asprintf(&name, "%s.json", w->vm_id) < 0) {
+                name = NULL;
                 return -ENOMEM;
         }
         /* The record of w's VM names its new id, so that after a crash the
