@@ -531,7 +531,7 @@ int fork_op_start(Manager *m, Image *i, unsigned n, const struct fork_options *o
 
                 random_hex(prefix, 6);
                 snprintf(probe, sizeof(probe), "sb-%s-0000", prefix);
-                if (!hashmap_get(m->sandboxes, probe))
+                if (!hashmap_get(m->sandboxes, probe) && !hashmap_get(m->vms, probe))
                         break;
                 if (attempt > 16) {
                         r = -EADDRINUSE;

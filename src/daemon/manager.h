@@ -59,6 +59,7 @@ struct Manager {
         Hashmap *images;      /* tag -> Image */
         Hashmap *creating;    /* tag -> Operation: snapshots being created */
         Hashmap *sandboxes;   /* id -> Sandbox, starting ones included */
+        Hashmap *vms;         /* vm_id -> Sandbox: every sandbox, retired ones (merged away) too */
         unsigned n_sandboxes_reserved; /* by forks in progress, not yet in the map */
         VmTemplate *templates;
 
