@@ -199,6 +199,7 @@ static const struct {
         { "exec", agent_exec_start },
         { "eval", agent_op_eval },
         { "run_code", agent_op_run_code },
+        { "hash_files", agent_op_hash_files },
         { "shutdown", op_shutdown },
 };
 

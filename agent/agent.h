@@ -135,6 +135,10 @@ uint64_t agent_exec_next_deadline(const Agent *a);
 void agent_exec_kill_all(Agent *a);
 ExecJob *exec_job_free(ExecJob *j);
 
+/* ---- agent-files.c ---- */
+/* hash_files: SHA-256 of the regular files under the given paths. */
+int agent_op_hash_files(Agent *a, uint32_t id, struct json_object *req);
+
 /* ---- agent-identity.c ---- */
 /* Apply an identity event. Returns 0, or a negative errno for a malformed event (ignored). */
 int agent_identity_event(Agent *a, struct json_object *ev);

@@ -556,7 +556,7 @@ static int fork_op_start_full(Manager *m, Image *i, VmTemplate *t, unsigned n, c
 
                 random_hex(prefix, 6);
                 snprintf(probe, sizeof(probe), "sb-%s-0000", prefix);
-                if (!hashmap_get(m->sandboxes, probe))
+                if (!hashmap_get(m->sandboxes, probe) && !hashmap_get(m->vms, probe))
                         break;
                 if (attempt > 16) {
                         r = -EADDRINUSE;

@@ -66,7 +66,7 @@ int image_append_info_fields(sd_bus_message *reply, Image *i, bool details) {
         }
         if (details) {
                 _cleanup_(strv_freep) char **deps = NULL;
-                const char *ancestors[64];
+                const char *ancestors[64 + 1] = {}; /* NULL-terminated */
                 size_t n_ancestors = 0;
                 struct image_sizes sz = {};
 
@@ -75,7 +75,7 @@ int image_append_info_fields(sd_bus_message *reply, Image *i, bool details) {
                         return r;
                 /* Parent first, then its parent, ...: as far as they are registered (a
                  * diff chain's links hold on to their parents, forkd-vmm(8)). */
-                for (Image *a = i; a->meta.parent_tag[0] && n_ancestors < ELEMENTSOF(ancestors);) {
+                for (Image *a = i; a->meta.parent_tag[0] && n_ancestors < ELEMENTSOF(ancestors) - 1;) {
                         ancestors[n_ancestors++] = a->meta.parent_tag;
                         a = hashmap_get(i->manager->images, a->meta.parent_tag);
                         if (!a)
@@ -103,11 +103,7 @@ int image_append_info_fields(sd_bus_message *reply, Image *i, bool details) {
                 if (r >= 0)
                         r = sd_bus_message_open_container(reply, 'v', "as");
                 if (r >= 0)
-                        r = sd_bus_message_open_container(reply, 'a', "s");
-                for (size_t k = 0; r >= 0 && k < n_ancestors; k++)
-                        r = sd_bus_message_append(reply, "s", ancestors[k]);
-                if (r >= 0)
-                        r = sd_bus_message_close_container(reply);
+                        r = sd_bus_message_append_strv(reply, (char **) ancestors);
                 if (r >= 0)
                         r = sd_bus_message_close_container(reply);
                 if (r >= 0)

@@ -575,6 +575,14 @@ static int method_fork_sandbox(sd_bus_message *message, void *userdata, sd_bus_e
         return forward_to_sandbox(message, userdata, bus_sandbox_method_fork, error);
 }
 
+static int method_merge_sandbox(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        return forward_to_sandbox(message, userdata, bus_sandbox_method_merge, error);
+}
+
+static int method_diff_sandboxes(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        return forward_to_sandbox(message, userdata, bus_sandbox_method_diff, error);
+}
+
 const sd_bus_vtable manager_vtable[] = {
         SD_BUS_VTABLE_START(0),
         SD_BUS_PROPERTY("Version", "s", property_get_version, 0, SD_BUS_VTABLE_PROPERTY_CONST),
@@ -606,12 +614,17 @@ const sd_bus_vtable manager_vtable[] = {
                                 SD_BUS_RESULT("s", result_json), method_exec, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("Eval", SD_BUS_ARGS("s", id, "s", code), SD_BUS_RESULT("s", result_json), method_eval,
                                 SD_BUS_VTABLE_UNPRIVILEGED),
-        SD_BUS_METHOD_WITH_ARGS("RunCode", SD_BUS_ARGS("s", id, "s", code), SD_BUS_RESULT("s", result_json),
-                                method_run_code, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("RunCode", SD_BUS_ARGS("s", id, "s", code, "u", timeout_secs),
+                                SD_BUS_RESULT("s", result_json), method_run_code, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("BranchSandbox", SD_BUS_ARGS("s", id, "s", tag, "s", mode, "b", wait),
                                 SD_BUS_RESULT("a{sv}", info), method_branch_sandbox, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("ForkSandbox", SD_BUS_ARGS("s", id, "u", n),
                                 SD_BUS_RESULT("aa{sv}", sandboxes, "t", pause_us), method_fork_sandbox,
+                                SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("MergeSandbox", SD_BUS_ARGS("s", id, "s", winner), SD_BUS_RESULT("a{sv}", info),
+                                method_merge_sandbox, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("DiffSandboxes", SD_BUS_ARGS("s", id, "s", other, "as", paths),
+                                SD_BUS_RESULT("as", added, "as", removed, "as", modified), method_diff_sandboxes,
                                 SD_BUS_VTABLE_UNPRIVILEGED),
 
         SD_BUS_SIGNAL_WITH_ARGS("SnapshotNew", SD_BUS_ARGS("s", tag, "o", object), 0),

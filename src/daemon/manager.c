@@ -53,6 +53,8 @@ int manager_new(Manager **ret) {
         if (r >= 0)
                 r = hashmap_new(&m->sandboxes);
         if (r >= 0)
+                r = hashmap_new(&m->vms);
+        if (r >= 0)
                 r = sd_event_default(&m->event);
         if (r < 0) {
                 manager_free(m);
@@ -72,8 +74,8 @@ Manager *manager_free(Manager *m) {
         m->polkit_registry = polkit_registry_free(m->polkit_registry);
 
         /* Sandboxes before operations: a fork waits for their answers. */
-        while (hashmap_size(m->sandboxes) > 0)
-                sandbox_free(hashmap_first(m->sandboxes));
+        while (hashmap_size(m->vms) > 0)
+                sandbox_free(hashmap_first(m->vms));
         branch_free_all(m);
         while (m->operations)
                 operation_free(m->operations);
@@ -87,6 +89,7 @@ Manager *manager_free(Manager *m) {
         m->creating = hashmap_free(m->creating);
         m->branching = hashmap_free(m->branching);
         m->sandboxes = hashmap_free(m->sandboxes);
+        m->vms = hashmap_free(m->vms);
         for (unsigned i = 0; i < m->n_stale_ids; i++)
                 free(m->stale_ids[i]);
         free(m->stale_ids);

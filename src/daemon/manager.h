@@ -65,6 +65,7 @@ struct Manager {
         Hashmap *branching;   /* tag -> BranchOp: branches of running sandboxes in flight */
         unsigned max_branches;
         Hashmap *sandboxes;   /* id -> Sandbox, starting ones included */
+        Hashmap *vms;         /* vm_id -> Sandbox: every sandbox, retired ones (merged away) too */
         unsigned n_sandboxes_reserved; /* by forks in progress, not yet in the map */
         VmTemplate *templates;
 

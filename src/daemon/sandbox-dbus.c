@@ -1,8 +1,11 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
+#include <stdarg.h>
+
 #include <json-c/json.h>
 
 #include "agent-proto.h"
 #include "branch.h"
+#include "file-hashes.h"
 #include "sandbox-fork.h"
 #include "json-util.h"
 #include "macro.h"
@@ -14,6 +17,7 @@
 #define PING_TIMEOUT_USEC (10 * 1000000ull)
 #define EVAL_TIMEOUT_USEC (120 * 1000000ull)
 #define EXEC_MARGIN_USEC (5 * 1000000ull)
+#define HASH_FILES_TIMEOUT_SECS 60u
 
 #define IN_SET_CONN(r) ((r) == -ECONNRESET || (r) == -EPIPE || (r) == -ENOTCONN || (r) == -ESHUTDOWN)
 
@@ -121,6 +125,15 @@ void sandbox_send_removed_signal(Sandbox *s, const char *reason) {
                 return;
         (void) sd_bus_emit_signal(s->manager->bus, FORKD_MANAGER_PATH, FORKD_BUS_NAME, "SandboxRemoved", "sos", s->id,
                                   p, reason);
+}
+
+void sandbox_send_removed_signal_as(Sandbox *s, const char *id, const char *reason) {
+        _cleanup_free_ char *p = NULL;
+
+        if (!s->manager->bus || sandbox_object_path(id, &p) < 0)
+                return;
+        (void) sd_bus_emit_signal(s->manager->bus, FORKD_MANAGER_PATH, FORKD_BUS_NAME, "SandboxRemoved", "sos", id, p,
+                                  reason);
 }
 
 void sandbox_send_state_changed(Sandbox *s) {
@@ -282,14 +295,28 @@ int bus_sandbox_method_exec(sd_bus_message *message, void *userdata, sd_bus_erro
         return call_simple(message, s, "exec", req, (uint64_t) timeout * 1000000u + EXEC_MARGIN_USEC, error);
 }
 
-static int method_code(sd_bus_message *message, Sandbox *s, const char *op, sd_bus_error *error) {
+static int method_code(sd_bus_message *message, Sandbox *s, const char *op, bool with_timeout,
+                       sd_bus_error *error) {
         _cleanup_json_ struct json_object *req = NULL;
+        uint64_t timeout_usec = EVAL_TIMEOUT_USEC;
+        uint32_t timeout = 0;
         const char *code;
         int r;
 
         r = sd_bus_message_read(message, "s", &code);
         if (r < 0)
                 return r;
+        if (with_timeout) {
+                r = sd_bus_message_read(message, "u", &timeout);
+                if (r < 0)
+                        return r;
+                if (timeout > EXEC_TIMEOUT_MAX)
+                        return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "timeout_secs must be at most %u.",
+                                                 EXEC_TIMEOUT_MAX);
+                if (timeout == 0)
+                        timeout = EXEC_TIMEOUT_DEFAULT;
+                timeout_usec = (uint64_t) timeout * 1000000u + EXEC_MARGIN_USEC;
+        }
         if (strlen(code) > CODE_MAX)
                 return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "code is longer than %u bytes.", CODE_MAX);
         req = json_object_new_object();
@@ -297,21 +324,316 @@ static int method_code(sd_bus_message *message, Sandbox *s, const char *op, sd_b
                 return -ENOMEM;
         json_object_object_add(req, "op", json_object_new_string(op));
         json_object_object_add(req, "code", json_object_new_string(code));
+        if (with_timeout)
+                json_object_object_add(req, "timeout_secs", json_object_new_int64(timeout));
 
         r = verify(message, s, "org.forkd.run-code", op, error);
         if (r < 0)
                 return r;
         if (r == 0)
                 return 1;
-        return call_simple(message, s, op, req, EVAL_TIMEOUT_USEC, error);
+        return call_simple(message, s, op, req, timeout_usec, error);
 }
 
 int bus_sandbox_method_eval(sd_bus_message *message, void *userdata, sd_bus_error *error) {
-        return method_code(message, userdata, "eval", error);
+        return method_code(message, userdata, "eval", false, error);
 }
 
 int bus_sandbox_method_run_code(sd_bus_message *message, void *userdata, sd_bus_error *error) {
-        return method_code(message, userdata, "run_code", error);
+        return method_code(message, userdata, "run_code", true, error);
+}
+
+/* ---- merge ---- */
+
+static Sandbox *lookup_other(Manager *m, const char *what, const char *id, sd_bus_error *error) {
+        Sandbox *o;
+
+        if (!snapshot_tag_is_valid(id)) {
+                (void) sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "Invalid %s id \"%.64s\".", what, id);
+                return NULL;
+        }
+        o = hashmap_get(m->sandboxes, id);
+        if (!o || !sandbox_is_visible(o)) {
+                (void) sd_bus_error_setf(error, FORKD_ERROR_NO_SUCH_SANDBOX, "No sandbox with id %s.", id);
+                return NULL;
+        }
+        return o;
+}
+
+static void send_vm_changed(Sandbox *s) {
+        _cleanup_free_ char *p = NULL;
+
+        if (!s->manager->bus || sandbox_object_path(s->id, &p) < 0)
+                return;
+        (void) sd_bus_emit_properties_changed(s->manager->bus, p, "org.forkd.Sandbox", "SnapshotTag", "Pid",
+                                              "CreatedAt", "MemoryLimitMiB", "NetNS", NULL);
+}
+
+int bus_sandbox_method_merge(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
+        _cleanup_free_ char *old_id = NULL;
+        Sandbox *s = userdata, *w;
+        const char *winner;
+        int r;
+
+        r = sd_bus_message_read(message, "s", &winner);
+        if (r < 0)
+                return r;
+        if (strcmp(winner, s->id) == 0)
+                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
+                                         "The winner must be another sandbox than %s itself.", s->id);
+        w = lookup_other(s->manager, "winner", winner, error);
+        if (!w)
+                return -EINVAL;
+
+        r = bus_verify_polkit_async(message, "org.forkd.terminate",
+                                    (const char *[]) { "sandbox", s->id, "winner", w->id, "verb", "merge", NULL },
+                                    &s->manager->polkit_registry, error);
+        if (r < 0)
+                return r;
+        if (r == 0)
+                return 1;
+
+        if (s->state != SANDBOX_RUNNING || w->state != SANDBOX_RUNNING)
+                return sd_bus_error_setf(error, FORKD_ERROR_NO_SUCH_SANDBOX, "Sandbox %s is being terminated.",
+                                         s->state != SANDBOX_RUNNING ? s->id : w->id);
+        /* s keeps its id and takes w's VM: s's old VM (the struct s) retires,
+         * the struct w carries on under s's id. */
+        r = sandbox_merge(s, w, &old_id);
+        if (r < 0)
+                return sd_bus_error_set_errnof(error, r, "Failed to merge %s into %s: %m", w->id, s->id);
+        sandbox_send_removed_signal_as(w, old_id, "merged");
+        send_vm_changed(w);
+
+        r = sd_bus_message_new_method_return(message, &reply);
+        if (r >= 0)
+                r = sandbox_append_info(reply, w);
+        if (r < 0)
+                return r; /* unlikely (ENOMEM); the merge stands, the caller sees it in ListSandboxes */
+        if (!s->killed || s->pid == 0)
+                return sd_bus_send(NULL, reply, NULL);
+        /* Answered once the old VM is gone (sandbox_free()). */
+        s->merge_reply = TAKE_PTR(reply);
+        return 1;
+}
+
+/* ---- diff ---- */
+
+typedef struct DiffOp {
+        sd_bus_message *message;
+        struct json_object *answers[2];
+        char *ids[2];
+        unsigned pending;
+        const char *error_name;
+        char *error;
+} DiffOp;
+
+typedef struct DiffSlot {
+        DiffOp *op;
+        unsigned index;
+} DiffSlot;
+
+static void diff_op_free(DiffOp *d) {
+        sd_bus_message_unref(d->message);
+        for (unsigned i = 0; i < 2; i++) {
+                json_object_put(d->answers[i]);
+                free(d->ids[i]);
+        }
+        free(d->error);
+        free(d);
+}
+
+static void diff_fail(DiffOp *d, const char *name, const char *fmt, ...) _printf_(3, 4);
+static void diff_fail(DiffOp *d, const char *name, const char *fmt, ...) {
+        va_list ap;
+
+        if (d->error)
+                return; /* the first one says it */
+        va_start(ap, fmt);
+        if (vasprintf(&d->error, fmt, ap) < 0)
+                d->error = NULL;
+        va_end(ap);
+        d->error_name = name;
+}
+
+static int append_strv(sd_bus_message *m, char **l, size_t n) {
+        int r = sd_bus_message_open_container(m, 'a', "s");
+
+        for (size_t i = 0; r >= 0 && i < n; i++)
+                r = sd_bus_message_append_basic(m, 's', l[i]);
+        if (r >= 0)
+                r = sd_bus_message_close_container(m);
+        return r;
+}
+
+static void diff_finish(DiffOp *d) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
+        struct json_object *files[2];
+        FileDiff fd = {};
+        int r;
+
+        for (unsigned i = 0; i < 2 && !d->error; i++) {
+                const char *why = NULL;
+
+                if (file_hashes_check(d->answers[i], &files[i], &why) < 0)
+                        diff_fail(d, FORKD_ERROR_GUEST_ERROR, "The guest of %s sent an invalid hash_files answer: %s.",
+                                  d->ids[i], why);
+        }
+        if (d->error) {
+                (void) sd_bus_reply_method_errorf(d->message, d->error_name ?: FORKD_ERROR_FAILED, "%s", d->error);
+                return;
+        }
+        r = file_hashes_diff(files[0], files[1], &fd);
+        if (r >= 0)
+                r = sd_bus_message_new_method_return(d->message, &reply);
+        if (r >= 0)
+                r = append_strv(reply, fd.added, fd.n_added);
+        if (r >= 0)
+                r = append_strv(reply, fd.removed, fd.n_removed);
+        if (r >= 0)
+                r = append_strv(reply, fd.modified, fd.n_modified);
+        if (r >= 0)
+                r = sd_bus_send(NULL, reply, NULL);
+        if (r < 0)
+                (void) sd_bus_reply_method_errno(d->message, r, NULL);
+        file_diff_done(&fd);
+}
+
+static void diff_reply(int r, uint16_t type, const char *json, struct json_object *obj, void *userdata) {
+        DiffSlot *slot = userdata;
+        DiffOp *d = slot->op;
+        const char *id = d->ids[slot->index];
+        struct json_object *e;
+
+        if (r >= 0 && type == FKA_RESPONSE)
+                d->answers[slot->index] = json_object_get(obj);
+        else if (r >= 0 && type == FKA_ERROR) {
+                const char *msg = "the guest refused the request";
+                if (obj && json_object_object_get_ex(obj, "error", &e) && json_object_is_type(e, json_type_string))
+                        msg = json_object_get_string(e);
+                diff_fail(d, FORKD_ERROR_GUEST_ERROR, "%s: %s", id, msg);
+        } else if (r == -ETIMEDOUT)
+                diff_fail(d, FORKD_ERROR_TIMEOUT, "The guest of %s did not answer in time.", id);
+        else if (IN_SET_CONN(r))
+                diff_fail(d, FORKD_ERROR_NO_SUCH_SANDBOX, "Sandbox %s exited before it answered.", id);
+        else
+                diff_fail(d, FORKD_ERROR_GUEST_ERROR, "The guest of %s sent an invalid answer (%s).", id,
+                          strerror(-r));
+        free(slot);
+        if (--d->pending == 0) {
+                diff_finish(d);
+                diff_op_free(d);
+        }
+}
+
+int bus_sandbox_method_diff(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        _cleanup_json_ struct json_object *req = NULL;
+        struct json_object *paths;
+        Sandbox *s = userdata, *o, *both[2];
+        const char *other, *json;
+        DiffOp *d;
+        size_t n = 0;
+        int r;
+
+        r = sd_bus_message_read(message, "s", &other);
+        if (r < 0)
+                return r;
+        req = json_object_new_object();
+        paths = json_object_new_array();
+        if (!req || !paths) {
+                json_object_put(paths);
+                return -ENOMEM;
+        }
+        json_object_object_add(req, "op", json_object_new_string("hash_files"));
+        json_object_object_add(req, "paths", paths);
+        json_object_object_add(req, "timeout_secs", json_object_new_int64(HASH_FILES_TIMEOUT_SECS));
+        r = sd_bus_message_enter_container(message, 'a', "s");
+        if (r < 0)
+                return r;
+        for (;;) {
+                const char *p;
+
+                r = sd_bus_message_read(message, "s", &p);
+                if (r < 0)
+                        return r;
+                if (r == 0)
+                        break;
+                if (++n > HASH_PATHS_MAX)
+                        return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "At most %u paths.", HASH_PATHS_MAX);
+                if (!hash_path_is_valid(p))
+                        return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
+                                                 "Path \"%.64s\" is not absolute and normalized (no \".\", \"..\", "
+                                                 "\"//\" or trailing '/').", p);
+                json_object_array_add(paths, json_object_new_string(p));
+        }
+        r = sd_bus_message_exit_container(message);
+        if (r < 0)
+                return r;
+        if (n == 0) {
+                /* Podflare's default */
+                json_object_array_add(paths, json_object_new_string("/root"));
+                json_object_array_add(paths, json_object_new_string("/tmp"));
+        }
+        o = lookup_other(s->manager, "other sandbox", other, error);
+        if (!o)
+                return -EINVAL;
+
+        r = bus_verify_polkit_async(message, "org.forkd.run-code",
+                                    (const char *[]) { "sandbox", s->id, "other", o->id, "verb", "diff", NULL },
+                                    &s->manager->polkit_registry, error);
+        if (r < 0)
+                return r;
+        if (r == 0)
+                return 1;
+        if (s->state != SANDBOX_RUNNING || o->state != SANDBOX_RUNNING)
+                return sd_bus_error_setf(error, FORKD_ERROR_NO_SUCH_SANDBOX, "Sandbox %s is being terminated.",
+                                         s->state != SANDBOX_RUNNING ? s->id : o->id);
+
+        d = calloc(1, sizeof(*d));
+        if (!d)
+                return -ENOMEM;
+        d->message = sd_bus_message_ref(message);
+        d->ids[0] = strdup(s->id);
+        d->ids[1] = strdup(o->id);
+        if (!d->ids[0] || !d->ids[1]) {
+                diff_op_free(d);
+                return -ENOMEM;
+        }
+        json = json_object_to_json_string_ext(req, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE);
+        both[0] = s;
+        both[1] = o;
+        /* One pending count per call started; a call that does not start fails the diff,
+         * whose reply then waits for the other call's answer. */
+        d->pending = 1;
+        for (unsigned i = 0; i < 2; i++) {
+                DiffSlot *slot = calloc(1, sizeof(*slot));
+
+                if (!slot) {
+                        diff_fail(d, FORKD_ERROR_FAILED, "Out of memory.");
+                        break;
+                }
+                *slot = (DiffSlot) { .op = d, .index = i };
+                d->pending++;
+                r = sandbox_call(both[i], json, (uint64_t) HASH_FILES_TIMEOUT_SECS * 1000000u + EXEC_MARGIN_USEC,
+                                 diff_reply, slot);
+                if (r < 0) {
+                        d->pending--;
+                        free(slot);
+                        if (r == -EBUSY || r == -ENOBUFS)
+                                diff_fail(d, FORKD_ERROR_BUSY, "Too many requests in flight for sandbox %s.",
+                                          both[i]->id);
+                        else
+                                diff_fail(d, FORKD_ERROR_FAILED, "Failed to send the request to %s: %s", both[i]->id,
+                                          strerror(-r));
+                        break;
+                }
+        }
+        if (--d->pending == 0) {
+                /* Nothing was sent: answer now. */
+                diff_finish(d);
+                diff_op_free(d);
+        }
+        return 1;
 }
 
 /* Object-path entry points. A message may be dispatched twice (polkit
@@ -332,15 +654,19 @@ OBJECT_METHOD(eval)
 OBJECT_METHOD(run_code)
 OBJECT_METHOD(branch)
 OBJECT_METHOD(fork)
+OBJECT_METHOD(merge)
+OBJECT_METHOD(diff)
 
 const sd_bus_vtable sandbox_vtable[] = {
         SD_BUS_VTABLE_START(0),
         SD_BUS_PROPERTY("Id", "s", NULL, offsetof(Sandbox, id), SD_BUS_VTABLE_PROPERTY_CONST),
-        SD_BUS_PROPERTY("SnapshotTag", "s", NULL, offsetof(Sandbox, snapshot_tag), SD_BUS_VTABLE_PROPERTY_CONST),
-        SD_BUS_PROPERTY("Pid", "u", NULL, offsetof(Sandbox, pid), SD_BUS_VTABLE_PROPERTY_CONST),
-        SD_BUS_PROPERTY("CreatedAt", "t", NULL, offsetof(Sandbox, created_at), SD_BUS_VTABLE_PROPERTY_CONST),
-        SD_BUS_PROPERTY("MemoryLimitMiB", "u", NULL, offsetof(Sandbox, memory_limit_mib), SD_BUS_VTABLE_PROPERTY_CONST),
-        SD_BUS_PROPERTY("NetNS", "s", property_get_netns, 0, SD_BUS_VTABLE_PROPERTY_CONST),
+        /* These describe the VM, which a merge replaces. */
+        SD_BUS_PROPERTY("SnapshotTag", "s", NULL, offsetof(Sandbox, snapshot_tag), SD_BUS_VTABLE_PROPERTY_EMITS_CHANGE),
+        SD_BUS_PROPERTY("Pid", "u", NULL, offsetof(Sandbox, pid), SD_BUS_VTABLE_PROPERTY_EMITS_CHANGE),
+        SD_BUS_PROPERTY("CreatedAt", "t", NULL, offsetof(Sandbox, created_at), SD_BUS_VTABLE_PROPERTY_EMITS_CHANGE),
+        SD_BUS_PROPERTY("MemoryLimitMiB", "u", NULL, offsetof(Sandbox, memory_limit_mib),
+                        SD_BUS_VTABLE_PROPERTY_EMITS_CHANGE),
+        SD_BUS_PROPERTY("NetNS", "s", property_get_netns, 0, SD_BUS_VTABLE_PROPERTY_EMITS_CHANGE),
         SD_BUS_PROPERTY("State", "s", property_get_state, 0, SD_BUS_VTABLE_PROPERTY_EMITS_CHANGE),
         SD_BUS_METHOD_WITH_ARGS("Terminate", SD_BUS_NO_ARGS, SD_BUS_NO_RESULT, object_terminate,
                                 SD_BUS_VTABLE_UNPRIVILEGED),
@@ -350,11 +676,16 @@ const sd_bus_vtable sandbox_vtable[] = {
                                 object_exec, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("Eval", SD_BUS_ARGS("s", code), SD_BUS_RESULT("s", result_json),
                                 object_eval, SD_BUS_VTABLE_UNPRIVILEGED),
-        SD_BUS_METHOD_WITH_ARGS("RunCode", SD_BUS_ARGS("s", code), SD_BUS_RESULT("s", result_json),
+        SD_BUS_METHOD_WITH_ARGS("RunCode", SD_BUS_ARGS("s", code, "u", timeout_secs), SD_BUS_RESULT("s", result_json),
                                 object_run_code, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("Branch", SD_BUS_ARGS("s", tag, "s", mode, "b", wait), SD_BUS_RESULT("a{sv}", info),
                                 object_branch, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("Fork", SD_BUS_ARGS("u", n), SD_BUS_RESULT("aa{sv}", sandboxes, "t", pause_us),
                                 object_fork, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("Merge", SD_BUS_ARGS("s", winner), SD_BUS_RESULT("a{sv}", info), object_merge,
+                                SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("Diff", SD_BUS_ARGS("s", other, "as", paths),
+                                SD_BUS_RESULT("as", added, "as", removed, "as", modified), object_diff,
+                                SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_VTABLE_END,
 };

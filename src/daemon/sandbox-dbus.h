@@ -18,6 +18,8 @@ int sandbox_append_info(sd_bus_message *reply, Sandbox *s);
 
 void sandbox_send_new_signal(Sandbox *s);
 void sandbox_send_removed_signal(Sandbox *s, const char *reason);
+/* SandboxRemoved for an id the sandbox no longer has (a merge's winner). */
+void sandbox_send_removed_signal_as(Sandbox *s, const char *id, const char *reason);
 void sandbox_send_state_changed(Sandbox *s);
 
 /* The object's methods; the Manager's forward here with the looked-up sandbox. */
@@ -26,3 +28,5 @@ int bus_sandbox_method_ping(sd_bus_message *message, void *userdata, sd_bus_erro
 int bus_sandbox_method_exec(sd_bus_message *message, void *userdata, sd_bus_error *error);
 int bus_sandbox_method_eval(sd_bus_message *message, void *userdata, sd_bus_error *error);
 int bus_sandbox_method_run_code(sd_bus_message *message, void *userdata, sd_bus_error *error);
+int bus_sandbox_method_merge(sd_bus_message *message, void *userdata, sd_bus_error *error);
+int bus_sandbox_method_diff(sd_bus_message *message, void *userdata, sd_bus_error *error);

@@ -78,9 +78,10 @@ int sandbox_new(Manager *m, const struct sandbox_params *p, int agent_fd, Sandbo
         s->live_fork = p->live_fork;
         s->state = SANDBOX_STARTING;
         s->id = strdup(p->id);
+        s->vm_id = strdup(p->vm_id ?: p->id);
         s->snapshot_tag = strdup(p->snapshot_tag);
         s->netns = p->netns ? strdup(p->netns) : NULL;
-        if (!s->id || !s->snapshot_tag || (p->netns && !s->netns) ||
+        if (!s->id || !s->vm_id || !s->snapshot_tag || (p->netns && !s->netns) ||
             asprintf(&s->guest_addr, "agent:%s", p->id) < 0) {
                 s->guest_addr = NULL;
                 r = -ENOMEM;
@@ -89,9 +90,14 @@ int sandbox_new(Manager *m, const struct sandbox_params *p, int agent_fd, Sandbo
         r = fka_client_new(agent_fd, AGENT_CALLS_MAX, &s->client);
         if (r < 0)
                 goto fail;
-        r = hashmap_put(m->sandboxes, s->id, s);
+        r = hashmap_put(m->vms, s->vm_id, s);
         if (r < 0)
                 goto fail;
+        r = hashmap_put(m->sandboxes, s->id, s);
+        if (r < 0) {
+                hashmap_remove(m->vms, s->vm_id);
+                goto fail;
+        }
         *ret = s;
         return 0;
 fail:
@@ -101,6 +107,7 @@ fail:
         s->client = NULL;
         safe_close(s->agent_fd);
         free(s->id);
+        free(s->vm_id);
         free(s->snapshot_tag);
         free(s->netns);
         free(s->guest_addr);
@@ -116,8 +123,25 @@ Sandbox *sandbox_free(Sandbox *s) {
         m = s->manager;
         if (hashmap_get(m->sandboxes, s->id) == s)
                 hashmap_remove(m->sandboxes, s->id);
+        if (hashmap_get(m->vms, s->vm_id) == s)
+                hashmap_remove(m->vms, s->vm_id);
         if (s->template)
                 vm_template_remove_sandbox(s->template, s);
+
+        /* Its record goes (and its cgroup is on its way) before a Terminate or
+         * a merge waiting for this is answered. */
+        if (!m->freeing) {
+                char path[4096];
+
+                snprintf(path, sizeof(path), "%s/%s.json", m->sandboxes_dir, s->vm_id);
+                if (unlink(path) < 0 && errno != ENOENT)
+                        log_warning_errno(errno, "Failed to remove %s: %m", path);
+                if (s->has_cgroup) {
+                        int r = cgroup_remove(m->cgroups, s->vm_id);
+                        if (r < 0)
+                                log_warning_errno(r, "Failed to remove the cgroup of %s: %m", s->vm_id);
+                }
+        }
 
         s->io_source = sd_event_source_disable_unref(s->io_source);
         s->timer_source = sd_event_source_disable_unref(s->timer_source);
@@ -126,6 +150,11 @@ Sandbox *sandbox_free(Sandbox *s) {
                 sd_bus_message_unref(s->terminate_waiters[i]);
         }
         s->n_terminate_waiters = 0;
+        if (s->merge_reply) {
+                /* The merge that retired it: answered now that its VM is gone. */
+                (void) sd_bus_send(NULL, s->merge_reply, NULL);
+                s->merge_reply = sd_bus_message_unref(s->merge_reply);
+        }
         fail_all_calls(s, -ECONNRESET);
         branch_sandbox_gone(s);
         s->control_source = sd_event_source_disable_unref(s->control_source);
@@ -133,19 +162,8 @@ Sandbox *sandbox_free(Sandbox *s) {
         fka_client_free(s->client);
         safe_close(s->agent_fd);
 
-        if (!m->freeing) {
-                char path[4096];
-
-                snprintf(path, sizeof(path), "%s/%s.json", m->sandboxes_dir, s->id);
-                if (unlink(path) < 0 && errno != ENOENT)
-                        log_warning_errno(errno, "Failed to remove %s: %m", path);
-                if (s->has_cgroup) {
-                        int r = cgroup_remove(m->cgroups, s->id);
-                        if (r < 0)
-                                log_warning_errno(r, "Failed to remove the cgroup of %s: %m", s->id);
-                }
-        }
         free(s->id);
+        free(s->vm_id);
         free(s->snapshot_tag);
         free(s->netns);
         free(s->guest_addr);
@@ -162,14 +180,17 @@ void sandbox_exited(Sandbox *s, int code, int sig) {
 
         if (s->killed)
                 reason = "terminated";
-        else if (s->has_cgroup && cgroup_oom_kills(m->cgroups, s->id, &ooms) >= 0 && ooms > 0)
+        else if (s->has_cgroup && cgroup_oom_kills(m->cgroups, s->vm_id, &ooms) >= 0 && ooms > 0)
                 reason = "oom-killed";
         else if (sig != 0 || code != 0)
                 reason = "crashed";
         else
                 reason = "exited";
 
-        if (s->state == SANDBOX_STARTING) {
+        if (s->retired) {
+                /* Its id lives on in the merge's winner: nothing to announce. */
+                log_debug("The VM %s that sandbox %s had before its merge is gone.", s->vm_id, s->id);
+        } else if (s->state == SANDBOX_STARTING) {
                 log_debug("Sandbox %s ended before it was ready (%s, code %d, signal %d).", s->id, reason, code, sig);
                 if (s->fork_op && fork_op_child_exited(s->fork_op, s, code, sig))
                         f = s->fork_op; /* its ping is over: count it once it is gone */
@@ -190,7 +211,8 @@ int sandbox_kill(Sandbox *s) {
         s->killed = true;
         if (s->state == SANDBOX_RUNNING) {
                 s->state = SANDBOX_TERMINATING;
-                sandbox_send_state_changed(s);
+                if (!s->retired)
+                        sandbox_send_state_changed(s);
         }
         /* The exit event of the template finishes the job; the kernel tears
          * the VM down off our critical path. */
@@ -300,6 +322,67 @@ int sandbox_call(Sandbox *s, const char *json, uint64_t timeout_usec, agent_repl
         return 0;
 }
 
+/* ---- merge ---- */
+
+int sandbox_merge(Sandbox *p, Sandbox *w, char **ret_old_id) {
+        Manager *m = p->manager;
+        _cleanup_free_ char *id = NULL, *addr = NULL, *json = NULL, *name = NULL;
+        struct sandbox_params rec = {
+                .id = p->id, .vm_id = w->vm_id, .snapshot_tag = w->snapshot_tag, .created_at = w->created_at,
+                .memory_limit_mib = w->memory_limit_mib, .has_cgroup = w->has_cgroup, .live_fork = w->live_fork,
+        };
+        char *old_id;
+        int r;
+
+        if (p == w || p->retired || w->retired)
+                return -EINVAL;
+        id = strdup(p->id);
+        if (!id)
+                return -ENOMEM;
+        if (asprintf(&addr, "agent:%s", p->id) < 0) {
+                addr = NULL;
+                return -ENOMEM;
+        }
+        if (asprintf(&name, "%s.json", w->vm_id) < 0) {
+                name = NULL;
+                return -ENOMEM;
+        }
+        /* The record of w's VM names its new id, so that after a crash the
+         * next start announces the id that was in use. Not synced: a lost
+         * update costs only the id in that announcement. */
+        r = sandbox_record_format(&rec, &json);
+        if (r < 0)
+                return r;
+        r = write_file_atomic(m->sandboxes_dir, name, json, strlen(json), false);
+        if (r < 0)
+                return r;
+
+        hashmap_remove(m->sandboxes, w->id);
+        hashmap_remove(m->sandboxes, p->id);
+        old_id = w->id;
+        w->id = TAKE_PTR(id);
+        r = hashmap_put(m->sandboxes, w->id, w);
+        if (r < 0) {
+                /* Undo (the two entries just freed make room for these). */
+                id = w->id;
+                w->id = old_id;
+                if (hashmap_put(m->sandboxes, w->id, w) < 0 || hashmap_put(m->sandboxes, p->id, p) < 0)
+                        log_error("Lost track of sandboxes %s and %s after a failed merge.", p->id, w->id);
+                return r;
+        }
+        free(w->guest_addr);
+        w->guest_addr = TAKE_PTR(addr);
+
+        p->retired = true;
+        r = sandbox_kill(p);
+        if (r < 0)
+                log_warning_errno(r, "Failed to kill the VM %s that %s had before the merge: %m", p->vm_id, p->id);
+        log_info("Sandbox %s merged into %s: %s now drives VM %s (pid %" PRIu32 ").", old_id, p->id, w->id,
+                 w->vm_id, w->pid);
+        *ret_old_id = old_id;
+        return 0;
+}
+
 /* ---- records ---- */
 
 int sandbox_record_format(const struct sandbox_params *p, char **ret) {
@@ -307,6 +390,9 @@ int sandbox_record_format(const struct sandbox_params *p, char **ret) {
         char *s;
 
         if (!o)
+                return -ENOMEM;
+        if (p->vm_id && strcmp(p->vm_id, p->id) != 0 &&
+            json_object_object_add(o, "vm_id", json_object_new_string(p->vm_id)) < 0)
                 return -ENOMEM;
         if (json_object_object_add(o, "id", json_object_new_string(p->id)) < 0 ||
             json_object_object_add(o, "snapshot_tag", json_object_new_string(p->snapshot_tag)) < 0 ||
@@ -323,6 +409,7 @@ int sandbox_record_format(const struct sandbox_params *p, char **ret) {
 
 struct record {
         char id[SNAPSHOT_TAG_MAX + 1];
+        char vm_id[SNAPSHOT_TAG_MAX + 1]; /* "": id; the file is named after it */
         char snapshot_tag[SNAPSHOT_TAG_MAX + 1];
         int64_t created_at_unix;
         uint32_t memory_limit_mib;
@@ -331,6 +418,7 @@ struct record {
 
 static const struct json_dispatch record_table[] = {
         { "id", JSON_KIND_STRING, NULL, offsetof(struct record, id), JSON_FIELD_SIZE(struct record, id), JSON_MANDATORY },
+        { "vm_id", JSON_KIND_STRING, NULL, offsetof(struct record, vm_id), JSON_FIELD_SIZE(struct record, vm_id), 0 },
         { "snapshot_tag", JSON_KIND_STRING, NULL, offsetof(struct record, snapshot_tag),
           JSON_FIELD_SIZE(struct record, snapshot_tag), JSON_MANDATORY },
         { "created_at_unix", JSON_KIND_INT64, NULL, offsetof(struct record, created_at_unix), 0, 0 },
@@ -354,8 +442,10 @@ static int cleanup_record(Manager *m, const char *name) {
                 r = json_parse_strict(text, len, RECORD_MAX, 2, &o, NULL);
         if (r >= 0)
                 r = json_dispatch(o, record_table, JSON_REJECT_UNKNOWN, &rec, &field);
-        if (r >= 0 && (!snapshot_tag_is_valid(rec.id) || strlen(rec.id) + 5 != strlen(name) ||
-                       strncmp(rec.id, name, strlen(rec.id)) != 0))
+        if (r >= 0 && !rec.vm_id[0])
+                strcpy(rec.vm_id, rec.id);
+        if (r >= 0 && (!snapshot_tag_is_valid(rec.id) || !snapshot_tag_is_valid(rec.vm_id) ||
+                       strlen(rec.vm_id) + 5 != strlen(name) || strncmp(rec.vm_id, name, strlen(rec.vm_id)) != 0))
                 r = -EINVAL;
         if (r < 0)
                 log_warning_errno(r, "Ignoring broken sandbox record %s%s%s: %m", path, field ? ", field " : "",
@@ -367,9 +457,9 @@ static int cleanup_record(Manager *m, const char *name) {
                 log_info("Sandbox %s of %s did not survive the restart of forkd, cleaning up.", rec.id,
                          rec.snapshot_tag);
                 if (rec.cgroup) {
-                        int k = cgroup_remove(m->cgroups, rec.id);
+                        int k = cgroup_remove(m->cgroups, rec.vm_id);
                         if (k < 0 && k != -EOPNOTSUPP)
-                                log_warning_errno(k, "Failed to remove the cgroup of %s: %m", rec.id);
+                                log_warning_errno(k, "Failed to remove the cgroup of %s: %m", rec.vm_id);
                 }
                 l = realloc(m->stale_ids, (m->n_stale_ids + 1) * sizeof(char *));
                 if (l) {

@@ -22,7 +22,12 @@ typedef enum SandboxState {
 
 struct Sandbox {
         Manager *manager;
-        char *id;
+        char *id;             /* public: the bus object, the REST path; key of manager->sandboxes */
+        /* The name its VMM was spawned under: the template's exit events, the
+         * cgroup (or scope forkd-<vm_id>.scope) and the record file
+         * state_dir/sandboxes/<vm_id>.json. Key of manager->vms. It equals id
+         * until a merge moves another sandbox's id onto this VM. */
+        char *vm_id;
         char *snapshot_tag;
         char *netns;          /* NULL: none */
         char *guest_addr;
@@ -32,6 +37,10 @@ struct Sandbox {
         bool has_cgroup;
         bool live_fork;
         bool killed;          /* by us: the exit reason is "terminated" */
+        /* Replaced by a merge: off the bus and out of manager->sandboxes, its VM
+         * killed; no signal when it goes. merge_reply is sent once it is gone. */
+        bool retired;
+        sd_bus_message *merge_reply;
         /* Terminate calls answered once the VMM is gone, so that a caller
          * that sees the reply never finds the sandbox listed any more. */
         sd_bus_message *terminate_waiters[16];
@@ -60,6 +69,7 @@ struct Sandbox {
 
 struct sandbox_params {
         const char *id, *snapshot_tag, *netns;
+        const char *vm_id;    /* NULL: id */
         uint32_t pid;
         uint64_t created_at;
         uint32_t memory_limit_mib;
@@ -85,6 +95,12 @@ int sandbox_kill(Sandbox *s);
  * free the sandbox. -EBUSY when AGENT_CALLS_MAX requests are in flight. */
 typedef void (*agent_reply_t)(int r, uint16_t type, const char *json, struct json_object *obj, void *userdata);
 int sandbox_call(Sandbox *s, const char *json, uint64_t timeout_usec, agent_reply_t cb, void *userdata);
+
+/* Merge: the public id of p moves to w's VM (w's own id is dropped), p's VM
+ * is killed and p retired; it is freed, silently, once its VMM is gone.
+ * *ret_old_id: w's id before (the caller announces its removal). Rewrites
+ * w's record first; on failure nothing changed. */
+int sandbox_merge(Sandbox *p, Sandbox *w, char **ret_old_id);
 
 const char *sandbox_state_to_string(SandboxState s);
 int sandbox_object_path(const char *id, char **ret);

@@ -158,7 +158,7 @@ void vm_template_handle_event(VmTemplate *t, const char *json) {
         if (json_object_object_get_ex(o, "signal", &v) && json_object_is_type(v, json_type_int))
                 sig = json_object_get_int(v);
 
-        s = hashmap_get(t->manager->sandboxes, id);
+        s = hashmap_get(t->manager->vms, id); /* the name it was spawned under */
         if (!s || s->template != t || s->pid != (uint32_t) pid) {
                 log_debug("Exit event for unknown child %s (pid %d), ignoring.", id, pid);
                 return;

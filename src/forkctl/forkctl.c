@@ -98,7 +98,13 @@ static void help(void) {
                "  exec ID [--timeout S] -- ARGV...\n"
                "                          Run a command in a sandbox (S 0..3600, 0 = forkd's 30)\n"
                "  eval ID CODE            Evaluate an expression in a sandbox\n"
-               "  run ID CODE             Run a code snippet in a sandbox (RunCode)\n"
+               "  run ID [--timeout S] CODE\n"
+               "                          Run statements in a sandbox's REPL, its globals kept\n"
+               "                          (RunCode; S 0..3600, 0 = forkd's 30)\n"
+               "  merge ID WINNER         ID takes over WINNER's VM (ID's own VM is destroyed,\n"
+               "                          WINNER's id is gone)\n"
+               "  diff ID OTHER [PATH...] Files added, removed and modified in OTHER compared\n"
+               "                          with ID, under PATHs (default /root and /tmp)\n"
                "  fork-sandbox ID [-n N]  Fork a running sandbox into N (1..32) sandboxes that\n"
                "                          start from its state now; it runs on\n"
                "  branch ID [--tag T] [--mode full|diff|live] [--no-wait]\n"
@@ -717,25 +723,137 @@ static int verb_exec(sd_bus *bus, char **args, size_t n_args) {
         return agent_result(reply, &ctx, true);
 }
 
-static int verb_code(sd_bus *bus, const char *method, const char *verb, char **args) {
+static int verb_eval(sd_bus *bus, char **args, size_t n_args) {
         _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
         _cleanup_(sd_bus_error_free) sd_bus_error error = SD_BUS_ERROR_NULL;
-        struct error_context ctx = { .verb = verb, .id = args[0] };
+        struct error_context ctx = { .verb = "eval", .id = args[0] };
         int r;
 
-        r = sd_bus_call_method(bus, BUS_NAME, BUS_PATH, BUS_INTERFACE, method, &error, &reply, "ss",
-                               args[0], args[1]);
+        r = sd_bus_call_method(bus, BUS_NAME, BUS_PATH, BUS_INTERFACE, "Eval", &error, &reply, "ss", args[0],
+                               args[1]);
         if (r < 0)
                 return report_error(&error, r, &ctx);
         return agent_result(reply, &ctx, false);
 }
 
-static int verb_eval(sd_bus *bus, char **args, size_t n_args) {
-        return verb_code(bus, "Eval", "eval", args);
+static int verb_run(sd_bus *bus, char **args, size_t n_args) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *m = NULL, *reply = NULL;
+        _cleanup_(sd_bus_error_free) sd_bus_error error = SD_BUS_ERROR_NULL;
+        struct error_context ctx = { .verb = "run", .id = args[0] };
+        int r;
+
+        r = new_call(bus, "RunCode", &m);
+        if (r < 0)
+                return -1;
+        r = sd_bus_message_append(m, "ssu", args[0], args[1], arg_timeout);
+        if (r < 0)
+                return report_error(NULL, r, &ctx);
+        r = sd_bus_call(bus, m, MAX(CALL_TIMEOUT_USEC, ((uint64_t) (arg_timeout ?: 30) + 60) * USEC_PER_SEC), &error,
+                        &reply);
+        if (r < 0)
+                return report_error(&error, r, &ctx);
+        return agent_result(reply, &ctx, false);
 }
 
-static int verb_run(sd_bus *bus, char **args, size_t n_args) {
-        return verb_code(bus, "RunCode", "run", args);
+static int verb_merge(sd_bus *bus, char **args, size_t n_args) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
+        _cleanup_(sd_bus_error_free) sd_bus_error error = SD_BUS_ERROR_NULL;
+        _cleanup_json_ struct json_object *info = NULL, *list = NULL;
+        struct error_context ctx = { .verb = "merge", .id = args[0] };
+        int r;
+
+        r = sd_bus_call_method(bus, BUS_NAME, BUS_PATH, BUS_INTERFACE, "MergeSandbox", &error, &reply, "ss",
+                               args[0], args[1]);
+        if (r < 0) {
+                /* Name the id the daemon did not know: it may be the winner. */
+                if (sd_bus_error_has_name(&error, "org.forkd.Error.NoSuchSandbox") && error.message &&
+                    strstr(error.message, args[1]))
+                        ctx.id = args[1];
+                return report_error(&error, r, &ctx);
+        }
+        r = bus_message_read_dict_json(reply, &info);
+        if (r < 0)
+                return report_error(NULL, r, &ctx);
+        if (arg_json)
+                return print_json(info);
+        fprintf(stderr, "Sandbox %s now drives the VM of %s; %s is gone.\n", args[0], args[1], args[1]);
+        list = json_object_new_array();
+        if (!list || json_object_array_add(list, TAKE_PTR(info)) < 0)
+                return -1;
+        return print_sandbox_table(list, false);
+}
+
+static int read_strv_json(sd_bus_message *m, struct json_object **ret) {
+        _cleanup_json_ struct json_object *a = json_object_new_array();
+        const char *s;
+        int r;
+
+        if (!a)
+                return -ENOMEM;
+        r = sd_bus_message_enter_container(m, 'a', "s");
+        if (r < 0)
+                return r;
+        while ((r = sd_bus_message_read_basic(m, 's', &s)) > 0)
+                if (json_object_array_add(a, json_object_new_string(s)) < 0)
+                        return -ENOMEM;
+        if (r < 0)
+                return r;
+        r = sd_bus_message_exit_container(m);
+        if (r < 0)
+                return r;
+        *ret = TAKE_PTR(a);
+        return 0;
+}
+
+static int verb_diff(sd_bus *bus, char **args, size_t n_args) {
+        static const char *const keys[3] = { "added", "removed", "modified" };
+        static const char marks[3] = { '+', '-', '~' };
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *m = NULL, *reply = NULL;
+        _cleanup_(sd_bus_error_free) sd_bus_error error = SD_BUS_ERROR_NULL;
+        _cleanup_json_ struct json_object *doc = NULL;
+        struct error_context ctx = { .verb = "diff", .id = args[0] };
+        int r;
+
+        r = new_call(bus, "DiffSandboxes", &m);
+        if (r < 0)
+                return -1;
+        r = sd_bus_message_append(m, "ss", args[0], args[1]);
+        if (r >= 0)
+                r = sd_bus_message_open_container(m, 'a', "s");
+        for (size_t i = 2; r >= 0 && i < n_args; i++)
+                r = sd_bus_message_append_basic(m, 's', args[i]);
+        if (r >= 0)
+                r = sd_bus_message_close_container(m);
+        if (r < 0)
+                return report_error(NULL, r, &ctx);
+        r = sd_bus_call(bus, m, 120 * USEC_PER_SEC, &error, &reply);
+        if (r < 0) {
+                if (sd_bus_error_has_name(&error, "org.forkd.Error.NoSuchSandbox") && error.message &&
+                    strstr(error.message, args[1]))
+                        ctx.id = args[1];
+                return report_error(&error, r, &ctx);
+        }
+        doc = json_object_new_object();
+        if (!doc)
+                return -1;
+        for (unsigned k = 0; k < 3; k++) {
+                struct json_object *l = NULL;
+
+                r = read_strv_json(reply, &l);
+                if (r < 0)
+                        return report_error(NULL, r, &ctx);
+                json_object_object_add(doc, keys[k], l);
+        }
+        if (arg_json)
+                return print_json(doc);
+        /* One line a file: + added, - removed, ~ modified, as seen from ID towards OTHER. */
+        for (unsigned k = 0; k < 3; k++) {
+                struct json_object *l = json_object_object_get(doc, keys[k]);
+
+                for (size_t i = 0; i < json_object_array_length(l); i++)
+                        printf("%c %s\n", marks[k], json_object_get_string(json_object_array_get_idx(l, i)));
+        }
+        return 0;
 }
 
 static int verb_branch(sd_bus *bus, char **args, size_t n_args) {
@@ -836,7 +954,9 @@ static const struct verb verbs[] = {
         { NULL, "ping", 1, 1, 0, "ping ID", verb_ping },
         { NULL, "exec", 2, SIZE_MAX, OPT_TIMEOUT, "exec ID [--timeout S] -- ARGV...", verb_exec },
         { NULL, "eval", 2, 2, 0, "eval ID CODE", verb_eval },
-        { NULL, "run", 2, 2, 0, "run ID CODE", verb_run },
+        { NULL, "run", 2, 2, OPT_TIMEOUT, "run ID [--timeout S] CODE", verb_run },
+        { NULL, "merge", 2, 2, 0, "merge ID WINNER", verb_merge },
+        { NULL, "diff", 2, 2 + 64, 0, "diff ID OTHER [PATH...]", verb_diff },
         { NULL, "fork-sandbox", 1, 1, OPT_COUNT, "fork-sandbox ID [-n N]", verb_fork_sandbox },
         { NULL, "branch", 1, 1, OPT_TAG | OPT_MODE | OPT_NO_WAIT, "branch ID [--tag T] [--mode M] [--no-wait]",
           verb_branch },

@@ -9,6 +9,7 @@ Standard library only. Each test class starts its own agent with
 that exec and the embedded interpreter see the same numpy. Tests that need
 numpy skip (with the reason) when the embedded interpreter has none.
 """
+import hashlib
 import json
 import os
 import random
@@ -452,7 +453,7 @@ class TestHostile(AgentTest):
             self.a = saved
 
     def fuzz(self, rng):
-        ops = ["ping", "identity", "eval", "run_code", "exec", "nope", 7, None]
+        ops = ["ping", "identity", "eval", "run_code", "exec", "hash_files", "nope", 7, None]
         values = [None, True, 1, -1, 2 ** 64, 1.5, "", "x", [], ["ping"], {}, {"a": [1]}, "\u00e9\U0001f600"]
         for _ in range(400):
             kind = rng.random()
@@ -460,10 +461,14 @@ class TestHostile(AgentTest):
                 data = bytes(rng.getrandbits(8) for _ in range(rng.randrange(1, 64)))
             elif kind < 0.7:
                 req = {"op": rng.choice(ops)}
-                for key in rng.sample(["args", "code", "timeout_secs", "id", "seed", "cwd", "zz"], rng.randrange(0, 3)):
+                for key in rng.sample(["args", "code", "timeout_secs", "id", "seed", "cwd", "paths", "zz"],
+                                      rng.randrange(0, 3)):
                     req[key] = rng.choice(values)
                 if req["op"] == "exec":
                     req["args"] = rng.choice([None, 1, [], [1], "true", {"a": 1}])  # never runs anything
+                if req["op"] == "hash_files" and "paths" in req:
+                    req["paths"] = rng.choice([None, "/", [], ["/proc/self"], ["/nonexistent"], [1], ["x/../y"],
+                                               ["/dev/null"], ["/\u00e9"]])  # never a big tree
                 if req["op"] in ("eval", "run_code") and isinstance(req.get("code"), str):
                     req["code"] = rng.choice(["", "x", "1+", "(", "'\\x00'", "None"])
                 data = frame(rng.choice([REQ, REQ, REQ, EVENT]), rng.randrange(0, 2 ** 32), req)
@@ -486,6 +491,57 @@ class TestHostile(AgentTest):
                 break
         else:
             self.fail("no answer to ping after fuzzing")
+
+
+class TestHashFiles(AgentTest):
+    """hash_files: SHA-256 of the regular files under the paths, symlinks not
+    followed, pseudo file systems not entered, hostile arguments refused."""
+
+    def setUp(self):
+        self.d = tempfile.mkdtemp(prefix="forkd-hash-files.")
+        self.addCleanup(shutil.rmtree, self.d, ignore_errors=True)
+
+    def put(self, rel, data):
+        path = os.path.join(self.d, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(data)
+        return path
+
+    def test_tree(self):
+        a = self.put("a.txt", b"from a")
+        b = self.put("sub/deeper/b.bin", bytes(range(256)) * 1000)
+        e = self.put("empty", b"")
+        os.symlink(a, os.path.join(self.d, "link"))
+        os.symlink("/etc", os.path.join(self.d, "dirlink"))
+        os.mkfifo(os.path.join(self.d, "fifo"))
+        r = self.a.ok("hash_files", paths=[self.d, "/nonexistent/forkd-x", a])
+        want = {p: hashlib.sha256(open(p, "rb").read()).hexdigest() for p in (a, b, e)}
+        self.assertEqual(r, {"files": want})
+        r = self.a.ok("hash_files", paths=[b])
+        self.assertEqual(list(r["files"]), [b])
+        self.assertEqual(self.a.ok("hash_files", paths=[os.path.join(self.d, "link")]), {"files": {}})
+        self.assertEqual(self.a.ok("hash_files", paths=[]), {"files": {}})
+
+    def test_pseudo_fs_not_entered(self):
+        r = self.a.ok("hash_files", paths=["/proc/self", "/sys/kernel"], timeout_secs=30)
+        self.assertEqual(r, {"files": {}})
+
+    def test_bad_arguments(self):
+        for args in ({}, {"paths": "/tmp"}, {"paths": [1]}, {"paths": ["tmp"]}, {"paths": ["/tmp/"]},
+                     {"paths": ["/a/../b"]}, {"paths": ["/a//b"]}, {"paths": ["/a/./b"]}, {"paths": ["/a\nb"]},
+                     {"paths": ["/a\u0000b"]}, {"paths": ["/x"] * 65}, {"paths": ["/" + "x" * 4096]},
+                     {"paths": ["/tmp"], "timeout_secs": 0}, {"paths": ["/tmp"], "timeout_secs": 3601},
+                     {"paths": ["/tmp"], "follow": True}):
+            self.a.error("hash_files", **args)
+        self.alive()
+
+    def test_too_many_files(self):
+        for i in range(10001):
+            open(os.path.join(self.d, f"f{i}"), "wb").close()
+        err = self.a.error("hash_files", paths=[self.d])
+        self.assertIn("10000", err)
+        self.alive()
 
 
 class TestIdentity(AgentTest):

@@ -95,6 +95,15 @@ def run(h):
     def ping(sid):
         assert json.loads(h.m("Ping", "s", [sid])[0])["pong"], sid
 
+    def terminate(*sandboxes):
+        for k in sandboxes:
+            h.m("TerminateSandbox", "s", [k["id"]])
+            assert h.wait_removed(k["id"]) == "terminated", k["id"]
+
+    def templates_gone():
+        tf.wait_for(lambda: not [d for d in os.listdir("/proc") if d.isdigit() and comm(d) == "forkd-fork"], 10,
+                    "the frozen templates to exit")
+
     def setup():
         h.m("CreateSnapshot", "sssuu", ["base", tf.GUEST, disk, 64, 30])
         p = h.fork("base", 1)[0]
@@ -175,8 +184,7 @@ def run(h):
 
     def outlives_source():
         p = ctx["parent"]
-        h.m("TerminateSandbox", "s", [p["id"]])
-        assert h.wait_removed(p["id"]) == "terminated"
+        terminate(p)
         c = h.fork("b1", 1)[0]
         ping(c["id"])
         assert peek(c["pid"], 13) == b"before-branch"
@@ -219,9 +227,7 @@ def run(h):
         assert details["ancestors"] == ["d1", "base"] and details["chain_depth"] == 2, details
         assert details["parent_content_hash"] == info["parent_content_hash"], details
         h.expect_error("org.forkd.Error.HasDependents", "DeleteSnapshot", "sbb", ["d1", False, False])
-        for k in [p, c] + g:
-            h.m("TerminateSandbox", "s", [k["id"]])
-            h.wait_removed(k["id"])
+        terminate(p, c, *g)
     h.check("diff branch: parent_tag and parent_content_hash, only changed pages; a diff of a diff forks; "
             "its parent cannot be deleted", diff)
 
@@ -246,15 +252,11 @@ def run(h):
         h.expect_error(tf.INVALID_ARGS, "ForkSandbox", "su", [p["id"], 33])
         h.expect_error(NO_SANDBOX, "ForkSandbox", "su", ["sb-000000-0000", 1])
         # The children outlive their parent; the templates go with the last of their children.
-        h.m("TerminateSandbox", "s", [p["id"]])
-        h.wait_removed(p["id"])
+        terminate(p)
         for k in kids + grand:
             ping(k["id"])
-        for k in kids + grand:
-            h.m("TerminateSandbox", "s", [k["id"]])
-            h.wait_removed(k["id"])
-        tf.wait_for(lambda: not [d for d in os.listdir("/proc") if d.isdigit() and comm(d) == "forkd-fork"], 10,
-                    "the frozen templates to exit")
+        terminate(*kids, *grand)
+        templates_gone()
     h.check("ForkSandbox: n children with the parent's state at the pause, each its own; the parent runs on; "
             "errors; the templates go with their last child", fork_running)
 
@@ -269,18 +271,55 @@ def run(h):
         info = branch(p["id"], "lim-b", "full")
         assert info["status"] == "ready"
         # The parent goes; its cgroup too (the template left it), and the children live on.
-        h.m("TerminateSandbox", "s", [p["id"]])
-        h.wait_removed(p["id"])
+        terminate(p)
         tf.wait_for(lambda: p["id"] not in h.cgroup_children(), 10, "the parent's cgroup to go")
         for k in kids:
             ping(k["id"])
             assert peek(k["pid"], 13) == b"limited-state"
-        for k in kids:
-            h.m("TerminateSandbox", "s", [k["id"]])
-            h.wait_removed(k["id"])
+        terminate(*kids)
         tf.wait_for(lambda: not h.cgroup_children(), 10, "the children's cgroups to go")
     h.check("a sandbox with a memory limit: its fork children get the limit, the template and a branch writer leave "
             "its cgroup, which goes with it", limits)
+
+    def merged():
+        # MergeSandbox moves an id onto another VM, here one forked from a running
+        # sandbox's frozen copy. BranchSandbox and ForkSandbox of that id go to that
+        # VM's control channel; its exit event, record and cgroup go by the name the
+        # VM was spawned under (vm_id), not by the id it serves now.
+        records = os.path.join(h.state, "sandboxes")
+        p = h.fork("base", 1, {"memory_limit_mib": ("u", 128)} if h.cgroot else None)[0]
+        poke(p["pid"], b"merge-parent!")
+        kid = h.m("ForkSandbox", "su", [p["id"], 1], timeout=60)[0][0]
+        poke(kid["pid"], b"merge-winner!")
+        info = h.m("MergeSandbox", "ss", [p["id"], kid["id"]], timeout=30)[0]
+        assert info["id"] == p["id"] and info["pid"] == kid["pid"], info
+        assert h.wait_removed(kid["id"]) == "merged"
+        assert not comm(p["pid"]), "the old VM of the merged id is still there"
+        with open(os.path.join(records, kid["id"] + ".json")) as f:
+            rec = json.load(f)
+        assert rec["id"] == p["id"] and rec["vm_id"] == kid["id"], rec
+        assert not os.path.exists(os.path.join(records, p["id"] + ".json"))
+        if h.cgroot:
+            assert kid["id"] in h.cgroup_children()
+            tf.wait_for(lambda: p["id"] not in h.cgroup_children(), 10, "the old VM's cgroup to go")
+        ping(p["id"])
+        info = branch(p["id"], "mg-b")
+        assert info["branched_from"] == p["id"] and info["status"] == "ready", info
+        c = h.fork("mg-b", 1)[0]
+        assert peek(c["pid"], 13) == b"merge-winner!"
+        grand = h.m("ForkSandbox", "su", [p["id"], 1], timeout=60)[0][0]
+        assert peek(grand["pid"], 13) == b"merge-winner!"
+        terminate(p)
+        assert not comm(kid["pid"]), "the merged id's VM is still there"
+        assert not os.path.exists(os.path.join(records, kid["id"] + ".json"))
+        if h.cgroot:
+            tf.wait_for(lambda: kid["id"] not in h.cgroup_children(), 10, "the merged VM's cgroup to go")
+        for k in (c, grand):
+            ping(k["id"])
+        terminate(c, grand)
+        templates_gone()
+    h.check("a merged id on a VM forked from a running sandbox: branch and fork it; its record, cgroup and exit go "
+            "by the VM's own name", merged)
 
     def in_flight():
         # Stalled frozen copies: in flight long enough to see the cap, the 409s and "writing".
@@ -364,8 +403,7 @@ def run(h):
         h.bus.wait_signal(lambda m, b: m == "SnapshotNew" and b[0] == "outside", 10)
         k = h.fork("outside", 1)[0]
         ping(k["id"])
-        h.m("TerminateSandbox", "s", [k["id"]])
-        h.wait_removed(k["id"])
+        terminate(k)
     h.check("a snapshot that lands in the snapshots directory from outside is registered", lands)
 
     h.check("no sanitizer report from forkd", h.assert_no_sanitizer_report)

@@ -37,9 +37,13 @@ n=0 failed=0
 ok() { n=$((n + 1)); echo "ok $n - $1"; }
 notok() {
         n=$((n + 1)); failed=$((failed + 1)); echo "not ok $n - $1"
+        local title=$1 why
         shift
-        [ $# -gt 0 ] && printf '%s\n' "$@" | sed 's/^/# /'
-        return 0
+        [ $# -gt 0 ] || return 0
+        why=$(printf '%s\n' "$@" | sed 's/^/# /')
+        printf '%s\n' "$why"
+        # and on stderr, which is all that meson's --print-errorlogs shows
+        printf 'not ok %s - %s\n%s\n' "$n" "$title" "$why" >&2
 }
 
 # HTTP with the token: http METHOD PATH [JSON-BODY] -> "STATUS BODY" on stdout.
@@ -55,7 +59,7 @@ if token:
 if body is not None:
     req.add_header("Content-Type", "application/json")
 try:
-    with urllib.request.urlopen(req, timeout=120) as r:
+    with urllib.request.urlopen(req, timeout=300) as r:
         status, data = r.status, r.read()
 except urllib.error.HTTPError as e:
     status, data = e.code, e.read()
@@ -114,14 +118,14 @@ r2=$(http GET /version)
         notok "/version with and without the token" "$r1" "$r2"
 
 tag=stack-$$
-r=$(http POST /v1/snapshots "{\"tag\":\"$tag\",\"kernel\":\"$FORKD_GUEST_KERNEL\",\"rootfs\":\"$FORKD_GUEST_ROOTFS\",\"boot_wait_secs\":60}")
+r=$(http POST /v1/snapshots "{\"tag\":\"$tag\",\"kernel\":\"$FORKD_GUEST_KERNEL\",\"rootfs\":\"$FORKD_GUEST_ROOTFS\",\"boot_wait_secs\":240}")
 [ "${r%% *}" = 201 ] && [ "$(jsonq 'j["tag"]' <<<"${r#* }")" = "$tag" ] &&
         ok "POST /v1/snapshots of the default guest" || notok "POST /v1/snapshots of the default guest" "$r"
 
 r=$(http POST /v1/sandboxes "{\"snapshot_tag\":\"$tag\",\"n\":3}")
 mapfile -t ids < <(jsonq '"\n".join(s["id"] for s in j)' <<<"${r#* }" 2>/dev/null)
 [ "${r%% *}" = 201 ] && [ ${#ids[@]} = 3 ] && ok "POST /v1/sandboxes n=3 of it" ||
-        notok "POST /v1/sandboxes n=3" "$r"
+        notok "POST /v1/sandboxes n=3" "$r" "forkd's log:" "$(tail -n 30 "$state/forkd.log" 2>&1)"
 pongs=0
 for id in "${ids[@]}"; do
         r=$(http POST "/v1/sandboxes/$id/ping")
@@ -150,7 +154,9 @@ r=$(FORKD_TOKEN_FILE=- http GET /healthz)
 [ "${r%% *}" = 200 ] && ok "the refused up left the running stack alone" || notok "the stack after a refused up" "$r"
 
 # Something to stop: a live sandbox, so that down has a VMM to take with it.
-r=$(http POST /v1/snapshots "{\"tag\":\"$tag\",\"kernel\":\"$FORKD_GUEST_KERNEL\",\"rootfs\":\"$FORKD_GUEST_ROOTFS\"}")
+# (boot_wait_secs as above: the Linux guest under nested KVM in the test host can take more
+# than the default 30 s to boot)
+r1=$(http POST /v1/snapshots "{\"tag\":\"$tag\",\"kernel\":\"$FORKD_GUEST_KERNEL\",\"rootfs\":\"$FORKD_GUEST_ROOTFS\",\"boot_wait_secs\":240}")
 r=$(http POST /v1/sandboxes "{\"snapshot_tag\":\"$tag\",\"n\":2}")
 pids=()
 for f in "$state"/*.pid; do
@@ -174,7 +180,8 @@ if stack down --state-dir "$state" 2>"$state/down.err"; then
         if [ ${#pids[@]} -ge 3 ] && [ -n "$vmms" ] && [ -z "$left" ] && ! ls "$state"/*.pid >/dev/null 2>&1; then
                 ok "down stops dbus-daemon, forkd, forkd-rest and the VMMs (${pids[*]} $vmms)"
         else
-                notok "down stops everything it started" "recorded: ${pids[*]}; VMMs: $vmms; still running:$left"
+                notok "down stops everything it started" "recorded: ${pids[*]}; VMMs: $vmms; still running:$left" \
+                        "the snapshot: $r1" "the fork: $r"
         fi
 else
         notok "forkd-stack down" "$(cat "$state/down.err")"

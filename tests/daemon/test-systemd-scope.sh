@@ -9,7 +9,8 @@
 # systemd-scope backend, and forks the test guest with memory_limit_mib. Checked: each sandbox
 # gets forkd-<id>.scope with MemoryMax=, the limit is in the kernel, a sandbox
 # driven over its limit dies alone and is reported "oom-killed", its siblings
-# answer, terminating removes the scopes, and after a kill -9 of forkd in the
+# answer, MergeSandbox keeps the winner's scope and drops the old VM's, terminating
+# removes the scopes, and after a kill -9 of forkd in the
 # middle of a fork and systemd's restart of it no VMM, scope or cgroup is left.
 #
 # The tree is cached outside the repository, in $FORKD_SCOPE_TREE_CACHE
@@ -434,9 +435,26 @@ else
         notok "its siblings answer, their scopes and forkd live on" "$alive of 2 answered"
 fi
 
-for i in 0 2; do
-        mgr TerminateSandbox s "${IDS[$i]}" >/dev/null
+# MergeSandbox: IDS[0] takes over the VM of IDS[2], which keeps its scope
+# (forkd-<winner>.scope); the scope of IDS[0]'s old VM goes with that VM.
+merged=$(mgr MergeSandbox ss "${IDS[0]}" "${IDS[2]}" 2>&1)
+gone=
+for i in $(seq 200); do
+        gone=$(IN systemctl is-active "forkd-${IDS[0]}.scope")
+        [ "$gone" != active ] && break
+        sleep 0.05
 done
+if python3 -c 'import json, sys; d = json.loads(sys.argv[1])["data"][0]
+sys.exit(not (d["id"]["data"] == sys.argv[2] and d["pid"]["data"] == int(sys.argv[3])))' "$merged" "${IDS[0]}" "${PIDS[2]}" 2>/dev/null &&
+        [ "$gone" != active ] && [ "$(IN systemctl is-active "forkd-${IDS[2]}.scope")" = active ] &&
+        mgr Ping s "${IDS[0]}" 2>/dev/null | grep -q pong && ! mgr GetSandbox s "${IDS[2]}" >/dev/null 2>&1; then
+        ok "MergeSandbox: ${IDS[0]} drives the VM of ${IDS[2]} in forkd-${IDS[2]}.scope; its old scope is gone"
+else
+        notok "MergeSandbox keeps the winner's scope and removes the old one" "$merged" "old scope: $gone" \
+                "$(IN systemctl list-units --all --plain --no-legend 'forkd-sb-*.scope' 2>&1)"
+fi
+
+mgr TerminateSandbox s "${IDS[0]}" >/dev/null
 left=
 for i in $(seq 200); do
         left=$(IN systemctl list-units --all --plain --no-legend 'forkd-sb-*.scope' 2>/dev/null)
@@ -444,7 +462,7 @@ for i in $(seq 200); do
         sleep 0.05
 done
 if [ -z "$left" ] && [ -z "$(leftovers)" ]; then
-        ok "terminating removes the scopes and their cgroups"
+        ok "terminating (after a merge) removes the scopes and their cgroups"
 else
         notok "terminating removes the scopes and their cgroups" "$left" "$(leftovers)"
 fi

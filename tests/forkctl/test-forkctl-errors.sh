@@ -58,7 +58,7 @@ expect() {
         fi
 }
 
-echo "1..22"
+echo "1..25"
 notrunning="forkd is not running; start it with 'systemctl start forkd' or 'tools/forkd-stack up'"
 expect 5 "$notrunning" "ls without forkd" -- --bus-address "$bus" ls
 expect 5 "$notrunning" "ls --json without forkd" -- --bus-address "$bus" ls --json
@@ -80,10 +80,13 @@ expect 2 "needs --kernel and --rootfs" "snapshot create without --kernel" -- sna
 expect 2 "option --kernel does not apply here" "an option of another verb" -- ls --kernel /k
 expect 2 "--cascade and --force exclude each other" "rm --cascade --force" -- --bus-address "$bus" snapshot rm t --cascade --force
 expect 2 "unknown option '--frob'" "unknown option" -- ls --frob
+expect 2 "usage: forkctl merge ID WINNER" "merge without a winner" -- merge a
+expect 2 "usage: forkctl diff ID OTHER" "diff without the other" -- diff a
+expect 2 "option --timeout does not apply here" "merge --timeout" -- merge a b --timeout 5
 
 "$forkctl" --help >"$T/out" 2>&1; rc=$?
 missing=""
-for v in "snapshot create" "snapshot ls" "snapshot info" "snapshot rm" "fork TAG" " ls " "kill ID" "ping ID" "exec ID" "eval ID" "run ID" "--json" "--bus-address" "FORKD_BUS_ADDRESS"; do
+for v in "snapshot create" "snapshot ls" "snapshot info" "snapshot rm" "fork TAG" " ls " "kill ID" "ping ID" "exec ID" "eval ID" "run ID" "merge ID WINNER" "diff ID OTHER" "--json" "--bus-address" "FORKD_BUS_ADDRESS"; do
         grep -qF -- "$v" "$T/out" || missing="$missing [$v]"
 done
 [ "$rc" = 0 ] && [ -z "$missing" ] && ok "--help names every verb and option" || not_ok "--help: rc=$rc missing:$missing"

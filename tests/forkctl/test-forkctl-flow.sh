@@ -53,7 +53,7 @@ fc() { "$forkctl" --no-progress "$@" 2>"$state/err"; }
 
 echo "1..23"
 tag=flow-$$
-if fc snapshot create "$tag" --kernel "$FORKD_GUEST_KERNEL" --rootfs "$FORKD_GUEST_ROOTFS" --boot-wait 60 --json >"$state/out" && jsonok <"$state/out"; then
+if fc snapshot create "$tag" --kernel "$FORKD_GUEST_KERNEL" --rootfs "$FORKD_GUEST_ROOTFS" --boot-wait 240 --json >"$state/out" && jsonok <"$state/out"; then
         ok "snapshot create $tag (--json parses)"
 else
         not_ok "snapshot create: $(cat "$state/err")"; sed 's/^/# /' "$state/forkd.log" | tail -20

@@ -17,7 +17,9 @@
 #   one, the outsider refused with org.freedesktop.DBus.Error.AccessDenied
 #   naming the action; with polkitd gone, the outsider is refused at once
 #   (no hang) and root still allowed; no query is left in the registry.
-# If $FORKD_DAEMON is an executable, the same allow/deny check runs against forkd.
+# If $FORKD_DAEMON is an executable, the same allow/deny check runs against forkd,
+# and with $FORKD_TEST_GUEST and /dev/kvm also MergeSandbox, DiffSandboxes and
+# RunCode on live sandboxes (outsider refused, member allowed).
 #
 # usage: test-polkit.sh SERVICE-BINARY POLKIT-SOURCE-DIR
 # Output: TAP. Exit 77 (skip) when polkitd, unshare or root are missing.
@@ -121,7 +123,7 @@ for _ in $(seq 100); do
         sleep 0.1
 done
 
-echo "1..15"
+echo "1..20"
 if timeout 5 busctl --address="$bus" status org.freedesktop.PolicyKit1 >/dev/null 2>&1; then
         ok "polkitd owns org.freedesktop.PolicyKit1 on the private bus"
 else
@@ -235,9 +237,45 @@ if [ -n "${FORKD_DAEMON:-}" ] && [ -x "$FORKD_DAEMON" ]; then
         *"Access denied"*|"") not_ok "forkd: member allowed past polkit: $res" ;;
         *) ok "forkd: member allowed past polkit ($res)" ;;
         esac
+        # merge, diff and run_code on live sandboxes of the test guest: their
+        # lookups come first, so this needs sandboxes (and /dev/kvm).
+        if [ -n "${FORKD_TEST_GUEST:-}" ] && [ -r "$FORKD_TEST_GUEST" ] && [ -w /dev/kvm ]; then
+                truncate -s 8M "$T/rootfs.img"
+                mgr() { busctl --address="$bus" --timeout=60 --json=short call org.forkd.Manager /org/forkd/Manager org.forkd.Manager "$@"; }
+                mgr CreateSnapshot 'sssuu' pk "$FORKD_TEST_GUEST" "$T/rootfs.img" 0 10 >/dev/null
+                mapfile -t sb < <(mgr Fork 'sua{sv}' pk 2 0 |
+                        python3 -c 'import json, sys; print("\n".join(d["id"]["data"] for d in json.load(sys.stdin)["data"][0]))')
+                m_as() { call_as "$1" "$2" "$3" org.forkd.Manager /org/forkd/Manager org.forkd.Manager "${@:4}"; }
+                for verb in "MergeSandbox ss ${sb[0]:-x} ${sb[1]:-y}" "DiffSandboxes ssas ${sb[0]:-x} ${sb[1]:-y} 0" \
+                            "RunCode ssu ${sb[0]:-x} x 0"; do
+                        # shellcheck disable=SC2086
+                        res=$(m_as $UID_OUT $UID_OUT $UID_OUT $verb)
+                        case "$res" in
+                        *"Access denied"*) ok "forkd: outsider refused ${verb%% *}" ;;
+                        *) not_ok "forkd: outsider refused ${verb%% *}: $res"; sed 's/^/# /' "$T/forkd.log" | tail -5 ;;
+                        esac
+                done
+                res=$(m_as $UID_IN $UID_IN $GID_FORKD DiffSandboxes ssas "${sb[0]:-x}" "${sb[1]:-y}" 0)
+                [ "$res" = "0 asasas 0 0 0" ] && ok "forkd: member may diff (nothing differs)" || not_ok "forkd: member diff: $res"
+                res=$(m_as $UID_IN $UID_IN $GID_FORKD MergeSandbox ss "${sb[0]:-x}" "${sb[1]:-y}")
+                case "$res" in
+                "0 a{sv} "*"\"${sb[0]:-x}\""*) ok "forkd: member may merge" ;;
+                *) not_ok "forkd: member merge: $res" ;;
+                esac
+                mgr TerminateSandbox s "${sb[0]:-x}" >/dev/null 2>&1
+        else
+                for v in "outsider refused MergeSandbox" "outsider refused DiffSandboxes" "outsider refused RunCode" \
+                         "member may diff" "member may merge"; do
+                        n=$((n + 1)); echo "ok $n # SKIP no test guest or /dev/kvm; forkd: $v"
+                done
+        fi
 else
         n=$((n + 1)); echo "ok $n # SKIP forkd not built; daemon: outsider refused"
         n=$((n + 1)); echo "ok $n # SKIP forkd not built; daemon: member allowed"
+        for v in "outsider refused MergeSandbox" "outsider refused DiffSandboxes" "outsider refused RunCode" \
+                 "member may diff" "member may merge"; do
+                n=$((n + 1)); echo "ok $n # SKIP forkd not built; daemon: $v"
+        done
 fi
 
 [ "$failed" = 0 ] || { echo "# $failed failed; service log:"; sed 's/^/# /' "$T/service.log"; exit 1; }

@@ -8,6 +8,7 @@ Connects to the unix stream socket forkd-vmm bridges to the guest's
 virtio-console, runs every op of docs/agent-protocol.md with checks, then
 (optionally) hostile input and a ping round-trip measurement.
 """
+import hashlib
 import json
 import socket
 import struct
@@ -100,6 +101,55 @@ def main():
     check(t == RESP and r == {"block": 5, "checksum": "%016x" % want, "first": 0x01020304}, "disk_read %r" % r)
     t, r = a.call("disk_read", block=1 << 50)
     check(t == ERR, "disk_read beyond the end -> error %r" % r)
+
+    # run_code: the test guest's file table and variables (tests/guest/files.c)
+    def code(c):
+        t, r = a.call("run_code", code=c)
+        check(t == RESP and set(r) >= {"stdout", "stderr", "error", "exit_code"}, "run_code %r -> %r" % (c, r))
+        return r
+    r = code("x = 41\nprint x")
+    check(r["stdout"] == "41\n" and r["error"] is None and r["exit_code"] == 0 and r["stderr"] == "", r)
+    r = code("write /root/a.txt from a; write /tmp/q \"quoted\" \\ x\ncat /root/a.txt;cat /tmp/q; print x")
+    check(r["stdout"] == "from a\n\"quoted\" \\ x\n41\n" and r["exit_code"] == 0, r)
+    r = code("print y")
+    check(r["exit_code"] == 1 and r["error"].startswith("NameError") and r["stdout"] == "" and
+          r["stderr"] == r["error"] + "\n", r)
+    r = code("cat /root/a.txt\nimport os\nprint x")
+    check(r["stdout"] == "from a\n" and r["exit_code"] == 1 and "SyntaxError" in r["error"], "stops at the error %r" % r)
+    for bad in ("write relative x", "write /a/../b x", "write /" + "p" * 60 + " x", "write /x " + "d" * 300,
+                "rm /nosuch", "cat /root//a.txt"):
+        r = code(bad)
+        check(r["exit_code"] == 1 and r["error"], "%r -> %r" % (bad[:30], r))
+    for args in ({}, {"code": 5}, {"code": "x\ud83d"}, {"code": "y" * 3000}, {"code": "x", "timeout_secs": "1"}):
+        t, r = a.call("run_code", **args)
+        check(t == ERR, "run_code %r -> error %r" % (str(args)[:40], r))
+    # hash_files: SHA-256 of the files under the paths
+    sha = lambda b: hashlib.sha256(b).hexdigest()
+    t, r = a.call("hash_files", paths=["/root", "/tmp"])
+    check(t == RESP and r == {"files": {"/root/a.txt": sha(b"from a"), "/tmp/q": sha(b'"quoted" \\ x')}},
+          "hash_files %r" % r)
+    code("write /rootless x;write /root/sub/b y;rm /tmp/q")
+    t, r = a.call("hash_files", paths=["/root"])
+    check(t == RESP and r == {"files": {"/root/a.txt": sha(b"from a"), "/root/sub/b": sha(b"y")}}, "under /root %r" % r)
+    t, r = a.call("hash_files", paths=["/"])
+    check(t == RESP and len(r["files"]) == 3, "hash_files / %r" % r)
+    t, r = a.call("hash_files", paths=[])
+    check(t == RESP and r == {"files": {}}, "hash_files [] %r" % r)
+    # escaped paths, as json-c writes them ("\/root")
+    a.send_raw(a.frame(REQ, 901, b'{"op":"hash_files","paths":["\\/ro\\u006ft"]}'))
+    t, fid, r = a.recv_frame()
+    check(t == RESP and fid == 901 and list(r["files"]) == ["/root/a.txt", "/root/sub/b"], "escaped path %r" % r)
+    for args in ({}, {"paths": "/root"}, {"paths": [1]}, {"paths": ["root"]}, {"paths": ["/a/./b"]},
+                 {"paths": ["/x"] * 17}, {"paths": ["/" + "y" * 300]}):
+        t, r = a.call("hash_files", **args)
+        check(t == ERR, "hash_files %r -> error %r" % (str(args)[:40], r))
+    for k in range(8):
+        code("write /f%d %d" % (k, k))
+    r = code("write /f9 9")
+    check(r["exit_code"] == 1 and "full" in r["error"], "file table full %r" % r)
+    t, r = a.call("hash_files", paths=["/"])
+    check(t == RESP and len(r["files"]) == 8, "a full table still fits one reply %r" % r)
+    code("; ".join("rm /f%d" % k for k in range(5)))
 
     for op in ("exec", "eval", "nope"):
         t, r = a.call(op)

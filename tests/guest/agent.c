@@ -10,7 +10,7 @@
 
 /* ---- replies ---- */
 
-static void reply_error(u32 id, const char *msg)
+void agent_reply_error(u32 id, const char *msg)
 {
         struct out o = { .buf = tx_begin(), .cap = TXBUF_SIZE - AGENT_HDR_SIZE };
 
@@ -20,16 +20,16 @@ static void reply_error(u32 id, const char *msg)
         tx_commit(AGENT_T_ERROR, id, o.len);
 }
 
-static void reply(u32 id, struct out *o)
+void agent_reply(u32 id, struct out *o)
 {
         if (o->overflow) {
-                reply_error(id, "reply too large");
+                agent_reply_error(id, "reply too large");
                 return;
         }
         tx_commit(AGENT_T_RESPONSE, id, o->len);
 }
 
-static struct out reply_begin(void)
+struct out agent_reply_begin(void)
 {
         struct out o = { .buf = tx_begin(), .cap = TXBUF_SIZE - AGENT_HDR_SIZE };
 
@@ -125,14 +125,14 @@ static u64 scratch_checksum(u64 off, u64 pages)
 
 static void reply_pages(u32 id, u64 pages, u64 sum)
 {
-        struct out o = reply_begin();
+        struct out o = agent_reply_begin();
 
         out_s(&o, "{\"pages\":");
         out_u64(&o, pages);
         out_s(&o, ",\"checksum\":\"");
         out_hex64(&o, sum);
         out_s(&o, "\"}");
-        reply(id, &o);
+        agent_reply(id, &o);
 }
 
 static void op_mem(u32 id, const u8 *p, u32 n, int write)
@@ -146,11 +146,11 @@ static void op_mem(u32 id, const u8 *p, u32 n, int write)
         if (r == 0 && write && (json_u64(p, &f[2], &pattern) < 0 || pattern > 0xffffffffull))
                 r = -1;
         if (r == -1) {
-                reply_error(id, "bad arguments");
+                agent_reply_error(id, "bad arguments");
                 return;
         }
         if (r == -2) {
-                reply_error(id, "range outside the scratch area");
+                agent_reply_error(id, "range outside the scratch area");
                 return;
         }
         if (write) {
@@ -165,7 +165,7 @@ static void op_mem(u32 id, const u8 *p, u32 n, int write)
 
 static void reply_block(u32 id, u64 block, int with_first)
 {
-        struct out o = reply_begin();
+        struct out o = agent_reply_begin();
         u32 first;
 
         memcpy(&first, blk_data, 4);
@@ -179,7 +179,7 @@ static void reply_block(u32 id, u64 block, int with_first)
                 out_u64(&o, first);
         }
         out_s(&o, "}");
-        reply(id, &o);
+        agent_reply(id, &o);
 }
 
 static void op_disk(u32 id, const u8 *p, u32 n, int write)
@@ -190,15 +190,15 @@ static void op_disk(u32 id, const u8 *p, u32 n, int write)
         (void)json_fields(p, n, f, 2);
         if (json_u64(p, &f[0], &block) < 0 ||
             (write && (json_u64(p, &f[1], &pattern) < 0 || pattern > 0xffffffffull))) {
-                reply_error(id, "bad arguments");
+                agent_reply_error(id, "bad arguments");
                 return;
         }
         if (!boot.have_blk) {
-                reply_error(id, "no disk");
+                agent_reply_error(id, "no disk");
                 return;
         }
         if (block >= boot.blk_blocks) {
-                reply_error(id, "block beyond the end of the disk");
+                agent_reply_error(id, "block beyond the end of the disk");
                 return;
         }
         if (write) {
@@ -207,13 +207,13 @@ static void op_disk(u32 id, const u8 *p, u32 n, int write)
                 for (u32 k = 0; k < sizeof(blk_data) / 4; k++)
                         w[k] = (u32)pattern;
                 if (blk_rw(1, block, blk_data) < 0) {
-                        reply_error(id, "disk write failed");
+                        agent_reply_error(id, "disk write failed");
                         return;
                 }
                 memset(blk_data, 0, sizeof(blk_data));
         }
         if (blk_rw(0, block, blk_data) < 0) {
-                reply_error(id, "disk read failed");
+                agent_reply_error(id, "disk read failed");
                 return;
         }
         reply_block(id, block, !write);
@@ -221,7 +221,7 @@ static void op_disk(u32 id, const u8 *p, u32 n, int write)
 
 static void op_identity(u32 id)
 {
-        struct out o = reply_begin();
+        struct out o = agent_reply_begin();
 
         out_s(&o, "{\"id\":");
         if (hot.have_identity)
@@ -235,7 +235,7 @@ static void op_identity(u32 id)
         out_s(&o, "\",\"wall_ns\":");
         out_u64(&o, wall_ns_now());
         out_s(&o, "}");
-        reply(id, &o);
+        agent_reply(id, &o);
 }
 
 static void handle_request(u32 id, const u8 *p, u32 n)
@@ -243,18 +243,18 @@ static void handle_request(u32 id, const u8 *p, u32 n)
         struct jfield op = { .key = "op" };
 
         if (json_fields(p, n, &op, 1) < 0) {
-                reply_error(id, "payload is not a JSON object");
+                agent_reply_error(id, "payload is not a JSON object");
                 return;
         }
         if (op.type != J_STR) {
-                reply_error(id, "missing or non-string op");
+                agent_reply_error(id, "missing or non-string op");
                 return;
         }
         if (json_str_eq(p, &op, "ping")) {
-                struct out o = reply_begin();
+                struct out o = agent_reply_begin();
 
                 out_s(&o, "{\"pong\":true,\"pid\":1,\"numpy_version\":null,\"agent\":\"" AGENT_NAME "\"}");
-                reply(id, &o);
+                agent_reply(id, &o);
         } else if (json_str_eq(p, &op, "identity")) {
                 op_identity(id);
         } else if (json_str_eq(p, &op, "mem_write")) {
@@ -266,17 +266,20 @@ static void handle_request(u32 id, const u8 *p, u32 n)
         } else if (json_str_eq(p, &op, "disk_read")) {
                 op_disk(id, p, n, 0);
         } else if (json_str_eq(p, &op, "shutdown")) {
-                struct out o = reply_begin();
+                struct out o = agent_reply_begin();
 
                 out_s(&o, "{\"ok\":true}");
-                reply(id, &o);
+                agent_reply(id, &o);
                 tx_flush();
                 sys_poweroff();
-        } else if (json_str_eq(p, &op, "exec") || json_str_eq(p, &op, "eval") ||
-                   json_str_eq(p, &op, "run_code")) {
-                reply_error(id, "not supported by the test guest");
+        } else if (json_str_eq(p, &op, "run_code")) {
+                op_run_code(id, p, n);
+        } else if (json_str_eq(p, &op, "hash_files")) {
+                op_hash_files(id, p, n);
+        } else if (json_str_eq(p, &op, "exec") || json_str_eq(p, &op, "eval")) {
+                agent_reply_error(id, "not supported by the test guest");
         } else {
-                reply_error(id, "unknown op");
+                agent_reply_error(id, "unknown op");
         }
 }
 
@@ -307,7 +310,7 @@ static void header_bad(struct rx_stream *r)
 {
         u32 w = 0;
 
-        reply_error(0, "bad frame header");
+        agent_reply_error(0, "bad frame header");
         for (u32 k = 1; k < r->hdr_len; k++) {
                 w = (w >> 8) | (u32)r->hdr[k] << 24;
                 if (k >= 4 && w == AGENT_MAGIC) {
@@ -351,7 +354,7 @@ static void header_step(struct rx_stream *r)
                 r->want = len;
                 r->got = 0;
                 if (len > PAYLOAD_MAX) {
-                        reply_error(r->id, "payload too large");
+                        agent_reply_error(r->id, "payload too large");
                         r->mode = RX_DISCARD;
                 } else if (len == 0) {
                         dispatch();

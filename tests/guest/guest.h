@@ -253,6 +253,13 @@ void out_hexbytes(struct out *o, const u8 *p, u32 n);
 
 /* ---- agent.c ---- */
 void agent_feed(const u8 *p, u32 n);
+struct out agent_reply_begin(void);
+void agent_reply(u32 id, struct out *o);
+void agent_reply_error(u32 id, const char *msg);
+
+/* ---- files.c ---- */
+void op_run_code(u32 id, const u8 *p, u32 n);
+void op_hash_files(u32 id, const u8 *p, u32 n);
 __attribute__((noreturn)) void agent_loop(void);
 
 #endif

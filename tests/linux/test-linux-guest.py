@@ -256,6 +256,8 @@ def run(t, fc, stack, image):
     t.ok(all(s == ["MemoryMax=%d" % (LIMIT_MIB << 20), "ActiveState=active"] for s in scopes.values()),
          f"each sandbox is an active forkd-<id>.scope with MemoryMax={LIMIT_MIB} MiB (systemd, cgroup v2)", scopes)
 
+    ids = run_code_diff_merge(t, fc, stack, ids)
+
     rc, r, err = fc("kill", *ids)
     t.ok(rc == 0, "kill the children", err)
     rc, r, err = fc("snapshot", "rm", TAG)
@@ -271,6 +273,77 @@ def run(t, fc, stack, image):
          and ("console (" in err and "):\n  " in err or err.endswith("; the guest printed nothing on its console")),
          "in 64 MiB the guest triple-faults: a 500 that says so, with what its console printed", f"{status} {err}")
     t.note("the 500's error: " + err)
+
+
+def run_code_diff_merge(t, fc, stack, ids):
+    """POST /v1/sandboxes/:id/run_code, /diff and /merge on the Linux guest
+    (seed 004). Returns the ids left alive."""
+    parent, a, b = ids
+    # run_code: the spec's answer; globals persist; an exception is a 200
+    status, r = rest(stack, "POST", f"/v1/sandboxes/{parent}/run_code",
+                     {"code": "x = 41\nwith open('/root/p.txt', 'w') as f: f.write('parent')"})
+    t.ok(status == 200 and isinstance(r, dict) and
+         {k: r.get(k) for k in ("stdout", "stderr", "error", "exit_code")} ==
+         {"stdout": "", "stderr": "", "error": None, "exit_code": 0},
+         "POST run_code 'x = 41' (and a write to /root/p.txt): the spec's answer", f"{status} {r}")
+    status, r = rest(stack, "POST", f"/v1/sandboxes/{parent}/run_code", {"code": "print(x)", "timeout_secs": 10})
+    t.ok(status == 200 and r.get("stdout") == "41\n", "run_code sees x = 41 in the next call", f"{status} {r}")
+    status, r = rest(stack, "POST", f"/v1/sandboxes/{parent}/run_code", {"code": "1/0"})
+    t.ok(status == 200 and r.get("exit_code") == 1 and (r.get("error") or "").startswith("ZeroDivisionError")
+         and "Traceback" in r.get("stderr", ""), "run_code 1/0: a 200 with the error", f"{status} {r}")
+    status, r = rest(stack, "POST", f"/v1/sandboxes/{parent}/run_code",
+                     {"code": "import time\nwhile True: time.sleep(0.1)", "timeout_secs": 2})
+    t.ok(status == 200 and r.get("timed_out") is True and r.get("exit_code") == 124,
+         "run_code past timeout_secs is stopped", f"{status} {r}")
+    status, r = rest(stack, "POST", f"/v1/sandboxes/{parent}/run_code", {"code": 5})
+    t.ok(status == 400, "run_code with a code that is no string: 400", f"{status} {r}")
+    status, r = rest(stack, "POST", "/v1/sandboxes/sb-nosuch/run_code", {"code": "x"})
+    t.ok(status == 404, "run_code in an unknown sandbox: 404", f"{status} {r}")
+
+    # diff: seed 004's example between two siblings, then a modified file and other paths
+    for sid, name in ((a, "a"), (b, "b")):
+        rest(stack, "POST", f"/v1/sandboxes/{sid}/run_code",
+             {"code": f"with open('/root/{name}.txt','w') as f: f.write('from {name}')\n"
+                      f"with open('/tmp/m.txt','w') as f: f.write('{name}')\n"
+                      f"with open('/tmp/same.txt','w') as f: f.write('same')"})
+    status, d = rest(stack, "POST", f"/v1/sandboxes/{a}/diff", {"other": b})
+    t.ok(status == 200 and d == {"added": ["/root/b.txt"], "removed": ["/root/a.txt"], "modified": ["/tmp/m.txt"]},
+         "diff (seed 004): added, removed, modified under /root and /tmp", f"{status} {d}")
+    status, d = rest(stack, "POST", f"/v1/sandboxes/{a}/diff", {"other": b, "paths": ["/root/a.txt", "/etc"]})
+    t.ok(status == 200 and d == {"added": [], "removed": ["/root/a.txt"], "modified": []},
+         "diff with paths", f"{status} {d}")
+    status, d = rest(stack, "POST", f"/v1/sandboxes/{a}/diff", {"other": b, "paths": ["/proc"]})
+    t.ok(status == 200 and d == {"added": [], "removed": [], "modified": []}, "diff does not enter /proc",
+         f"{status} {d}")
+    for body, want in (({"other": "sb-nosuch"}, 404), ({"other": b, "paths": ["../x"]}, 400), ({}, 400)):
+        status, d = rest(stack, "POST", f"/v1/sandboxes/{a}/diff", body)
+        t.ok(status == want, f"diff {body}: {want}", f"{status} {d}")
+
+    # merge: the parent drives a's VM; a's id is gone; the parent's old VM and scope go
+    _, before = rest(stack, "GET", f"/v1/sandboxes/{a}")
+    status, sb = rest(stack, "POST", f"/v1/sandboxes/{parent}/merge", {"winner": a})
+    t.ok(status == 200 and sb.get("id") == parent and sb.get("pid") == (before or {}).get("pid"),
+         "merge: 200 with the parent's SandboxInfo, the winner's pid", f"{status} {sb} (winner was {before})")
+    status, r = rest(stack, "POST", f"/v1/sandboxes/{parent}/run_code",
+                     {"code": "print(open('/root/a.txt').read(), 'x' in globals())"})
+    t.ok(status == 200 and r.get("stdout") == "from a False\n", "the parent now runs the winner's VM",
+         f"{status} {r}")
+    status, r = rest(stack, "GET", f"/v1/sandboxes/{a}")
+    t.ok(status == 404, "the winner's id: 404", f"{status} {r}")
+    status, r = rest(stack, "POST", f"/v1/sandboxes/{parent}/merge", {"winner": parent})
+    t.ok(status == 400, "merge into itself: 400", f"{status} {r}")
+    status, r = rest(stack, "POST", f"/v1/sandboxes/{parent}/merge", {"winner": "sb-nosuch"})
+    t.ok(status == 404, "merge with an unknown winner: 404", f"{status} {r}")
+    states = {}
+    for _ in range(50):
+        states = {sid: subprocess.run(["systemctl", "show", "-p", "ActiveState", f"forkd-{sid}.scope"],
+                                      capture_output=True, text=True).stdout.strip() for sid in (parent, a)}
+        if states[parent] != "ActiveState=active":
+            break
+        time.sleep(0.2)
+    t.ok(states.get(a) == "ActiveState=active" and states.get(parent) != "ActiveState=active",
+         "the VM keeps its scope (forkd-<winner>.scope); the parent's old scope is gone", states)
+    return [parent, b]
 
 
 if __name__ == "__main__":

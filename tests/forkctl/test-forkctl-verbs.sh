@@ -1,0 +1,103 @@
+#!/bin/bash
+# SPDX-License-Identifier: LGPL-2.1-or-later
+#
+# forkctl run, diff and merge against the real forkd, real dbus-daemon and
+# real /dev/kvm, brought up by tools/forkd-stack, on the test guest (its run_code
+# language and file table): tables, --json, exit statuses and usage errors.
+# usage: test-forkctl-verbs.sh FORKCTL SOURCE-ROOT   ($FORKD_BUILD_DIR: the build dir)
+# Skips (77) when forkd is not built yet or /dev/kvm is missing.
+
+set -u
+forkctl=${1:?usage: test-forkctl-verbs.sh FORKCTL SOURCE-ROOT}
+top=${2:?usage: test-forkctl-verbs.sh FORKCTL SOURCE-ROOT}
+build=${FORKD_BUILD_DIR:?FORKD_BUILD_DIR must name the build dir}
+
+skip() { echo "1..0 # SKIP $*"; exit 77; }
+[ -x "$build/src/daemon/forkd" ] || skip "forkd is not built ($build/src/daemon/forkd)"
+[ -c /dev/kvm ] || skip "no /dev/kvm"
+[ "$(id -u)" = 0 ] || skip "needs root (forkd allows root without polkit)"
+jsonok() { python3 -c 'import json, sys; json.load(sys.stdin)' 2>/dev/null; }
+# jq is not among the dependencies: pyq EXPR [FILE] prints EXPR evaluated on the
+# JSON document j (lists one item per line) and fails when it is False.
+pyq() {
+        python3 -c 'import json, sys
+j = json.load(open(sys.argv[2]) if len(sys.argv) > 2 else sys.stdin)
+r = eval(sys.argv[1])
+print("\n".join(map(str, r)) if isinstance(r, list) else r)
+sys.exit(r is False)' "$@" 2>/dev/null
+}
+command -v python3 >/dev/null || skip "python3 (to parse --json) is missing"
+
+state=$(mktemp -d /tmp/forkctl-verbs.XXXXXX)
+port=$((20000 + RANDOM % 20000))
+cleanup() {
+        FORKD_BUILD_DIR=$build "$top/tools/forkd-stack" down --state-dir "$state" >/dev/null 2>&1
+        rm -rf "$state"
+}
+trap cleanup EXIT
+
+env_out=$(FORKD_BUILD_DIR=$build "$top/tools/forkd-stack" up --state-dir "$state" --port "$port" 2>"$state.up.log")
+rc=$?
+if [ $rc != 0 ]; then
+        echo "1..1"; echo "not ok 1 - tools/forkd-stack up failed ($rc)"; sed 's/^/# /' "$state.up.log"; rm -f "$state.up.log"; exit 1
+fi
+rm -f "$state.up.log"
+eval "$env_out"
+export FORKD_BUS_ADDRESS
+
+n=0; failed=0
+ok()     { n=$((n + 1)); echo "ok $n - $*"; }
+not_ok() { n=$((n + 1)); failed=$((failed + 1)); echo "not ok $n - $*"; }
+fc() { "$forkctl" --no-progress "$@" 2>"$state/err"; }
+
+echo "1..17"
+tag=flow-$$
+echo "1..13"
+tag=verbs-$$
+fc snapshot create "$tag" --kernel "$FORKD_GUEST_KERNEL" --rootfs "$FORKD_GUEST_ROOTFS" --boot-wait 60 >/dev/null ||
+        { not_ok "snapshot create: $(cat "$state/err")"; exit 1; }
+fc fork "$tag" -n 3 --json >"$state/fork.json"
+mapfile -t ids < <(pyq "[s['id'] for s in j['sandboxes']]" "$state/fork.json")
+mapfile -t pids < <(pyq "[s['pid'] for s in j['sandboxes']]" "$state/fork.json")
+[ ${#ids[@]} = 3 ] && ok "fork -n 3" || { not_ok "fork: $(cat "$state/fork.json" "$state/err")"; exit 1; }
+p=${ids[0]} w=${ids[1]} s=${ids[2]}
+
+# run: the agent's answer; state kept across calls
+fc run "$p" 'x = 41; write /root/p.txt parent' >/dev/null && fc run "$p" --timeout 5 'print x' --json >"$state/out" &&
+        pyq "j['stdout'] == '41\n' and j['exit_code'] == 0 and j['error'] is None" "$state/out" >/dev/null \
+        && ok "run keeps x across calls (--timeout, --json)" || not_ok "run: $(cat "$state/out" "$state/err")"
+fc run "$p" --timeout 3601 'print x'; rc=$?
+[ $rc = 2 ] && grep -q -- "--timeout" "$state/err" && ok "run --timeout 3601: usage error" || not_ok "run --timeout 3601: rc=$rc"
+
+# diff: + added in OTHER, - removed (only in ID), ~ modified
+fc run "$w" 'write /root/w.txt winner; write /tmp/m one; x = winner' >/dev/null
+fc run "$s" 'write /tmp/m two' >/dev/null
+fc run "$p" 'write /tmp/m one' >/dev/null
+out=$(fc diff "$p" "$w")
+[ "$out" = "$(printf '+ /root/w.txt\n- /root/p.txt')" ] && ok "diff: + and - lines" || not_ok "diff: '$out' $(cat "$state/err")"
+fc diff "$w" "$s" /tmp --json >"$state/out" &&
+        pyq "j == {'added': [], 'removed': [], 'modified': ['/tmp/m']}" "$state/out" >/dev/null \
+        && ok "diff PATH --json: modified" || not_ok "diff --json: $(cat "$state/out" "$state/err")"
+fc diff "$p" "$w" relative; rc=$?
+[ $rc = 1 ] && grep -q "normalized" "$state/err" && ok "diff with a relative path: exit 1, says why" \
+        || not_ok "diff relative: rc=$rc $(cat "$state/err")"
+fc diff "$p" sb-nosuch; rc=$?
+[ $rc = 3 ] && grep -q "sb-nosuch" "$state/err" && ok "diff with an unknown other: exit 3, names it" \
+        || not_ok "diff unknown: rc=$rc $(cat "$state/err")"
+
+# merge: p drives w's VM, w is gone, p's old VM is gone
+fc merge "$p" "$w" --json >"$state/out" && pyq "j['id'] == '$p' and j['pid'] == ${pids[1]}" "$state/out" >/dev/null \
+        && ok "merge: $p now has the winner's pid" || not_ok "merge: $(cat "$state/out" "$state/err")"
+[ "$(fc run "$p" 'print x' --json | pyq "j['stdout']")" = winner ] && ! kill -0 "${pids[0]}" 2>/dev/null \
+        && ok "after merge: $p runs the winner's state, its old VM is gone" || not_ok "after merge: $(cat "$state/err")"
+fc ping "$w"; rc=$?
+[ $rc = 3 ] && ok "the winner's id: exit 3" || not_ok "ping winner: rc=$rc $(cat "$state/err")"
+fc merge "$p" "$p"; rc=$?
+[ $rc = 1 ] && grep -q "another sandbox" "$state/err" && ok "merge into itself: exit 1, says why" || not_ok "merge self: rc=$rc $(cat "$state/err")"
+fc merge "$p" "$w"; rc=$?
+[ $rc = 3 ] && grep -q "'$w'" "$state/err" && ok "merge with a gone winner: exit 3, names it" \
+        || not_ok "merge gone: rc=$rc $(cat "$state/err")"
+fc merge "$p" "$s" | grep -q "^$p " && ok "merge table names $p" || not_ok "merge table: $(cat "$state/err")"
+
+fc kill "$p" >/dev/null; fc snapshot rm "$tag" >/dev/null
+[ "$failed" = 0 ]

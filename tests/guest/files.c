@@ -1,0 +1,503 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+/*
+ * forkd-test-guest: a small in-memory file table and variables, so that
+ * run_code and hash_files (docs/agent-protocol.md) can be tested without
+ * Linux. The state lives in guest RAM like everything else, so it survives a
+ * snapshot and every fork inherits it, as a Linux guest's files and REPL
+ * globals do.
+ *
+ * run_code takes a tiny language, one statement a line (or separated by ';'):
+ *   write PATH TEXT   create or replace the file PATH holding TEXT (to the end
+ *                     of the statement; may be empty)
+ *   rm PATH           remove the file
+ *   cat PATH          print the file's contents and a newline
+ *   NAME = VALUE      set a variable (VALUE to the end of the statement)
+ *   print NAME        print the variable's value and a newline
+ * Anything else stops the run with an error, as an exception would.
+ *
+ * Everything here is in .bss after the console page, written only by these
+ * ops: the hot path of an idle child does not touch it.
+ */
+#include "guest.h"
+#include "sha256.h"
+
+#define GFILES_MAX      8
+#define GFILE_PATH_MAX  48    /* a hash_files reply of 8 such paths fits the 1 KiB tx buffer */
+#define GFILE_DATA_MAX  256
+#define GVARS_MAX       8
+#define GVAR_NAME_MAX   16
+#define GVAR_VALUE_MAX  64
+#define GCODE_MAX       2048
+#define GOUT_MAX        512
+#define HASH_PATHS_MAX  16
+#define HASH_DIR_MAX    256   /* a requested path, with room to spare */
+
+struct gfile {
+        u32 used;
+        u32 path_len;
+        u32 data_len;
+        char path[GFILE_PATH_MAX];
+        u8 data[GFILE_DATA_MAX];
+};
+
+struct gvar {
+        u32 used;
+        u32 name_len;
+        u32 value_len;
+        char name[GVAR_NAME_MAX];
+        char value[GVAR_VALUE_MAX];
+};
+
+static struct {
+        struct gfile files[GFILES_MAX];
+        struct gvar vars[GVARS_MAX];
+        u8 code[GCODE_MAX];
+        u8 out[GOUT_MAX];
+        u32 out_len;
+        int out_truncated;
+        const char *error;
+        const u8 *error_arg;
+        u32 error_arg_len;
+        u8 msg[160];            /* error and its argument: 96 + 48 at most, and a newline */
+        u8 dirs[HASH_PATHS_MAX][HASH_DIR_MAX];
+        u32 dir_len[HASH_PATHS_MAX];
+        sha256_ctx sha;
+} g;
+
+/* ---- helpers ---- */
+
+static int span_eq(const u8 *a, u32 na, const char *b, u32 nb)
+{
+        return na == nb && memcmp(a, b, na) == 0;
+}
+
+/*
+ * Decode the JSON string at s[f->off..f->off+f->len) (quotes included) into
+ * dst. Escapes: the two-character ones and \u00XX below 0x80. Returns the
+ * length, or -1 (bad escape, too long).
+ */
+static int json_str_decode(const u8 *s, const struct jfield *f, u8 *dst, u32 cap)
+{
+        u32 i = f->off + 1, end = f->off + f->len - 1, n = 0;
+
+        if (f->type != J_STR || f->len < 2)
+                return -1;
+        while (i < end) {
+                u8 c = s[i++];
+
+                if (c == '\\') {
+                        if (i >= end)
+                                return -1;
+                        c = s[i++];
+                        switch (c) {
+                        case 'n': c = '\n'; break;
+                        case 't': c = '\t'; break;
+                        case 'r': c = '\r'; break;
+                        case 'b': c = '\b'; break;
+                        case 'f': c = '\f'; break;
+                        case '"': case '\\': case '/': break;
+                        case 'u': {
+                                u32 v = 0;
+
+                                if (end - i < 4)
+                                        return -1;
+                                for (u32 k = 0; k < 4; k++) {
+                                        u8 h = s[i++];
+
+                                        v <<= 4;
+                                        if (h >= '0' && h <= '9')
+                                                v |= (u32)(h - '0');
+                                        else if (h >= 'a' && h <= 'f')
+                                                v |= (u32)(h - 'a' + 10);
+                                        else if (h >= 'A' && h <= 'F')
+                                                v |= (u32)(h - 'A' + 10);
+                                        else
+                                                return -1;
+                                }
+                                if (v >= 0x80)
+                                        return -1;
+                                c = (u8)v;
+                                break;
+                        }
+                        default:
+                                return -1;
+                        }
+                }
+                if (n >= cap)
+                        return -1;
+                dst[n++] = c;
+        }
+        return (int)n;
+}
+
+/* A JSON string with the control characters, quote and backslash escaped. */
+static void out_json_str(struct out *o, const u8 *p, u32 n)
+{
+        out_s(o, "\"");
+        for (u32 k = 0; k < n; k++) {
+                u8 c = p[k];
+
+                if (c == '"' || c == '\\') {
+                        char e[2] = { '\\', (char)c };
+
+                        out_raw(o, e, 2);
+                } else if (c == '\n') {
+                        out_s(o, "\\n");
+                } else if (c < 0x20 || c == 0x7f) {
+                        char e[6] = { '\\', 'u', '0', '0', "0123456789abcdef"[c >> 4], "0123456789abcdef"[c & 15] };
+
+                        out_raw(o, e, 6);
+                } else {
+                        out_raw(o, &c, 1);
+                }
+        }
+        out_s(o, "\"");
+}
+
+/* An absolute path of printable ASCII without empty, "." or ".." components or a trailing '/'. */
+static int path_valid(const u8 *p, u32 n, u32 max)
+{
+        u32 comp = 0;
+
+        if (n == 0 || n >= max || p[0] != '/')
+                return 0;
+        if (n == 1)
+                return 1;
+        for (u32 k = 1; k <= n; k++) {
+                if (k == n || p[k] == '/') {
+                        u32 len = k - comp - 1;
+
+                        if (len == 0 || (len == 1 && p[comp + 1] == '.') ||
+                            (len == 2 && p[comp + 1] == '.' && p[comp + 2] == '.'))
+                                return 0;
+                        comp = k;
+                        continue;
+                }
+                if (p[k] <= 0x20 || p[k] >= 0x7f || p[k] == '\\' || p[k] == '"')
+                        return 0;
+        }
+        return 1;
+}
+
+/* The file is at or below the path. */
+static int path_covers(const u8 *dir, u32 nd, const struct gfile *f)
+{
+        if (nd == 1)
+                return 1; /* "/" */
+        if (f->path_len < nd || memcmp(f->path, dir, nd) != 0)
+                return 0;
+        return f->path_len == nd || f->path[nd] == '/';
+}
+
+static struct gfile *file_find(const u8 *p, u32 n)
+{
+        for (u32 k = 0; k < GFILES_MAX; k++)
+                if (g.files[k].used && span_eq(p, n, g.files[k].path, g.files[k].path_len))
+                        return &g.files[k];
+        return NULL;
+}
+
+static struct gvar *var_find(const u8 *p, u32 n)
+{
+        for (u32 k = 0; k < GVARS_MAX; k++)
+                if (g.vars[k].used && span_eq(p, n, g.vars[k].name, g.vars[k].name_len))
+                        return &g.vars[k];
+        return NULL;
+}
+
+static void print(const void *p, u32 n)
+{
+        const u8 *s = p;
+
+        for (u32 k = 0; k < n; k++) {
+                if (g.out_len >= GOUT_MAX) {
+                        g.out_truncated = 1;
+                        return;
+                }
+                g.out[g.out_len++] = s[k];
+        }
+}
+
+static int fail(const char *msg, const u8 *arg, u32 n)
+{
+        g.error = msg;
+        g.error_arg = arg;
+        g.error_arg_len = n > GFILE_PATH_MAX ? GFILE_PATH_MAX : n;
+        return -1;
+}
+
+/* ---- run_code ---- */
+
+static int is_space(u8 c)
+{
+        return c == ' ' || c == '\t' || c == '\r';
+}
+
+static int is_ident(u8 c, int first)
+{
+        return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' || (!first && c >= '0' && c <= '9');
+}
+
+/* The next word of s[*i..n): its start and length; *i past it and the spaces after it. */
+static u32 word(const u8 *s, u32 n, u32 *i, u32 *start)
+{
+        u32 k = *i;
+
+        *start = k;
+        while (k < n && !is_space(s[k]))
+                k++;
+        *i = k;
+        while (*i < n && is_space(s[*i]))
+                (*i)++;
+        return k - *start;
+}
+
+static int st_write(const u8 *s, u32 n, u32 i)
+{
+        u32 ps, pl = word(s, n, &i, &ps);
+        struct gfile *f;
+
+        if (!path_valid(s + ps, pl, GFILE_PATH_MAX))
+                return fail("ValueError: invalid path (absolute, printable ASCII, at most 47 bytes): ", s + ps, pl);
+        if (n - i > GFILE_DATA_MAX)
+                return fail("ValueError: at most 256 bytes in a file: ", s + ps, pl);
+        f = file_find(s + ps, pl);
+        for (u32 k = 0; !f && k < GFILES_MAX; k++)
+                if (!g.files[k].used) {
+                        f = &g.files[k];
+                        memcpy(f->path, s + ps, pl);
+                        f->path_len = pl;
+                        f->used = 1;
+                }
+        if (!f)
+                return fail("OSError: the file table is full (8 files): ", s + ps, pl);
+        memcpy(f->data, s + i, n - i);
+        f->data_len = n - i;
+        return 0;
+}
+
+static int st_path_op(const u8 *s, u32 n, u32 i, int remove)
+{
+        u32 ps, pl = word(s, n, &i, &ps);
+        struct gfile *f;
+
+        if (i != n || !path_valid(s + ps, pl, GFILE_PATH_MAX))
+                return fail("ValueError: invalid path: ", s + ps, pl);
+        f = file_find(s + ps, pl);
+        if (!f)
+                return fail("FileNotFoundError: no such file: ", s + ps, pl);
+        if (remove)
+                f->used = 0;
+        else {
+                print(f->data, f->data_len);
+                print("\n", 1);
+        }
+        return 0;
+}
+
+static int st_print(const u8 *s, u32 n, u32 i)
+{
+        u32 ns, nl = word(s, n, &i, &ns);
+        struct gvar *v;
+
+        if (i != n || nl == 0)
+                return fail("SyntaxError: print takes one name", NULL, 0);
+        v = var_find(s + ns, nl);
+        if (!v)
+                return fail("NameError: name is not defined: ", s + ns, nl);
+        print(v->value, v->value_len);
+        print("\n", 1);
+        return 0;
+}
+
+static int st_assign(const u8 *s, u32 n, u32 name_len, u32 i)
+{
+        struct gvar *v;
+
+        if (name_len >= GVAR_NAME_MAX || n - i >= GVAR_VALUE_MAX)
+                return fail("ValueError: names of at most 15 and values of at most 63 bytes", NULL, 0);
+        v = var_find(s, name_len);
+        for (u32 k = 0; !v && k < GVARS_MAX; k++)
+                if (!g.vars[k].used) {
+                        v = &g.vars[k];
+                        memcpy(v->name, s, name_len);
+                        v->name_len = name_len;
+                        v->used = 1;
+                }
+        if (!v)
+                return fail("MemoryError: at most 8 variables", NULL, 0);
+        memcpy(v->value, s + i, n - i);
+        v->value_len = n - i;
+        return 0;
+}
+
+/* One statement, trimmed of spaces on both ends. */
+static int statement(const u8 *s, u32 n)
+{
+        u32 i = 0, ws, wl;
+
+        wl = word(s, n, &i, &ws);
+        if (span_eq(s, wl, "write", 5) && i > wl)
+                return st_write(s, n, i);
+        if (span_eq(s, wl, "rm", 2) && i > wl)
+                return st_path_op(s, n, i, 1);
+        if (span_eq(s, wl, "cat", 3) && i > wl)
+                return st_path_op(s, n, i, 0);
+        if (span_eq(s, wl, "print", 5) && i > wl)
+                return st_print(s, n, i);
+        /* NAME = VALUE */
+        i = 0;
+        while (i < n && is_ident(s[i], i == 0))
+                i++;
+        if (i > 0) {
+                u32 name_len = i;
+
+                while (i < n && is_space(s[i]))
+                        i++;
+                if (i < n && s[i] == '=') {
+                        i++;
+                        while (i < n && is_space(s[i]))
+                                i++;
+                        return st_assign(s, n, name_len, i);
+                }
+        }
+        return fail("SyntaxError: not a statement of the test guest: ", s, n > 40 ? 40 : n);
+}
+
+static void run(const u8 *code, u32 n)
+{
+        u32 start = 0;
+
+        for (u32 k = 0; k <= n; k++) {
+                u32 a, b;
+
+                if (k < n && code[k] != '\n' && code[k] != ';')
+                        continue;
+                a = start;
+                b = k;
+                start = k + 1;
+                while (a < b && is_space(code[a]))
+                        a++;
+                while (b > a && is_space(code[b - 1]))
+                        b--;
+                if (a < b && statement(code + a, b - a) < 0)
+                        return;
+        }
+}
+
+void op_run_code(u32 id, const u8 *p, u32 n)
+{
+        struct jfield f[2] = { { .key = "code" }, { .key = "timeout_secs" } };
+        struct out o;
+        u64 timeout;
+        int len;
+
+        (void)json_fields(p, n, f, 2);
+        if (f[1].type != J_NONE && json_u64(p, &f[1], &timeout) < 0) {
+                agent_reply_error(id, "bad argument 'timeout_secs'");
+                return;
+        }
+        len = json_str_decode(p, &f[0], g.code, GCODE_MAX);
+        if (len < 0) {
+                agent_reply_error(id, "bad argument 'code': a string of at most 2048 bytes");
+                return;
+        }
+        g.out_len = 0;
+        g.out_truncated = 0;
+        g.error = NULL;
+        run(g.code, (u32)len);
+
+        o = agent_reply_begin();
+        out_s(&o, "{\"stdout\":");
+        out_json_str(&o, g.out, g.out_len);
+        if (g.error) {
+                u32 l = (u32)strlen(g.error);
+
+                memcpy(g.msg, g.error, l);
+                memcpy(g.msg + l, g.error_arg, g.error_arg_len);
+                l += g.error_arg_len;
+                g.msg[l] = '\n';
+                out_s(&o, ",\"stderr\":");
+                out_json_str(&o, g.msg, l + 1);
+                out_s(&o, ",\"error\":");
+                out_json_str(&o, g.msg, l);
+                out_s(&o, ",\"exit_code\":1");
+        } else {
+                out_s(&o, ",\"stderr\":\"\",\"error\":null,\"exit_code\":0");
+        }
+        out_s(&o, ",\"truncated\":");
+        out_s(&o, g.out_truncated ? "true" : "false");
+        out_s(&o, ",\"timed_out\":false}");
+        agent_reply(id, &o);
+}
+
+/* ---- hash_files ---- */
+
+void op_hash_files(u32 id, const u8 *p, u32 n)
+{
+        struct jfield f = { .key = "paths" };
+        u32 ndirs = 0, i, end;
+        struct out o;
+        int first = 1;
+
+        (void)json_fields(p, n, &f, 1);
+        if (f.type != J_ARR) {
+                agent_reply_error(id, "bad argument 'paths': an array of absolute paths");
+                return;
+        }
+        /* The array is well-formed (json_fields checked it): strings only, decoded. */
+        i = f.off + 1;
+        end = f.off + f.len - 1;
+        for (;;) {
+                struct jfield e = { .type = J_STR };
+                int len;
+
+                while (i < end && (p[i] == ' ' || p[i] == '\t' || p[i] == '\n' || p[i] == '\r' || p[i] == ','))
+                        i++;
+                if (i >= end)
+                        break;
+                if (p[i] != '"' || ndirs >= HASH_PATHS_MAX) {
+                        agent_reply_error(id, "bad argument 'paths': at most 16 strings");
+                        return;
+                }
+                e.off = i++;
+                while (i < end && p[i] != '"')
+                        i += p[i] == '\\' ? 2 : 1;
+                e.len = ++i - e.off;
+                len = json_str_decode(p, &e, g.dirs[ndirs], HASH_DIR_MAX - 1);
+                if (len < 0 || !path_valid(g.dirs[ndirs], (u32)len, HASH_DIR_MAX)) {
+                        agent_reply_error(id, "bad argument 'paths': an invalid path (or longer than 255 bytes)");
+                        return;
+                }
+                g.dir_len[ndirs++] = (u32)len;
+        }
+
+        o = agent_reply_begin();
+        out_s(&o, "{\"files\":{");
+        for (u32 k = 0; k < GFILES_MAX; k++) {
+                const struct gfile *gf = &g.files[k];
+                u8 digest[SHA256_DIGEST_SIZE];
+                char hex[SHA256_HEX_SIZE];
+                int covered = 0;
+
+                if (!gf->used)
+                        continue;
+                for (u32 d = 0; d < ndirs && !covered; d++)
+                        covered = path_covers(g.dirs[d], g.dir_len[d], gf);
+                if (!covered)
+                        continue;
+                sha256_init(&g.sha);
+                sha256_update(&g.sha, gf->data, gf->data_len);
+                sha256_final(&g.sha, digest);
+                sha256_hex(digest, hex);
+                if (!first)
+                        out_s(&o, ",");
+                first = 0;
+                out_json_str(&o, (const u8 *)gf->path, gf->path_len);
+                out_s(&o, ":\"");
+                out_s(&o, hex);
+                out_s(&o, "\"");
+        }
+        out_s(&o, "}}");
+        agent_reply(id, &o);
+}

@@ -1,0 +1,448 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""
+run_code, merge and diff end to end: real HTTP against forkd-rest, a private
+dbus-daemon, the real forkd with forkd-vmm and the test guest (its run_code
+language and file table, tests/guest/files.c), TAP output. The machinery
+(Stack, Client, Tap) is test-rest.py's.
+
+Environment: as test-rest.py (tests/rest/meson.build).
+"""
+
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+_spec = importlib.util.spec_from_file_location("test_rest", os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                                         "test-rest.py"))
+tr = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(tr)
+check, Skip = tr.check, tr.Skip
+
+TAG = "verbs"
+SPEC_KEYS = ["stdout", "stderr", "error", "exit_code"]
+
+
+class Ctx:
+    pass
+
+
+def fork(c, n, **extra):
+    r = c.expect(201, "POST", "/v1/sandboxes", dict({"snapshot_tag": TAG, "n": n}, **extra))
+    return [sb["id"] for sb in r.json], {sb["id"]: sb for sb in r.json}
+
+
+def run(c, sid, code, status=200, **extra):
+    r = c.expect(status, "POST", f"/v1/sandboxes/{sid}/run_code", dict({"code": code}, **extra))
+    if status == 200:
+        check(list(r.json)[:4] == SPEC_KEYS and set(r.json) <= set(SPEC_KEYS) | {"truncated", "timed_out"}, r)
+    return r.json
+
+
+def ok(c, sid, code, **extra):
+    j = run(c, sid, code, **extra)
+    check(j["error"] is None and j["exit_code"] == 0 and j["stderr"] == "", j)
+    return j["stdout"]
+
+
+def vmm_alive(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"forkd-vmm" in f.read()
+    except OSError:
+        return False
+
+
+def t_setup(c, stack):
+    rootfs = os.path.join(stack.tmp, "rootfs.img")
+    with open(rootfs, "wb") as f:
+        f.truncate(8 << 20)
+    c.expect(201, "POST", "/v1/snapshots", {"tag": TAG, "kernel": tr.GUEST, "rootfs": rootfs, "boot_wait_secs": 10})
+
+
+def t_run_code(c, stack):
+    ids, _ = fork(c, 1)
+    sid = ids[0]
+    Ctx.run_sb = sid
+    # the spec's answer: exactly stdout, stderr, error, exit_code
+    r = c.expect(200, "POST", f"/v1/sandboxes/{sid}/run_code", {"code": "x = 41"})
+    check({k: r.json[k] for k in SPEC_KEYS} == {"stdout": "", "stderr": "", "error": None, "exit_code": 0}, r)
+    # globals persist across calls
+    check(ok(c, sid, "print x") == "41\n", "x persists")
+    check(ok(c, sid, "x = 42; print x", timeout_secs=5) == "42\n", "timeout_secs accepted")
+    check(ok(c, sid, "print x", timeout_secs=0) == "42\n", "timeout_secs 0: the default")
+    check(ok(c, sid, "print x", timeout_secs=None) == "42\n", "timeout_secs null: the default")
+    # an exception in the code is a 200 with error and exit_code, as the spec's eval shows
+    j = run(c, sid, "print x\nprint nosuch")
+    check(j["stdout"] == "42\n" and j["exit_code"] == 1 and j["error"].startswith("NameError") and
+          j["stderr"].startswith("NameError"), j)
+
+
+def t_run_code_errors(c, stack):
+    sid = Ctx.run_sb
+    base = f"/v1/sandboxes/{sid}/run_code"
+    for body in ({}, {"code": 1}, {"code": None}, {"code": ["x"]}, {"code": "x = 1", "timeout_secs": -1},
+                 {"code": "x = 1", "timeout_secs": 3601}, {"code": "x = 1", "timeout_secs": "5"},
+                 {"code": "x = 1", "timeout_secs": 1.5}, {"code": "x = 1", "timeout": 5},
+                 {"code": "a\u0000b"}, {"code": "y" * (256 * 1024 + 1)}):
+        r = c.expect(400, "POST", base, body)
+        check(r.json["error"], r)
+    c.expect(400, "POST", base, raw=b'{"code": "x = 1"', headers={"Content-Type": "application/json"})
+    c.expect(400, "POST", base, raw=b"[]", headers={"Content-Type": "application/json"})
+    c.expect(400, "POST", base)
+    c.expect(404, "POST", "/v1/sandboxes/sb-nosuch/run_code", {"code": "x = 1"})
+    c.expect(400, "POST", "/v1/sandboxes/bad%20id/run_code", {"code": "x = 1"})
+    c.expect(405, "GET", base)
+    # the guest's own refusal (code over the test guest's 2 KiB) is a 500 with its message
+    r = c.expect(500, "POST", base, {"code": "z" * 3000})
+    check("code" in r.json["error"], r)
+    # and the sandbox kept its state through all of it
+    check(ok(c, sid, "print x") == "42\n", "state kept")
+    c.expect(204, "DELETE", f"/v1/sandboxes/{sid}")
+
+
+def t_diff(c, stack):
+    ids, _ = fork(c, 2)
+    a, b = ids
+    Ctx.diff_sbs = ids
+    d = c.expect(200, "POST", f"/v1/sandboxes/{a}/diff", {"other": b}).json
+    check(d == {"added": [], "removed": [], "modified": []}, f"two fresh forks: {d}")
+    # seed 004's example
+    ok(c, a, "write /root/a.txt from a")
+    ok(c, b, "write /root/b.txt from b")
+    d = c.expect(200, "POST", f"/v1/sandboxes/{a}/diff", {"other": b}).json
+    check(d == {"added": ["/root/b.txt"], "removed": ["/root/a.txt"], "modified": []}, d)
+    check(list(d) == ["added", "removed", "modified"], d)
+    # the other way round
+    d = c.expect(200, "POST", f"/v1/sandboxes/{b}/diff", {"other": a}).json
+    check(d == {"added": ["/root/a.txt"], "removed": ["/root/b.txt"], "modified": []}, d)
+    # modified: in both, different contents; same contents: not listed; /tmp is a default path
+    ok(c, a, "write /tmp/m.txt one; write /tmp/same hello; write /etc/only-a x")
+    ok(c, b, "write /tmp/m.txt two; write /tmp/same hello; write /etc/only-b y")
+    d = c.expect(200, "POST", f"/v1/sandboxes/{a}/diff", {"other": b}).json
+    check(d == {"added": ["/root/b.txt"], "removed": ["/root/a.txt"], "modified": ["/tmp/m.txt"]}, d)
+    # paths: elsewhere, and everything
+    d = c.expect(200, "POST", f"/v1/sandboxes/{a}/diff", {"other": b, "paths": ["/etc"]}).json
+    check(d == {"added": ["/etc/only-b"], "removed": ["/etc/only-a"], "modified": []}, d)
+    d = c.expect(200, "POST", f"/v1/sandboxes/{a}/diff", {"other": b, "paths": ["/"]}).json
+    check(d == {"added": ["/etc/only-b", "/root/b.txt"], "removed": ["/etc/only-a", "/root/a.txt"],
+                "modified": ["/tmp/m.txt"]}, d)
+    d = c.expect(200, "POST", f"/v1/sandboxes/{a}/diff", {"other": b, "paths": ["/root/a.txt", "/nowhere"]}).json
+    check(d == {"added": [], "removed": ["/root/a.txt"], "modified": []}, d)
+    d = c.expect(200, "POST", f"/v1/sandboxes/{a}/diff", {"other": b, "paths": None}).json
+    check(d["modified"] == ["/tmp/m.txt"], f"paths null: the default {d}")
+    # a sandbox against itself
+    d = c.expect(200, "POST", f"/v1/sandboxes/{a}/diff", {"other": a, "paths": ["/"]}).json
+    check(d == {"added": [], "removed": [], "modified": []}, d)
+    # a file removed in b after the fork is "removed" seen from a
+    ok(c, a, "write /root/shared.txt s")
+    ok(c, b, "write /root/shared.txt s")
+    d = c.expect(200, "POST", f"/v1/sandboxes/{a}/diff", {"other": b, "paths": ["/root"]}).json
+    check(d["removed"] == ["/root/a.txt"], d)
+    ok(c, b, "rm /root/shared.txt")
+    d = c.expect(200, "POST", f"/v1/sandboxes/{a}/diff", {"other": b, "paths": ["/root"]}).json
+    check(d["removed"] == ["/root/a.txt", "/root/shared.txt"], d)
+
+
+def t_diff_errors(c, stack):
+    a, b = Ctx.diff_sbs
+    base = f"/v1/sandboxes/{a}/diff"
+    for body in ({}, {"other": 5}, {"other": ""}, {"other": "bad id"}, {"other": "x" * 65}, {"other": b, "paths": []},
+                 {"other": b, "paths": "/root"}, {"other": b, "paths": ["root"]}, {"other": b, "paths": [1]},
+                 {"other": b, "paths": ["/a/../b"]}, {"other": b, "paths": ["/a//b"]}, {"other": b, "paths": ["/a/"]},
+                 {"other": b, "paths": ["/a/./b"]}, {"other": b, "paths": ["/a\nb"]}, {"other": b, "paths": ["/a\u0000"]},
+                 {"other": b, "paths": ["/x"] * 65}, {"other": b, "paths": ["/" + "x" * 4096]},
+                 {"other": b, "path": ["/root"]}):
+        r = c.expect(400, "POST", base, body)
+        check(r.json["error"], r)
+    c.expect(400, "POST", base)
+    c.expect(404, "POST", "/v1/sandboxes/sb-nosuch/diff", {"other": b})
+    r = c.expect(404, "POST", base, {"other": "sb-nosuch"})
+    check("sb-nosuch" in r.json["error"], r)
+    c.expect(405, "GET", base)
+    # more paths than the test guest takes (16): its refusal is a 500 naming the sandbox
+    r = c.expect(500, "POST", base, {"other": b, "paths": [f"/p{i}" for i in range(17)]})
+    check(a in r.json["error"] or b in r.json["error"], r)
+    for sid in (a, b):
+        c.expect(204, "DELETE", f"/v1/sandboxes/{sid}")
+    c.expect(404, "POST", base, {"other": b})
+
+
+def records(stack):
+    d = os.path.join(stack.tmp, "state", "sandboxes")
+    out = {}
+    for name in os.listdir(d):
+        if name.endswith(".json"):
+            with open(os.path.join(d, name)) as f:
+                out[name[:-5]] = json.load(f)
+    return out
+
+
+def t_merge(c, stack):
+    limit = {"memory_limit_mib": 64} if stack.cgroot else {}
+    ids, info = fork(c, 3, **limit)
+    p, w, s = ids
+    Ctx.merge = (p, w, s)
+    ok(c, p, "x = parent; write /root/p.txt parent")
+    ok(c, w, "x = winner; write /root/w.txt winner")
+    ok(c, s, "x = sibling")
+    old_pid = info[p]["pid"]
+    r = c.expect(200, "POST", f"/v1/sandboxes/{p}/merge", {"winner": w})
+    sb = r.json
+    check(sb["id"] == p and sb["pid"] == info[w]["pid"] and sb["snapshot_tag"] == TAG, r)
+    check(sb["created_at_unix"] == info[w]["created_at_unix"], r)
+    if limit:
+        check(sb.get("memory_limit_mib") == 64, r)
+    # the old VM of p is gone when the answer comes
+    check(not vmm_alive(old_pid), f"the old VM of {p} (pid {old_pid}) still runs")
+    check(vmm_alive(sb["pid"]), "the winner's VM runs")
+    # p drives the winner's VM: its globals and files
+    check(ok(c, p, "print x; cat /root/w.txt") == "winner\nwinner\n", "p has the winner's state")
+    j = run(c, p, "cat /root/p.txt")
+    check(j["exit_code"] == 1, f"the parent's file went with its VM: {j}")
+    c.expect(200, "POST", f"/v1/sandboxes/{p}/ping")
+    # the winner's id is gone
+    for method, path in (("GET", f"/v1/sandboxes/{w}"), ("POST", f"/v1/sandboxes/{w}/ping"),
+                         ("DELETE", f"/v1/sandboxes/{w}")):
+        c.expect(404, method, path)
+    c.expect(404, "POST", f"/v1/sandboxes/{w}/run_code", {"code": "print x"})
+    lst = c.expect(200, "GET", "/v1/sandboxes").json
+    check(sorted(x["id"] for x in lst) == sorted([p, s]), lst)
+    check([x["pid"] for x in lst if x["id"] == p] == [info[w]["pid"]], lst)
+    g = c.expect(200, "GET", f"/v1/sandboxes/{p}").json
+    check(g == sb, f"GET after merge {g} != {sb}")
+    # the record of the winner's VM names p, the old one's is gone
+    rec = records(stack)
+    check(p not in rec and rec.get(w, {}).get("id") == p and rec[w].get("vm_id") == w, rec)
+    # the sibling is untouched
+    check(ok(c, s, "print x") == "sibling\n", "sibling")
+    # diff works across the new mapping
+    d = c.expect(200, "POST", f"/v1/sandboxes/{p}/diff", {"other": s}).json
+    check(d == {"added": [], "removed": ["/root/w.txt"], "modified": []}, d)
+
+
+def t_merge_again(c, stack):
+    """A second merge into the same id: the VM retired now is one whose id had
+    already moved (its VM name differs from its id)."""
+    p, w, s = Ctx.merge
+    pid_w = c.expect(200, "GET", f"/v1/sandboxes/{p}").json["pid"]
+    sb = c.expect(200, "POST", f"/v1/sandboxes/{p}/merge", {"winner": s}).json
+    check(sb["id"] == p and sb["pid"] != pid_w, sb)
+    check(not vmm_alive(pid_w), "the first winner's VM is gone")
+    check(ok(c, p, "print x") == "sibling\n", "p drives the sibling's VM")
+    lst = c.expect(200, "GET", "/v1/sandboxes").json
+    check([x["id"] for x in lst] == [p], lst)
+    rec = records(stack)
+    check(list(rec) == [s] and rec[s]["id"] == p, rec)
+
+
+def t_merge_errors(c, stack):
+    p, w, s = Ctx.merge
+    base = f"/v1/sandboxes/{p}/merge"
+    r = c.expect(400, "POST", base, {"winner": p})
+    check(p in r.json["error"], r)
+    for body in ({}, {"winner": 5}, {"winner": None}, {"winner": ""}, {"winner": "bad id"}, {"winner": "x" * 65},
+                 {"winner": s, "extra": 1}):
+        c.expect(400, "POST", base, body)
+    c.expect(400, "POST", base)
+    r = c.expect(404, "POST", base, {"winner": "sb-nosuch"})
+    check("sb-nosuch" in r.json["error"], r)
+    c.expect(404, "POST", base, {"winner": w})  # merged away already
+    c.expect(404, "POST", "/v1/sandboxes/sb-nosuch/merge", {"winner": p})
+    c.expect(404, "POST", f"/v1/sandboxes/{w}/merge", {"winner": p})
+    c.expect(405, "GET", base)
+    check(ok(c, p, "print x") == "sibling\n", "nothing changed")
+
+
+def t_merge_restart(c, stack):
+    """forkd killed after a merge: the next start cleans up by the records
+    (the VMs died with it) and announces nothing is left."""
+    p, w, s = Ctx.merge
+    pid = c.expect(200, "GET", f"/v1/sandboxes/{p}").json["pid"]
+    stack.daemon.send_signal(signal.SIGKILL)
+    stack.daemon.wait()
+    for _ in range(100):
+        if not vmm_alive(pid):
+            break
+        time.sleep(0.05)
+    check(not vmm_alive(pid), "the VM outlived forkd")
+    stack.start_daemon()
+    tr.wait_daemon(c, stack)
+    check(c.expect(200, "GET", "/v1/sandboxes").json == [], "no sandbox after the restart")
+    check(records(stack) == {}, f"records left: {records(stack)}")
+    c.expect(404, "GET", f"/v1/sandboxes/{p}")
+    if stack.cgroot:
+        left = [d for d in os.listdir(stack.cgroot) if os.path.isdir(os.path.join(stack.cgroot, d))] \
+            if os.path.isdir(stack.cgroot) else []
+        for _ in range(50):
+            if not left:
+                break
+            time.sleep(0.1)
+            left = [d for d in os.listdir(stack.cgroot) if os.path.isdir(os.path.join(stack.cgroot, d))]
+        check(left == [], f"cgroups left: {left}")
+
+
+def bus_path(sid):
+    return "/org/forkd/sandbox/" + "".join(ch if ch.isalnum() else "_%02x" % ord(ch) for ch in sid)
+
+
+def busctl(stack, *args, check_rc=True):
+    r = subprocess.run(["busctl", "--address=" + stack.bus, *args], capture_output=True, text=True, timeout=60)
+    if check_rc:
+        check(r.returncode == 0, f"busctl {args}: {r.stderr}")
+    return r
+
+
+def t_merge_bus(c, stack):
+    """MergeSandbox and DiffSandboxes on D-Bus: the signal, the object paths,
+    the properties of the Sandbox object that now drives the winner's VM."""
+    if not shutil.which("busctl"):
+        raise Skip("busctl is not installed")
+    ids, info = fork(c, 2)
+    p, w = ids
+    mon = subprocess.Popen(["busctl", "--address=" + stack.bus, "--json=short", "monitor"], stdout=subprocess.PIPE,
+                           stderr=subprocess.DEVNULL, text=True)
+    try:
+        time.sleep(0.5)
+        ok(c, w, "write /tmp/w x")
+        r = busctl(stack, "--json=short", "call", "org.forkd.Manager", "/org/forkd/Manager", "org.forkd.Manager",
+                   "DiffSandboxes", "ssas", p, w, "0")
+        check(json.loads(r.stdout)["data"] == [["/tmp/w"], [], []], r.stdout)
+        r = busctl(stack, "--json=short", "call", "org.forkd.Manager", "/org/forkd/Manager", "org.forkd.Manager",
+                   "MergeSandbox", "ss", p, w)
+        d = json.loads(r.stdout)["data"][0]
+        check(d["id"]["data"] == p and d["pid"]["data"] == info[w]["pid"], d)
+        r = busctl(stack, "--json=short", "get-property", "org.forkd.Manager", bus_path(p), "org.forkd.Sandbox", "Pid")
+        check(json.loads(r.stdout)["data"] == info[w]["pid"], r.stdout)
+        r = busctl(stack, "--json=short", "get-property", "org.forkd.Manager", bus_path(p), "org.forkd.Sandbox", "Id")
+        check(json.loads(r.stdout)["data"] == p, r.stdout)
+        r = busctl(stack, "introspect", "org.forkd.Manager", bus_path(w), "org.forkd.Sandbox", check_rc=False)
+        check(r.returncode != 0, f"the winner's object still answers: {r.stdout}")
+        r = busctl(stack, "call", "org.forkd.Manager", "/org/forkd/Manager", "org.forkd.Manager", "MergeSandbox",
+                   "ss", p, p, check_rc=False)
+        check(r.returncode != 0 and "another sandbox" in r.stderr, r.stderr)
+        r = busctl(stack, "call", "org.forkd.Manager", bus_path(p), "org.forkd.Sandbox", "Merge", "s", w,
+                   check_rc=False)
+        check(r.returncode != 0 and "No sandbox" in r.stderr, r.stderr)
+        # the daemon checks what forkd-rest checks, for callers on the bus
+        mgr = ("call", "org.forkd.Manager", "/org/forkd/Manager", "org.forkd.Manager")
+        for args, want in ((("DiffSandboxes", "ssas", p, p, "65", *(["/x"] * 65)), "At most 64 paths"),
+                           (("DiffSandboxes", "ssas", p, p, "1", "/a/../b"), "normalized"),
+                           (("DiffSandboxes", "ssas", p, "bad id", "0"), "Invalid other sandbox id"),
+                           (("MergeSandbox", "ss", p, "bad id"), "Invalid winner id"),
+                           (("RunCode", "ssu", p, "x = 1", "3601"), "timeout_secs must be at most 3600")):
+            r = busctl(stack, *mgr, *args, check_rc=False)
+            check(r.returncode != 0 and want in r.stderr, f"{args[:3]}: {r.stderr}")
+        r = busctl(stack, "--json=short", *mgr, "RunCode", "ssu", p, "x = 7; print x", "0")
+        check(json.loads(json.loads(r.stdout)["data"][0])["stdout"] == "7\n", r.stdout)
+        time.sleep(0.5)
+    finally:
+        mon.terminate()
+        out, _ = mon.communicate(timeout=10)
+    removed = changed = False
+    for line in out.splitlines():
+        try:
+            m = json.loads(line)
+        except ValueError:
+            continue
+        if m.get("member") == "SandboxRemoved":
+            args = [x for x in m.get("payload", {}).get("data", [])]
+            check(args[0] != p, f"a SandboxRemoved for {p}, whose id lives on: {line}")
+            if args[0] == w:
+                check(args[2] == "merged" and args[1] == bus_path(w), line)
+                removed = True
+        if m.get("member") == "PropertiesChanged" and m.get("path") == bus_path(p):
+            changed = "Pid" in json.dumps(m.get("payload"))
+    check(removed, "no SandboxRemoved(..., merged) for the winner")
+    check(changed, "no PropertiesChanged with Pid on the surviving object")
+    c.expect(204, "DELETE", f"/v1/sandboxes/{p}")
+
+
+def t_terminate_after_merge(c, stack):
+    """Merge, then delete: every VM and cgroup is gone."""
+    limit = {"memory_limit_mib": 64} if stack.cgroot else {}
+    ids, info = fork(c, 2, **limit)
+    p, w = ids
+    c.expect(200, "POST", f"/v1/sandboxes/{p}/merge", {"winner": w})
+    c.expect(204, "DELETE", f"/v1/sandboxes/{p}")
+    c.expect(404, "GET", f"/v1/sandboxes/{p}")
+    check(c.expect(200, "GET", "/v1/sandboxes").json == [], "sandboxes left")
+    for sid in ids:
+        check(not vmm_alive(info[sid]["pid"]), f"VM of {sid} left")
+    check(records(stack) == {}, f"records left: {records(stack)}")
+    if stack.cgroot:
+        for _ in range(50):
+            left = [d for d in os.listdir(stack.cgroot) if os.path.isdir(os.path.join(stack.cgroot, d))]
+            if not left:
+                break
+            time.sleep(0.1)
+        check(left == [], f"cgroups left: {left}")
+
+
+def main():
+    tap = tr.Tap()
+    missing = [what for what, path in (("forkd-rest", tr.REST), ("forkd", tr.DAEMON), ("forkd-vmm", tr.VMM),
+                                       ("test guest", tr.GUEST), ("dbus-daemon", tr.DBUS_DAEMON))
+               if not path or not os.path.exists(path)]
+    if missing:
+        print(f"1..0 # SKIP not built or not installed: {', '.join(missing)}")
+        return 0
+    if not os.access("/dev/kvm", os.R_OK | os.W_OK):
+        print("1..0 # SKIP /dev/kvm is not usable")
+        return 0
+    stack = tr.Stack()
+    signal.signal(signal.SIGTERM, lambda *a: (stack.cleanup(), sys.exit(1)))
+    try:
+        stack.start_bus()
+        rest, port = stack.start_rest("--timeout", "60")
+        c = tr.Client(port)
+        stack.start_daemon()
+        tr.wait_daemon(c, stack)
+        tests = [
+            ("a snapshot of the test guest", t_setup),
+            ("POST /v1/sandboxes/:id/run_code: the spec's answer, globals persist", t_run_code),
+            ("run_code: 400 and 404 rows, the guest's refusal", t_run_code_errors),
+            ("POST /v1/sandboxes/:id/diff: seed 004's example, modified, paths", t_diff),
+            ("diff: 400 and 404 rows, the guest's refusal", t_diff_errors),
+            ("POST /v1/sandboxes/:id/merge: :id drives the winner's VM, the winner's id is gone", t_merge),
+            ("merge into the same id again", t_merge_again),
+            ("merge: 400 and 404 rows", t_merge_errors),
+            ("MergeSandbox and DiffSandboxes on D-Bus: SandboxRemoved \"merged\", object paths, properties",
+             t_merge_bus),
+            ("forkd killed after a merge: records and cgroups cleaned up", t_merge_restart),
+            ("merge then DELETE: no VM, record or cgroup left", t_terminate_after_merge),
+        ]
+        for name, fn in tests:
+            tap.run(name, fn, c, stack)
+            if fn is t_setup and tap.failed:
+                break
+        if tap.failed and stack.daemon:
+            for line in stack.log_tail(stack.daemon, 40).splitlines():
+                print(f"# forkd: {line}")
+        try:
+            r = c.req("GET", "/v1/sandboxes")
+            for sb in (r.json or []) if r.status == 200 else []:
+                c.req("DELETE", f"/v1/sandboxes/{sb['id']}")
+        except Exception:  # noqa: BLE001
+            pass
+        # both daemons end cleanly, without a sanitizer's report (ASan builds)
+        for name, p in (("forkd", stack.daemon), ("forkd-rest", rest)):
+            stack.stop(p)
+            log = stack.log_tail(p, 100000)
+            if p.returncode != 0 or "Sanitizer" in log or "runtime error" in log:
+                tap.failed += 1
+                print(f"# {name} exited with {p.returncode}:")
+                for line in log.splitlines()[-40:]:
+                    print(f"# {name}: {line}")
+    finally:
+        stack.cleanup()
+    return tap.done()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
