@@ -41,7 +41,10 @@ Environment: as test-rest.py (tests/rest/meson.build), and FORKD_PY_SDK.
 import importlib.util
 import json
 import os
+import shutil
 import signal
+import ssl
+import subprocess
 import sys
 import time
 import urllib.error
@@ -268,13 +271,51 @@ def t_branch_errors(c, sdk, stack):
     check(sdk.ping_sandbox(sid)["pong"] is True, "the source survived")
 
 
+def t_https(c, sdk, stack):
+    """HTTPS, as a user points the SDK at forkd-rest --tls-cert: base_url https://...,
+    urllib's default context, the certificate trusted through SSL_CERT_FILE."""
+    openssl = shutil.which("openssl")
+    if not openssl:
+        raise Skip("openssl not installed")
+    cert, key = os.path.join(stack.tmp, "cert.pem"), os.path.join(stack.tmp, "key.pem")
+    subprocess.run([openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                    "-nodes", "-keyout", key, "-out", cert, "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True, timeout=60)
+    os.chmod(key, 0o600)
+    _, port = stack.start_rest("--timeout", "60", "--tls-cert", cert, "--tls-key", key)
+    tls = make_client(f"https://127.0.0.1:{port}", tr.TOKEN)[0]
+    old = os.environ.get("SSL_CERT_FILE")
+    try:
+        # untrusted: the SDK's call fails in the handshake, nothing is branched
+        os.environ["SSL_CERT_FILE"] = os.devnull
+        try:
+            tls.branch_sandbox(Ctx.sid, tag="sdk-tls")
+            raise AssertionError("a branch over TLS with an untrusted certificate")
+        except urllib.error.URLError as e:
+            check(isinstance(e.reason, ssl.SSLError), e)
+        os.environ["SSL_CERT_FILE"] = cert
+        b = tls.branch_sandbox(Ctx.sid, tag="sdk-tls", mode="live", wait=False)
+        check(b.get("status") in ("writing", "ready"), b)
+        is_branch(b, "sdk-tls", Ctx.sid, b["status"])
+        fails(tls, 409, tls.branch_sandbox, Ctx.sid, tag="sdk-tls")
+    finally:
+        if old is None:
+            os.environ.pop("SSL_CERT_FILE", None)
+        else:
+            os.environ["SSL_CERT_FILE"] = old
+    deadline = time.monotonic() + 30
+    while [s.get("status") for s in sdk.list_snapshots() if s["tag"] == "sdk-tls"] != ["ready"]:
+        check(time.monotonic() < deadline, "sdk-tls never became ready")
+        time.sleep(0.05)
+
+
 def t_cleanup(c, sdk, stack):
     for sid in (Ctx.sid, Ctx.live):
         sdk.kill_sandbox(sid)
     fails(sdk, 404, sdk.branch_sandbox, Ctx.sid, tag="sdk-after")
     # the branches outlive their sources; delete_snapshot returns None
     for tag in ("checkpoint-1", Ctx.auto, "sdk-full", "sdk-md", "sdk-md-full", "sdk-diff", "sdk-ldiff",
-                "sdk-mode-wins", "sdk-live", "sdk-live-nw", "sdk-live-any"):
+                "sdk-mode-wins", "sdk-live", "sdk-live-nw", "sdk-live-any", "sdk-tls"):
         check(sdk.delete_snapshot(tag) is None, tag)
     check([s["tag"] for s in sdk.list_snapshots()] == [TAG], sdk.list_snapshots())
     check(sdk.list_sandboxes() == [], "sandboxes left")
@@ -308,6 +349,7 @@ def main():
             ("branch_sandbox: mode diff, legacy diff=True, mode over diff", t_branch_diff),
             ("branch_sandbox: mode live, wait True and False (list_snapshots until ready)", t_branch_live),
             ("branch_sandbox: ControllerError 400, 404, 409, 401 with {\"error\": ...}", t_branch_errors),
+            ("branch_sandbox over HTTPS: base_url https://, the certificate in SSL_CERT_FILE", t_https),
             ("kill_sandbox, delete_snapshot of every branch", t_cleanup),
         ]
         for name, fn in tests:
