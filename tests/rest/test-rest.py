@@ -356,7 +356,10 @@ def t_not_implemented_validation(c):
     for body in ({"mode": "full", "diff": True}, {"mode": "diff", "diff": False}, {"wait": False},
                  {"mode": "full", "wait": False}, {"mode": "diff", "wait": False}, {"mode": "fast"},
                  {"mode": "livelier"}, {"mode": 1}, {"diff": "yes"}, {"wait": "no"}, {"tag": "../x"},
-                 {"tag": "a" * 65}, {"tag": 5}, {"bogus": 1}):
+                 {"tag": "a" * 65}, {"tag": 5}, {"bogus": 1},
+                 # forkd's measure_diff (its Python SDK's branch_sandbox sends it): with a full branch only
+                 {"measure_diff": True, "diff": True}, {"measure_diff": True, "mode": "diff"},
+                 {"measure_diff": True, "mode": "live"}, {"measure_diff": "yes"}, {"measure_diff": None}):
         c.expect(400, "POST", "/v1/sandboxes/sb-1/branch", body)
     c.expect(400, "POST", "/v1/sandboxes/sb-1/branch", raw=b"{")
     c.expect(400, "POST", "/v1/sandboxes/..x/branch", {})
@@ -371,6 +374,9 @@ def t_not_implemented_validation(c):
     for path, body in (("/v1/sandboxes/sb-1/branch", {"tag": "c1", "mode": "full"}),
                        ("/v1/sandboxes/sb-1/branch", {"mode": "live", "wait": False}),
                        ("/v1/sandboxes/sb-1/branch", {"diff": True}), ("/v1/sandboxes/sb-1/branch", None),
+                       ("/v1/sandboxes/sb-1/branch", {"measure_diff": True}),
+                       ("/v1/sandboxes/sb-1/branch", {"mode": "full", "measure_diff": True}),
+                       ("/v1/sandboxes/sb-1/branch", {"diff": True, "measure_diff": False}),
                        ("/v1/snapshots/py/compact", {"to": "py-flat"}), ("/v1/sandboxes/sb-1/fork", {"n": 32}),
                        ("/v1/sandboxes/sb-1/fork", None)):
         c.expect(503, "POST", path, body)
