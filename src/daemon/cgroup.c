@@ -15,6 +15,9 @@
 
 #define REMOVAL_RETRY_USEC (20 * 1000ull)
 #define REMOVAL_GIVE_UP_USEC (60 * 1000000ull)
+/* How long systemd may take to start a sandbox's scope (StartTransientUnit, then the job's
+ * JobRemoved) before the fork that waits for it fails instead of waiting for ever. */
+#define SCOPE_START_TIMEOUT_USEC (90 * 1000000ull)
 
 struct cgroup_removal {
         char *path;
@@ -261,6 +264,7 @@ struct scope_unit {
         unsigned n_track;
         pid_t placeholder;  /* keeps the scope populated until the sandbox is removed */
         sd_bus_slot *slot;  /* the StartTransientUnit call */
+        sd_event_source *start_timer; /* SCOPE_START_TIMEOUT_USEC, while starting */
         cgroup_prepare_done_t done;
         void *userdata;     /* NULL once done() was called or cancelled */
         struct scope_unit *next;
@@ -279,6 +283,7 @@ static struct scope_unit *scope_unit_free(struct scope_unit *u) {
                 return NULL;
         scope_kill_placeholder(u);
         sd_bus_slot_unref(u->slot);
+        sd_event_source_disable_unref(u->start_timer);
         free(u->job);
         free(u->cgroup);
         for (unsigned i = 0; i < u->n_track; i++)
@@ -308,8 +313,19 @@ static void scope_finish(struct scope_unit *u, int r) {
 
         u->done = NULL;
         u->userdata = NULL;
+        u->start_timer = sd_event_source_disable_unref(u->start_timer);
         if (done)
                 done(r, u->id, r >= 0 ? u->cgroup : NULL, userdata);
+}
+
+static int on_scope_start_timeout(sd_event_source *s, uint64_t usec, void *userdata) {
+        struct scope_unit *u = userdata;
+
+        log_warning("systemd has not started %s within %llu s (%s); giving up on it.", u->unit,
+                    SCOPE_START_TIMEOUT_USEC / 1000000ull,
+                    u->job ? "its job did not finish" : "StartTransientUnit did not return");
+        scope_finish(u, -ETIMEDOUT);
+        return 0;
 }
 
 static bool controllers_have(const char *list, const char *name) {
@@ -529,6 +545,9 @@ static int scope_prepare(CGroupManager *c, const char *id, uint64_t limit, cgrou
                 r = sd_bus_message_append(m, "a(sa(sv))", 0);
         if (r >= 0)
                 r = sd_bus_call_async(c->system_bus, &u->slot, m, on_start_reply, u, 0);
+        if (r >= 0)
+                r = sd_event_add_time_relative(c->event, &u->start_timer, CLOCK_MONOTONIC,
+                                               SCOPE_START_TIMEOUT_USEC, 0, on_scope_start_timeout, u);
         if (r < 0)
                 goto fail;
 

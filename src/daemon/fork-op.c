@@ -389,6 +389,8 @@ static void fork_work_done(int r, void *userdata) {
         fork_op_run_next(t);
 
         f->state = FORK_PINGING;
+        log_info("Spawned %u VM(s) of %s; waiting for their agents.", f->n,
+                 f->image ? f->image->tag : "a running sandbox");
         f->n_failed = 0;
         for (unsigned i = 0; i < f->n; i++) {
                 Sandbox *s = hashmap_get(m->sandboxes, f->ids[i]);

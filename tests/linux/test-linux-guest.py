@@ -153,6 +153,18 @@ def dump_logs(t, state):
                     lines = f.read().splitlines()[-40:]
                 t.note(f"--- {path} (last {len(lines)} lines)")
                 t.note("\n".join(lines))
+    # what systemd and the process table say: a fork that hangs waits for one of them
+    for cmd in (["systemctl", "list-units", "--all", "--no-pager", "--plain", "forkd-*"],
+                ["systemctl", "list-jobs", "--no-pager"],
+                ["ps", "-eo", "pid,ppid,stat,wchan:24,etime,args"]):
+        try:
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=20).stdout
+        except (OSError, subprocess.SubprocessError) as e:
+            out = str(e)
+        if cmd[0] == "ps":
+            out = "\n".join(ln for ln in out.splitlines() if "forkd" in ln or "PID" in ln)
+        t.note(f"--- {' '.join(cmd)}")
+        t.note(out.strip()[-4000:])
 
 
 def run(t, fc, stack, image):
