@@ -12,8 +12,11 @@ under QEMU TCG), systemd is PID 1 and the system bus and polkitd run:
 
 then checks each child's agent (ping, eval, exec, run_code), their isolation (REPL
 state, files, entropy), their clocks, an exec that outlives its timeout, and the
-scopes' memory limit. Timings are printed as TAP comments: they are TCG figures
-(every instruction emulated, ~100 us a VM exit), not the product's speed.
+scopes' memory limit; then run_code, diff and merge over REST, and a running
+sandbox with REPL state and a file forked (/fork) and branched (full, diff, live),
+its state inherited by every child, also once the source is deleted. Timings are
+printed as TAP comments: they are TCG figures (every instruction emulated, ~100 us
+a VM exit), not the product's speed.
 
 Usage: test-linux-guest.py --build DIR --image DIR
 """
