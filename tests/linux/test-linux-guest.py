@@ -12,8 +12,11 @@ under QEMU TCG), systemd is PID 1 and the system bus and polkitd run:
 
 then checks each child's agent (ping, eval, exec, run_code), their isolation (REPL
 state, files, entropy), their clocks, an exec that outlives its timeout, and the
-scopes' memory limit. Timings are printed as TAP comments: they are TCG figures
-(every instruction emulated, ~100 us a VM exit), not the product's speed.
+scopes' memory limit; then run_code, diff and merge over REST, and a running
+sandbox with REPL state and a file forked (/fork) and branched (full, diff, live),
+its state inherited by every child, also once the source is deleted. Timings are
+printed as TAP comments: they are TCG figures (every instruction emulated, ~100 us
+a VM exit), not the product's speed.
 
 Usage: test-linux-guest.py --build DIR --image DIR
 """
@@ -272,6 +275,9 @@ def run(t, fc, stack, image):
 
     rc, r, err = fc("kill", *ids)
     t.ok(rc == 0, "kill the children", err)
+
+    fork_and_branch_running(t, stack)
+
     rc, r, err = fc("snapshot", "rm", TAG)
     t.ok(rc == 0, "snapshot rm", err)
 
@@ -285,6 +291,125 @@ def run(t, fc, stack, image):
          and ("console (" in err and "):\n  " in err or err.endswith("; the guest printed nothing on its console")),
          "in 64 MiB the guest triple-faults: a 500 that says so, with what its console printed", f"{status} {err}")
     t.note("the 500's error: " + err)
+
+
+# What a sandbox of fork_and_branch_running shows of its state: x, /root/p.txt
+# (written before the fork), a child's /root/k.txt and the parent's /root/late.txt.
+SHOW_STATE = ("import os\n"
+              "print(x, open('/root/p.txt').read(), os.path.exists('/root/k.txt'), os.path.exists('/root/late.txt'))")
+
+
+def fork_and_branch_running(t, stack):
+    """A running sandbox of the Linux guest with REPL state and a file: forked into
+    3 (seed 002), branched full, diff, live and live without waiting (seeds 000 and
+    001); the branches' children inherit both, and still do once the source is
+    deleted. The spec's error rows for these routes, a few of them (the native
+    tests have them all)."""
+    def state(sid):
+        status, r = rest(stack, "POST", f"/v1/sandboxes/{sid}/run_code", {"code": SHOW_STATE})
+        return r.get("stdout") if status == 200 and isinstance(r, dict) and r.get("exit_code") == 0 else (status, r)
+
+    def fork_tag(tag):
+        status, sbs = rest(stack, "POST", "/v1/sandboxes", {"snapshot_tag": tag, "n": 1})
+        return sbs[0]["id"] if status == 201 and isinstance(sbs, list) and len(sbs) == 1 else None
+
+    def delete(*sids):
+        return all(rest(stack, "DELETE", f"/v1/sandboxes/{sid}")[0] == 204 for sid in sids)
+
+    parent = fork_tag(TAG)
+    status, r = rest(stack, "POST", f"/v1/sandboxes/{parent}/run_code",
+                     {"code": "x = 41\nwith open('/root/p.txt', 'w') as f: f.write('parent')"})
+    if not t.ok(parent and status == 200 and isinstance(r, dict) and r.get("exit_code") == 0,
+                "a running sandbox: run_code 'x = 41' and a write to /root/p.txt", f"{parent} {status} {r}"):
+        return
+
+    # POST /v1/sandboxes/:id/fork, n = 3: the children inherit x and the file;
+    # what one of them does is its own, and so is what the parent does afterwards
+    t0 = time.monotonic()
+    status, r = rest(stack, "POST", f"/v1/sandboxes/{parent}/fork", {"n": N_CHILDREN})
+    fork_s = time.monotonic() - t0
+    kids = r.get("children", []) if isinstance(r, dict) else []
+    if not t.ok(status == 200 and isinstance(r, dict) and list(r) == ["children"] and len(set(kids)) == N_CHILDREN,
+                f"POST /v1/sandboxes/:id/fork {{\"n\": {N_CHILDREN}}}: 200 {{\"children\": [ids]}}", f"{status} {r}"):
+        return
+    t.note(f"fork of the running sandbox into {N_CHILDREN}: {fork_s * 1000:.0f} ms under TCG")
+    seen = {k: state(k) for k in kids}
+    t.ok(all(v == "41 parent False False\n" for v in seen.values()),
+         "each child of the fork evaluates x to 41 and reads /root/p.txt", seen)
+    status, r = rest(stack, "POST", f"/v1/sandboxes/{kids[0]}/run_code",
+                     {"code": "x = 99\nwith open('/root/k.txt', 'w') as f: f.write('kid')"})
+    status2, r2 = rest(stack, "POST", f"/v1/sandboxes/{parent}/run_code",
+                       {"code": "with open('/root/late.txt', 'w') as f: f.write('later')"})
+    t.ok(status == 200 and r.get("exit_code") == 0 and status2 == 200 and r2.get("exit_code") == 0,
+         "a child sets x = 99 and writes /root/k.txt; the parent then writes /root/late.txt", f"{r} {r2}")
+    seen = {k: state(k) for k in [parent] + kids}
+    want = {parent: "41 parent False True\n", kids[0]: "99 parent True False\n"}
+    t.ok(all(v == want.get(k, "41 parent False False\n") for k, v in seen.items()),
+         "the child's x = 99 and file are seen neither by its siblings nor by the parent; "
+         "the parent's file written after the fork is not seen by the children", seen)
+    for body in ({"n": 0}, {"n": 33}):
+        status, r = rest(stack, "POST", f"/v1/sandboxes/{parent}/fork", body)
+        t.ok(status == 400 and r == {"error": "n must be between 1 and 32"}, f"fork {body}: 400", f"{status} {r}")
+    status, r = rest(stack, "POST", "/v1/sandboxes/sb-nosuch/fork", {"n": 1})
+    t.ok(status == 404 and r == {"error": "sandbox not found"}, "fork of an unknown sandbox: 404", f"{status} {r}")
+    t.ok(delete(*kids), "DELETE the fork's children")
+
+    # POST /v1/sandboxes/:id/branch in every mode; each branch's children inherit
+    branches = {"lx-full": {"mode": "full"}, "lx-diff": {"mode": "diff"}, "lx-live": {"mode": "live"},
+                "lx-live-nowait": {"mode": "live", "wait": False}}
+    made = []
+    for tag, body in branches.items():
+        t0 = time.monotonic()
+        status, info = rest(stack, "POST", f"/v1/sandboxes/{parent}/branch", dict(body, tag=tag))
+        took = time.monotonic() - t0
+        info = info if isinstance(info, dict) else {}
+        good = (status == 201 and info.get("tag") == tag and info.get("branched_from") == parent and
+                isinstance(info.get("pause_ms"), int) and
+                info.get("status") in (("writing", "ready") if body.get("wait") is False else ("ready",)))
+        if body["mode"] == "diff":
+            good &= info.get("parent_tag") == TAG and len(info.get("parent_content_hash") or "") == 64
+        t.ok(good, f"branch {json.dumps(body)}: 201, branched_from, pause_ms, status {info.get('status')}",
+             f"{status} {info}")
+        if status == 201:
+            made.append(tag)
+        t.note(f"branch {tag}: {took:.1f} s, pause_ms {info.get('pause_ms')} under TCG")
+    deadline = time.monotonic() + 180
+    listed = {}
+    while time.monotonic() < deadline:
+        status, snaps = rest(stack, "GET", "/v1/snapshots")
+        listed = {s.get("tag"): s for s in snaps} if status == 200 and isinstance(snaps, list) else {}
+        if listed.get("lx-live-nowait", {}).get("status") in ("ready", "failed"):
+            break
+        time.sleep(0.5)
+    t.ok(listed.get("lx-live-nowait", {}).get("status") == "ready",
+         "the live branch without wait becomes \"ready\" in GET /v1/snapshots", listed.get("lx-live-nowait"))
+
+    for tag, body in (("lx-full", {"tag": "lx-full"}), (None, {"mode": "full", "diff": True}),
+                      (None, {"mode": "full", "wait": False})):
+        status, r = rest(stack, "POST", f"/v1/sandboxes/{parent}/branch", body)
+        want = 409 if tag else 400
+        t.ok(status == want and isinstance(r, dict) and r.get("error"), f"branch {json.dumps(body)}: {want}",
+             f"{status} {r}")
+    status, r = rest(stack, "POST", "/v1/sandboxes/sb-nosuch/branch", {"mode": "full"})
+    t.ok(status == 404, "branch of an unknown sandbox: 404", f"{status} {r}")
+
+    def fork_branches(when):
+        seen = {}
+        for tag in made:
+            child = fork_tag(tag)
+            seen[tag] = state(child) if child else "no child"
+            if child:
+                delete(child)
+        t.ok(len(made) == len(branches) and all(v == "41 parent False True\n" for v in seen.values()),
+             f"{when}: a child of each branch (full, diff, live, live without wait) evaluates x to 41 "
+             "and reads /root/p.txt", seen)
+    fork_branches("while the source runs")
+
+    status, r = rest(stack, "DELETE", f"/v1/sandboxes/{parent}")
+    status2, r2 = rest(stack, "GET", f"/v1/sandboxes/{parent}")
+    t.ok(status == 204 and status2 == 404, "DELETE the source sandbox: 204, then 404", f"{status} {r}; {status2} {r2}")
+    fork_branches("with the source deleted")
+    t.ok(all(rest(stack, "DELETE", f"/v1/snapshots/{tag}")[0] == 204 for tag in made), "DELETE the branches")
 
 
 def run_code_diff_merge(t, fc, stack, ids):

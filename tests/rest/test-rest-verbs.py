@@ -106,6 +106,40 @@ def t_run_code_errors(c, stack):
     c.expect(204, "DELETE", f"/v1/sandboxes/{sid}")
 
 
+def t_run_code_fork(c, stack):
+    """Globals and files persist across POST /v1/sandboxes/:id/fork and a branch of
+    a running sandbox: each child starts with the parent's state at the pause, and
+    what any of them does afterwards is its own."""
+    ids, _ = fork(c, 1)
+    parent = ids[0]
+    ok(c, parent, "x = 41; write /root/p.txt parent")
+    r = c.expect(200, "POST", f"/v1/sandboxes/{parent}/fork", {"n": 3})
+    kids = r.json["children"]
+    check(len(kids) == 3, r)
+    for k in kids:
+        check(ok(c, k, "print x; cat /root/p.txt") == "41\nparent\n", f"{k} inherits x and the file")
+    # a child's change stays its own; the parent's writes after the fork stay the parent's
+    ok(c, kids[0], "x = 99; write /root/k.txt kid0")
+    ok(c, parent, "write /root/late.txt parent-after")
+    check(ok(c, kids[0], "print x") == "99\n", "the child's x")
+    for sid in kids[1:] + [parent]:
+        check(ok(c, sid, "print x") == "41\n", f"{sid}: x is still 41")
+        j = run(c, sid, "cat /root/k.txt")
+        check(j["exit_code"] != 0 and j["error"], f"{sid} sees the child's file: {j}")
+    for k in kids:
+        j = run(c, k, "cat /root/late.txt")
+        check(j["exit_code"] != 0 and j["error"], f"{k} sees the parent's later file: {j}")
+    # a child of a child, and the children of a branch, inherit them as well
+    grand = c.expect(200, "POST", f"/v1/sandboxes/{kids[0]}/fork", {"n": 1}).json["children"]
+    check(ok(c, grand[0], "print x; cat /root/k.txt") == "99\nkid0\n", "the grandchild inherits x = 99")
+    c.expect(201, "POST", f"/v1/sandboxes/{parent}/branch", {"tag": "verbs-rc", "mode": "full"})
+    bkids, _ = fork(c, 1, snapshot_tag="verbs-rc")
+    check(ok(c, bkids[0], "print x; cat /root/late.txt") == "41\nparent-after\n", "a branch child inherits x")
+    for sid in [parent] + kids + grand + bkids:
+        c.expect(204, "DELETE", f"/v1/sandboxes/{sid}")
+    c.expect(204, "DELETE", "/v1/snapshots/verbs-rc")
+
+
 def t_diff(c, stack):
     ids, _ = fork(c, 2)
     a, b = ids
@@ -407,6 +441,8 @@ def main():
             ("a snapshot of the test guest", t_setup),
             ("POST /v1/sandboxes/:id/run_code: the spec's answer, globals persist", t_run_code),
             ("run_code: 400 and 404 rows, the guest's refusal", t_run_code_errors),
+            ("run_code globals and files persist across /fork and a branch of a running sandbox; "
+             "each child's state is its own", t_run_code_fork),
             ("POST /v1/sandboxes/:id/diff: seed 004's example, modified, paths", t_diff),
             ("diff: 400 and 404 rows, the guest's refusal", t_diff_errors),
             ("POST /v1/sandboxes/:id/merge: :id drives the winner's VM, the winner's id is gone", t_merge),
