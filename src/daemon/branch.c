@@ -204,7 +204,7 @@ static int on_result(sd_event_source *es, int fd, uint32_t revents, void *userda
 /* The VMM answered the branch request: the sandbox runs again. */
 static void on_control_reply(ControlWaiter *w, struct json_object *o, const char *why) {
         BranchOp *b = (BranchOp *) w;
-        struct json_object *ok, *v;
+        const char *reason;
         int r;
 
         b->sandbox = NULL;
@@ -212,25 +212,15 @@ static void on_control_reply(ControlWaiter *w, struct json_object *o, const char
                 branch_fail(b, "%s", why);
                 return;
         }
-        if (!json_object_object_get_ex(o, "ok", &ok) || !json_object_is_type(ok, json_type_boolean)) {
+        r = control_pause_reply_parse(o, &b->pause_us, &b->copy_pid, &reason);
+        if (r == -EPERM) {
+                branch_fail(b, "The VMM of %s refused the branch: %s", b->source_id, reason);
+                return;
+        }
+        if (r < 0) {
                 branch_fail(b, "Malformed control reply from the VMM of %s.", b->source_id);
                 return;
         }
-        if (!json_object_get_boolean(ok)) {
-                branch_fail(b, "The VMM of %s refused the branch: %s", b->source_id,
-                            json_object_object_get_ex(o, "error", &v) && json_object_is_type(v, json_type_string) ?
-                                    json_object_get_string(v) :
-                                    "no reason given");
-                return;
-        }
-        if (!json_object_object_get_ex(o, "pause_us", &v) || !json_object_is_type(v, json_type_int) ||
-            json_object_get_int64(v) < 0 || !json_object_object_get_ex(o, "pid", &ok) ||
-            !json_object_is_type(ok, json_type_int) || json_object_get_int64(ok) <= 0) {
-                branch_fail(b, "Malformed control reply from the VMM of %s.", b->source_id);
-                return;
-        }
-        b->pause_us = (uint64_t) json_object_get_int64(v);
-        b->copy_pid = (pid_t) json_object_get_int64(ok);
         if (b->source_has_cgroup)
                 (void) cgroup_detach(b->manager->cgroups, b->copy_pid);
         b->state = BRANCH_WRITING;
@@ -383,6 +373,27 @@ int branch_adopt_staging(Manager *m, const char *name) {
                 return r;
         }
         return 1;
+}
+
+int control_pause_reply_parse(struct json_object *o, uint64_t *ret_pause_us, pid_t *ret_pid,
+                              const char **ret_reason) {
+        struct json_object *ok, *v, *p;
+
+        if (!json_object_object_get_ex(o, "ok", &ok) || !json_object_is_type(ok, json_type_boolean))
+                return -EBADMSG;
+        if (!json_object_get_boolean(ok)) {
+                *ret_reason = json_object_object_get_ex(o, "error", &v) && json_object_is_type(v, json_type_string) ?
+                                      json_object_get_string(v) :
+                                      "no reason given";
+                return -EPERM;
+        }
+        if (!json_object_object_get_ex(o, "pause_us", &v) || !json_object_is_type(v, json_type_int) ||
+            json_object_get_int64(v) < 0 || !json_object_object_get_ex(o, "pid", &p) ||
+            !json_object_is_type(p, json_type_int) || json_object_get_int64(p) <= 0)
+                return -EBADMSG;
+        *ret_pause_us = (uint64_t) json_object_get_int64(v);
+        *ret_pid = (pid_t) json_object_get_int64(p);
+        return 0;
 }
 
 int sandbox_control_send(Sandbox *s, const char *request, int fd, ControlWaiter *w) {

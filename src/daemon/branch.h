@@ -40,6 +40,12 @@ struct ControlWaiter {
  * sandbox's VMM; w waits for the answer, in order. */
 int sandbox_control_send(Sandbox *s, const char *request, int fd, ControlWaiter *w);
 
+/* The VMM's reply to "branch" and to "fork": {"ok":true,"pause_us":N,"pid":P} gives 0 with
+ * *ret_pause_us and *ret_pid (the frozen copy); {"ok":false,...} gives -EPERM with *ret_reason
+ * (its "error", or "no reason given"); anything else gives -EBADMSG. */
+int control_pause_reply_parse(struct json_object *o, uint64_t *ret_pause_us, pid_t *ret_pid,
+                              const char **ret_reason);
+
 struct BranchOp {
         ControlWaiter waiter;      /* first: the source's FIFO of requests awaiting a control reply */
         Manager *manager;

@@ -123,31 +123,22 @@ static void start_fork(SandboxFork *f) {
 
 static void on_control_reply(ControlWaiter *w, struct json_object *o, const char *why) {
         SandboxFork *f = (SandboxFork *) w;
-        struct json_object *ok, *v, *p;
+        const char *reason;
+        int r;
 
         if (!o) {
                 sandbox_fork_fail(f, NULL, "%s", why);
                 return;
         }
-        if (!json_object_object_get_ex(o, "ok", &ok) || !json_object_is_type(ok, json_type_boolean)) {
+        r = control_pause_reply_parse(o, &f->pause_us, &f->pid, &reason);
+        if (r == -EPERM) {
+                sandbox_fork_fail(f, NULL, "The VMM of %s refused the fork: %s", f->source_id, reason);
+                return;
+        }
+        if (r < 0) {
                 sandbox_fork_fail(f, NULL, "Malformed control reply from the VMM of %s.", f->source_id);
                 return;
         }
-        if (!json_object_get_boolean(ok)) {
-                sandbox_fork_fail(f, NULL, "The VMM of %s refused the fork: %s", f->source_id,
-                                  json_object_object_get_ex(o, "error", &v) && json_object_is_type(v, json_type_string) ?
-                                          json_object_get_string(v) :
-                                          "no reason given");
-                return;
-        }
-        if (!json_object_object_get_ex(o, "pause_us", &v) || !json_object_is_type(v, json_type_int) ||
-            json_object_get_int64(v) < 0 || !json_object_object_get_ex(o, "pid", &p) ||
-            !json_object_is_type(p, json_type_int) || json_object_get_int64(p) <= 0) {
-                sandbox_fork_fail(f, NULL, "Malformed control reply from the VMM of %s.", f->source_id);
-                return;
-        }
-        f->pause_us = (uint64_t) json_object_get_int64(v);
-        f->pid = (pid_t) json_object_get_int64(p);
         /* The template outlives its parent: out of the parent's cgroup with it. */
         if (f->source_has_cgroup)
                 (void) cgroup_detach(f->manager->cgroups, f->pid);
