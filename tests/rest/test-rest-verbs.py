@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 _spec = importlib.util.spec_from_file_location("test_rest", os.path.join(os.path.dirname(os.path.abspath(__file__)),
@@ -341,8 +342,32 @@ def t_merge_bus(c, stack):
     p, w = ids
     mon = subprocess.Popen(["busctl", "--address=" + stack.bus, "--json=short", "monitor"], stdout=subprocess.PIPE,
                            stderr=subprocess.DEVNULL, text=True)
+    seen = []
+    reader = threading.Thread(target=lambda: [seen.append(line) for line in mon.stdout], daemon=True)
+    reader.start()
+
+    def members():
+        for line in list(seen):
+            try:
+                m = json.loads(line)
+            except ValueError:
+                continue
+            yield m.get("member"), m.get("path")
+
+    def wait_seen(want, what, poke=None):
+        # wait for the monitor to print the messages in want, not for a clock; poke() makes
+        # one more of them, for a monitor that may not have been attached for the last
+        deadline = time.monotonic() + 30
+        while not want <= set(members()) and time.monotonic() < deadline:
+            if poke:
+                poke()
+            time.sleep(0.1)
+        check(want <= set(members()), f"the monitor did not show {what} ({len(seen)} lines)")
     try:
-        time.sleep(0.5)
+        # the monitor is attached once it shows one of the Pings made after it started
+        wait_seen({("Ping", "/org/forkd/Manager")}, "a Ping made after it started",
+                  lambda: busctl(stack, "call", "org.forkd.Manager", "/org/forkd/Manager",
+                                 "org.freedesktop.DBus.Peer", "Ping"))
         ok(c, w, "write /tmp/w x")
         r = busctl(stack, "--json=short", "call", "org.forkd.Manager", "/org/forkd/Manager", "org.forkd.Manager",
                    "DiffSandboxes", "ssas", p, w, "0")
@@ -374,12 +399,14 @@ def t_merge_bus(c, stack):
             check(r.returncode != 0 and want in r.stderr, f"{args[:3]}: {r.stderr}")
         r = busctl(stack, "--json=short", *mgr, "RunCode", "ssu", p, "x = 7; print x", "0")
         check(json.loads(json.loads(r.stdout)["data"][0])["stdout"] == "7\n", r.stdout)
-        time.sleep(0.5)
+        wait_seen({("SandboxRemoved", "/org/forkd/Manager"), ("PropertiesChanged", bus_path(p))},
+                  "SandboxRemoved and the surviving object's PropertiesChanged")
     finally:
         mon.terminate()
-        out, _ = mon.communicate(timeout=10)
+        mon.wait(timeout=10)
+        reader.join(timeout=10)
     removed = changed = False
-    for line in out.splitlines():
+    for line in seen:
         try:
             m = json.loads(line)
         except ValueError:
