@@ -484,24 +484,7 @@ def main():
             tap.run(name, fn, c, stack)
             if fn is t_setup and tap.failed:
                 break
-        if tap.failed and stack.daemon:
-            for line in stack.log_tail(stack.daemon, 40).splitlines():
-                print(f"# forkd: {line}")
-        try:
-            r = c.req("GET", "/v1/sandboxes")
-            for sb in (r.json or []) if r.status == 200 else []:
-                c.req("DELETE", f"/v1/sandboxes/{sb['id']}")
-        except Exception:  # noqa: BLE001
-            pass
-        # both daemons end cleanly, without a sanitizer's report (ASan builds)
-        for name, p in (("forkd", stack.daemon), ("forkd-rest", rest)):
-            stack.stop(p)
-            log = stack.log_tail(p, 100000)
-            if p.returncode != 0 or "Sanitizer" in log or "runtime error" in log:
-                tap.failed += 1
-                print(f"# {name} exited with {p.returncode}:")
-                for line in log.splitlines()[-40:]:
-                    print(f"# {name}: {line}")
+        stack.finish(tap, c, rest)
     finally:
         stack.cleanup()
     return tap.done()

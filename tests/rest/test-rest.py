@@ -110,6 +110,28 @@ class Stack:
         self.remove_cgroot()
         shutil.rmtree(self.tmp, ignore_errors=True)
 
+    def finish(self, tap, c, rest):
+        """The end of a run beside this one (rest-verbs, rest-sdk): forkd's log if a check
+        failed, every sandbox left deleted, then both daemons stopped; one that exits
+        uncleanly or with a sanitizer's report (ASan builds) fails the run."""
+        if tap.failed and self.daemon:
+            for line in self.log_tail(self.daemon, 40).splitlines():
+                print(f"# forkd: {line}")
+        try:
+            r = c.req("GET", "/v1/sandboxes")
+            for sb in (r.json or []) if r.status == 200 else []:
+                c.req("DELETE", f"/v1/sandboxes/{sb['id']}")
+        except Exception:  # noqa: BLE001
+            pass
+        for name, p in (("forkd", self.daemon), ("forkd-rest", rest)):
+            self.stop(p)
+            log = self.log_tail(p, 100000)
+            if p.returncode != 0 or "Sanitizer" in log or "runtime error" in log:
+                tap.failed += 1
+                print(f"# {name} exited with {p.returncode}:")
+                for line in log.splitlines()[-40:]:
+                    print(f"# {name}: {line}")
+
     def log_tail(self, p, n=30):
         try:
             with open(p.logname, "rb") as f:
