@@ -234,8 +234,51 @@ static void on_control_reply(ControlWaiter *w, struct json_object *o, const char
                 reply_info(b, NULL); /* live, wait false: status "writing" */
 }
 
+static void control_drop(Sandbox *s, const char *why);
+
+/* A VMM that has not answered a control request in m->control_timeout_usec
+ * (stopped, or stuck) is not waited for for ever: every waiter gets an error
+ * and the sandbox is killed, since its VMM may still act on the request. */
+static int on_control_timeout(sd_event_source *es, uint64_t usec, void *userdata) {
+        Sandbox *s = userdata;
+        char why[256];
+
+        (void) snprintf(why, sizeof(why), "The VMM of sandbox %s did not answer within %llu s; the sandbox was killed.",
+                        s->id, (unsigned long long) (s->manager->control_timeout_usec / 1000000));
+        log_error("%s", why);
+        (void) sandbox_kill(s);
+        control_drop(s, why);
+        return 0;
+}
+
+/* Armed from now while requests wait for their replies; off when none does. */
+static int control_timer_arm(Sandbox *s) {
+        uint64_t now;
+        int r;
+
+        if (!s->ctl_waiters) {
+                s->control_timer = sd_event_source_disable_unref(s->control_timer);
+                return 0;
+        }
+        r = sd_event_now(s->manager->event, CLOCK_MONOTONIC, &now);
+        if (r < 0)
+                return r;
+        if (s->control_timer) {
+                r = sd_event_source_set_time(s->control_timer, now + s->manager->control_timeout_usec);
+                if (r >= 0)
+                        r = sd_event_source_set_enabled(s->control_timer, SD_EVENT_ONESHOT);
+                return r;
+        }
+        r = sd_event_add_time(s->manager->event, &s->control_timer, CLOCK_MONOTONIC,
+                              now + s->manager->control_timeout_usec, 0, on_control_timeout, s);
+        if (r >= 0)
+                (void) sd_event_source_set_description(s->control_timer, "sandbox-control-timeout");
+        return r;
+}
+
 static void control_drop(Sandbox *s, const char *why) {
         s->control_source = sd_event_source_disable_unref(s->control_source);
+        s->control_timer = sd_event_source_disable_unref(s->control_timer);
         while (s->ctl_waiters) {
                 ControlWaiter *w = s->ctl_waiters;
                 s->ctl_waiters = w->next;
@@ -269,6 +312,7 @@ static int on_control_io(sd_event_source *es, int fd, uint32_t revents, void *us
                         continue; /* nobody asked */
                 s->ctl_waiters = w->next;
                 w->next = NULL;
+                (void) control_timer_arm(s); /* the next request's clock, or none */
                 w->reply(w, o, NULL);
         }
 }
@@ -428,6 +472,8 @@ int sandbox_control_send(Sandbox *s, const char *request, int fd, ControlWaiter 
         for (p = &s->ctl_waiters; *p; p = &(*p)->next)
                 ;
         *p = w;
+        if (!s->control_timer || w == s->ctl_waiters)
+                (void) control_timer_arm(s); /* else it runs for the request ahead of this one */
         return 0;
 }
 

@@ -26,6 +26,7 @@ static const char *arg_bus_address = NULL;
 static const char *arg_cgroup_root = NULL;
 static unsigned arg_max_operations = OPERATIONS_MAX_DEFAULT;
 static unsigned arg_max_branches = BRANCHES_MAX_DEFAULT;
+static unsigned arg_control_timeout_sec = CONTROL_TIMEOUT_DEFAULT_SEC;
 
 static void help(void) {
         printf("Usage: forkd [OPTIONS]\n\n"
@@ -41,14 +42,18 @@ static void help(void) {
                "                          else /sys/fs/cgroup/forkd or /sys/fs/cgroup/memory/forkd)\n"
                "     --max-operations N   Long operations at once, 1..%u (default %u)\n"
                "     --max-branches N     Branches of running sandboxes in flight at once, 1..%u\n"
-               "                          (default %u; beyond it BranchSandbox answers Busy)\n",
+               "                          (default %u; beyond it BranchSandbox answers Busy)\n"
+               "     --control-timeout-sec N\n"
+               "                          How long a VMM may take to answer a branch or a fork,\n"
+               "                          1..%u s (default %u); past it the call fails and the\n"
+               "                          sandbox is killed\n",
                FORKD_VMM_DEFAULT, OPERATIONS_MAX_LIMIT, OPERATIONS_MAX_DEFAULT, BRANCHES_MAX_LIMIT,
-               BRANCHES_MAX_DEFAULT);
+               BRANCHES_MAX_DEFAULT, CONTROL_TIMEOUT_MAX_SEC, CONTROL_TIMEOUT_DEFAULT_SEC);
 }
 
 static int parse_argv(int argc, char *argv[]) {
         enum { ARG_VERSION = 0x100, ARG_STATE_DIR, ARG_VMM, ARG_BUS_ADDRESS, ARG_CGROUP_ROOT, ARG_MAX_OPERATIONS,
-               ARG_MAX_BRANCHES };
+               ARG_MAX_BRANCHES, ARG_CONTROL_TIMEOUT };
         static const struct option options[] = {
                 { "help", no_argument, NULL, 'h' },
                 { "version", no_argument, NULL, ARG_VERSION },
@@ -58,6 +63,7 @@ static int parse_argv(int argc, char *argv[]) {
                 { "cgroup-root", required_argument, NULL, ARG_CGROUP_ROOT },
                 { "max-operations", required_argument, NULL, ARG_MAX_OPERATIONS },
                 { "max-branches", required_argument, NULL, ARG_MAX_BRANCHES },
+                { "control-timeout-sec", required_argument, NULL, ARG_CONTROL_TIMEOUT },
                 {},
         };
         int c;
@@ -108,6 +114,18 @@ static int parse_argv(int argc, char *argv[]) {
                                 return log_error_errno(EINVAL, "--max-branches takes a number from 1 to %u.",
                                                        BRANCHES_MAX_LIMIT);
                         arg_max_branches = (unsigned) v;
+                        break;
+                }
+                case ARG_CONTROL_TIMEOUT: {
+                        char *end;
+                        unsigned long v;
+
+                        errno = 0;
+                        v = strtoul(optarg, &end, 10);
+                        if (errno != 0 || *end || end == optarg || v < 1 || v > CONTROL_TIMEOUT_MAX_SEC)
+                                return log_error_errno(EINVAL, "--control-timeout-sec takes a number from 1 to %u.",
+                                                       CONTROL_TIMEOUT_MAX_SEC);
+                        arg_control_timeout_sec = (unsigned) v;
                         break;
                 }
                 case '?':
@@ -203,6 +221,7 @@ static int run(int argc, char *argv[]) {
                 return log_error_errno(r, "Failed to allocate the manager: %m");
         m->max_operations = arg_max_operations;
         m->max_branches = arg_max_branches;
+        m->control_timeout_usec = arg_control_timeout_sec * 1000000ull;
         m->state_dir = strdup(arg_state_dir);
         m->vmm_path = strdup(arg_vmm ?: getenv("FORKD_VMM") ?: FORKD_VMM_DEFAULT);
         if (!m->state_dir || !m->vmm_path)

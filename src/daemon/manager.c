@@ -45,6 +45,7 @@ int manager_new(Manager **ret) {
         m->snapshots_watch_fd = -EBADF;
         m->max_operations = OPERATIONS_MAX_DEFAULT;
         m->max_branches = BRANCHES_MAX_DEFAULT;
+        m->control_timeout_usec = CONTROL_TIMEOUT_DEFAULT_SEC * 1000000ull;
         r = hashmap_new(&m->images);
         if (r >= 0)
                 r = hashmap_new(&m->creating);

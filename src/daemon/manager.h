@@ -22,6 +22,8 @@
 #define OPERATIONS_MAX_LIMIT 64u
 #define BRANCHES_MAX_DEFAULT 4u           /* branches in flight at once (spec: 503 beyond) */
 #define BRANCHES_MAX_LIMIT 64u
+#define CONTROL_TIMEOUT_DEFAULT_SEC 30u   /* a VMM's answer to branch or fork */
+#define CONTROL_TIMEOUT_MAX_SEC 3600u
 #define PATH_ARG_MAX 4096u            /* kernel and rootfs paths */
 #define CODE_MAX (256u * 1024u)       /* Eval/RunCode code */
 #define EXEC_ARGS_MAX 1024u
@@ -64,6 +66,7 @@ struct Manager {
         Hashmap *creating;    /* tag -> Operation: snapshots being created */
         Hashmap *branching;   /* tag -> BranchOp: branches of running sandboxes in flight */
         unsigned max_branches;
+        uint64_t control_timeout_usec; /* a VMM's control reply; past it the sandbox is killed */
         Hashmap *sandboxes;   /* id -> Sandbox, starting ones included */
         Hashmap *vms;         /* vm_id -> Sandbox: every sandbox, retired ones (merged away) too */
         unsigned n_sandboxes_reserved; /* by forks in progress, not yet in the map */

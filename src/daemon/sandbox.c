@@ -158,6 +158,7 @@ Sandbox *sandbox_free(Sandbox *s) {
         fail_all_calls(s, -ECONNRESET);
         branch_sandbox_gone(s);
         s->control_source = sd_event_source_disable_unref(s->control_source);
+        s->control_timer = sd_event_source_disable_unref(s->control_timer);
         s->control_fd = safe_close(s->control_fd);
         fka_client_free(s->client);
         safe_close(s->agent_fd);

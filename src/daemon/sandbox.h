@@ -55,6 +55,7 @@ struct Sandbox {
         int control_fd;
         sd_event_source *control_source;
         ControlWaiter *ctl_waiters;
+        sd_event_source *control_timer; /* armed while a request waits (--control-timeout-sec) */
         sd_event_source *io_source, *timer_source;
         struct agent_call *calls;
 

@@ -381,6 +381,50 @@ def run(h):
     h.check("live with wait false: writing then ready or failed; 409 for its tag and forks of it; 503 at the cap; "
             "kill -9 of forkd mid-write loses nothing", in_flight)
 
+    def failures():
+        # What answers 500 over REST: a branch whose writer dies, and a VMM that does not
+        # answer its control socket (stopped here) within --control-timeout-sec.
+        h.stop_forkd()
+        os.environ["FORKD_TEST_BRANCH_STALL_MS"] = "3000"
+        h.start_forkd(["--control-timeout-sec", "2"])
+        try:
+            p, q = h.fork("base", 2)
+            serial = h.bus.send(DEST, PATH, IFACE, "BranchSandbox", "sssb", [p["id"], "wf", "full", True])
+            # its writer: the pid in the name of its staging directory, "wf.tmp.<pid>"
+            snaps = os.path.join(h.state, "snapshots")
+            staged = tf.wait_for(lambda: [n for n in os.listdir(snaps) if n.startswith("wf.tmp.")], 10,
+                                 "the staging directory of the branch")
+            writer = int(staged[0].rsplit(".", 1)[1])
+            assert comm(writer) == "forkd-branch", comm(writer)
+            os.kill(writer, signal.SIGKILL)
+            try:
+                h.bus.wait_reply(serial, 30)
+                raise AssertionError("a full branch whose writer was killed succeeded")
+            except tf.DBusError as e:
+                assert e.name == "org.forkd.Error.Failed" and "writing the snapshot exited" in e.message, (e.name, e.message)
+            assert "wf" not in {s["tag"] for s in h.m("ListSnapshots")[0]}
+            assert not [n for n in os.listdir(snaps) if n.startswith("wf")], os.listdir(snaps)
+            ping(p["id"])
+            # A stopped VMM: the fork and the branch fail after the timeout, and the
+            # sandbox is killed (its VMM might still act on the request later).
+            for k, member, sig, args in ((p, "ForkSandbox", "su", [p["id"], 1]),
+                                         (q, "BranchSandbox", "sssb", [q["id"], "ws", "full", True])):
+                os.kill(k["pid"], signal.SIGSTOP)
+                t0 = time.monotonic()
+                msg = h.expect_error("org.forkd.Error.Failed", member, sig, args)
+                took = time.monotonic() - t0
+                assert f"did not answer within 2 s" in msg and 1.5 < took < 20, (msg, took)
+                h.wait_removed(k["id"])
+                assert k["id"] not in h.sandboxes()
+                tf.wait_for(lambda: not comm(k["pid"]), 10, "the stopped VMM to be killed")
+            assert "ws" not in {s["tag"] for s in h.m("ListSnapshots")[0]}
+        finally:
+            os.environ["FORKD_TEST_BRANCH_STALL_MS"] = "0"
+            h.stop_forkd()
+            h.start_forkd()
+    h.check("a full branch whose writer is killed fails and leaves nothing; a VMM that does not answer "
+            "--control-timeout-sec fails the fork or branch and its sandbox is killed", failures)
+
     def lands():
         # A snapshot directory renamed into place by a writer forkd does not know (the writer
         # of a branch a killed forkd started, done before it staged anything or after the
