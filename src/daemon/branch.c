@@ -132,8 +132,9 @@ static void reply_info(BranchOp *b, Image *i) {
                 r = sd_bus_message_open_container(reply, 'a', "{sv}");
                 if (r >= 0)
                         r = image_append_info_fields(reply, i, false);
-                /* image_append_info_fields() said "ready" already; the branch adds its own */
-                if (r >= 0)
+                /* image_append_info_fields() said "ready" already, and gave branched_from
+                 * and the pause from snapshot.json where the writer recorded them */
+                if (r >= 0 && !i->meta.branched_from[0])
                         r = sd_bus_message_append(reply, "{sv}{sv}{sv}", "branched_from", "s", b->source_id,
                                                   "pause_ms", "t", (b->pause_us + 500) / 1000, "pause_us", "t",
                                                   b->pause_us);
@@ -484,6 +485,7 @@ static int send_request(Sandbox *s, BranchOp *b, int fd) {
                 return -ENOMEM;
         json_object_object_add(req, "op", json_object_new_string("branch"));
         json_object_object_add(req, "dir", json_object_new_string(b->dir));
+        json_object_object_add(req, "branched_from", json_object_new_string(b->source_id));
         json_object_object_add(req, "tag", json_object_new_string(b->tag));
         if (strcmp(b->mode, "diff") == 0) {
                 /* Against the snapshot the sandbox was forked from. */

@@ -64,6 +64,14 @@ int image_append_info_fields(sd_bus_message *reply, Image *i, bool details) {
                 if (r < 0)
                         return r;
         }
+        if (i->meta.branched_from[0]) {
+                /* seed 001: only on snapshots made by a branch */
+                r = sd_bus_message_append(reply, "{sv}{sv}{sv}", "branched_from", "s", i->meta.branched_from,
+                                          "pause_ms", "t", (i->meta.pause_us + 500) / 1000,
+                                          "pause_us", "t", i->meta.pause_us);
+                if (r < 0)
+                        return r;
+        }
         if (details) {
                 _cleanup_(strv_freep) char **deps = NULL;
                 const char *ancestors[64 + 1] = {}; /* NULL-terminated */

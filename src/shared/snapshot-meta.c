@@ -93,7 +93,8 @@ int snapshot_meta_validate(const struct snapshot_meta *m, const char **ret_error
             !string_fits(m->kernel, sizeof(m->kernel)) ||
             !string_fits(m->guest, sizeof(m->guest)) ||
             !string_fits(m->parent_tag, sizeof(m->parent_tag)) ||
-            !string_fits(m->parent_content_hash, sizeof(m->parent_content_hash)))
+            !string_fits(m->parent_content_hash, sizeof(m->parent_content_hash)) ||
+            !string_fits(m->branched_from, sizeof(m->branched_from)))
                 e = "unterminated string field";
         else if (m->format != SNAPSHOT_META_FORMAT)
                 e = "unsupported snapshot format (expected 1)";
@@ -125,6 +126,12 @@ int snapshot_meta_validate(const struct snapshot_meta *m, const char **ret_error
                 e = "parent_content_hash is not 64 lowercase hex digits";
         else if (m->disk_layers > SNAPSHOT_DISK_LAYERS_MAX)
                 e = "disk_layers is larger than 256";
+        else if (m->branched_from[0] && !snapshot_tag_is_valid(m->branched_from))
+                e = "branched_from is not a valid sandbox id";
+        else if (!m->branched_from[0] && m->pause_us > 0)
+                e = "pause_us without branched_from";
+        else if (m->pause_us > SNAPSHOT_PAUSE_US_MAX)
+                e = "pause_us is longer than an hour";
 
         if (e) {
                 set_error(ret_error, e);
@@ -155,6 +162,9 @@ static const struct json_dispatch snapshot_meta_table[] = {
         { "parent_content_hash", JSON_KIND_STRING, NULL, offsetof(struct snapshot_meta, parent_content_hash),
           JSON_FIELD_SIZE(struct snapshot_meta, parent_content_hash), JSON_MANDATORY | JSON_NULLABLE },
         { "disk_layers", JSON_KIND_UINT32, NULL, offsetof(struct snapshot_meta, disk_layers), 0, 0 },
+        { "branched_from", JSON_KIND_STRING, NULL, offsetof(struct snapshot_meta, branched_from),
+          JSON_FIELD_SIZE(struct snapshot_meta, branched_from), 0 },
+        { "pause_us", JSON_KIND_UINT64, NULL, offsetof(struct snapshot_meta, pause_us), 0, 0 },
         {}
 };
 
@@ -167,7 +177,7 @@ static const char *dispatch_error(const char *field, int r) {
                 MSG(format), MSG(tag), MSG(created_at_unix), MSG(mem_size), MSG(vcpus),
                 MSG(generation), MSG(memory_file), MSG(vmstate_file), MSG(disk_file),
                 MSG(disk_size), MSG(kernel), MSG(guest), MSG(parent_tag), MSG(parent_content_hash),
-                MSG(disk_layers),
+                MSG(disk_layers), MSG(branched_from), MSG(pause_us),
 #undef MSG
         };
 
@@ -221,6 +231,14 @@ int snapshot_meta_parse(const char *json, size_t len, struct snapshot_meta *ret,
         }
         if (json_object_object_get_ex(obj, "disk_layers", NULL) && m->disk_layers == 0) {
                 set_error(ret_error, "disk_layers must be absent or at least 1");
+                return -EINVAL;
+        }
+        if (key_is_empty_string(obj, "branched_from")) {
+                set_error(ret_error, "branched_from is not a valid sandbox id");
+                return -EINVAL;
+        }
+        if (json_object_object_get_ex(obj, "pause_us", NULL) && !m->branched_from[0]) {
+                set_error(ret_error, "pause_us without branched_from");
                 return -EINVAL;
         }
         if (key_is_empty_string(obj, "parent_content_hash")) {
@@ -281,6 +299,10 @@ int snapshot_meta_format(const struct snapshot_meta *m, char **ret_json) {
                      !m->parent_content_hash[0]) < 0)
                 return -ENOMEM;
         if (m->disk_layers > 0 && json_add(o, "disk_layers", json_object_new_uint64(m->disk_layers), false) < 0)
+                return -ENOMEM;
+        if (m->branched_from[0] &&
+            (json_add(o, "branched_from", json_object_new_string(m->branched_from), false) < 0 ||
+             json_add(o, "pause_us", json_object_new_uint64(m->pause_us), false) < 0))
                 return -ENOMEM;
 
         s = json_object_to_json_string_ext(o, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_SPACED |

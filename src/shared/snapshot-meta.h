@@ -42,6 +42,7 @@
 #define SNAPSHOT_DISK_LAYERS_MAX 256u
 #define SNAPSHOT_MEM_ALIGN (UINT64_C(2) << 20)
 #define SNAPSHOT_MEM_MAX (UINT64_C(3) << 30)
+#define SNAPSHOT_PAUSE_US_MAX (UINT64_C(3600) * 1000000) /* pause_us beyond an hour is refused */
 #define SNAPSHOT_META_FILE_MAX (64u * 1024u) /* a larger snapshot.json is refused */
 
 struct snapshot_meta {
@@ -60,6 +61,9 @@ struct snapshot_meta {
         char parent_tag[SNAPSHOT_TAG_MAX + 1];             /* "" means null */
         char parent_content_hash[SNAPSHOT_HASH_LEN + 1];   /* "" means null */
         uint32_t disk_layers;                              /* 0: absent */
+        /* A branch of a running sandbox: its id and the pause (absent otherwise). */
+        char branched_from[SNAPSHOT_TAG_MAX + 1];          /* "": absent */
+        uint64_t pause_us;                                 /* only with branched_from */
 };
 
 /* ^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$ */

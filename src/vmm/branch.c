@@ -1,10 +1,12 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 /* Branching a running VM: see branch.h. */
+#include <fcntl.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <json-c/json.h>
 
@@ -60,11 +62,19 @@ static void frozen_copy_detach(struct vmm *vmm, struct vmm_host *host, const cha
 
 static _Noreturn void frozen_copy_main(struct vmm *vmm, struct vmm_host *host, const char *dir, const char *tag,
                                        const void *vbuf, size_t vlen, int result_fd,
-                                       const struct snapshot_parent *diff) {
+                                       const struct snapshot_parent *diff, const char *branched_from,
+                                       int pause_fd) {
+        struct snapshot_origin origin = { .branched_from = branched_from };
+        uint64_t pause_us;
         int r;
 
         frozen_copy_detach(vmm, host, "forkd-branch", true);
-        r = snapshot_write_collected(vmm, dir, tag, host->kernel, vbuf, vlen, true, diff);
+        /* The pause as the VM's process measured it once it resumed: written right after the fork. */
+        if (read(pause_fd, &pause_us, sizeof(pause_us)) == (ssize_t) sizeof(pause_us))
+                origin.pause_us = pause_us;
+        safe_close(pause_fd);
+        r = snapshot_write_collected(vmm, dir, tag, host->kernel, vbuf, vlen, true, diff,
+                                     branched_from ? &origin : NULL);
         if (r < 0)
                 log_error_errno(r, "Branch %s: writing %s failed: %m", tag, dir);
         send_result(result_fd, r, dir);
@@ -176,7 +186,8 @@ int vmm_branch(struct vmm *vmm, struct vmm_host *host, struct json_object *req, 
                struct json_object *reply, char *msg, size_t msg_size) {
         _cleanup_free_ void *vbuf = NULL;
         struct json_object *o;
-        const char *dir, *tag, *mode = "full";
+        const char *dir, *tag, *mode = "full", *branched_from = NULL;
+        int pause_pipe[2];
         struct snapshot_parent parent = {};
         uint64_t pause_us;
         size_t vlen;
@@ -215,6 +226,12 @@ int vmm_branch(struct vmm *vmm, struct vmm_host *host, struct json_object *req, 
                         return -ENOENT;
                 }
         }
+        if (json_object_object_get_ex(req, "branched_from", &o) &&
+            (!json_object_is_type(o, json_type_string) ||
+             !snapshot_tag_is_valid(branched_from = json_object_get_string(o)))) {
+                snprintf(msg, msg_size, "branch \"branched_from\" must be a sandbox id");
+                return -EINVAL;
+        }
         if (*result_fd < 0) {
                 snprintf(msg, msg_size, "branch needs a result fd (SCM_RIGHTS)");
                 return -EINVAL;
@@ -224,15 +241,26 @@ int vmm_branch(struct vmm *vmm, struct vmm_host *host, struct json_object *req, 
                 return -EEXIST;
         }
 
+        if (pipe2(pause_pipe, O_CLOEXEC) < 0) {
+                snprintf(msg, msg_size, "pipe failed: %s", strerror(errno));
+                return -errno;
+        }
         pid = pause_and_fork(vmm, &vbuf, &vlen, &pause_us, msg, msg_size);
+        if (pid != 0)
+                safe_close(pause_pipe[0]);
         if (pid < 0) {
+                safe_close(pause_pipe[1]);
                 if (pid == -EOPNOTSUPP)
                         snprintf(msg, msg_size, "branch needs a VM restored from a snapshot (private guest memory)");
                 return pid;
         }
-        if (pid == 0)
+        if (pid == 0) {
+                safe_close(pause_pipe[1]);
                 frozen_copy_main(vmm, host, dir, tag, vbuf, vlen, *result_fd,
-                                 strcmp(mode, "diff") == 0 ? &parent : NULL);
+                                 strcmp(mode, "diff") == 0 ? &parent : NULL, branched_from, pause_pipe[0]);
+        }
+        (void) !write(pause_pipe[1], &pause_us, sizeof(pause_us)); /* 8 bytes into an empty pipe: not short */
+        safe_close(pause_pipe[1]);
         *result_fd = safe_close(*result_fd);
         json_object_object_add(reply, "pause_us", json_object_new_int64((int64_t) pause_us));
         json_object_object_add(reply, "pid", json_object_new_int(pid));

@@ -191,11 +191,12 @@ int snapshot_write(struct vmm *vmm, const char *dir, const char *tag, const char
         r = snapshot_collect(vmm, &vbuf, &vlen);
         if (r < 0)
                 return r;
-        return snapshot_write_collected(vmm, dir, tag, kernel, vbuf, vlen, false, NULL);
+        return snapshot_write_collected(vmm, dir, tag, kernel, vbuf, vlen, false, NULL, NULL);
 }
 
 int snapshot_write_collected(struct vmm *vmm, const char *dir, const char *tag, const char *kernel, const void *vbuf,
-                             size_t vlen, bool link_disk, const struct snapshot_parent *diff) {
+                             size_t vlen, bool link_disk, const struct snapshot_parent *diff,
+                             const struct snapshot_origin *origin) {
         _cleanup_free_ char *json = NULL, *staging = NULL, *parent = NULL;
         _cleanup_close_ int dfd = -EBADF, pfd = -EBADF, disk_fd = -EBADF;
         struct snapshot_meta meta = {};
@@ -293,6 +294,10 @@ int snapshot_write_collected(struct vmm *vmm, const char *dir, const char *tag, 
 
         meta.format = 1;
         snprintf(meta.tag, sizeof(meta.tag), "%s", tag);
+        if (origin && origin->branched_from) {
+                snprintf(meta.branched_from, sizeof(meta.branched_from), "%s", origin->branched_from);
+                meta.pause_us = MIN(origin->pause_us, SNAPSHOT_PAUSE_US_MAX);
+        }
         meta.created_at_unix = (int64_t) time(NULL);
         meta.mem_size = vmm->mem_size;
         meta.vcpus = 1;

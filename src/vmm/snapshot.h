@@ -65,5 +65,12 @@ int snapshot_collect(struct vmm *vmm, void **ret_buf, size_t *ret_len);
 struct snapshot_parent {
         const char *dir, *tag;
 };
+/* origin (may be NULL): a branch of a running sandbox, recorded in
+ * snapshot.json as branched_from and pause_us. */
+struct snapshot_origin {
+        const char *branched_from;
+        uint64_t pause_us;
+};
 int snapshot_write_collected(struct vmm *vmm, const char *dir, const char *tag, const char *kernel, const void *vbuf,
-                             size_t vlen, bool link_disk, const struct snapshot_parent *diff);
+                             size_t vlen, bool link_disk, const struct snapshot_parent *diff,
+                             const struct snapshot_origin *origin);

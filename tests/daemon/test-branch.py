@@ -122,6 +122,14 @@ def run(h):
         assert "pause_ms" in info and info["pause_us"] > 0 and info["pause_ms"] == (info["pause_us"] + 500) // 1000, info
         assert info["mem_size"] == 64 << 20 and info["generation"] == 1, info
         h.bus.wait_signal(lambda m, b: m == "SnapshotNew" and b[0] == "b1")
+        # The listing and snapshot.json keep where it came from and its pause (seed 001).
+        listed = {s["tag"]: s for s in h.m("ListSnapshots")[0]}
+        assert {k: listed["b1"].get(k) for k in ("branched_from", "pause_ms", "pause_us")} == \
+            {k: info[k] for k in ("branched_from", "pause_ms", "pause_us")}, (listed["b1"], info)
+        assert "branched_from" not in listed["base"], listed["base"]
+        with open(os.path.join(h.state, "snapshots", "b1", "snapshot.json")) as f:
+            meta = json.load(f)
+        assert meta["branched_from"] == p["id"] and meta["pause_us"] == info["pause_us"], meta
         # The source runs on with its state, and what it does now is its own.
         ping(p["id"])
         assert peek(p["pid"], 13) == b"before-branch"
@@ -376,6 +384,8 @@ def run(h):
                         == "ready", 30, "the branch under way at kill -9 to be registered")
             c = h.fork("lv-kill", 1)[0]
             assert peek(c["pid"], 13) == b"live-no-wait!"
+            # registered by the restarted forkd, from snapshot.json alone
+            assert {s["tag"]: s for s in h.m("ListSnapshots")[0]}["lv-kill"]["branched_from"] == p["id"]
         finally:
             os.environ["FORKD_TEST_BRANCH_STALL_MS"] = "0"
     h.check("live with wait false: writing then ready or failed; 409 for its tag and forks of it; 503 at the cap; "

@@ -23,9 +23,11 @@ Usage: test-linux-guest.py --build DIR --image DIR
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -114,7 +116,7 @@ def main():
     env["FORKD_BUS_ADDRESS"] = stack["FORKD_BUS_ADDRESS"]
     fc = Forkctl(f"{build}/src/forkctl/forkctl", env)
     try:
-        run(t, fc, stack, args.image)
+        run(t, fc, stack, args.image, lambda extra_env: restart_stack(top, state, env, extra_env))
     except Exception:
         t.ok(False, "the test ran to its end", __import__("traceback").format_exc())
     finally:
@@ -128,13 +130,27 @@ def main():
     sys.exit(1 if t.failed else 0)
 
 
-def rest(stack, method, path, body=None, timeout=600):
-    """One request to forkd-rest with the stack's token; returns (status, parsed JSON or text)."""
-    with open(stack["FORKD_TOKEN_FILE"]) as f:
-        token = f.read().strip()
+def restart_stack(top, state, env, extra_env):
+    """forkd-stack down and up again on the same state (its snapshots stay), with
+    extra_env for it (and so for forkd and its VMMs); returns the new stack's lines."""
+    subprocess.run([f"{top}/tools/forkd-stack", "down", "--state-dir", state], env=env,
+                   capture_output=True, timeout=120)
+    up = subprocess.run([f"{top}/tools/forkd-stack", "up", "--state-dir", state, "--port", "18889"],
+                        env=dict(env, **extra_env), capture_output=True, text=True, timeout=300)
+    if up.returncode != 0:
+        raise RuntimeError(f"tools/forkd-stack up failed: {up.stderr[-2000:]}")
+    return dict(line.split("=", 1) for line in up.stdout.splitlines() if "=" in line)
+
+
+def rest(stack, method, path, body=None, timeout=600, token=True):
+    """One request to forkd-rest with the stack's token (token=False: none); returns
+    (status, parsed JSON or text)."""
+    headers = {"Content-Type": "application/json"}
+    if token:
+        with open(stack["FORKD_TOKEN_FILE"]) as f:
+            headers["Authorization"] = "Bearer " + f.read().strip()
     req = urllib.request.Request(stack["FORKD_URL"] + path, method=method,
-                                 data=None if body is None else json.dumps(body).encode(),
-                                 headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+                                 data=None if body is None else json.dumps(body).encode(), headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             status, data = r.status, r.read()
@@ -170,7 +186,7 @@ def dump_logs(t, state):
         t.note(out.strip()[-4000:])
 
 
-def run(t, fc, stack, image):
+def run(t, fc, stack, image, restart):
     kernel, rootfs = stack["FORKD_GUEST_KERNEL"], stack["FORKD_GUEST_ROOTFS"]
     t.ok(kernel == os.path.join(image, "vmlinuz") and rootfs == os.path.join(image, "rootfs.ext4"),
          "forkd-stack names the Linux image as the default guest on real KVM", stack)
@@ -277,6 +293,7 @@ def run(t, fc, stack, image):
     t.ok(rc == 0, "kill the children", err)
 
     fork_and_branch_running(t, stack)
+    branch_and_fork_errors(t, fc, stack, restart)
 
     rc, r, err = fc("snapshot", "rm", TAG)
     t.ok(rc == 0, "snapshot rm", err)
@@ -383,6 +400,10 @@ def fork_and_branch_running(t, stack):
         time.sleep(0.5)
     t.ok(listed.get("lx-live-nowait", {}).get("status") == "ready",
          "the live branch without wait becomes \"ready\" in GET /v1/snapshots", listed.get("lx-live-nowait"))
+    t.ok(all(listed.get(tag, {}).get("branched_from") == parent and isinstance(listed[tag].get("pause_ms"), int)
+             for tag in made) and "branched_from" not in listed.get(TAG, {}),
+         "GET /v1/snapshots: branched_from and pause_ms on each branch, not on the boot snapshot",
+         {tag: listed.get(tag) for tag in made})
 
     for tag, body in (("lx-full", {"tag": "lx-full"}), (None, {"mode": "full", "diff": True}),
                       (None, {"mode": "full", "wait": False})):
@@ -410,6 +431,93 @@ def fork_and_branch_running(t, stack):
     t.ok(status == 204 and status2 == 404, "DELETE the source sandbox: 204, then 404", f"{status} {r}; {status2} {r2}")
     fork_branches("with the source deleted")
     t.ok(all(rest(stack, "DELETE", f"/v1/snapshots/{tag}")[0] == 204 for tag in made), "DELETE the branches")
+
+
+def branch_and_fork_errors(t, fc, stack, restart):
+    """The spec's error rows of branch and fork that need something in flight or
+    something broken (seeds 000 to 002): 401 without the token; with forkd at
+    --max-branches 2 and its branch writers held 8 s (FORKD_TEST_BRANCH_STALL_MS),
+    409 for a fork of a live branch still being written and for its tag, 503 at the
+    cap; 500 for a full branch whose writer is killed, and for a fork and a branch
+    of a sandbox whose VMM is stopped (--control-timeout-sec 10)."""
+    for route, body in (("fork", {"n": 1}), ("branch", {"mode": "full"})):
+        status, r = rest(stack, "POST", f"/v1/sandboxes/sb-x/{route}", body, token=False)
+        t.ok(status == 401 and r == {"error": "invalid api key"}, f"{route} without the bearer token: 401",
+             f"{status} {r}")
+    try:
+        stack.update(restart({"FORKD_TEST_BRANCH_STALL_MS": "8000",
+                              "FORKD_STACK_FORKD_ARGS": "--max-branches 2 --control-timeout-sec 10"}))
+    except RuntimeError as e:
+        t.ok(False, "forkd-stack again with --max-branches 2 and branch writers held 8 s", str(e))
+        return
+    snaps = os.path.join(os.path.dirname(stack["FORKD_TOKEN_FILE"]), "forkd", "snapshots")
+
+    def in_thread(method, path, body):
+        out = {}
+        th = threading.Thread(target=lambda: out.update(r=rest(stack, method, path, body)))
+        th.start()
+        return th, out
+
+    def vmm_pid(sid):
+        rc, doc, err = fc("ls")
+        return next((int(s["pid"]) for s in (doc or {}).get("sandboxes", []) if s.get("id") == sid), None)
+
+    status, sbs = rest(stack, "POST", "/v1/sandboxes", {"snapshot_tag": TAG, "n": 2})
+    if not t.ok(status == 201 and isinstance(sbs, list) and len(sbs) == 2, "fork 2 of the boot snapshot", sbs):
+        return
+    p, q = (s["id"] for s in sbs)
+    status, info = rest(stack, "POST", f"/v1/sandboxes/{p}/branch", {"tag": "lx-w", "mode": "live", "wait": False})
+    t.ok(status == 201 and isinstance(info, dict) and info.get("status") == "writing",
+         "a live branch without wait, its writer held: 201, status \"writing\"", f"{status} {info}")
+    status, r = rest(stack, "POST", "/v1/sandboxes", {"snapshot_tag": "lx-w", "n": 1})
+    t.ok(status == 409 and isinstance(r, dict) and r.get("error"), "fork of the branch being written: 409",
+         f"{status} {r}")
+    status, r = rest(stack, "POST", f"/v1/sandboxes/{q}/branch", {"tag": "lx-w", "mode": "full"})
+    t.ok(status == 409 and isinstance(r, dict) and r.get("error"), "a branch to the tag in flight: 409",
+         f"{status} {r}")
+    th, out = in_thread("POST", f"/v1/sandboxes/{q}/branch", {"tag": "lx-w2", "mode": "full"})
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not [n for n in os.listdir(snaps) if n.startswith("lx-w2.tmp.")]:
+        time.sleep(0.1)
+    status, r = rest(stack, "POST", f"/v1/sandboxes/{p}/branch", {"tag": "lx-w3", "mode": "full"})
+    t.ok(status == 503 and isinstance(r, dict) and r.get("error"), "a third branch at --max-branches 2: 503",
+         f"{status} {r}")
+    th.join(300)
+    t.ok(out.get("r", (0,))[0] == 201, "the second branch in flight: 201 once written", out.get("r"))
+
+    # a full branch whose writer dies: 500, and no snapshot
+    th, out = in_thread("POST", f"/v1/sandboxes/{p}/branch", {"tag": "lx-x", "mode": "full"})
+    deadline, staged = time.monotonic() + 60, []
+    while time.monotonic() < deadline and not staged:
+        staged = [n for n in os.listdir(snaps) if n.startswith("lx-x.tmp.")]
+        time.sleep(0.05)
+    if staged:
+        os.kill(int(staged[0].rsplit(".", 1)[1]), signal.SIGKILL)
+    th.join(300)
+    status, r = out.get("r", (0, None))
+    _, listed = rest(stack, "GET", "/v1/snapshots")
+    tags = {x.get("tag") for x in listed} if isinstance(listed, list) else None
+    t.ok(staged and status == 500 and isinstance(r, dict) and r.get("error") and tags is not None
+         and "lx-x" not in tags and not [n for n in os.listdir(snaps) if n.startswith("lx-x")],
+         "a full branch whose writer is killed: 500 with the reason, no snapshot left", f"{status} {r} {tags}")
+
+    # a stopped VMM: fork and branch fail after --control-timeout-sec, the sandbox is killed
+    for sid, route, body in ((p, "fork", {"n": 1}), (q, "branch", {"tag": "lx-y", "mode": "full"})):
+        pid = vmm_pid(sid)
+        if pid:
+            os.kill(pid, signal.SIGSTOP)
+        status, r = rest(stack, "POST", f"/v1/sandboxes/{sid}/{route}", body)
+        gone = rest(stack, "GET", f"/v1/sandboxes/{sid}")[0]
+        t.ok(pid and status == 500 and isinstance(r, dict) and "did not answer within 10 s" in r.get("error", "")
+             and gone == 404, f"{route} of a sandbox whose VMM is stopped: 500, then the sandbox is gone (404)",
+             f"{pid} {status} {r} {gone}")
+    try:
+        stack.update(restart({}))
+    except RuntimeError as e:
+        t.ok(False, "forkd-stack again as it was", str(e))
+        return
+    t.ok(all(rest(stack, "DELETE", f"/v1/snapshots/{tag}")[0] == 204 for tag in ("lx-w", "lx-w2")),
+         "DELETE the branches")
 
 
 def run_code_diff_merge(t, fc, stack, ids):

@@ -778,7 +778,7 @@ def t_not_implemented(c, stack):
     check("not implemented" in r.json["error"], r)
     c.expect(404, "POST", "/v1/snapshots/rest-nosuch/compact", {"to": "rest-flat"})
     r = c.expect(200, "GET", "/v1/snapshots")
-    check(all(s["tag"] not in ("rest-flat",) and s.get("branched_from") is None for s in r.json),
+    check(all(s["tag"] != "rest-flat" for s in r.json),
           f"a 501 created a snapshot: {r}")
     r = c.expect(200, "GET", "/v1/sandboxes")
     check(len(r.json) == len(Ctx.sandboxes), f"a 501 created sandboxes: {r}")
@@ -835,6 +835,10 @@ def t_branch(c, stack):
             break
         check(time.monotonic() < deadline, f"rest-live never became ready: {listed.get('rest-live')}")
         time.sleep(0.05)
+    # GET /v1/snapshots: branched_from and pause_ms on every branch (seed 001), and only there
+    check(all(listed[t].get("branched_from") == sid and isinstance(listed[t].get("pause_ms"), int)
+              for t in ("rest-c1", "rest-live", "rest-live2", "rest-d1", "rest-d2")) and
+          "branched_from" not in listed[Ctx.tag] and "pause_ms" not in listed[Ctx.tag], listed)
     for tag in ("rest-c1", "rest-live", "rest-d1"):
         r = c.expect(201, "POST", "/v1/sandboxes", {"snapshot_tag": tag, "n": 1})
         child = r.json[0]["id"]

@@ -700,6 +700,55 @@ static void test_meta_disk_layers(void **state) {
         }
 }
 
+/* branched_from and pause_us: optional, a branch's source id and its pause;
+ * pause_us never without branched_from, formatted only with it. */
+static void test_meta_branched_from(void **state) {
+        static const char *const bad[] = {
+                "\"branched_from\": \"\"", "\"branched_from\": null", "\"branched_from\": \"../x\"",
+                "\"branched_from\": 7", "\"pause_us\": 5", "\"branched_from\": \"sb-1\", \"pause_us\": -1",
+                "\"branched_from\": \"sb-1\", \"pause_us\": 3600000001",
+                "\"branched_from\": \"sb-1\", \"pause_us\": \"5\"",
+                "\"branched_from\": \"sb-0123456789012345678901234567890123456789012345678901234567890123\"",
+        };
+        struct snapshot_meta m, m2;
+        const char *error = NULL;
+        char *json, *out = NULL;
+
+        json = meta_json_with(NULL, NULL, "\"branched_from\": \"sb-67a1b3-0000\", \"pause_us\": 1820");
+        assert_int_equal(meta_parse(json, &m, &error), 0);
+        assert_string_equal(m.branched_from, "sb-67a1b3-0000");
+        assert_int_equal(m.pause_us, 1820);
+        free(json);
+        assert_int_equal(snapshot_meta_format(&m, &out), 0);
+        assert_non_null(strstr(out, "\"branched_from\": \"sb-67a1b3-0000\""));
+        assert_non_null(strstr(out, "\"pause_us\": 1820"));
+        assert_int_equal(snapshot_meta_parse(out, strlen(out), &m2, NULL), 0);
+        assert_string_equal(m2.branched_from, "sb-67a1b3-0000");
+        assert_int_equal(m2.pause_us, 1820);
+        free(out);
+        out = NULL;
+
+        json = meta_json_with(NULL, NULL, NULL);
+        assert_int_equal(meta_parse(json, &m, NULL), 0);
+        assert_string_equal(m.branched_from, "");
+        free(json);
+        assert_int_equal(snapshot_meta_format(&m, &out), 0);
+        assert_null(strstr(out, "branched_from"));
+        assert_null(strstr(out, "pause_us"));
+        free(out);
+        m.pause_us = 3;
+        assert_int_equal(snapshot_meta_format(&m, &out), -EINVAL);
+
+        for (size_t i = 0; i < ELEMENTSOF(bad); i++) {
+                json = meta_json_with(NULL, NULL, bad[i]);
+                error = NULL;
+                if (meta_parse(json, &m, &error) >= 0)
+                        fail_msg("accepted %s", bad[i]);
+                assert_non_null(error);
+                free(json);
+        }
+}
+
 static void test_meta_keys(void **state) {
         struct snapshot_meta m;
         const char *error;
@@ -878,6 +927,7 @@ int main(void) {
                 cmocka_unit_test(test_meta_valid_variants),
                 cmocka_unit_test(test_meta_keys),
                 cmocka_unit_test(test_meta_disk_layers),
+                cmocka_unit_test(test_meta_branched_from),
                 cmocka_unit_test(test_tag_is_valid),
                 cmocka_unit_test(test_meta_format_refuses_invalid),
                 cmocka_unit_test(test_meta_read_file),
