@@ -507,9 +507,11 @@ def branch_and_fork_errors(t, fc, stack, restart):
         if pid:
             os.kill(pid, signal.SIGSTOP)
         status, r = rest(stack, "POST", f"/v1/sandboxes/{sid}/{route}", body)
-        gone = rest(stack, "GET", f"/v1/sandboxes/{sid}")[0]
+        deadline = time.monotonic() + 60  # killed: gone once its exit is seen
+        while (gone := rest(stack, "GET", f"/v1/sandboxes/{sid}")[0]) != 404 and time.monotonic() < deadline:
+            time.sleep(0.2)
         t.ok(pid and status == 500 and isinstance(r, dict) and "did not answer within 10 s" in r.get("error", "")
-             and gone == 404, f"{route} of a sandbox whose VMM is stopped: 500, then the sandbox is gone (404)",
+             and gone == 404, f"{route} of a sandbox whose VMM is stopped: 500, and the sandbox is killed (then 404)",
              f"{pid} {status} {r} {gone}")
     try:
         stack.update(restart({}))
