@@ -82,12 +82,19 @@ int image_append_info_fields(sd_bus_message *reply, Image *i, bool details) {
                 if (r < 0)
                         return r;
                 /* Parent first, then its parent, ...: as far as they are registered (a
-                 * diff chain's links hold on to their parents, forkd-vmm(8)). */
+                 * diff chain's links hold on to their parents, forkd-vmm(8)); then turned
+                 * round, since seed 001 lists them root first. */
                 for (Image *a = i; a->meta.parent_tag[0] && n_ancestors < ELEMENTSOF(ancestors) - 1;) {
                         ancestors[n_ancestors++] = a->meta.parent_tag;
                         a = hashmap_get(i->manager->images, a->meta.parent_tag);
                         if (!a)
                                 break;
+                }
+                for (size_t k = 0; k < n_ancestors / 2; k++) {
+                        const char *t = ancestors[k];
+
+                        ancestors[k] = ancestors[n_ancestors - 1 - k];
+                        ancestors[n_ancestors - 1 - k] = t;
                 }
                 r = image_dependents(i->manager, i->tag, &deps);
                 if (r < 0)

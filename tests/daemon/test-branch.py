@@ -232,7 +232,7 @@ def run(h):
         details = h.m("GetSnapshotInfo", "s", ["d1"])[0]
         assert details["dependents"] == ["d2"], details
         details = h.m("GetSnapshotInfo", "s", ["d2"])[0]
-        assert details["ancestors"] == ["d1", "base"] and details["chain_depth"] == 2, details
+        assert details["ancestors"] == ["base", "d1"] and details["chain_depth"] == 2, details
         assert details["parent_content_hash"] == info["parent_content_hash"], details
         h.expect_error("org.forkd.Error.HasDependents", "DeleteSnapshot", "sbb", ["d1", False, False])
         terminate(p, c, *g)
