@@ -349,7 +349,7 @@ def run(tmp, vms):
             f.seek(5 << 20)
             f.write(b"tampered")
         out = subprocess.run([VMM, "check", os.path.join(tmp, "d2")], capture_output=True, text=True)
-        assert out.returncode != 0 and "parent_content_hash" in out.stderr, out
+        assert out.returncode != 0 and "but parent now has content" in out.stderr, out
     check("diff: only the changed pages, parent_tag and SHA-256 of the parent; a chain of two restores; "
           "a changed parent is refused", diff)
 
