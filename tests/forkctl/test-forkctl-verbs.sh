@@ -50,7 +50,7 @@ ok()     { n=$((n + 1)); echo "ok $n - $*"; }
 not_ok() { n=$((n + 1)); failed=$((failed + 1)); echo "not ok $n - $*"; }
 fc() { "$forkctl" --no-progress "$@" 2>"$state/err"; }
 
-echo "1..25"
+echo "1..26"
 tag=verbs-$$
 fc snapshot create "$tag" --kernel "$FORKD_GUEST_KERNEL" --rootfs "$FORKD_GUEST_ROOTFS" --boot-wait 60 >/dev/null ||
         { not_ok "snapshot create: $(cat "$state/err")"; exit 1; }
@@ -122,12 +122,23 @@ fc snapshot rm "$tag-d1" --force >/dev/null && fc fork "$tag-d2"; rc=$?
 [ $rc = 1 ] && grep -qF "references parent \`$tag-d1\`, which no longer exists" "$state/err" &&
         ok "rm --force orphans the child, which fails to fork naming its parent" \
         || not_ok "force: rc=$rc $(cat "$state/err")"
+# snapshot diff: the test guest runs exec of sh -c CODE in its run_code language
 before=$(fc ls --json | pyq "len(j['sandboxes'])")
-fc snapshot diff --from "$tag" --tag "$tag-x" --exec "echo hi > /root/x"; rc=$?
-[ $rc = 1 ] && grep -q "not supported by the test guest" "$state/err" &&
-        [ "$(fc ls --json | pyq "len(j['sandboxes'])")" = "$before" ] && ! fc snapshot info "$tag-x" >/dev/null &&
-        ok "snapshot diff whose exec fails (the test guest has no exec): exit 1, no sandbox or snapshot left" \
-        || not_ok "snapshot diff: rc=$rc $(cat "$state/err")"
+fc snapshot diff --from "$tag" --tag "$tag-x" --exec "write /root/x.txt step-one; y = 7" --json >"$state/out" &&
+        pyq "j['tag'] == '$tag-x' and j['parent_tag'] == '$tag' and len(j['parent_content_hash']) == 64" \
+                "$state/out" >/dev/null &&
+        [ "$(fc ls --json | pyq "len(j['sandboxes'])")" = "$before" ] &&
+        c=$(fc fork "$tag-x" --json | pyq "j['sandboxes'][0]['id']") &&
+        [ "$(fc run "$c" 'print y; cat /root/x.txt' --json | pyq "j['stdout']")" = "$(printf '7\nstep-one')" ] &&
+        fc kill "$c" >/dev/null \
+        && ok "snapshot diff: a diff link of $tag with the command's changes; its sandbox is gone" \
+        || not_ok "snapshot diff: $(cat "$state/out" "$state/err")"
+fc snapshot diff --from "$tag" --tag "$tag-y" --exec "y = 8; bogus statement"; rc=$?
+[ $rc = 1 ] && grep -q "exited with status 1; no snapshot '$tag-y' was made" "$state/err" &&
+        grep -q "bogus" "$state/err" && [ "$(fc ls --json | pyq "len(j['sandboxes'])")" = "$before" ] &&
+        ! fc snapshot info "$tag-y" >/dev/null \
+        && ok "snapshot diff whose command fails: exit 1 with its status and stderr, no sandbox or snapshot left" \
+        || not_ok "snapshot diff failing: rc=$rc $(cat "$state/err")"
 fc snapshot diff --from "$tag" --tag "$tag-x"; rc=$?
 [ $rc = 2 ] && grep -q "needs --from, --tag and --exec" "$state/err" && ok "snapshot diff without --exec: usage error" \
         || not_ok "snapshot diff usage: rc=$rc $(cat "$state/err")"
@@ -137,7 +148,8 @@ fc snapshot rm "$tag" --cascade --force; rc=$?
 [ $rc = 2 ] && ok "rm --cascade --force: usage error" || not_ok "rm both: rc=$rc"
 fc branch "$p" --tag "$tag-d3" --mode diff >/dev/null
 fc kill "$p" >/dev/null
-fc snapshot rm "$tag" --cascade >/dev/null && ! fc snapshot info "$tag-d3" >/dev/null && ! fc snapshot info "$tag" >/dev/null \
+fc snapshot rm "$tag" --cascade >/dev/null && ! fc snapshot info "$tag-d3" >/dev/null && ! fc snapshot info "$tag" >/dev/null &&
+        ! fc snapshot info "$tag-x" >/dev/null \
         && ok "rm --cascade deletes the subtree" || not_ok "cascade: $(cat "$state/err")"
 fc snapshot rm "$tag-d2" >/dev/null; fc snapshot rm "$tag-flat" >/dev/null
 [ "$failed" = 0 ]
