@@ -104,7 +104,7 @@ static void detach_templates(Manager *m, char **tags) {
 
 static int dependents_error(Image *i, char **deps, int n, sd_bus_error *error) {
         _cleanup_free_ char *list = NULL;
-        size_t len = 0, size = 0;
+        size_t size = 0;
         FILE *f;
 
         f = open_memstream(&list, &size);
@@ -116,7 +116,6 @@ static int dependents_error(Image *i, char **deps, int n, sd_bus_error *error) {
                 fprintf(f, ", ... (%d more)", n - (int) DEPENDENTS_NAMED_MAX);
         if (fclose(f) != 0)
                 return -ENOMEM;
-        (void) len;
         /* seed 001's words */
         return sd_bus_error_setf(error, FORKD_ERROR_HAS_DEPENDENTS,
                                  "snapshot `%s` is the parent of %d chained snapshot(s): [%s]; rerun with "

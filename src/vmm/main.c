@@ -1,8 +1,10 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 #include <fcntl.h>
 #include <getopt.h>
+#include <signal.h>
 #include <limits.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -301,6 +303,8 @@ static int cmd_compact(const char *out) {
 
         if (!arg_snapshot || !arg_tag)
                 return log_error_errno(EINVAL, "compact needs --snapshot and --tag"), 2;
+        /* forkd killed: stop too; its next start removes the staging directory */
+        (void) prctl(PR_SET_PDEATHSIG, SIGKILL);
         r = compact_snapshot(arg_snapshot, out, arg_tag, &err);
         o = json_object_new_object();
         if (r < 0) {
