@@ -287,8 +287,10 @@ static int fork_work(void *userdata) {
                         t->vt.pid = 0;
                         t->vt.control_fd = -EBADF;
                         free(f->error);
-                        if (asprintf(&f->error, "Failed to start the template of %s: %s", t->tag,
-                                     err ?: strerror(-r)) < 0)
+                        if ((r == -ESTALE || r == -ENOLINK) && err)
+                                f->error = TAKE_PTR(err); /* a broken chain: forkd-vmm's words (seed 003) */
+                        else if (asprintf(&f->error, "Failed to start the template of %s: %s", t->tag,
+                                          err ?: strerror(-r)) < 0)
                                 f->error = NULL;
                         return r;
                 }
@@ -381,7 +383,8 @@ static void fork_work_done(int r, void *userdata) {
                 f->template = NULL;
                 fork_op_run_next(t);
                 vm_template_maybe_gc(t);
-                fork_fail(f, r, FORKD_ERROR_FAILED, "%s", f->error ?: "spawning failed");
+                fork_fail(f, r, r == -ESTALE || r == -ENOLINK ? FORKD_ERROR_CHAIN_BROKEN : FORKD_ERROR_FAILED, "%s",
+                          f->error ?: "spawning failed");
                 return;
         }
 

@@ -1,4 +1,5 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
+#include "chain.h"
 #include "image-dbus.h"
 #include "image.h"
 #include "macro.h"
@@ -189,8 +190,6 @@ void image_send_signal(Manager *m, const char *tag, bool new) {
 }
 
 int bus_image_method_delete(sd_bus_message *message, void *userdata, sd_bus_error *error) {
-        _cleanup_(strv_freep) char **deps = NULL;
-        _cleanup_free_ char *tag = NULL;
         Image *i = userdata;
         Manager *m = i->manager;
         int cascade, force, r;
@@ -209,27 +208,7 @@ int bus_image_method_delete(sd_bus_message *message, void *userdata, sd_bus_erro
         if (r == 0)
                 return 1;
 
-        if (i->n_users > 0)
-                return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "A fork of snapshot %s is in progress.", i->tag);
-        r = image_dependents(m, i->tag, &deps);
-        if (r < 0)
-                return r;
-        if (r > 0 && !cascade && !force)
-                return sd_bus_error_setf(error, FORKD_ERROR_HAS_DEPENDENTS,
-                                         "Snapshot %s has %d dependent snapshot(s), e.g. %s.", i->tag, r, deps[0]);
-        if (r > 0)
-                return sd_bus_error_setf(error, FORKD_ERROR_NOT_SUPPORTED,
-                                         "Deleting snapshot chains (cascade, force) is not implemented yet.");
-
-        tag = strdup(i->tag);
-        if (!tag)
-                return -ENOMEM;
-        r = image_delete(i);
-        if (r < 0)
-                return sd_bus_error_set_errnof(error, r, "Failed to delete snapshot %s: %m", tag);
-        log_info("Snapshot %s deleted.", tag);
-        image_send_signal(m, tag, false);
-        return sd_bus_reply_method_return(message, NULL);
+        return chain_delete(i, cascade, force, message, error);
 }
 
 static int object_delete(sd_bus_message *message, void *userdata, sd_bus_error *error) {

@@ -4,6 +4,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "chain.h"
 #include "cgroup.h"
 #include "fork-op.h"
 #include "fs-util.h"
@@ -445,6 +446,9 @@ static int method_fork(sd_bus_message *message, void *userdata, sd_bus_error *er
         r = get_image(m, tag, &i, error);
         if (r < 0)
                 return r;
+        r = chain_check_restorable(m, i, error);
+        if (r < 0)
+                return r;
 
         r = bus_verify_polkit_async(message, "org.forkd.fork",
                                     (const char *[]) { "snapshot", tag, "verb", "fork", NULL }, &m->polkit_registry,
@@ -600,6 +604,8 @@ const sd_bus_vtable manager_vtable[] = {
                                 method_get_snapshot_info, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("DeleteSnapshot", SD_BUS_ARGS("s", tag, "b", cascade, "b", force), SD_BUS_NO_RESULT,
                                 method_delete_snapshot, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("CompactSnapshot", SD_BUS_ARGS("s", tag, "s", to), SD_BUS_RESULT("a{sv}", info),
+                                method_compact_snapshot, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("Fork", SD_BUS_ARGS("s", snapshot_tag, "u", n, "a{sv}", options),
                                 SD_BUS_RESULT("aa{sv}", sandboxes), method_fork, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("ListSandboxes", SD_BUS_NO_ARGS, SD_BUS_RESULT("aa{sv}", sandboxes),

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 
 #include "branch.h"
+#include "chain.h"
 #include "cgroup.h"
 #include "fs-util.h"
 #include "image.h"
@@ -145,6 +146,13 @@ static int load_snapshots(Manager *m) {
                 if (asprintf(&path, "%s/%s", m->snapshots_dir, de->d_name) < 0) {
                         closedir(d);
                         return log_oom();
+                }
+                if (chain_is_compact_staging(de->d_name)) {
+                        log_info("Removing the unfinished compact %s.", path);
+                        r = rm_rf(path);
+                        if (r < 0)
+                                log_warning_errno(r, "Failed to remove %s: %m", path);
+                        continue;
                 }
                 if (strncmp(de->d_name, ".deleted-", 9) == 0) {
                         log_info("Finishing the deletion of %s.", path);

@@ -55,9 +55,16 @@ char *forkctl_error_message(const sd_bus_error *e, const struct error_context *c
                 return xasprintf("snapshot '%s' already exists; choose another tag, or remove it first with "
                                  "'forkctl snapshot rm %s'", tag, tag);
 
-        if (is(e, FORKD_ERROR_HAS_DEPENDENTS))
-                return xasprintf("snapshot '%s' has dependents (%s); remove them too with "
-                                 "'forkctl snapshot rm --cascade %s'", tag, msg ?: "other snapshots chain on it", tag);
+        if (is(e, FORKD_ERROR_HAS_DEPENDENTS)) {
+                /* forkd names every dependent, then the REST flags: say forkctl's instead */
+                const char *semi = msg ? strchr(msg, ';') : NULL;
+                return xasprintf("%.*s; rerun with 'forkctl snapshot rm --cascade %s' to delete the whole subtree, "
+                                 "or with --force to orphan the children (they will fail to restore)",
+                                 semi ? (int) (semi - msg) : msg ? (int) strlen(msg) : 0, msg ?: "", tag);
+        }
+
+        if (is(e, FORKD_ERROR_CHAIN_BROKEN))
+                return xasprintf("%s: %s", verb, msg ?: "the snapshot chain is broken");
 
         if (is(e, FORKD_ERROR_BUSY))
                 return xasprintf("forkd is busy (%s); retry in a moment", msg ?: "too many operations running");

@@ -18,6 +18,7 @@
 #include "bus-json.h"
 #include "forkctl-util.h"
 #include "macro.h"
+#include "snapshot-meta.h"
 #include "table.h"
 
 #define BUS_NAME "org.forkd.Manager"
@@ -43,6 +44,10 @@ static bool arg_per_child_netns = false, arg_live_fork = false;
 static uint32_t arg_timeout = 0;
 static const char *arg_tag = "", *arg_mode = "";
 static bool arg_no_wait = false;
+static const char *arg_to = NULL, *arg_from = NULL, *arg_exec = NULL;
+static uint32_t arg_exec_timeout = 600;
+/* snapshot diff --exec: a shell command line, at most this long */
+#define EXEC_COMMAND_MAX (64u * 1024u)
 
 /* Options given, to refuse ones that do not apply to the verb. */
 enum {
@@ -60,6 +65,11 @@ enum {
         OPT_TAG = 1u << 11,
         OPT_MODE = 1u << 12,
         OPT_NO_WAIT = 1u << 13,
+        OPT_TO = 1u << 14,
+        OPT_FROM = 1u << 15,
+        OPT_EXEC = 1u << 16,
+        OPT_EXEC_TIMEOUT = 1u << 17,
+        OPT_LAST = OPT_EXEC_TIMEOUT,
 };
 static unsigned arg_given = 0;
 
@@ -87,8 +97,14 @@ static void help(void) {
                "  snapshot ls             List snapshots\n"
                "  snapshot info TAG       Show everything about one snapshot\n"
                "  snapshot rm TAG [--cascade|--force]\n"
-               "                          Delete a snapshot (--cascade/--force are reserved for\n"
-               "                          snapshot chains)\n"
+               "                          Delete a snapshot; one that others chain on only with\n"
+               "                          --cascade (its whole subtree too) or --force (its\n"
+               "                          children are orphaned and fail to restore)\n"
+               "  snapshot compact TAG --to T\n"
+               "                          Write chain head TAG as T, a flat snapshot (no parent)\n"
+               "  snapshot diff --from BASE --tag T --exec CMD [--exec-timeout-secs N]\n"
+               "                          Fork BASE, run sh -c CMD in it (N 1..3600, default 600),\n"
+               "                          take a diff branch T of it, remove the sandbox\n"
                "Sandboxes:\n"
                "  fork TAG [-n N] [--memory-limit-mib M] [--per-child-netns] [--live-fork]\n"
                "                          Fork N (1..1000, default 1) sandboxes of snapshot TAG\n"
@@ -515,6 +531,142 @@ static int verb_snapshot_rm(sd_bus *bus, char **args, size_t n_args) {
         }
         fprintf(stderr, "Deleted snapshot '%s'.\n", args[0]);
         return 0;
+}
+
+static int verb_snapshot_compact(sd_bus *bus, char **args, size_t n_args) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *m = NULL, *reply = NULL;
+        _cleanup_(sd_bus_error_free) sd_bus_error error = SD_BUS_ERROR_NULL;
+        _cleanup_json_ struct json_object *info = NULL;
+        struct error_context ctx = { .verb = "snapshot compact", .tag = arg_to };
+        _cleanup_free_ char *what = NULL;
+        int r;
+
+        r = new_call(bus, "CompactSnapshot", &m);
+        if (r < 0)
+                return -1;
+        r = sd_bus_message_append(m, "ss", args[0], arg_to);
+        if (r < 0)
+                return report_error(NULL, r, &ctx);
+        if (asprintf(&what, "Compacting snapshot '%s' into '%s'", args[0], arg_to) < 0)
+                return -1;
+        r = call_with_progress(bus, m, what, &error, &reply);
+        if (r < 0) {
+                /* NoSuchSnapshot names the source, everything else the target */
+                if (sd_bus_error_has_name(&error, FORKD_ERROR_NO_SUCH_SNAPSHOT))
+                        ctx.tag = args[0];
+                return report_error(&error, r, &ctx);
+        }
+        r = bus_message_read_dict_json(reply, &info);
+        if (r < 0)
+                return report_error(NULL, r, &ctx);
+        if (arg_json)
+                return print_json(info);
+        fprintf(stderr, "Compacted '%s' into the flat snapshot '%s'.\n", args[0], arg_to);
+        return print_info(info, snapshot_keys);
+}
+
+/* seed 003's snapshot-diff, from the existing calls: Fork, Exec, BranchSandbox (diff),
+ * TerminateSandbox; the sandbox goes whatever happens. */
+static int snapshot_diff_in(sd_bus *bus, const char *id, struct json_object **ret_info) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *m = NULL, *reply = NULL;
+        _cleanup_(sd_bus_error_free) sd_bus_error error = SD_BUS_ERROR_NULL;
+        _cleanup_json_ struct json_object *res = NULL;
+        struct error_context ctx = { .verb = "snapshot diff", .id = id, .tag = arg_tag };
+        const char *argv[] = { "sh", "-c", arg_exec, NULL }, *text;
+        struct json_object *code, *err;
+        _cleanup_free_ char *what = NULL;
+        int r;
+
+        r = new_call(bus, "Exec", &m);
+        if (r < 0)
+                return -1;
+        r = sd_bus_message_append(m, "s", id);
+        if (r >= 0)
+                r = sd_bus_message_append_strv(m, (char **) argv);
+        if (r >= 0)
+                r = sd_bus_message_append(m, "u", arg_exec_timeout);
+        if (r < 0)
+                return report_error(NULL, r, &ctx);
+        if (!arg_json && !arg_no_progress)
+                fprintf(stderr, "forkctl: running '%s' in sandbox '%s'...\n", arg_exec, id);
+        r = sd_bus_call(bus, m, ((uint64_t) arg_exec_timeout + 60) * USEC_PER_SEC, &error, &reply);
+        if (r < 0)
+                return report_error(&error, r, &ctx);
+        r = sd_bus_message_read(reply, "s", &text);
+        if (r < 0)
+                return report_error(NULL, r, &ctx);
+        res = json_tokener_parse(text);
+        if (!res || !json_object_object_get_ex(res, "exit_code", &code) || !json_object_is_type(code, json_type_int)) {
+                fprintf(stderr, "forkctl: snapshot diff: the sandbox's answer to exec has no exit_code: %.200s\n",
+                        text);
+                return -1;
+        }
+        if (json_object_get_int64(code) != 0) {
+                fprintf(stderr, "forkctl: snapshot diff: '%s' exited with status %" PRId64 "; no snapshot '%s' was "
+                        "made. Its stderr:\n%s\n", arg_exec, json_object_get_int64(code), arg_tag,
+                        json_object_object_get_ex(res, "stderr", &err) && json_object_is_type(err, json_type_string) ?
+                                json_object_get_string(err) : "(none)");
+                return -1;
+        }
+
+        sd_bus_message_unref(TAKE_PTR(m));
+        sd_bus_message_unref(TAKE_PTR(reply));
+        r = new_call(bus, "BranchSandbox", &m);
+        if (r < 0)
+                return -1;
+        r = sd_bus_message_append(m, "sssb", id, arg_tag, "diff", 1);
+        if (r < 0)
+                return report_error(NULL, r, &ctx);
+        if (asprintf(&what, "Taking the diff snapshot '%s'", arg_tag) < 0)
+                return -1;
+        r = call_with_progress(bus, m, what, &error, &reply);
+        if (r < 0)
+                return report_error(&error, r, &ctx);
+        r = bus_message_read_dict_json(reply, ret_info);
+        if (r < 0)
+                return report_error(NULL, r, &ctx);
+        return 0;
+}
+
+static int verb_snapshot_diff(sd_bus *bus, char **args, size_t n_args) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *m = NULL, *reply = NULL;
+        _cleanup_(sd_bus_error_free) sd_bus_error error = SD_BUS_ERROR_NULL;
+        _cleanup_json_ struct json_object *list = NULL, *info = NULL;
+        struct error_context ctx = { .verb = "snapshot diff", .tag = arg_from };
+        _cleanup_free_ char *id = NULL;
+        struct json_object *v;
+        int r, k;
+
+        r = new_call(bus, "Fork", &m);
+        if (r < 0)
+                return -1;
+        r = sd_bus_message_append(m, "sua{sv}", arg_from, (uint32_t) 1, 0);
+        if (r < 0)
+                return report_error(NULL, r, &ctx);
+        r = call_with_progress(bus, m, "Forking a sandbox for the diff", &error, &reply);
+        if (r < 0)
+                return report_error(&error, r, &ctx);
+        r = bus_message_read_dict_array_json(reply, &list);
+        if (r < 0 || json_object_array_length(list) != 1 ||
+            !json_object_object_get_ex(json_object_array_get_idx(list, 0), "id", &v))
+                return report_error(NULL, r < 0 ? r : -EBADMSG, &ctx);
+        id = strdup(json_object_get_string(v));
+        if (!id)
+                return -1;
+
+        r = snapshot_diff_in(bus, id, &info);
+
+        sd_bus_error_free(&error);
+        k = sd_bus_call_method(bus, BUS_NAME, BUS_PATH, BUS_INTERFACE, "TerminateSandbox", &error, NULL, "s", id);
+        if (k < 0 && !sd_bus_error_has_name(&error, FORKD_ERROR_NO_SUCH_SANDBOX))
+                fprintf(stderr, "forkctl: snapshot diff: failed to remove sandbox '%s': %s\n", id,
+                        error.message ?: strerror(-k));
+        if (r < 0)
+                return r;
+        if (arg_json)
+                return print_json(info);
+        fprintf(stderr, "Made the diff snapshot '%s' of '%s'.\n", arg_tag, arg_from);
+        return print_info(info, snapshot_keys);
 }
 
 static int verb_fork(sd_bus *bus, char **args, size_t n_args) {
@@ -946,6 +1098,9 @@ static const struct verb verbs[] = {
         { "snapshot", "list", 0, 0, 0, "snapshot ls", verb_snapshot_ls },
         { "snapshot", "info", 1, 1, 0, "snapshot info TAG", verb_snapshot_info },
         { "snapshot", "rm", 1, 1, OPT_CASCADE | OPT_FORCE, "snapshot rm TAG [--cascade|--force]", verb_snapshot_rm },
+        { "snapshot", "compact", 1, 1, OPT_TO, "snapshot compact TAG --to T", verb_snapshot_compact },
+        { "snapshot", "diff", 0, 0, OPT_FROM | OPT_TAG | OPT_EXEC | OPT_EXEC_TIMEOUT,
+          "snapshot diff --from BASE --tag T --exec CMD [--exec-timeout-secs N]", verb_snapshot_diff },
         { NULL, "fork", 1, 1, OPT_COUNT | OPT_MEMORY_LIMIT | OPT_PER_CHILD_NETNS | OPT_LIVE_FORK,
           "fork TAG [-n N] [--memory-limit-mib M] [--per-child-netns] [--live-fork]", verb_fork },
         { NULL, "ls", 0, 0, 0, "ls", verb_ls },
@@ -978,6 +1133,10 @@ static const char *option_name(unsigned bit) {
         case OPT_TAG: return "--tag";
         case OPT_MODE: return "--mode";
         case OPT_NO_WAIT: return "--no-wait";
+        case OPT_TO: return "--to";
+        case OPT_FROM: return "--from";
+        case OPT_EXEC: return "--exec";
+        case OPT_EXEC_TIMEOUT: return "--exec-timeout-secs";
         default: return "?";
         }
 }
@@ -1006,6 +1165,10 @@ enum {
         ARG_TAG,
         ARG_MODE,
         ARG_NO_WAIT,
+        ARG_TO,
+        ARG_FROM,
+        ARG_EXEC,
+        ARG_EXEC_TIMEOUT,
 };
 
 static int parse_argv(int argc, char *argv[]) {
@@ -1029,6 +1192,10 @@ static int parse_argv(int argc, char *argv[]) {
                 { "tag", required_argument, NULL, ARG_TAG },
                 { "mode", required_argument, NULL, ARG_MODE },
                 { "no-wait", no_argument, NULL, ARG_NO_WAIT },
+                { "to", required_argument, NULL, ARG_TO },
+                { "from", required_argument, NULL, ARG_FROM },
+                { "exec", required_argument, NULL, ARG_EXEC },
+                { "exec-timeout-secs", required_argument, NULL, ARG_EXEC_TIMEOUT },
                 {}
         };
         int c, r;
@@ -1116,6 +1283,26 @@ static int parse_argv(int argc, char *argv[]) {
                         arg_no_wait = true;
                         arg_given |= OPT_NO_WAIT;
                         break;
+                case ARG_TO:
+                        arg_to = optarg;
+                        arg_given |= OPT_TO;
+                        break;
+                case ARG_FROM:
+                        arg_from = optarg;
+                        arg_given |= OPT_FROM;
+                        break;
+                case ARG_EXEC:
+                        if (!*optarg || strlen(optarg) > EXEC_COMMAND_MAX)
+                                return usage_error("--exec wants a command line of 1 to %u bytes", EXEC_COMMAND_MAX);
+                        arg_exec = optarg;
+                        arg_given |= OPT_EXEC;
+                        break;
+                case ARG_EXEC_TIMEOUT:
+                        r = parse_number("--exec-timeout-secs", optarg, 1, 3600, &arg_exec_timeout);
+                        if (r < 0)
+                                return r;
+                        arg_given |= OPT_EXEC_TIMEOUT;
+                        break;
                 case ARG_TIMEOUT:
                         r = parse_number("--timeout", optarg, 0, 3600, &arg_timeout);
                         if (r < 0)
@@ -1157,7 +1344,7 @@ static int run(int argc, char *argv[]) {
                         if (strcmp(pos[0], v->group) != 0)
                                 continue;
                         if (n_pos < 2)
-                                return usage_error("'snapshot' wants a subcommand: create, ls, info or rm");
+                                return usage_error("'snapshot' wants a subcommand: create, ls, info, rm, compact or diff");
                         if (strcmp(pos[1], v->name) != 0)
                                 continue;
                         skip = 2;
@@ -1171,7 +1358,8 @@ static int run(int argc, char *argv[]) {
         }
         if (!verb) {
                 if (strcmp(pos[0], "snapshot") == 0)
-                        return usage_error("unknown snapshot subcommand '%s'; use create, ls, info or rm", pos[1]);
+                        return usage_error("unknown snapshot subcommand '%s'; use create, ls, info, rm, compact or diff",
+                                           pos[1]);
                 return usage_error("unknown command '%s'", pos[0]);
         }
 
@@ -1179,7 +1367,7 @@ static int run(int argc, char *argv[]) {
         n_pos -= skip;
         if (n_pos < verb->min_args || n_pos > verb->max_args)
                 return usage_error("usage: forkctl %s", verb->synopsis);
-        for (unsigned bit = 1; bit <= OPT_TIMEOUT; bit <<= 1)
+        for (unsigned bit = 1; bit <= OPT_LAST; bit <<= 1)
                 if ((arg_given & bit) && !(verb->options & bit))
                         return usage_error("option %s does not apply here; usage: forkctl %s", option_name(bit),
                                            verb->synopsis);
@@ -1190,6 +1378,23 @@ static int run(int argc, char *argv[]) {
                                            verb->synopsis);
                 if (!(arg_given & OPT_BOOT_WAIT))
                         arg_boot_wait = 60;
+        }
+        if (verb->run == verb_snapshot_compact) {
+                if (!arg_to)
+                        return usage_error("snapshot compact needs --to; usage: forkctl %s", verb->synopsis);
+                if (!snapshot_tag_is_valid(arg_to))
+                        return usage_error("--to must match ^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$, not '%.64s'", arg_to);
+                if (strcmp(arg_to, pos[0]) == 0)
+                        return usage_error("--to must name a new snapshot, not '%s' itself", arg_to);
+        }
+        if (verb->run == verb_snapshot_diff) {
+                if (!arg_from || !arg_exec || !(arg_given & OPT_TAG))
+                        return usage_error("snapshot diff needs --from, --tag and --exec; usage: forkctl %s",
+                                           verb->synopsis);
+                if (!snapshot_tag_is_valid(arg_from) || !snapshot_tag_is_valid(arg_tag))
+                        return usage_error("--from and --tag must match ^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$");
+                if (strcmp(arg_from, arg_tag) == 0)
+                        return usage_error("--tag must name a new snapshot, not '%s' itself", arg_tag);
         }
 
         r = connect_bus(&bus);

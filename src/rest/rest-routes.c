@@ -375,21 +375,6 @@ static int route_snapshot_info(RestRequest *req) {
         return call_manager(req, "GetSnapshotInfo", CALL_TIMEOUT_SHORT, on_reply_snapshot_info, "s", tag);
 }
 
-/* ---- routes whose engine has not landed: validated, their object looked up
- * (so that the spec's 400 and 404 rows hold), then 501, never a fake success. ---- */
-
-static int on_reply_not_implemented(RestRequest *req, sd_bus_message *reply, const char *what) {
-        int r = reply_bus_result(req, reply, 0);
-
-        if (r <= 0)
-                return r; /* 404 for an unknown tag or sandbox, 503 without the daemon, ... */
-        return rest_reply_error(req, 501, "%s is not implemented by this forkd", what);
-}
-
-static int on_reply_compact(RestRequest *req, sd_bus_message *reply) {
-        return on_reply_not_implemented(req, reply, "snapshot compaction");
-}
-
 /* Podflare's answer (seed 002): 200 {"children": [ids]}; 404 {"error": "sandbox not found"}. */
 static int on_reply_sandbox_fork(RestRequest *req, sd_bus_message *reply) {
         _cleanup_json_ struct json_object *a = NULL, *o = NULL, *ids = NULL;
@@ -442,7 +427,8 @@ static int route_snapshot_compact(RestRequest *req) {
                 return r;
         if (!strcmp(a.to, tag))
                 return rest_reply_error(req, 400, "to must name a new snapshot, not '%s' itself", tag);
-        return call_manager(req, "GetSnapshotInfo", CALL_TIMEOUT_SHORT, on_reply_compact, "s", tag);
+        /* 201 SnapshotInfo of the flat snapshot; 409 when to exists or the chain is broken, 404 unknown tag */
+        return call_manager(req, "CompactSnapshot", CALL_TIMEOUT_FORK, on_reply_dict_201, "ss", tag, a.to);
 }
 
 /* ---- sandboxes ---- */

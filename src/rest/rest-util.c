@@ -64,6 +64,7 @@ static const struct {
         { FORKD_ERROR_NO_SUCH_SANDBOX, 404 },
         { FORKD_ERROR_SNAPSHOT_EXISTS, 409 },
         { FORKD_ERROR_HAS_DEPENDENTS, 409 },
+        { FORKD_ERROR_CHAIN_BROKEN, 409 },
         { FORKD_ERROR_NOT_READY, 409 },
         { FORKD_ERROR_BUSY, 503 },
         { FORKD_ERROR_NOT_SUPPORTED, 501 },

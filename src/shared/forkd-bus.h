@@ -14,6 +14,7 @@
 #define FORKD_ERROR_NO_SUCH_SANDBOX "org.forkd.Error.NoSuchSandbox"
 #define FORKD_ERROR_SNAPSHOT_EXISTS "org.forkd.Error.SnapshotExists"
 #define FORKD_ERROR_HAS_DEPENDENTS "org.forkd.Error.HasDependents"
+#define FORKD_ERROR_CHAIN_BROKEN "org.forkd.Error.ChainBroken"
 #define FORKD_ERROR_BUSY "org.forkd.Error.Busy"
 #define FORKD_ERROR_NOT_SUPPORTED "org.forkd.Error.NotSupported"
 #define FORKD_ERROR_GUEST_ERROR "org.forkd.Error.GuestError"

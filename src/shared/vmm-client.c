@@ -258,7 +258,19 @@ int vmm_client_template_start(const char *vmm_path, const char *snapshot_dir, co
         r = recv_json(ctl[0], now_usec() + 30 * 1000000ull, &o);
         if (r < 0 || !json_object_object_get_ex(o, "event", &ev) ||
             strcmp(json_object_get_string(ev), "ready") != 0) {
-                if (ret_error)
+                struct json_object *e, *en;
+
+                if (r >= 0 && strcmp(json_object_get_string(ev), "refused") == 0 &&
+                    json_object_object_get_ex(o, "error", &e) && json_object_is_type(e, json_type_string)) {
+                        /* forkd-vmm's own words, and its errno: -ESTALE, -ENOLINK for a broken chain */
+                        if (ret_error)
+                                *ret_error = strndup(json_object_get_string(e), 1024);
+                        if (json_object_object_get_ex(o, "errno", &en) && json_object_is_type(en, json_type_int) &&
+                            json_object_get_int(en) > 0 && json_object_get_int(en) < 4096)
+                                r = -json_object_get_int(en);
+                        else
+                                r = -EBADMSG;
+                } else if (ret_error)
                         *ret_error = strdup("the template did not start: the snapshot was refused "
                                             "(see forkd-vmm's error output)");
                 json_object_put(o);

@@ -195,7 +195,8 @@ int chain_load(struct snapshot *snap, char **ret_error) {
         int mem_fds[CHAIN_DEPTH_MAX + 1];
         uint64_t *maps[CHAIN_DEPTH_MAX + 1];
         unsigned n = 0;
-        char dir[PATH_MAX], parent_tag[SNAPSHOT_TAG_MAX + 1], want_hash[SNAPSHOT_HASH_LEN + 1];
+        char dir[PATH_MAX], parent_tag[SNAPSHOT_TAG_MAX + 1], want_hash[SNAPSHOT_HASH_LEN + 1],
+                link_tag[SNAPSHOT_TAG_MAX + 1];
         char *slash;
         int r, dfd;
 
@@ -220,6 +221,7 @@ int chain_load(struct snapshot *snap, char **ret_error) {
         n = 1;
 
         snprintf(dir, sizeof(dir), "%s", snap->dir);
+        snprintf(link_tag, sizeof(link_tag), "%s", snap->meta.tag);
         snprintf(parent_tag, sizeof(parent_tag), "%s", snap->meta.parent_tag);
         snprintf(want_hash, sizeof(want_hash), "%s", snap->meta.parent_content_hash);
         for (;;) {
@@ -240,6 +242,14 @@ int chain_load(struct snapshot *snap, char **ret_error) {
                 }
                 snprintf(slash + 1, sizeof(dir) - (size_t) (slash + 1 - dir), "%s", parent_tag);
                 pdfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+                if (pdfd < 0 && errno == ENOENT) {
+                        r = chain_error(ret_error, -ENOLINK,
+                                        "chain `%s` references parent `%s`, which no longer exists (deleted with "
+                                        "force?); the chain cannot be restored: delete it, or rebuild it with "
+                                        "`forkctl snapshot diff --from %s`",
+                                        link_tag, parent_tag, parent_tag);
+                        goto fail;
+                }
                 if (pdfd < 0) {
                         r = chain_error(ret_error, -errno, "parent snapshot %s: cannot open %s", parent_tag, dir);
                         goto fail;
@@ -260,10 +270,17 @@ int chain_load(struct snapshot *snap, char **ret_error) {
                         goto fail;
                 }
                 r = chain_hash_file(mfd, got_hash);
-                if (r < 0 || strcmp(got_hash, want_hash) != 0) {
-                        r = chain_error(ret_error, r < 0 ? r : -EBADMSG,
-                                        "parent snapshot %s changed: its memory does not match parent_content_hash",
-                                        parent_tag);
+                if (r < 0) {
+                        r = chain_error(ret_error, r, "parent snapshot %s: cannot hash %s", parent_tag,
+                                        pm.memory_file);
+                        goto fail;
+                }
+                if (strcmp(got_hash, want_hash) != 0) {
+                        /* seed 003's words */
+                        r = chain_error(ret_error, -ESTALE,
+                                        "chain `%s` references `%s` content `%.8s...`, but parent now has content "
+                                        "`%.8s...`; rebuild with `forkctl snapshot diff --from %s`",
+                                        link_tag, parent_tag, want_hash, got_hash, parent_tag);
                         goto fail;
                 }
                 maps[n] = NULL;
@@ -278,6 +295,7 @@ int chain_load(struct snapshot *snap, char **ret_error) {
                 mem_fds[n++] = TAKE_FD(mfd);
                 if (!pm.parent_tag[0])
                         break; /* the root */
+                snprintf(link_tag, sizeof(link_tag), "%s", parent_tag);
                 snprintf(parent_tag, sizeof(parent_tag), "%s", pm.parent_tag);
                 snprintf(want_hash, sizeof(want_hash), "%s", pm.parent_content_hash);
         }

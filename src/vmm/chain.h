@@ -39,7 +39,10 @@ int chain_write_memory_diff(int dfd, const struct vmm *vmm);
 int chain_hash_file(int fd, char ret[SNAPSHOT_HASH_LEN + 1]);
 
 /* Load snap's ancestors (snap->meta.parent_tag set): check each link's
- * parent_content_hash, open each link's memory.bin and read its map. */
+ * parent_content_hash, open each link's memory.bin and read its map.
+ * -ENOLINK: a parent is gone (deleted with force); -ESTALE: a parent's memory
+ * no longer has the content the link was made against (re-snapshotted under
+ * the same tag); *ret_error says which, in seed 003's words. */
 int chain_load(struct snapshot *snap, char **ret_error);
 void chain_free(struct snapshot *snap);
 

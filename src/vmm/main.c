@@ -1,13 +1,18 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 #include <fcntl.h>
 #include <getopt.h>
+#include <signal.h>
 #include <limits.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 
+#include <json-c/json.h>
+
 #include "chain.h"
+#include "compact.h"
 #include "kvm.h"
 #include "machine.h"
 #include "run.h"
@@ -18,7 +23,7 @@
 
 static const char *arg_initrd, *arg_cmdline;
 static const char *arg_kernel, *arg_disk, *arg_snapshot, *arg_console_log, *arg_agent_socket,
-        *arg_control_socket, *arg_overlay_dir, *arg_id = "vm";
+        *arg_control_socket, *arg_overlay_dir, *arg_id = "vm", *arg_tag;
 static uint64_t arg_mem_mib = VMM_MEM_MIB_DEFAULT;
 static int arg_agent_fd = -1, arg_control_fd = -1;
 
@@ -29,6 +34,8 @@ static void help(void) {
                "  forkd-vmm restore --snapshot DIR [OPTIONS]         restore one VM from a snapshot\n"
                "  forkd-vmm template --snapshot DIR --control-fd N   fork VMs from a snapshot on request\n"
                "  forkd-vmm check DIR                                validate a snapshot directory\n"
+               "  forkd-vmm compact --snapshot DIR --tag TAG OUT     write a flat copy of a chain head as\n"
+               "                                                     snapshot TAG in OUT\n"
                "\n"
                "forkd's virtual machine monitor: one process per microVM on /dev/kvm.\n"
                "\n"
@@ -46,6 +53,7 @@ static void help(void) {
                "  --control-fd N        use the connected seqpacket socket N for control requests;\n"
                "                        the VM stops when the other end hangs up\n"
                "  --overlay-dir DIR     directory for the copy-on-write disk overlay (default $TMPDIR or /var/tmp)\n"
+               "  --tag TAG             the compacted snapshot's tag (compact)\n"
                "  -h --help             show this help\n"
                "     --version          show the version\n"
                "\n"
@@ -71,7 +79,7 @@ static int parse_fd(const char *s, int *ret) {
 
 static int parse_argv(int argc, char *argv[]) {
         enum { ARG_KERNEL = 0x100, ARG_DISK, ARG_SNAPSHOT, ARG_MEM, ARG_ID, ARG_CONSOLE, ARG_ASOCK, ARG_AFD,
-               ARG_CSOCK, ARG_CFD, ARG_OVERLAY, ARG_VERSION, ARG_INITRD, ARG_CMDLINE };
+               ARG_CSOCK, ARG_CFD, ARG_OVERLAY, ARG_VERSION, ARG_INITRD, ARG_CMDLINE, ARG_TAG };
         static const struct option opts[] = {
                 { "kernel", required_argument, NULL, ARG_KERNEL },
                 { "disk", required_argument, NULL, ARG_DISK },
@@ -86,6 +94,7 @@ static int parse_argv(int argc, char *argv[]) {
                 { "control-socket", required_argument, NULL, ARG_CSOCK },
                 { "control-fd", required_argument, NULL, ARG_CFD },
                 { "overlay-dir", required_argument, NULL, ARG_OVERLAY },
+                { "tag", required_argument, NULL, ARG_TAG },
                 { "help", no_argument, NULL, 'h' },
                 { "version", no_argument, NULL, ARG_VERSION },
                 {}
@@ -150,6 +159,11 @@ static int parse_argv(int argc, char *argv[]) {
                         break;
                 case ARG_OVERLAY:
                         arg_overlay_dir = optarg;
+                        break;
+                case ARG_TAG:
+                        if (!snapshot_tag_is_valid(optarg))
+                                return log_error_errno(EINVAL, "--tag must match ^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$");
+                        arg_tag = optarg;
                         break;
                 case '?':
                         return -EINVAL;
@@ -281,6 +295,29 @@ static int cmd_check(const char *dir) {
         return 0;
 }
 
+/* One JSON line on stdout for forkd: {"ok":true} or {"error":"...","errno":N}. */
+static int cmd_compact(const char *out) {
+        _cleanup_free_ char *err = NULL;
+        struct json_object *o;
+        int r;
+
+        if (!arg_snapshot || !arg_tag)
+                return log_error_errno(EINVAL, "compact needs --snapshot and --tag"), 2;
+        /* forkd killed: stop too; its next start removes the staging directory */
+        (void) prctl(PR_SET_PDEATHSIG, SIGKILL);
+        r = compact_snapshot(arg_snapshot, out, arg_tag, &err);
+        o = json_object_new_object();
+        if (r < 0) {
+                log_error_errno(r, "Failed to compact %s: %s", arg_snapshot, err ?: strerror(-r));
+                json_object_object_add(o, "error", json_object_new_string(err ?: strerror(-r)));
+                json_object_object_add(o, "errno", json_object_new_int(-r));
+        } else
+                json_object_object_add(o, "ok", json_object_new_boolean(1));
+        printf("%s\n", json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN));
+        json_object_put(o);
+        return r < 0 ? 1 : 0;
+}
+
 int main(int argc, char *argv[]) {
         _cleanup_close_ int kvm_fd = -EBADF;
         const char *verb;
@@ -309,6 +346,11 @@ int main(int argc, char *argv[]) {
                 if (optind + 1 != argc - 1)
                         return log_error_errno(EINVAL, "check takes one snapshot directory"), 2;
                 return cmd_check(argv[optind + 1]) < 0 ? 1 : 0;
+        }
+        if (strcmp(verb, "compact") == 0) {
+                if (optind + 1 != argc - 1)
+                        return log_error_errno(EINVAL, "compact takes one output directory"), 2;
+                return cmd_compact(argv[optind + 1]);
         }
         if (optind != argc - 1)
                 return log_error_errno(EINVAL, "Unexpected argument: %s", argv[optind + 1]), 2;

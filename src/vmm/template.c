@@ -362,8 +362,18 @@ int template_serve(int kvm_fd, const char *snapshot_dir, int control_fd, const c
         (void) prctl(PR_SET_PDEATHSIG, SIGKILL);
 
         r = snapshot_load(snapshot_dir, &snap, &err);
-        if (r < 0)
+        if (r < 0) {
+                /* Tell the controller why, so that its caller reads it (vmm_client_template_start()). */
+                struct template t = { .control_fd = control_fd };
+                struct json_object *o = json_object_new_object();
+
+                json_object_object_add(o, "event", json_object_new_string("refused"));
+                json_object_object_add(o, "error", json_object_new_string(err ?: strerror(-r)));
+                json_object_object_add(o, "errno", json_object_new_int(-r));
+                send_json(&t, o);
+                json_object_put(o);
                 return log_error_errno(r, "Cannot use snapshot %s: %s", snapshot_dir, err ?: strerror(-r));
+        }
 
         /* Map, never touch: the template's page tables stay empty, so fork is cheap. */
         r = snapshot_map_memory(snap, &mem);

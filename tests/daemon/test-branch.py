@@ -239,6 +239,103 @@ def run(h):
     h.check("diff branch: parent_tag and parent_content_hash, only changed pages; a diff of a diff forks; "
             "its parent cannot be deleted", diff)
 
+    def chain_ops():
+        # After diff(): base <- d1 <- d2. Seed 001's DELETE with dependents, compact, and
+        # seed 003's broken chains (an orphan, a re-snapshotted parent).
+        snaps = os.path.join(h.state, "snapshots")
+        HAS_DEPS, BROKEN = "org.forkd.Error.HasDependents", "org.forkd.Error.ChainBroken"
+        msg = h.expect_error(HAS_DEPS, "DeleteSnapshot", "sbb", ["d1", False, False])
+        assert msg == ("snapshot `d1` is the parent of 1 chained snapshot(s): [d2]; rerun with `?cascade=true` to "
+                       "delete the whole subtree, or `?force=true` to orphan the children (they will fail to "
+                       "restore)"), msg
+        msg = h.expect_error(HAS_DEPS, "DeleteSnapshot", "sbb", ["base", False, False])
+        assert "[" in msg and "d1" in msg and "b1" not in msg, msg
+        h.expect_error(tf.INVALID_ARGS, "DeleteSnapshot", "sbb", ["d1", True, True])
+
+        # compact: a flat snapshot of the head, the chain left as it is
+        info = h.m("CompactSnapshot", "ss", ["d2", "d2-flat"], timeout=120)[0]
+        assert info["tag"] == "d2-flat" and "parent_tag" not in info and info["mem_size"] == 64 << 20, info
+        h.bus.wait_signal(lambda m, b: m == "SnapshotNew" and b[0] == "d2-flat")
+        details = h.m("GetSnapshotInfo", "s", ["d2-flat"])[0]
+        assert details["chain_depth"] == 0 and details["ancestors"] == [] and "parent_content_hash" not in details, \
+            details
+        assert not os.path.exists(f"{snaps}/d2-flat/memory.map")
+        with open(f"{snaps}/d2-flat/snapshot.json") as f:
+            meta = json.load(f)
+        assert meta.get("parent_tag") is None and meta["tag"] == "d2-flat", meta
+        assert not [n for n in os.listdir(snaps) if n.startswith(".compact-staging-")], os.listdir(snaps)
+        k = h.fork("d2-flat", 1)[0]
+        ping(k["id"])
+        assert peek(k["pid"], 13) == b"diff-state-1!" and peek(k["pid"], 13, SCRATCH + 8192) == b"diff-state-2!"
+        j = h.fork("d2", 1)[0]  # the chain still forks
+        assert peek(j["pid"], 13) == b"diff-state-1!" and peek(j["pid"], 13, SCRATCH + 8192) == b"diff-state-2!"
+        terminate(k, j)
+        assert h.m("GetSnapshotInfo", "s", ["d2"])[0]["chain_depth"] == 2
+        h.expect_error(EXISTS, "CompactSnapshot", "ss", ["d2", "base"])
+        h.expect_error(EXISTS, "CompactSnapshot", "ss", ["d2", "d2-flat"])
+        h.expect_error(tf.INVALID_ARGS, "CompactSnapshot", "ss", ["d2", "d2"])
+        h.expect_error(tf.INVALID_ARGS, "CompactSnapshot", "ss", ["d2", "../evil"])
+        h.expect_error(tf.INVALID_ARGS, "CompactSnapshot", "ss", ["d2", ".compact-staging-x"])
+        h.expect_error(tf.INVALID_ARGS, "CompactSnapshot", "ss", ["d2", "x" * 65])
+        h.expect_error("org.forkd.Error.NoSuchSnapshot", "CompactSnapshot", "ss", ["nope", "nope-flat"])
+
+        # A compact that dies half way leaves only its staging directory, which the next start removes.
+        h.stop_forkd()
+        os.environ["FORKD_TEST_CRASH_COMPACT"] = "disk"
+        try:
+            h.start_forkd()
+            h.expect_error("org.forkd.Error.Failed", "CompactSnapshot", "ss", ["d2", "d2-crash"])
+        finally:
+            del os.environ["FORKD_TEST_CRASH_COMPACT"]
+        assert "d2-crash" not in {s["tag"] for s in h.m("ListSnapshots")[0]}
+        assert not os.path.exists(f"{snaps}/d2-crash") and os.path.isdir(f"{snaps}/.compact-staging-d2-crash")
+        h.stop_forkd()
+        h.start_forkd()
+        assert not [n for n in os.listdir(snaps) if "d2-crash" in n], os.listdir(snaps)
+
+        # force: the parent goes, its child stays listed and fails to fork, naming the missing parent
+        p = h.fork("base", 1)[0]
+        poke(p["pid"], b"e-chain-one!!")
+        branch(p["id"], "e1", "diff")
+        c = h.fork("e1", 1)[0]
+        poke(c["pid"], b"e-chain-two!!", SCRATCH + 8192)
+        branch(c["id"], "e2", "diff")
+        g = h.fork("e2", 1)[0]  # e2's template runs: the force delete must not leave it serving
+        terminate(p, c, g)
+        h.m("DeleteSnapshot", "sbb", ["e1", False, True])
+        tags = {s["tag"] for s in h.m("ListSnapshots")[0]}
+        assert "e1" not in tags and "e2" in tags and not os.path.exists(f"{snaps}/e1"), tags
+        msg = h.expect_error(BROKEN, "Fork", "sua{sv}", ["e2", 1, {}])
+        assert "chain `e2` references parent `e1`, which no longer exists" in msg, msg
+        h.expect_error(BROKEN, "CompactSnapshot", "ss", ["e2", "e2-flat"])
+        assert h.m("GetSnapshotInfo", "s", ["e2"])[0]["parent_tag"] == "e1"
+
+        # a parent re-snapshotted under the same tag: seed 003's 409
+        p = h.fork("base", 1)[0]
+        poke(p["pid"], b"another-e1!!!")
+        branch(p["id"], "e1", "full")
+        terminate(p)
+        msg = h.expect_error(BROKEN, "Fork", "sua{sv}", ["e2", 1, {}])
+        assert msg.startswith("chain `e2` references `e1` content `") and "`, but parent now has content `" in msg \
+            and msg.endswith("rebuild with `forkctl snapshot diff --from e1`"), msg
+        msg = h.expect_error(BROKEN, "CompactSnapshot", "ss", ["e2", "e2-flat"])
+        assert "but parent now has content" in msg, msg
+        assert not [n for n in os.listdir(snaps) if "e2-flat" in n], os.listdir(snaps)
+        h.m("DeleteSnapshot", "sbb", ["e2", False, False])
+        h.m("DeleteSnapshot", "sbb", ["e1", False, False])
+
+        # cascade: the whole subtree, children first; the compacted copy is independent
+        h.m("DeleteSnapshot", "sbb", ["d1", True, False])
+        tags = {s["tag"] for s in h.m("ListSnapshots")[0]}
+        assert not {"d1", "d2"} & tags and {"base", "d2-flat"} <= tags, tags
+        assert not os.path.exists(f"{snaps}/d1") and not os.path.exists(f"{snaps}/d2")
+        k = h.fork("d2-flat", 1)[0]
+        assert peek(k["pid"], 13, SCRATCH + 8192) == b"diff-state-2!"
+        terminate(k)
+        templates_gone()
+    h.check("chains: DELETE with dependents (409 naming them, cascade, force), compact (flat, staged, crash-safe, "
+            "errors), an orphan and a re-snapshotted parent fail to fork with ChainBroken", chain_ops)
+
     def fork_running():
         p = h.fork("base", 1)[0]
         poke(p["pid"], b"parent-state!")

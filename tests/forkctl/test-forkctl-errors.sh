@@ -58,7 +58,7 @@ expect() {
         fi
 }
 
-echo "1..25"
+echo "1..33"
 notrunning="forkd is not running; start it with 'systemctl start forkd' or 'tools/forkd-stack up'"
 expect 5 "$notrunning" "ls without forkd" -- --bus-address "$bus" ls
 expect 5 "$notrunning" "ls --json without forkd" -- --bus-address "$bus" ls --json
@@ -83,10 +83,18 @@ expect 2 "unknown option '--frob'" "unknown option" -- ls --frob
 expect 2 "usage: forkctl merge ID WINNER" "merge without a winner" -- merge a
 expect 2 "usage: forkctl diff ID OTHER" "diff without the other" -- diff a
 expect 2 "option --timeout does not apply here" "merge --timeout" -- merge a b --timeout 5
+expect 2 "snapshot compact needs --to" "compact without --to" -- snapshot compact a
+expect 2 "--to must match" "compact --to ../x" -- snapshot compact a --to ../x
+expect 2 "option --to does not apply here" "rm --to" -- snapshot rm a --to b
+expect 2 "needs --from, --tag and --exec" "snapshot diff without --from" -- snapshot diff --tag t --exec true
+expect 2 "--exec wants a command line" "snapshot diff --exec ''" -- snapshot diff --from a --tag t --exec ''
+expect 2 "--exec-timeout-secs wants a whole number in 1..3600" "--exec-timeout-secs 3601" -- snapshot diff --from a --tag t --exec true --exec-timeout-secs 3601
+expect 2 "--tag must name a new snapshot" "snapshot diff --tag BASE" -- snapshot diff --from a --tag a --exec true
+expect 2 "option --exec does not apply here" "branch --exec" -- branch sb-1 --exec true
 
 "$forkctl" --help >"$T/out" 2>&1; rc=$?
 missing=""
-for v in "snapshot create" "snapshot ls" "snapshot info" "snapshot rm" "fork TAG" " ls " "kill ID" "ping ID" "exec ID" "eval ID" "run ID" "merge ID WINNER" "diff ID OTHER" "--json" "--bus-address" "FORKD_BUS_ADDRESS"; do
+for v in "snapshot create" "snapshot ls" "snapshot info" "snapshot rm" "snapshot compact TAG --to T" "snapshot diff --from BASE --tag T --exec CMD" "--exec-timeout-secs" "--cascade" "--force" "fork TAG" " ls " "kill ID" "ping ID" "exec ID" "eval ID" "run ID" "merge ID WINNER" "diff ID OTHER" "--json" "--bus-address" "FORKD_BUS_ADDRESS"; do
         grep -qF -- "$v" "$T/out" || missing="$missing [$v]"
 done
 [ "$rc" = 0 ] && [ -z "$missing" ] && ok "--help names every verb and option" || not_ok "--help: rc=$rc missing:$missing"

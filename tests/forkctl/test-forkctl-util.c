@@ -62,6 +62,13 @@ static void test_error_messages(void **state) {
         check_message(SD_BUS_ERROR_NAME_HAS_NO_OWNER, "x", &snap, "forkd is not running", 5);
         check_message(FORKD_ERROR_SNAPSHOT_EXISTS, "x", &snap, "'forkctl snapshot rm base'", 1);
         check_message(FORKD_ERROR_HAS_DEPENDENTS, "x", &snap, "--cascade", 1);
+        check_message(FORKD_ERROR_HAS_DEPENDENTS,
+                      "snapshot `base` is the parent of 2 chained snapshot(s): [d1, d2]; rerun with `?cascade=true` "
+                      "to delete the whole subtree, or `?force=true` to orphan the children", &snap,
+                      "snapshot `base` is the parent of 2 chained snapshot(s): [d1, d2]; rerun with 'forkctl snapshot "
+                      "rm --cascade base' to delete the whole subtree, or with --force to orphan the children", 1);
+        check_message(FORKD_ERROR_CHAIN_BROKEN, "chain `d2` references `d1` content `aa...`", &snap,
+                      "chain `d2` references `d1` content `aa...`", 1);
         check_message(FORKD_ERROR_BUSY, "x", &snap, "retry", 1);
         check_message(SD_BUS_ERROR_INVALID_ARGS, "n must be 1..1000", &snap, "invalid argument: n must be 1..1000", 1);
         check_message(FORKD_ERROR_TIMEOUT, "x", &box, "'forkctl ping sb-1'", 1);

@@ -50,9 +50,7 @@ ok()     { n=$((n + 1)); echo "ok $n - $*"; }
 not_ok() { n=$((n + 1)); failed=$((failed + 1)); echo "not ok $n - $*"; }
 fc() { "$forkctl" --no-progress "$@" 2>"$state/err"; }
 
-echo "1..17"
-tag=flow-$$
-echo "1..13"
+echo "1..26"
 tag=verbs-$$
 fc snapshot create "$tag" --kernel "$FORKD_GUEST_KERNEL" --rootfs "$FORKD_GUEST_ROOTFS" --boot-wait 60 >/dev/null ||
         { not_ok "snapshot create: $(cat "$state/err")"; exit 1; }
@@ -99,5 +97,59 @@ fc merge "$p" "$w"; rc=$?
         || not_ok "merge gone: rc=$rc $(cat "$state/err")"
 fc merge "$p" "$s" | grep -q "^$p " && ok "merge table names $p" || not_ok "merge table: $(cat "$state/err")"
 
-fc kill "$p" >/dev/null; fc snapshot rm "$tag" >/dev/null
+# chains: rm with dependents, --force, --cascade; compact; snapshot diff
+fc branch "$p" --tag "$tag-d1" --mode diff >/dev/null && c=$(fc fork "$tag-d1" --json | pyq "j['sandboxes'][0]['id']") &&
+        fc branch "$c" --tag "$tag-d2" --mode diff >/dev/null && fc kill "$c" >/dev/null &&
+        ok "a chain $tag <- $tag-d1 <- $tag-d2" || not_ok "chain: $(cat "$state/err")"
+fc snapshot rm "$tag"; rc=$?
+[ $rc = 1 ] && grep -qF "is the parent of 1 chained snapshot(s): [$tag-d1]" "$state/err" &&
+        grep -qF -- "--cascade" "$state/err" && ok "snapshot rm of a parent: exit 1, names its dependents" \
+        || not_ok "rm parent: rc=$rc $(cat "$state/err")"
+fc snapshot compact "$tag-d2" --to "$tag-flat" --json >"$state/out" &&
+        pyq "j['tag'] == '$tag-flat' and 'parent_tag' not in j" "$state/out" >/dev/null &&
+        [ "$(fc snapshot info "$tag-flat" --json | pyq "j['chain_depth']")" = 0 ] &&
+        fc fork "$tag-flat" --json >"$state/out" && fc kill "$(pyq "j['sandboxes'][0]['id']" "$state/out")" >/dev/null \
+        && ok "snapshot compact: a flat snapshot that forks" || not_ok "compact: $(cat "$state/out" "$state/err")"
+fc snapshot compact "$tag-d2" --to "$tag-d2"; rc=$?
+[ $rc = 2 ] && grep -q -- "--to must name a new snapshot" "$state/err" && ok "compact --to itself: usage error" \
+        || not_ok "compact to itself: rc=$rc $(cat "$state/err")"
+fc snapshot compact "$tag-d2" --to "$tag-flat"; rc=$?
+[ $rc = 1 ] && grep -q "already exists" "$state/err" && ok "compact to an existing tag: exit 1" \
+        || not_ok "compact existing: rc=$rc $(cat "$state/err")"
+fc snapshot compact "$tag-d2"; rc=$?
+[ $rc = 2 ] && ok "compact without --to: usage error" || not_ok "compact without --to: rc=$rc"
+fc snapshot rm "$tag-d1" --force >/dev/null && fc fork "$tag-d2"; rc=$?
+[ $rc = 1 ] && grep -qF "references parent \`$tag-d1\`, which no longer exists" "$state/err" &&
+        ok "rm --force orphans the child, which fails to fork naming its parent" \
+        || not_ok "force: rc=$rc $(cat "$state/err")"
+# snapshot diff: the test guest runs exec of sh -c CODE in its run_code language
+before=$(fc ls --json | pyq "len(j['sandboxes'])")
+fc snapshot diff --from "$tag" --tag "$tag-x" --exec "write /root/x.txt step-one; y = 7" --json >"$state/out" &&
+        pyq "j['tag'] == '$tag-x' and j['parent_tag'] == '$tag' and len(j['parent_content_hash']) == 64" \
+                "$state/out" >/dev/null &&
+        [ "$(fc ls --json | pyq "len(j['sandboxes'])")" = "$before" ] &&
+        c=$(fc fork "$tag-x" --json | pyq "j['sandboxes'][0]['id']") &&
+        [ "$(fc run "$c" 'print y; cat /root/x.txt' --json | pyq "j['stdout']")" = "$(printf '7\nstep-one')" ] &&
+        fc kill "$c" >/dev/null \
+        && ok "snapshot diff: a diff link of $tag with the command's changes; its sandbox is gone" \
+        || not_ok "snapshot diff: $(cat "$state/out" "$state/err")"
+fc snapshot diff --from "$tag" --tag "$tag-y" --exec "y = 8; bogus statement"; rc=$?
+[ $rc = 1 ] && grep -q "exited with status 1; no snapshot '$tag-y' was made" "$state/err" &&
+        grep -q "bogus" "$state/err" && [ "$(fc ls --json | pyq "len(j['sandboxes'])")" = "$before" ] &&
+        ! fc snapshot info "$tag-y" >/dev/null \
+        && ok "snapshot diff whose command fails: exit 1 with its status and stderr, no sandbox or snapshot left" \
+        || not_ok "snapshot diff failing: rc=$rc $(cat "$state/err")"
+fc snapshot diff --from "$tag" --tag "$tag-x"; rc=$?
+[ $rc = 2 ] && grep -q "needs --from, --tag and --exec" "$state/err" && ok "snapshot diff without --exec: usage error" \
+        || not_ok "snapshot diff usage: rc=$rc $(cat "$state/err")"
+fc snapshot diff --from "$tag" --tag "$tag-x" --exec true --exec-timeout-secs 0; rc=$?
+[ $rc = 2 ] && ok "snapshot diff --exec-timeout-secs 0: usage error" || not_ok "exec timeout 0: rc=$rc"
+fc snapshot rm "$tag" --cascade --force; rc=$?
+[ $rc = 2 ] && ok "rm --cascade --force: usage error" || not_ok "rm both: rc=$rc"
+fc branch "$p" --tag "$tag-d3" --mode diff >/dev/null
+fc kill "$p" >/dev/null
+fc snapshot rm "$tag" --cascade >/dev/null && ! fc snapshot info "$tag-d3" >/dev/null && ! fc snapshot info "$tag" >/dev/null &&
+        ! fc snapshot info "$tag-x" >/dev/null \
+        && ok "rm --cascade deletes the subtree" || not_ok "cascade: $(cat "$state/err")"
+fc snapshot rm "$tag-d2" >/dev/null; fc snapshot rm "$tag-flat" >/dev/null
 [ "$failed" = 0 ]

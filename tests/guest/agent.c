@@ -276,7 +276,9 @@ static void handle_request(u32 id, const u8 *p, u32 n)
                 op_run_code(id, p, n);
         } else if (json_str_eq(p, &op, "hash_files")) {
                 op_hash_files(id, p, n);
-        } else if (json_str_eq(p, &op, "exec") || json_str_eq(p, &op, "eval")) {
+        } else if (json_str_eq(p, &op, "exec")) {
+                op_exec(id, p, n);
+        } else if (json_str_eq(p, &op, "eval")) {
                 agent_reply_error(id, "not supported by the test guest");
         } else {
                 agent_reply_error(id, "unknown op");

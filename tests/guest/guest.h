@@ -259,6 +259,7 @@ void agent_reply_error(u32 id, const char *msg);
 
 /* ---- files.c ---- */
 void op_run_code(u32 id, const u8 *p, u32 n);
+void op_exec(u32 id, const u8 *p, u32 n);
 void op_hash_files(u32 id, const u8 *p, u32 n);
 __attribute__((noreturn)) void agent_loop(void);
 

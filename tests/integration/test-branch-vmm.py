@@ -11,6 +11,7 @@ Usage: test-branch-vmm.py FORKD_VMM TEST_GUEST_ELF AGENT_CHECK_PY
 """
 
 import array
+import errno
 import importlib.util
 import json
 import os
@@ -332,6 +333,7 @@ def run(tmp, vms):
         assert c.a("mem_checksum", offset_pages=0, pages=256)["checksum"] == x
         assert c.a("ping")["pong"]
         y = c.a("mem_write", offset_pages=512, pages=16, pattern=0x0e0e0e0e)["checksum"]
+        c.a("disk_write", block=6, pattern=6666)  # d2 gets a disk layer
         a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         r = c.control({"op": "branch", "dir": os.path.join(tmp, "d2"), "tag": "d2", "mode": "diff",
                        "parent_dir": os.path.join(tmp, "d1"), "parent_tag": "d1"}, b.fileno())
@@ -344,14 +346,44 @@ def run(tmp, vms):
         assert c.a("mem_checksum", offset_pages=0, pages=256)["checksum"] == x
         assert c.a("mem_checksum", offset_pages=512, pages=16)["checksum"] == y
         c.stop()
+        assert json.load(open(os.path.join(tmp, "d2", "snapshot.json")))["disk_layers"] == 1
+        # compact: the chain head as a flat snapshot, staged and renamed into place
+        flat = os.path.join(tmp, "d2flat")
+        crash = subprocess.run([VMM, "compact", "--snapshot", os.path.join(tmp, "d2"), "--tag", "d2flat", flat],
+                               capture_output=True, text=True, env=dict(os.environ, FORKD_TEST_CRASH_COMPACT="disk"))
+        assert crash.returncode == 99 and not os.path.exists(flat), crash
+        assert os.path.isdir(os.path.join(tmp, ".compact-staging-d2flat"))
+        out = subprocess.run([VMM, "compact", "--snapshot", os.path.join(tmp, "d2"), "--tag", "d2flat", flat],
+                             capture_output=True, text=True)
+        assert out.returncode == 0 and json.loads(out.stdout) == {"ok": True}, out
+        assert not os.path.exists(os.path.join(tmp, ".compact-staging-d2flat"))
+        meta = json.load(open(os.path.join(flat, "snapshot.json")))
+        assert meta["tag"] == "d2flat" and meta.get("parent_tag") is None and meta.get("disk_layers", 0) == 0, meta
+        assert sorted(os.listdir(flat)) == ["disk.img", "memory.bin", "snapshot.json", "vmstate"], os.listdir(flat)
+        st = os.stat(os.path.join(flat, "memory.bin"))
+        assert st.st_size == 64 << 20 and st.st_blocks * 512 < 32 << 20, st  # sparse where zero
+        c = VM(tmp, "flatc", ["restore", "--snapshot", flat])
+        vms.append(c)
+        assert c.a("mem_checksum", offset_pages=0, pages=256)["checksum"] == x
+        assert c.a("mem_checksum", offset_pages=512, pages=16)["checksum"] == y
+        assert c.a("disk_read", block=6)["first"] == 6666
+        c.stop()
+        out = subprocess.run([VMM, "compact", "--snapshot", os.path.join(tmp, "d2"), "--tag", "d2flat", flat],
+                             capture_output=True, text=True)
+        assert out.returncode == 1 and json.loads(out.stdout)["errno"] == errno.EEXIST, out
         # A parent that changed is refused when the chain is loaded.
         with open(os.path.join(tmp, "d1", "memory.bin"), "r+b") as f:
             f.seek(5 << 20)
             f.write(b"tampered")
         out = subprocess.run([VMM, "check", os.path.join(tmp, "d2")], capture_output=True, text=True)
-        assert out.returncode != 0 and "parent_content_hash" in out.stderr, out
+        assert out.returncode != 0 and "but parent now has content" in out.stderr, out
+        out = subprocess.run([VMM, "compact", "--snapshot", os.path.join(tmp, "d2"), "--tag", "d2flat2",
+                              os.path.join(tmp, "d2flat2")], capture_output=True, text=True)
+        assert out.returncode == 1 and json.loads(out.stdout)["errno"] == errno.ESTALE, out
+        assert "but parent now has content" in json.loads(out.stdout)["error"], out
+        assert not [n for n in os.listdir(tmp) if "d2flat2" in n], os.listdir(tmp)
     check("diff: only the changed pages, parent_tag and SHA-256 of the parent; a chain of two restores; "
-          "a changed parent is refused", diff)
+          "compact writes it flat (memory, merged disk), staged, crash-safe; a changed parent is refused", diff)
 
     ctx["src"].stop()
 

@@ -372,8 +372,8 @@ def t_validation(c):
 
 
 def t_not_implemented_validation(c):
-    """branch, compact and the running-sandbox fork have no engine yet, but
-    their requests are checked first: the spec's 400 rows hold."""
+    """branch, compact and the running-sandbox fork check their requests
+    before any D-Bus call: the spec's 400 rows hold."""
     # spec: 400 when both mode and diff are set, or wait: false without mode "live"
     for body in ({"mode": "full", "diff": True}, {"mode": "diff", "diff": False}, {"wait": False},
                  {"mode": "full", "wait": False}, {"mode": "diff", "wait": False}, {"mode": "fast"},
@@ -771,17 +771,72 @@ def t_exec_eval(c, stack):
     c.expect(200, "POST", f"/v1/sandboxes/{sid}/ping")
 
 
-def t_not_implemented(c, stack):
-    """No engine yet: 501 with an error body for an existing sandbox or
-    snapshot, the spec's 404 for an unknown one; never a fake success."""
-    r = c.expect(501, "POST", f"/v1/snapshots/{Ctx.tag}/compact", {"to": "rest-flat"})
-    check("not implemented" in r.json["error"], r)
-    c.expect(404, "POST", "/v1/snapshots/rest-nosuch/compact", {"to": "rest-flat"})
-    r = c.expect(200, "GET", "/v1/snapshots")
-    check(all(s["tag"] != "rest-flat" for s in r.json),
-          f"a 501 created a snapshot: {r}")
+def t_chains(c, stack):
+    """Seed 001's chain rows: DELETE with dependents (409 naming them, cascade,
+    force, both 400), compact (201 SnapshotInfo of a flat snapshot that forks;
+    409, 400, 404), an orphan and a re-snapshotted parent 409 (seed 003)."""
+    sid = Ctx.sandboxes[0]
+
+    def diff_of(parent, tag):
+        child = c.expect(201, "POST", "/v1/sandboxes", {"snapshot_tag": parent, "n": 1}).json[0]["id"]
+        r = c.expect(201, "POST", f"/v1/sandboxes/{child}/branch", {"tag": tag, "mode": "diff"})
+        check(r.json["parent_tag"] == parent, r)
+        c.expect(204, "DELETE", f"/v1/sandboxes/{child}")
+
+    def fork_one(tag):
+        child = c.expect(201, "POST", "/v1/sandboxes", {"snapshot_tag": tag, "n": 1}).json[0]["id"]
+        c.expect(200, "POST", f"/v1/sandboxes/{child}/ping")
+        c.expect(204, "DELETE", f"/v1/sandboxes/{child}")
+
+    # Ctx.tag <- rest-d1 (t_branch) <- rest-d1b
+    diff_of("rest-d1", "rest-d1b")
+    r = c.expect(409, "DELETE", "/v1/snapshots/rest-d1")
+    check(r.json == {"error": "snapshot `rest-d1` is the parent of 1 chained snapshot(s): [rest-d1b]; rerun with "
+                              "`?cascade=true` to delete the whole subtree, or `?force=true` to orphan the children "
+                              "(they will fail to restore)"}, r)
+    c.expect(400, "DELETE", "/v1/snapshots/rest-d1?cascade=true&force=true")
+
+    # compact the head: a flat snapshot; the chain stays
+    r = c.expect(201, "POST", "/v1/snapshots/rest-d1b/compact", {"to": "rest-flat"})
+    check(r.json["tag"] == "rest-flat" and "parent_tag" not in r.json and r.json["dir"].endswith("/rest-flat"), r)
+    r = c.expect(200, "GET", "/v1/snapshots/rest-flat/info")
+    check(r.json["chain_depth"] == 0 and r.json["ancestors"] == [] and "parent_tag" not in r.json, r)
+    check(c.expect(200, "GET", "/v1/snapshots/rest-d1b/info").json["chain_depth"] == 2, "the chain changed")
+    fork_one("rest-flat")
+    fork_one("rest-d1b")
+    c.expect(409, "POST", "/v1/snapshots/rest-d1b/compact", {"to": "rest-flat"})
+    c.expect(409, "POST", "/v1/snapshots/rest-d1b/compact", {"to": Ctx.tag})
+    c.expect(400, "POST", "/v1/snapshots/rest-d1b/compact", {"to": "rest-d1b"})
+    c.expect(400, "POST", "/v1/snapshots/rest-d1b/compact", {"to": ".compact-staging-x"})
+    c.expect(404, "POST", "/v1/snapshots/rest-nosuch/compact", {"to": "rest-flat2"})
+    listed = {s["tag"] for s in c.expect(200, "GET", "/v1/snapshots").json}
+    check("rest-flat2" not in listed, listed)
+
+    # force: the child is orphaned and fails to fork, naming its parent
+    c.expect(204, "DELETE", "/v1/snapshots/rest-d1?force=true")
+    c.expect(404, "GET", "/v1/snapshots/rest-d1/info")
+    r = c.expect(409, "POST", "/v1/sandboxes", {"snapshot_tag": "rest-d1b", "n": 1})
+    check("references parent `rest-d1`, which no longer exists" in r.json["error"], r)
+    # the parent re-snapshotted under the same tag: seed 003's 409
+    c.expect(201, "POST", f"/v1/sandboxes/{sid}/branch", {"tag": "rest-d1", "mode": "full"})
+    r = c.expect(409, "POST", "/v1/sandboxes", {"snapshot_tag": "rest-d1b", "n": 1})
+    check(r.json["error"].startswith("chain `rest-d1b` references `rest-d1` content `") and
+          "but parent now has content" in r.json["error"], r)
+    r = c.expect(409, "POST", "/v1/snapshots/rest-d1b/compact", {"to": "rest-flat2"})
+    check("but parent now has content" in r.json["error"], r)
+
+    # cascade: the whole subtree (the stale rest-d1b too: its parent_tag names rest-d1)
+    diff_of("rest-d1", "rest-e1")
+    diff_of("rest-e1", "rest-e2")
+    r = c.expect(409, "DELETE", "/v1/snapshots/rest-d1")
+    check("2 chained snapshot(s)" in r.json["error"] and "rest-d1b" in r.json["error"] and
+          "rest-e1" in r.json["error"], r)
+    c.expect(204, "DELETE", "/v1/snapshots/rest-d1?cascade=true")
+    for tag in ("rest-d1", "rest-e1", "rest-e2", "rest-d1b"):
+        c.expect(404, "GET", f"/v1/snapshots/{tag}/info")
+    c.expect(204, "DELETE", "/v1/snapshots/rest-flat")
     r = c.expect(200, "GET", "/v1/sandboxes")
-    check(len(r.json) == len(Ctx.sandboxes), f"a 501 created sandboxes: {r}")
+    check(len(r.json) == len(Ctx.sandboxes), f"sandboxes left behind: {r}")
 
 
 def t_sandbox_fork(c, stack):
@@ -845,10 +900,9 @@ def t_branch(c, stack):
         c.expect(200, "POST", f"/v1/sandboxes/{child}/ping")
         c.expect(204, "DELETE", f"/v1/sandboxes/{child}")
     c.expect(200, "POST", f"/v1/sandboxes/{sid}/ping")
-    # diff links hold on to their parent
+    # diff links hold on to their parent (rest-d1 stays for t_chains)
     c.expect(409, "DELETE", f"/v1/snapshots/{Ctx.tag}")
-    for tag in ("rest-d1", "rest-d2"):
-        c.expect(204, "DELETE", f"/v1/snapshots/{tag}")
+    c.expect(204, "DELETE", "/v1/snapshots/rest-d2")
 
 
 
@@ -1001,7 +1055,8 @@ def main():
              "children of a branch answer", t_branch),
             ("POST /v1/sandboxes/:id/fork: 200 children that answer; seed 002's 400, 401, 404 bodies",
              t_sandbox_fork),
-            ("compact: 501, or 404 for an unknown one", t_not_implemented),
+            ("chains: DELETE with dependents 409, ?cascade, ?force; compact 201, 409, 400, 404; an orphan and a "
+             "re-snapshotted parent 409", t_chains),
             ("DELETE /v1/sandboxes/:id", t_sandbox_delete),
             ("POST /v1/sandboxes on a damaged snapshot is 500", t_fork_errors),
             ("a hung daemon: call cap 503, loop keeps serving", t_calls_cap),
