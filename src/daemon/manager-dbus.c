@@ -12,6 +12,7 @@
 #include "macro.h"
 #include "manager-dbus.h"
 #include "operation.h"
+#include "pack-op.h"
 #include "polkit.h"
 #include "branch.h"
 #include "sandbox-fork.h"
@@ -600,6 +601,11 @@ const sd_bus_vtable manager_vtable[] = {
                                 method_get_snapshot_info, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("DeleteSnapshot", SD_BUS_ARGS("s", tag, "b", cascade, "b", force), SD_BUS_NO_RESULT,
                                 method_delete_snapshot, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("PackSnapshot", SD_BUS_ARGS("s", tag, "h", fd), SD_BUS_RESULT("as", tags, "t", bytes),
+                                bus_manager_method_pack_snapshot, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("UnpackSnapshot", SD_BUS_ARGS("h", fd, "s", new_tag),
+                                SD_BUS_RESULT("aa{sv}", snapshots), bus_manager_method_unpack_snapshot,
+                                SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("Fork", SD_BUS_ARGS("s", snapshot_tag, "u", n, "a{sv}", options),
                                 SD_BUS_RESULT("aa{sv}", sandboxes), method_fork, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("ListSandboxes", SD_BUS_NO_ARGS, SD_BUS_RESULT("aa{sv}", sandboxes),

@@ -13,6 +13,7 @@
 #include "macro.h"
 #include "manager-dbus.h"
 #include "operation.h"
+#include "pack-op.h"
 #include "polkit.h"
 #include "sandbox-dbus.h"
 #include "sandbox.h"
@@ -146,7 +147,8 @@ static int load_snapshots(Manager *m) {
                         closedir(d);
                         return log_oom();
                 }
-                if (strncmp(de->d_name, ".deleted-", 9) == 0) {
+                if (strncmp(de->d_name, ".deleted-", 9) == 0 ||
+                    strncmp(de->d_name, PACK_STAGING_PREFIX, strlen(PACK_STAGING_PREFIX)) == 0) {
                         log_info("Finishing the deletion of %s.", path);
                         r = rm_rf(path);
                         if (r < 0)

@@ -385,7 +385,7 @@ static int write_buffer_member(struct archive *a, const char *path, const char *
         return 0;
 }
 
-int pack_write(int fd, const char *const *dirs, size_t n, char **ret_error) {
+int pack_write(int fd, const char *const *dirs, size_t n, uint64_t *ret_bytes, char **ret_error) {
         _cleanup_(manifest_donep) struct pack_manifest m = {};
         _cleanup_free_ char *json = NULL;
         _cleanup_free_ uint8_t *buf = NULL;
@@ -447,6 +447,8 @@ int pack_write(int fd, const char *const *dirs, size_t n, char **ret_error) {
         }
         if (r >= 0 && archive_write_close(a) != ARCHIVE_OK)
                 r = set_err(ret_error, -EIO, "Cannot finish the bundle: %s", archive_error_string(a) ?: "?");
+        if (r >= 0 && ret_bytes)
+                *ret_bytes = (uint64_t) archive_filter_bytes(a, -1);
 finish:
         archive_write_free(a);
         return r;
@@ -760,6 +762,8 @@ static int read_manifest(struct archive *a, struct pack_manifest *ret, char **re
         if (r < ARCHIVE_WARN)
                 return set_err(ret_error, -EBADMSG, "Not a forkd bundle (tar compressed with zstd): %s",
                                archive_error_string(a) ?: "?");
+        if (archive_filter_count(a) < 2 || archive_filter_code(a, 0) != ARCHIVE_FILTER_ZSTD)
+                return set_err(ret_error, -EBADMSG, "Not a forkd bundle: a tar, but not compressed with zstd.");
         path = archive_entry_pathname(e) ?: "";
         if (strcmp(path, PACK_MANIFEST_NAME) != 0)
                 return set_err(ret_error, -EBADMSG, "The bundle's first member is %.128s, not manifest.json.", path);

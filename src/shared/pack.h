@@ -66,9 +66,9 @@ void pack_manifest_done(struct pack_manifest *m);
 int pack_manifest_parse(const char *json, size_t len, struct pack_manifest *ret, char **ret_error);
 int pack_manifest_format(const struct pack_manifest *m, char **ret_json);
 
-/* Write the bundle of dirs[0..n) (snapshot directories, root first) to fd.
- * *ret_error (malloc()ed) says what failed. */
-int pack_write(int fd, const char *const *dirs, size_t n, char **ret_error);
+/* Write the bundle of dirs[0..n) (snapshot directories, root first) to fd;
+ * *ret_bytes (optional): its size. *ret_error (malloc()ed) says what failed. */
+int pack_write(int fd, const char *const *dirs, size_t n, uint64_t *ret_bytes, char **ret_error);
 
 /* Read a bundle from fd into staging_dfd/<tag>/ (new_tag instead of the tag
  * for a single-link bundle, when not NULL; snapshot.json is rewritten for

@@ -201,7 +201,7 @@ static void test_round_trip(void **state) {
 
         out = openat(root, "b.tar.zst", O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0640);
         assert_true(out >= 0);
-        assert_int_equal(pack_write(out, dirs, 2, &error), 0);
+        assert_int_equal(pack_write(out, dirs, 2, NULL, &error), 0);
         close(out);
 
         in = openat(root, "b.tar.zst", O_RDONLY | O_CLOEXEC);
@@ -227,7 +227,7 @@ static void test_round_trip(void **state) {
         assert_non_null(strstr(error, "chain of 2"));
         close(in);
         out = openat(root, "one.tar.zst", O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0640);
-        assert_int_equal(pack_write(out, dirs, 1, &error), 0);
+        assert_int_equal(pack_write(out, dirs, 1, NULL, &error), 0);
         close(out);
         in = openat(root, "one.tar.zst", O_RDONLY | O_CLOEXEC);
         assert_int_equal(pack_read(in, staging2, "other", &m, &error), 0);
