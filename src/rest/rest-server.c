@@ -4,6 +4,7 @@
 #include <inttypes.h>
 #include <microhttpd.h>
 #include <stdarg.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -54,6 +55,7 @@ struct RestRequest {
 
         char *body;
         size_t body_len, body_alloc;
+        int body_fd;      /* rest_method_body_fd_max(): the body goes here */
 
         bool too_large;   /* body over the cap: discarding the rest */
         bool queued;      /* a response went to MHD */
@@ -315,6 +317,19 @@ int rest_reply_raw(RestRequest *req, unsigned status, const char *content_type, 
         return queue_response(req, status, resp);
 }
 
+int rest_reply_fd(RestRequest *req, unsigned status, const char *content_type, int fd, uint64_t size) {
+        struct MHD_Response *resp;
+
+        resp = MHD_create_response_from_fd_at_offset64(size, fd, 0);
+        if (!resp) {
+                safe_close(fd);
+                return -ENOMEM;
+        }
+        if (content_type)
+                (void) MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);
+        return queue_response(req, status, resp);
+}
+
 int rest_reply_json(RestRequest *req, unsigned status, struct json_object *body) {
         const char *s;
         size_t len;
@@ -439,6 +454,17 @@ const char *rest_request_param(RestRequest *req) {
         return req->has_param ? req->param : NULL;
 }
 
+int rest_request_body_fd(RestRequest *req) {
+        if (req->body_fd < 0) {
+                req->body_fd = memfd_create("forkd-rest-body", MFD_CLOEXEC);
+                if (req->body_fd < 0)
+                        return -errno;
+        }
+        if (lseek(req->body_fd, 0, SEEK_SET) < 0)
+                return -errno;
+        return req->body_fd;
+}
+
 const char *rest_request_body(RestRequest *req, size_t *ret_len) {
         *ret_len = req->body_len;
         return req->body ?: "";
@@ -541,6 +567,7 @@ static bool check_auth(RestRequest *req) {
 static enum MHD_Result request_begin(RestRequest *req, const char *url, const char *method) {
         RestServer *s = req->server;
         const char *cl;
+        size_t body_max;
 
         req->route_index = (int) rest_routes_count;
         req->method_index = method_index(method);
@@ -572,6 +599,7 @@ static enum MHD_Result request_begin(RestRequest *req, const char *url, const ch
                 return rest_reply_error(req, 405, "method %s not allowed on %s", method, url) < 0 ? MHD_NO : MHD_YES;
         }
 
+        body_max = rest_method_body_fd_max(req->method) ?: s->body_max;
         cl = MHD_lookup_connection_value(req->connection, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (cl) {
                 char *end;
@@ -582,8 +610,8 @@ static enum MHD_Result request_begin(RestRequest *req, const char *url, const ch
                 if (errno || end == cl || *end) {
                         return rest_reply_error(req, 400, "invalid Content-Length") < 0 ? MHD_NO : MHD_YES;
                 }
-                if (v > s->body_max) {
-                        return rest_reply_error(req, 413, "request body larger than %zu bytes", s->body_max) < 0 ? MHD_NO : MHD_YES;
+                if (v > body_max) {
+                        return rest_reply_error(req, 413, "request body larger than %zu bytes", body_max) < 0 ? MHD_NO : MHD_YES;
                 }
         }
         return MHD_YES;
@@ -603,6 +631,7 @@ static enum MHD_Result handle_access(void *cls, struct MHD_Connection *connectio
                 if (!req)
                         return MHD_NO;
                 req->server = s;
+                req->body_fd = -EBADF;
                 req->connection = connection;
                 req->start = now_usec();
                 ci = MHD_get_connection_info(connection, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
@@ -633,6 +662,23 @@ static enum MHD_Result handle_access(void *cls, struct MHD_Connection *connectio
                         return MHD_YES; /* answered early: discard */
                 if (req->too_large)
                         return MHD_YES; /* discard; the request deadline bounds how long */
+                if (req->method && rest_method_body_fd_max(req->method) > 0) {
+                        if (n > rest_method_body_fd_max(req->method) - req->body_len) {
+                                req->body_fd = safe_close(req->body_fd);
+                                req->too_large = true;
+                                return MHD_YES;
+                        }
+                        if (rest_request_body_fd(req) < 0)
+                                return MHD_NO;
+                        for (size_t w = 0; w < n;) {
+                                ssize_t k = pwrite(req->body_fd, upload_data + w, n - w, (off_t) (req->body_len + w));
+                                if (k < 0)
+                                        return MHD_NO;
+                                w += (size_t) k;
+                        }
+                        req->body_len += n;
+                        return MHD_YES;
+                }
                 if (n > s->body_max - req->body_len) {
                         /* Chunked, or more than Content-Length said: refuse
                          * before buffering. MHD does not take a response in
@@ -671,7 +717,8 @@ static enum MHD_Result handle_access(void *cls, struct MHD_Connection *connectio
         if (req->conn)
                 req->conn->deadline = 0;
         if (req->too_large) {
-                r = rest_reply_error(req, 413, "request body larger than %zu bytes", s->body_max);
+                r = rest_reply_error(req, 413, "request body larger than %zu bytes",
+                                     rest_method_body_fd_max(req->method) ?: s->body_max);
                 return r < 0 ? MHD_NO : MHD_YES;
         }
         r = req->method->handler(req);
@@ -731,6 +778,7 @@ static void handle_completed(void *cls, struct MHD_Connection *connection, void 
         if (req->conn) /* the next request on this connection has its own deadline */
                 req->conn->deadline = now_usec() + s->timeout_secs * USEC_PER_SEC;
         free(req->body);
+        safe_close(req->body_fd);
         free(req);
         *con_cls = NULL;
 }

@@ -54,6 +54,13 @@ struct rest_method {
         int (*handler)(RestRequest *req);
 };
 
+/* Non-zero for a method whose body goes to a memfd (rest_request_body_fd()),
+ * at most that many bytes, instead of memory (rest-pack.c). */
+size_t rest_method_body_fd_max(const struct rest_method *m);
+
+/* Bundles (POST /v1/snapshots/unpack): the body cap. */
+#define REST_BUNDLE_MAX (UINT64_C(1) << 30)
+
 typedef struct RestRoute {
         const char *pattern;    /* "/v1/snapshots/%/info": '%' matches one segment */
         bool no_auth;
@@ -66,6 +73,9 @@ extern const size_t rest_routes_count;
 
 const char *rest_request_param(RestRequest *req);             /* the '%' segment, or NULL */
 const char *rest_request_body(RestRequest *req, size_t *ret_len);
+/* A route with body_fd_max: the body in a memfd, at offset 0 (owned by req;
+ * an empty one if there was no body). Negative errno on failure. */
+int rest_request_body_fd(RestRequest *req);
 const char *rest_request_query(RestRequest *req, const char *key);
 RestServer *rest_request_server(RestRequest *req);
 
@@ -79,6 +89,8 @@ int rest_reply_json(RestRequest *req, unsigned status, struct json_object *body)
 int rest_reply_raw(RestRequest *req, unsigned status, const char *content_type, const char *body, size_t len);
 int rest_reply_error(RestRequest *req, unsigned status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 int rest_reply_no_content(RestRequest *req);
+/* size bytes of fd from offset 0 (fd is taken, also on failure). */
+int rest_reply_fd(RestRequest *req, unsigned status, const char *content_type, int fd, uint64_t size);
 /* Turn a D-Bus error reply into the mapped status and {"error": message}. */
 int rest_reply_bus_error(RestRequest *req, const sd_bus_error *e, unsigned override_exists_status);
 

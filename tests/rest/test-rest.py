@@ -641,6 +641,56 @@ def t_snapshot_create(c, stack):
     check(r.json["memory_logical_bytes"] == DEFAULT_MEM_MIB << 20 and r.json["mem_size"] == DEFAULT_MEM_MIB << 20, r)
 
 
+def t_pack_unpack(c, stack):
+    """Our extension: GET /v1/snapshots/:tag/pack and POST /v1/snapshots/unpack."""
+    def unpack(data, status, query=""):
+        return c.expect(status, "POST", "/v1/snapshots/unpack" + query, raw=data,
+                        headers={"Content-Type": "application/zstd"})
+
+    def tags():
+        return {s["tag"] for s in c.expect(200, "GET", "/v1/snapshots").json}
+
+    r = c.expect(200, "GET", f"/v1/snapshots/{Ctx.tag}/pack")
+    check(r.headers.get("Content-Type") == "application/zstd" and r.data[:4] == b"\x28\xb5\x2f\xfd", r)
+    one = r.data
+    c.expect(404, "GET", "/v1/snapshots/rest-nosuch/pack")
+    c.expect(400, "GET", "/v1/snapshots/-bad/pack")
+    r = unpack(one, 409)
+    check(Ctx.tag in r.json["error"], r)
+    r = c.expect(405, "POST", "/v1/snapshots/other", raw=b"x")
+    check(r.headers.get("Allow") == "DELETE", r.headers)
+    before = tags()
+    bad = bytearray(one)
+    bad[len(bad) // 2] ^= 0x20
+    r = unpack(bytes(bad), 400, "?tag=rest-bad")
+    check("refused" in r.json["error"], r)
+    r = unpack(b"not a bundle", 400, "?tag=rest-bad")
+    check(tags() == before, "a refused bundle registered something")
+    snapdir = os.path.dirname(Ctx.snapshot["dir"])
+    check(not [d for d in os.listdir(snapdir) if d.startswith(".unpack-")], os.listdir(snapdir))
+    unpack(one, 400, "?tag=-bad")
+    # One snapshot under a new tag, then a chain of two.
+    r = unpack(one, 201, "?tag=rest-unpacked")
+    check([s["tag"] for s in r.json] == ["rest-unpacked"], r)
+    sb = c.expect(201, "POST", "/v1/sandboxes", {"snapshot_tag": "rest-unpacked", "n": 1}).json[0]
+    c.expect(200, "POST", f"/v1/sandboxes/{sb['id']}/ping")
+    c.expect(201, "POST", f"/v1/sandboxes/{sb['id']}/branch", {"tag": "rest-link", "mode": "diff"})
+    c.expect(204, "DELETE", f"/v1/sandboxes/{sb['id']}")
+    chain = c.expect(200, "GET", "/v1/snapshots/rest-link/pack").data
+    c.expect(204, "DELETE", "/v1/snapshots/rest-link")
+    c.expect(204, "DELETE", "/v1/snapshots/rest-unpacked")
+    r = unpack(chain, 400, "?tag=rest-other")
+    check("one snapshot" in r.json["error"], r)
+    r = unpack(chain, 201)
+    check([s["tag"] for s in r.json] == ["rest-unpacked", "rest-link"], r)
+    check(r.json[1].get("parent_tag") == "rest-unpacked", r)
+    sb = c.expect(201, "POST", "/v1/sandboxes", {"snapshot_tag": "rest-link", "n": 1}).json[0]
+    c.expect(200, "POST", f"/v1/sandboxes/{sb['id']}/ping")
+    c.expect(204, "DELETE", f"/v1/sandboxes/{sb['id']}")
+    c.expect(204, "DELETE", "/v1/snapshots/rest-link")
+    c.expect(204, "DELETE", "/v1/snapshots/rest-unpacked")
+
+
 def t_snapshot_errors(c, stack):
     # spec: "400 - ... snapshot already exists"
     r = c.expect(400, "POST", "/v1/snapshots", {"tag": Ctx.tag, "kernel": GUEST, "rootfs": Ctx.rootfs})
@@ -1001,6 +1051,8 @@ def main():
              "children of a branch answer", t_branch),
             ("POST /v1/sandboxes/:id/fork: 200 children that answer; seed 002's 400, 401, 404 bodies",
              t_sandbox_fork),
+            ("pack and unpack (our extension): a snapshot and a chain of two round-trip, 404, 409, "
+             "400 for a changed byte and for --tag on a chain, nothing left behind", t_pack_unpack),
             ("compact: 501, or 404 for an unknown one", t_not_implemented),
             ("DELETE /v1/sandboxes/:id", t_sandbox_delete),
             ("POST /v1/sandboxes on a damaged snapshot is 500", t_fork_errors),
