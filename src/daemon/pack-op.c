@@ -68,10 +68,7 @@ static int take_fd(sd_bus_message *message, int fd, int want_mode, PackJob *j, s
         j->fd = fcntl(fd, F_DUPFD_CLOEXEC, 3);
         if (j->fd < 0)
                 return sd_bus_error_set_errnof(error, errno, "Cannot use the file descriptor: %m");
-        /* Blocking I/O in the worker: a pipe must not answer EAGAIN. */
-        fl = fcntl(j->fd, F_GETFL);
-        if (fl >= 0 && (fl & O_NONBLOCK))
-                (void) fcntl(j->fd, F_SETFL, fl & ~O_NONBLOCK);
+        /* Pipes and sockets are waited for with a timeout (pack.c), blocking or not. */
         return 0;
 }
 

@@ -12,6 +12,7 @@
 #include <getopt.h>
 #include <signal.h>
 #include <sys/ioctl.h>
+#include <sys/stat.h>
 #include <systemd/sd-bus.h>
 #include <systemd/sd-event.h>
 #include <time.h>
@@ -946,6 +947,8 @@ static int verb_pack(sd_bus *bus, char **args, size_t n_args) {
         _cleanup_free_ char *what = NULL;
         _cleanup_close_ int fd = -EBADF;
         uint64_t bytes = 0;
+        bool regular = false;
+        struct stat st;
         size_t n = 0;
         int r;
 
@@ -956,6 +959,8 @@ static int verb_pack(sd_bus *bus, char **args, size_t n_args) {
                 fprintf(stderr, "forkctl: cannot create %s: %s\n", arg_out, strerror(errno));
                 return -1;
         }
+        /* A half-written file is removed on failure; a pipe or device (--out /dev/stdout) is not. */
+        regular = fstat(fd, &st) >= 0 && S_ISREG(st.st_mode);
         r = new_call(bus, "PackSnapshot", &m);
         if (r < 0)
                 goto fail;
@@ -970,7 +975,8 @@ static int verb_pack(sd_bus *bus, char **args, size_t n_args) {
         r = call_with_progress(bus, m, what, &error, &reply);
         if (r < 0) {
                 int k = report_error(&error, r, &ctx);
-                (void) unlink(arg_out); /* not a bundle */
+                if (regular)
+                        (void) unlink(arg_out); /* not a bundle */
                 return k;
         }
         tags = json_object_new_array();
@@ -1009,7 +1015,8 @@ static int verb_pack(sd_bus *bus, char **args, size_t n_args) {
                 return -1;
         return print_json(doc);
 fail:
-        (void) unlink(arg_out); /* not a bundle */
+        if (regular)
+                (void) unlink(arg_out); /* not a bundle */
         return -1;
 }
 

@@ -5,10 +5,13 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <limits.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -201,6 +204,97 @@ static int extent_write(void *userdata, uint64_t offset, uint64_t length, bool h
         return 0;
 }
 
+/* ---- the bundle's fd: a file, or a pipe to a peer that may stall ---- */
+
+struct pack_io {
+        int fd;
+        bool stream;  /* a pipe or socket: wait with a timeout, never block in write() */
+        bool socket;
+        uint8_t buf[IO_CHUNK];
+};
+
+static struct pack_io *pack_io_new(int fd) {
+        struct pack_io *io = malloc(sizeof(*io));
+        struct stat st;
+
+        if (!io)
+                return NULL;
+        io->fd = fd;
+        io->stream = io->socket = false;
+        if (fstat(fd, &st) >= 0) {
+                io->socket = S_ISSOCK(st.st_mode);
+                io->stream = io->socket || S_ISFIFO(st.st_mode);
+        }
+        return io;
+}
+
+/* Wait until fd is ready, at most PACK_STALL_TIMEOUT_MS: a peer that stops
+ * reading or writing does not hold a worker thread for ever. */
+static int wait_fd(struct archive *a, int fd, short events) {
+        struct pollfd p = { .fd = fd, .events = events };
+        int n;
+
+        do
+                n = poll(&p, 1, PACK_STALL_TIMEOUT_MS);
+        while (n < 0 && errno == EINTR);
+        if (n <= 0) {
+                archive_set_error(a, n == 0 ? ETIMEDOUT : errno,
+                                  "no progress on the bundle's file descriptor for %d s", PACK_STALL_TIMEOUT_MS / 1000);
+                return -1;
+        }
+        return 0;
+}
+
+static la_ssize_t io_write(struct archive *a, void *userdata, const void *buf, size_t n) {
+        struct pack_io *io = userdata;
+        ssize_t k;
+
+        for (;;) {
+                if (io->stream) {
+                        /* At most PIPE_BUF after POLLOUT: write() cannot block on a pipe. */
+                        if (wait_fd(a, io->fd, POLLOUT) < 0)
+                                return -1;
+                        if (n > PIPE_BUF)
+                                n = PIPE_BUF;
+                }
+                if (io->socket)
+                        k = send(io->fd, buf, n, MSG_DONTWAIT | MSG_NOSIGNAL);
+                else
+                        k = write(io->fd, buf, n);
+                if (k >= 0)
+                        return k;
+                if (errno == EINTR || (errno == EAGAIN && io->stream))
+                        continue;
+                if (errno == EAGAIN && wait_fd(a, io->fd, POLLOUT) >= 0)
+                        continue;
+                break;
+        }
+        archive_set_error(a, errno, "cannot write the bundle: %s", strerror(errno));
+        return -1;
+}
+
+static la_ssize_t io_read(struct archive *a, void *userdata, const void **ret) {
+        struct pack_io *io = userdata;
+        ssize_t k;
+
+        *ret = io->buf;
+        for (;;) {
+                if (io->stream && wait_fd(a, io->fd, POLLIN) < 0)
+                        return -1;
+                k = io->socket ? recv(io->fd, io->buf, sizeof(io->buf), MSG_DONTWAIT)
+                               : read(io->fd, io->buf, sizeof(io->buf));
+                if (k >= 0)
+                        return k;
+                if (errno == EINTR || (errno == EAGAIN && io->stream))
+                        continue;
+                if (errno == EAGAIN && wait_fd(a, io->fd, POLLIN) >= 0)
+                        continue;
+                break;
+        }
+        archive_set_error(a, errno, "cannot read the bundle: %s", strerror(errno));
+        return -1;
+}
+
 /* ---- packing ---- */
 
 static int hash_file(int fd, uint64_t size, uint8_t *buf, char hex[SNAPSHOT_HASH_LEN + 1]) {
@@ -387,6 +481,7 @@ static int write_buffer_member(struct archive *a, const char *path, const char *
 
 int pack_write(int fd, const char *const *dirs, size_t n, uint64_t *ret_bytes, char **ret_error) {
         _cleanup_(manifest_donep) struct pack_manifest m = {};
+        _cleanup_free_ struct pack_io *io = NULL;
         _cleanup_free_ char *json = NULL;
         _cleanup_free_ uint8_t *buf = NULL;
         struct archive *a = NULL;
@@ -408,11 +503,15 @@ int pack_write(int fd, const char *const *dirs, size_t n, uint64_t *ret_bytes, c
         if (r < 0)
                 return r;
 
+        io = pack_io_new(fd);
         a = archive_write_new();
-        if (!a)
+        if (!a || !io) {
+                archive_write_free(a);
                 return -ENOMEM;
+        }
         if (archive_write_add_filter_zstd(a) != ARCHIVE_OK || archive_write_set_format_pax_restricted(a) != ARCHIVE_OK ||
-            archive_write_set_bytes_in_last_block(a, 1) != ARCHIVE_OK || archive_write_open_fd(a, fd) != ARCHIVE_OK) {
+            archive_write_set_bytes_in_last_block(a, 1) != ARCHIVE_OK ||
+            archive_write_open2(a, io, NULL, io_write, NULL, NULL) != ARCHIVE_OK) {
                 r = set_err(ret_error, -EIO, "Cannot start the bundle: %s", archive_error_string(a) ?: "?");
                 goto finish;
         }
@@ -878,15 +977,19 @@ static int check_link_meta(int staging_dfd, const char *dir, const struct pack_m
 
 int pack_read(int fd, int staging_dfd, const char *new_tag, struct pack_manifest *ret, char **ret_error) {
         _cleanup_(manifest_donep) struct pack_manifest m = {};
+        _cleanup_free_ struct pack_io *io = NULL;
         struct archive *a;
         struct archive_entry *e;
         int r;
 
+        io = pack_io_new(fd);
         a = archive_read_new();
-        if (!a)
+        if (!a || !io) {
+                archive_read_free(a);
                 return -ENOMEM;
+        }
         if (archive_read_support_filter_zstd(a) != ARCHIVE_OK || archive_read_support_format_tar(a) != ARCHIVE_OK ||
-            archive_read_open_fd(a, fd, 128 * 1024) != ARCHIVE_OK) {
+            archive_read_open(a, io, NULL, io_read, NULL) != ARCHIVE_OK) {
                 r = set_err(ret_error, -EBADMSG, "Not a forkd bundle (tar compressed with zstd): %s",
                             archive_error_string(a) ?: "?");
                 goto finish;

@@ -36,6 +36,7 @@
 #define PACK_FILES_MAX (2u * SNAPSHOT_DISK_LAYERS_MAX + 8u) /* files in one link */
 #define PACK_FILE_SIZE_MAX (UINT64_C(64) << 30)       /* logical size of one file */
 #define PACK_TOTAL_SIZE_MAX (UINT64_C(256) << 30)     /* logical size of all files */
+#define PACK_STALL_TIMEOUT_MS (60 * 1000)             /* a pipe without progress this long fails */
 
 struct pack_file {
         char name[SNAPSHOT_FILE_NAME_MAX + 1];

@@ -276,6 +276,25 @@ def run(h):
         assert forkctl("unpack", bundle, "--tag", "bad/tag", ok=False).returncode == 1
     h.check("--tag renames a bundle of one snapshot only", new_tag)
 
+    def pipes():
+        # A pipe each way (forkctl --out /dev/stdout, unpack /dev/stdin): the same bytes.
+        p = subprocess.run([FORKCTL, "--bus-address", h.address, "--no-progress", "pack", "--tag", "base2",
+                            "--out", "/dev/stdout"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=120)
+        assert p.returncode == 0, p.stderr
+        with tarfile.open(fileobj=io.BytesIO(unzstd(p.stdout))) as t:
+            assert t.getnames()[0] == "manifest.json"
+        q = subprocess.run([FORKCTL, "--bus-address", h.address, "--no-progress", "--json", "unpack", "/dev/stdin",
+                            "--tag", "base3"], input=p.stdout, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           timeout=120)
+        assert q.returncode == 0, q.stderr
+        assert [s["tag"] for s in json.loads(q.stdout)["snapshots"]] == ["base3"], q.stdout
+        forkctl("snapshot", "rm", "base3")
+        # A failed pack into a pipe leaves the device alone.
+        p = subprocess.run([FORKCTL, "--bus-address", h.address, "pack", "--tag", "nope", "--out", "/dev/stdout"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=120)
+        assert p.returncode == 3 and os.path.exists("/dev/stdout"), p.stderr
+    h.check("pack into a pipe and unpack from one", pipes)
+
     def restart():
         assert h.stop_forkd() == 0
         os.mkdir(os.path.join(snapdir, ".unpack-deadbeef"))  # a killed unpack's staging
