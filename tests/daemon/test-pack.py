@@ -295,6 +295,12 @@ def run(h):
         assert p.returncode == 3 and os.path.exists("/dev/stdout"), p.stderr
     h.check("pack into a pipe and unpack from one", pipes)
 
+    def clean_exit():
+        assert h.stop_forkd() == 0
+        no_trace()
+        h.assert_no_sanitizer_report()
+    h.check("forkd exits cleanly, no sanitizer report", clean_exit)
+
     def restart():
         assert h.stop_forkd() == 0
         os.mkdir(os.path.join(snapdir, ".unpack-deadbeef"))  # a killed unpack's staging
