@@ -42,7 +42,7 @@ static int on_reply_pack(RestRequest *req, sd_bus_message *reply) {
 
         if (e)
                 return rest_reply_bus_error(req, e, 0);
-        /* forkd wrote the bundle into the request's memfd. */
+        /* forkd wrote the bundle into the request's temporary file. */
         fd = rest_request_body_fd(req);
         if (fd < 0 || fstat(fd, &st) < 0)
                 return rest_reply_error(req, 500, "cannot read the bundle: %s", strerror(fd < 0 ? -fd : errno));

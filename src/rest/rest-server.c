@@ -456,7 +456,13 @@ const char *rest_request_param(RestRequest *req) {
 
 int rest_request_body_fd(RestRequest *req) {
         if (req->body_fd < 0) {
-                req->body_fd = memfd_create("forkd-rest-body", MFD_CLOEXEC);
+                /* On disk where we may (a bundle may be larger than forkd-rest's MemoryMax=),
+                 * else in memory. Unlinked from birth either way. */
+                const char *dir = getenv("TMPDIR");
+
+                req->body_fd = open(dir && dir[0] == '/' ? dir : "/var/tmp", O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+                if (req->body_fd < 0)
+                        req->body_fd = memfd_create("forkd-rest-body", MFD_CLOEXEC);
                 if (req->body_fd < 0)
                         return -errno;
         }

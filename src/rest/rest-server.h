@@ -54,7 +54,7 @@ struct rest_method {
         int (*handler)(RestRequest *req);
 };
 
-/* Non-zero for a method whose body goes to a memfd (rest_request_body_fd()),
+/* Non-zero for a method whose body goes to a file (rest_request_body_fd()),
  * at most that many bytes, instead of memory (rest-pack.c). */
 size_t rest_method_body_fd_max(const struct rest_method *m);
 
@@ -73,8 +73,9 @@ extern const size_t rest_routes_count;
 
 const char *rest_request_param(RestRequest *req);             /* the '%' segment, or NULL */
 const char *rest_request_body(RestRequest *req, size_t *ret_len);
-/* A route with body_fd_max: the body in a memfd, at offset 0 (owned by req;
- * an empty one if there was no body). Negative errno on failure. */
+/* A route with rest_method_body_fd_max(): the body in an unlinked temporary
+ * file ($TMPDIR, else /var/tmp; a memfd if neither takes one), at offset 0
+ * (owned by req; an empty one if there was no body). Negative errno on failure. */
 int rest_request_body_fd(RestRequest *req);
 const char *rest_request_query(RestRequest *req, const char *key);
 RestServer *rest_request_server(RestRequest *req);

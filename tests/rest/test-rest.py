@@ -669,6 +669,16 @@ def t_pack_unpack(c, stack):
     snapdir = os.path.dirname(Ctx.snapshot["dir"])
     check(not [d for d in os.listdir(snapdir) if d.startswith(".unpack-")], os.listdir(snapdir))
     unpack(one, 400, "?tag=-bad")
+    # A bundle announced over the cap (1 GiB): 413 before any byte is read.
+    s = socket.create_connection(("127.0.0.1", c.port), timeout=10)
+    s.sendall(b"POST /v1/snapshots/unpack HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + TOKEN.encode() +
+              b"\r\nContent-Length: " + str((1 << 30) + 1).encode() + b"\r\n\r\n")
+    data = s.recv(4096)
+    s.close()
+    check(data.startswith(b"HTTP/1.1 413 ") and b"1073741824" in data, data)
+    # Over the JSON body cap is fine for a bundle.
+    r = unpack(b"\0" * (BODY_MAX + 4096), 400, "?tag=rest-bad")
+    check("refused" in r.json["error"], r)
     # One snapshot under a new tag, then a chain of two.
     r = unpack(one, 201, "?tag=rest-unpacked")
     check([s["tag"] for s in r.json] == ["rest-unpacked"], r)
