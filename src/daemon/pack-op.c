@@ -28,6 +28,7 @@ typedef struct PackJob {
         /* unpack */
         char *new_tag;         /* NULL: the manifest's tags */
         char *staging;         /* snapshots_dir/.unpack-XXXXXX */
+        char *snapshots_dir;
         struct pack_manifest manifest;
         char *error;           /* what went wrong, for the caller */
 } PackJob;
@@ -46,6 +47,7 @@ static void pack_job_free(void *p) {
         strv_free(j->dirs);
         safe_close(j->fd);
         free(j->new_tag);
+        free(j->snapshots_dir);
         if (j->staging) {
                 int r = rm_rf(j->staging);
                 if (r < 0)
@@ -206,6 +208,18 @@ int bus_manager_method_pack_snapshot(sd_bus_message *message, void *userdata, sd
 
 /* ---- unpack ---- */
 
+/* Worker thread: only the file system. The event loop checks the registry
+ * again before anything is moved into place. */
+static int tag_free_on_disk(const char *tag, void *userdata) {
+        PackJob *j = userdata;
+        _cleanup_free_ char *dir = NULL;
+        struct stat st;
+
+        if (asprintf(&dir, "%s/%s", j->snapshots_dir, tag) < 0)
+                return -ENOMEM;
+        return lstat(dir, &st) >= 0 ? -EEXIST : 0;
+}
+
 static int unpack_work(void *userdata) {
         Operation *o = userdata;
         PackJob *j = o->extra;
@@ -215,7 +229,7 @@ static int unpack_work(void *userdata) {
 
         if (dfd < 0)
                 return -errno;
-        r = pack_read(j->fd, dfd, j->new_tag, &j->manifest, &j->error);
+        r = pack_read_full(j->fd, dfd, j->new_tag, tag_free_on_disk, j, &j->manifest, &j->error);
         if (r < 0) {
                 /* Here rather than in the event loop: it may be large. */
                 (void) rm_rf(j->staging);
@@ -296,6 +310,10 @@ static void unpack_done(int r, void *userdata) {
                 reply_error(o, SD_BUS_ERROR_INVALID_ARGS, "The bundle is refused: %s", j->error ?: "invalid");
                 return;
         }
+        if (r == -EEXIST) {
+                reply_error(o, FORKD_ERROR_SNAPSHOT_EXISTS, "%s", j->error ?: "A snapshot of the bundle exists already.");
+                return;
+        }
         if (r < 0) {
                 reply_error(o, FORKD_ERROR_FAILED, "Unpacking failed: %s", j->error ?: strerror(-r));
                 return;
@@ -313,7 +331,7 @@ static void unpack_done(int r, void *userdata) {
                     lstat(dir, &st) >= 0) {
                         reply_error(o, FORKD_ERROR_SNAPSHOT_EXISTS,
                                     "Snapshot %s exists already; delete it first%s.", tag,
-                                    j->new_tag ? "" : (n == 1 ? " or unpack under another tag (--tag)" : ""));
+                                    j->new_tag ? "" : (n == 1 ? ", or unpack it under a new tag" : ""));
                         return;
                 }
         }
@@ -387,7 +405,7 @@ int bus_manager_method_unpack_snapshot(sd_bus_message *message, void *userdata, 
                 return r;
         }
         random_hex(rnd, 8);
-        if ((new_tag[0] && !(j->new_tag = strdup(new_tag))) ||
+        if ((new_tag[0] && !(j->new_tag = strdup(new_tag))) || !(j->snapshots_dir = strdup(m->snapshots_dir)) ||
             asprintf(&j->staging, "%s/" PACK_STAGING_PREFIX "%s", m->snapshots_dir, rnd) < 0) {
                 j->staging = NULL;
                 pack_job_free(j);

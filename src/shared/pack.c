@@ -976,6 +976,11 @@ static int check_link_meta(int staging_dfd, const char *dir, const struct pack_m
 }
 
 int pack_read(int fd, int staging_dfd, const char *new_tag, struct pack_manifest *ret, char **ret_error) {
+        return pack_read_full(fd, staging_dfd, new_tag, NULL, NULL, ret, ret_error);
+}
+
+int pack_read_full(int fd, int staging_dfd, const char *new_tag, pack_tag_check_t check, void *userdata,
+                   struct pack_manifest *ret, char **ret_error) {
         _cleanup_(manifest_donep) struct pack_manifest m = {};
         _cleanup_free_ struct pack_io *io = NULL;
         struct archive *a;
@@ -1006,6 +1011,16 @@ int pack_read(int fd, int staging_dfd, const char *new_tag, struct pack_manifest
         if (new_tag && !snapshot_tag_is_valid(new_tag)) {
                 r = set_err(ret_error, -EBADMSG, "Invalid snapshot tag \"%.64s\".", new_tag);
                 goto finish;
+        }
+        for (size_t i = 0; check && i < m.n_links; i++) {
+                const char *tag = new_tag ?: m.links[i].tag;
+
+                r = check(tag, userdata);
+                if (r < 0) {
+                        set_err(ret_error, r, "Snapshot %s exists already; delete it first%s.", tag,
+                                new_tag || m.n_links > 1 ? "" : ", or unpack it under a new tag");
+                        goto finish;
+                }
         }
         for (size_t i = 0; i < m.n_links; i++)
                 if (mkdirat(staging_dfd, m.links[i].tag, 0750) < 0) {

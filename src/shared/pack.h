@@ -77,3 +77,10 @@ int pack_write(int fd, const char *const *dirs, size_t n, uint64_t *ret_bytes, c
  * I/O failure; *ret_error (malloc()ed) says why. On success *ret is the
  * manifest (with new_tag applied). */
 int pack_read(int fd, int staging_dfd, const char *new_tag, struct pack_manifest *ret, char **ret_error);
+
+/* The same, calling check(tag, userdata) for every tag the bundle would
+ * register once its manifest is read, before any member is: a negative
+ * return stops there, with that errno (and a message naming the tag). */
+typedef int (*pack_tag_check_t)(const char *tag, void *userdata);
+int pack_read_full(int fd, int staging_dfd, const char *new_tag, pack_tag_check_t check, void *userdata,
+                   struct pack_manifest *ret, char **ret_error);

@@ -265,7 +265,7 @@ def run(h):
         assert "only for a bundle of one snapshot" in p.stderr, p.stderr
         no_trace()
         p = forkctl("unpack", os.path.join(h.tmp, "base.tar.zst"), ok=False)
-        assert "exists already" in p.stderr and "--tag" in p.stderr, p.stderr
+        assert "exists already" in p.stderr and "under a new tag" in p.stderr, p.stderr
         doc = json.loads(forkctl("--json", "unpack", os.path.join(h.tmp, "base.tar.zst"), "--tag", "base2").stdout)
         assert [s["tag"] for s in doc["snapshots"]] == ["base2"], doc
         with open(os.path.join(snapdir, "base2", "snapshot.json")) as f:
