@@ -20,41 +20,12 @@
 
 #include "json-util.h"
 #include "macro.h"
-#include "pack.h"
+#include "pack-internal.h"
 
 #define IO_CHUNK (256u * 1024u)
 #define PAGE 4096u
 
 static const uint8_t zeros[IO_CHUNK];
-
-static int set_err(char **ret_error, int r, const char *fmt, ...) _printf_(3, 4);
-static int set_err(char **ret_error, int r, const char *fmt, ...) {
-        va_list ap;
-
-        if (ret_error) {
-                free(*ret_error);
-                *ret_error = NULL;
-                va_start(ap, fmt);
-                if (vasprintf(ret_error, fmt, ap) < 0)
-                        *ret_error = NULL;
-                va_end(ap);
-        }
-        return r;
-}
-
-void pack_manifest_done(struct pack_manifest *m) {
-        if (!m)
-                return;
-        for (size_t i = 0; i < m->n_links; i++)
-                free(m->links[i].files);
-        free(m->links);
-        m->links = NULL;
-        m->n_links = 0;
-}
-
-static void manifest_donep(struct pack_manifest *m) {
-        pack_manifest_done(m);
-}
 
 /* ---- SHA-256 over a logical file content (holes read as zeros) ---- */
 
@@ -196,7 +167,7 @@ static int extent_write(void *userdata, uint64_t offset, uint64_t length, bool h
                 }
                 w = archive_write_data(c->a, p, k);
                 if (w < 0 || (size_t) w != k)
-                        return set_err(c->ret_error, -EIO, "Cannot write the bundle: %s",
+                        return pack_set_error(c->ret_error, -EIO, "Cannot write the bundle: %s",
                                        archive_error_string(c->a) ?: "short write");
                 offset += k;
                 length -= k;
@@ -324,17 +295,17 @@ static int link_files(const char *dir, struct pack_link *l, uint8_t *buf, char *
                 return -ENOMEM;
         r = snapshot_meta_read_file(meta_path, &meta, &reason);
         if (r < 0)
-                return set_err(ret_error, r, "Cannot read %s: %s", meta_path, reason ?: strerror(-r));
+                return pack_set_error(ret_error, r, "Cannot read %s: %s", meta_path, reason ?: strerror(-r));
         snprintf(l->tag, sizeof(l->tag), "%s", meta.tag);
         snprintf(l->parent_tag, sizeof(l->parent_tag), "%s", meta.parent_tag);
         snprintf(l->parent_content_hash, sizeof(l->parent_content_hash), "%s", meta.parent_content_hash);
 
         dfd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
         if (dfd < 0)
-                return set_err(ret_error, -errno, "Cannot open %s: %m", dir);
+                return pack_set_error(ret_error, -errno, "Cannot open %s: %m", dir);
         n = scandir(dir, &names, NULL, alphasort);
         if (n < 0)
-                return set_err(ret_error, -errno, "Cannot list %s: %m", dir);
+                return pack_set_error(ret_error, -errno, "Cannot list %s: %m", dir);
         l->files = calloc((size_t) n + 1, sizeof(struct pack_file));
         if (!l->files)
                 r = -ENOMEM;
@@ -348,17 +319,17 @@ static int link_files(const char *dir, struct pack_link *l, uint8_t *buf, char *
                         continue;
                 if (!snapshot_file_name_is_valid(name) || strcmp(name, PACK_MANIFEST_NAME) == 0 ||
                     l->n_files >= PACK_FILES_MAX) {
-                        r = set_err(ret_error, -EINVAL, "%s/%s cannot be packed (odd name, or too many files).",
+                        r = pack_set_error(ret_error, -EINVAL, "%s/%s cannot be packed (odd name, or too many files).",
                                     dir, name);
                         break;
                 }
                 fd = openat(dfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
                 if (fd < 0 || fstat(fd, &st) < 0) {
-                        r = set_err(ret_error, -errno, "Cannot open %s/%s: %m", dir, name);
+                        r = pack_set_error(ret_error, -errno, "Cannot open %s/%s: %m", dir, name);
                         break;
                 }
                 if (!S_ISREG(st.st_mode) || (uint64_t) st.st_size > PACK_FILE_SIZE_MAX) {
-                        r = set_err(ret_error, -EINVAL, "%s/%s is not a regular file, or too large to pack.", dir,
+                        r = pack_set_error(ret_error, -EINVAL, "%s/%s is not a regular file, or too large to pack.", dir,
                                     name);
                         break;
                 }
@@ -367,7 +338,7 @@ static int link_files(const char *dir, struct pack_link *l, uint8_t *buf, char *
                 f->size = (uint64_t) st.st_size;
                 r = hash_file(fd, f->size, buf, f->sha256);
                 if (r < 0) {
-                        r = set_err(ret_error, r, "Cannot read %s/%s: %s", dir, name, strerror(-r));
+                        r = pack_set_error(ret_error, r, "Cannot read %s/%s: %s", dir, name, strerror(-r));
                         break;
                 }
                 if (strcmp(name, "snapshot.json") == 0)
@@ -377,53 +348,8 @@ static int link_files(const char *dir, struct pack_link *l, uint8_t *buf, char *
                 free(names[i]);
         free(names);
         if (r >= 0 && !has_meta)
-                r = set_err(ret_error, -EINVAL, "%s has no snapshot.json.", dir);
+                r = pack_set_error(ret_error, -EINVAL, "%s has no snapshot.json.", dir);
         return r;
-}
-
-static struct json_object *json_string_or_null(const char *s) {
-        return s[0] ? json_object_new_string(s) : NULL;
-}
-
-int pack_manifest_format(const struct pack_manifest *m, char **ret_json) {
-        _cleanup_json_ struct json_object *o = json_object_new_object(), *chain = json_object_new_array();
-        char *s;
-
-        if (!o || !chain)
-                return -ENOMEM;
-        for (size_t i = 0; i < m->n_links; i++) {
-                const struct pack_link *l = &m->links[i];
-                struct json_object *lo = json_object_new_object(), *files = json_object_new_array();
-
-                if (!lo || !files || json_object_array_add(chain, lo) < 0) {
-                        json_object_put(lo);
-                        json_object_put(files);
-                        return -ENOMEM;
-                }
-                json_object_object_add(lo, "tag", json_object_new_string(l->tag));
-                json_object_object_add(lo, "parent_tag", json_string_or_null(l->parent_tag));
-                json_object_object_add(lo, "parent_content_hash", json_string_or_null(l->parent_content_hash));
-                json_object_object_add(lo, "files", files);
-                for (size_t j = 0; j < l->n_files; j++) {
-                        struct json_object *fo = json_object_new_object();
-
-                        if (!fo || json_object_array_add(files, fo) < 0) {
-                                json_object_put(fo);
-                                return -ENOMEM;
-                        }
-                        json_object_object_add(fo, "name", json_object_new_string(l->files[j].name));
-                        json_object_object_add(fo, "size", json_object_new_uint64(l->files[j].size));
-                        json_object_object_add(fo, "sha256", json_object_new_string(l->files[j].sha256));
-                }
-        }
-        json_object_object_add(o, "version", json_object_new_int(PACK_MANIFEST_VERSION));
-        json_object_object_add(o, "chain", json_object_get(chain));
-        s = strdup(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_SPACED |
-                                                             JSON_C_TO_STRING_NOSLASHESCAPE));
-        if (!s)
-                return -ENOMEM;
-        *ret_json = s;
-        return 0;
 }
 
 static int write_member(struct archive *a, const char *path, int fd, uint64_t size, uint8_t *buf, char **ret_error) {
@@ -441,10 +367,10 @@ static int write_member(struct archive *a, const char *path, int fd, uint64_t si
         r = walk_extents(fd, size, extent_sparse, &c);
         if (r < 0) {
                 archive_entry_free(e);
-                return set_err(ret_error, r, "Cannot read %s: %s", path, strerror(-r));
+                return pack_set_error(ret_error, r, "Cannot read %s: %s", path, strerror(-r));
         }
         if (archive_write_header(a, e) != ARCHIVE_OK) {
-                r = set_err(ret_error, -EIO, "Cannot write the bundle: %s", archive_error_string(a) ?: "?");
+                r = pack_set_error(ret_error, -EIO, "Cannot write the bundle: %s", archive_error_string(a) ?: "?");
                 archive_entry_free(e);
                 return r;
         }
@@ -452,7 +378,7 @@ static int write_member(struct archive *a, const char *path, int fd, uint64_t si
         c.e = NULL;
         r = walk_extents(fd, size, extent_write, &c);
         if (r < 0 && !(ret_error && *ret_error))
-                set_err(ret_error, r, "Cannot pack %s: %s", path, strerror(-r));
+                pack_set_error(ret_error, r, "Cannot pack %s: %s", path, strerror(-r));
         return r;
 }
 
@@ -470,17 +396,17 @@ static int write_buffer_member(struct archive *a, const char *path, const char *
         archive_entry_set_mtime(e, time(NULL), 0);
         if (archive_write_header(a, e) != ARCHIVE_OK) {
                 archive_entry_free(e);
-                return set_err(ret_error, -EIO, "Cannot write the bundle: %s", archive_error_string(a) ?: "?");
+                return pack_set_error(ret_error, -EIO, "Cannot write the bundle: %s", archive_error_string(a) ?: "?");
         }
         archive_entry_free(e);
         w = archive_write_data(a, data, len);
         if (w < 0 || (size_t) w != len)
-                return set_err(ret_error, -EIO, "Cannot write the bundle: %s", archive_error_string(a) ?: "?");
+                return pack_set_error(ret_error, -EIO, "Cannot write the bundle: %s", archive_error_string(a) ?: "?");
         return 0;
 }
 
 int pack_write(int fd, const char *const *dirs, size_t n, uint64_t *ret_bytes, char **ret_error) {
-        _cleanup_(manifest_donep) struct pack_manifest m = {};
+        _cleanup_(pack_manifest_donep) struct pack_manifest m = {};
         _cleanup_free_ struct pack_io *io = NULL;
         _cleanup_free_ char *json = NULL;
         _cleanup_free_ uint8_t *buf = NULL;
@@ -488,7 +414,7 @@ int pack_write(int fd, const char *const *dirs, size_t n, uint64_t *ret_bytes, c
         int r;
 
         if (n == 0 || n > PACK_LINKS_MAX)
-                return set_err(ret_error, -EINVAL, "A bundle holds 1 to %u links.", PACK_LINKS_MAX);
+                return pack_set_error(ret_error, -EINVAL, "A bundle holds 1 to %u links.", PACK_LINKS_MAX);
         buf = malloc(IO_CHUNK);
         m.links = calloc(n, sizeof(struct pack_link));
         if (!buf || !m.links)
@@ -512,7 +438,7 @@ int pack_write(int fd, const char *const *dirs, size_t n, uint64_t *ret_bytes, c
         if (archive_write_add_filter_zstd(a) != ARCHIVE_OK || archive_write_set_format_pax_restricted(a) != ARCHIVE_OK ||
             archive_write_set_bytes_in_last_block(a, 1) != ARCHIVE_OK ||
             archive_write_open2(a, io, NULL, io_write, NULL, NULL) != ARCHIVE_OK) {
-                r = set_err(ret_error, -EIO, "Cannot start the bundle: %s", archive_error_string(a) ?: "?");
+                r = pack_set_error(ret_error, -EIO, "Cannot start the bundle: %s", archive_error_string(a) ?: "?");
                 goto finish;
         }
         r = write_buffer_member(a, PACK_MANIFEST_NAME, json, strlen(json), ret_error);
@@ -520,7 +446,7 @@ int pack_write(int fd, const char *const *dirs, size_t n, uint64_t *ret_bytes, c
                 _cleanup_close_ int dfd = open(dirs[i], O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 
                 if (dfd < 0) {
-                        r = set_err(ret_error, -errno, "Cannot open %s: %m", dirs[i]);
+                        r = pack_set_error(ret_error, -errno, "Cannot open %s: %m", dirs[i]);
                         break;
                 }
                 for (size_t j = 0; r >= 0 && j < m.links[i].n_files; j++) {
@@ -530,11 +456,11 @@ int pack_write(int fd, const char *const *dirs, size_t n, uint64_t *ret_bytes, c
                         struct stat st;
 
                         if (ffd < 0 || fstat(ffd, &st) < 0) {
-                                r = set_err(ret_error, -errno, "Cannot open %s/%s: %m", dirs[i], f->name);
+                                r = pack_set_error(ret_error, -errno, "Cannot open %s/%s: %m", dirs[i], f->name);
                                 break;
                         }
                         if ((uint64_t) st.st_size != f->size) {
-                                r = set_err(ret_error, -EBUSY, "%s/%s changed while it was packed.", dirs[i], f->name);
+                                r = pack_set_error(ret_error, -EBUSY, "%s/%s changed while it was packed.", dirs[i], f->name);
                                 break;
                         }
                         if (asprintf(&path, "%s/%s", m.links[i].tag, f->name) < 0) {
@@ -545,189 +471,12 @@ int pack_write(int fd, const char *const *dirs, size_t n, uint64_t *ret_bytes, c
                 }
         }
         if (r >= 0 && archive_write_close(a) != ARCHIVE_OK)
-                r = set_err(ret_error, -EIO, "Cannot finish the bundle: %s", archive_error_string(a) ?: "?");
+                r = pack_set_error(ret_error, -EIO, "Cannot finish the bundle: %s", archive_error_string(a) ?: "?");
         if (r >= 0 && ret_bytes)
                 *ret_bytes = (uint64_t) archive_filter_bytes(a, -1);
 finish:
         archive_write_free(a);
         return r;
-}
-
-/* ---- manifest parsing ---- */
-
-static int parse_tag_or_null(struct json_object *v, void *field, const char **ret_error) {
-        char *buf = field;
-
-        if (!v) {
-                buf[0] = 0;
-                return 0;
-        }
-        return json_string_to_buf(v, buf, SNAPSHOT_TAG_MAX + 1, ret_error);
-}
-
-static int parse_hash_or_null(struct json_object *v, void *field, const char **ret_error) {
-        char *buf = field;
-
-        if (!v) {
-                buf[0] = 0;
-                return 0;
-        }
-        return json_string_to_buf(v, buf, SNAPSHOT_HASH_LEN + 1, ret_error);
-}
-
-struct link_json {
-        struct pack_link l;
-        struct json_object *files;
-};
-
-static const struct json_dispatch link_table[] = {
-        { "tag", JSON_KIND_STRING, NULL, offsetof(struct link_json, l.tag), SNAPSHOT_TAG_MAX + 1, JSON_MANDATORY },
-        { "parent_tag", JSON_KIND_STRING, parse_tag_or_null, offsetof(struct link_json, l.parent_tag), 0,
-          JSON_MANDATORY | JSON_NULLABLE },
-        { "parent_content_hash", JSON_KIND_STRING, parse_hash_or_null,
-          offsetof(struct link_json, l.parent_content_hash), 0, JSON_MANDATORY | JSON_NULLABLE },
-        { "files", JSON_KIND_ARRAY, NULL, offsetof(struct link_json, files), 0, JSON_MANDATORY },
-        {}
-};
-
-static const struct json_dispatch file_table[] = {
-        { "name", JSON_KIND_STRING, NULL, offsetof(struct pack_file, name), SNAPSHOT_FILE_NAME_MAX + 1,
-          JSON_MANDATORY },
-        { "size", JSON_KIND_UINT64, NULL, offsetof(struct pack_file, size), 0, JSON_MANDATORY },
-        { "sha256", JSON_KIND_STRING, NULL, offsetof(struct pack_file, sha256), SNAPSHOT_HASH_LEN + 1,
-          JSON_MANDATORY },
-        {}
-};
-
-struct manifest_json {
-        int version;
-        struct json_object *chain;
-};
-
-static const struct json_dispatch manifest_table[] = {
-        { "version", JSON_KIND_INT, NULL, offsetof(struct manifest_json, version), 0, JSON_MANDATORY },
-        { "chain", JSON_KIND_ARRAY, NULL, offsetof(struct manifest_json, chain), 0, JSON_MANDATORY },
-        {}
-};
-
-static const struct pack_file *link_find_file(const struct pack_link *l, const char *name) {
-        for (size_t i = 0; i < l->n_files; i++)
-                if (strcmp(l->files[i].name, name) == 0)
-                        return &l->files[i];
-        return NULL;
-}
-
-static int parse_link(struct json_object *lo, size_t index, const struct pack_manifest *m, struct pack_link *ret,
-                      uint64_t *total, char **ret_error) {
-        struct link_json lj = {};
-        const char *field = NULL, *why = NULL;
-        size_t n;
-        int r;
-
-        r = json_dispatch_full(lo, link_table, JSON_REJECT_UNKNOWN, &lj, &field, &why);
-        if (r < 0)
-                return set_err(ret_error, -EBADMSG, "manifest.json: chain[%zu]: %s%s%s.", index, field ?: "",
-                               field ? ": " : "", why ?: "invalid");
-        if (!snapshot_tag_is_valid(lj.l.tag))
-                return set_err(ret_error, -EBADMSG, "manifest.json: chain[%zu]: invalid tag.", index);
-        if (lj.l.parent_tag[0] && !snapshot_tag_is_valid(lj.l.parent_tag))
-                return set_err(ret_error, -EBADMSG, "manifest.json: link %s: invalid parent_tag.", lj.l.tag);
-        if (lj.l.parent_content_hash[0] && !snapshot_content_hash_is_valid(lj.l.parent_content_hash))
-                return set_err(ret_error, -EBADMSG, "manifest.json: link %s: invalid parent_content_hash.", lj.l.tag);
-        if (!lj.l.parent_tag[0] != !lj.l.parent_content_hash[0])
-                return set_err(ret_error, -EBADMSG,
-                               "manifest.json: link %s: parent_tag and parent_content_hash go together.", lj.l.tag);
-        if (index == 0 && lj.l.parent_tag[0])
-                return set_err(ret_error, -EBADMSG,
-                               "manifest.json: the root link %s has a parent (%s) that the bundle lacks.", lj.l.tag,
-                               lj.l.parent_tag);
-        if (index > 0 && strcmp(lj.l.parent_tag, m->links[index - 1].tag) != 0)
-                return set_err(ret_error, -EBADMSG,
-                               "manifest.json: link %s: its parent is %s, not the link before it (%s).", lj.l.tag,
-                               lj.l.parent_tag[0] ? lj.l.parent_tag : "none", m->links[index - 1].tag);
-        for (size_t i = 0; i < index; i++)
-                if (strcmp(m->links[i].tag, lj.l.tag) == 0)
-                        return set_err(ret_error, -EBADMSG, "manifest.json: tag %s appears twice.", lj.l.tag);
-
-        n = json_object_array_length(lj.files);
-        if (n == 0 || n > PACK_FILES_MAX)
-                return set_err(ret_error, -EBADMSG, "manifest.json: link %s: 1 to %u files.", lj.l.tag,
-                               PACK_FILES_MAX);
-        lj.l.files = calloc(n, sizeof(struct pack_file));
-        if (!lj.l.files)
-                return -ENOMEM;
-        for (size_t i = 0; i < n; i++) {
-                struct pack_file f = {};
-
-                field = why = NULL;
-                r = json_dispatch_full(json_object_array_get_idx(lj.files, i), file_table, JSON_REJECT_UNKNOWN, &f,
-                                       &field, &why);
-                if (r < 0)
-                        r = set_err(ret_error, -EBADMSG, "manifest.json: link %s: files[%zu]: %s%s%s.", lj.l.tag, i,
-                                    field ?: "", field ? ": " : "", why ?: "invalid");
-                else if (!snapshot_file_name_is_valid(f.name) || strcmp(f.name, PACK_MANIFEST_NAME) == 0)
-                        r = set_err(ret_error, -EBADMSG, "manifest.json: link %s: invalid file name.", lj.l.tag);
-                else if (!snapshot_content_hash_is_valid(f.sha256))
-                        r = set_err(ret_error, -EBADMSG, "manifest.json: %s/%s: invalid sha256.", lj.l.tag, f.name);
-                else if (link_find_file(&lj.l, f.name))
-                        r = set_err(ret_error, -EBADMSG, "manifest.json: %s/%s is listed twice.", lj.l.tag, f.name);
-                else if (f.size > PACK_FILE_SIZE_MAX || f.size > PACK_TOTAL_SIZE_MAX - *total)
-                        r = set_err(ret_error, -EBADMSG,
-                                    "manifest.json: %s/%s is too large (%" PRIu64 " bytes; at most %" PRIu64
-                                    " per file and %" PRIu64 " per bundle).",
-                                    lj.l.tag, f.name, f.size, PACK_FILE_SIZE_MAX, PACK_TOTAL_SIZE_MAX);
-                if (r < 0) {
-                        free(lj.l.files);
-                        return r;
-                }
-                *total += f.size;
-                lj.l.files[lj.l.n_files++] = f;
-        }
-        if (!link_find_file(&lj.l, "snapshot.json")) {
-                free(lj.l.files);
-                return set_err(ret_error, -EBADMSG, "manifest.json: link %s has no snapshot.json.", lj.l.tag);
-        }
-        *ret = lj.l;
-        return 0;
-}
-
-int pack_manifest_parse(const char *json, size_t len, struct pack_manifest *ret, char **ret_error) {
-        _cleanup_(manifest_donep) struct pack_manifest m = {};
-        _cleanup_json_ struct json_object *o = NULL;
-        struct manifest_json mj = {};
-        const char *field = NULL, *why = NULL;
-        uint64_t total = 0;
-        size_t n;
-        int r;
-
-        r = json_parse_strict(json, len, PACK_MANIFEST_MAX, 8, &o, &why);
-        if (r == -EMSGSIZE)
-                return set_err(ret_error, -EBADMSG, "manifest.json is larger than %u bytes.", PACK_MANIFEST_MAX);
-        if (r < 0)
-                return set_err(ret_error, -EBADMSG, "manifest.json is not valid JSON: %s.", why ?: "?");
-        r = json_dispatch_full(o, manifest_table, JSON_REJECT_UNKNOWN, &mj, &field, &why);
-        if (r < 0)
-                return set_err(ret_error, -EBADMSG, "manifest.json: %s%s%s.", field ?: "", field ? ": " : "",
-                               why ?: "invalid");
-        if (mj.version != PACK_MANIFEST_VERSION)
-                return set_err(ret_error, -EBADMSG, "manifest.json: version %d; this forkd reads version %d.",
-                               mj.version, PACK_MANIFEST_VERSION);
-        n = json_object_array_length(mj.chain);
-        if (n == 0 || n > PACK_LINKS_MAX)
-                return set_err(ret_error, -EBADMSG, "manifest.json: the chain has 1 to %u links, not %zu.",
-                               PACK_LINKS_MAX, n);
-        m.links = calloc(n, sizeof(struct pack_link));
-        if (!m.links)
-                return -ENOMEM;
-        for (size_t i = 0; i < n; i++) {
-                r = parse_link(json_object_array_get_idx(mj.chain, i), i, &m, &m.links[i], &total, ret_error);
-                if (r < 0)
-                        return r;
-                m.n_links++;
-        }
-        *ret = m;
-        m = (struct pack_manifest) {};
-        return 0;
 }
 
 /* ---- unpacking ---- */
@@ -778,7 +527,7 @@ static int extract_member(struct archive *a, int dfd, const char *path, const ch
 
         fd = openat(dfd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0640);
         if (fd < 0)
-                return set_err(ret_error, -errno, "Cannot create %s: %m", path);
+                return pack_set_error(ret_error, -errno, "Cannot create %s: %m", path);
         r = hasher_init(&h);
         if (r < 0)
                 return r;
@@ -791,12 +540,12 @@ static int extract_member(struct archive *a, int dfd, const char *path, const ch
                 if (r == ARCHIVE_EOF)
                         break;
                 if (r < ARCHIVE_WARN) {
-                        r = set_err(ret_error, -EBADMSG, "The bundle is truncated or corrupt in %s: %s", path,
+                        r = pack_set_error(ret_error, -EBADMSG, "The bundle is truncated or corrupt in %s: %s", path,
                                     archive_error_string(a) ?: "?");
                         goto finish;
                 }
                 if (off < 0 || (uint64_t) off < pos || (uint64_t) off > f->size || size > f->size - (uint64_t) off) {
-                        r = set_err(ret_error, -EBADMSG, "%s holds more than the %" PRIu64 " bytes of the manifest.",
+                        r = pack_set_error(ret_error, -EBADMSG, "%s holds more than the %" PRIu64 " bytes of the manifest.",
                                     path, f->size);
                         goto finish;
                 }
@@ -804,7 +553,7 @@ static int extract_member(struct archive *a, int dfd, const char *path, const ch
                 hasher_update(&h, p, size);
                 r = write_sparse(fd, p, size, (uint64_t) off);
                 if (r < 0) {
-                        r = set_err(ret_error, r, "Cannot write %s: %s", path, strerror(-r));
+                        r = pack_set_error(ret_error, r, "Cannot write %s: %s", path, strerror(-r));
                         goto finish;
                 }
                 pos = (uint64_t) off + size;
@@ -812,12 +561,12 @@ static int extract_member(struct archive *a, int dfd, const char *path, const ch
         hasher_zeros(&h, f->size - pos);
         hasher_final(&h, hex);
         if (strcmp(hex, f->sha256) != 0) {
-                r = set_err(ret_error, -EBADMSG, "%s does not match its SHA-256 in the manifest (%.12s... instead of %.12s...).",
+                r = pack_set_error(ret_error, -EBADMSG, "%s does not match its SHA-256 in the manifest (%.12s... instead of %.12s...).",
                             path, hex, f->sha256);
                 goto finish;
         }
         if (ftruncate(fd, (off_t) f->size) < 0 || fsync(fd) < 0)
-                r = set_err(ret_error, -errno, "Cannot write %s: %m", path);
+                r = pack_set_error(ret_error, -errno, "Cannot write %s: %m", path);
         else
                 r = 0;
 finish:
@@ -829,21 +578,21 @@ static int refuse_entry(struct archive_entry *e, const char *path, char **ret_er
         mode_t t = archive_entry_filetype(e);
 
         if (path[0] == '/')
-                return set_err(ret_error, -EBADMSG, "The bundle holds an absolute path (%.128s).", path);
+                return pack_set_error(ret_error, -EBADMSG, "The bundle holds an absolute path (%.128s).", path);
         for (const char *p = path; p; p = strchr(p, '/')) {
                 if (*p == '/')
                         p++;
                 if (strncmp(p, "..", 2) == 0 && (p[2] == '/' || p[2] == 0))
-                        return set_err(ret_error, -EBADMSG, "The bundle holds a path with \"..\" (%.128s).", path);
+                        return pack_set_error(ret_error, -EBADMSG, "The bundle holds a path with \"..\" (%.128s).", path);
         }
         if (archive_entry_hardlink(e))
-                return set_err(ret_error, -EBADMSG, "The bundle holds a hard link (%.128s).", path);
+                return pack_set_error(ret_error, -EBADMSG, "The bundle holds a hard link (%.128s).", path);
         if (t == AE_IFLNK || archive_entry_symlink(e))
-                return set_err(ret_error, -EBADMSG, "The bundle holds a symbolic link (%.128s).", path);
+                return pack_set_error(ret_error, -EBADMSG, "The bundle holds a symbolic link (%.128s).", path);
         if (t == AE_IFCHR || t == AE_IFBLK)
-                return set_err(ret_error, -EBADMSG, "The bundle holds a device node (%.128s).", path);
+                return pack_set_error(ret_error, -EBADMSG, "The bundle holds a device node (%.128s).", path);
         if (t != AE_IFREG)
-                return set_err(ret_error, -EBADMSG, "The bundle holds %.128s, which is not a regular file.", path);
+                return pack_set_error(ret_error, -EBADMSG, "The bundle holds %.128s, which is not a regular file.", path);
         return 0;
 }
 
@@ -857,31 +606,31 @@ static int read_manifest(struct archive *a, struct pack_manifest *ret, char **re
 
         r = archive_read_next_header(a, &e);
         if (r == ARCHIVE_EOF)
-                return set_err(ret_error, -EBADMSG, "The bundle is empty: no manifest.json.");
+                return pack_set_error(ret_error, -EBADMSG, "The bundle is empty: no manifest.json.");
         if (r < ARCHIVE_WARN)
-                return set_err(ret_error, -EBADMSG, "Not a forkd bundle (tar compressed with zstd): %s",
+                return pack_set_error(ret_error, -EBADMSG, "Not a forkd bundle (tar compressed with zstd): %s",
                                archive_error_string(a) ?: "?");
         if (archive_filter_count(a) < 2 || archive_filter_code(a, 0) != ARCHIVE_FILTER_ZSTD)
-                return set_err(ret_error, -EBADMSG, "Not a forkd bundle: a tar, but not compressed with zstd.");
+                return pack_set_error(ret_error, -EBADMSG, "Not a forkd bundle: a tar, but not compressed with zstd.");
         path = archive_entry_pathname(e) ?: "";
         if (strcmp(path, PACK_MANIFEST_NAME) != 0)
-                return set_err(ret_error, -EBADMSG, "The bundle's first member is %.128s, not manifest.json.", path);
+                return pack_set_error(ret_error, -EBADMSG, "The bundle's first member is %.128s, not manifest.json.", path);
         r = refuse_entry(e, path, ret_error);
         if (r < 0)
                 return r;
         size = archive_entry_size(e);
         if (size < 0 || (uint64_t) size > PACK_MANIFEST_MAX)
-                return set_err(ret_error, -EBADMSG, "manifest.json is larger than %u bytes.", PACK_MANIFEST_MAX);
+                return pack_set_error(ret_error, -EBADMSG, "manifest.json is larger than %u bytes.", PACK_MANIFEST_MAX);
         json = malloc((size_t) size + 1);
         if (!json)
                 return -ENOMEM;
         while (got < (size_t) size) {
                 la_ssize_t n = archive_read_data(a, json + got, (size_t) size - got);
                 if (n < 0)
-                        return set_err(ret_error, -EBADMSG, "Cannot read manifest.json: %s",
+                        return pack_set_error(ret_error, -EBADMSG, "Cannot read manifest.json: %s",
                                        archive_error_string(a) ?: "?");
                 if (n == 0)
-                        return set_err(ret_error, -EBADMSG, "manifest.json is truncated.");
+                        return pack_set_error(ret_error, -EBADMSG, "manifest.json is truncated.");
                 got += (size_t) n;
         }
         json[got] = 0;
@@ -895,12 +644,12 @@ static int check_link_meta(int staging_dfd, const char *dir, const struct pack_m
         _cleanup_free_ char *json = NULL, *out = NULL;
         struct snapshot_meta meta;
         const char *reason = NULL;
-        const struct pack_file *f = link_find_file(l, "snapshot.json");
+        const struct pack_file *f = pack_link_find_file(l, "snapshot.json");
         ssize_t n;
         int r;
 
         if (f->size > SNAPSHOT_META_FILE_MAX)
-                return set_err(ret_error, -EBADMSG, "%s/snapshot.json is too large.", l->tag);
+                return pack_set_error(ret_error, -EBADMSG, "%s/snapshot.json is too large.", l->tag);
         json = malloc(f->size + 1);
         if (!json)
                 return -ENOMEM;
@@ -919,14 +668,14 @@ static int check_link_meta(int staging_dfd, const char *dir, const struct pack_m
         }
         r = snapshot_meta_parse(json, (size_t) n, &meta, &reason);
         if (r < 0)
-                return set_err(ret_error, -EBADMSG, "%s/snapshot.json is invalid: %s", l->tag, reason ?: "?");
+                return pack_set_error(ret_error, -EBADMSG, "%s/snapshot.json is invalid: %s", l->tag, reason ?: "?");
         if (strcmp(meta.tag, l->tag) != 0 || strcmp(meta.parent_tag, l->parent_tag) != 0 ||
             strcmp(meta.parent_content_hash, l->parent_content_hash) != 0)
-                return set_err(ret_error, -EBADMSG, "%s/snapshot.json does not name the tag and parent of the manifest.",
+                return pack_set_error(ret_error, -EBADMSG, "%s/snapshot.json does not name the tag and parent of the manifest.",
                                l->tag);
-        if (!link_find_file(l, meta.memory_file) || !link_find_file(l, meta.vmstate_file) ||
-            !link_find_file(l, meta.disk_file))
-                return set_err(ret_error, -EBADMSG, "Link %s lacks its memory, vmstate or disk file.", l->tag);
+        if (!pack_link_find_file(l, meta.memory_file) || !pack_link_find_file(l, meta.vmstate_file) ||
+            !pack_link_find_file(l, meta.disk_file))
+                return pack_set_error(ret_error, -EBADMSG, "Link %s lacks its memory, vmstate or disk file.", l->tag);
         if (index > 0) {
                 const struct pack_link *p = &m->links[index - 1];
                 const struct pack_file *pm;
@@ -948,10 +697,10 @@ static int check_link_meta(int staging_dfd, const char *dir, const struct pack_m
                         return -errno;
                 r = snapshot_meta_parse(pjson, (size_t) n, &pmeta, &reason);
                 if (r < 0)
-                        return set_err(ret_error, -EBADMSG, "%s/snapshot.json is invalid: %s", p->tag, reason ?: "?");
-                pm = link_find_file(p, pmeta.memory_file);
+                        return pack_set_error(ret_error, -EBADMSG, "%s/snapshot.json is invalid: %s", p->tag, reason ?: "?");
+                pm = pack_link_find_file(p, pmeta.memory_file);
                 if (!pm || strcmp(pm->sha256, l->parent_content_hash) != 0)
-                        return set_err(ret_error, -EBADMSG,
+                        return pack_set_error(ret_error, -EBADMSG,
                                        "Link %s references %s content %.12s..., but the bundle's %s has content %.12s...",
                                        l->tag, p->tag, l->parent_content_hash, p->tag, pm ? pm->sha256 : "(none)");
         }
@@ -981,7 +730,7 @@ int pack_read(int fd, int staging_dfd, const char *new_tag, struct pack_manifest
 
 int pack_read_full(int fd, int staging_dfd, const char *new_tag, pack_tag_check_t check, void *userdata,
                    struct pack_manifest *ret, char **ret_error) {
-        _cleanup_(manifest_donep) struct pack_manifest m = {};
+        _cleanup_(pack_manifest_donep) struct pack_manifest m = {};
         _cleanup_free_ struct pack_io *io = NULL;
         struct archive *a;
         struct archive_entry *e;
@@ -995,7 +744,7 @@ int pack_read_full(int fd, int staging_dfd, const char *new_tag, pack_tag_check_
         }
         if (archive_read_support_filter_zstd(a) != ARCHIVE_OK || archive_read_support_format_tar(a) != ARCHIVE_OK ||
             archive_read_open(a, io, NULL, io_read, NULL) != ARCHIVE_OK) {
-                r = set_err(ret_error, -EBADMSG, "Not a forkd bundle (tar compressed with zstd): %s",
+                r = pack_set_error(ret_error, -EBADMSG, "Not a forkd bundle (tar compressed with zstd): %s",
                             archive_error_string(a) ?: "?");
                 goto finish;
         }
@@ -1003,13 +752,13 @@ int pack_read_full(int fd, int staging_dfd, const char *new_tag, pack_tag_check_
         if (r < 0)
                 goto finish;
         if (new_tag && m.n_links != 1) {
-                r = set_err(ret_error, -EBADMSG,
+                r = pack_set_error(ret_error, -EBADMSG,
                             "A new tag is only for a bundle of one snapshot; this one holds a chain of %zu.",
                             m.n_links);
                 goto finish;
         }
         if (new_tag && !snapshot_tag_is_valid(new_tag)) {
-                r = set_err(ret_error, -EBADMSG, "Invalid snapshot tag \"%.64s\".", new_tag);
+                r = pack_set_error(ret_error, -EBADMSG, "Invalid snapshot tag \"%.64s\".", new_tag);
                 goto finish;
         }
         for (size_t i = 0; check && i < m.n_links; i++) {
@@ -1017,14 +766,14 @@ int pack_read_full(int fd, int staging_dfd, const char *new_tag, pack_tag_check_
 
                 r = check(tag, userdata);
                 if (r < 0) {
-                        set_err(ret_error, r, "Snapshot %s exists already; delete it first%s.", tag,
+                        pack_set_error(ret_error, r, "Snapshot %s exists already; delete it first%s.", tag,
                                 new_tag || m.n_links > 1 ? "" : ", or unpack it under a new tag");
                         goto finish;
                 }
         }
         for (size_t i = 0; i < m.n_links; i++)
                 if (mkdirat(staging_dfd, m.links[i].tag, 0750) < 0) {
-                        r = set_err(ret_error, -errno, "Cannot create the staging directory: %m");
+                        r = pack_set_error(ret_error, -errno, "Cannot create the staging directory: %m");
                         goto finish;
                 }
 
@@ -1040,7 +789,7 @@ int pack_read_full(int fd, int staging_dfd, const char *new_tag, pack_tag_check_
                 if (r == ARCHIVE_EOF)
                         break;
                 if (r < ARCHIVE_WARN) {
-                        r = set_err(ret_error, -EBADMSG, "The bundle is truncated or corrupt: %s",
+                        r = pack_set_error(ret_error, -EBADMSG, "The bundle is truncated or corrupt: %s",
                                     archive_error_string(a) ?: "?");
                         goto finish;
                 }
@@ -1064,18 +813,18 @@ int pack_read_full(int fd, int staging_dfd, const char *new_tag, pack_tag_check_
                         *slash = '/';
                 }
                 if (!f) {
-                        r = set_err(ret_error, -EBADMSG, "The bundle holds %.128s, which its manifest does not list.",
+                        r = pack_set_error(ret_error, -EBADMSG, "The bundle holds %.128s, which its manifest does not list.",
                                     path);
                         goto finish;
                 }
                 if (f->seen) {
-                        r = set_err(ret_error, -EBADMSG, "The bundle holds %.128s twice.", path);
+                        r = pack_set_error(ret_error, -EBADMSG, "The bundle holds %.128s twice.", path);
                         goto finish;
                 }
                 f->seen = true;
                 size = archive_entry_size(e);
                 if (!archive_entry_size_is_set(e) || size < 0 || (uint64_t) size != f->size) {
-                        r = set_err(ret_error, -EBADMSG,
+                        r = pack_set_error(ret_error, -EBADMSG,
                                     "%.128s has %" PRIi64 " bytes, the manifest says %" PRIu64
                                     " (oversized or truncated).",
                                     path, (int64_t) size, f->size);
@@ -1083,7 +832,7 @@ int pack_read_full(int fd, int staging_dfd, const char *new_tag, pack_tag_check_
                 }
                 dfd = openat(staging_dfd, l->tag, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
                 if (dfd < 0) {
-                        r = set_err(ret_error, -errno, "Cannot open the staging directory: %m");
+                        r = pack_set_error(ret_error, -errno, "Cannot open the staging directory: %m");
                         goto finish;
                 }
                 r = extract_member(a, dfd, path, f->name, f, ret_error);
@@ -1093,7 +842,7 @@ int pack_read_full(int fd, int staging_dfd, const char *new_tag, pack_tag_check_
         for (size_t i = 0; i < m.n_links; i++)
                 for (size_t j = 0; j < m.links[i].n_files; j++)
                         if (!m.links[i].files[j].seen) {
-                                r = set_err(ret_error, -EBADMSG, "The bundle lacks %s/%s, which its manifest lists.",
+                                r = pack_set_error(ret_error, -EBADMSG, "The bundle lacks %s/%s, which its manifest lists.",
                                             m.links[i].tag, m.links[i].files[j].name);
                                 goto finish;
                         }
@@ -1101,13 +850,13 @@ int pack_read_full(int fd, int staging_dfd, const char *new_tag, pack_tag_check_
                 r = check_link_meta(staging_dfd, m.links[i].tag, &m, i, new_tag, ret_error);
                 if (r < 0) {
                         if (!(ret_error && *ret_error))
-                                set_err(ret_error, r, "Cannot check link %s: %s", m.links[i].tag, strerror(-r));
+                                pack_set_error(ret_error, r, "Cannot check link %s: %s", m.links[i].tag, strerror(-r));
                         goto finish;
                 }
         }
         if (new_tag) {
                 if (renameat(staging_dfd, m.links[0].tag, staging_dfd, new_tag) < 0) {
-                        r = set_err(ret_error, -errno, "Cannot rename the staging directory: %m");
+                        r = pack_set_error(ret_error, -errno, "Cannot rename the staging directory: %m");
                         goto finish;
                 }
                 snprintf(m.links[0].tag, sizeof(m.links[0].tag), "%s", new_tag);
