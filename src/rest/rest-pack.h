@@ -5,8 +5,8 @@
  *   GET  /v1/snapshots/:tag/pack   200 application/zstd, the bundle of the tag's chain
  *   POST /v1/snapshots/unpack      the bundle as the body (?tag=NEW for one snapshot);
  *                                  201 [SnapshotInfo, ...], root first
- * Both pass a temporary file (rest_request_body_fd()) to forkd (PackSnapshot,
- * UnpackSnapshot). */
+ * pack streams from a pipe that PackSnapshot writes; unpack passes the body,
+ * in a temporary file (rest_request_body_fd()), to UnpackSnapshot. */
 
 #include "rest-server.h"
 

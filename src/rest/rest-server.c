@@ -68,6 +68,13 @@ struct RestRequest {
         unsigned status;
         uint64_t start;
         RestRequest *prev, *next; /* suspended list */
+
+        /* a streamed reply (rest_reply_stream()) */
+        rest_stream_read_func stream_read;
+        bool streaming, stream_suspended, stream_abort;
+        RestRequest *stream_prev, *stream_next;
+        void *data;
+        void (*free_data)(void *data);
 };
 
 struct RestServer {
@@ -90,6 +97,7 @@ struct RestServer {
         RestConn *conns;
         unsigned conns_active;
         RestRequest *suspended;
+        RestRequest *streams;        /* replies being streamed */
 
         /* metrics */
         uint64_t requests[ROUTES_MAX][_METHOD_MAX][CODES_MAX];
@@ -448,6 +456,105 @@ int rest_call(RestRequest *req, sd_bus_message *m, uint64_t timeout_usec, rest_r
         return 0;
 }
 
+static int on_bus_reply_detached(sd_bus_message *reply, void *userdata, sd_bus_error *ret_error) {
+        RestRequest *req = userdata;
+
+        req->slot = sd_bus_slot_unref(req->slot);
+        req->server->calls_in_flight--;
+        (void) req->on_reply(req, reply);
+        return 0;
+}
+
+int rest_call_detached(RestRequest *req, sd_bus_message *m, uint64_t timeout_usec, rest_reply_func on_reply) {
+        RestServer *s = req->server;
+        int r;
+
+        if (s->calls_in_flight >= s->calls_max) {
+                s->calls_rejected++;
+                return -EBUSY;
+        }
+        r = sd_bus_call_async(sd_bus_message_get_bus(m), &req->slot, m, on_bus_reply_detached, req, timeout_usec);
+        if (r < 0)
+                return log_debug_errno(r, "Failed to send D-Bus call: %m");
+        s->calls_in_flight++;
+        s->calls_total++;
+        if (sd_bus_message_get_bus(m) == s->direct)
+                s->calls_direct++;
+        req->on_reply = on_reply;
+        return 0;
+}
+
+void rest_request_wait(RestRequest *req) {
+        RestServer *s = req->server;
+
+        req->suspended = true;
+        req->next = s->suspended;
+        if (s->suspended)
+                s->suspended->prev = req;
+        s->suspended = req;
+        (void) MHD_set_connection_option(req->connection, MHD_CONNECTION_OPTION_TIMEOUT, 0);
+        MHD_suspend_connection(req->connection);
+}
+
+void rest_request_set_data(RestRequest *req, void *data, void (*free_data)(void *)) {
+        req->data = data;
+        req->free_data = free_data;
+}
+
+void *rest_request_data(RestRequest *req) {
+        return req->data;
+}
+
+static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
+        RestRequest *req = cls;
+        ssize_t n;
+
+        if (req->stream_abort)
+                return MHD_CONTENT_READER_END_WITH_ERROR;
+        n = req->stream_read(req, buf, max);
+        if (n > 0)
+                return n;
+        if (n == REST_STREAM_END)
+                return MHD_CONTENT_READER_END_OF_STREAM;
+        if (n == REST_STREAM_AGAIN) {
+                /* Allowed from a content reader (microhttpd.h); rest_stream_resume() undoes it. */
+                req->stream_suspended = true;
+                MHD_suspend_connection(req->connection);
+                return 0;
+        }
+        return MHD_CONTENT_READER_END_WITH_ERROR;
+}
+
+int rest_reply_stream(RestRequest *req, unsigned status, const char *content_type, rest_stream_read_func read) {
+        RestServer *s = req->server;
+        struct MHD_Response *resp;
+        int r;
+
+        resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 64 * 1024, stream_reader, req, NULL);
+        if (!resp)
+                return -ENOMEM;
+        if (content_type)
+                (void) MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);
+        req->stream_read = read;
+        r = queue_response(req, status, resp);
+        if (r < 0)
+                return r;
+        req->streaming = true;
+        req->stream_next = s->streams;
+        if (s->streams)
+                s->streams->stream_prev = req;
+        s->streams = req;
+        return 0;
+}
+
+void rest_stream_resume(RestRequest *req) {
+        if (!req->stream_suspended)
+                return;
+        req->stream_suspended = false;
+        MHD_resume_connection(req->connection);
+        (void) sd_event_source_set_enabled(req->server->resume_source, SD_EVENT_ONESHOT);
+}
+
 /* ---------------- request accessors ---------------- */
 
 const char *rest_request_param(RestRequest *req) {
@@ -779,6 +886,16 @@ static void handle_completed(void *cls, struct MHD_Connection *connection, void 
         }
         if (req->suspended)
                 suspended_unlink(req);
+        if (req->streaming) {
+                if (req->stream_prev)
+                        req->stream_prev->stream_next = req->stream_next;
+                else if (s->streams == req)
+                        s->streams = req->stream_next;
+                if (req->stream_next)
+                        req->stream_next->stream_prev = req->stream_prev;
+        }
+        if (req->free_data)
+                req->free_data(req->data);
         if (req->pending)
                 MHD_destroy_response(req->pending);
         if (req->conn) /* the next request on this connection has its own deadline */
@@ -1056,11 +1173,21 @@ RestServer *rest_server_free(RestServer *s) {
         if (s->daemon) {
                 /* Resume whatever waits for the daemon, with a 503, so MHD
                  * can close every connection cleanly. */
+                /* Streams are cut: MHD must not stop with a suspended connection. */
+                for (RestRequest *req = s->streams; req; req = req->stream_next) {
+                        req->stream_abort = true;
+                        if (req->stream_suspended) {
+                                req->stream_suspended = false;
+                                MHD_resume_connection(req->connection);
+                        }
+                }
                 while (s->suspended) {
                         RestRequest *req = s->suspended;
 
-                        req->slot = sd_bus_slot_unref(req->slot);
-                        s->calls_in_flight--;
+                        if (req->slot) {
+                                req->slot = sd_bus_slot_unref(req->slot);
+                                s->calls_in_flight--;
+                        }
                         (void) rest_reply_error(req, 503, "forkd-rest is shutting down");
                         if (req->suspended) { /* could not even reply */
                                 req->suspended = false;

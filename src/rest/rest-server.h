@@ -13,6 +13,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/socket.h>
+#include <sys/types.h>
 #include <systemd/sd-bus.h>
 #include <systemd/sd-event.h>
 
@@ -104,6 +105,27 @@ int rest_new_call(RestRequest *req, const char *path, const char *interface, con
  * on_reply(req, reply) is called with an error or a method return. A 503
  * is queued instead when the cap of calls in flight is reached. */
 int rest_call(RestRequest *req, sd_bus_message *m, uint64_t timeout_usec, rest_reply_func on_reply);
+
+/* A D-Bus call that leaves the connection alone: on_reply(req, reply) may
+ * come while a stream is being sent, or after rest_request_wait(). */
+int rest_call_detached(RestRequest *req, sd_bus_message *m, uint64_t timeout_usec, rest_reply_func on_reply);
+/* Suspend the connection until a reply is queued (from an event source of
+ * the route's own, or a detached call's reply). */
+void rest_request_wait(RestRequest *req);
+/* Route state, freed with the request. */
+void rest_request_set_data(RestRequest *req, void *data, void (*free_data)(void *));
+void *rest_request_data(RestRequest *req);
+
+/* Streamed replies: MHD pulls the body from read(req, buf, max): > 0 bytes,
+ * REST_STREAM_AGAIN (nothing now: the connection is suspended until
+ * rest_stream_resume()), REST_STREAM_END, or REST_STREAM_ERROR (the
+ * connection is cut, so the client sees a truncated body). */
+#define REST_STREAM_AGAIN 0
+#define REST_STREAM_END (-1)
+#define REST_STREAM_ERROR (-2)
+typedef ssize_t (*rest_stream_read_func)(RestRequest *req, char *buf, size_t max);
+int rest_reply_stream(RestRequest *req, unsigned status, const char *content_type, rest_stream_read_func read);
+void rest_stream_resume(RestRequest *req);
 
 /* Metrics in Prometheus text format (the bridge's own counters). */
 int rest_metrics_format(RestServer *s, FILE *f);

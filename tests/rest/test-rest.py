@@ -699,6 +699,33 @@ def t_pack_unpack(c, stack):
     c.expect(204, "DELETE", f"/v1/sandboxes/{sb['id']}")
     c.expect(204, "DELETE", "/v1/snapshots/rest-link")
     c.expect(204, "DELETE", "/v1/snapshots/rest-unpacked")
+    # A bundle far larger than a pipe's buffer streams while forkd packs it: 8 MiB
+    # of random bytes in the guest's RAM (through /proc/<pid>/mem of its VMM).
+    sb = c.expect(201, "POST", "/v1/sandboxes", {"snapshot_tag": Ctx.tag, "n": 1}).json[0]
+    with open(f"/proc/{sb['pid']}/maps") as f:
+        base = next(int(l.split("-")[0], 16) for l in f if l.rstrip().endswith("/memory.bin"))
+    noise = os.urandom(8 << 20)
+    fd = os.open(f"/proc/{sb['pid']}/mem", os.O_RDWR)
+    try:
+        os.pwrite(fd, noise, base + (16 << 20))
+    finally:
+        os.close(fd)
+    c.expect(201, "POST", f"/v1/sandboxes/{sb['id']}/branch", {"tag": "rest-big", "mode": "full"})
+    c.expect(204, "DELETE", f"/v1/sandboxes/{sb['id']}")
+    r = c.expect(200, "GET", "/v1/snapshots/rest-big/pack")
+    check(len(r.data) > (8 << 20) and r.headers.get("Transfer-Encoding") == "chunked", (len(r.data), r.headers))
+    r = unpack(r.data, 201, "?tag=rest-big2")
+    sb = c.expect(201, "POST", "/v1/sandboxes", {"snapshot_tag": "rest-big2", "n": 1}).json[0]
+    fd = os.open(f"/proc/{sb['pid']}/mem", os.O_RDONLY)
+    try:
+        with open(f"/proc/{sb['pid']}/maps") as f:
+            base = next(int(l.split("-")[0], 16) for l in f if l.rstrip().endswith("/memory.bin"))
+        check(os.pread(fd, 1 << 20, base + (16 << 20)) == noise[:1 << 20], "the unpacked guest RAM differs")
+    finally:
+        os.close(fd)
+    c.expect(204, "DELETE", f"/v1/sandboxes/{sb['id']}")
+    c.expect(204, "DELETE", "/v1/snapshots/rest-big2")
+    c.expect(204, "DELETE", "/v1/snapshots/rest-big")
 
 
 def t_snapshot_errors(c, stack):
