@@ -13,6 +13,7 @@
 #include "macro.h"
 #include "manager-dbus.h"
 #include "operation.h"
+#include "pack-op.h"
 #include "polkit.h"
 #include "branch.h"
 #include "sandbox-fork.h"
@@ -606,6 +607,11 @@ const sd_bus_vtable manager_vtable[] = {
                                 method_delete_snapshot, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("CompactSnapshot", SD_BUS_ARGS("s", tag, "s", to), SD_BUS_RESULT("a{sv}", info),
                                 method_compact_snapshot, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("PackSnapshot", SD_BUS_ARGS("s", tag, "h", fd), SD_BUS_RESULT("as", tags, "t", bytes),
+                                bus_manager_method_pack_snapshot, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("UnpackSnapshot", SD_BUS_ARGS("h", fd, "s", new_tag),
+                                SD_BUS_RESULT("aa{sv}", snapshots), bus_manager_method_unpack_snapshot,
+                                SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("Fork", SD_BUS_ARGS("s", snapshot_tag, "u", n, "a{sv}", options),
                                 SD_BUS_RESULT("aa{sv}", sandboxes), method_fork, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("ListSandboxes", SD_BUS_NO_ARGS, SD_BUS_RESULT("aa{sv}", sandboxes),

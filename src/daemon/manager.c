@@ -14,6 +14,7 @@
 #include "macro.h"
 #include "manager-dbus.h"
 #include "operation.h"
+#include "pack-op.h"
 #include "polkit.h"
 #include "sandbox-dbus.h"
 #include "sandbox.h"
@@ -154,7 +155,8 @@ static int load_snapshots(Manager *m) {
                                 log_warning_errno(r, "Failed to remove %s: %m", path);
                         continue;
                 }
-                if (strncmp(de->d_name, ".deleted-", 9) == 0) {
+                if (strncmp(de->d_name, ".deleted-", 9) == 0 ||
+                    strncmp(de->d_name, PACK_STAGING_PREFIX, strlen(PACK_STAGING_PREFIX)) == 0) {
                         log_info("Finishing the deletion of %s.", path);
                         r = rm_rf(path);
                         if (r < 0)

@@ -8,9 +8,11 @@
  * can show progress on a terminal.
  */
 
+#include <fcntl.h>
 #include <getopt.h>
 #include <signal.h>
 #include <sys/ioctl.h>
+#include <sys/stat.h>
 #include <systemd/sd-bus.h>
 #include <systemd/sd-event.h>
 #include <time.h>
@@ -48,6 +50,7 @@ static const char *arg_to = NULL, *arg_from = NULL, *arg_exec = NULL;
 static uint32_t arg_exec_timeout = 600;
 /* snapshot diff --exec: a shell command line, at most this long */
 #define EXEC_COMMAND_MAX (64u * 1024u)
+static const char *arg_out = NULL;
 
 /* Options given, to refuse ones that do not apply to the verb. */
 enum {
@@ -69,7 +72,8 @@ enum {
         OPT_FROM = 1u << 15,
         OPT_EXEC = 1u << 16,
         OPT_EXEC_TIMEOUT = 1u << 17,
-        OPT_LAST = OPT_EXEC_TIMEOUT,
+        OPT_OUT = 1u << 18,
+        OPT_LAST = OPT_OUT,
 };
 static unsigned arg_given = 0;
 
@@ -127,6 +131,11 @@ static void help(void) {
                "                          Branch a running sandbox into a new snapshot (default\n"
                "                          tag branch-ID-<unix time>); --no-wait (live only)\n"
                "                          returns while the snapshot is still being written\n"
+               "Bundles:\n"
+               "  pack --tag T --out F    Write snapshot T and all its ancestors (a whole chain)\n"
+               "                          to the bundle F (tar + zstd)\n"
+               "  unpack F [--tag NEW]    Register the snapshots of bundle F (NEW renames a\n"
+               "                          bundle of one snapshot)\n"
                "\n"
                "Options:\n"
                "  -h --help               Show this help\n"
@@ -1082,6 +1091,138 @@ static int verb_fork_sandbox(sd_bus *bus, char **args, size_t n_args) {
         return print_json(doc);
 }
 
+static int verb_pack(sd_bus *bus, char **args, size_t n_args) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *m = NULL, *reply = NULL;
+        _cleanup_(sd_bus_error_free) sd_bus_error error = SD_BUS_ERROR_NULL;
+        _cleanup_json_ struct json_object *doc = NULL, *tags = NULL;
+        struct error_context ctx = { .verb = "pack", .tag = arg_tag };
+        _cleanup_free_ char *what = NULL;
+        _cleanup_close_ int fd = -EBADF;
+        uint64_t bytes = 0;
+        bool regular = false;
+        struct stat st;
+        size_t n = 0;
+        int r;
+
+        if (!arg_tag[0] || !arg_out || !arg_out[0])
+                return usage_error("pack needs --tag and --out; usage: forkctl pack --tag T --out F");
+        fd = open(arg_out, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOCTTY, 0644);
+        if (fd < 0) {
+                fprintf(stderr, "forkctl: cannot create %s: %s\n", arg_out, strerror(errno));
+                return -1;
+        }
+        /* A half-written file is removed on failure; a pipe or device (--out /dev/stdout) is not. */
+        regular = fstat(fd, &st) >= 0 && S_ISREG(st.st_mode);
+        r = new_call(bus, "PackSnapshot", &m);
+        if (r < 0)
+                goto fail;
+        r = sd_bus_message_append(m, "sh", arg_tag, fd);
+        if (r < 0) {
+                report_error(NULL, r, &ctx);
+                goto fail;
+        }
+        fd = safe_close(fd); /* forkd has its own copy; ours would keep nothing open */
+        if (asprintf(&what, "Packing snapshot '%s'", arg_tag) < 0)
+                goto fail;
+        r = call_with_progress(bus, m, what, &error, &reply);
+        if (r < 0) {
+                int k = report_error(&error, r, &ctx);
+                if (regular)
+                        (void) unlink(arg_out); /* not a bundle */
+                return k;
+        }
+        tags = json_object_new_array();
+        if (!tags)
+                goto fail;
+        r = sd_bus_message_enter_container(reply, 'a', "s");
+        while (r >= 0) {
+                const char *t;
+                r = sd_bus_message_read(reply, "s", &t);
+                if (r <= 0)
+                        break;
+                json_object_array_add(tags, json_object_new_string(t));
+                n++;
+        }
+        if (r >= 0)
+                r = sd_bus_message_exit_container(reply);
+        if (r >= 0)
+                r = sd_bus_message_read(reply, "t", &bytes);
+        if (r < 0) {
+                report_error(NULL, r, &ctx);
+                goto fail;
+        }
+        if (!arg_json) {
+                char b[32];
+                fprintf(stderr, "Wrote %s (%s) with %zu chain link%s:", arg_out, format_bytes(b, sizeof b, bytes), n,
+                        n == 1 ? "" : "s");
+                for (size_t i = 0; i < n; i++)
+                        fprintf(stderr, " %s", json_object_get_string(json_object_array_get_idx(tags, i)));
+                fputc('\n', stderr);
+                return 0;
+        }
+        doc = json_object_new_object();
+        if (!doc || json_object_object_add(doc, "out", json_object_new_string(arg_out)) < 0 ||
+            json_object_object_add(doc, "bytes", json_object_new_uint64(bytes)) < 0 ||
+            json_object_object_add(doc, "chain", TAKE_PTR(tags)) < 0)
+                return -1;
+        return print_json(doc);
+fail:
+        if (regular)
+                (void) unlink(arg_out); /* not a bundle */
+        return -1;
+}
+
+static int verb_unpack(sd_bus *bus, char **args, size_t n_args) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *m = NULL, *reply = NULL;
+        _cleanup_(sd_bus_error_free) sd_bus_error error = SD_BUS_ERROR_NULL;
+        _cleanup_json_ struct json_object *list = NULL, *doc = NULL;
+        struct error_context ctx = { .verb = "unpack", .tag = arg_tag[0] ? arg_tag : NULL };
+        _cleanup_free_ char *what = NULL;
+        _cleanup_close_ int fd = -EBADF;
+        int r;
+
+        fd = open(args[0], O_RDONLY | O_CLOEXEC | O_NOCTTY);
+        if (fd < 0) {
+                fprintf(stderr, "forkctl: cannot open %s: %s\n", args[0], strerror(errno));
+                return -1;
+        }
+        r = new_call(bus, "UnpackSnapshot", &m);
+        if (r < 0)
+                return -1;
+        r = sd_bus_message_append(m, "hs", fd, arg_tag);
+        if (r < 0)
+                return report_error(NULL, r, &ctx);
+        if (asprintf(&what, "Unpacking %s", args[0]) < 0)
+                return -1;
+        r = call_with_progress(bus, m, what, &error, &reply);
+        if (r < 0 && sd_bus_error_is_set(&error)) {
+                /* forkd's message names the tag or the member at fault. */
+                fprintf(stderr, "forkctl: unpack: %s\n", error.message ?: error.name);
+                return -forkctl_error_exit_code(&error);
+        }
+        if (r < 0)
+                return report_error(&error, r, &ctx);
+        r = bus_message_read_dict_array_json(reply, &list);
+        if (r < 0)
+                return report_error(NULL, r, &ctx);
+        if (!arg_json) {
+                size_t n = json_object_array_length(list);
+                for (size_t i = 0; i < n; i++) {
+                        struct json_object *o = json_object_array_get_idx(list, i);
+                        const char *parent = jstr(o, "parent_tag");
+                        fprintf(stderr, "Link '%s' at %s%s%s%s\n", jstr(o, "tag") ?: "?", jstr(o, "dir") ?: "?",
+                                parent ? " (chain parent: " : "", parent ?: "", parent ? ")" : "");
+                }
+                fprintf(stderr, "Unpacked %zu chain link%s, head '%s'.\n", n, n == 1 ? "" : "s",
+                        n ? jstr(json_object_array_get_idx(list, n - 1), "tag") ?: "?" : "?");
+                return print_snapshot_table(list);
+        }
+        doc = json_object_new_object();
+        if (!doc || json_object_object_add(doc, "snapshots", TAKE_PTR(list)) < 0)
+                return -1;
+        return print_json(doc);
+}
+
 struct verb {
         const char *group; /* "snapshot" or NULL */
         const char *name;
@@ -1115,6 +1256,8 @@ static const struct verb verbs[] = {
         { NULL, "fork-sandbox", 1, 1, OPT_COUNT, "fork-sandbox ID [-n N]", verb_fork_sandbox },
         { NULL, "branch", 1, 1, OPT_TAG | OPT_MODE | OPT_NO_WAIT, "branch ID [--tag T] [--mode M] [--no-wait]",
           verb_branch },
+        { NULL, "pack", 0, 0, OPT_TAG | OPT_OUT, "pack --tag T --out F", verb_pack },
+        { NULL, "unpack", 1, 1, OPT_TAG, "unpack F [--tag NEW]", verb_unpack },
 };
 
 static const char *option_name(unsigned bit) {
@@ -1137,6 +1280,7 @@ static const char *option_name(unsigned bit) {
         case OPT_FROM: return "--from";
         case OPT_EXEC: return "--exec";
         case OPT_EXEC_TIMEOUT: return "--exec-timeout-secs";
+        case OPT_OUT: return "--out";
         default: return "?";
         }
 }
@@ -1169,6 +1313,7 @@ enum {
         ARG_FROM,
         ARG_EXEC,
         ARG_EXEC_TIMEOUT,
+        ARG_OUT,
 };
 
 static int parse_argv(int argc, char *argv[]) {
@@ -1196,6 +1341,7 @@ static int parse_argv(int argc, char *argv[]) {
                 { "from", required_argument, NULL, ARG_FROM },
                 { "exec", required_argument, NULL, ARG_EXEC },
                 { "exec-timeout-secs", required_argument, NULL, ARG_EXEC_TIMEOUT },
+                { "out", required_argument, NULL, ARG_OUT },
                 {}
         };
         int c, r;
@@ -1302,6 +1448,10 @@ static int parse_argv(int argc, char *argv[]) {
                         if (r < 0)
                                 return r;
                         arg_given |= OPT_EXEC_TIMEOUT;
+                        break;
+                case ARG_OUT:
+                        arg_out = optarg;
+                        arg_given |= OPT_OUT;
                         break;
                 case ARG_TIMEOUT:
                         r = parse_number("--timeout", optarg, 0, 3600, &arg_timeout);

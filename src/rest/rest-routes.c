@@ -10,6 +10,7 @@
 #include "forkd-bus.h"
 #include "json-util.h"
 #include "macro.h"
+#include "rest-pack.h"
 #include "rest-server.h"
 #include "rest-util.h"
 
@@ -905,7 +906,9 @@ const RestRoute rest_routes[] = {
         { "/version", false, { { "GET", route_version } }, "GET" },
         { "/metrics", false, { { "GET", route_metrics } }, "GET" },
         { "/v1/snapshots", false, { { "GET", route_snapshots_list }, { "POST", route_snapshots_create } }, "GET, POST" },
-        { "/v1/snapshots/%", false, { { "DELETE", route_snapshot_delete } }, "DELETE" },
+        { "/v1/snapshots/%", false,
+          { { "DELETE", route_snapshot_delete }, { "POST", rest_route_snapshot_post } }, "DELETE" },
+        { "/v1/snapshots/%/pack", false, { { "GET", rest_route_snapshot_pack } }, "GET" },
         { "/v1/snapshots/%/info", false, { { "GET", route_snapshot_info } }, "GET" },
         { "/v1/snapshots/%/compact", false, { { "POST", route_snapshot_compact } }, "POST" },
         { "/v1/sandboxes", false, { { "GET", route_sandboxes_list }, { "POST", route_sandboxes_create } }, "GET, POST" },

@@ -4,6 +4,7 @@
 #include <inttypes.h>
 #include <microhttpd.h>
 #include <stdarg.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -54,6 +55,7 @@ struct RestRequest {
 
         char *body;
         size_t body_len, body_alloc;
+        int body_fd;      /* rest_method_body_fd_max(): the body goes here */
 
         bool too_large;   /* body over the cap: discarding the rest */
         bool queued;      /* a response went to MHD */
@@ -66,6 +68,13 @@ struct RestRequest {
         unsigned status;
         uint64_t start;
         RestRequest *prev, *next; /* suspended list */
+
+        /* a streamed reply (rest_reply_stream()) */
+        rest_stream_read_func stream_read;
+        bool streaming, stream_suspended, stream_abort;
+        RestRequest *stream_prev, *stream_next;
+        void *data;
+        void (*free_data)(void *data);
 };
 
 struct RestServer {
@@ -88,6 +97,7 @@ struct RestServer {
         RestConn *conns;
         unsigned conns_active;
         RestRequest *suspended;
+        RestRequest *streams;        /* replies being streamed */
 
         /* metrics */
         uint64_t requests[ROUTES_MAX][_METHOD_MAX][CODES_MAX];
@@ -315,6 +325,19 @@ int rest_reply_raw(RestRequest *req, unsigned status, const char *content_type, 
         return queue_response(req, status, resp);
 }
 
+int rest_reply_fd(RestRequest *req, unsigned status, const char *content_type, int fd, uint64_t size) {
+        struct MHD_Response *resp;
+
+        resp = MHD_create_response_from_fd_at_offset64(size, fd, 0);
+        if (!resp) {
+                safe_close(fd);
+                return -ENOMEM;
+        }
+        if (content_type)
+                (void) MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);
+        return queue_response(req, status, resp);
+}
+
 int rest_reply_json(RestRequest *req, unsigned status, struct json_object *body) {
         const char *s;
         size_t len;
@@ -433,10 +456,126 @@ int rest_call(RestRequest *req, sd_bus_message *m, uint64_t timeout_usec, rest_r
         return 0;
 }
 
+static int on_bus_reply_detached(sd_bus_message *reply, void *userdata, sd_bus_error *ret_error) {
+        RestRequest *req = userdata;
+
+        req->slot = sd_bus_slot_unref(req->slot);
+        req->server->calls_in_flight--;
+        (void) req->on_reply(req, reply);
+        return 0;
+}
+
+int rest_call_detached(RestRequest *req, sd_bus_message *m, uint64_t timeout_usec, rest_reply_func on_reply) {
+        RestServer *s = req->server;
+        int r;
+
+        if (s->calls_in_flight >= s->calls_max) {
+                s->calls_rejected++;
+                return -EBUSY;
+        }
+        r = sd_bus_call_async(sd_bus_message_get_bus(m), &req->slot, m, on_bus_reply_detached, req, timeout_usec);
+        if (r < 0)
+                return log_debug_errno(r, "Failed to send D-Bus call: %m");
+        s->calls_in_flight++;
+        s->calls_total++;
+        if (sd_bus_message_get_bus(m) == s->direct)
+                s->calls_direct++;
+        req->on_reply = on_reply;
+        return 0;
+}
+
+void rest_request_wait(RestRequest *req) {
+        RestServer *s = req->server;
+
+        req->suspended = true;
+        req->next = s->suspended;
+        if (s->suspended)
+                s->suspended->prev = req;
+        s->suspended = req;
+        (void) MHD_set_connection_option(req->connection, MHD_CONNECTION_OPTION_TIMEOUT, 0);
+        MHD_suspend_connection(req->connection);
+}
+
+void rest_request_set_data(RestRequest *req, void *data, void (*free_data)(void *)) {
+        req->data = data;
+        req->free_data = free_data;
+}
+
+void *rest_request_data(RestRequest *req) {
+        return req->data;
+}
+
+static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
+        RestRequest *req = cls;
+        ssize_t n;
+
+        if (req->stream_abort)
+                return MHD_CONTENT_READER_END_WITH_ERROR;
+        n = req->stream_read(req, buf, max);
+        if (n > 0)
+                return n;
+        if (n == REST_STREAM_END)
+                return MHD_CONTENT_READER_END_OF_STREAM;
+        if (n == REST_STREAM_AGAIN) {
+                /* Allowed from a content reader (microhttpd.h); rest_stream_resume() undoes it. */
+                req->stream_suspended = true;
+                MHD_suspend_connection(req->connection);
+                return 0;
+        }
+        return MHD_CONTENT_READER_END_WITH_ERROR;
+}
+
+int rest_reply_stream(RestRequest *req, unsigned status, const char *content_type, rest_stream_read_func read) {
+        RestServer *s = req->server;
+        struct MHD_Response *resp;
+        int r;
+
+        resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 64 * 1024, stream_reader, req, NULL);
+        if (!resp)
+                return -ENOMEM;
+        if (content_type)
+                (void) MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);
+        req->stream_read = read;
+        r = queue_response(req, status, resp);
+        if (r < 0)
+                return r;
+        req->streaming = true;
+        req->stream_next = s->streams;
+        if (s->streams)
+                s->streams->stream_prev = req;
+        s->streams = req;
+        return 0;
+}
+
+void rest_stream_resume(RestRequest *req) {
+        if (!req->stream_suspended)
+                return;
+        req->stream_suspended = false;
+        MHD_resume_connection(req->connection);
+        (void) sd_event_source_set_enabled(req->server->resume_source, SD_EVENT_ONESHOT);
+}
+
 /* ---------------- request accessors ---------------- */
 
 const char *rest_request_param(RestRequest *req) {
         return req->has_param ? req->param : NULL;
+}
+
+int rest_request_body_fd(RestRequest *req) {
+        if (req->body_fd < 0) {
+                /* On disk where we may (a bundle may be larger than forkd-rest's MemoryMax=),
+                 * else in memory. Unlinked from birth either way. */
+                const char *dir = getenv("TMPDIR");
+
+                req->body_fd = open(dir && dir[0] == '/' ? dir : "/var/tmp", O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+                if (req->body_fd < 0)
+                        req->body_fd = memfd_create("forkd-rest-body", MFD_CLOEXEC);
+                if (req->body_fd < 0)
+                        return -errno;
+        }
+        if (lseek(req->body_fd, 0, SEEK_SET) < 0)
+                return -errno;
+        return req->body_fd;
 }
 
 const char *rest_request_body(RestRequest *req, size_t *ret_len) {
@@ -541,6 +680,7 @@ static bool check_auth(RestRequest *req) {
 static enum MHD_Result request_begin(RestRequest *req, const char *url, const char *method) {
         RestServer *s = req->server;
         const char *cl;
+        size_t body_max;
 
         req->route_index = (int) rest_routes_count;
         req->method_index = method_index(method);
@@ -572,6 +712,7 @@ static enum MHD_Result request_begin(RestRequest *req, const char *url, const ch
                 return rest_reply_error(req, 405, "method %s not allowed on %s", method, url) < 0 ? MHD_NO : MHD_YES;
         }
 
+        body_max = rest_method_body_fd_max(req->method) ?: s->body_max;
         cl = MHD_lookup_connection_value(req->connection, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (cl) {
                 char *end;
@@ -582,8 +723,8 @@ static enum MHD_Result request_begin(RestRequest *req, const char *url, const ch
                 if (errno || end == cl || *end) {
                         return rest_reply_error(req, 400, "invalid Content-Length") < 0 ? MHD_NO : MHD_YES;
                 }
-                if (v > s->body_max) {
-                        return rest_reply_error(req, 413, "request body larger than %zu bytes", s->body_max) < 0 ? MHD_NO : MHD_YES;
+                if (v > body_max) {
+                        return rest_reply_error(req, 413, "request body larger than %zu bytes", body_max) < 0 ? MHD_NO : MHD_YES;
                 }
         }
         return MHD_YES;
@@ -603,6 +744,7 @@ static enum MHD_Result handle_access(void *cls, struct MHD_Connection *connectio
                 if (!req)
                         return MHD_NO;
                 req->server = s;
+                req->body_fd = -EBADF;
                 req->connection = connection;
                 req->start = now_usec();
                 ci = MHD_get_connection_info(connection, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
@@ -633,6 +775,23 @@ static enum MHD_Result handle_access(void *cls, struct MHD_Connection *connectio
                         return MHD_YES; /* answered early: discard */
                 if (req->too_large)
                         return MHD_YES; /* discard; the request deadline bounds how long */
+                if (req->method && rest_method_body_fd_max(req->method) > 0) {
+                        if (n > rest_method_body_fd_max(req->method) - req->body_len) {
+                                req->body_fd = safe_close(req->body_fd);
+                                req->too_large = true;
+                                return MHD_YES;
+                        }
+                        if (rest_request_body_fd(req) < 0)
+                                return MHD_NO;
+                        for (size_t w = 0; w < n;) {
+                                ssize_t k = pwrite(req->body_fd, upload_data + w, n - w, (off_t) (req->body_len + w));
+                                if (k < 0)
+                                        return MHD_NO;
+                                w += (size_t) k;
+                        }
+                        req->body_len += n;
+                        return MHD_YES;
+                }
                 if (n > s->body_max - req->body_len) {
                         /* Chunked, or more than Content-Length said: refuse
                          * before buffering. MHD does not take a response in
@@ -671,7 +830,8 @@ static enum MHD_Result handle_access(void *cls, struct MHD_Connection *connectio
         if (req->conn)
                 req->conn->deadline = 0;
         if (req->too_large) {
-                r = rest_reply_error(req, 413, "request body larger than %zu bytes", s->body_max);
+                r = rest_reply_error(req, 413, "request body larger than %zu bytes",
+                                     rest_method_body_fd_max(req->method) ?: s->body_max);
                 return r < 0 ? MHD_NO : MHD_YES;
         }
         r = req->method->handler(req);
@@ -726,11 +886,22 @@ static void handle_completed(void *cls, struct MHD_Connection *connection, void 
         }
         if (req->suspended)
                 suspended_unlink(req);
+        if (req->streaming) {
+                if (req->stream_prev)
+                        req->stream_prev->stream_next = req->stream_next;
+                else if (s->streams == req)
+                        s->streams = req->stream_next;
+                if (req->stream_next)
+                        req->stream_next->stream_prev = req->stream_prev;
+        }
+        if (req->free_data)
+                req->free_data(req->data);
         if (req->pending)
                 MHD_destroy_response(req->pending);
         if (req->conn) /* the next request on this connection has its own deadline */
                 req->conn->deadline = now_usec() + s->timeout_secs * USEC_PER_SEC;
         free(req->body);
+        safe_close(req->body_fd);
         free(req);
         *con_cls = NULL;
 }
@@ -1002,11 +1173,21 @@ RestServer *rest_server_free(RestServer *s) {
         if (s->daemon) {
                 /* Resume whatever waits for the daemon, with a 503, so MHD
                  * can close every connection cleanly. */
+                /* Streams are cut: MHD must not stop with a suspended connection. */
+                for (RestRequest *req = s->streams; req; req = req->stream_next) {
+                        req->stream_abort = true;
+                        if (req->stream_suspended) {
+                                req->stream_suspended = false;
+                                MHD_resume_connection(req->connection);
+                        }
+                }
                 while (s->suspended) {
                         RestRequest *req = s->suspended;
 
-                        req->slot = sd_bus_slot_unref(req->slot);
-                        s->calls_in_flight--;
+                        if (req->slot) {
+                                req->slot = sd_bus_slot_unref(req->slot);
+                                s->calls_in_flight--;
+                        }
                         (void) rest_reply_error(req, 503, "forkd-rest is shutting down");
                         if (req->suspended) { /* could not even reply */
                                 req->suspended = false;

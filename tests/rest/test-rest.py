@@ -641,6 +641,93 @@ def t_snapshot_create(c, stack):
     check(r.json["memory_logical_bytes"] == DEFAULT_MEM_MIB << 20 and r.json["mem_size"] == DEFAULT_MEM_MIB << 20, r)
 
 
+def t_pack_unpack(c, stack):
+    """Our extension: GET /v1/snapshots/:tag/pack and POST /v1/snapshots/unpack."""
+    def unpack(data, status, query=""):
+        return c.expect(status, "POST", "/v1/snapshots/unpack" + query, raw=data,
+                        headers={"Content-Type": "application/zstd"})
+
+    def tags():
+        return {s["tag"] for s in c.expect(200, "GET", "/v1/snapshots").json}
+
+    r = c.expect(200, "GET", f"/v1/snapshots/{Ctx.tag}/pack")
+    check(r.headers.get("Content-Type") == "application/zstd" and r.data[:4] == b"\x28\xb5\x2f\xfd", r)
+    one = r.data
+    c.expect(404, "GET", "/v1/snapshots/rest-nosuch/pack")
+    c.expect(400, "GET", "/v1/snapshots/-bad/pack")
+    r = unpack(one, 409)
+    check(Ctx.tag in r.json["error"], r)
+    r = c.expect(405, "POST", "/v1/snapshots/other", raw=b"x")
+    check(r.headers.get("Allow") == "DELETE", r.headers)
+    before = tags()
+    bad = bytearray(one)
+    bad[len(bad) // 2] ^= 0x20
+    r = unpack(bytes(bad), 400, "?tag=rest-bad")
+    check("refused" in r.json["error"], r)
+    r = unpack(b"not a bundle", 400, "?tag=rest-bad")
+    check(tags() == before, "a refused bundle registered something")
+    snapdir = os.path.dirname(Ctx.snapshot["dir"])
+    check(not [d for d in os.listdir(snapdir) if d.startswith(".unpack-")], os.listdir(snapdir))
+    unpack(one, 400, "?tag=-bad")
+    # A bundle announced over the cap (1 GiB): 413 before any byte is read.
+    s = socket.create_connection(("127.0.0.1", c.port), timeout=10)
+    s.sendall(b"POST /v1/snapshots/unpack HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + TOKEN.encode() +
+              b"\r\nContent-Length: " + str((1 << 30) + 1).encode() + b"\r\n\r\n")
+    data = s.recv(4096)
+    s.close()
+    check(data.startswith(b"HTTP/1.1 413 ") and b"1073741824" in data, data)
+    # Over the JSON body cap is fine for a bundle.
+    r = unpack(b"\0" * (BODY_MAX + 4096), 400, "?tag=rest-bad")
+    check("refused" in r.json["error"], r)
+    # One snapshot under a new tag, then a chain of two.
+    r = unpack(one, 201, "?tag=rest-unpacked")
+    check([s["tag"] for s in r.json] == ["rest-unpacked"], r)
+    sb = c.expect(201, "POST", "/v1/sandboxes", {"snapshot_tag": "rest-unpacked", "n": 1}).json[0]
+    c.expect(200, "POST", f"/v1/sandboxes/{sb['id']}/ping")
+    c.expect(201, "POST", f"/v1/sandboxes/{sb['id']}/branch", {"tag": "rest-link", "mode": "diff"})
+    c.expect(204, "DELETE", f"/v1/sandboxes/{sb['id']}")
+    chain = c.expect(200, "GET", "/v1/snapshots/rest-link/pack").data
+    c.expect(204, "DELETE", "/v1/snapshots/rest-link")
+    c.expect(204, "DELETE", "/v1/snapshots/rest-unpacked")
+    r = unpack(chain, 400, "?tag=rest-other")
+    check("one snapshot" in r.json["error"], r)
+    r = unpack(chain, 201)
+    check([s["tag"] for s in r.json] == ["rest-unpacked", "rest-link"], r)
+    check(r.json[1].get("parent_tag") == "rest-unpacked", r)
+    sb = c.expect(201, "POST", "/v1/sandboxes", {"snapshot_tag": "rest-link", "n": 1}).json[0]
+    c.expect(200, "POST", f"/v1/sandboxes/{sb['id']}/ping")
+    c.expect(204, "DELETE", f"/v1/sandboxes/{sb['id']}")
+    c.expect(204, "DELETE", "/v1/snapshots/rest-link")
+    c.expect(204, "DELETE", "/v1/snapshots/rest-unpacked")
+    # A bundle far larger than a pipe's buffer streams while forkd packs it: 8 MiB
+    # of random bytes in the guest's RAM (through /proc/<pid>/mem of its VMM).
+    sb = c.expect(201, "POST", "/v1/sandboxes", {"snapshot_tag": Ctx.tag, "n": 1}).json[0]
+    with open(f"/proc/{sb['pid']}/maps") as f:
+        base = next(int(l.split("-")[0], 16) for l in f if l.rstrip().endswith("/memory.bin"))
+    noise = os.urandom(8 << 20)
+    fd = os.open(f"/proc/{sb['pid']}/mem", os.O_RDWR)
+    try:
+        os.pwrite(fd, noise, base + (16 << 20))
+    finally:
+        os.close(fd)
+    c.expect(201, "POST", f"/v1/sandboxes/{sb['id']}/branch", {"tag": "rest-big", "mode": "full"})
+    c.expect(204, "DELETE", f"/v1/sandboxes/{sb['id']}")
+    r = c.expect(200, "GET", "/v1/snapshots/rest-big/pack")
+    check(len(r.data) > (8 << 20) and r.headers.get("Transfer-Encoding") == "chunked", (len(r.data), r.headers))
+    r = unpack(r.data, 201, "?tag=rest-big2")
+    sb = c.expect(201, "POST", "/v1/sandboxes", {"snapshot_tag": "rest-big2", "n": 1}).json[0]
+    fd = os.open(f"/proc/{sb['pid']}/mem", os.O_RDONLY)
+    try:
+        with open(f"/proc/{sb['pid']}/maps") as f:
+            base = next(int(l.split("-")[0], 16) for l in f if l.rstrip().endswith("/memory.bin"))
+        check(os.pread(fd, 1 << 20, base + (16 << 20)) == noise[:1 << 20], "the unpacked guest RAM differs")
+    finally:
+        os.close(fd)
+    c.expect(204, "DELETE", f"/v1/sandboxes/{sb['id']}")
+    c.expect(204, "DELETE", "/v1/snapshots/rest-big2")
+    c.expect(204, "DELETE", "/v1/snapshots/rest-big")
+
+
 def t_snapshot_errors(c, stack):
     # spec: "400 - ... snapshot already exists"
     r = c.expect(400, "POST", "/v1/snapshots", {"tag": Ctx.tag, "kernel": GUEST, "rootfs": Ctx.rootfs})
@@ -1057,6 +1144,8 @@ def main():
              t_sandbox_fork),
             ("chains: DELETE with dependents 409, ?cascade, ?force; compact 201, 409, 400, 404; an orphan and a "
              "re-snapshotted parent 409", t_chains),
+            ("pack and unpack (our extension): a snapshot and a chain of two round-trip, 404, 409, "
+             "400 for a changed byte and for --tag on a chain, nothing left behind", t_pack_unpack),
             ("DELETE /v1/sandboxes/:id", t_sandbox_delete),
             ("POST /v1/sandboxes on a damaged snapshot is 500", t_fork_errors),
             ("a hung daemon: call cap 503, loop keeps serving", t_calls_cap),

@@ -1,0 +1,279 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+
+/* Snapshot bundles (src/shared/pack.c): the manifest parser, and a chain
+ * packed and unpacked again with its holes kept. */
+
+#include <errno.h>
+#include <fcntl.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <openssl/sha.h>
+
+#include "macro.h"
+#include "pack.h"
+
+#define H64(c) c c c c c c c c c c c c c c c c c c c c c c c c c c c c c c c c c c c c c c c c c c c c c c c c c c c c c c c c c c c c c c c c
+#define HA H64("a")
+#define HB H64("b")
+
+static int parse(const char *json, char **error) {
+        struct pack_manifest m = {}, sentinel = {};
+        int r;
+
+        free(*error);
+        *error = NULL;
+        r = pack_manifest_parse(json, strlen(json), &m, error);
+        if (r < 0) {
+                assert_memory_equal(&m, &sentinel, sizeof(m)); /* untouched */
+                assert_non_null(*error);
+        }
+        pack_manifest_done(&m);
+        return r;
+}
+
+static void test_manifest(void **state) {
+        _cleanup_free_ char *error = NULL;
+        struct pack_manifest m = {};
+        const char *good =
+                "{\"version\":2,\"chain\":["
+                "{\"tag\":\"base\",\"parent_tag\":null,\"parent_content_hash\":null,\"files\":["
+                "{\"name\":\"snapshot.json\",\"size\":10,\"sha256\":\"" HA "\"},"
+                "{\"name\":\"memory.bin\",\"size\":4096,\"sha256\":\"" HB "\"}]},"
+                "{\"tag\":\"l1\",\"parent_tag\":\"base\",\"parent_content_hash\":\"" HB "\",\"files\":["
+                "{\"name\":\"snapshot.json\",\"size\":10,\"sha256\":\"" HA "\"}]}]}";
+        char *s;
+
+        assert_int_equal(pack_manifest_parse(good, strlen(good), &m, &error), 0);
+        assert_int_equal(m.n_links, 2);
+        assert_string_equal(m.links[0].tag, "base");
+        assert_string_equal(m.links[0].parent_tag, "");
+        assert_string_equal(m.links[1].parent_tag, "base");
+        assert_int_equal(m.links[0].n_files, 2);
+        assert_int_equal(m.links[0].files[1].size, 4096);
+        /* format, then parse again: the same */
+        assert_int_equal(pack_manifest_format(&m, &s), 0);
+        pack_manifest_done(&m);
+        assert_int_equal(pack_manifest_parse(s, strlen(s), &m, &error), 0);
+        assert_int_equal(m.n_links, 2);
+        assert_string_equal(m.links[1].parent_content_hash, HB);
+        pack_manifest_done(&m);
+        free(s);
+
+        assert_int_equal(parse("{\"version\":1,\"chain\":[]}", &error), -EBADMSG);
+        assert_non_null(strstr(error, "version 1"));
+        assert_int_equal(parse("{\"version\":2,\"chain\":[]}", &error), -EBADMSG);
+        assert_int_equal(parse("{\"version\":2}", &error), -EBADMSG);
+        assert_int_equal(parse("{\"version\":2,\"chain\":[],\"x\":1}", &error), -EBADMSG);
+        assert_int_equal(parse("[]", &error), -EBADMSG);
+        /* the root has a parent */
+        assert_int_equal(parse("{\"version\":2,\"chain\":[{\"tag\":\"l1\",\"parent_tag\":\"base\",\"parent_content_hash\":\"" HB
+                               "\",\"files\":[{\"name\":\"snapshot.json\",\"size\":1,\"sha256\":\"" HA "\"}]}]}",
+                               &error),
+                         -EBADMSG);
+        assert_non_null(strstr(error, "root link"));
+        /* a file name with a slash, "..", a missing snapshot.json, a duplicate file */
+        assert_int_equal(parse("{\"version\":2,\"chain\":[{\"tag\":\"b\",\"parent_tag\":null,\"parent_content_hash\":null,"
+                               "\"files\":[{\"name\":\"../x\",\"size\":1,\"sha256\":\"" HA "\"}]}]}",
+                               &error),
+                         -EBADMSG);
+        assert_int_equal(parse("{\"version\":2,\"chain\":[{\"tag\":\"b\",\"parent_tag\":null,\"parent_content_hash\":null,"
+                               "\"files\":[{\"name\":\"..\",\"size\":1,\"sha256\":\"" HA "\"}]}]}",
+                               &error),
+                         -EBADMSG);
+        assert_int_equal(parse("{\"version\":2,\"chain\":[{\"tag\":\"b\",\"parent_tag\":null,\"parent_content_hash\":null,"
+                               "\"files\":[{\"name\":\"vmstate\",\"size\":1,\"sha256\":\"" HA "\"}]}]}",
+                               &error),
+                         -EBADMSG);
+        assert_non_null(strstr(error, "no snapshot.json"));
+        assert_int_equal(parse("{\"version\":2,\"chain\":[{\"tag\":\"b\",\"parent_tag\":null,\"parent_content_hash\":null,"
+                               "\"files\":[{\"name\":\"snapshot.json\",\"size\":1,\"sha256\":\"" HA "\"},"
+                               "{\"name\":\"snapshot.json\",\"size\":1,\"sha256\":\"" HA "\"}]}]}",
+                               &error),
+                         -EBADMSG);
+        assert_non_null(strstr(error, "twice"));
+        /* oversized */
+        assert_int_equal(parse("{\"version\":2,\"chain\":[{\"tag\":\"b\",\"parent_tag\":null,\"parent_content_hash\":null,"
+                               "\"files\":[{\"name\":\"snapshot.json\",\"size\":99999999999999,\"sha256\":\"" HA "\"}]}]}",
+                               &error),
+                         -EBADMSG);
+        assert_non_null(strstr(error, "too large"));
+        /* a bad digest, a tag twice, a parent that is not the link before */
+        assert_int_equal(parse("{\"version\":2,\"chain\":[{\"tag\":\"b\",\"parent_tag\":null,\"parent_content_hash\":null,"
+                               "\"files\":[{\"name\":\"snapshot.json\",\"size\":1,\"sha256\":\"xyz\"}]}]}",
+                               &error),
+                         -EBADMSG);
+        assert_int_equal(parse("{\"version\":2,\"chain\":[{\"tag\":\"b\",\"parent_tag\":null,\"parent_content_hash\":null,"
+                               "\"files\":[{\"name\":\"snapshot.json\",\"size\":1,\"sha256\":\"" HA "\"}]},"
+                               "{\"tag\":\"c\",\"parent_tag\":\"x\",\"parent_content_hash\":\"" HA "\","
+                               "\"files\":[{\"name\":\"snapshot.json\",\"size\":1,\"sha256\":\"" HA "\"}]}]}",
+                               &error),
+                         -EBADMSG);
+        assert_non_null(strstr(error, "not the link before"));
+}
+
+/* ---- round trip ---- */
+
+static void write_at(int dfd, const char *name, const void *p, size_t n, off_t off, off_t size) {
+        int fd = openat(dfd, name, O_WRONLY | O_CREAT | O_CLOEXEC, 0640);
+
+        assert_true(fd >= 0);
+        if (n)
+                assert_int_equal(pwrite(fd, p, n, off), (ssize_t) n);
+        assert_int_equal(ftruncate(fd, size), 0);
+        close(fd);
+}
+
+static void file_sha256(int dfd, const char *name, char hex[65]) {
+        int fd = openat(dfd, name, O_RDONLY | O_CLOEXEC);
+        uint8_t buf[65536], d[32];
+        SHA256_CTX c;
+        ssize_t n;
+
+        assert_true(fd >= 0);
+        SHA256_Init(&c);
+        while ((n = read(fd, buf, sizeof(buf))) > 0)
+                SHA256_Update(&c, buf, (size_t) n);
+        SHA256_Final(d, &c);
+        close(fd);
+        for (int i = 0; i < 32; i++)
+                snprintf(hex + 2 * i, 3, "%02x", d[i]);
+}
+
+static void make_link(int root, const char *tag, const char *parent, const char *parent_hash) {
+        struct snapshot_meta m = {
+                .format = 1, .created_at_unix = 1, .mem_size = 4u << 20, .vcpus = 1,
+                .memory_file = "memory.bin", .vmstate_file = "vmstate", .disk_file = "disk.img",
+                .disk_size = 8192, .kernel = "/k", .guest = "test",
+        };
+        char page[4096];
+        char *json;
+        int dfd;
+
+        snprintf(m.tag, sizeof(m.tag), "%s", tag);
+        snprintf(m.parent_tag, sizeof(m.parent_tag), "%s", parent);
+        snprintf(m.parent_content_hash, sizeof(m.parent_content_hash), "%s", parent_hash);
+        assert_int_equal(mkdirat(root, tag, 0750), 0);
+        dfd = openat(root, tag, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        assert_true(dfd >= 0);
+        assert_int_equal(snapshot_meta_format(&m, &json), 0);
+        write_at(dfd, "snapshot.json", json, strlen(json), 0, (off_t) strlen(json));
+        free(json);
+        memset(page, tag[0], sizeof(page));
+        /* a 4 MiB memory file with two pages of data, the rest holes */
+        write_at(dfd, "memory.bin", page, sizeof(page), 1 << 20, 4 << 20);
+        write_at(dfd, "memory.bin", page, 100, (3 << 20) + 5, 4 << 20);
+        write_at(dfd, "vmstate", "QZQZQ", 5, 0, 5);
+        write_at(dfd, "disk.img", NULL, 0, 0, 8192);
+        close(dfd);
+}
+
+static void test_round_trip(void **state) {
+        char tmpl[] = "/tmp/test-pack.XXXXXX", cmd[256], path[512], a[65], b[65];
+        _cleanup_free_ char *error = NULL;
+        struct pack_manifest m = {};
+        const char *dirs[2];
+        char d0[300], d1[300];
+        int root, out, in, staging;
+        struct stat st;
+
+        assert_non_null(mkdtemp(tmpl));
+        root = open(tmpl, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        assert_true(root >= 0);
+        assert_int_equal(mkdirat(root, "src", 0750), 0);
+        assert_int_equal(mkdirat(root, "out", 0750), 0);
+        int src = openat(root, "src", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        make_link(src, "base", "", "");
+        file_sha256(src, "base/memory.bin", a);
+        make_link(src, "l1", "base", a);
+        snprintf(d0, sizeof(d0), "%s/src/base", tmpl);
+        snprintf(d1, sizeof(d1), "%s/src/l1", tmpl);
+        dirs[0] = d0;
+        dirs[1] = d1;
+
+        out = openat(root, "b.tar.zst", O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0640);
+        assert_true(out >= 0);
+        assert_int_equal(pack_write(out, dirs, 2, NULL, &error), 0);
+        close(out);
+
+        in = openat(root, "b.tar.zst", O_RDONLY | O_CLOEXEC);
+        staging = openat(root, "out", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        assert_int_equal(pack_read(in, staging, NULL, &m, &error), 0);
+        close(in);
+        assert_int_equal(m.n_links, 2);
+        assert_string_equal(m.links[0].tag, "base");
+        assert_string_equal(m.links[1].tag, "l1");
+        pack_manifest_done(&m);
+        file_sha256(staging, "l1/memory.bin", b);
+        file_sha256(src, "l1/memory.bin", a);
+        assert_string_equal(a, b);
+        assert_int_equal(fstatat(staging, "base/memory.bin", &st, 0), 0);
+        assert_int_equal(st.st_size, 4 << 20);
+        assert_true(st.st_blocks * 512 <= 64 * 1024); /* holes stay holes */
+
+        /* --tag for a chain: refused; for one link: renamed */
+        in = openat(root, "b.tar.zst", O_RDONLY | O_CLOEXEC);
+        assert_int_equal(mkdirat(root, "out2", 0750), 0);
+        int staging2 = openat(root, "out2", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        assert_int_equal(pack_read(in, staging2, "other", &m, &error), -EBADMSG);
+        assert_non_null(strstr(error, "chain of 2"));
+        close(in);
+        out = openat(root, "one.tar.zst", O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0640);
+        assert_int_equal(pack_write(out, dirs, 1, NULL, &error), 0);
+        close(out);
+        in = openat(root, "one.tar.zst", O_RDONLY | O_CLOEXEC);
+        assert_int_equal(pack_read(in, staging2, "other", &m, &error), 0);
+        close(in);
+        assert_string_equal(m.links[0].tag, "other");
+        pack_manifest_done(&m);
+        struct snapshot_meta meta;
+        const char *reason;
+        snprintf(path, sizeof(path), "%s/out2/other/snapshot.json", tmpl);
+        assert_int_equal(snapshot_meta_read_file(path, &meta, &reason), 0);
+        assert_string_equal(meta.tag, "other");
+
+        /* one byte changed in the compressed stream: refused */
+        snprintf(cmd, sizeof(cmd), "cd %s && zstd -q -d -c b.tar.zst > b.tar", tmpl);
+        assert_int_equal(system(cmd), 0);
+        snprintf(path, sizeof(path), "%s/b.tar", tmpl);
+        int t = open(path, O_RDWR | O_CLOEXEC);
+        char buf[1 << 16];
+        ssize_t n = read(t, buf, sizeof(buf));
+        assert_true(n > 0);
+        char *v = memmem(buf, (size_t) n, "QZQZQ", 5); /* the vmstate content */
+        assert_non_null(v);
+        assert_int_equal(pwrite(t, "X", 1, v - buf), 1);
+        close(t);
+        snprintf(cmd, sizeof(cmd), "cd %s && zstd -q -c b.tar > bad.tar.zst", tmpl);
+        assert_int_equal(system(cmd), 0);
+        in = openat(root, "bad.tar.zst", O_RDONLY | O_CLOEXEC);
+        assert_int_equal(mkdirat(root, "out3", 0750), 0);
+        int staging3 = openat(root, "out3", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        assert_int_equal(pack_read(in, staging3, NULL, &m, &error), -EBADMSG);
+        assert_non_null(strstr(error, "SHA-256"));
+        close(in);
+
+        close(staging);
+        close(staging2);
+        close(staging3);
+        close(src);
+        close(root);
+        snprintf(cmd, sizeof(cmd), "rm -rf %s", tmpl);
+        assert_int_equal(system(cmd), 0);
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_manifest),
+                cmocka_unit_test(test_round_trip),
+        };
+        return cmocka_run_group_tests(tests, NULL, NULL);
+}
