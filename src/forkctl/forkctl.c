@@ -419,6 +419,24 @@ static int print_info(struct json_object *o, const char *const *keys) {
 
                 if (!json_object_object_get_ex(o, *k, &v))
                         continue;
+                if (json_object_is_type(v, json_type_array)) {
+                        /* ancestors, dependents: names, as seed 003's snapshot-info lists them */
+                        size_t n = json_object_array_length(v);
+
+                        printf("%*s: ", (int) w, *k);
+                        for (size_t i = 0; i < n; i++) {
+                                const char *e = json_object_get_string(json_object_array_get_idx(v, i));
+                                printf("%s%s", i ? ", " : "", e ?: "?");
+                        }
+                        if (n == 0)
+                                fputs("-", stdout);
+                        else if (strcmp(*k, "ancestors") == 0)
+                                fputs(" (root first, the parent last)", stdout);
+                        else if (strcmp(*k, "dependents") == 0)
+                                fputs(" (snapshot rm refuses: --cascade deletes them too, --force orphans them)", stdout);
+                        putchar('\n');
+                        continue;
+                }
                 if (strstr(*k, "_unix") && juint(o, *k, &u))
                         s = format_unix_time(buf, sizeof buf, u);
                 else if ((strstr(*k, "_size") || strstr(*k, "_bytes")) && juint(o, *k, &u)) {

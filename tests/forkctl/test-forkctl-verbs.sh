@@ -101,6 +101,11 @@ fc merge "$p" "$s" | grep -q "^$p " && ok "merge table names $p" || not_ok "merg
 fc branch "$p" --tag "$tag-d1" --mode diff >/dev/null && c=$(fc fork "$tag-d1" --json | pyq "j['sandboxes'][0]['id']") &&
         fc branch "$c" --tag "$tag-d2" --mode diff >/dev/null && fc kill "$c" >/dev/null &&
         ok "a chain $tag <- $tag-d1 <- $tag-d2" || not_ok "chain: $(cat "$state/err")"
+fc snapshot info "$tag-d2" >"$state/out" &&
+        grep -qE "^ *ancestors: $tag, $tag-d1 \(root first, the parent last\)$" "$state/out" &&
+        grep -qE "^ *chain_depth: 2$" "$state/out" && fc snapshot info "$tag" >"$state/out" &&
+        grep -qE "^ *dependents: $tag-d1 \(snapshot rm refuses" "$state/out" &&
+        ok "snapshot info: ancestors root first, chain_depth, dependents" || not_ok "info: $(cat "$state/out")"
 fc snapshot rm "$tag"; rc=$?
 [ $rc = 1 ] && grep -qF "is the parent of 1 chained snapshot(s): [$tag-d1]" "$state/err" &&
         grep -qF -- "--cascade" "$state/err" && ok "snapshot rm of a parent: exit 1, names its dependents" \
