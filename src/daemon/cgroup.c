@@ -64,6 +64,30 @@ static int read_oom_kill_file(const char *path, uint64_t *ret) {
         return cgroup_parse_oom_kill(text, ret);
 }
 
+uint64_t cgroup_attribute_ooms(uint64_t *accounted, bool direct_ok, uint64_t direct, bool slice_ok,
+                               uint64_t slice_now) {
+        if (direct_ok) {
+                *accounted += direct;
+                return direct;
+        }
+        if (slice_ok && slice_now > *accounted) {
+                *accounted += 1;
+                return 1;
+        }
+        return 0;
+}
+
+/* memory.events of the directory that holds the scope's cgroup (forkd.slice). */
+static int slice_oom_kills(const char *scope_cgroup, uint64_t *ret) {
+        const char *slash = strrchr(scope_cgroup, '/');
+        char path[4200];
+
+        if (!slash || slash == scope_cgroup)
+                return -EINVAL;
+        snprintf(path, sizeof(path), "%.*s/memory.events", (int) (slash - scope_cgroup), scope_cgroup);
+        return read_oom_kill_file(path, ret);
+}
+
 static void removal_free_all(CGroupManager *c) {
         while (c->removals) {
                 struct cgroup_removal *x = c->removals;
@@ -400,8 +424,13 @@ static int scope_read_cgroup(struct scope_unit *u) {
                         free(dir);
                         return r;
                 }
-                if (is_memory && !u->cgroup)
+                if (is_memory && !u->cgroup) {
                         u->cgroup = dir;
+                        /* The slice's count before any sandbox of ours was OOM-killed. */
+                        if (c->version == 2 && !c->slice_ooms_known &&
+                            slice_oom_kills(dir, &c->slice_ooms) >= 0)
+                                c->slice_ooms_known = true;
+                }
                 else if (!is_memory && u->n_track < ELEMENTSOF(u->track))
                         u->track[u->n_track++] = dir;
                 else
@@ -607,9 +636,17 @@ static int scope_oom_kills(CGroupManager *c, const char *id, uint64_t *ret) {
         if (!u || !u->cgroup)
                 return -ENOENT;
         if (c->version == 2) {
+                uint64_t slice = 0;
+                bool slice_ok;
+
                 /* Hierarchical: counts the kills in <scope>/<id> too. */
                 snprintf(path, sizeof(path), "%s/memory.events", u->cgroup);
-                return read_oom_kill_file(path, ret);
+                ra = read_oom_kill_file(path, &a);
+                if (!c->slice_ooms_known)
+                        return ra < 0 ? ra : (*ret = a, 0);
+                slice_ok = ra < 0 && slice_oom_kills(u->cgroup, &slice) >= 0;
+                *ret = cgroup_attribute_ooms(&c->slice_ooms, ra >= 0, a, slice_ok, slice);
+                return ra >= 0 || slice_ok ? 0 : ra;
         }
         /* v1 counts a kill in one memcg only (the victim's on recent kernels, the
          * one over its limit on older ones): add the sub-cgroup and the scope. */

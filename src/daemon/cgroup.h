@@ -59,6 +59,10 @@ struct CGroupManager {
         sd_bus *system_bus;
         sd_bus_slot *job_removed_slot;
         struct scope_unit *units;
+        /* cgroup v2: oom_kill of forkd.slice (hierarchical) already accounted to
+         * exited sandboxes, for a scope whose cgroup systemd removed first. */
+        uint64_t slice_ooms;
+        bool slice_ooms_known;
 };
 
 /* root: an explicit cgroupfs directory (--cgroup-root), or NULL to choose:
@@ -88,3 +92,11 @@ unsigned cgroup_pending_removals(const CGroupManager *c);
 
 /* Parse the "oom_kill N" line of memory.events (v2) or memory.oom_control (v1). */
 int cgroup_parse_oom_kill(const char *text, uint64_t *ret);
+
+/* The OOM kills to report for one exited sandbox: its own cgroup's count when
+ * that could be read (direct_ok); else, when its cgroup is gone already (systemd
+ * removes an empty scope's cgroup, which can happen before forkd reads it), one
+ * kill if the parent's hierarchical count (slice_now, when slice_ok) is above
+ * what earlier exits accounted for. *accounted follows both. */
+uint64_t cgroup_attribute_ooms(uint64_t *accounted, bool direct_ok, uint64_t direct, bool slice_ok,
+                               uint64_t slice_now);

@@ -179,9 +179,12 @@ void sandbox_exited(Sandbox *s, int code, int sig) {
         VmTemplate *t = s->template;
         ForkOp *f = NULL;
 
+        /* Asked for every exit: the scope backend accounts each kill to one sandbox. */
+        if (s->has_cgroup && cgroup_oom_kills(m->cgroups, s->vm_id, &ooms) < 0)
+                ooms = 0;
         if (s->killed)
                 reason = "terminated";
-        else if (s->has_cgroup && cgroup_oom_kills(m->cgroups, s->vm_id, &ooms) >= 0 && ooms > 0)
+        else if (ooms > 0)
                 reason = "oom-killed";
         else if (sig != 0 || code != 0)
                 reason = "crashed";
