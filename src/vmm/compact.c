@@ -37,23 +37,6 @@ static void test_crash_point(const char *stage) {
                 _exit(99);
 }
 
-static int pwrite_all(int fd, const void *buf, size_t len, off_t off) {
-        const uint8_t *p = buf;
-
-        while (len > 0) {
-                ssize_t n = pwrite(fd, p, MIN(len, (size_t) 1 << 30), off);
-                if (n < 0) {
-                        if (errno == EINTR)
-                                continue;
-                        return -errno;
-                }
-                p += n;
-                off += n;
-                len -= (size_t) n;
-        }
-        return 0;
-}
-
 static int pread_all(int fd, void *buf, size_t len, off_t off) {
         uint8_t *p = buf;
 
@@ -114,7 +97,7 @@ static int write_memory(int dfd, const uint8_t *mem, uint64_t size) {
                 }
                 for (end = off + PAGE; end < size && !page_is_zero(mem + end); end += PAGE)
                         ;
-                r = pwrite_all(fd, mem + off, end - off, (off_t) off);
+                r = snapshot_write_all(fd, mem + off, end - off, (off_t) off);
                 if (r < 0)
                         return r;
                 off = end;
@@ -192,7 +175,7 @@ static int write_disk(int dfd, const struct snapshot *snap) {
                         r = pread_all(snap->layer_fds[l], buf, len, (off_t) off);
                         if (r < 0)
                                 return r;
-                        r = pwrite_all(fd, buf, len, (off_t) off);
+                        r = snapshot_write_all(fd, buf, len, (off_t) off);
                         if (r < 0)
                                 return r;
                 }
@@ -246,7 +229,7 @@ static int write_meta(int dfd, const struct snapshot *snap, const char *tag) {
         fd = openat(dfd, SNAPSHOT_META_FILE, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0640);
         if (fd < 0)
                 return -errno;
-        r = pwrite_all(fd, json, strlen(json), 0);
+        r = snapshot_write_all(fd, json, strlen(json), 0);
         if (r < 0)
                 return r;
         return fsync(fd) < 0 ? -errno : 0;

@@ -35,7 +35,7 @@ static void test_crash_point(const char *stage) {
                 _exit(99);
 }
 
-static int write_all(int fd, const void *buf, size_t len, off_t off) {
+int snapshot_write_all(int fd, const void *buf, size_t len, off_t off) {
         const uint8_t *p = buf;
 
         while (len > 0) {
@@ -81,7 +81,7 @@ static int write_memory(int dfd, const struct vmm *vmm) {
                 }
                 for (end = off + 4096; end < vmm->mem_size && !page_is_zero(vmm->mem + end); end += 4096)
                         ;
-                r = write_all(fd, vmm->mem + off, end - off, off);
+                r = snapshot_write_all(fd, vmm->mem + off, end - off, off);
                 if (r < 0)
                         return r;
                 off = end;
@@ -98,7 +98,7 @@ static int write_file_at(int dfd, const char *name, const void *buf, size_t len)
         fd = openat(dfd, name, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0640);
         if (fd < 0)
                 return -errno;
-        r = write_all(fd, buf, len, 0);
+        r = snapshot_write_all(fd, buf, len, 0);
         if (r < 0)
                 return r;
         return fsync(fd) < 0 ? -errno : 0;

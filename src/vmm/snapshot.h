@@ -58,6 +58,8 @@ int snapshot_write(struct vmm *vmm, const char *dir, const char *tag, const char
  * copied: its base and frozen layers are hard-linked into dir as disk.img and
  * disk.layer.<i> (snapshot.json's disk_layers), where the filesystem allows;
  * else, and without link_disk, the merged disk is exported into disk.img. */
+/* pwrite(2) all of buf at off, in pieces of at most 1 GiB, again after EINTR. */
+int snapshot_write_all(int fd, const void *buf, size_t len, off_t off);
 int snapshot_collect(struct vmm *vmm, void **ret_buf, size_t *ret_len);
 /* diff (may be NULL): write a chain link instead of the whole memory: the
  * pages that differ from the parent, the snapshot in diff->dir (tag
