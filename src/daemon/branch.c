@@ -93,6 +93,11 @@ bool branch_failed(Manager *m, const char *tag) {
         return b && b->state == BRANCH_FAILED;
 }
 
+uid_t branch_failed_owner(Manager *m, const char *tag) {
+        BranchOp *b = m->branching ? hashmap_get(m->branching, tag) : NULL;
+        return b ? b->owner_uid : 0;
+}
+
 void branch_forget_failed(Manager *m, const char *tag) {
         if (branch_failed(m, tag))
                 branch_op_free(hashmap_get(m->branching, tag));
@@ -110,8 +115,9 @@ static int append_writing_info(sd_bus_message *reply, BranchOp *b) {
 
         r = sd_bus_message_open_container(reply, 'a', "{sv}");
         if (r >= 0)
-                r = sd_bus_message_append(reply, "{sv}{sv}{sv}", "tag", "s", b->tag, "dir", "s", b->dir,
-                                          "created_at_unix", "t", b->started_at);
+                r = sd_bus_message_append(reply, "{sv}{sv}{sv}{sv}", "tag", "s", b->tag, "dir", "s", b->dir,
+                                          "created_at_unix", "t", b->started_at, "owner_uid", "u",
+                                          (uint32_t) b->owner_uid);
         if (r >= 0)
                 r = append_branch_fields(reply, b, b->state == BRANCH_FAILED ? "failed" : "writing");
         if (r >= 0 && b->error)
@@ -158,7 +164,11 @@ static void branch_written(BranchOp *b) {
         Image *i = NULL;
         int r;
 
-        r = image_load(m, b->tag, &i, &reason);
+        r = image_write_owner(b->dir, b->owner_uid);
+        if (r < 0)
+                reason = "cannot record its owner in snapshot.json";
+        else
+                r = image_load(m, b->tag, &i, &reason);
         if (r < 0) {
                 (void) rm_rf(b->dir);
                 branch_fail(b, "The branch snapshot does not load: %s", reason ?: strerror(-r));
@@ -503,6 +513,7 @@ int bus_sandbox_method_branch(sd_bus_message *message, void *userdata, sd_bus_er
         Manager *m = s->manager;
         const char *tag, *mode;
         char auto_tag[SNAPSHOT_TAG_MAX + 1];
+        uid_t owner = 0;
         int wait, r, sv[2];
         BranchOp *b;
         struct stat st;
@@ -522,13 +533,14 @@ int bus_sandbox_method_branch(sd_bus_message *message, void *userdata, sd_bus_er
         if (!wait && strcmp(mode, "live") != 0)
                 return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "wait false needs mode \"live\".");
 
-        r = bus_verify_polkit_async(message, "org.forkd.branch",
-                                    (const char *[]) { "sandbox", s->id, "verb", "branch", NULL },
-                                    &m->polkit_registry, error);
+        r = sandbox_verify(message, s, "org.forkd.branch", "branch", error);
         if (r < 0)
                 return r;
         if (r == 0)
                 return 1;
+        r = bus_message_sender_uid(message, &m->polkit_registry, &owner);
+        if (r < 0)
+                return r;
 
         if (!tag[0]) {
                 snprintf(auto_tag, sizeof(auto_tag), "branch-%s-%lld", s->id, (long long) time(NULL));
@@ -559,6 +571,7 @@ int bus_sandbox_method_branch(sd_bus_message *message, void *userdata, sd_bus_er
         b->manager = m;
         b->result_fd = -EBADF;
         b->wait = wait;
+        b->owner_uid = owner;
         b->started_at = (uint64_t) time(NULL);
         snprintf(b->mode, sizeof(b->mode), "%s", mode);
         b->tag = strdup(tag);

@@ -55,6 +55,7 @@ struct BranchOp {
         char *parent_tag, *parent_dir; /* mode diff: the source's snapshot */
         char mode[8];
         bool wait;
+        uid_t owner_uid;           /* the caller: it owns the new snapshot (0 for one adopted after a restart) */
         bool source_has_cgroup;    /* the frozen copy leaves the source's cgroup */
         int result_fd;
         sd_event_source *result_source;
@@ -67,6 +68,9 @@ struct BranchOp {
 /* Sandbox method Branch and the tail of Manager.BranchSandbox (after the id):
  * reads (s tag, s mode, b wait). */
 int bus_sandbox_method_branch(sd_bus_message *message, void *userdata, sd_bus_error *error);
+
+/* The owner of the failed branch of tag (see branch_failed()). */
+uid_t branch_failed_owner(Manager *m, const char *tag);
 
 /* The sandbox goes away: requests still waiting for its VMM fail. */
 void branch_sandbox_gone(Sandbox *s);

@@ -259,7 +259,7 @@ static int fork_work(void *userdata) {
                 struct sandbox_params p = {
                         .id = f->ids[i], .snapshot_tag = t->tag, .created_at = f->created_at,
                         .memory_limit_mib = f->opts.memory_limit_mib, .has_cgroup = f->has_cgroup[i],
-                        .live_fork = f->opts.live_fork,
+                        .live_fork = f->opts.live_fork, .owner_uid = f->opts.owner_uid,
                 };
                 _cleanup_free_ char *json = NULL, *name = NULL;
 
@@ -339,6 +339,7 @@ static void fork_work_done(int r, void *userdata) {
                                 .netns = f->netns ? f->netns[i] : NULL, .pid = (uint32_t) f->pids[i],
                                 .created_at = f->created_at, .memory_limit_mib = f->opts.memory_limit_mib,
                                 .has_cgroup = f->has_cgroup[i], .live_fork = f->opts.live_fork,
+                                .owner_uid = f->opts.owner_uid,
                         };
                         Sandbox *s;
                         int k;

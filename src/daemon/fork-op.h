@@ -21,6 +21,7 @@ struct fork_options {
         bool per_child_netns;
         uint32_t memory_limit_mib; /* 0: none */
         bool live_fork;
+        uid_t owner_uid;           /* the caller: owner of every child */
 };
 
 /* r >= 0: every child answered; the sandboxes are f->ids[0..n) in the

@@ -1,6 +1,8 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 #include <dirent.h>
 #include <fcntl.h>
+#include <linux/fs.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 
 #include "fs-util.h"
@@ -165,4 +167,101 @@ int read_small_file(const char *path, size_t max, char **ret, size_t *ret_len) {
                 *ret_len = n;
         *ret = TAKE_PTR(buf);
         return 0;
+}
+
+/* Copy [off, end) of src into dst at the same offsets. */
+static int copy_range(int src, int dst, uint64_t off, uint64_t end) {
+        bool use_cfr = true;
+        while (off < end) {
+                size_t want = (size_t) MIN(end - off, (uint64_t) 1 << 30);
+                ssize_t n = -1;
+
+                if (use_cfr) {
+                        loff_t in = (loff_t) off, out = (loff_t) off;
+
+                        n = copy_file_range(src, &in, dst, &out, want, 0);
+                        if (n < 0 && (errno == EXDEV || errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP ||
+                                      errno == EBADF)) {
+                                use_cfr = false;
+                                continue;
+                        }
+                } else {
+                        _cleanup_free_ char *chunk = malloc(1 << 20);
+
+                        if (!chunk)
+                                return -ENOMEM;
+                        n = pread(src, chunk, MIN(want, (size_t) 1 << 20), (off_t) off);
+                        if (n > 0) {
+                                for (ssize_t done = 0; done < n;) {
+                                        ssize_t w = pwrite(dst, chunk + done, (size_t) (n - done), (off_t) (off + done));
+                                        if (w < 0) {
+                                                if (errno == EINTR)
+                                                        continue;
+                                                return -errno;
+                                        }
+                                        done += w;
+                                }
+                        }
+                }
+                if (n < 0) {
+                        if (errno == EINTR)
+                                continue;
+                        return -errno;
+                }
+                if (n == 0)
+                        return -ENODATA; /* the file shrank under us */
+                off += (uint64_t) n;
+        }
+        return 0;
+}
+
+int copy_file_sparse(int src_fd, int dir_fd, const char *name, uint64_t size, mode_t mode) {
+        _cleanup_close_ int dst = -EBADF;
+        uint64_t off = 0;
+        int r;
+
+        dst = openat(dir_fd, name, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, mode);
+        if (dst < 0)
+                return -errno;
+        if (ioctl(dst, FICLONE, src_fd) >= 0) {
+                struct stat st;
+
+                /* A clone takes the whole file; it must be what was checked. */
+                if (fstat(dst, &st) >= 0 && (uint64_t) st.st_size == size)
+                        return 0;
+                if (ftruncate(dst, 0) < 0) {
+                        r = -errno;
+                        goto fail;
+                }
+        }
+        while (off < size) {
+                off_t data = lseek(src_fd, (off_t) off, SEEK_DATA), hole;
+
+                if (data < 0 && errno == ENXIO)
+                        break; /* only a hole is left */
+                if (data < 0) {
+                        /* No SEEK_DATA here: copy it all. */
+                        r = copy_range(src_fd, dst, off, size);
+                        if (r < 0)
+                                goto fail;
+                        break;
+                }
+                if ((uint64_t) data >= size)
+                        break;
+                hole = lseek(src_fd, data, SEEK_HOLE);
+                if (hole < 0 || (uint64_t) hole > size)
+                        hole = (off_t) size;
+                r = copy_range(src_fd, dst, (uint64_t) data, (uint64_t) hole);
+                if (r < 0)
+                        goto fail;
+                off = (uint64_t) hole;
+        }
+        if (ftruncate(dst, (off_t) size) < 0) {
+                r = -errno;
+                goto fail;
+        }
+        return 0;
+fail:
+        (void) unlinkat(dir_fd, name, 0);
+        return r;
 }

@@ -3,6 +3,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/types.h>
 
 /* mkdir -p with mode for the missing components; existing directories are fine. */
@@ -21,3 +22,9 @@ int rm_rf(const char *path);
 
 /* Read a small file (at most max bytes, -EFBIG if larger) into a NUL-terminated buffer. */
 int read_small_file(const char *path, size_t max, char **ret, size_t *ret_len);
+
+/* Copy the regular file src_fd (its first size bytes, read at explicit offsets) into a new file dir_fd/name (O_EXCL,
+ * mode): a reflink (FICLONE) where the file system can, else extent by
+ * extent (SEEK_DATA/SEEK_HOLE, copy_file_range, read/write as the last
+ * resort), so holes stay holes. On failure the new file is removed. */
+int copy_file_sparse(int src_fd, int dir_fd, const char *name, uint64_t size, mode_t mode);

@@ -121,6 +121,29 @@ refuse:
         return r;
 }
 
+int image_write_owner(const char *dir, uid_t owner_uid) {
+        _cleanup_free_ char *path = NULL, *json = NULL;
+        struct snapshot_meta meta;
+        int r;
+
+        if (owner_uid == 0)
+                return 0;
+        if (owner_uid == (uid_t) UINT32_MAX)
+                return -EINVAL;
+        if (asprintf(&path, "%s/snapshot.json", dir) < 0)
+                return -ENOMEM;
+        r = snapshot_meta_read_file(path, &meta, NULL);
+        if (r < 0)
+                return r;
+        if (meta.owner_uid == owner_uid)
+                return 0;
+        meta.owner_uid = (uint32_t) owner_uid;
+        r = snapshot_meta_format(&meta, &json);
+        if (r < 0)
+                return r;
+        return write_file_atomic(dir, "snapshot.json", json, strlen(json), true);
+}
+
 Image *image_free(Image *i) {
         if (!i)
                 return NULL;
@@ -201,13 +224,26 @@ int image_sizes(Image *i, struct image_sizes *ret) {
 
 /* ---- creation (worker thread) ---- */
 
+ImageCreate *image_create_new(void) {
+        ImageCreate *c = calloc(1, sizeof(*c));
+
+        if (!c)
+                return NULL;
+        c->kernel_fd = c->initrd_fd = c->rootfs_fd = -EBADF;
+        return c;
+}
+
 ImageCreate *image_create_free(ImageCreate *c) {
         if (!c)
                 return NULL;
+        safe_close(c->kernel_fd);
+        safe_close(c->initrd_fd);
+        safe_close(c->rootfs_fd);
+        if (c->staging)
+                (void) rm_rf(c->staging);
+        free(c->staging);
         free(c->vmm_path);
         free(c->tag);
-        free(c->kernel);
-        free(c->rootfs);
         free(c->dir);
         free(c->overlay_dir);
         free(c->console_log);
@@ -270,12 +306,45 @@ static void describe_boot_exit(int status, char *buf, size_t size) {
                 snprintf(buf, size, "forkd-vmm failed with exit status %d (see forkd's log)", WEXITSTATUS(status));
 }
 
+/* The caller's files, copied into c->staging (the VMM opens these copies only). */
+static int stage_boot_files(ImageCreate *c, char **ret_kernel, char **ret_disk) {
+        static const char *const names[] = { "vmlinuz", "initrd.img", "rootfs.img" };
+        const char *what[] = { "kernel", "initrd", "rootfs" };
+        int fds[] = { c->kernel_fd, c->initrd_fd, c->rootfs_fd };
+        uint64_t sizes[] = { c->kernel_size, c->initrd_size, c->rootfs_size };
+        _cleanup_close_ int dfd = -EBADF;
+        int r;
+
+        r = rm_rf(c->staging); /* a dead daemon's, if any */
+        if (r < 0)
+                return set_error(c, r, "Cannot remove the old %s: %s", c->staging, strerror(-r));
+        if (mkdir(c->staging, 0750) < 0)
+                return set_error(c, -errno, "Cannot create %s: %s", c->staging, strerror(errno));
+        dfd = open(c->staging, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (dfd < 0)
+                return set_error(c, -errno, "Cannot open %s: %s", c->staging, strerror(errno));
+        for (unsigned k = 0; k < ELEMENTSOF(fds); k++) {
+                if (fds[k] < 0)
+                        continue;
+                r = copy_file_sparse(fds[k], dfd, names[k], sizes[k], 0640);
+                if (r < 0)
+                        return set_error(c, r, "Cannot copy the %s into %s: %s", what[k], c->staging, strerror(-r));
+        }
+        if (asprintf(ret_kernel, "%s/%s", c->staging, names[0]) < 0)
+                return -ENOMEM;
+        if (asprintf(ret_disk, "%s/%s", c->staging, names[2]) < 0) {
+                free(*ret_kernel);
+                *ret_kernel = NULL;
+                return -ENOMEM;
+        }
+        return 0;
+}
+
 int image_create_work(void *userdata) {
         ImageCreate *c = userdata;
+        _cleanup_free_ char *kernel = NULL, *disk = NULL;
         struct vmm_boot_args a = {
                 .vmm_path = c->vmm_path,
-                .kernel = c->kernel,
-                .disk = c->rootfs,
                 .mem_mib = c->mem_mib,
                 .id = c->tag,
                 .console_log = c->console_log,
@@ -289,6 +358,16 @@ int image_create_work(void *userdata) {
 
         if (c->console_log)
                 (void) unlink(c->console_log); /* forkd-vmm appends */
+
+        r = stage_boot_files(c, &kernel, &disk);
+        if (r < 0)
+                return c->error ? r : set_error(c, r, "Cannot stage the boot files: %s", strerror(-r));
+        /* The caller's descriptors are done with. */
+        c->kernel_fd = safe_close(c->kernel_fd);
+        c->initrd_fd = safe_close(c->initrd_fd);
+        c->rootfs_fd = safe_close(c->rootfs_fd);
+        a.kernel = kernel;
+        a.disk = disk;
 
         r = vmm_client_boot(&a, &p);
         if (r < 0)
@@ -337,5 +416,6 @@ finish:
         json_object_put(req);
         json_object_put(o);
         vmm_proc_stop(&p, 2 * 1000000ull);
+        (void) rm_rf(c->staging); /* the snapshot holds its own copy of the disk */
         return r;
 }

@@ -21,6 +21,13 @@ struct Image {
 /* Validate state_dir/snapshots/<tag> and register it. -EEXIST if registered.
  * *ret_reason (optional) says what is wrong with a refused directory. */
 int image_load(Manager *m, const char *tag, Image **ret, const char **ret_reason);
+/* Record owner_uid in dir/snapshot.json (atomically, fsynced), before the
+ * snapshot is registered. Nothing to do for root (absent means root). */
+int image_write_owner(const char *dir, uid_t owner_uid);
+static inline uid_t image_owner(const Image *i) {
+        return (uid_t) i->meta.owner_uid;
+}
+
 /* Unregister (the files stay). Accepts NULL, returns NULL. */
 Image *image_free(Image *i);
 /* Remove the files (atomically: rename out of the way, then delete) and free. */
@@ -43,13 +50,24 @@ struct image_sizes {
 int image_sizes(Image *i, struct image_sizes *ret);
 
 /* Creating a snapshot: runs in a worker thread, touches nothing shared. */
+/* Where a snapshot being created keeps the copies it boots from
+ * (snapshots/.boot-<tag>/): removed after the boot, and at start. */
+#define IMAGE_BOOT_STAGING_PREFIX ".boot-"
+
 typedef struct ImageCreate {
-        char *vmm_path, *tag, *kernel, *rootfs, *dir, *overlay_dir, *console_log;
+        char *vmm_path, *tag, *dir, *overlay_dir, *console_log;
+        char *staging;                     /* snapshots/.boot-<tag> */
+        int kernel_fd, initrd_fd, rootfs_fd; /* checked by the caller; initrd_fd may be -EBADF */
+        uint64_t kernel_size, initrd_size, rootfs_size;
         uint64_t mem_mib;
         unsigned boot_wait_secs;
         char *error; /* out: what went wrong, for the caller */
 } ImageCreate;
 
+/* A new job with its fds at -EBADF. */
+ImageCreate *image_create_new(void);
 ImageCreate *image_create_free(ImageCreate *c);
-/* worker_fn_t: boot, wait for the agent, snapshot into c->dir, stop the VM. */
+/* worker_fn_t: copy kernel, initramfs and root disk into c->staging, boot
+ * from there, wait for the agent, snapshot into c->dir, stop the VM, remove
+ * the staging directory. No VMM ever opens a caller's path. */
 int image_create_work(void *userdata);

@@ -1,10 +1,13 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
+#include <fcntl.h>
+#include <inttypes.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include "chain.h"
+#include "boot-files.h"
 #include "cgroup.h"
 #include "fork-op.h"
 #include "fs-util.h"
@@ -83,16 +86,47 @@ static int get_sandbox(Manager *m, const char *id, Sandbox **ret, sd_bus_error *
 
 /* ---- snapshots ---- */
 
-static int check_file_arg(const char *what, const char *path, sd_bus_error *error) {
-        struct stat st;
+/* A boot file handed over as fd: forkd's own copy of the descriptor once it
+ * is a readable regular file within the limit. The fd's path is never looked at. */
+static int take_boot_fd(const char *what, int fd, uint64_t max, int *ret_fd, uint64_t *ret_size,
+                        sd_bus_error *error) {
+        uint64_t size = 0;
+        int r, copy;
+
+        r = boot_fd_check(fd, max, &size);
+        if (r == -EBADF)
+                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
+                                         "The %s descriptor is not open for reading.", what);
+        if (r == -EINVAL)
+                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "The %s is not a regular file.", what);
+        if (r == -EFBIG)
+                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
+                                         "The %s is larger than %" PRIu64 " MiB.", what, max >> 20);
+        if (r < 0)
+                return sd_bus_error_set_errnof(error, r, "Cannot inspect the %s descriptor: %m", what);
+        copy = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+        if (copy < 0)
+                return sd_bus_error_set_errnof(error, errno, "Cannot duplicate the %s descriptor: %m", what);
+        *ret_fd = copy;
+        *ret_size = size;
+        return 0;
+}
+
+/* CreateSnapshot (paths, root only): the files opened with forkd's privileges,
+ * the initramfs found beside the kernel as Debian names it. */
+static int open_boot_path(const char *what, const char *path, uint64_t max, int *ret_fd, uint64_t *ret_size,
+                          sd_bus_error *error) {
+        _cleanup_close_ int fd = -EBADF;
+        int r;
 
         if (path[0] != '/' || strlen(path) >= PATH_ARG_MAX)
                 return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "%s must be an absolute path.", what);
-        if (stat(path, &st) < 0)
-                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "%s %s: %s.", what, path, strerror(errno));
-        if (!S_ISREG(st.st_mode))
+        r = boot_file_open(path, &fd);
+        if (r == -EISDIR || r == -EINVAL)
                 return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "%s %s is not a regular file.", what, path);
-        return 0;
+        if (r < 0)
+                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "%s %s: %s.", what, path, strerror(-r));
+        return take_boot_fd(what, fd, max, ret_fd, ret_size, error);
 }
 
 static int create_work(void *userdata) {
@@ -109,7 +143,11 @@ static void create_done(int r, void *userdata) {
         Image *i = NULL;
 
         if (r >= 0) {
-                r = image_load(m, o->tag, &i, &reason);
+                r = image_write_owner(o->create->dir, o->owner_uid);
+                if (r < 0)
+                        reason = "cannot record its owner in snapshot.json";
+                else
+                        r = image_load(m, o->tag, &i, &reason);
                 if (r < 0) {
                         log_error_errno(r, "The new snapshot %s does not load: %s", o->tag, reason ?: "?");
                         (void) rm_rf(o->create->dir);
@@ -138,22 +176,8 @@ static void create_done(int r, void *userdata) {
         operation_free(o);
 }
 
-static int method_create_snapshot(sd_bus_message *message, void *userdata, sd_bus_error *error) {
-        Manager *m = userdata;
-        const char *tag, *kernel, *rootfs;
-        uint32_t mem_mib, boot_wait;
-        Operation *o = NULL;
-        ImageCreate *c;
-        struct stat st;
-        char dir[4096];
-        int r;
-
-        r = sd_bus_message_rewind(message, true); /* polkit may dispatch it twice */
-        if (r < 0)
-                return r;
-        r = sd_bus_message_read(message, "sssuu", &tag, &kernel, &rootfs, &mem_mib, &boot_wait);
-        if (r < 0)
-                return r;
+/* The checks of CreateSnapshot and CreateSnapshotFromFds that come before polkit. */
+static int check_create_args(const char *tag, uint32_t mem_mib, uint32_t boot_wait, sd_bus_error *error) {
         if (!snapshot_tag_is_valid(tag))
                 return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
                                          "Invalid snapshot tag \"%.64s\": it must match ^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$.",
@@ -164,61 +188,57 @@ static int method_create_snapshot(sd_bus_message *message, void *userdata, sd_bu
         if (boot_wait < 1 || boot_wait > BOOT_WAIT_MAX)
                 return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "boot_wait_secs must be from 1 to %u.",
                                          BOOT_WAIT_MAX);
+        return 0;
+}
 
-        r = bus_verify_polkit_async(message, "org.forkd.manage-snapshots",
-                                    (const char *[]) { "snapshot", tag, "verb", "create", NULL }, &m->polkit_registry,
-                                    error);
-        if (r < 0)
-                return r;
-        if (r == 0)
-                return 1;
+/* After polkit, with the boot files in c (taken over, freed on failure too). */
+static int create_snapshot_start(Manager *m, sd_bus_message *message, const char *tag, uint32_t mem_mib,
+                                 uint32_t boot_wait, ImageCreate *c, sd_bus_error *error) {
+        Operation *o = NULL;
+        struct stat st;
+        char dir[4096];
+        int r;
 
-        /* Only after polkit: the daemon looks at these paths with its own
-         * privileges, so an unauthorized caller must not learn whether a
-         * path exists. */
-        r = check_file_arg("kernel", kernel, error);
-        if (r < 0)
-                return r;
-        r = check_file_arg("rootfs", rootfs, error);
-        if (r < 0)
-                return r;
-        if (m->exiting)
+        if (m->exiting) {
+                image_create_free(c);
                 return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "forkd is shutting down.");
+        }
         snprintf(dir, sizeof(dir), "%s/%s", m->snapshots_dir, tag);
-        if (hashmap_get(m->images, tag) || hashmap_get(m->creating, tag) || branch_in_flight(m, tag))
+        if (hashmap_get(m->images, tag) || hashmap_get(m->creating, tag) || branch_in_flight(m, tag)) {
+                image_create_free(c);
                 return sd_bus_error_setf(error, FORKD_ERROR_SNAPSHOT_EXISTS, "Snapshot %s exists already.", tag);
-        if (lstat(dir, &st) >= 0)
+        }
+        if (lstat(dir, &st) >= 0) {
+                image_create_free(c);
                 return sd_bus_error_setf(error, FORKD_ERROR_SNAPSHOT_EXISTS,
                                          "%s exists on disk (a snapshot that failed to load?); remove it first.", dir);
-        if (hashmap_size(m->images) + hashmap_size(m->creating) >= SNAPSHOTS_MAX)
+        }
+        if (hashmap_size(m->images) + hashmap_size(m->creating) >= SNAPSHOTS_MAX) {
+                image_create_free(c);
                 return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "At most %u snapshots.", SNAPSHOTS_MAX);
+        }
 
         r = operation_new(m, message, &o);
-        if (r == -EBUSY)
-                return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "%u operations are running; retry later.",
-                                         m->max_operations);
-        if (r < 0)
+        if (r < 0) {
+                image_create_free(c);
+                if (r == -EBUSY)
+                        return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "%u operations are running; retry later.",
+                                                 m->max_operations);
                 return r;
-
-        c = calloc(1, sizeof(*c));
-        if (!c) {
-                operation_free(o);
-                return -ENOMEM;
         }
         o->create = c;
         c->mem_mib = mem_mib;
         c->boot_wait_secs = boot_wait;
         c->vmm_path = strdup(m->vmm_path);
         c->tag = strdup(tag);
-        c->kernel = strdup(kernel);
-        c->rootfs = strdup(rootfs);
         c->dir = strdup(dir);
         c->overlay_dir = strdup(m->overlay_dir);
         o->tag = strdup(tag);
         if (asprintf(&c->console_log, "%s/%s.boot.log", m->log_dir, tag) < 0)
                 c->console_log = NULL;
-        if (!c->vmm_path || !c->tag || !c->kernel || !c->rootfs || !c->dir || !c->overlay_dir || !c->console_log ||
-            !o->tag) {
+        if (asprintf(&c->staging, "%s/" IMAGE_BOOT_STAGING_PREFIX "%s", m->snapshots_dir, tag) < 0)
+                c->staging = NULL;
+        if (!c->vmm_path || !c->tag || !c->dir || !c->overlay_dir || !c->console_log || !c->staging || !o->tag) {
                 operation_free(o);
                 return -ENOMEM;
         }
@@ -234,8 +254,136 @@ static int method_create_snapshot(sd_bus_message *message, void *userdata, sd_bu
                 operation_free(o);
                 return r;
         }
-        log_info("Creating snapshot %s from %s.", tag, kernel);
+        log_info("Creating snapshot %s for uid %u.", tag, (unsigned) o->owner_uid);
         return 1;
+}
+
+static int method_create_snapshot(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        Manager *m = userdata;
+        const char *tag, *kernel, *rootfs;
+        uint32_t mem_mib, boot_wait;
+        ImageCreate *c = NULL;
+        char initrd[PATH_ARG_MAX + 16];
+        uid_t uid;
+        int r;
+
+        r = sd_bus_message_rewind(message, true); /* polkit may dispatch it twice */
+        if (r < 0)
+                return r;
+        r = sd_bus_message_read(message, "sssuu", &tag, &kernel, &rootfs, &mem_mib, &boot_wait);
+        if (r < 0)
+                return r;
+        r = check_create_args(tag, mem_mib, boot_wait, error);
+        if (r < 0)
+                return r;
+
+        r = bus_verify_polkit_async(message, "org.forkd.manage-snapshots",
+                                    (const char *[]) { "snapshot", tag, "verb", "create", NULL }, &m->polkit_registry,
+                                    error);
+        if (r < 0)
+                return r;
+        if (r == 0)
+                return 1;
+
+        /* forkd would open these paths with its own privileges: for root only.
+         * Everyone else opens the files and passes descriptors. */
+        r = bus_message_sender_uid(message, &m->polkit_registry, &uid);
+        if (r < 0)
+                return sd_bus_error_set_errnof(error, r, "Cannot determine the caller's credentials: %m");
+        if (uid != 0)
+                return sd_bus_error_setf(error, SD_BUS_ERROR_ACCESS_DENIED,
+                                         "Access denied: CreateSnapshot opens kernel and rootfs with forkd's privileges "
+                                         "and is for root only; uid %u must open the files itself and pass them to "
+                                         "CreateSnapshotFromFds (forkctl snapshot create does).",
+                                         (unsigned) uid);
+
+        c = image_create_new();
+        if (!c)
+                return -ENOMEM;
+        r = open_boot_path("kernel", kernel, BOOT_KERNEL_SIZE_MAX, &c->kernel_fd, &c->kernel_size, error);
+        if (r >= 0)
+                r = open_boot_path("rootfs", rootfs, BOOT_ROOTFS_SIZE_MAX, &c->rootfs_fd, &c->rootfs_size, error);
+        if (r >= 0 && boot_initrd_beside(kernel, initrd, sizeof(initrd)) > 0)
+                r = open_boot_path("initrd", initrd, BOOT_INITRD_SIZE_MAX, &c->initrd_fd, &c->initrd_size, error);
+        if (r < 0) {
+                image_create_free(c);
+                return r;
+        }
+        return create_snapshot_start(m, message, tag, mem_mib, boot_wait, c, error);
+}
+
+static int method_create_snapshot_from_fds(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        Manager *m = userdata;
+        const char *tag;
+        int kernel_fd, rootfs_fd, initrd_fd = -EBADF;
+        uint32_t mem_mib, boot_wait;
+        ImageCreate *c = NULL;
+        int r;
+
+        r = sd_bus_message_rewind(message, true); /* polkit may dispatch it twice */
+        if (r < 0)
+                return r;
+        r = sd_bus_message_read(message, "shhuu", &tag, &kernel_fd, &rootfs_fd, &mem_mib, &boot_wait);
+        if (r < 0)
+                return r;
+        r = sd_bus_message_enter_container(message, 'a', "{sv}");
+        if (r < 0)
+                return r;
+        for (;;) {
+                const char *key;
+
+                r = sd_bus_message_enter_container(message, 'e', "sv");
+                if (r < 0)
+                        return r;
+                if (r == 0)
+                        break;
+                r = sd_bus_message_read(message, "s", &key);
+                if (r < 0)
+                        return r;
+                if (strcmp(key, "initrd") != 0)
+                        return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
+                                                 "Unknown option \"%.64s\" (known: initrd).", key);
+                r = sd_bus_message_enter_container(message, 'v', "h");
+                if (r < 0)
+                        return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
+                                                 "Option initrd must be of type h.");
+                r = sd_bus_message_read(message, "h", &initrd_fd);
+                if (r < 0)
+                        return r;
+                r = sd_bus_message_exit_container(message);
+                if (r >= 0)
+                        r = sd_bus_message_exit_container(message);
+                if (r < 0)
+                        return r;
+        }
+        r = sd_bus_message_exit_container(message);
+        if (r < 0)
+                return r;
+        r = check_create_args(tag, mem_mib, boot_wait, error);
+        if (r < 0)
+                return r;
+
+        r = bus_verify_polkit_async(message, "org.forkd.manage-snapshots",
+                                    (const char *[]) { "snapshot", tag, "verb", "create", NULL }, &m->polkit_registry,
+                                    error);
+        if (r < 0)
+                return r;
+        if (r == 0)
+                return 1;
+
+        c = image_create_new();
+        if (!c)
+                return -ENOMEM;
+        r = take_boot_fd("kernel", kernel_fd, BOOT_KERNEL_SIZE_MAX, &c->kernel_fd, &c->kernel_size, error);
+        if (r >= 0)
+                r = take_boot_fd("rootfs", rootfs_fd, BOOT_ROOTFS_SIZE_MAX, &c->rootfs_fd, &c->rootfs_size, error);
+        if (r >= 0 && initrd_fd >= 0)
+                r = take_boot_fd("initrd", initrd_fd, BOOT_INITRD_SIZE_MAX, &c->initrd_fd, &c->initrd_size, error);
+        if (r < 0) {
+                image_create_free(c);
+                return r;
+        }
+        return create_snapshot_start(m, message, tag, mem_mib, boot_wait, c, error);
 }
 
 static int method_list_snapshots(sd_bus_message *message, void *userdata, sd_bus_error *error) {
@@ -599,6 +747,11 @@ const sd_bus_vtable manager_vtable[] = {
         SD_BUS_METHOD_WITH_ARGS("CreateSnapshot",
                                 SD_BUS_ARGS("s", tag, "s", kernel, "s", rootfs, "u", mem_mib, "u", boot_wait_secs),
                                 SD_BUS_RESULT("a{sv}", info), method_create_snapshot, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("CreateSnapshotFromFds",
+                                SD_BUS_ARGS("s", tag, "h", kernel, "h", rootfs, "u", mem_mib, "u", boot_wait_secs,
+                                            "a{sv}", options),
+                                SD_BUS_RESULT("a{sv}", info), method_create_snapshot_from_fds,
+                                SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("ListSnapshots", SD_BUS_NO_ARGS, SD_BUS_RESULT("aa{sv}", snapshots),
                                 method_list_snapshots, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("GetSnapshotInfo", SD_BUS_ARGS("s", tag), SD_BUS_RESULT("a{sv}", info),

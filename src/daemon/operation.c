@@ -3,16 +3,25 @@
 #include "image.h"
 #include "macro.h"
 #include "operation.h"
+#include "polkit.h"
 
 int operation_new(Manager *m, sd_bus_message *message, Operation **ret) {
+        uid_t uid = 0;
         Operation *o;
+        int r;
 
         if (m->n_operations >= m->max_operations)
                 return -EBUSY;
+        if (message) {
+                r = bus_message_sender_uid(message, &m->polkit_registry, &uid);
+                if (r < 0)
+                        return r;
+        }
         o = calloc(1, sizeof(*o));
         if (!o)
                 return -ENOMEM;
         o->manager = m;
+        o->owner_uid = uid;
         o->message = sd_bus_message_ref(message);
         o->next = m->operations;
         if (m->operations)

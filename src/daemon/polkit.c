@@ -380,3 +380,49 @@ int bus_verify_polkit_async(sd_bus_message *m, const char *action, const char **
 
         return 0;
 }
+
+int bus_message_sender_uid(sd_bus_message *m, struct polkit_registry **registry, uid_t *ret) {
+        if (!m || !registry || !ret)
+                return -EINVAL;
+        if (!*registry) {
+                *registry = calloc(1, sizeof(struct polkit_registry));
+                if (!*registry)
+                        return -ENOMEM;
+        }
+        return sender_euid(m, *registry, ret);
+}
+
+int bus_verify_owner_async(sd_bus_message *m, uid_t owner, const char *what, const char *action,
+                           const char **details, struct polkit_registry **registry, sd_bus_error *error) {
+        _cleanup_(sd_bus_error_free) sd_bus_error e = SD_BUS_ERROR_NULL;
+        uid_t uid;
+        int r;
+
+        if (!m || !what || !registry)
+                return -EINVAL;
+
+        r = bus_message_sender_uid(m, registry, &uid);
+        if (r < 0)
+                return sd_bus_error_set_errnof(error, r, "Cannot determine the caller's credentials: %s",
+                                               strerror(-r));
+        if (uid == 0)
+                return 1;
+        if (uid == owner && owner != OWNER_UID_INVALID)
+                return action ? bus_verify_polkit_async(m, action, details, registry, error) : 1;
+
+        r = bus_verify_polkit_async(m, POLKIT_ACTION_MANAGE_ALL, details, registry, &e);
+        if (r != -EACCES) {
+                if (r < 0)
+                        sd_bus_error_move(error, &e);
+                return r;
+        }
+        if (owner == OWNER_UID_INVALID)
+                return sd_bus_error_setf(error, SD_BUS_ERROR_ACCESS_DENIED,
+                                         "Access denied: %s belong to more than one user; uid %u needs polkit "
+                                         "action '" POLKIT_ACTION_MANAGE_ALL "' to act on what others own (%s)",
+                                         what, (unsigned) uid, e.message ?: "refused");
+        return sd_bus_error_setf(error, SD_BUS_ERROR_ACCESS_DENIED,
+                                 "Access denied: %s belongs to uid %u; uid %u needs polkit action '"
+                                 POLKIT_ACTION_MANAGE_ALL "' to act on what others own (%s)",
+                                 what, (unsigned) owner, (unsigned) uid, e.message ?: "refused");
+}

@@ -35,12 +35,34 @@
  * AccessDenied ("polkit is not available"), never left waiting.
  */
 
+#include <sys/types.h>
+
 #include <systemd/sd-bus.h>
 
 struct polkit_registry;
 
+/* Never a real owner: a check against it always takes the non-owner path. */
+#define OWNER_UID_INVALID ((uid_t) -1)
+/* The action a caller needs on what another uid owns. */
+#define POLKIT_ACTION_MANAGE_ALL "org.forkd.manage-all"
+
 int bus_verify_polkit_async(sd_bus_message *m, const char *action, const char **details,
                             struct polkit_registry **registry, sd_bus_error *error);
+
+/*
+ * Ownership: sandboxes and snapshots record the uid that made them. A caller
+ * whose uid is 0 may act on everything (no polkit round trip). The owner
+ * needs `action` (NULL: nothing, the call is allowed at once). Anyone else
+ * needs org.forkd.manage-all instead, whatever `action` is; a refusal is
+ * AccessDenied naming org.forkd.manage-all, `what` ("sandbox sb-1") and the
+ * owner. Same contract as bus_verify_polkit_async(): 1 allowed, 0 asked
+ * polkit (return 1 from the handler), < 0 refused with error set.
+ */
+int bus_verify_owner_async(sd_bus_message *m, uid_t owner, const char *what, const char *action,
+                           const char **details, struct polkit_registry **registry, sd_bus_error *error);
+
+/* The sender's effective uid (cached per bus and unique name, as for the checks). */
+int bus_message_sender_uid(sd_bus_message *m, struct polkit_registry **registry, uid_t *ret);
 
 /* Cancels the pending queries and frees everything. Accepts NULL, returns NULL. */
 struct polkit_registry *polkit_registry_free(struct polkit_registry *registry);

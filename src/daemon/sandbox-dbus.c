@@ -43,8 +43,9 @@ int sandbox_append_info(sd_bus_message *reply, Sandbox *s) {
         r = sd_bus_message_open_container(reply, 'a', "{sv}");
         if (r < 0)
                 return r;
-        r = sd_bus_message_append(reply, "{sv}{sv}{sv}{sv}{sv}{sv}",
+        r = sd_bus_message_append(reply, "{sv}{sv}{sv}{sv}{sv}{sv}{sv}",
                                   "id", "s", s->id,
+                                  "owner_uid", "u", (uint32_t) s->owner_uid,
                                   "snapshot_tag", "s", s->snapshot_tag,
                                   "guest_addr", "s", s->guest_addr,
                                   "created_at_unix", "t", s->created_at,
@@ -146,17 +147,36 @@ void sandbox_send_state_changed(Sandbox *s) {
 
 /* ---- methods ---- */
 
-static int verify(sd_bus_message *message, Sandbox *s, const char *action, const char *verb, sd_bus_error *error) {
+int sandbox_verify(sd_bus_message *message, Sandbox *s, const char *action, const char *verb, sd_bus_error *error) {
         const char *details[] = { "sandbox", s->id, "snapshot", s->snapshot_tag, "verb", verb, NULL };
+        char what[SNAPSHOT_TAG_MAX + 16];
 
-        return bus_verify_polkit_async(message, action, details, &s->manager->polkit_registry, error);
+        snprintf(what, sizeof(what), "sandbox %s", s->id);
+        return bus_verify_owner_async(message, s->owner_uid, what, action, details, &s->manager->polkit_registry,
+                                      error);
+}
+
+/* Two sandboxes (merge, diff): their owner when they have the same, else nobody's. */
+static int verify_pair(sd_bus_message *message, Sandbox *s, Sandbox *o, const char *action, const char *key,
+                       const char *verb, sd_bus_error *error) {
+        const char *details[] = { "sandbox", s->id, key, o->id, "verb", verb, NULL };
+        char what[2 * SNAPSHOT_TAG_MAX + 32];
+        bool same = s->owner_uid == o->owner_uid;
+
+        if (same)
+                snprintf(what, sizeof(what), "sandboxes %s and %s", s->id, o->id);
+        else
+                snprintf(what, sizeof(what), "sandboxes %s (uid %u) and %s (uid %u)", s->id,
+                         (unsigned) s->owner_uid, o->id, (unsigned) o->owner_uid);
+        return bus_verify_owner_async(message, same ? s->owner_uid : OWNER_UID_INVALID, what, action, details,
+                                      &s->manager->polkit_registry, error);
 }
 
 int bus_sandbox_method_terminate(sd_bus_message *message, void *userdata, sd_bus_error *error) {
         Sandbox *s = userdata;
         int r;
 
-        r = verify(message, s, "org.forkd.terminate", "terminate", error);
+        r = sandbox_verify(message, s, "org.forkd.terminate", "terminate", error);
         if (r < 0)
                 return r;
         if (r == 0)
@@ -229,7 +249,7 @@ int bus_sandbox_method_ping(sd_bus_message *message, void *userdata, sd_bus_erro
         Sandbox *s = userdata;
         int r;
 
-        r = verify(message, s, "org.forkd.run-code", "ping", error);
+        r = sandbox_verify(message, s, "org.forkd.run-code", "ping", error);
         if (r < 0)
                 return r;
         if (r == 0)
@@ -287,7 +307,7 @@ int bus_sandbox_method_exec(sd_bus_message *message, void *userdata, sd_bus_erro
                 timeout = EXEC_TIMEOUT_DEFAULT;
         json_object_object_add(req, "timeout_secs", json_object_new_int64(timeout));
 
-        r = verify(message, s, "org.forkd.run-code", "exec", error);
+        r = sandbox_verify(message, s, "org.forkd.run-code", "exec", error);
         if (r < 0)
                 return r;
         if (r == 0)
@@ -327,7 +347,7 @@ static int method_code(sd_bus_message *message, Sandbox *s, const char *op, bool
         if (with_timeout)
                 json_object_object_add(req, "timeout_secs", json_object_new_int64(timeout));
 
-        r = verify(message, s, "org.forkd.run-code", op, error);
+        r = sandbox_verify(message, s, "org.forkd.run-code", op, error);
         if (r < 0)
                 return r;
         if (r == 0)
@@ -366,7 +386,7 @@ static void send_vm_changed(Sandbox *s) {
         if (!s->manager->bus || sandbox_object_path(s->id, &p) < 0)
                 return;
         (void) sd_bus_emit_properties_changed(s->manager->bus, p, "org.forkd.Sandbox", "SnapshotTag", "Pid",
-                                              "CreatedAt", "MemoryLimitMiB", "NetNS", NULL);
+                                              "CreatedAt", "MemoryLimitMiB", "NetNS", "OwnerUID", NULL);
 }
 
 int bus_sandbox_method_merge(sd_bus_message *message, void *userdata, sd_bus_error *error) {
@@ -386,9 +406,7 @@ int bus_sandbox_method_merge(sd_bus_message *message, void *userdata, sd_bus_err
         if (!w)
                 return -EINVAL;
 
-        r = bus_verify_polkit_async(message, "org.forkd.terminate",
-                                    (const char *[]) { "sandbox", s->id, "winner", w->id, "verb", "merge", NULL },
-                                    &s->manager->polkit_registry, error);
+        r = verify_pair(message, s, w, "org.forkd.terminate", "winner", "merge", error);
         if (r < 0)
                 return r;
         if (r == 0)
@@ -578,9 +596,7 @@ int bus_sandbox_method_diff(sd_bus_message *message, void *userdata, sd_bus_erro
         if (!o)
                 return -EINVAL;
 
-        r = bus_verify_polkit_async(message, "org.forkd.run-code",
-                                    (const char *[]) { "sandbox", s->id, "other", o->id, "verb", "diff", NULL },
-                                    &s->manager->polkit_registry, error);
+        r = verify_pair(message, s, o, "org.forkd.run-code", "other", "diff", error);
         if (r < 0)
                 return r;
         if (r == 0)
@@ -668,6 +684,7 @@ const sd_bus_vtable sandbox_vtable[] = {
                         SD_BUS_VTABLE_PROPERTY_EMITS_CHANGE),
         SD_BUS_PROPERTY("NetNS", "s", property_get_netns, 0, SD_BUS_VTABLE_PROPERTY_EMITS_CHANGE),
         SD_BUS_PROPERTY("State", "s", property_get_state, 0, SD_BUS_VTABLE_PROPERTY_EMITS_CHANGE),
+        SD_BUS_PROPERTY("OwnerUID", "u", NULL, offsetof(Sandbox, owner_uid), SD_BUS_VTABLE_PROPERTY_EMITS_CHANGE),
         SD_BUS_METHOD_WITH_ARGS("Terminate", SD_BUS_NO_ARGS, SD_BUS_NO_RESULT, object_terminate,
                                 SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("Ping", SD_BUS_NO_ARGS, SD_BUS_RESULT("s", result_json), object_ping,

@@ -13,6 +13,9 @@ int sandbox_node_enumerator(sd_bus *bus, const char *path, void *userdata, char 
 
 /* Is the sandbox visible on the bus (running or terminating)? */
 bool sandbox_is_visible(const Sandbox *s);
+/* Polkit and ownership for a verb on s (bus_verify_owner_async()): its owner
+ * needs action, anyone else but root org.forkd.manage-all. */
+int sandbox_verify(sd_bus_message *message, Sandbox *s, const char *action, const char *verb, sd_bus_error *error);
 /* Append a SandboxInfo a{sv}. */
 int sandbox_append_info(sd_bus_message *reply, Sandbox *s);
 

@@ -100,7 +100,7 @@ static void on_fork_done(ForkOp *op, int r, const char *error_name, const char *
  * spawn like any other event, is not waited for: a copy that fails to become
  * one closes the socket, and the spawn says so). */
 static void start_fork(SandboxFork *f) {
-        struct fork_options opts = { .memory_limit_mib = f->memory_limit_mib };
+        struct fork_options opts = { .memory_limit_mib = f->memory_limit_mib, .owner_uid = f->operation->owner_uid };
         Manager *m = f->manager;
         VmTemplate *t = NULL;
         int r;
@@ -160,9 +160,7 @@ int bus_sandbox_method_fork(sd_bus_message *message, void *userdata, sd_bus_erro
                 return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "n must be from 1 to %u, not %u.",
                                          SANDBOX_FORK_N_MAX, n);
 
-        r = bus_verify_polkit_async(message, "org.forkd.branch",
-                                    (const char *[]) { "sandbox", s->id, "verb", "fork", NULL },
-                                    &m->polkit_registry, error);
+        r = sandbox_verify(message, s, "org.forkd.branch", "fork", error);
         if (r < 0)
                 return r;
         if (r == 0)

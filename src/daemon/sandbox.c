@@ -74,6 +74,7 @@ int sandbox_new(Manager *m, const struct sandbox_params *p, int agent_fd, Sandbo
         s->pid = p->pid;
         s->created_at = p->created_at;
         s->memory_limit_mib = p->memory_limit_mib;
+        s->owner_uid = p->owner_uid;
         s->has_cgroup = p->has_cgroup;
         s->live_fork = p->live_fork;
         s->state = SANDBOX_STARTING;
@@ -334,6 +335,7 @@ int sandbox_merge(Sandbox *p, Sandbox *w, char **ret_old_id) {
         struct sandbox_params rec = {
                 .id = p->id, .vm_id = w->vm_id, .snapshot_tag = w->snapshot_tag, .created_at = w->created_at,
                 .memory_limit_mib = w->memory_limit_mib, .has_cgroup = w->has_cgroup, .live_fork = w->live_fork,
+                .owner_uid = p->owner_uid, /* the id keeps its owner */
         };
         char *old_id;
         int r;
@@ -376,6 +378,7 @@ int sandbox_merge(Sandbox *p, Sandbox *w, char **ret_old_id) {
         }
         free(w->guest_addr);
         w->guest_addr = TAKE_PTR(addr);
+        w->owner_uid = p->owner_uid;
 
         p->retired = true;
         r = sandbox_kill(p);
@@ -402,6 +405,7 @@ int sandbox_record_format(const struct sandbox_params *p, char **ret) {
             json_object_object_add(o, "snapshot_tag", json_object_new_string(p->snapshot_tag)) < 0 ||
             json_object_object_add(o, "created_at_unix", json_object_new_int64((int64_t) p->created_at)) < 0 ||
             json_object_object_add(o, "memory_limit_mib", json_object_new_int64(p->memory_limit_mib)) < 0 ||
+            json_object_object_add(o, "owner_uid", json_object_new_int64((int64_t) p->owner_uid)) < 0 ||
             json_object_object_add(o, "cgroup", json_object_new_boolean(p->has_cgroup)) < 0)
                 return -ENOMEM;
         s = strdup(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN));
@@ -417,6 +421,7 @@ struct record {
         char snapshot_tag[SNAPSHOT_TAG_MAX + 1];
         int64_t created_at_unix;
         uint32_t memory_limit_mib;
+        uint32_t owner_uid; /* absent (a record of an older forkd): root */
         bool cgroup;
 };
 
@@ -427,6 +432,7 @@ static const struct json_dispatch record_table[] = {
           JSON_FIELD_SIZE(struct record, snapshot_tag), JSON_MANDATORY },
         { "created_at_unix", JSON_KIND_INT64, NULL, offsetof(struct record, created_at_unix), 0, 0 },
         { "memory_limit_mib", JSON_KIND_UINT32, NULL, offsetof(struct record, memory_limit_mib), 0, 0 },
+        { "owner_uid", JSON_KIND_UINT32, NULL, offsetof(struct record, owner_uid), 0, 0 },
         { "cgroup", JSON_KIND_BOOL, NULL, offsetof(struct record, cgroup), 0, JSON_MANDATORY },
         {},
 };

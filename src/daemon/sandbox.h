@@ -6,6 +6,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "manager.h"
 
@@ -34,6 +35,7 @@ struct Sandbox {
         uint32_t pid;
         uint64_t created_at;  /* unix seconds */
         uint32_t memory_limit_mib; /* 0: none */
+        uid_t owner_uid;      /* the caller that forked it (a merge keeps the id's owner) */
         bool has_cgroup;
         bool live_fork;
         bool killed;          /* by us: the exit reason is "terminated" */
@@ -74,6 +76,7 @@ struct sandbox_params {
         uint32_t pid;
         uint64_t created_at;
         uint32_t memory_limit_mib;
+        uid_t owner_uid;
         bool has_cgroup, live_fork;
 };
 

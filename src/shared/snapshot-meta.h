@@ -25,6 +25,12 @@
  *                        files "disk.layer.<i>" (blocks at their own offsets) and
  *                        "disk.layer.<i>.map" (a bitmap of the 4 KiB blocks they hold,
  *                        little-endian 64-bit words, disk_size / 4096 / 64 + 1 of them)
+ *   branched_from        optional: the id of the sandbox a branch was made of
+ *   pause_us             optional, only with branched_from: the source's pause
+ *   owner_uid            optional (absent: 0, root): the uid that made the snapshot,
+ *                        written by forkd once the snapshot is in place; never
+ *                        4294967295 ((uid_t) -1). Snapshots made before forkd
+ *                        recorded owners have none: they belong to root
  *
  * A plain file name is 1..64 bytes, not "." or "..", without '/' and
  * without control characters.
@@ -64,6 +70,7 @@ struct snapshot_meta {
         /* A branch of a running sandbox: its id and the pause (absent otherwise). */
         char branched_from[SNAPSHOT_TAG_MAX + 1];          /* "": absent */
         uint64_t pause_us;                                 /* only with branched_from */
+        uint32_t owner_uid;                                /* 0 (root) when absent */
 };
 
 /* ^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$ */
