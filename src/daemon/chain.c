@@ -315,7 +315,11 @@ static void compact_done(int r, void *userdata) {
                 operation_free(o);
                 return;
         }
-        r = image_load(m, c->to, &i, &reason);
+        r = image_write_owner(c->dst_dir, o->owner_uid);
+        if (r < 0)
+                reason = "cannot record its owner in snapshot.json";
+        else
+                r = image_load(m, c->to, &i, &reason);
         if (r < 0) {
                 log_error_errno(r, "The compacted snapshot %s does not load: %s", c->to, reason ?: "?");
                 (void) rm_rf(c->dst_dir);

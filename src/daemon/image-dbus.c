@@ -4,6 +4,7 @@
 #include "image.h"
 #include "macro.h"
 #include "polkit.h"
+#include "snapshot-meta.h"
 
 static int property_get_created_at(sd_bus *bus, const char *path, const char *interface, const char *property,
                                    sd_bus_message *reply, void *userdata, sd_bus_error *error) {
@@ -49,8 +50,9 @@ int image_append_info(sd_bus_message *reply, Image *i, bool details) {
 int image_append_info_fields(sd_bus_message *reply, Image *i, bool details) {
         int r;
 
-        r = sd_bus_message_append(reply, "{sv}{sv}{sv}{sv}{sv}{sv}{sv}{sv}",
+        r = sd_bus_message_append(reply, "{sv}{sv}{sv}{sv}{sv}{sv}{sv}{sv}{sv}",
                                   "tag", "s", i->tag,
+                                  "owner_uid", "u", (uint32_t) image_owner(i),
                                   "dir", "s", i->dir,
                                   "created_at_unix", "t", (uint64_t) i->meta.created_at_unix,
                                   "status", "s", "ready",
@@ -189,9 +191,40 @@ void image_send_signal(Manager *m, const char *tag, bool new) {
                                   "so", tag, p);
 }
 
+int image_verify(sd_bus_message *message, Image *i, uid_t owner, const char *action, const char *verb,
+                 sd_bus_error *error) {
+        const char *details[] = { "snapshot", i->tag, "verb", verb, NULL };
+        char what[SNAPSHOT_TAG_MAX + 64];
+
+        if (owner == image_owner(i))
+                snprintf(what, sizeof(what), "snapshot %s", i->tag);
+        else
+                snprintf(what, sizeof(what), "snapshot %s and the snapshots below it", i->tag);
+        return bus_verify_owner_async(message, owner, what, action, details, &i->manager->polkit_registry, error);
+}
+
+static uid_t subtree_owner(Image *i, unsigned depth) {
+        uid_t owner = image_owner(i);
+        HashmapIter it = {};
+        void *v;
+
+        if (depth > SNAPSHOTS_MAX)
+                return OWNER_UID_INVALID;
+        while (hashmap_iterate(i->manager->images, &it, &v)) {
+                Image *c = v;
+
+                if (strcmp(c->meta.parent_tag, i->tag) == 0 && subtree_owner(c, depth + 1) != owner)
+                        return OWNER_UID_INVALID;
+        }
+        return owner;
+}
+
+uid_t image_subtree_owner(Image *i) {
+        return subtree_owner(i, 0);
+}
+
 int bus_image_method_delete(sd_bus_message *message, void *userdata, sd_bus_error *error) {
         Image *i = userdata;
-        Manager *m = i->manager;
         int cascade, force, r;
 
         r = sd_bus_message_read(message, "bb", &cascade, &force);
@@ -200,9 +233,9 @@ int bus_image_method_delete(sd_bus_message *message, void *userdata, sd_bus_erro
         if (cascade && force)
                 return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "cascade and force exclude each other.");
 
-        r = bus_verify_polkit_async(message, "org.forkd.manage-snapshots",
-                                    (const char *[]) { "snapshot", i->tag, "verb", "delete", NULL },
-                                    &m->polkit_registry, error);
+        /* cascade deletes, force orphans, every snapshot below: all must be the caller's */
+        r = image_verify(message, i, cascade || force ? image_subtree_owner(i) : image_owner(i),
+                         "org.forkd.manage-snapshots", "delete", error);
         if (r < 0)
                 return r;
         if (r == 0)

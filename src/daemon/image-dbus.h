@@ -17,6 +17,14 @@ int image_append_info(sd_bus_message *reply, Image *i, bool details);
 /* The same entries, into a dictionary the caller has opened (and adds to). */
 int image_append_info_fields(sd_bus_message *reply, Image *i, bool details);
 
+/* Polkit and ownership for a verb on snapshot i, owned by owner (image_owner(i),
+ * or a subtree's common owner): see bus_verify_owner_async(). */
+int image_verify(sd_bus_message *message, Image *i, uid_t owner, const char *action, const char *verb,
+                 sd_bus_error *error);
+/* The owner of i and every snapshot below it when they all have the same one,
+ * else OWNER_UID_INVALID. */
+uid_t image_subtree_owner(Image *i);
+
 void image_send_signal(Manager *m, const char *tag, bool new);
 
 int bus_image_method_delete(sd_bus_message *message, void *userdata, sd_bus_error *error);

@@ -429,6 +429,12 @@ static int method_get_snapshot_info(sd_bus_message *message, void *userdata, sd_
         r = get_image(m, tag, &i, error);
         if (r < 0)
                 return r;
+        /* Its owner needs nothing more; anyone else org.forkd.manage-all. */
+        r = image_verify(message, i, image_owner(i), NULL, "info", error);
+        if (r < 0)
+                return r;
+        if (r == 0)
+                return 1;
         r = sd_bus_message_new_method_return(message, &reply);
         if (r < 0)
                 return r;
@@ -452,9 +458,12 @@ static int method_delete_snapshot(sd_bus_message *message, void *userdata, sd_bu
                 return r;
         if (!hashmap_get(m->images, tag) && branch_failed(m, tag)) {
                 /* A failed live branch, listed as such until now. */
-                r = bus_verify_polkit_async(message, "org.forkd.manage-snapshots",
-                                            (const char *[]) { "snapshot", tag, "verb", "delete", NULL },
-                                            &m->polkit_registry, error);
+                char what[SNAPSHOT_TAG_MAX + 32];
+
+                snprintf(what, sizeof(what), "failed branch %s", tag);
+                r = bus_verify_owner_async(message, branch_failed_owner(m, tag), what, "org.forkd.manage-snapshots",
+                                           (const char *[]) { "snapshot", tag, "verb", "delete", NULL },
+                                           &m->polkit_registry, error);
                 if (r <= 0)
                         return r < 0 ? r : 1;
                 branch_forget_failed(m, tag);
@@ -615,6 +624,7 @@ static int method_fork(sd_bus_message *message, void *userdata, sd_bus_error *er
                                          m->max_operations);
         if (r < 0)
                 return r;
+        opts.owner_uid = o->owner_uid;
         r = fork_op_start(m, i, n, &opts, fork_done, o, &o->fork);
         if (r < 0) {
                 operation_free(o);
@@ -629,12 +639,35 @@ static int method_fork(sd_bus_message *message, void *userdata, sd_bus_error *er
         return 1;
 }
 
+/* Root and holders of org.forkd.manage-all see every sandbox; anyone else
+ * sees their own only (others' are left out, not shown without details). */
 static int method_list_sandboxes(sd_bus_message *message, void *userdata, sd_bus_error *error) {
         _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
         Manager *m = userdata;
         HashmapIter it = {};
+        bool all = false;
+        uid_t uid;
         void *v;
         int r;
+
+        r = bus_message_sender_uid(message, &m->polkit_registry, &uid);
+        if (r < 0)
+                return sd_bus_error_set_errnof(error, r, "Cannot determine the caller's credentials: %m");
+        if (uid == 0)
+                all = true;
+        else {
+                _cleanup_(sd_bus_error_free) sd_bus_error e = SD_BUS_ERROR_NULL;
+
+                r = bus_verify_polkit_async(message, POLKIT_ACTION_MANAGE_ALL,
+                                            (const char *[]) { "verb", "list", NULL }, &m->polkit_registry, &e);
+                if (r == 0)
+                        return 1;
+                if (r < 0 && r != -EACCES) {
+                        sd_bus_error_move(error, &e);
+                        return r;
+                }
+                all = r > 0; /* refused: the caller's own only */
+        }
 
         r = sd_bus_message_new_method_return(message, &reply);
         if (r < 0)
@@ -643,9 +676,11 @@ static int method_list_sandboxes(sd_bus_message *message, void *userdata, sd_bus
         if (r < 0)
                 return r;
         while (hashmap_iterate(m->sandboxes, &it, &v)) {
-                if (!sandbox_is_visible(v))
+                Sandbox *sb = v;
+
+                if (!sandbox_is_visible(sb) || (!all && sb->owner_uid != uid))
                         continue;
-                r = sandbox_append_info(reply, v);
+                r = sandbox_append_info(reply, sb);
                 if (r < 0)
                         return r;
         }
@@ -671,6 +706,12 @@ static int method_get_sandbox(sd_bus_message *message, void *userdata, sd_bus_er
         r = get_sandbox(m, id, &s, error);
         if (r < 0)
                 return r;
+        /* Its owner needs nothing more; anyone else org.forkd.manage-all. */
+        r = sandbox_verify(message, s, NULL, "get", error);
+        if (r < 0)
+                return r;
+        if (r == 0)
+                return 1;
         r = sd_bus_message_new_method_return(message, &reply);
         if (r < 0)
                 return r;

@@ -156,6 +156,7 @@ static int load_snapshots(Manager *m) {
                         continue;
                 }
                 if (strncmp(de->d_name, ".deleted-", 9) == 0 ||
+                    strncmp(de->d_name, IMAGE_BOOT_STAGING_PREFIX, strlen(IMAGE_BOOT_STAGING_PREFIX)) == 0 ||
                     strncmp(de->d_name, PACK_STAGING_PREFIX, strlen(PACK_STAGING_PREFIX)) == 0) {
                         log_info("Finishing the deletion of %s.", path);
                         r = rm_rf(path);

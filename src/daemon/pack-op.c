@@ -263,6 +263,17 @@ static int unpack_install(Operation *o, Image **loaded) {
         const char *reason = NULL;
         int r = 0;
 
+        /* Whoever unpacks owns what lands, whatever the bundle's snapshot.json says;
+         * recorded while the links are still staged. */
+        for (size_t k = 0; k < n; k++) {
+                _cleanup_free_ char *dir = NULL;
+
+                if (asprintf(&dir, "%s/%s", j->staging, j->manifest.links[k].tag) < 0)
+                        return -ENOMEM;
+                r = image_write_owner(dir, o->owner_uid);
+                if (r < 0)
+                        return r;
+        }
         for (; moved < n; moved++) {
                 const char *tag = j->manifest.links[moved].tag;
                 _cleanup_free_ char *from = NULL, *to = NULL;

@@ -10,6 +10,8 @@
 
 #include <fcntl.h>
 #include <getopt.h>
+#include <limits.h>
+#include <pwd.h>
 #include <signal.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
@@ -17,6 +19,7 @@
 #include <systemd/sd-event.h>
 #include <time.h>
 
+#include "boot-files.h"
 #include "bus-json.h"
 #include "forkctl-util.h"
 #include "macro.h"
@@ -345,8 +348,23 @@ static const char *jtime(struct json_object *o, const char *key, char *buf, size
         return juint(o, key, &v) ? format_unix_time(buf, size, v) : NULL;
 }
 
+/* owner_uid as a user name where it has one, else the number. */
+static const char *jowner(struct json_object *o, char *buf, size_t size) {
+        struct passwd *pw;
+        uint64_t v;
+
+        if (!juint(o, "owner_uid", &v) || v > UINT32_MAX)
+                return NULL;
+        pw = getpwuid((uid_t) v);
+        if (pw && pw->pw_name)
+                snprintf(buf, size, "%s", pw->pw_name);
+        else
+                snprintf(buf, size, "%llu", (unsigned long long) v);
+        return buf;
+}
+
 static int print_snapshot_table(struct json_object *list) {
-        static const char *const headers[] = { "TAG", "GUEST", "MEMORY", "DISK", "CREATED", "STATUS", "PARENT" };
+        static const char *const headers[] = { "TAG", "GUEST", "MEMORY", "DISK", "CREATED", "STATUS", "PARENT", "OWNER" };
         _cleanup_table_ struct table *t = table_new(ELEMENTSOF(headers), headers);
         size_t n = json_object_array_length(list);
 
@@ -354,12 +372,12 @@ static int print_snapshot_table(struct json_object *list) {
                 return -ENOMEM;
         for (size_t i = 0; i < n; i++) {
                 struct json_object *s = json_object_array_get_idx(list, i);
-                char mem[32], disk[32], created[64];
+                char mem[32], disk[32], created[64], owner[64];
                 const char *cells[] = {
                         jstr(s, "tag"), jstr(s, "guest"),
                         jbytes(s, "mem_size", mem, sizeof mem), jbytes(s, "disk_size", disk, sizeof disk),
                         jtime(s, "created_at_unix", created, sizeof created), jstr(s, "status"),
-                        jstr(s, "parent_tag"),
+                        jstr(s, "parent_tag"), jowner(s, owner, sizeof owner),
                 };
                 if (table_add_row(t, cells) < 0)
                         return -ENOMEM;
@@ -372,7 +390,7 @@ static int print_snapshot_table(struct json_object *list) {
 }
 
 static int print_sandbox_table(struct json_object *list, bool empty_hint) {
-        static const char *const headers[] = { "ID", "SNAPSHOT", "STATE", "PID", "MEMLIMIT", "NETNS", "ADDRESS", "CREATED" };
+        static const char *const headers[] = { "ID", "SNAPSHOT", "STATE", "PID", "MEMLIMIT", "NETNS", "ADDRESS", "CREATED", "OWNER" };
         _cleanup_table_ struct table *t = table_new(ELEMENTSOF(headers), headers);
         size_t n = json_object_array_length(list);
 
@@ -380,7 +398,7 @@ static int print_sandbox_table(struct json_object *list, bool empty_hint) {
                 return -ENOMEM;
         for (size_t i = 0; i < n; i++) {
                 struct json_object *s = json_object_array_get_idx(list, i);
-                char created[64], limit[32] = "";
+                char created[64], limit[32] = "", owner[64];
                 uint64_t l;
 
                 if (juint(s, "memory_limit_mib", &l) && l > 0)
@@ -388,7 +406,7 @@ static int print_sandbox_table(struct json_object *list, bool empty_hint) {
                 const char *cells[] = {
                         jstr(s, "id"), jstr(s, "snapshot_tag"), jstr(s, "state"), jstr(s, "pid"), limit,
                         jstr(s, "netns"), jstr(s, "guest_addr"),
-                        jtime(s, "created_at_unix", created, sizeof created),
+                        jtime(s, "created_at_unix", created, sizeof created), jowner(s, owner, sizeof owner),
                 };
                 if (table_add_row(t, cells) < 0)
                         return -ENOMEM;
@@ -463,12 +481,26 @@ static int print_info(struct json_object *o, const char *const *keys) {
 }
 
 static const char *const snapshot_keys[] = {
-        "tag", "status", "guest", "dir", "created_at_unix", "mem_size", "disk_size", "generation",
+        "tag", "status", "owner_uid", "guest", "dir", "created_at_unix", "mem_size", "disk_size", "generation",
         "parent_tag", "branched_from", "pause_ms", "pause_us", "memory_logical_bytes", "memory_physical_bytes",
         "vmstate_bytes", "parent_content_hash", "chain_depth", "ancestors", "dependents", NULL,
 };
 
 /* ---- verbs -------------------------------------------------------------- */
+
+static int open_boot_file(const char *what, const char *path, int *ret_fd) {
+        int r = boot_file_open(path, ret_fd);
+
+        if (r == -EISDIR || r == -EINVAL) {
+                fprintf(stderr, "forkctl: snapshot create: the %s %s is not a regular file\n", what, path);
+                return -EXIT_USAGE;
+        }
+        if (r < 0) {
+                fprintf(stderr, "forkctl: snapshot create: cannot open the %s %s: %s\n", what, path, strerror(-r));
+                return -1;
+        }
+        return 0;
+}
 
 static int verb_snapshot_create(sd_bus *bus, char **args, size_t n_args) {
         _cleanup_(sd_bus_message_unrefp) sd_bus_message *m = NULL, *reply = NULL;
@@ -476,12 +508,26 @@ static int verb_snapshot_create(sd_bus *bus, char **args, size_t n_args) {
         _cleanup_json_ struct json_object *info = NULL;
         struct error_context ctx = { .verb = "snapshot create", .tag = args[0] };
         _cleanup_free_ char *what = NULL;
+        _cleanup_close_ int kernel_fd = -EBADF, rootfs_fd = -EBADF, initrd_fd = -EBADF;
+        char initrd[PATH_MAX];
         int r;
 
-        r = new_call(bus, "CreateSnapshot", &m);
+        /* Opened here, with our own credentials: forkd reads only what we could. */
+        r = open_boot_file("kernel", arg_kernel, &kernel_fd);
+        if (r >= 0)
+                r = open_boot_file("rootfs", arg_rootfs, &rootfs_fd);
+        if (r >= 0 && boot_initrd_beside(arg_kernel, initrd, sizeof initrd) > 0)
+                r = open_boot_file("initrd (found beside the kernel)", initrd, &initrd_fd);
+        if (r < 0)
+                return r;
+
+        r = new_call(bus, "CreateSnapshotFromFds", &m);
         if (r < 0)
                 return -1;
-        r = sd_bus_message_append(m, "sssuu", args[0], arg_kernel, arg_rootfs, arg_mem_mib, arg_boot_wait);
+        r = sd_bus_message_append(m, "shhuu", args[0], kernel_fd, rootfs_fd, arg_mem_mib, arg_boot_wait);
+        if (r >= 0)
+                r = initrd_fd >= 0 ? sd_bus_message_append(m, "a{sv}", 1, "initrd", "h", initrd_fd) :
+                                     sd_bus_message_append(m, "a{sv}", 0);
         if (r < 0)
                 return report_error(NULL, r, &ctx);
 

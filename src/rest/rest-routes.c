@@ -6,6 +6,7 @@
 
 #include <limits.h>
 
+#include "boot-files.h"
 #include "file-hashes.h"
 #include "forkd-bus.h"
 #include "json-util.h"
@@ -304,6 +305,19 @@ static int call_manager(RestRequest *req, const char *member, uint64_t timeout, 
 
 /* ---- snapshots ---- */
 
+/* 1 with the file open, else the request was answered: 400 with the file and
+ * why (the spec's "missing kernel/rootfs" row). */
+static int open_boot_file(RestRequest *req, const char *what, const char *path, int *ret_fd) {
+        int r = boot_file_open(path, ret_fd);
+
+        if (r == -EISDIR || r == -EINVAL)
+                return rest_reply_error(req, 400, "%s %s is not a regular file", what, path);
+        if (r < 0)
+                return rest_reply_error(req, 400, "cannot open %s %s as forkd-rest's user (uid %u): %s", what, path,
+                                        (unsigned) geteuid(), strerror(-r));
+        return 1;
+}
+
 struct snapshot_create_args {
         char tag[REST_TAG_MAX + 2];
         char kernel[PATH_MAX];
@@ -332,6 +346,8 @@ static int route_snapshots_create(RestRequest *req) {
         };
         _cleanup_json_ struct json_object *o = NULL;
         struct snapshot_create_args a = { .boot_wait_secs = BOOT_WAIT_DEFAULT };
+        _cleanup_close_ int kernel_fd = -EBADF, rootfs_fd = -EBADF, initrd_fd = -EBADF;
+        char initrd[PATH_MAX];
         int r;
 
         r = parse_body(req, false, table, &a, &(struct body_rules) { .tag = "tag", .tag_value = a.tag }, &o);
@@ -344,9 +360,26 @@ static int route_snapshots_create(RestRequest *req) {
         if (a.mem_mib < 0 || a.mem_mib > 1024 * 1024)
                 return rest_reply_error(req, 400, "mem_mib out of range");
 
-        return call_manager(req, "CreateSnapshot", (uint64_t) (a.boot_wait_secs + 120) * USEC_PER_SEC,
-                            on_reply_snapshot_created, "sssuu", a.tag, a.kernel, a.rootfs, (uint32_t) a.mem_mib,
-                            (uint32_t) a.boot_wait_secs);
+        /* Opened here, with forkd-rest's own credentials, and handed to forkd as
+         * descriptors: forkd never opens a path for the bridge. */
+        r = open_boot_file(req, "kernel", a.kernel, &kernel_fd);
+        if (r <= 0)
+                return r;
+        r = open_boot_file(req, "rootfs", a.rootfs, &rootfs_fd);
+        if (r <= 0)
+                return r;
+        if (boot_initrd_beside(a.kernel, initrd, sizeof(initrd)) > 0) {
+                r = open_boot_file(req, "initrd (beside the kernel)", initrd, &initrd_fd);
+                if (r <= 0)
+                        return r;
+        }
+        if (initrd_fd >= 0)
+                return call_manager(req, "CreateSnapshotFromFds", (uint64_t) (a.boot_wait_secs + 120) * USEC_PER_SEC,
+                                    on_reply_snapshot_created, "shhuua{sv}", a.tag, kernel_fd, rootfs_fd,
+                                    (uint32_t) a.mem_mib, (uint32_t) a.boot_wait_secs, 1, "initrd", "h", initrd_fd);
+        return call_manager(req, "CreateSnapshotFromFds", (uint64_t) (a.boot_wait_secs + 120) * USEC_PER_SEC,
+                            on_reply_snapshot_created, "shhuua{sv}", a.tag, kernel_fd, rootfs_fd, (uint32_t) a.mem_mib,
+                            (uint32_t) a.boot_wait_secs, 0);
 }
 
 static int route_snapshots_list(RestRequest *req) {

@@ -12,6 +12,11 @@ int boot_file_open(const char *path, int *ret_fd) {
 
         if (!path || !path[0] || !ret_fd)
                 return -EINVAL;
+        /* Look before opening: opening a device or FIFO can have side effects. */
+        if (stat(path, &st) < 0)
+                return -errno;
+        if (!S_ISREG(st.st_mode))
+                return S_ISDIR(st.st_mode) ? -EISDIR : -EINVAL;
         fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
         if (fd < 0)
                 return -errno;
