@@ -123,7 +123,7 @@ for _ in $(seq 100); do
         sleep 0.1
 done
 
-echo "1..20"
+echo "1..21"
 if timeout 5 busctl --address="$bus" status org.freedesktop.PolicyKit1 >/dev/null 2>&1; then
         ok "polkitd owns org.freedesktop.PolicyKit1 on the private bus"
 else
@@ -232,7 +232,18 @@ if [ -n "${FORKD_DAEMON:-}" ] && [ -x "$FORKD_DAEMON" ]; then
         *"Access denied"*) ok "forkd: outsider refused ($res)" ;;
         *) not_ok "forkd: outsider refused: $res"; sed 's/^/# /' "$T/forkd.log" ;;
         esac
-        res=$(mfork $UID_IN $UID_IN $GID_FORKD)
+        # CreateSnapshot by path is root's: forkd would open the paths as root.
+        res=$(setpriv --reuid=$UID_IN --regid=$UID_IN --groups=$GID_FORKD \
+                dbus-send --bus="$bus" --print-reply --reply-timeout=30000 --dest=org.forkd.Manager /org/forkd/Manager \
+                org.forkd.Manager.CreateSnapshot string:polkit-probe string:/nonexistent/kernel \
+                string:/nonexistent/rootfs uint32:0 uint32:1 2>&1)
+        case "$res" in
+        *"AccessDenied"*"CreateSnapshotFromFds"*) ok "forkd: member refused CreateSnapshot by path, pointed at CreateSnapshotFromFds" ;;
+        *) not_ok "forkd: member refused CreateSnapshot by path: $res" ;;
+        esac
+        # ... and allowed past polkit with descriptors (/dev/null: not a regular file).
+        res=$(call_as $UID_IN $UID_IN $GID_FORKD org.forkd.Manager /org/forkd/Manager org.forkd.Manager \
+                CreateSnapshotFromFds 'shhuua{sv}' polkit-probe 0 0 0 1 0 </dev/null)
         case "$res" in
         *"Access denied"*|"") not_ok "forkd: member allowed past polkit: $res" ;;
         *) ok "forkd: member allowed past polkit ($res)" ;;
@@ -255,6 +266,11 @@ if [ -n "${FORKD_DAEMON:-}" ] && [ -x "$FORKD_DAEMON" ]; then
                         *) not_ok "forkd: outsider refused ${verb%% *}: $res"; sed 's/^/# /' "$T/forkd.log" | tail -5 ;;
                         esac
                 done
+                # The member's own two: root's are not the member's (org.forkd.manage-all).
+                mapfile -t sb < <(setpriv --reuid=$UID_IN --regid=$UID_IN --groups=$GID_FORKD \
+                        busctl --address="$bus" --timeout=60 --json=short call org.forkd.Manager /org/forkd/Manager \
+                        org.forkd.Manager Fork 'sua{sv}' pk 2 0 |
+                        python3 -c 'import json, sys; print("\n".join(d["id"]["data"] for d in json.load(sys.stdin)["data"][0]))')
                 res=$(m_as $UID_IN $UID_IN $GID_FORKD DiffSandboxes ssas "${sb[0]:-x}" "${sb[1]:-y}" 0)
                 [ "$res" = "0 asasas 0 0 0" ] && ok "forkd: member may diff (nothing differs)" || not_ok "forkd: member diff: $res"
                 res=$(m_as $UID_IN $UID_IN $GID_FORKD MergeSandbox ss "${sb[0]:-x}" "${sb[1]:-y}")
@@ -262,7 +278,9 @@ if [ -n "${FORKD_DAEMON:-}" ] && [ -x "$FORKD_DAEMON" ]; then
                 "0 a{sv} "*"\"${sb[0]:-x}\""*) ok "forkd: member may merge" ;;
                 *) not_ok "forkd: member merge: $res" ;;
                 esac
-                mgr TerminateSandbox s "${sb[0]:-x}" >/dev/null 2>&1
+                for id in $(mgr ListSandboxes | python3 -c 'import json, sys; print(" ".join(d["id"]["data"] for d in json.load(sys.stdin)["data"][0]))'); do
+                        mgr TerminateSandbox s "$id" >/dev/null 2>&1
+                done
         else
                 for v in "outsider refused MergeSandbox" "outsider refused DiffSandboxes" "outsider refused RunCode" \
                          "member may diff" "member may merge"; do
@@ -271,6 +289,7 @@ if [ -n "${FORKD_DAEMON:-}" ] && [ -x "$FORKD_DAEMON" ]; then
         fi
 else
         n=$((n + 1)); echo "ok $n # SKIP forkd not built; daemon: outsider refused"
+        n=$((n + 1)); echo "ok $n # SKIP forkd not built; daemon: member refused CreateSnapshot by path"
         n=$((n + 1)); echo "ok $n # SKIP forkd not built; daemon: member allowed"
         for v in "outsider refused MergeSandbox" "outsider refused DiffSandboxes" "outsider refused RunCode" \
                  "member may diff" "member may merge"; do

@@ -1,0 +1,292 @@
+#!/bin/bash
+# SPDX-License-Identifier: LGPL-2.1-or-later
+#
+# Callers reach only what they may read, and only what they own: forkd with a
+# real polkitd on a private system bus, two unprivileged members of the group
+# forkd (A and B), root, live sandboxes of the test guest on /dev/kvm.
+#
+# As test-polkit.sh, it re-executes itself in a private mount namespace and
+# bind-mounts, only there, copies of /etc/passwd and /etc/group with the users
+# forkd-own-a and forkd-own-b (both in group "forkd"), our polkit policy and
+# rules, and an empty /etc/polkit-1/rules.d; then runs dbus-daemon, polkitd,
+# forkd and forkd-rest (as A) on it. Nothing outside the namespace changes.
+#
+# Checks:
+#   - /etc/shadow: A cannot snapshot it through forkctl (open fails: EACCES),
+#     nor through the raw path method (CreateSnapshot is root's; the refusal
+#     names CreateSnapshotFromFds), nor through forkd-rest running as A (400
+#     naming the file); root still can create snapshots from paths; A can from
+#     files A can read, and A owns the result (owner_uid in snapshot.json and
+#     in GetSnapshotInfo);
+#   - ownership: B cannot see, ping, exec, eval, run code in, branch, fork,
+#     merge, diff or terminate A's sandbox, nor see or delete A's snapshot:
+#     org.freedesktop.DBus.Error.AccessDenied naming org.forkd.manage-all;
+#     B's ListSandboxes leaves A's out; B's own sandbox works; root does
+#     everything; the REST bridge owns what its callers make.
+#
+# usage: test-ownership.sh FORKCTL POLKIT-SOURCE-DIR
+# env: FORKD_DAEMON, FORKD_VMM, FORKD_REST, FORKD_TEST_GUEST (all needed)
+# Output: TAP. Exit 77 (skip) when polkitd, unshare, root or /dev/kvm are missing.
+
+set -u
+forkctl=${1:?usage: test-ownership.sh FORKCTL POLKIT-DIR}
+polkit_dir=${2:?usage: test-ownership.sh FORKCTL POLKIT-DIR}
+POLKITD=${POLKITD:-/usr/lib/polkit-1/polkitd}
+
+skip() { echo "1..0 # SKIP $*"; exit 77; }
+
+if [ -z "${FORKD_OWN_INNER:-}" ]; then
+        [ -x "$POLKITD" ] || skip "polkitd not installed ($POLKITD)"
+        [ "$(id -u)" = 0 ] || skip "needs root (mount namespace, setpriv)"
+        for c in dbus-daemon busctl setpriv dbus-send curl python3; do
+                command -v $c >/dev/null || skip "$c not installed"
+        done
+        [ -x "${FORKD_DAEMON:-}" ] && [ -x "${FORKD_REST:-}" ] && [ -r "${FORKD_TEST_GUEST:-}" ] ||
+                skip "FORKD_DAEMON, FORKD_REST and FORKD_TEST_GUEST must name the built programs"
+        # /dev/kvm: where it is missing the kvm suite runs in the test host instead.
+        [ -w /dev/kvm ] || skip "no usable /dev/kvm (this test is in the kvm suite)"
+        unshare -m --propagation private true 2>/dev/null || skip "cannot create a mount namespace"
+        FORKD_OWN_INNER=1 exec unshare -m --propagation private "$0" "$@"
+fi
+
+# ---- inside the private mount namespace ----
+forkctl=$(realpath "$forkctl")
+polkit_dir=$(realpath "$polkit_dir")
+T=$(mktemp -d /tmp/forkd-ownership-test.XXXXXX)
+chmod 755 "$T"
+pids=()
+cleanup() {
+        for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
+        for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done
+        rm -rf "$T"
+}
+trap cleanup EXIT
+
+n=0; failed=0
+ok()     { n=$((n + 1)); echo "ok $n - $*"; }
+not_ok() { n=$((n + 1)); failed=$((failed + 1)); echo "not ok $n - $*"; }
+check()  { local what=$1; shift; if "$@"; then ok "$what"; else not_ok "$what"; fi; }
+diag()   { sed 's/^/# /'; }
+
+UID_A=61781; UID_B=61782; GID_FORKD=61780
+mkdir -p "$T/actions" "$T/rules" "$T/etc-rules"
+cp "$polkit_dir/org.forkd.policy" "$T/actions/"
+cp "$polkit_dir/org.forkd.rules" "$T/rules/50-org.forkd.rules"
+grep -v -E '^(forkd|forkd-own-a|forkd-own-b):' /etc/passwd > "$T/passwd"
+grep -v -E '^(forkd|forkd-own-a|forkd-own-b):' /etc/group > "$T/group"
+echo "forkd-own-a:x:$UID_A:$UID_A::/nonexistent:/usr/sbin/nologin" >> "$T/passwd"
+echo "forkd-own-b:x:$UID_B:$UID_B::/nonexistent:/usr/sbin/nologin" >> "$T/passwd"
+echo "forkd-own-a:x:$UID_A:" >> "$T/group"
+echo "forkd-own-b:x:$UID_B:" >> "$T/group"
+echo "forkd:x:$GID_FORKD:forkd-own-a,forkd-own-b" >> "$T/group"
+chmod 644 "$T/passwd" "$T/group"
+mount --bind "$T/passwd" /etc/passwd
+mount --bind "$T/group" /etc/group
+mount --bind "$T/actions" /usr/share/polkit-1/actions
+mount --bind "$T/rules" /usr/share/polkit-1/rules.d
+mkdir -p /etc/polkit-1/rules.d 2>/dev/null
+mount --bind "$T/etc-rules" /etc/polkit-1/rules.d
+
+cat > "$T/bus.conf" <<XML
+<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-BUS Bus Configuration 1.0//EN"
+ "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
+<busconfig>
+  <type>system</type>
+  <listen>unix:path=$T/system_bus_socket</listen>
+  <auth>EXTERNAL</auth>
+  <policy context="default">
+    <allow user="*"/>
+    <deny own="*"/>
+    <allow send_type="method_call"/>
+    <allow send_destination="org.freedesktop.DBus"/>
+    <allow send_requested_reply="true" send_type="method_return"/>
+    <allow send_requested_reply="true" send_type="error"/>
+    <allow send_type="signal"/>
+    <allow receive_type="method_call"/>
+    <allow receive_type="method_return"/>
+    <allow receive_type="error"/>
+    <allow receive_type="signal"/>
+  </policy>
+  <policy user="polkitd">
+    <allow own="org.freedesktop.PolicyKit1"/>
+  </policy>
+  <policy user="root">
+    <allow own="org.freedesktop.PolicyKit1"/>
+    <allow own="org.forkd.Manager"/>
+  </policy>
+</busconfig>
+XML
+
+dbus-daemon --config-file="$T/bus.conf" --nofork --nopidfile 2>"$T/dbus.log" &
+pids+=($!)
+export DBUS_SYSTEM_BUS_ADDRESS="unix:path=$T/system_bus_socket"
+bus=$DBUS_SYSTEM_BUS_ADDRESS
+for _ in $(seq 100); do [ -S "$T/system_bus_socket" ] && break; sleep 0.05; done
+"$POLKITD" --no-debug >"$T/polkitd.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 100); do
+        timeout 5 busctl --address="$bus" status org.freedesktop.PolicyKit1 >/dev/null 2>&1 && break
+        sleep 0.1
+done
+mkdir -p "$T/state"
+"$FORKD_DAEMON" --state-dir "$T/state" >"$T/forkd.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 100); do timeout 5 busctl --address="$bus" status org.forkd.Manager >/dev/null 2>&1 && break; sleep 0.1; done
+if ! timeout 5 busctl --address="$bus" status org.forkd.Manager >/dev/null 2>&1; then
+        not_ok "forkd is on the private bus"; diag <"$T/forkd.log"; echo "1..$n"; exit 1
+fi
+
+# The guest and a root disk every user may read; a file only root may read.
+install -m 0644 "$FORKD_TEST_GUEST" "$T/guest.elf"
+truncate -s 8M "$T/rootfs.img"; chmod 644 "$T/rootfs.img"
+GUEST=$T/guest.elf; DISK=$T/rootfs.img
+SECRET=/etc/shadow
+[ -r "$SECRET" ] && [ "$(stat -c %a "$SECRET")" != 644 ] || SECRET=$T/secret
+[ "$SECRET" = "$T/secret" ] && { echo secret > "$SECRET"; chmod 600 "$SECRET"; }
+
+as()    { local u=$1; shift; setpriv --reuid="$u" --regid="$u" --groups=$GID_FORKD "$@"; }
+# dsend USER METHOD ARGS...: a Manager call through dbus-send (prints the error's name and message)
+dsend() {
+        local u=$1 meth=$2; shift 2
+        if [ "$u" = 0 ]; then
+                dbus-send --bus="$bus" --print-reply --reply-timeout=60000 --dest=org.forkd.Manager \
+                        /org/forkd/Manager "org.forkd.Manager.$meth" "$@" 2>&1
+        else
+                as "$u" dbus-send --bus="$bus" --print-reply --reply-timeout=60000 --dest=org.forkd.Manager \
+                        /org/forkd/Manager "org.forkd.Manager.$meth" "$@" 2>&1
+        fi
+}
+# bjson USER METHOD SIG ARGS...: busctl --json=short (root when USER is 0)
+bjson() {
+        local u=$1; shift
+        if [ "$u" = 0 ]; then
+                busctl --address="$bus" --timeout=60 --json=short call org.forkd.Manager /org/forkd/Manager \
+                        org.forkd.Manager "$@" 2>&1
+        else
+                as "$u" busctl --address="$bus" --timeout=60 --json=short call org.forkd.Manager /org/forkd/Manager \
+                        org.forkd.Manager "$@" 2>&1
+        fi
+}
+ids()   { python3 -c 'import json, sys; print(" ".join(d["id"]["data"] for d in json.load(sys.stdin)["data"][0]))' 2>/dev/null; }
+field() { python3 -c 'import json, sys; d = json.load(sys.stdin)["data"][0]; print(d[sys.argv[1]]["data"])' "$1" 2>/dev/null; }
+fc()    { local u=$1; shift; if [ "$u" = 0 ]; then "$forkctl" "$@"; else as "$u" "$forkctl" "$@"; fi; }
+
+# ---- 1. /etc/shadow ----
+out=$(fc $UID_A snapshot create shadow1 --kernel "$SECRET" --rootfs "$DISK" 2>&1); rc=$?
+echo "# A: forkctl snapshot create --kernel $SECRET: $out"
+check "A cannot snapshot $SECRET as the kernel through forkctl: open fails, permission denied" \
+        eval '[ $rc != 0 ] && grep -q "cannot open the kernel $SECRET: Permission denied" <<<"$out"'
+out=$(fc $UID_A snapshot create shadow2 --kernel "$GUEST" --rootfs "$SECRET" 2>&1); rc=$?
+check "A cannot snapshot $SECRET as the root disk through forkctl ($out)" \
+        eval '[ $rc != 0 ] && grep -q "cannot open the rootfs $SECRET: Permission denied" <<<"$out"'
+out=$(dsend $UID_A CreateSnapshot string:shadow3 string:"$GUEST" string:"$SECRET" uint32:0 uint32:10)
+echo "# A: CreateSnapshot by path: $out"
+check "A is refused the raw path method (AccessDenied naming CreateSnapshotFromFds)" \
+        eval 'grep -q "org.freedesktop.DBus.Error.AccessDenied" <<<"$out" && grep -q CreateSnapshotFromFds <<<"$out"'
+check "... and no snapshot of $SECRET exists" \
+        eval '[ -z "$(ls "$T/state/snapshots" | grep -E "^(\.boot-)?shadow")" ]'
+
+# forkd-rest as A: opens the files with A's rights.
+TOKEN=owner-test-token; echo "$TOKEN" > "$T/token"; chown $UID_A "$T/token"; chmod 600 "$T/token"
+PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+as $UID_A "$FORKD_REST" --listen 127.0.0.1:$PORT --token-file "$T/token" --timeout 60 >"$T/rest.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$PORT/healthz" && break; sleep 0.1; done
+rest() { curl -sS -o "$T/body" -w '%{http_code}' -X "$1" -H "Authorization: Bearer $TOKEN" \
+                -H 'Content-Type: application/json' ${3:+--data "$3"} "http://127.0.0.1:$PORT$2"; }
+code=$(rest POST /v1/snapshots "{\"tag\":\"shadow4\",\"kernel\":\"$SECRET\",\"rootfs\":\"$DISK\",\"boot_wait_secs\":10}")
+body=$(cat "$T/body")
+echo "# REST as A, kernel $SECRET: $code $body"
+check "forkd-rest running as A: POST /v1/snapshots with $SECRET answers 400 {\"error\": ...} naming the file" \
+        eval '[ "$code" = 400 ] && python3 -c "import json, sys; e = json.load(open(sys.argv[1]))[\"error\"]; sys.exit(0 if sys.argv[2] in e and \"Permission denied\" in e else 1)" "$T/body" "$SECRET"'
+[ "$code" = 400 ] || diag <"$T/rest.log"
+
+# Root still creates from paths; A from files A can read, and owns them.
+out=$(bjson 0 CreateSnapshot sssuu rootsnap "$GUEST" "$DISK" 0 10)
+check "root creates a snapshot from paths (CreateSnapshot)" eval '[ "$(field tag <<<"$out")" = rootsnap ]'
+[ "$(field tag <<<"$out")" = rootsnap ] || { echo "# $out"; tail -5 "$T/forkd.log" | diag; }
+check "... owned by root (owner_uid 0)" eval '[ "$(field owner_uid <<<"$out")" = 0 ]'
+out=$(fc $UID_A snapshot create asnap --kernel "$GUEST" --rootfs "$DISK" --boot-wait 10 --json 2>&1); rc=$?
+check "A creates a snapshot from files A can read (forkctl, descriptors)" [ $rc = 0 ]
+[ $rc = 0 ] || { echo "$out" | diag; tail -5 "$T/forkd.log" | diag; }
+check "... snapshot.json records owner_uid $UID_A" grep -q "\"owner_uid\": $UID_A" "$T/state/snapshots/asnap/snapshot.json"
+check "... the boot staging directory is gone" eval '! ls -a "$T/state/snapshots" | grep -q "^\.boot-"'
+out=$(bjson $UID_A GetSnapshotInfo s asnap)
+check "... A sees its details, owner_uid $UID_A" eval '[ "$(field owner_uid <<<"$out")" = $UID_A ]'
+code=$(rest POST /v1/snapshots "{\"tag\":\"restsnap\",\"kernel\":\"$GUEST\",\"rootfs\":\"$DISK\",\"boot_wait_secs\":10}")
+check "forkd-rest as A creates from files it can read: 201, owner_uid $UID_A (the bridge owns its callers' work) ($code)" \
+        eval '[ "$code" = 201 ] && grep -q "\"owner_uid\": *$UID_A" "$T/body"'
+[ "$code" = 201 ] || diag <"$T/body"
+
+# ---- 2. ownership ----
+SA=$(bjson $UID_A Fork 'sua{sv}' asnap 1 0 | ids)
+check "A forks a sandbox of its snapshot ($SA)" [ -n "$SA" ]
+out=$(bjson $UID_A GetSandbox s "${SA:-x}")
+check "... GetSandbox as A shows owner_uid $UID_A" eval '[ "$(field owner_uid <<<"$out")" = $UID_A ]'
+SB=$(bjson $UID_B Fork 'sua{sv}' rootsnap 1 0 | ids)
+check "B forks a sandbox of root's snapshot ($SB)" [ -n "$SB" ]
+
+denied() { grep -q "org.freedesktop.DBus.Error.AccessDenied" <<<"$1" && grep -q "org.forkd.manage-all" <<<"$1"; }
+for call in "GetSandbox string:${SA:-x}" "Ping string:${SA:-x}" "Exec string:${SA:-x} array:string:/bin/true uint32:5" \
+            "Eval string:${SA:-x} string:1" "RunCode string:${SA:-x} string:x uint32:5" \
+            "BranchSandbox string:${SA:-x} string:stolen string:full boolean:true" \
+            "ForkSandbox string:${SA:-x} uint32:1" "TerminateSandbox string:${SA:-x}" \
+            "MergeSandbox string:${SB:-y} string:${SA:-x}" "MergeSandbox string:${SA:-x} string:${SB:-y}" \
+            "GetSnapshotInfo string:asnap" "DeleteSnapshot string:asnap boolean:false boolean:false"; do
+        # shellcheck disable=SC2086
+        out=$(dsend $UID_B $call)
+        if denied "$out"; then ok "B: ${call%% *} on A's is AccessDenied naming org.forkd.manage-all"
+        else not_ok "B: ${call%% *} on A's is AccessDenied naming org.forkd.manage-all: $out"; fi
+done
+echo "# e.g. $(dsend $UID_B Exec string:${SA:-x} array:string:/bin/true uint32:5 | tr '\n' ' ')"
+out=$(as $UID_B busctl --address="$bus" --timeout=30 call org.forkd.Manager /org/forkd/Manager org.forkd.Manager \
+        DiffSandboxes ssas "${SB:-y}" "${SA:-x}" 0 2>&1)
+check "B: DiffSandboxes of B's and A's is refused ($out)" eval 'grep -q "Access denied" <<<"$out"'
+# The object path as sd_bus_path_encode() writes it: [A-Za-z0-9] kept (no leading digit), the rest _XX.
+objpath=/org/forkd/sandbox/$(python3 -c 'import sys; print("".join(c if c.isascii() and c.isalnum() and not (i == 0 and c.isdigit()) else "_%02x" % ord(c) for i, c in enumerate(sys.argv[1])))' "${SA:-x}")
+out=$(as $UID_B busctl --address="$bus" --timeout=30 call org.forkd.Manager "$objpath" org.forkd.Sandbox Ping 2>&1)
+check "B: Ping on A's sandbox object (org.forkd.Sandbox) is refused ($out)" eval 'grep -q "Access denied" <<<"$out"'
+check "A's sandbox and snapshot survived B's attempts" \
+        eval '[ -n "$(bjson 0 GetSandbox s "${SA:-x}" | field id)" ] && [ -e "$T/state/snapshots/asnap/snapshot.json" ] && [ ! -e "$T/state/snapshots/stolen" ]'
+
+list_b=$(bjson $UID_B ListSandboxes | ids)
+check "B's ListSandboxes lists B's own ($list_b)" eval 'grep -qw -- "${SB:-y}" <<<"$list_b"'
+check "B's ListSandboxes leaves A's out" eval '! grep -qw -- "${SA:-x}" <<<"$list_b"'
+list_a=$(fc $UID_A ls 2>&1)
+check "forkctl ls as A shows A's sandbox with its owner, not B's" \
+        eval 'grep -q -- "${SA:-x}.*forkd-own-a" <<<"$list_a" && ! grep -q -- "${SB:-y}" <<<"$list_a"'
+out=$(bjson $UID_B Ping s "${SB:-y}")
+check "B pings its own sandbox ($out)" eval 'grep -q "\"type\":\"s\"" <<<"$out"'
+out=$(bjson $UID_B ForkSandbox su "${SB:-y}" 1)
+SB2=$(python3 -c 'import json, sys; print(json.load(sys.stdin)["data"][0][0]["id"]["data"])' <<<"$out" 2>/dev/null)
+check "B forks its own running sandbox ($SB2)" [ -n "$SB2" ]
+[ -n "$SB2" ] || echo "# $out"
+out=$(bjson $UID_B GetSandbox s "${SB2:-z}")
+check "... the child is B's (owner_uid $UID_B)" eval '[ "$(field owner_uid <<<"$out")" = $UID_B ]'
+out=$(bjson $UID_B TerminateSandbox s "${SB2:-z}")
+check "... and B terminates it" eval '[ -z "$out" ]'
+
+# Root does everything.
+list_root=$(bjson 0 ListSandboxes | ids)
+check "root's ListSandboxes lists A's and B's" eval 'grep -qw -- "${SA:-x}" <<<"$list_root" && grep -qw -- "${SB:-y}" <<<"$list_root"'
+out=$(bjson 0 Ping s "${SA:-x}")
+check "root pings A's sandbox" eval '! grep -qi "denied\|failed" <<<"$out"'
+out=$(bjson 0 GetSnapshotInfo s asnap)
+check "root sees the details of A's snapshot" eval '[ "$(field owner_uid <<<"$out")" = $UID_A ]'
+out=$(bjson 0 TerminateSandbox s "${SA:-x}")
+check "root terminates A's sandbox" eval '[ -z "$out" ]'
+out=$(bjson $UID_B TerminateSandbox s "${SB:-y}")
+check "B terminates its own sandbox" eval '[ -z "$out" ]'
+out=$(bjson $UID_A DeleteSnapshot sbb asnap false false)
+check "A deletes its own snapshot" eval '[ -z "$out" ] && [ ! -e "$T/state/snapshots/asnap" ]'
+out=$(bjson $UID_A DeleteSnapshot sbb rootsnap false false)
+check "A cannot delete root's snapshot ($out)" eval 'grep -q "Access denied" <<<"$out" && [ -e "$T/state/snapshots/rootsnap" ]'
+out=$(bjson 0 DeleteSnapshot sbb restsnap false false)
+check "root deletes the bridge's snapshot" eval '[ -z "$out" ]'
+
+echo "1..$n"
+if [ "$failed" != 0 ]; then
+        echo "# $failed failed; forkd's log:"; tail -n 30 "$T/forkd.log" | diag
+        exit 1
+fi
+exit 0
