@@ -189,7 +189,7 @@ check "... and no snapshot of $SECRET exists" \
 # forkd-rest as A: opens the files with A's rights.
 TOKEN=owner-test-token; echo "$TOKEN" > "$T/token"; chown $UID_A "$T/token"; chmod 600 "$T/token"
 PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-as $UID_A "$FORKD_REST" --listen 127.0.0.1:$PORT --token-file "$T/token" --timeout 60 >"$T/rest.log" 2>&1 &
+setpriv --reuid=$UID_A --regid=$UID_A --groups=$GID_FORKD "$FORKD_REST" --listen 127.0.0.1:$PORT --token-file "$T/token" --timeout 60 >"$T/rest.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$PORT/healthz" && break; sleep 0.1; done
 rest() { curl -sS -o "$T/body" -w '%{http_code}' -X "$1" -H "Authorization: Bearer $TOKEN" \
