@@ -30,6 +30,12 @@ static int property_get_parent_tag(sd_bus *bus, const char *path, const char *in
         return sd_bus_message_append(reply, "s", i->meta.parent_tag);
 }
 
+static int property_get_owner_uid(sd_bus *bus, const char *path, const char *interface, const char *property,
+                                  sd_bus_message *reply, void *userdata, sd_bus_error *error) {
+        Image *i = userdata;
+        return sd_bus_message_append(reply, "u", (uint32_t) image_owner(i));
+}
+
 static int property_get_status(sd_bus *bus, const char *path, const char *interface, const char *property,
                                sd_bus_message *reply, void *userdata, sd_bus_error *error) {
         return sd_bus_message_append(reply, "s", "ready");
@@ -261,6 +267,7 @@ const sd_bus_vtable image_vtable[] = {
         SD_BUS_PROPERTY("MemorySize", "t", property_get_memory_size, 0, SD_BUS_VTABLE_PROPERTY_CONST),
         SD_BUS_PROPERTY("ParentTag", "s", property_get_parent_tag, 0, SD_BUS_VTABLE_PROPERTY_CONST),
         SD_BUS_PROPERTY("Status", "s", property_get_status, 0, SD_BUS_VTABLE_PROPERTY_CONST),
+        SD_BUS_PROPERTY("OwnerUID", "u", property_get_owner_uid, 0, SD_BUS_VTABLE_PROPERTY_CONST),
         SD_BUS_METHOD_WITH_ARGS("Delete", SD_BUS_ARGS("b", cascade, "b", force), SD_BUS_NO_RESULT,
                                 object_delete, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_VTABLE_END,
