@@ -493,7 +493,7 @@ static int open_boot_file(const char *what, const char *path, int *ret_fd) {
 
         if (r == -EISDIR || r == -EINVAL) {
                 fprintf(stderr, "forkctl: snapshot create: the %s %s is not a regular file\n", what, path);
-                return -EXIT_USAGE;
+                return -1;
         }
         if (r < 0) {
                 fprintf(stderr, "forkctl: snapshot create: cannot open the %s %s: %s\n", what, path, strerror(-r));

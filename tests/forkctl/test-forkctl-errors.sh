@@ -58,13 +58,19 @@ expect() {
         fi
 }
 
-echo "1..33"
+echo "1..35"
 notrunning="forkd is not running; start it with 'systemctl start forkd' or 'tools/forkd-stack up'"
 expect 5 "$notrunning" "ls without forkd" -- --bus-address "$bus" ls
 expect 5 "$notrunning" "ls --json without forkd" -- --bus-address "$bus" ls --json
 expect 5 "$notrunning" "snapshot ls without forkd" -- --bus-address "$bus" snapshot ls
 expect 5 "$notrunning" "fork without forkd (progress path)" -- --bus-address "$bus" fork base -n 2
-expect 5 "$notrunning" "snapshot create without forkd" -- --bus-address "$bus" snapshot create t --kernel /k --rootfs /r
+# forkctl opens kernel and rootfs itself (readable files here), then calls forkd.
+expect 5 "$notrunning" "snapshot create without forkd" -- --bus-address "$bus" snapshot create t --kernel "$0" --rootfs "$0"
+expect 1 "snapshot create: cannot open the kernel /nonexistent/k: No such file or directory" \
+        "snapshot create with a missing kernel: the file and why, before any call" \
+        -- --bus-address "$bus" snapshot create t --kernel /nonexistent/k --rootfs "$0"
+expect 1 "snapshot create: the rootfs $T is not a regular file" "snapshot create with a directory as rootfs" \
+        -- --bus-address "$bus" snapshot create t --kernel "$0" --rootfs "$T"
 expect 5 "$notrunning" "kill without forkd" -- --bus-address "$bus" kill a b
 expect 5 "$notrunning" "exec without forkd" -- --bus-address "$bus" exec sb -- /bin/true
 FORKD_BUS_ADDRESS=$bus expect 5 "$notrunning" "\$FORKD_BUS_ADDRESS selects the bus" -- ping sb
