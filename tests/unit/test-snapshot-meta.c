@@ -749,6 +749,53 @@ static void test_meta_branched_from(void **state) {
         }
 }
 
+/* owner_uid: optional, absent means root (0, and formatted as absent); never
+ * (uid_t) -1, never negative, never a string. */
+static void test_meta_owner_uid(void **state) {
+        static const char *const bad[] = {
+                "\"owner_uid\": 4294967295", "\"owner_uid\": -1", "\"owner_uid\": 4294967296",
+                "\"owner_uid\": \"1000\"", "\"owner_uid\": null", "\"owner_uid\": 1.5",
+        };
+        struct snapshot_meta m, m2;
+        const char *error = NULL;
+        char *json, *out = NULL;
+
+        json = meta_json_with(NULL, NULL, "\"owner_uid\": 61781");
+        assert_int_equal(meta_parse(json, &m, &error), 0);
+        assert_int_equal(m.owner_uid, 61781);
+        free(json);
+        assert_int_equal(snapshot_meta_format(&m, &out), 0);
+        assert_non_null(strstr(out, "\"owner_uid\": 61781"));
+        assert_int_equal(snapshot_meta_parse(out, strlen(out), &m2, NULL), 0);
+        assert_memory_equal(&m, &m2, sizeof(m));
+        free(out);
+        out = NULL;
+
+        /* absent and 0 are root's, and 0 formats as absent */
+        json = meta_json_with(NULL, NULL, "\"owner_uid\": 0");
+        assert_int_equal(meta_parse(json, &m, NULL), 0);
+        assert_int_equal(m.owner_uid, 0);
+        free(json);
+        json = meta_json_with(NULL, NULL, NULL);
+        assert_int_equal(meta_parse(json, &m2, NULL), 0);
+        assert_int_equal(m2.owner_uid, 0);
+        free(json);
+        assert_int_equal(snapshot_meta_format(&m, &out), 0);
+        assert_null(strstr(out, "owner_uid"));
+        free(out);
+        m.owner_uid = UINT32_MAX;
+        assert_int_equal(snapshot_meta_format(&m, &out), -EINVAL);
+
+        for (size_t i = 0; i < ELEMENTSOF(bad); i++) {
+                json = meta_json_with(NULL, NULL, bad[i]);
+                error = NULL;
+                if (meta_parse(json, &m, &error) >= 0)
+                        fail_msg("accepted %s", bad[i]);
+                assert_non_null(error);
+                free(json);
+        }
+}
+
 static void test_meta_keys(void **state) {
         struct snapshot_meta m;
         const char *error;
@@ -928,6 +975,7 @@ int main(void) {
                 cmocka_unit_test(test_meta_keys),
                 cmocka_unit_test(test_meta_disk_layers),
                 cmocka_unit_test(test_meta_branched_from),
+                cmocka_unit_test(test_meta_owner_uid),
                 cmocka_unit_test(test_tag_is_valid),
                 cmocka_unit_test(test_meta_format_refuses_invalid),
                 cmocka_unit_test(test_meta_read_file),
