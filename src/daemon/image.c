@@ -126,8 +126,6 @@ int image_write_owner(const char *dir, uid_t owner_uid) {
         struct snapshot_meta meta;
         int r;
 
-        if (owner_uid == 0)
-                return 0;
         if (owner_uid == (uid_t) UINT32_MAX)
                 return -EINVAL;
         if (asprintf(&path, "%s/snapshot.json", dir) < 0)

@@ -22,7 +22,8 @@ struct Image {
  * *ret_reason (optional) says what is wrong with a refused directory. */
 int image_load(Manager *m, const char *tag, Image **ret, const char **ret_reason);
 /* Record owner_uid in dir/snapshot.json (atomically, fsynced), before the
- * snapshot is registered. Nothing to do for root (absent means root). */
+ * snapshot is registered; nothing is written when it says so already (root:
+ * absent). Also drops the owner an unpacked bundle brought along. */
 int image_write_owner(const char *dir, uid_t owner_uid);
 static inline uid_t image_owner(const Image *i) {
         return (uid_t) i->meta.owner_uid;

@@ -128,13 +128,16 @@ for _ in $(seq 100); do
         timeout 5 busctl --address="$bus" status org.freedesktop.PolicyKit1 >/dev/null 2>&1 && break
         sleep 0.1
 done
-mkdir -p "$T/state"
+# A boot staging directory that a killed forkd left behind: removed at start.
+mkdir -p "$T/state/snapshots/.boot-stale" && echo x > "$T/state/snapshots/.boot-stale/vmlinuz"
 "$FORKD_DAEMON" --state-dir "$T/state" >"$T/forkd.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 100); do timeout 5 busctl --address="$bus" status org.forkd.Manager >/dev/null 2>&1 && break; sleep 0.1; done
 if ! timeout 5 busctl --address="$bus" status org.forkd.Manager >/dev/null 2>&1; then
         not_ok "forkd is on the private bus"; diag <"$T/forkd.log"; echo "1..$n"; exit 1
 fi
+
+check "a boot staging directory left by a dead forkd is removed at start" [ ! -e "$T/state/snapshots/.boot-stale" ]
 
 # The guest and a root disk every user may read; a file only root may read.
 install -m 0644 "$FORKD_TEST_GUEST" "$T/guest.elf"
