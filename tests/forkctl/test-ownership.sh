@@ -131,7 +131,8 @@ done
 # A boot staging directory that a killed forkd left behind: removed at start.
 mkdir -p "$T/state/snapshots/.boot-stale" && echo x > "$T/state/snapshots/.boot-stale/vmlinuz"
 "$FORKD_DAEMON" --state-dir "$T/state" >"$T/forkd.log" 2>&1 &
-pids+=($!)
+forkd_pid=$!
+pids+=($forkd_pid)
 for _ in $(seq 100); do timeout 5 busctl --address="$bus" status org.forkd.Manager >/dev/null 2>&1 && break; sleep 0.1; done
 if ! timeout 5 busctl --address="$bus" status org.forkd.Manager >/dev/null 2>&1; then
         not_ok "forkd is on the private bus"; diag <"$T/forkd.log"; echo "1..$n"; exit 1
@@ -193,7 +194,8 @@ check "... and no snapshot of $SECRET exists" \
 TOKEN=owner-test-token; echo "$TOKEN" > "$T/token"; chown $UID_A "$T/token"; chmod 600 "$T/token"
 PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 setpriv --reuid=$UID_A --regid=$UID_A --groups=$GID_FORKD "$FORKD_REST" --listen 127.0.0.1:$PORT --token-file "$T/token" --timeout 60 >"$T/rest.log" 2>&1 &
-pids+=($!)
+rest_pid=$!
+pids+=($rest_pid)
 for _ in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$PORT/healthz" && break; sleep 0.1; done
 rest() { curl -sS -o "$T/body" -w '%{http_code}' -X "$1" -H "Authorization: Bearer $TOKEN" \
                 -H 'Content-Type: application/json' ${3:+--data "$3"} "http://127.0.0.1:$PORT$2"; }
@@ -286,6 +288,13 @@ out=$(bjson $UID_A DeleteSnapshot sbb rootsnap false false)
 check "A cannot delete root's snapshot ($out)" eval 'grep -q "Access denied" <<<"$out" && [ -e "$T/state/snapshots/rootsnap" ]'
 out=$(bjson 0 DeleteSnapshot sbb restsnap false false)
 check "root deletes the bridge's snapshot" eval '[ -z "$out" ]'
+
+# Both daemons stop cleanly (exit 0; under ASan: no leak or error report).
+kill -TERM "$rest_pid"; wait "$rest_pid"; rc_rest=$?
+kill -TERM "$forkd_pid"; wait "$forkd_pid"; rc_forkd=$?
+check "forkd-rest and forkd exit 0 on SIGTERM ($rc_rest, $rc_forkd)" eval '[ $rc_rest = 0 ] && [ $rc_forkd = 0 ]'
+check "no sanitizer report in their logs" eval '! grep -qE "ERROR: (Address|Leak)Sanitizer|runtime error:" "$T/forkd.log" "$T/rest.log"'
+grep -hE -A20 "ERROR: (Address|Leak)Sanitizer|runtime error:" "$T/forkd.log" "$T/rest.log" | head -40 | diag
 
 echo "1..$n"
 if [ "$failed" != 0 ]; then
