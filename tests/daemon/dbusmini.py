@@ -134,8 +134,9 @@ class _Reader:
 
 
 class Bus:
-    def __init__(self, address, timeout=30.0, hello=True):
-        """hello=False: a peer-to-peer connection (no bus daemon to say Hello to)."""
+    def __init__(self, address, timeout=30.0, hello=True, unix_fds=False):
+        """hello=False: a peer-to-peer connection (no bus daemon to say Hello to).
+        unix_fds=True: negotiate file descriptor passing (send(fds=...))."""
         path = None
         for part in address.split(";")[0].split(":", 1)[1].split(","):
             k, _, v = part.partition("=")
@@ -150,6 +151,11 @@ class Bus:
         line = self._readline()
         if not line.startswith(b"OK"):
             raise RuntimeError(f"auth failed: {line!r}")
+        if unix_fds:
+            self.sock.sendall(b"NEGOTIATE_UNIX_FD\r\n")
+            line = self._readline()
+            if not line.startswith(b"AGREE_UNIX_FD"):
+                raise RuntimeError(f"no unix fd passing: {line!r}")
         self.sock.sendall(b"BEGIN\r\n")
         self.serial = 0
         self.inbuf = bytearray()
@@ -171,7 +177,8 @@ class Bus:
             b += c
         return b
 
-    def send(self, dest, path, iface, member, sig="", args=(), no_reply=False):
+    def send(self, dest, path, iface, member, sig="", args=(), no_reply=False, fds=()):
+        """An 'h' argument is an index into fds, the descriptors sent with the message."""
         self.serial += 1
         body = _Writer()
         for t, v in zip(split_signature(sig), args):
@@ -183,11 +190,20 @@ class Bus:
             fields.append((6, ("s", dest)))
         if sig:
             fields.append((8, ("g", sig)))
+        if fds:
+            fields.append((9, ("u", len(fds))))
         h = _Writer()
         h.buf += struct.pack("<cBBBII", b"l", METHOD_CALL, 1 if no_reply else 0, 1, len(body.buf), self.serial)
         h.write("a(yv)", fields)
         h.pad(8)
-        self.sock.sendall(bytes(h.buf) + bytes(body.buf))
+        data = bytes(h.buf) + bytes(body.buf)
+        if fds:
+            import array
+            n = self.sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+            if n < len(data):
+                self.sock.sendall(data[n:])
+        else:
+            self.sock.sendall(data)
         return self.serial
 
     def _read_message(self, deadline):
@@ -240,8 +256,8 @@ class Bus:
             raise DBusError(m["fields"].get(4), m["body"][0] if m["body"] else "")
         return m["body"]
 
-    def call(self, dest, path, iface, member, sig="", args=(), timeout=60.0):
-        return self.wait_reply(self.send(dest, path, iface, member, sig, args), timeout)
+    def call(self, dest, path, iface, member, sig="", args=(), timeout=60.0, fds=()):
+        return self.wait_reply(self.send(dest, path, iface, member, sig, args, fds=fds), timeout)
 
     def add_match(self, rule):
         self.call("org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus", "AddMatch", "s", [rule])

@@ -396,6 +396,44 @@ def run(h):
         assert not os.path.exists(os.path.join(h.state, "snapshots", "tf"))
     h.check("CreateSnapshot of a guest that triple-faults: the error says so and quotes its console", triple_fault)
 
+    def create_from_fds():
+        """CreateSnapshotFromFds checks what it receives (never the fd's path), copies it into
+        snapshots/.boot-<tag>/ and boots from there; the copies are gone after the boot."""
+        b = Bus(h.address, unix_fds=True)
+        opened = []
+
+        def fd(path, flags=os.O_RDONLY):
+            opened.append(os.open(path, flags | os.O_CLOEXEC))
+            return opened[-1]
+
+        def refused(fds, args, want):
+            try:
+                b.call(DEST, PATH, IFACE, "CreateSnapshotFromFds", "shhuua{sv}", args, fds=fds)
+            except DBusError as e:
+                assert e.name == INVALID_ARGS and want in e.message, f"{args}: {e.name}: {e.message}"
+                return
+            raise AssertionError(f"{args} was accepted")
+        try:
+            g, d = fd(GUEST), fd(disk)
+            refused([fd(os.path.dirname(GUEST), os.O_RDONLY | os.O_DIRECTORY), d], ["t8", 0, 1, 64, 30, {}],
+                    "The kernel is not a regular file")
+            refused([g, fd(disk, os.O_WRONLY)], ["t8", 0, 1, 64, 30, {}], "The rootfs descriptor is not open for reading")
+            refused([g, fd(disk, os.O_PATH)], ["t8", 0, 1, 64, 30, {}], "The rootfs descriptor is not open for reading")
+            refused([g, d, fd("/dev/null")], ["t8", 0, 1, 64, 30, {"initrd": ("h", 2)}], "The initrd is not a regular file")
+            refused([g, d], ["t8", 0, 1, 64, 30, {"bogus": ("h", 0)}], "Unknown option")
+            refused([g, d], ["t8", 0, 1, 64, 30, {"initrd": ("s", "/boot/initrd.img")}], "initrd must be of type h")
+            refused([g, d], ["t8", 0, 1, 64, 0, {}], "boot_wait_secs")
+            info = b.call(DEST, PATH, IFACE, "CreateSnapshotFromFds", "shhuua{sv}", ["t8", 0, 1, 64, 30, {}],
+                          fds=[g, d])[0]
+            assert info["tag"] == "t8" and info["owner_uid"] == 0, info
+            assert not any(n.startswith(".boot-") for n in os.listdir(os.path.join(h.state, "snapshots")))
+            h.m("DeleteSnapshot", "sbb", ["t8", False, False])
+        finally:
+            for o in opened:
+                os.close(o)
+            b.close()
+    h.check("CreateSnapshotFromFds: regular, readable files only; booted from forkd's own copies", create_from_fds)
+
     def bad_args():
         h.expect_error(INVALID_ARGS, "Fork", "sua{sv}", ["t1", 0, {}])
         h.expect_error(INVALID_ARGS, "Fork", "sua{sv}", ["t1", 1001, {}])
