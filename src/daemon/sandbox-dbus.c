@@ -25,16 +25,52 @@ bool sandbox_is_visible(const Sandbox *s) {
         return s->state == SANDBOX_RUNNING || s->state == SANDBOX_TERMINATING;
 }
 
-static int property_get_state(sd_bus *bus, const char *path, const char *interface, const char *property,
-                              sd_bus_message *reply, void *userdata, sd_bus_error *error) {
-        Sandbox *s = userdata;
-        return sd_bus_message_append(reply, "s", sandbox_state_to_string(s->state));
+/* A sandbox's properties are its details: for its owner and root. A property
+ * read cannot wait for polkit, so holders of org.forkd.manage-all read others'
+ * through GetSandbox. Checked only when the read is a Properties call (the
+ * getters also run to fill PropertiesChanged). */
+static int property_check_owner(sd_bus *bus, Sandbox *s, sd_bus_error *error) {
+        sd_bus_message *m = sd_bus_get_current_message(bus);
+        uid_t uid;
+        int r;
+
+        if (!m || !sd_bus_message_is_method_call(m, "org.freedesktop.DBus.Properties", NULL))
+                return 0;
+        r = bus_message_sender_uid(m, &s->manager->polkit_registry, &uid);
+        if (r < 0)
+                return sd_bus_error_set_errnof(error, r, "Cannot determine the caller's credentials: %m");
+        if (uid != 0 && uid != s->owner_uid)
+                return sd_bus_error_setf(error, SD_BUS_ERROR_ACCESS_DENIED,
+                                         "Access denied: sandbox %s belongs to uid %u; its properties are for its "
+                                         "owner and root (others with polkit action '" POLKIT_ACTION_MANAGE_ALL
+                                         "' use GetSandbox)",
+                                         s->id, (unsigned) s->owner_uid);
+        return 0;
 }
 
-static int property_get_netns(sd_bus *bus, const char *path, const char *interface, const char *property,
-                              sd_bus_message *reply, void *userdata, sd_bus_error *error) {
+static int property_get(sd_bus *bus, const char *path, const char *interface, const char *property,
+                        sd_bus_message *reply, void *userdata, sd_bus_error *error) {
         Sandbox *s = userdata;
-        return sd_bus_message_append(reply, "s", s->netns ?: "");
+        int r;
+
+        r = property_check_owner(bus, s, error);
+        if (r < 0)
+                return r;
+        if (strcmp(property, "SnapshotTag") == 0)
+                return sd_bus_message_append(reply, "s", s->snapshot_tag);
+        if (strcmp(property, "Pid") == 0)
+                return sd_bus_message_append(reply, "u", s->pid);
+        if (strcmp(property, "CreatedAt") == 0)
+                return sd_bus_message_append(reply, "t", s->created_at);
+        if (strcmp(property, "MemoryLimitMiB") == 0)
+                return sd_bus_message_append(reply, "u", s->memory_limit_mib);
+        if (strcmp(property, "NetNS") == 0)
+                return sd_bus_message_append(reply, "s", s->netns ?: "");
+        if (strcmp(property, "State") == 0)
+                return sd_bus_message_append(reply, "s", sandbox_state_to_string(s->state));
+        if (strcmp(property, "OwnerUID") == 0)
+                return sd_bus_message_append(reply, "u", (uint32_t) s->owner_uid);
+        return -ENOENT;
 }
 
 int sandbox_append_info(sd_bus_message *reply, Sandbox *s) {
@@ -677,14 +713,13 @@ const sd_bus_vtable sandbox_vtable[] = {
         SD_BUS_VTABLE_START(0),
         SD_BUS_PROPERTY("Id", "s", NULL, offsetof(Sandbox, id), SD_BUS_VTABLE_PROPERTY_CONST),
         /* These describe the VM, which a merge replaces. */
-        SD_BUS_PROPERTY("SnapshotTag", "s", NULL, offsetof(Sandbox, snapshot_tag), SD_BUS_VTABLE_PROPERTY_EMITS_CHANGE),
-        SD_BUS_PROPERTY("Pid", "u", NULL, offsetof(Sandbox, pid), SD_BUS_VTABLE_PROPERTY_EMITS_CHANGE),
-        SD_BUS_PROPERTY("CreatedAt", "t", NULL, offsetof(Sandbox, created_at), SD_BUS_VTABLE_PROPERTY_EMITS_CHANGE),
-        SD_BUS_PROPERTY("MemoryLimitMiB", "u", NULL, offsetof(Sandbox, memory_limit_mib),
-                        SD_BUS_VTABLE_PROPERTY_EMITS_CHANGE),
-        SD_BUS_PROPERTY("NetNS", "s", property_get_netns, 0, SD_BUS_VTABLE_PROPERTY_EMITS_CHANGE),
-        SD_BUS_PROPERTY("State", "s", property_get_state, 0, SD_BUS_VTABLE_PROPERTY_EMITS_CHANGE),
-        SD_BUS_PROPERTY("OwnerUID", "u", NULL, offsetof(Sandbox, owner_uid), SD_BUS_VTABLE_PROPERTY_EMITS_CHANGE),
+        SD_BUS_PROPERTY("SnapshotTag", "s", property_get, 0, SD_BUS_VTABLE_PROPERTY_EMITS_CHANGE),
+        SD_BUS_PROPERTY("Pid", "u", property_get, 0, SD_BUS_VTABLE_PROPERTY_EMITS_CHANGE),
+        SD_BUS_PROPERTY("CreatedAt", "t", property_get, 0, SD_BUS_VTABLE_PROPERTY_EMITS_CHANGE),
+        SD_BUS_PROPERTY("MemoryLimitMiB", "u", property_get, 0, SD_BUS_VTABLE_PROPERTY_EMITS_CHANGE),
+        SD_BUS_PROPERTY("NetNS", "s", property_get, 0, SD_BUS_VTABLE_PROPERTY_EMITS_CHANGE),
+        SD_BUS_PROPERTY("State", "s", property_get, 0, SD_BUS_VTABLE_PROPERTY_EMITS_CHANGE),
+        SD_BUS_PROPERTY("OwnerUID", "u", property_get, 0, SD_BUS_VTABLE_PROPERTY_EMITS_CHANGE),
         SD_BUS_METHOD_WITH_ARGS("Terminate", SD_BUS_NO_ARGS, SD_BUS_NO_RESULT, object_terminate,
                                 SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("Ping", SD_BUS_NO_ARGS, SD_BUS_RESULT("s", result_json), object_ping,

@@ -251,6 +251,10 @@ check "B: DiffSandboxes of B's and A's is refused ($out)" eval 'grep -q "Access 
 objpath=/org/forkd/sandbox/$(python3 -c 'import sys; print("".join(c if c.isascii() and c.isalnum() and not (i == 0 and c.isdigit()) else "_%02x" % ord(c) for i, c in enumerate(sys.argv[1])))' "${SA:-x}")
 out=$(as $UID_B busctl --address="$bus" --timeout=30 call org.forkd.Manager "$objpath" org.forkd.Sandbox Ping 2>&1)
 check "B: Ping on A's sandbox object (org.forkd.Sandbox) is refused ($out)" eval 'grep -q "Access denied" <<<"$out"'
+out=$(as $UID_B busctl --address="$bus" get-property org.forkd.Manager "$objpath" org.forkd.Sandbox Pid 2>&1)
+check "B cannot read the properties of A's sandbox object ($out)" eval 'grep -q "Access denied" <<<"$out"'
+out=$(as $UID_A busctl --address="$bus" get-property org.forkd.Manager "$objpath" org.forkd.Sandbox OwnerUID 2>&1)
+check "A reads its sandbox's OwnerUID property ($out)" [ "$out" = "u $UID_A" ]
 check "A's sandbox and snapshot survived B's attempts" \
         eval '[ -n "$(bjson 0 GetSandbox s "${SA:-x}" | field id)" ] && [ -e "$T/state/snapshots/asnap/snapshot.json" ] && [ ! -e "$T/state/snapshots/stolen" ]'
 
