@@ -169,38 +169,37 @@ int read_small_file(const char *path, size_t max, char **ret, size_t *ret_len) {
         return 0;
 }
 
-/* Copy [off, end) of src into dst at the same offsets. */
+/* Copy [off, end) of src into dst at the same offsets: copy_file_range(), or
+ * pread()/pwrite() where the kernel cannot (another file system, ...). */
 static int copy_range(int src, int dst, uint64_t off, uint64_t end) {
-        bool use_cfr = true;
+        _cleanup_free_ char *chunk = NULL;
+        const size_t chunk_size = 1u << 20;
+
         while (off < end) {
                 size_t want = (size_t) MIN(end - off, (uint64_t) 1 << 30);
-                ssize_t n = -1;
+                ssize_t n;
 
-                if (use_cfr) {
+                if (!chunk) {
                         loff_t in = (loff_t) off, out = (loff_t) off;
 
                         n = copy_file_range(src, &in, dst, &out, want, 0);
                         if (n < 0 && (errno == EXDEV || errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP ||
                                       errno == EBADF)) {
-                                use_cfr = false;
+                                chunk = malloc(chunk_size);
+                                if (!chunk)
+                                        return -ENOMEM;
                                 continue;
                         }
                 } else {
-                        _cleanup_free_ char *chunk = malloc(1 << 20);
+                        n = pread(src, chunk, MIN(want, chunk_size), (off_t) off);
+                        for (ssize_t done = 0; n > 0 && done < n;) {
+                                ssize_t w = pwrite(dst, chunk + done, (size_t) (n - done), (off_t) (off + (uint64_t) done));
 
-                        if (!chunk)
-                                return -ENOMEM;
-                        n = pread(src, chunk, MIN(want, (size_t) 1 << 20), (off_t) off);
-                        if (n > 0) {
-                                for (ssize_t done = 0; done < n;) {
-                                        ssize_t w = pwrite(dst, chunk + done, (size_t) (n - done), (off_t) (off + done));
-                                        if (w < 0) {
-                                                if (errno == EINTR)
-                                                        continue;
-                                                return -errno;
-                                        }
-                                        done += w;
-                                }
+                                if (w < 0 && errno == EINTR)
+                                        continue;
+                                if (w < 0)
+                                        return -errno;
+                                done += w;
                         }
                 }
                 if (n < 0) {

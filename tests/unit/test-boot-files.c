@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -151,12 +152,44 @@ static void test_copy_sparse(void **state) {
 
 }
 
+/* Another file system (tmpfs to the test's dir): copy_file_range() may refuse
+ * (EXDEV), and the pread()/pwrite() fallback must give the same bytes. */
+static void test_copy_cross_fs(void **state) {
+        char src[] = "/dev/shm/test-boot-files.XXXXXX";
+        _cleanup_close_ int s = -EBADF, dfd = -EBADF, c = -EBADF;
+        const size_t size = (3u << 20) + 123;
+        _cleanup_free_ char *x = malloc(size), *y = malloc(size);
+        struct statfs a, b;
+
+        assert_non_null(x);
+        assert_non_null(y);
+        s = mkostemp(src, O_CLOEXEC);
+        if (s < 0)
+                skip();
+        (void) unlink(src);
+        for (size_t i = 0; i < size; i++)
+                x[i] = (char) (i * 7 + i / 4096);
+        assert_int_equal(pwrite(s, x, size, 0), (ssize_t) size);
+        dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        assert_true(dfd >= 0);
+        assert_int_equal(fstatfs(s, &a), 0);
+        assert_int_equal(fstatfs(dfd, &b), 0);
+        if (a.f_type == b.f_type)
+                skip(); /* the same kind of file system: nothing to fall back from */
+        assert_int_equal(copy_file_sparse(s, dfd, "cross", size, 0600), 0);
+        c = openat(dfd, "cross", O_RDONLY | O_CLOEXEC);
+        assert_true(c >= 0);
+        assert_int_equal(pread(c, y, size, 0), (ssize_t) size);
+        assert_memory_equal(x, y, size);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_open),
                 cmocka_unit_test(test_fd_check),
                 cmocka_unit_test(test_initrd_beside),
                 cmocka_unit_test(test_copy_sparse),
+                cmocka_unit_test(test_copy_cross_fs),
         };
         return cmocka_run_group_tests(tests, setup, teardown);
 }
