@@ -98,7 +98,7 @@ check "polkit rules installed where polkitd reads them" \
         [ -e /usr/share/polkit-1/rules.d/50-org.forkd.rules ] || [ -e /etc/polkit-1/rules.d/50-org.forkd.rules ]
 actions=$(busctl call org.freedesktop.PolicyKit1 /org/freedesktop/PolicyKit1/Authority \
         org.freedesktop.PolicyKit1.Authority EnumerateActions s "" 2>&1)
-for a in manage-snapshots fork run-code terminate; do
+for a in manage-snapshots fork run-code terminate manage-all; do
         check "polkitd knows org.forkd.$a" grep -q "\"org.forkd.$a\"" <<<"$actions"
 done
 
