@@ -38,7 +38,7 @@ skip() { echo "1..0 # SKIP $*"; exit 77; }
 if [ -z "${FORKD_OWN_INNER:-}" ]; then
         [ -x "$POLKITD" ] || skip "polkitd not installed ($POLKITD)"
         [ "$(id -u)" = 0 ] || skip "needs root (mount namespace, setpriv)"
-        for c in dbus-daemon busctl setpriv dbus-send curl python3; do
+        for c in dbus-daemon busctl setpriv dbus-send python3; do
                 command -v $c >/dev/null || skip "$c not installed"
         done
         [ -x "${FORKD_DAEMON:-}" ] && [ -x "${FORKD_REST:-}" ] && [ -r "${FORKD_TEST_GUEST:-}" ] ||
@@ -196,9 +196,25 @@ PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0));
 setpriv --reuid=$UID_A --regid=$UID_A --groups=$GID_FORKD "$FORKD_REST" --listen 127.0.0.1:$PORT --token-file "$T/token" --timeout 60 >"$T/rest.log" 2>&1 &
 rest_pid=$!
 pids+=($rest_pid)
-for _ in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$PORT/healthz" && break; sleep 0.1; done
-rest() { curl -sS -o "$T/body" -w '%{http_code}' -X "$1" -H "Authorization: Bearer $TOKEN" \
-                -H 'Content-Type: application/json' ${3:+--data "$3"} "http://127.0.0.1:$PORT$2"; }
+# rest METHOD PATH [BODY]: prints the status, leaves the body in $T/body (Python's http.client).
+rest() {
+        python3 - "$PORT" "$TOKEN" "$T/body" "$@" <<'PY'
+import http.client, sys
+port, token, out, method, path = sys.argv[1:6]
+body = sys.argv[6] if len(sys.argv) > 6 else None
+try:
+    c = http.client.HTTPConnection("127.0.0.1", int(port), timeout=120)
+    c.request(method, path, body=body, headers={"Authorization": "Bearer " + token,
+                                                "Content-Type": "application/json"})
+    r = c.getresponse()
+    open(out, "wb").write(r.read())
+    print(r.status)
+except OSError as e:
+    open(out, "w").write(str(e))
+    print("000")
+PY
+}
+for _ in $(seq 100); do [ "$(rest GET /healthz)" = 200 ] && break; sleep 0.1; done
 code=$(rest POST /v1/snapshots "{\"tag\":\"shadow4\",\"kernel\":\"$SECRET\",\"rootfs\":\"$DISK\",\"boot_wait_secs\":10}")
 body=$(cat "$T/body")
 echo "# REST as A, kernel $SECRET: $code $body"
