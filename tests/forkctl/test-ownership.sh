@@ -302,6 +302,32 @@ out=$(bjson 0 TerminateSandbox s "${SA:-x}")
 check "root terminates A's sandbox" eval '[ -z "$out" ]'
 out=$(bjson $UID_B TerminateSandbox s "${SB:-y}")
 check "B terminates its own sandbox" eval '[ -z "$out" ]'
+# B chains a diff branch onto A's snapshot: A may not cascade over B's link.
+SBA=$(bjson $UID_B Fork 'sua{sv}' asnap 1 0 | ids)
+out=$(bjson $UID_B BranchSandbox sssb "${SBA:-x}" bchild diff true)
+check "B branches (diff) its sandbox of A's snapshot into bchild, owned by B" \
+        eval '[ "$(field owner_uid <<<"$out")" = $UID_B ] && [ "$(field parent_tag <<<"$out")" = asnap ]'
+out=$(dsend $UID_A DeleteSnapshot string:asnap boolean:true boolean:false)
+check "A cannot delete its snapshot with cascade over B's bchild (AccessDenied, manage-all)" \
+        eval 'denied "$out" && [ -e "$T/state/snapshots/bchild" ] && [ -e "$T/state/snapshots/asnap" ]'
+out=$(bjson $UID_B DeleteSnapshot sbb bchild false false)
+check "B deletes bchild" eval '[ -z "$out" ]'
+bjson $UID_B TerminateSandbox s "${SBA:-x}" >/dev/null
+
+# A bundle of A's snapshot, unpacked by B: B owns what lands (the bundle's owner_uid is A's).
+mkdir -p "$T/a" && chown $UID_A "$T/a"
+out=$(fc $UID_A pack --tag asnap --out "$T/a/asnap.tar.zst" 2>&1); rc=$?
+check "A packs its snapshot" [ $rc = 0 ]
+[ $rc = 0 ] || echo "$out" | diag
+out=$(fc $UID_B unpack "$T/a/asnap.tar.zst" --tag bcopy 2>&1); rc=$?
+check "B unpacks it as bcopy" [ $rc = 0 ]
+[ $rc = 0 ] || echo "$out" | diag
+out=$(bjson $UID_B GetSnapshotInfo s bcopy)
+check "... bcopy is B's (owner_uid $UID_B in GetSnapshotInfo and snapshot.json)" \
+        eval '[ "$(field owner_uid <<<"$out")" = $UID_B ] && grep -q "\"owner_uid\": $UID_B" "$T/state/snapshots/bcopy/snapshot.json"'
+out=$(bjson $UID_B DeleteSnapshot sbb bcopy false false)
+check "... and B deletes it" eval '[ -z "$out" ]'
+
 out=$(bjson $UID_A DeleteSnapshot sbb asnap false false)
 check "A deletes its own snapshot" eval '[ -z "$out" ] && [ ! -e "$T/state/snapshots/asnap" ]'
 out=$(bjson $UID_A DeleteSnapshot sbb rootsnap false false)
