@@ -21,8 +21,11 @@
 #   - ownership: B cannot see, ping, exec, eval, run code in, branch, fork,
 #     merge, diff or terminate A's sandbox, nor see or delete A's snapshot:
 #     org.freedesktop.DBus.Error.AccessDenied naming org.forkd.manage-all;
-#     B's ListSandboxes leaves A's out; B's own sandbox works; root does
-#     everything; the REST bridge owns what its callers make.
+#     B's ListSandboxes leaves A's out, and B cannot read the properties of
+#     A's sandbox object; B's own sandbox works; A cannot cascade-delete its
+#     snapshot over B's diff branch of it; a bundle of A's snapshot unpacked
+#     by B is B's; root does everything; the REST bridge owns what its
+#     callers make; a stale boot staging directory is removed at start.
 #
 # usage: test-ownership.sh FORKCTL POLKIT-SOURCE-DIR
 # env: FORKD_DAEMON, FORKD_VMM, FORKD_REST, FORKD_TEST_GUEST (all needed)
