@@ -229,7 +229,7 @@ int sandbox_kill(Sandbox *s) {
 
 static void update_io(Sandbox *s);
 
-static void pump(Sandbox *s);
+static void pump(Sandbox *s, bool hangup);
 
 static int on_agent_timer(sd_event_source *es, uint64_t usec, void *userdata) {
         Sandbox *s = userdata;
@@ -237,7 +237,7 @@ static int on_agent_timer(sd_event_source *es, uint64_t usec, void *userdata) {
         /* The requests that timed out come out of the client as completions:
          * answer them now, the socket may stay silent for ever. */
         (void) fka_client_expire(s->client, fka_now_usec());
-        pump(s);
+        pump(s, false);
         update_io(s);
         return 0;
 }
@@ -245,14 +245,18 @@ static int on_agent_timer(sd_event_source *es, uint64_t usec, void *userdata) {
 /* Hand out at most AGENT_COMPLETIONS_PER_DISPATCH completions, so that a guest
  * that floods its channel (events, answers) cannot hold the event loop: if
  * more may be waiting, s->pump_again arms the timer to come back at once,
- * after the other sources had their turn. */
-static void pump(Sandbox *s) {
+ * after the other sources had their turn. With no request waiting, read only
+ * after a hang-up (to see the end of the stream): what the guest sends unasked
+ * stays in the socket. */
+static void pump(Sandbox *s, bool hangup) {
         s->pump_again = false;
         for (unsigned k = 0;; k++) {
                 fka_completion comp = {};
                 struct agent_call *c;
                 int r;
 
+                if (!hangup && fka_client_in_flight(s->client) == 0)
+                        return;
                 if (k >= AGENT_COMPLETIONS_PER_DISPATCH) {
                         s->pump_again = true;
                         return;
@@ -282,7 +286,7 @@ static void pump(Sandbox *s) {
 static int on_agent_io(sd_event_source *es, int fd, uint32_t revents, void *userdata) {
         Sandbox *s = userdata;
 
-        pump(s);
+        pump(s, revents & (EPOLLHUP | EPOLLERR));
         update_io(s);
         return 0;
 }
