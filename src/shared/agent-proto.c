@@ -726,9 +726,8 @@ static int client_dispatch(fka_client *c, fka_frame *f, fka_completion *ret) {
 }
 
 int fka_client_next(fka_client *c, fka_completion *ret) {
-        int r;
-
         unsigned reads = 0;
+        int r;
 
         if (!c || !ret)
                 return -EINVAL;
