@@ -35,6 +35,7 @@
 #define MEMORY_LIMIT_MIB_MIN 16u
 #define MEMORY_LIMIT_MIB_MAX (1024u * 1024u)
 #define AGENT_CALLS_MAX 64u           /* requests in flight per sandbox */
+#define AGENT_COMPLETIONS_PER_DISPATCH 64u /* agent answers handled per event-loop turn and sandbox */
 
 typedef struct Manager Manager;
 typedef struct Image Image;

@@ -268,6 +268,10 @@ static int start_call(sd_bus_message *message, Sandbox *s, const char *json, uin
                 return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "Too many requests in flight for sandbox %s.", s->id);
         if (IN_SET_CONN(r))
                 return sd_bus_error_setf(error, FORKD_ERROR_NO_SUCH_SANDBOX, "Sandbox %s has exited.", s->id);
+        if (r == -EBADMSG || r == -EPROTO)
+                return sd_bus_error_setf(error, FORKD_ERROR_GUEST_ERROR,
+                                         "The agent channel of sandbox %s is broken: its guest sent an invalid frame (%s).",
+                                         s->id, strerror(-r));
         if (r == -EMSGSIZE)
                 return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "Request too large.");
         if (r < 0)

@@ -230,22 +230,43 @@ int sandbox_kill(Sandbox *s) {
 
 static void update_io(Sandbox *s);
 
+static void pump(Sandbox *s, bool hangup);
+
 static int on_agent_timer(sd_event_source *es, uint64_t usec, void *userdata) {
         Sandbox *s = userdata;
 
+        /* The requests that timed out come out of the client as completions:
+         * answer them now, the socket may stay silent for ever. */
         (void) fka_client_expire(s->client, fka_now_usec());
+        pump(s, false);
         update_io(s);
         return 0;
 }
 
-static void pump(Sandbox *s) {
-        for (;;) {
+/* Hand out at most AGENT_COMPLETIONS_PER_DISPATCH completions, so that a guest
+ * that floods its channel (events, answers) cannot hold the event loop: if
+ * more may be waiting, s->pump_again arms the timer to come back at once,
+ * after the other sources had their turn. With no request waiting, read only
+ * after a hang-up (to see the end of the stream): what the guest sends unasked
+ * stays in the socket. */
+static void pump(Sandbox *s, bool hangup) {
+        s->pump_again = false;
+        for (unsigned k = 0;; k++) {
                 fka_completion comp = {};
                 struct agent_call *c;
-                int r = fka_client_next(s->client, &comp);
+                int r;
+
+                if (!hangup && fka_client_in_flight(s->client) == 0)
+                        return;
+                if (k >= AGENT_COMPLETIONS_PER_DISPATCH) {
+                        s->pump_again = true;
+                        return;
+                }
+                r = fka_client_next(s->client, &comp);
 
                 if (r < 0) {
                         /* Broken: every call came out already. Stop watching. */
+                        s->agent_error = r;
                         if (s->io_source)
                                 (void) sd_event_source_set_enabled(s->io_source, SD_EVENT_OFF);
                         fail_all_calls(s, r);
@@ -266,7 +287,7 @@ static void pump(Sandbox *s) {
 static int on_agent_io(sd_event_source *es, int fd, uint32_t revents, void *userdata) {
         Sandbox *s = userdata;
 
-        pump(s);
+        pump(s, revents & (EPOLLHUP | EPOLLERR));
         update_io(s);
         return 0;
 }
@@ -277,10 +298,15 @@ static void update_io(Sandbox *s) {
 
         if (!s->io_source || sd_event_source_get_enabled(s->io_source, NULL) <= 0)
                 return;
+        /* Read only while a request waits for its answer: what a guest sends
+         * unasked (events, floods) then stays in the VMM's bounded backlog and
+         * costs forkd nothing. A hang-up is reported whatever the mask. */
         ev = fka_client_events(s->client);
-        (void) sd_event_source_set_io_events(s->io_source, EPOLLIN | ((ev & POLLOUT) ? EPOLLOUT : 0));
+        (void) sd_event_source_set_io_events(s->io_source,
+                                             (fka_client_in_flight(s->client) > 0 ? EPOLLIN : 0) |
+                                             ((ev & POLLOUT) ? EPOLLOUT : 0));
 
-        deadline = fka_client_next_deadline(s->client);
+        deadline = s->pump_again ? 1 : fka_client_next_deadline(s->client);
         if (deadline == UINT64_MAX) {
                 if (s->timer_source)
                         (void) sd_event_source_set_enabled(s->timer_source, SD_EVENT_OFF);
@@ -307,7 +333,9 @@ int sandbox_call(Sandbox *s, const char *json, uint64_t timeout_usec, agent_repl
                         return r;
                 (void) sd_event_source_set_description(s->io_source, "agent");
         } else if (sd_event_source_get_enabled(s->io_source, NULL) <= 0)
-                return -ECONNRESET; /* the channel broke: the VM is gone or going */
+                /* the channel broke: the VM is gone or going (-ECONNRESET), or the
+                 * guest sent what no agent sends (-EBADMSG, -EPROTO) */
+                return s->agent_error < 0 ? s->agent_error : -ECONNRESET;
 
         c = calloc(1, sizeof(*c));
         if (!c)

@@ -59,6 +59,8 @@ struct Sandbox {
         ControlWaiter *ctl_waiters;
         sd_event_source *control_timer; /* armed while a request waits (--control-timeout-sec) */
         sd_event_source *io_source, *timer_source;
+        int agent_error;  /* why the agent channel broke, once it did */
+        bool pump_again; /* completions may be waiting in the client: the timer fires at once */
         struct agent_call *calls;
 
         VmTemplate *template;

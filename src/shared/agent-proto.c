@@ -726,6 +726,7 @@ static int client_dispatch(fka_client *c, fka_frame *f, fka_completion *ret) {
 }
 
 int fka_client_next(fka_client *c, fka_completion *ret) {
+        unsigned reads = 0;
         int r;
 
         if (!c || !ret)
@@ -752,6 +753,13 @@ int fka_client_next(fka_client *c, fka_completion *ret) {
                          * the socket for whoever reads next. */
                         size_t want = MIN(fka_decoder_wanted(c->dec), sizeof(c->rbuf));
                         ssize_t l;
+
+                        /* A peer that streams a skipped payload (or any bytes that
+                         * complete nothing) as fast as we read would keep us here
+                         * for ever: yield after a bounded amount. The socket is
+                         * still readable, so the caller's poll returns at once. */
+                        if (reads++ >= FKA_CLIENT_READS_PER_CALL)
+                                return 0;
 
                         l = recv(c->fd, c->rbuf, want, MSG_DONTWAIT);
                         if (l < 0) {

@@ -38,6 +38,7 @@ struct json_object;
 /* Bounds of the client */
 #define FKA_CLIENT_MAX_IN_FLIGHT 4096u         /* largest max_in_flight accepted */
 #define FKA_CLIENT_MAX_OUTPUT (4u * 1024u * 1024u) /* bytes queued for writing, at most */
+#define FKA_CLIENT_READS_PER_CALL 64u          /* recv()s in one fka_client_next(), at most */
 #define FKA_JSON_MAX_DEPTH 64                  /* nesting accepted in a payload */
 
 enum {
@@ -130,9 +131,11 @@ int fka_decoder_eof(const fka_decoder *d);
 /*
  * One client per connected stream socket. The client borrows fd (the caller
  * closes it after fka_client_free()) and never blocks: it uses
- * MSG_DONTWAIT, so the fd may be blocking or not. Use from a poll loop
- * (level- or edge-triggered: fka_client_next() reads until the socket is
- * empty once it is called until it returns <= 0):
+ * MSG_DONTWAIT, so the fd may be blocking or not. Use from a level-triggered
+ * poll loop: fka_client_next() returns 0 once the socket is empty, but also
+ * after FKA_CLIENT_READS_PER_CALL reads that completed nothing (a peer that
+ * streams bytes as fast as it can), with bytes left in the socket, so that
+ * one peer cannot hold its caller for ever:
  *
  *      id = fka_client_send(c, "{\"op\":\"ping\"}", SIZE_MAX, deadline, NULL);
  *      ...
@@ -199,7 +202,8 @@ int fka_client_send(fka_client *c, const char *json, size_t len, uint64_t deadli
  * Write queued output, read what the socket has, and return the next
  * completion without blocking:
  *    1  *ret holds a completion (release with fka_completion_done());
- *    0  nothing more for now: wait for fka_client_events();
+ *    0  nothing more for now (or FKA_CLIENT_READS_PER_CALL reads done):
+ *       wait for fka_client_events();
  *   <0  the connection is broken and every request in flight was returned
  *       (-ECONNRESET end of stream, -EBADMSG/-EPROTO hostile peer, or the
  *       errno of a read or write); *ret untouched.

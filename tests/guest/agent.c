@@ -242,6 +242,8 @@ static void handle_request(u32 id, const u8 *p, u32 n)
 {
         struct jfield op = { .key = "op" };
 
+        if (hostile_answer(id))
+                return;
         if (json_fields(p, n, &op, 1) < 0) {
                 agent_reply_error(id, "payload is not a JSON object");
                 return;
@@ -434,8 +436,12 @@ void agent_feed(const u8 *p, u32 n)
 __attribute__((noreturn)) void agent_loop(void)
 {
         for (;;) {
+                u32 n;
+
                 irq_service();           /* clears pending before the scan */
-                if (cons_rx_poll() == 0)
+                n = cons_rx_poll();
+                hostile_start();         /* after `hostile MODE`: does not return (but for garbage) */
+                if (n == 0)
                         sys_wait();      /* returns at once if an interrupt came since */
         }
 }

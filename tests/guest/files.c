@@ -345,6 +345,12 @@ static int statement(const u8 *s, u32 n)
                 return st_path_op(s, n, i, 0);
         if (span_eq(s, wl, "print", 5) && i > wl)
                 return st_print(s, n, i);
+        if (span_eq(s, wl, "hostile", 7) && i > wl) {
+                if (hostile_parse(s + i, n - i) < 0)
+                        return fail("hostile: unknown mode: ", s + i, n - i);
+                print("hostile mode set\n", 17);
+                return 0;
+        }
         /* NAME = VALUE */
         i = 0;
         while (i < n && is_ident(s[i], i == 0))

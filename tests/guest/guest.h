@@ -257,6 +257,24 @@ struct out agent_reply_begin(void);
 void agent_reply(u32 id, struct out *o);
 void agent_reply_error(u32 id, const char *msg);
 
+/* ---- hostile.c ---- */
+enum {
+        HOSTILE_NONE = 0,
+        HOSTILE_VIRTIO,
+        HOSTILE_FLOOD_CONSOLE,
+        HOSTILE_FLOOD_AGENT,
+        HOSTILE_OVERSIZED,
+        HOSTILE_GARBAGE,
+        HOSTILE_SILENT,
+        HOSTILE_SPIN,
+};
+#define HOSTILE_DISK_MARK "forkd-test-guest hostile=" /* 25 bytes, then MODE and a newline */
+int hostile_parse(const u8 *s, u32 n);
+int hostile_answer(u32 id);
+void hostile_start(void);
+u32 virtio_hostile_round(u8 *scratch);
+void tx_commit_raw(u32 len);
+
 /* ---- files.c ---- */
 void op_run_code(u32 id, const u8 *p, u32 n);
 void op_exec(u32 id, const u8 *p, u32 n);

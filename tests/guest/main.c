@@ -63,6 +63,18 @@ void user_main(const struct forkd_bootinfo *bi)
         if (virtio_init_console(bi->devs[boot.cons_devidx].mmio_base) < 0)
                 die("virtio console init failed");
 
+        /* A disk whose first block starts with "forkd-test-guest hostile=MODE\n"
+         * makes the guest hostile from boot (hostile.c). */
+        if (boot.have_blk && blk_rw(0, 0, blk_data) == 0 && memcmp(blk_data, HOSTILE_DISK_MARK, 25) == 0) {
+                u32 n = 0;
+
+                while (n < 32 && blk_data[25 + n] != '\n')
+                        n++;
+                if (n == 32 || hostile_parse(blk_data + 25, n) < 0)
+                        serial_puts("forkd-test-guest: unknown hostile mode on the disk\n");
+        }
+
         serial_puts("forkd-test-guest: ready\n");
+        hostile_start(); /* a mode from the disk: before the first request is read */
         agent_loop();
 }

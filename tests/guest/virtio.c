@@ -324,6 +324,13 @@ void tx_commit(u16 type, u32 id, u32 len)
         vq_post(&boot.txq, &hot.txq, 0);
 }
 
+/* post the tx buffer as it is, len bytes, header included (hostile.c) */
+void tx_commit_raw(u32 len)
+{
+        boot.txq.desc[0].len = len;
+        vq_post(&boot.txq, &hot.txq, 0);
+}
+
 void tx_flush(void)
 {
         vq_wait_idle(&boot.txq, &hot.txq, 1);
@@ -371,4 +378,179 @@ u32 cons_rx_poll(void)
                 vq_notify(q);
         }
         return n;
+}
+
+/* ---- hostile mode: malformed virtqueues (hostile.c) ---- */
+
+#define VM_STATUS_NEEDS_RESET 0x40
+#define HOSTILE_ATTACKS       19
+
+/*
+ * Bring device m back to a fresh DRIVER_OK state with queue q placed at mem
+ * (all other queues left off), the descriptor table and avail ring zeroed.
+ * Returns the queue, or NULL if the device refused to come up.
+ */
+static struct vq *hostile_queue(u64 m, u32 devid, u8 *mem, u16 index, struct vq *q)
+{
+        if (virtio_begin(m, devid) < 0)
+                return NULL;
+        memset(mem, 0, 2048);
+        vq_place(q, mem, CONS_QSIZE, index, m);
+        return q;
+}
+
+/* Fill q with malformed chain `attack` (0 .. HOSTILE_ATTACKS-1), make it
+ * live and kick it. scratch: a valid guest buffer of 4 KiB. */
+static void hostile_attack(struct vq *q, u32 attack, u32 devid, u8 *scratch)
+{
+        volatile struct vring_desc *d = q->desc;
+        volatile struct vring_avail *a = q->avail;
+        u64 m = q->mmio;
+        u64 big = boot.scratch_pages >= 256 ? SCRATCH_BASE : (u64)scratch;
+        u32 big_len = boot.scratch_pages >= 256 ? (1u << 20) : 4096;
+        u16 idx = 1;
+        int skip_ready = 0;
+
+        for (u32 i = 0; i < q->size; i++) {
+                d[i].addr = (u64)scratch;
+                d[i].len = 64;
+                d[i].flags = 0;
+                d[i].next = 0;
+        }
+        a->ring[0] = 0;
+        switch (attack) {
+        case 0: /* a two-descriptor loop */
+                d[0].flags = VRING_DESC_F_NEXT;
+                d[0].next = 1;
+                d[1].flags = VRING_DESC_F_NEXT;
+                d[1].next = 0;
+                break;
+        case 1: /* a chain through every descriptor, back to the first: longer than the queue */
+                for (u32 i = 0; i < q->size; i++) {
+                        d[i].flags = VRING_DESC_F_NEXT;
+                        d[i].next = (u16)((i + 1) % q->size);
+                }
+                break;
+        case 2: /* an address past the end of guest RAM */
+                d[0].addr = boot.mem_size + 4096;
+                break;
+        case 3: /* an address in the MMIO window (the device's own registers) */
+                d[0].addr = m;
+                d[0].len = 4096;
+                break;
+        case 4: /* an address that wraps around 2^64 */
+                d[0].addr = 0xfffffffffffff000ull;
+                d[0].len = 0x2000;
+                break;
+        case 5: /* a huge length */
+                d[0].addr = 0x100000;
+                d[0].len = 0xffffffffu;
+                break;
+        case 6: /* the avail index far ahead of the device */
+                idx = 1000;
+                break;
+        case 7: /* the avail index wrapped: 65535 chains "available" */
+                idx = 0xffff;
+                break;
+        case 8: /* a head index past the table */
+                a->ring[0] = 0xffff;
+                break;
+        case 9: /* a next index past the table */
+                d[0].flags = VRING_DESC_F_NEXT;
+                d[0].next = 500;
+                break;
+        case 10: /* device-writable where the device reads (tx, block header) */
+                for (u32 i = 0; i < q->size; i++)
+                        d[i].flags = VRING_DESC_F_WRITE;
+                for (u32 i = 0; i < q->size; i++)
+                        a->ring[i] = (u16)i;
+                idx = q->size;
+                break;
+        case 11: /* device-readable where the device writes (rx, block status) */
+                for (u32 i = 0; i < q->size; i++)
+                        a->ring[i] = (u16)i;
+                idx = q->size;
+                break;
+        case 12: /* a readable buffer after a writable one */
+                d[0].flags = VRING_DESC_F_NEXT | VRING_DESC_F_WRITE;
+                d[0].next = 1;
+                break;
+        case 13: /* an indirect descriptor */
+                d[0].flags = 4;
+                break;
+        case 14: /* every descriptor at once, each 1 MiB (or 4 KiB) of valid memory, zero-length ones too */
+                for (u32 i = 0; i < q->size; i++) {
+                        d[i].addr = big;
+                        d[i].len = (i & 3) == 3 ? 0 : big_len;
+                        d[i].flags = devid == FORKD_VIRTIO_ID_BLK && (i & 1) ? VRING_DESC_F_WRITE : 0;
+                        a->ring[i] = (u16)i;
+                }
+                idx = q->size;
+                break;
+        case 15: /* a block request for a sector far past the disk, then a bad type, then a short header */
+                d[0].addr = (u64)scratch;
+                d[0].len = 16;
+                d[0].flags = VRING_DESC_F_NEXT;
+                d[0].next = 1;
+                d[1].addr = (u64)scratch + 512;
+                d[1].len = 512;
+                d[1].flags = VRING_DESC_F_WRITE;
+                ((volatile u32 *)scratch)[0] = 0;
+                ((volatile u64 *)scratch)[1] = 0xfffffffffffffff0ull;
+                d[2] = d[0];
+                d[2].len = 4;
+                d[2].next = 1;
+                a->ring[1] = 2;
+                idx = 2;
+                break;
+        case 16: /* rings outside guest RAM */
+                q->desc = (volatile struct vring_desc *)(boot.mem_size - 64);
+                break;
+        case 17: /* misaligned rings */
+                q->desc = (volatile struct vring_desc *)((u64)q->desc + 8);
+                break;
+        case 18: /* a queue size that is not a power of two, then 0 */
+                mmio_write32(m + VM_QUEUE_SEL, q->index);
+                mmio_write32(m + VM_QUEUE_NUM, 3);
+                mmio_write32(m + VM_QUEUE_NUM, 0);
+                mmio_write32(m + VM_QUEUE_READY, 1);
+                skip_ready = 1;
+                break;
+        }
+        barrier();
+        a->flags = 0;
+        a->idx = idx;
+        barrier();
+        if (!skip_ready && vq_enable(q) < 0)
+                return;
+        virtio_driver_ok(m);
+        for (u32 k = 0; k < 4; k++) {
+                vq_notify(q);
+                irq_service();
+        }
+}
+
+/*
+ * One round of every attack on every queue of every device. Returns how many
+ * times the device reported DEVICE_NEEDS_RESET afterwards. Leaves the devices
+ * broken or reset: the agent is gone after this.
+ */
+u32 virtio_hostile_round(u8 *scratch)
+{
+        struct vq q;
+        u32 broken = 0;
+
+        for (u32 attack = 0; attack < HOSTILE_ATTACKS; attack++) {
+                for (u16 index = 0; index < 2; index++) {
+                        if (hostile_queue(cons_mmio, FORKD_VIRTIO_ID_CONSOLE, cons_page, index, &q)) {
+                                hostile_attack(&q, attack, FORKD_VIRTIO_ID_CONSOLE, scratch);
+                                broken += !!(mmio_read32(cons_mmio + VM_STATUS) & VM_STATUS_NEEDS_RESET);
+                        }
+                }
+                if (boot.have_blk && hostile_queue(blk_mmio, FORKD_VIRTIO_ID_BLK, blk_page, 0, &q)) {
+                        hostile_attack(&q, attack, FORKD_VIRTIO_ID_BLK, scratch);
+                        broken += !!(mmio_read32(blk_mmio + VM_STATUS) & VM_STATUS_NEEDS_RESET);
+                }
+        }
+        return broken;
 }
