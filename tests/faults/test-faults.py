@@ -64,6 +64,7 @@ def _load(name, file):
 
 tf = _load("test_forkd", "test-forkd.py")
 tb = _load("test_branch", "test-branch.py")
+import dbusmini  # noqa: E402
 from dbusmini import DBusError  # noqa: E402
 
 FORKCTL = os.environ.get("FORKCTL")
@@ -72,7 +73,7 @@ BUILD_DIR = os.environ.get("FORKD_BUILD_DIR")
 DEST, PATH, IFACE = tf.DEST, tf.PATH, tf.IFACE
 MEM_MIB = 64
 OPS = ("create", "fork100", "branch", "delete", "compact", "unpack")
-EXTRA_MAX = 6  # snapshots kept beyond base and link; older ones are deleted between iterations
+EXTRA_MAX = 4  # snapshots kept beyond base and link; older ones are deleted between iterations
 
 
 def log(msg):
@@ -98,6 +99,30 @@ def descends_from(pid, ancestor):
     return False
 
 
+def call_many(bus, calls, timeout):
+    """Send every (member, signature, args) to the Manager at once, then collect the
+    replies: [(DBusError or None, body)] in order. (Bus.wait_reply drops the replies
+    of other calls.) Signals are kept for Bus.wait_signal."""
+    serials = [bus.send(DEST, PATH, IFACE, member, sig, args) for member, sig, args in calls]
+    want = set(serials)
+    got = {}
+    deadline = time.monotonic() + timeout
+    while want:
+        m = bus._read_message(deadline)
+        if m["type"] == dbusmini.SIGNAL:
+            bus.signals.append((m["fields"].get(3), m["body"]))
+            continue
+        rs = m["fields"].get(5)
+        if rs not in want:
+            continue
+        want.discard(rs)
+        if m["type"] == dbusmini.ERROR:
+            got[rs] = (DBusError(m["fields"].get(4), m["body"][0] if m["body"] else ""), None)
+        else:
+            got[rs] = (None, m["body"])
+    return [got[s] for s in serials]
+
+
 def staging_names(snapdir):
     return [n for n in os.listdir(snapdir)
             if n.startswith(".") or ".tmp." in n]
@@ -115,6 +140,7 @@ class Faults:
         self.deleted = set()    # acknowledged deletes
         self.extra = []         # acknowledged snapshots beyond base and link, oldest first
         self.seq = 0
+        self.phase = {"reap": 0.0, "prepare": 0.0, "kill": 0.0, "restart": 0.0, "checks": 0.0, "forks": 0.0}
         self.sandboxes_acked = []  # sandboxes of the forkd about to be killed that callers were told of
         self.duration = {}      # op -> seconds an uninterrupted run took
         self.counts = {op: {"during": 0, "after": 0} for op in OPS}
@@ -254,19 +280,30 @@ class Faults:
             os.environ["FORKD_TEST_BRANCH_STALL_MS"] = str(stall)
         h.bus.signals.clear()
         self.sandboxes_acked = []
+        tp = time.monotonic()
         kind, handle, tag = self.start_op(op)
+        self.phase["prepare"] += time.monotonic() - tp
         # Up to 1.5 times the uninterrupted duration: about a third land after the reply.
         delay = self.rng.uniform(0, self.duration[op] * 1.5 + stall / 1000)
         t0 = time.monotonic()
         ok = self.finish_op(kind, handle, delay) if kind == "dbus" else None
         if kind == "forkctl":
             time.sleep(delay)
-        landed = "after" if ok else "during"
+            if handle.poll() is not None:
+                handle.communicate()
+                ok = handle.returncode == 0
+        landed = "during" if ok is None else "after"
+        tk = time.monotonic()
         h.stop_forkd(signal.SIGKILL)
-        if not ok:
+        self.phase["reap"] += time.monotonic() - tk
+        if ok is None:
             # A reply sent just before the kill still counts: forkd promised.
-            got = self.finish_op(kind, handle, 10 * self.scale)
-            ok = bool(got)
+            ok = self.finish_op(kind, handle, 10 * self.scale)
+            if ok is None:
+                if kind == "forkctl":
+                    handle.kill()
+                    handle.communicate()
+                raise AssertionError(f"no answer to the {op} call within {10 * self.scale:.0f} s of forkd's death")
             if ok:
                 landed = "after"
         self.counts[op][landed] += 1
@@ -280,8 +317,14 @@ class Faults:
             early = self.rng.uniform(0, 0.05 * self.scale)
             self.start_and_kill(early)
             again = f", killed again {early * 1000:.0f} ms into its restart"
+        t1 = time.monotonic()
+        self.phase["kill"] += t1 - tk
         h.start_forkd()
+        t2 = time.monotonic()
         outcome = self.check_recovered(op, tag, ok)
+        t3 = time.monotonic()
+        self.phase["restart"] += t2 - t1
+        self.phase["checks"] += t3 - t2
         return (f"{op} {tag or ''} killed after {delay * 1000:.0f} ms, {landed}, "
                 f"{'acknowledged' if ok else 'not acknowledged'}{outcome}"
                 f"{f', VMM crashed at {crash[1]}' if crash else ''}{again}")
@@ -353,17 +396,24 @@ class Faults:
         for sid in sbs:
             assert json.loads(h.m("Ping", "s", [sid])[0])["pong"], sid
         # Every listed snapshot forks and its child answers.
+        t0 = time.monotonic()
+        tags = sorted(self.listed())
+        replies = []
+        for k in range(0, len(tags), 4):  # forkd runs 4 long operations at once (--max-operations)
+            replies += call_many(h.bus, [("Fork", "sua{sv}", [t, 1, {}]) for t in tags[k:k + 4]], 120 * self.scale)
         kids = []
-        for t in sorted(self.listed()):
-            try:
-                c = h.fork(t, 1)[0]
-            except DBusError as e:
-                raise AssertionError(f"listed snapshot {t} does not fork: {e.name}: {e.message}")
-            kids.append(c["id"])
-            assert json.loads(h.m("Ping", "s", [c["id"]])[0])["pong"], t
-        for sid in list(h.sandboxes()):
-            h.m("TerminateSandbox", "s", [sid])
-            h.wait_removed(sid)
+        for t, (err, body) in zip(tags, replies):
+            if err:
+                raise AssertionError(f"listed snapshot {t} does not fork: {err.name}: {err.message}")
+            kids.append(body[0][0]["id"])
+        for sid, (err, body) in zip(kids, call_many(h.bus, [("Ping", "s", [k]) for k in kids], 30 * self.scale)):
+            assert not err and json.loads(body[0])["pong"], (sid, err)
+        live = list(h.sandboxes())
+        for err, _ in call_many(h.bus, [("TerminateSandbox", "s", [sid]) for sid in live], 30 * self.scale):
+            assert not err, err
+        for sid in live:
+            h.wait_removed(sid, 30 * self.scale)
+        self.phase["forks"] += time.monotonic() - t0
         self.check_nothing_left()
         return outcome
 
@@ -438,6 +488,8 @@ def kill_loop(h, args, rng, scale):
         c = f.counts[op]
         log(f"  {op:8s} {c['during'] + c['after']:3d} kills, {c['during']:3d} during the operation, "
             f"{c['after']:3d} after its reply")
+    log("  time in preparing operations {prepare:.1f} s, in killing {kill:.1f} s ({reap:.1f} s until forkd was reaped), in restarts {restart:.1f} s, in checks {checks:.1f} s (forking every listed snapshot "
+        "{forks:.1f} s of it)".format(**f.phase))
     h.terminate_all()
 
 
