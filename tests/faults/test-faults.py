@@ -9,8 +9,9 @@ under a private root; the harness of tests/daemon/test-forkd.py).
    operation drawn in turn from snapshot create, fork of 100, branch of a
    running sandbox, delete, compact and unpack is started, forkd is killed
    with SIGKILL after a random delay (the seed is printed; --seed or
-   $FORKD_FAULT_SEED repeats a run) and restarted on the same state directory
-   at once. Then: every acknowledged snapshot is listed and forks (so does
+   $FORKD_FAULT_SEED repeats a run's choices, and its delays as fractions of
+   each operation's uninterrupted duration, measured at the start) and
+   restarted on the same state directory at once. Then: every acknowledged snapshot is listed and forks (so does
    every other listed one), an acknowledged delete stays deleted, no staging
    directory (".tmp.", ".compact-staging-", ".unpack-", ".deleted-") and no
    unlisted snapshot directory is left, no forkd-vmm runs outside the new
