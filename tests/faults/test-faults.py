@@ -90,6 +90,14 @@ def proc_parent(pid):
         return 0
 
 
+def cmdline(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")[:200]
+    except OSError:
+        return "?"
+
+
 def descends_from(pid, ancestor):
     for _ in range(64):
         if pid == ancestor:
@@ -351,9 +359,17 @@ class Faults:
 
     def check_recovered(self, op, tag, ok):
         h = self.h
-        # A branch writer of the killed forkd may still be writing; it finishes on its own.
-        tf.wait_for(lambda: not self.vmm_outside(), 60 * self.scale,
-                    "forkd-vmm processes of the killed forkd to finish or die")
+        # VMMs die with forkd at once (PR_SET_PDEATHSIG, the end of their control
+        # socket); only a branch writer ("forkd-branch") of the killed forkd may go
+        # on writing for a while, and it finishes on its own.
+        def orphans():
+            return [p for p in self.vmm_outside() if tb.comm(p) != "forkd-branch"]
+        try:
+            tf.wait_for(lambda: not orphans(), 3 * self.scale, "VMMs to die with forkd")
+        except AssertionError:
+            raise AssertionError("forkd-vmm processes outlived forkd by 3 s: " +
+                                 "; ".join(f"{p} {tb.comm(p)} {cmdline(p)}" for p in orphans()))
+        tf.wait_for(lambda: not self.vmm_outside(), 60 * self.scale, "branch writers of the killed forkd to finish")
         tf.wait_for(lambda: not [n for n in os.listdir(self.snapdir) if ".tmp." in n], 30 * self.scale,
                     "branch writers to finish their staging directories")
 
