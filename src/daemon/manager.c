@@ -93,9 +93,12 @@ Manager *manager_free(Manager *m) {
         m->branching = hashmap_free(m->branching);
         m->sandboxes = hashmap_free(m->sandboxes);
         m->vms = hashmap_free(m->vms);
-        for (unsigned i = 0; i < m->n_stale_ids; i++)
+        for (unsigned i = 0; i < m->n_stale_ids; i++) {
                 free(m->stale_ids[i]);
+                free(m->stale_records[i]);
+        }
         free(m->stale_ids);
+        free(m->stale_records);
 
         sd_event_source_disable_unref(m->exit_timer);
         sd_event_source_disable_unref(m->snapshots_watch);
@@ -239,16 +242,37 @@ int manager_startup(Manager *m) {
 }
 
 void manager_announce_restart(Manager *m) {
+        int r = 0;
+
         for (unsigned i = 0; i < m->n_stale_ids; i++) {
                 _cleanup_free_ char *p = NULL;
 
-                if (sandbox_object_path(m->stale_ids[i], &p) >= 0)
-                        (void) sd_bus_emit_signal(m->bus, FORKD_MANAGER_PATH, FORKD_BUS_NAME, "SandboxRemoved", "sos",
-                                                  m->stale_ids[i], p, "daemon-restart");
-                free(m->stale_ids[i]);
+                r = sandbox_object_path(m->stale_ids[i], &p);
+                if (r >= 0)
+                        r = sd_bus_emit_signal(m->bus, FORKD_MANAGER_PATH, FORKD_BUS_NAME, "SandboxRemoved", "sos",
+                                               m->stale_ids[i], p, "daemon-restart");
+                if (r < 0)
+                        break;
         }
+        /* Only once the signals are out do the records go (a kill -9 before this
+         * point leaves them to the next start, which announces them again). */
+        if (r >= 0 && m->n_stale_ids > 0)
+                r = sd_bus_flush(m->bus);
+        if (r < 0)
+                log_warning_errno(r, "Failed to announce the sandboxes of the previous forkd; the next start "
+                                  "announces them: %m");
+        for (unsigned i = 0; i < m->n_stale_ids; i++) {
+                if (r >= 0 && unlink(m->stale_records[i]) < 0 && errno != ENOENT)
+                        log_warning_errno(errno, "Failed to remove %s: %m", m->stale_records[i]);
+                free(m->stale_ids[i]);
+                free(m->stale_records[i]);
+        }
+        if (r >= 0 && m->n_stale_ids > 0)
+                (void) fsync_path(m->sandboxes_dir);
         free(m->stale_ids);
+        free(m->stale_records);
         m->stale_ids = NULL;
+        m->stale_records = NULL;
         m->n_stale_ids = 0;
 }
 

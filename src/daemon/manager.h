@@ -92,6 +92,7 @@ struct Manager {
 
         /* Sandboxes recorded by the previous daemon, announced once on the bus. */
         char **stale_ids;
+        char **stale_records; /* their record files: removed once SandboxRemoved went out */
         unsigned n_stale_ids;
 
         bool exiting;         /* asked to stop: exit once no operation runs */

@@ -239,11 +239,27 @@ static int unpack_work(void *userdata) {
         return r;
 }
 
+/* Before the reply, not after it: a caller that got its answer finds no
+ * .unpack-* directory left (the test of kill -9 and a full disk checks). */
+static void drop_staging(PackJob *j) {
+        int r;
+
+        if (!j->staging)
+                return;
+        r = rm_rf(j->staging);
+        if (r < 0)
+                log_warning_errno(r, "Failed to remove %s, the next start retries: %m", j->staging);
+        free(j->staging);
+        j->staging = NULL;
+}
+
 static int reply_error(Operation *o, const char *name, const char *fmt, ...) _printf_(3, 4);
 static int reply_error(Operation *o, const char *name, const char *fmt, ...) {
         _cleanup_free_ char *s = NULL;
         va_list ap;
         int k;
+
+        drop_staging(o->extra);
 
         va_start(ap, fmt);
         k = vasprintf(&s, fmt, ap);
@@ -360,6 +376,7 @@ static void unpack_done(int r, void *userdata) {
                          loaded[k]->meta.parent_tag);
                 image_send_signal(m, loaded[k]->tag, true);
         }
+        drop_staging(j);
         r = sd_bus_message_new_method_return(o->message, &reply);
         if (r >= 0)
                 r = sd_bus_message_open_container(reply, 'a', "a{sv}");

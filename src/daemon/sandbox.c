@@ -499,12 +499,22 @@ static int cleanup_record(Manager *m, const char *name) {
                         if (k < 0 && k != -EOPNOTSUPP)
                                 log_warning_errno(k, "Failed to remove the cgroup of %s: %m", rec.vm_id);
                 }
+                /* The record stays until its SandboxRemoved is on the bus
+                 * (manager_announce_restart()): a forkd killed again before that
+                 * announces it at its next start. */
                 l = realloc(m->stale_ids, (m->n_stale_ids + 1) * sizeof(char *));
-                if (l) {
+                if (l)
                         m->stale_ids = l;
-                        l[m->n_stale_ids] = strdup(rec.id);
-                        if (l[m->n_stale_ids])
+                l = l ? realloc(m->stale_records, (m->n_stale_ids + 1) * sizeof(char *)) : NULL;
+                if (l) {
+                        m->stale_records = l;
+                        m->stale_ids[m->n_stale_ids] = strdup(rec.id);
+                        m->stale_records[m->n_stale_ids] = m->stale_ids[m->n_stale_ids] ? TAKE_PTR(path) : NULL;
+                        if (m->stale_records[m->n_stale_ids]) {
                                 m->n_stale_ids++;
+                                return 0;
+                        }
+                        free(m->stale_ids[m->n_stale_ids]);
                 }
         }
         if (unlink(path) < 0 && errno != ENOENT)
@@ -532,7 +542,5 @@ int sandbox_cleanup_records(Manager *m) {
                 (void) cleanup_record(m, de->d_name);
         }
         closedir(d);
-        if (m->n_stale_ids > 0)
-                (void) fsync_path(m->sandboxes_dir);
         return 0;
 }

@@ -37,6 +37,39 @@ static void send_result(int fd, int r, const char *dir) {
         json_object_put(o);
 }
 
+/* Guest RAM is a MAP_PRIVATE mapping of the snapshot's memory.bin: a read of a
+ * page nobody wrote is a read fault on the file, and where that file lies on
+ * tmpfs the kernel must allocate a page of the file system for it; on a full
+ * one it raises SIGBUS instead. The copy then says why on its result channel
+ * (with async-signal-safe calls only) rather than dying without a word. */
+static int copy_result_fd = -1;
+static char copy_sigbus_msg[320];
+
+static void copy_on_sigbus(int sig) {
+        size_t n = strlen(copy_sigbus_msg);
+
+        if (send(copy_result_fd, copy_sigbus_msg, n, MSG_NOSIGNAL) < 0 && errno == ENOTSOCK)
+                (void) !write(copy_result_fd, copy_sigbus_msg, n);
+        _exit(1);
+}
+
+static void copy_catch_sigbus(int result_fd) {
+        struct sigaction sa = { .sa_handler = copy_on_sigbus };
+        sigset_t ss;
+
+        copy_result_fd = result_fd;
+        snprintf(copy_sigbus_msg, sizeof(copy_sigbus_msg),
+                 "{\"ok\":false,\"error\":\"writing the snapshot failed: the guest memory could not be read (SIGBUS): "
+                 "the file system of the parent snapshot's memory.bin has no space left for it (%s)\"}",
+                 strerror(ENOSPC));
+        sigemptyset(&sa.sa_mask);
+        (void) sigaction(SIGBUS, &sa, NULL);
+        /* A fault while SIGBUS is blocked kills at once, handler or not. */
+        sigemptyset(&ss);
+        sigaddset(&ss, SIGBUS);
+        (void) sigprocmask(SIG_UNBLOCK, &ss, NULL);
+}
+
 /* In a frozen copy: drop everything of the running VM's (its KVM VM and vCPU
  * fds belong to the source's mm, and would keep that VM alive) and its host
  * channels. */
@@ -69,6 +102,7 @@ static _Noreturn void frozen_copy_main(struct vmm *vmm, struct vmm_host *host, c
         int r;
 
         frozen_copy_detach(vmm, host, "forkd-branch", true);
+        copy_catch_sigbus(result_fd);
         /* The pause as the VM's process measured it once it resumed: written right after the fork. */
         if (read(pause_fd, &pause_us, sizeof(pause_us)) == (ssize_t) sizeof(pause_us))
                 origin.pause_us = pause_us;
