@@ -268,7 +268,7 @@ static const int syscalls_vmm[] = {
         /* files: the console log, the overlay (O_TMPFILE), a branch's snapshot directory */
         SCMP_SYS(openat), SCMP_SYS(mkdirat), SCMP_SYS(unlinkat), SCMP_SYS(renameat), SCMP_SYS(renameat2),
         SCMP_SYS(linkat), SCMP_SYS(faccessat), SCMP_SYS(faccessat2), SCMP_SYS(access), SCMP_SYS(open),
-        SCMP_SYS(mkdir), SCMP_SYS(unlink), SCMP_SYS(rename), SCMP_SYS(link),
+        SCMP_SYS(mkdir), SCMP_SYS(unlink), SCMP_SYS(rename), SCMP_SYS(link), SCMP_SYS(rmdir),
         /* memory */
         SCMP_SYS(mmap), SCMP_SYS(munmap), SCMP_SYS(mprotect), SCMP_SYS(mremap), SCMP_SYS(madvise),
         SCMP_SYS(brk),
@@ -315,8 +315,10 @@ static const unsigned long ioctls_kvm[] = {
         TCGETS, FIONBIO,
 };
 
-/* prctl() options the VMM uses after its filter is on. */
-static const int prctls_vmm[] = { PR_SET_NAME, PR_GET_NAME, PR_SET_PDEATHSIG, PR_GET_PDEATHSIG };
+/* prctl() options the VMM uses after its filter is on (the dumpable flag: chain.c's
+ * open_self_pagemap()). */
+static const int prctls_vmm[] = { PR_SET_NAME, PR_GET_NAME, PR_SET_PDEATHSIG, PR_GET_PDEATHSIG, PR_GET_DUMPABLE,
+                                  PR_SET_DUMPABLE };
 
 static int add_all(scmp_filter_ctx ctx, const int *nrs, size_t n) {
         for (size_t i = 0; i < n; i++) {
