@@ -183,11 +183,15 @@ def run(h, ns):
             assert got == inodes[k], f"{i['id']} (pid {i['pid']}) is in net ns {got}, not forkd-child-{k + 1} {inodes[k]}"
             vmm_ns.append(got)
         assert len(set(vmm_ns)) == 3 and daemon_ns not in vmm_ns, vmm_ns
-        # The template forked them and stays where the daemon is.
+        # The template forked them; confined, it sits in a network namespace of its own with
+        # nothing in it (forkd-vmm(8), CONFINEMENT), and the daemon stays where it was.
         tpl = {parent_of(i["pid"]) for i in infos}
         assert len(tpl) == 1, tpl
         ctx["template"] = tpl.pop()
-        assert ns_inode(f"/proc/{ctx['template']}/ns/net") == daemon_ns
+        ctx["template_ns"] = ns_inode(f"/proc/{ctx['template']}/ns/net")
+        assert ctx["template_ns"] != daemon_ns and ctx["template_ns"] not in vmm_ns
+        with open(f"/proc/{ctx['template']}/net/dev") as f:
+            assert [line.split(":")[0].strip() for line in f.readlines()[2:]] == ["lo"]
         assert ns_inode(f"/proc/{h.forkd.pid}/ns/net") == daemon_ns
         for k, i in enumerate(infos):
             assert json.loads(h.m("Ping", "s", [i["id"]])[0])["pong"] is True, i
@@ -197,10 +201,10 @@ def run(h, ns):
         listed = h.sandboxes()
         assert sorted(listed) == sorted(i["id"] for i in infos)
         assert all(listed[i["id"]]["netns"] == i["netns"] for i in infos)
-        # Without the option, a child stays in the daemon's namespace and has no netns.
+        # Without the option, a child stays in its template's (empty) namespace and has no netns.
         plain = h.fork("t1", 1)[0]
         assert "netns" not in plain, plain
-        assert ns_inode(f"/proc/{plain['pid']}/ns/net") == daemon_ns
+        assert ns_inode(f"/proc/{plain['pid']}/ns/net") == ctx["template_ns"]
         assert h.bus.call(tf.DEST, tf.path_encode("/org/forkd/sandbox", plain["id"]), "org.freedesktop.DBus.Properties",
                           "Get", "ss", ["org.forkd.Sandbox", "NetNS"])[0] == ""
         h.terminate_all()
