@@ -257,9 +257,16 @@ def run(h, ns):
         try:
             assert json.loads(a.recv(65536))["event"] == "ready"
 
-            def spawn(req, n_fds):
+            def spawn(req, n_fds, netns_fds=None):
+                # per child its agent socket, then (with a name) the namespace's fd, which the
+                # controller opens (forkd-vmm(8), TEMPLATE PROTOCOL)
                 pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(n_fds)]
-                socket.send_fds(a, [json.dumps(req).encode()], [x[1].fileno() for x in pairs])
+                fds = []
+                for k, x in enumerate(pairs):
+                    fds.append(x[1].fileno())
+                    if netns_fds and netns_fds[k] is not None:
+                        fds.append(netns_fds[k])
+                socket.send_fds(a, [json.dumps(req).encode()], fds)
                 for x in pairs:
                     x[1].close()
                     ours.append(x[0])  # the agent channels stay open while the children run
@@ -279,10 +286,17 @@ def run(h, ns):
                 o = spawn({"op": "spawn", "ids": ["c1"], "netns": netns}, 1)
                 assert o["ok"] is False and "netns" in o["error"], (netns, o)
             assert not vmm_children(p.pid), "a refused request forked"
-            # A name that is not under /run/netns: the child exits with 4 (VMM_CHILD_EXIT_NETNS).
+            # A name whose fd is no network namespace: the child exits with 4 (VMM_CHILD_EXIT_NETNS).
             absent = f"forkd-test-absent-{os.getpid()}"
             assert not os.path.exists(os.path.join(NETNS_DIR, absent))
+            # with a name but no fd for it: refused whole
             o = spawn({"op": "spawn", "ids": ["c1", "c2"], "netns": [absent, None]}, 2)
+            assert o["ok"] is False and "file descriptors" in o["error"], o
+            not_ns = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                o = spawn({"op": "spawn", "ids": ["c1", "c2"], "netns": [absent, None]}, 2, [not_ns, None])
+            finally:
+                os.close(not_ns)
             assert o["ok"] is True and len(o["pids"]) == 2, o
             exits = {}
             deadline = time.monotonic() + 20
@@ -294,7 +308,11 @@ def run(h, ns):
             # Its sibling without a namespace runs, in the template's.
             assert "c2" not in exits
             assert ns_inode(f"/proc/{o['pids'][1]}/ns/net") == ns_inode(f"/proc/{p.pid}/ns/net") == daemon_ns
-            o = spawn({"op": "spawn", "ids": ["c3"], "netns": ["forkd-child-2"]}, 1)
+            ns2 = os.open(os.path.join(NETNS_DIR, "forkd-child-2"), os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                o = spawn({"op": "spawn", "ids": ["c3"], "netns": ["forkd-child-2"]}, 1, [ns2])
+            finally:
+                os.close(ns2)
             assert o["ok"] is True
             # The reply comes as soon as it is forked; it enters the namespace right after.
             tf.wait_for(lambda: ns_inode(f"/proc/{o['pids'][0]}/ns/net") == ctx["inodes"][1], 10,
