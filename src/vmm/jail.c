@@ -49,6 +49,7 @@
  */
 #include <fcntl.h>
 #include <linux/capability.h>
+#include <linux/fs.h>
 #include <linux/kvm.h>
 #include <linux/sched.h>
 #include <sched.h>
@@ -321,8 +322,8 @@ static const unsigned long ioctls_kvm[] = {
         KVM_GET_MP_STATE, KVM_SET_MP_STATE, KVM_GET_VCPU_EVENTS, KVM_SET_VCPU_EVENTS, KVM_GET_DEBUGREGS,
         KVM_SET_DEBUGREGS, KVM_GET_XSAVE, KVM_SET_XSAVE, KVM_GET_XCRS, KVM_SET_XCRS, KVM_KVMCLOCK_CTRL,
         KVM_GET_TSC_KHZ,
-        /* the C library's own: isatty() on stderr, FIONBIO */
-        TCGETS, FIONBIO,
+        /* a block device as the disk (virtio-blk's size); the C library's own: isatty(), FIONBIO */
+        BLKGETSIZE64, TCGETS, FIONBIO,
 };
 
 /* prctl() options the VMM uses after its filter is on (the dumpable flag: chain.c's
