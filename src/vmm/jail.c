@@ -244,10 +244,13 @@ int jail_restrict_template(void) {
 }
 
 int jail_drop_privileges(void) {
-        int r;
+        pid_t parent = getppid();
+        int pdeath = 0, r;
 
         if (jail.dropped)
                 return 0;
+        /* A change of uid clears the parent-death signal: note it, to set it again below. */
+        (void) prctl(PR_GET_PDEATHSIG, &pdeath, 0, 0, 0);
         r = bounding_set_keep(0);
         if (r < 0)
                 return log_error_errno(r, "jail: emptying the bounding set failed: %m");
@@ -263,6 +266,12 @@ int jail_drop_privileges(void) {
                 return log_error_errno(errno, "jail: clearing the ambient set failed: %m");
         if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
                 return log_error_errno(errno, "jail: no_new_privs failed: %m");
+        if (pdeath > 0) {
+                if (prctl(PR_SET_PDEATHSIG, pdeath, 0, 0, 0) < 0)
+                        return log_error_errno(errno, "jail: setting the parent-death signal again failed: %m");
+                if (getppid() != parent)
+                        return log_error_errno(ESRCH, "jail: the parent died while this process dropped its privileges");
+        }
         jail.dropped = true;
         return 0;
 }

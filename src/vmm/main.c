@@ -350,6 +350,18 @@ static int cmd_compact(const char *out) {
         return r < 0 ? 1 : 0;
 }
 
+/* A process that dropped its privileges leaves with _exit(): nothing of ours
+ * needs exit handlers, and LeakSanitizer's exit-time check (sanitizer builds)
+ * would ptrace the process from a thread of its own, which a process that left
+ * uid 0 may not. */
+static int leave(int status) {
+        if (jail.dropped) {
+                fflush(NULL);
+                _exit(status);
+        }
+        return status;
+}
+
 int main(int argc, char *argv[]) {
         _cleanup_close_ int kvm_fd = -EBADF;
         const char *verb;
@@ -400,9 +412,9 @@ int main(int argc, char *argv[]) {
                 return log_error_errno(kvm_fd, "Cannot use /dev/kvm: %m"), 1;
 
         if (strcmp(verb, "boot") == 0)
-                return cmd_boot(kvm_fd);
+                return leave(cmd_boot(kvm_fd));
         if (strcmp(verb, "restore") == 0)
-                return cmd_restore(kvm_fd);
+                return leave(cmd_restore(kvm_fd));
         if (!arg_snapshot || arg_control_fd < 0)
                 return log_error_errno(EINVAL, "template needs --snapshot and --control-fd"), 2;
         if (jail.enabled) {
