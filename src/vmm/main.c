@@ -350,12 +350,12 @@ static int cmd_compact(const char *out) {
         return r < 0 ? 1 : 0;
 }
 
-/* A process that dropped its privileges leaves with _exit(): nothing of ours
- * needs exit handlers, and LeakSanitizer's exit-time check (sanitizer builds)
- * would ptrace the process from a thread of its own, which a process that left
- * uid 0 may not. */
+/* A confined process leaves with _exit(): nothing of ours needs exit
+ * handlers, and LeakSanitizer's exit-time check (sanitizer builds) ptraces the
+ * process from a thread of its own, which a confined one may not do (seen
+ * hanging). Unconfined runs keep the check. */
 static int leave(int status) {
-        if (jail.dropped) {
+        if (jail.enabled) {
                 fflush(NULL);
                 _exit(status);
         }
@@ -428,5 +428,5 @@ int main(int argc, char *argv[]) {
                         return 1;
         }
         r = template_serve(kvm_fd, arg_snapshot, arg_control_fd, arg_overlay_dir);
-        return r < 0 ? 1 : 0;
+        return leave(r < 0 ? 1 : 0);
 }
