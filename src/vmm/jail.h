@@ -50,6 +50,10 @@ enum jail_profile {
 };
 int jail_apply_seccomp(enum jail_profile profile);
 
+/* The template, before its own filter: builds the VMM profile once, so that
+ * jail_confine_vmm() in each child only loads it. */
+int jail_prepare_vmm_filter(void);
+
 /* Everything a child does before its first KVM_RUN: jail_drop_privileges()
  * and the VMM profile. Sets jail.confined. No-op when not enabled. */
 int jail_confine_vmm(void);

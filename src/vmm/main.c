@@ -423,6 +423,8 @@ int main(int argc, char *argv[]) {
                 if (r >= 0)
                         r = jail_restrict_template();
                 if (r >= 0)
+                        r = jail_prepare_vmm_filter();
+                if (r >= 0)
                         r = jail_apply_seccomp(JAIL_PROFILE_TEMPLATE);
                 if (r < 0)
                         return 1;
