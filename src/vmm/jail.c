@@ -25,6 +25,9 @@
  *      CAP_SETPCAP             the child empties its bounding set
  *      CAP_SYS_ADMIN           the child's setns() into its network namespace
  *      CAP_DAC_READ_SEARCH     reading snapshot files that belong to the VMM user
+ *      CAP_KILL                killing its children (another uid now) when its controller
+ *                              goes, and their parent-death signal when it dies: the
+ *                              kernel checks the dying parent's right to signal them
  *    Everything else leaves the bounding set; no_new_privs; its own seccomp
  *    allow-list (JAIL_PROFILE_TEMPLATE). It never runs guest code.
  * 4. A process that runs a guest (a template's child, and "boot"): after it
@@ -232,7 +235,7 @@ static uint64_t caps_permitted(void) {
 int jail_restrict_template(void) {
         /* Of these, what we have: a forkd with a narrower bounding set passes fewer on. */
         const uint64_t keep = (CAP(CAP_SETUID) | CAP(CAP_SETGID) | CAP(CAP_SETPCAP) | CAP(CAP_SYS_ADMIN) |
-                               CAP(CAP_DAC_READ_SEARCH)) & caps_permitted();
+                               CAP(CAP_DAC_READ_SEARCH) | CAP(CAP_KILL)) & caps_permitted();
         int r;
 
         if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) < 0 && errno != EINVAL)

@@ -30,8 +30,9 @@ tf = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(tf)
 
 VMM_UID = 65533  # forkd's default --vmm-user
-CAP_SETGID, CAP_SETUID, CAP_SETPCAP, CAP_DAC_READ_SEARCH, CAP_SYS_ADMIN = 6, 7, 8, 2, 21
-TEMPLATE_CAPS = sum(1 << c for c in (CAP_SETGID, CAP_SETUID, CAP_SETPCAP, CAP_DAC_READ_SEARCH, CAP_SYS_ADMIN))
+CAP_SETGID, CAP_SETUID, CAP_SETPCAP, CAP_DAC_READ_SEARCH, CAP_SYS_ADMIN, CAP_KILL = 6, 7, 8, 2, 21, 5
+TEMPLATE_CAPS = sum(1 << c for c in (CAP_SETGID, CAP_SETUID, CAP_SETPCAP, CAP_DAC_READ_SEARCH, CAP_SYS_ADMIN,
+                                     CAP_KILL))
 
 
 def status(pid):
