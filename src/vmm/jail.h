@@ -28,10 +28,10 @@ struct jail {
  * inherits it, "confined" included. */
 extern struct jail jail;
 
-/* While still root: a private mount namespace whose root is an empty tmpfs
- * holding /dev/kvm, /dev/null, /dev/urandom, a /proc of our own and the
- * --jail-bind directories at their own paths; pivot_root into it; and a new,
- * empty network namespace. Files opened before stay usable. */
+/* While still root: a private mount namespace whose root is an empty,
+ * read-only tmpfs holding only a /proc of our own and the --jail-bind
+ * directories at their own paths; pivot_root into it; and a new, empty
+ * network namespace. Files opened before (/dev/kvm...) stay usable. */
 int jail_enter(void);
 
 /* The template: keeps uid 0 but only the capabilities its children need
