@@ -17,8 +17,8 @@
 #include "vmm-client.h"
 
 static const char *arg_vmm, *arg_guest, *arg_workdir;
-static unsigned arg_n = 100, arg_mem_mib = 64;
-static bool arg_json;
+static unsigned arg_n = 100, arg_mem_mib = 64, arg_rounds = 3;
+static bool arg_json, arg_confine;
 
 struct run {
         unsigned n;
@@ -33,9 +33,13 @@ struct run {
 
 static void help(void) {
         printf("Usage: fork-bench --vmm PATH --guest ELF [--n N] [--mem-mib M] [--work-dir DIR] [--json]\n"
+               "                  [--confine [--rounds R]]\n"
                "Forks N (1..1000, default 100) children of the test guest from one snapshot, measures\n"
                "time until all have answered ping and host memory per idle child, and cold-boots\n"
-               "the same guest for comparison. --json prints one JSON object on the last line.\n");
+               "the same guest for comparison. --json prints one JSON object on the last line.\n"
+               "--confine: in the same run, R rounds (default 3, 1..20) each of an unconfined and a\n"
+               "confined template (forkd-vmm --confine, as forkd starts them; uid %u), taking turns;\n"
+               "prints the medians of both and their ratio (root only).\n", VMM_USER_DEFAULT_UID);
 }
 
 static int parse_uint(const char *s, unsigned lo, unsigned hi, unsigned *ret) {
@@ -55,6 +59,7 @@ static int parse_argv(int argc, char *argv[]) {
                 { "vmm", required_argument, NULL, 'v' },   { "guest", required_argument, NULL, 'g' },
                 { "n", required_argument, NULL, 'n' },     { "mem-mib", required_argument, NULL, 'm' },
                 { "work-dir", required_argument, NULL, 'w' }, { "json", no_argument, NULL, 'j' },
+                { "confine", no_argument, NULL, 'c' },     { "rounds", required_argument, NULL, 'r' },
                 { "help", no_argument, NULL, 'h' },        {}
         };
         int c;
@@ -65,6 +70,11 @@ static int parse_argv(int argc, char *argv[]) {
                 case 'g': arg_guest = optarg; break;
                 case 'w': arg_workdir = optarg; break;
                 case 'j': arg_json = true; break;
+                case 'c': arg_confine = true; break;
+                case 'r':
+                        if (parse_uint(optarg, 1, 20, &arg_rounds) < 0)
+                                return log_error_errno(EINVAL, "--rounds must be 1..20");
+                        break;
                 case 'n':
                         if (parse_uint(optarg, 1, 1000, &arg_n) < 0)
                                 return log_error_errno(EINVAL, "--n must be 1..1000");
@@ -78,6 +88,8 @@ static int parse_argv(int argc, char *argv[]) {
                 }
         if (!arg_vmm || !arg_guest)
                 return log_error_errno(EINVAL, "--vmm and --guest are required");
+        if (arg_confine && geteuid() != 0)
+                return log_error_errno(EPERM, "--confine needs root (the VMM's jail)");
         return 1;
 }
 
@@ -172,19 +184,148 @@ static int make_disk(const char *path) {
         return 0;
 }
 
+/* What one round of forking measures. */
+struct result {
+        unsigned ready;
+        uint64_t template_start_us, spawn_us, ready_us;
+        double per_child_kib, cpu_per_child_ms, template_cpu_ms;
+};
+
+/* One template of snap, n children of it until all answered, torn down again. */
+static int fork_round(const char *snap, const char *dir, struct result *res) {
+        struct vmm_template t = { .control_fd = -1 };
+        struct run run = { .ep = -1 };
+        _cleanup_free_ char *err = NULL;
+        char **ids = NULL;
+        long kib_sum = 0, kib_n = 0;
+        long long cpu_ns_sum = 0, cpu_n = 0;
+        uint64_t t0;
+        int r;
+
+        *res = (struct result) {};
+        t0 = now_usec();
+        r = vmm_client_template_start(arg_vmm, snap, dir, &t, &err);
+        if (r < 0)
+                return log_error_errno(r, "Template failed: %s", err ?: strerror(-r));
+        res->template_start_us = now_usec() - t0;
+
+        run.n = arg_n;
+        run.agent_fds = calloc(arg_n, sizeof(int));
+        run.pids = calloc(arg_n, sizeof(pid_t));
+        run.clients = calloc(arg_n, sizeof(fka_client *));
+        run.answered_at = calloc(arg_n, sizeof(uint64_t));
+        ids = calloc(arg_n, sizeof(char *));
+        run.ep = epoll_create1(EPOLL_CLOEXEC);
+        if (!run.agent_fds || !run.pids || !run.clients || !run.answered_at || !ids || run.ep < 0) {
+                r = log_oom();
+                goto finish;
+        }
+        for (unsigned i = 0; i < arg_n; i++) {
+                run.agent_fds[i] = -EBADF;
+                if (asprintf(&ids[i], "sb-bench-%04u", i) < 0) {
+                        ids[i] = NULL;
+                        r = log_oom();
+                        goto finish;
+                }
+        }
+
+        run.t0 = now_usec();
+        r = vmm_client_template_spawn(&t, (const char *const *) ids, arg_n, NULL, NULL, run.agent_fds, NULL, run.pids,
+                                      send_pings, &run);
+        res->spawn_us = now_usec() - run.t0;
+        if (r < 0) {
+                log_error_errno(r, "Spawn failed: %m");
+                goto finish;
+        }
+        r = wait_ready(&run, 60 * 1000000ull);
+        if (r < 0)
+                goto finish;
+        res->ready = run.ready;
+        for (unsigned i = 0; i < arg_n; i++)
+                if (run.answered_at[i] && run.answered_at[i] - run.t0 > res->ready_us)
+                        res->ready_us = run.answered_at[i] - run.t0;
+        for (unsigned i = 0; i < arg_n; i++) {
+                long k = run.pids[i] > 0 ? child_kib(run.pids[i]) : -1;
+                long long ns = run.pids[i] > 0 ? task_cpu_ns(run.pids[i]) : -1;
+
+                if (k >= 0) {
+                        kib_sum += k;
+                        kib_n++;
+                }
+                if (ns >= 0) {
+                        cpu_ns_sum += ns;
+                        cpu_n++;
+                }
+        }
+        res->per_child_kib = kib_n ? (double) kib_sum / kib_n : -1;
+        res->cpu_per_child_ms = cpu_n ? cpu_ns_sum / 1e6 / cpu_n : -1.0;
+        res->template_cpu_ms = task_cpu_ns(t.pid) / 1e6;
+        r = run.ready == arg_n ? 0 : -EIO;
+finish:
+        if (t.pid > 0)
+                vmm_template_stop(&t);
+        for (unsigned i = 0; i < run.n; i++) {
+                if (run.clients && run.clients[i])
+                        fka_client_free(run.clients[i]);
+                if (run.agent_fds)
+                        safe_close(run.agent_fds[i]);
+                if (ids)
+                        free(ids[i]);
+        }
+        free(ids);
+        free(run.agent_fds);
+        free(run.pids);
+        free(run.clients);
+        free(run.answered_at);
+        safe_close(run.ep);
+        return r;
+}
+
+static int cmp_u64(const void *a, const void *b) {
+        uint64_t x = *(const uint64_t *) a, y = *(const uint64_t *) b;
+        return x < y ? -1 : x > y;
+}
+
+static uint64_t median_ready(const struct result *rs, unsigned n, uint64_t (*get)(const struct result *)) {
+        uint64_t v[20];
+
+        for (unsigned i = 0; i < n; i++)
+                v[i] = get(&rs[i]);
+        qsort(v, n, sizeof(v[0]), cmp_u64);
+        return v[n / 2];
+}
+
+static uint64_t get_ready(const struct result *r) {
+        return r->ready_us;
+}
+
+static uint64_t get_start(const struct result *r) {
+        return r->template_start_us;
+}
+
+static void print_result(const char *what, const struct result *res, uint64_t cold_boot_us) {
+        printf("%s\n", what);
+        printf("  %-34s %12u\n", "children forked", arg_n);
+        printf("  %-34s %12u\n", "children that answered ping", res->ready);
+        printf("  %-34s %12.1f\n", "time to all ready (ms)", res->ready_us / 1000.0);
+        printf("  %-34s %12.1f\n", "template spawn replies (ms)", res->spawn_us / 1000.0);
+        printf("  %-34s %12.3f\n", "per child, amortised (ms)", res->ready_us / 1000.0 / arg_n);
+        printf("  %-34s %12.1f\n", "cold boot to first ping (ms)", cold_boot_us / 1000.0);
+        printf("  %-34s %12.1f\n", "cold boot / amortised fork", cold_boot_us / ((double) res->ready_us / arg_n));
+        printf("  %-34s %12.1f\n", "host memory per idle child (KiB)", res->per_child_kib);
+        printf("  %-34s %12.3f\n", "CPU per child until ready (ms)", res->cpu_per_child_ms);
+        printf("  %-34s %12.1f\n", "template start (ms)", res->template_start_us / 1000.0);
+        printf("  %-34s %12.1f\n", "template CPU (ms)", res->template_cpu_ms);
+}
+
 int main(int argc, char *argv[]) {
         char tmpl[] = "/var/tmp/forkd-bench.XXXXXX", disk[PATH_MAX], snap[PATH_MAX], req[PATH_MAX + 64],
              log[PATH_MAX];
         const char *dir;
         struct vmm_proc boot = { .control_fd = -1, .agent_fd = -1 };
-        struct vmm_template t = { .control_fd = -1 };
-        struct run run = { .ep = -1 };
-        _cleanup_free_ char *err = NULL, *reply = NULL;
-        char **ids = NULL;
-        uint64_t t_boot, cold_boot_us = 0, ready_us = 0, spawn_us;
-        double per_child_kib = 0;
-        long kib_sum = 0, kib_n = 0;
-        long long cpu_ns_sum = 0, cpu_n = 0, template_cpu_ns = -1;
+        struct result plain[20], jailed[20];
+        _cleanup_free_ char *reply = NULL;
+        uint64_t t_boot, cold_boot_us = 0;
         int r;
 
         log_prefix = "bench/fork";
@@ -228,97 +369,70 @@ int main(int argc, char *argv[]) {
         }
         vmm_proc_stop(&boot, 2 * 1000000ull);
 
-        r = vmm_client_template_start(arg_vmm, snap, dir, &t, &err);
-        if (r < 0) {
-                log_error_errno(r, "Template failed: %s", err ?: strerror(-r));
-                goto finish;
-        }
-
-        run.n = arg_n;
-        run.agent_fds = calloc(arg_n, sizeof(int));
-        run.pids = calloc(arg_n, sizeof(pid_t));
-        run.clients = calloc(arg_n, sizeof(fka_client *));
-        run.answered_at = calloc(arg_n, sizeof(uint64_t));
-        ids = calloc(arg_n, sizeof(char *));
-        run.ep = epoll_create1(EPOLL_CLOEXEC);
-        if (!run.agent_fds || !run.pids || !run.clients || !run.answered_at || !ids || run.ep < 0) {
-                r = log_oom();
-                goto finish;
-        }
-        for (unsigned i = 0; i < arg_n; i++)
-                if (asprintf(&ids[i], "sb-bench-%04u", i) < 0) {
-                        r = log_oom();
+        if (!arg_confine) {
+                r = fork_round(snap, dir, &plain[0]);
+                if (plain[0].ready_us == 0)
                         goto finish;
-                }
-
-        run.t0 = now_usec();
-        r = vmm_client_template_spawn(&t, (const char *const *) ids, arg_n, NULL, NULL, run.agent_fds, NULL, run.pids,
-                                      send_pings, &run);
-        spawn_us = now_usec() - run.t0;
-        if (r < 0) {
-                log_error_errno(r, "Spawn failed: %m");
+                print_result("unconfined", &plain[0], cold_boot_us);
+                if (arg_json)
+                        printf("{\"n\": %u, \"ready\": %u, \"ready_ms\": %.2f, \"per_child_kib\": %.1f, "
+                               "\"cold_boot_ms\": %.2f}\n",
+                               arg_n, plain[0].ready, plain[0].ready_us / 1000.0, plain[0].per_child_kib,
+                               cold_boot_us / 1000.0);
                 goto finish;
         }
-        r = wait_ready(&run, 60 * 1000000ull);
-        if (r < 0)
+
+        /* As forkd sets it up (src/daemon/confine.c): the VMM user writes the overlays here. */
+        struct vmm_confine c = { .uid = VMM_USER_DEFAULT_UID, .gid = VMM_USER_DEFAULT_GID, .binds = { dir },
+                                 .n_binds = 1 };
+        if (chown(dir, VMM_USER_DEFAULT_UID, VMM_USER_DEFAULT_GID) < 0) {
+                r = log_error_errno(errno, "Failed to hand %s to the VMM user: %m", dir);
                 goto finish;
-        for (unsigned i = 0; i < arg_n; i++)
-                if (run.answered_at[i] && run.answered_at[i] - run.t0 > ready_us)
-                        ready_us = run.answered_at[i] - run.t0;
-
-        for (unsigned i = 0; i < arg_n; i++) {
-                long k = run.pids[i] > 0 ? child_kib(run.pids[i]) : -1;
-                if (k >= 0) {
-                        kib_sum += k;
-                        kib_n++;
-                }
         }
-        per_child_kib = kib_n ? (double) kib_sum / kib_n : -1;
-        for (unsigned i = 0; i < arg_n; i++) {
-                long long ns = run.pids[i] > 0 ? task_cpu_ns(run.pids[i]) : -1;
-                if (ns >= 0) {
-                        cpu_ns_sum += ns;
-                        cpu_n++;
-                }
+        for (unsigned i = 0; i < arg_rounds; i++) {
+                r = vmm_client_set_confine(NULL);
+                if (r >= 0)
+                        r = fork_round(snap, dir, &plain[i]);
+                if (r >= 0)
+                        r = vmm_client_set_confine(&c);
+                if (r >= 0)
+                        r = fork_round(snap, dir, &jailed[i]);
+                (void) vmm_client_set_confine(NULL);
+                if (r < 0)
+                        goto finish;
         }
-        template_cpu_ns = task_cpu_ns(t.pid);
+        {
+                uint64_t p = median_ready(plain, arg_rounds, get_ready), j = median_ready(jailed, arg_rounds, get_ready);
+                uint64_t ps = median_ready(plain, arg_rounds, get_start), js = median_ready(jailed, arg_rounds, get_start);
+                struct result pm = plain[0], jm = jailed[0];
 
-        printf("%-34s %12s\n", "figure", "value");
-        printf("%-34s %12u\n", "children forked", arg_n);
-        printf("%-34s %12u\n", "children that answered ping", run.ready);
-        printf("%-34s %12.1f\n", "time to all ready (ms)", ready_us / 1000.0);
-        printf("%-34s %12.1f\n", "template spawn replies (ms)", spawn_us / 1000.0);
-        printf("%-34s %12.3f\n", "per child, amortised (ms)", ready_us / 1000.0 / arg_n);
-        printf("%-34s %12.1f\n", "cold boot to first ping (ms)", cold_boot_us / 1000.0);
-        printf("%-34s %12.1f\n", "cold boot / amortised fork", cold_boot_us / ((double) ready_us / arg_n));
-        printf("%-34s %12.1f\n", "host memory per idle child (KiB)", per_child_kib);
-        printf("%-34s %12.3f\n", "CPU per child until ready (ms)", cpu_n ? cpu_ns_sum / 1e6 / cpu_n : -1.0);
-        printf("%-34s %12.1f\n", "template CPU (ms)", template_cpu_ns / 1e6);
-        if (arg_json)
-                printf("{\"n\": %u, \"ready\": %u, \"ready_ms\": %.2f, \"per_child_kib\": %.1f, "
-                       "\"cold_boot_ms\": %.2f}\n",
-                       arg_n, run.ready, ready_us / 1000.0, per_child_kib, cold_boot_us / 1000.0);
-        r = run.ready == arg_n ? 0 : -EIO;
+                /* The round whose time to ready is the median, for the other figures. */
+                for (unsigned i = 0; i < arg_rounds; i++) {
+                        if (plain[i].ready_us == p)
+                                pm = plain[i];
+                        if (jailed[i].ready_us == j)
+                                jm = jailed[i];
+                }
+                print_result("unconfined (median round)", &pm, cold_boot_us);
+                print_result("confined (median round)", &jm, cold_boot_us);
+                printf("%-36s %12.3f\n", "confined / unconfined, time to ready", (double) j / p);
+                printf("%-36s %12.3f\n", "confined / unconfined, template start", (double) js / ps);
+                printf("rounds (ms to all ready, unconfined/confined):");
+                for (unsigned i = 0; i < arg_rounds; i++)
+                        printf(" %.1f/%.1f", plain[i].ready_us / 1000.0, jailed[i].ready_us / 1000.0);
+                printf("\n");
+                if (arg_json)
+                        printf("{\"n\": %u, \"rounds\": %u, \"ready\": %u, \"ready_ms\": %.2f, \"per_child_kib\": %.1f, "
+                               "\"cold_boot_ms\": %.2f, \"template_start_ms\": %.2f, "
+                               "\"confined\": {\"ready\": %u, \"ready_ms\": %.2f, \"per_child_kib\": %.1f, "
+                               "\"template_start_ms\": %.2f}, \"confined_ratio\": %.3f}\n",
+                               arg_n, arg_rounds, pm.ready, p / 1000.0, pm.per_child_kib, cold_boot_us / 1000.0,
+                               ps / 1000.0, jm.ready, j / 1000.0, jm.per_child_kib, js / 1000.0, (double) j / p);
+        }
 
 finish:
         if (boot.pid > 0)
                 vmm_proc_stop(&boot, 1000000ull);
-        if (t.pid > 0)
-                vmm_template_stop(&t);
-        for (unsigned i = 0; i < run.n; i++) {
-                if (run.clients && run.clients[i])
-                        fka_client_free(run.clients[i]);
-                if (run.agent_fds)
-                        safe_close(run.agent_fds[i]);
-                if (ids)
-                        free(ids[i]);
-        }
-        free(ids);
-        free(run.agent_fds);
-        free(run.pids);
-        free(run.clients);
-        free(run.answered_at);
-        safe_close(run.ep);
         if (!arg_workdir) {
                 char cmd[PATH_MAX + 16];
                 snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);

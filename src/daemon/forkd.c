@@ -9,6 +9,7 @@
 #include <systemd/sd-daemon.h>
 
 #include "cgroup.h"
+#include "vmm-client.h"
 #include "macro.h"
 #include "manager-dbus.h"
 #include "manager.h"
@@ -27,6 +28,9 @@ static const char *arg_cgroup_root = NULL;
 static unsigned arg_max_operations = OPERATIONS_MAX_DEFAULT;
 static unsigned arg_max_branches = BRANCHES_MAX_DEFAULT;
 static unsigned arg_control_timeout_sec = CONTROL_TIMEOUT_DEFAULT_SEC;
+static bool arg_confine = true;
+static uid_t arg_vmm_uid = VMM_USER_DEFAULT_UID;
+static gid_t arg_vmm_gid = VMM_USER_DEFAULT_GID;
 
 static void help(void) {
         printf("Usage: forkd [OPTIONS]\n\n"
@@ -46,14 +50,20 @@ static void help(void) {
                "     --control-timeout-sec N\n"
                "                          How long a VMM may take to answer a branch or a fork,\n"
                "                          1..%u s (default %u); past it the call fails and the\n"
-               "                          sandbox is killed\n",
+               "                          sandbox is killed\n"
+               "     --vmm-user UID[:GID] The user (and group) confined VMMs run as (default %u:%u,\n"
+               "                          in no /etc/passwd; see forkd-vmm(8), CONFINEMENT)\n"
+               "     --no-confine         Run VMMs as forkd itself, without their jail, seccomp\n"
+               "                          filter or user (for measurements and debugging;\n"
+               "                          also FORKD_NO_CONFINE=1)\n",
                FORKD_VMM_DEFAULT, OPERATIONS_MAX_LIMIT, OPERATIONS_MAX_DEFAULT, BRANCHES_MAX_LIMIT,
-               BRANCHES_MAX_DEFAULT, CONTROL_TIMEOUT_MAX_SEC, CONTROL_TIMEOUT_DEFAULT_SEC);
+               BRANCHES_MAX_DEFAULT, CONTROL_TIMEOUT_MAX_SEC, CONTROL_TIMEOUT_DEFAULT_SEC, VMM_USER_DEFAULT_UID,
+               VMM_USER_DEFAULT_GID);
 }
 
 static int parse_argv(int argc, char *argv[]) {
         enum { ARG_VERSION = 0x100, ARG_STATE_DIR, ARG_VMM, ARG_BUS_ADDRESS, ARG_CGROUP_ROOT, ARG_MAX_OPERATIONS,
-               ARG_MAX_BRANCHES, ARG_CONTROL_TIMEOUT };
+               ARG_MAX_BRANCHES, ARG_CONTROL_TIMEOUT, ARG_VMM_USER, ARG_NO_CONFINE };
         static const struct option options[] = {
                 { "help", no_argument, NULL, 'h' },
                 { "version", no_argument, NULL, ARG_VERSION },
@@ -64,6 +74,8 @@ static int parse_argv(int argc, char *argv[]) {
                 { "max-operations", required_argument, NULL, ARG_MAX_OPERATIONS },
                 { "max-branches", required_argument, NULL, ARG_MAX_BRANCHES },
                 { "control-timeout-sec", required_argument, NULL, ARG_CONTROL_TIMEOUT },
+                { "vmm-user", required_argument, NULL, ARG_VMM_USER },
+                { "no-confine", no_argument, NULL, ARG_NO_CONFINE },
                 {},
         };
         int c;
@@ -128,6 +140,13 @@ static int parse_argv(int argc, char *argv[]) {
                         arg_control_timeout_sec = (unsigned) v;
                         break;
                 }
+                case ARG_VMM_USER:
+                        if (vmm_parse_user(optarg, &arg_vmm_uid, &arg_vmm_gid) < 0)
+                                return log_error_errno(EINVAL, "--vmm-user takes UID[:GID], numbers other than 0.");
+                        break;
+                case ARG_NO_CONFINE:
+                        arg_confine = false;
+                        break;
                 case '?':
                         return -EINVAL;
                 default:
@@ -222,6 +241,9 @@ static int run(int argc, char *argv[]) {
         m->max_operations = arg_max_operations;
         m->max_branches = arg_max_branches;
         m->control_timeout_usec = arg_control_timeout_sec * 1000000ull;
+        m->confine = arg_confine && !(getenv("FORKD_NO_CONFINE") && strcmp(getenv("FORKD_NO_CONFINE"), "1") == 0);
+        m->vmm_uid = arg_vmm_uid;
+        m->vmm_gid = arg_vmm_gid;
         m->state_dir = strdup(arg_state_dir);
         m->vmm_path = strdup(arg_vmm ?: getenv("FORKD_VMM") ?: FORKD_VMM_DEFAULT);
         if (!m->state_dir || !m->vmm_path)

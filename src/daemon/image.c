@@ -9,6 +9,7 @@
 #include "agent-proto.h"
 #include "console-tail.h"
 #include "fs-util.h"
+#include "confine.h"
 #include "image.h"
 #include "macro.h"
 #include "vm-template.h"
@@ -92,6 +93,10 @@ int image_load(Manager *m, const char *tag, Image **ret, const char **ret_reason
                 reason = "the disk file is missing or has the wrong size";
                 goto refuse;
         }
+        r = confine_adopt_snapshot(m, dfd);
+        if (r < 0)
+                log_warning_errno(r, "Failed to hand %s to the VMM user; a confined VMM may fail to branch from it: %m",
+                                  dir);
 
         i = calloc(1, sizeof(*i));
         if (!i)

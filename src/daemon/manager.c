@@ -8,6 +8,7 @@
 #include "branch.h"
 #include "chain.h"
 #include "cgroup.h"
+#include "confine.h"
 #include "fs-util.h"
 #include "image.h"
 #include "manager.h"
@@ -223,6 +224,9 @@ int manager_startup(Manager *m) {
         for (size_t i = 0; i < ELEMENTSOF(dirs); i++)
                 if (mkdir(dirs[i], 0750) < 0 && errno != EEXIST)
                         return log_error_errno(errno, "Failed to create %s: %m", dirs[i]);
+        r = confine_setup(m);
+        if (r < 0)
+                return r;
 
         /* What a killed predecessor left: its VMMs died with it (PR_SET_PDEATHSIG),
          * so its sandboxes are gone; their records and cgroups go now. */

@@ -7,6 +7,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/types.h>
 #include <systemd/sd-bus.h>
 #include <systemd/sd-event.h>
 
@@ -62,6 +63,9 @@ struct Manager {
         char *log_dir;        /* state_dir/logs: boot consoles */
         char *vmm_path;
         int lock_fd;          /* flock on state_dir/.lock: one daemon per state dir */
+        bool confine;         /* VMMs run confined (confine.c; forkd --no-confine: false) */
+        uid_t vmm_uid;        /* their user and group (forkd --vmm-user) */
+        gid_t vmm_gid;
 
         Hashmap *images;      /* tag -> Image */
         Hashmap *creating;    /* tag -> Operation: snapshots being created */

@@ -200,6 +200,9 @@ void sandbox_exited(Sandbox *s, int code, int sig) {
                 if (s->fork_op && fork_op_child_exited(s->fork_op, s, code, sig))
                         f = s->fork_op; /* its ping is over: count it once it is gone */
         } else {
+                if (sig == SIGSYS)
+                        log_warning("The VMM of sandbox %s made a system call its seccomp filter forbids, and was "
+                                    "killed.", s->id);
                 log_info("Sandbox %s removed: %s (code %d, signal %d).", s->id, reason, code, sig);
                 sandbox_send_removed_signal(s, reason);
         }

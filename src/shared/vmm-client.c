@@ -15,6 +15,68 @@
 
 #define CONTROL_REPLY_MAX (64u << 10)
 #define SPAWN_BATCH 100
+#define SPAWN_FDS_MAX 253 /* SCM_MAX_FD: the fds of one spawn message */
+
+int vmm_parse_user(const char *s, uid_t *ret_uid, gid_t *ret_gid) {
+        unsigned long long u, g;
+        char *end;
+
+        errno = 0;
+        u = strtoull(s, &end, 10);
+        if (errno || end == s || (*end && *end != ':') || u == 0 || u >= UINT32_MAX || s[0] == '-')
+                return -EINVAL;
+        g = u;
+        if (*end == ':') {
+                const char *gs = end + 1;
+
+                errno = 0;
+                g = strtoull(gs, &end, 10);
+                if (errno || end == gs || *end || g == 0 || g >= UINT32_MAX || gs[0] == '-')
+                        return -EINVAL;
+        }
+        *ret_uid = (uid_t) u;
+        *ret_gid = (gid_t) g;
+        return 0;
+}
+
+static struct {
+        bool enabled;
+        char user[32];
+        char *binds[ELEMENTSOF(((struct vmm_confine *) NULL)->binds)];
+        unsigned n_binds;
+} confine;
+
+int vmm_client_set_confine(const struct vmm_confine *c) {
+        for (unsigned i = 0; i < confine.n_binds; i++)
+                free(confine.binds[i]);
+        confine.n_binds = 0;
+        confine.enabled = false;
+        if (!c)
+                return 0;
+        if (c->n_binds > ELEMENTSOF(confine.binds) || c->uid == 0 || c->gid == 0)
+                return -EINVAL;
+        for (unsigned i = 0; i < c->n_binds; i++) {
+                confine.binds[i] = strdup(c->binds[i]);
+                if (!confine.binds[i])
+                        return -ENOMEM;
+                confine.n_binds = i + 1;
+        }
+        snprintf(confine.user, sizeof(confine.user), "%u:%u", (unsigned) c->uid, (unsigned) c->gid);
+        confine.enabled = true;
+        return 0;
+}
+
+/* Appends --confine and the --jail-bind options to argv at *n (room for 2 + 2 * 4 more). */
+static void add_confine_args(const char **argv, unsigned *n) {
+        if (!confine.enabled)
+                return;
+        argv[(*n)++] = "--confine";
+        argv[(*n)++] = confine.user;
+        for (unsigned i = 0; i < confine.n_binds; i++) {
+                argv[(*n)++] = "--jail-bind";
+                argv[(*n)++] = confine.binds[i];
+        }
+}
 
 uint64_t now_usec(void) {
         struct timespec ts;
@@ -58,7 +120,7 @@ static int spawn_with_fds(char *const argv[], const int *fds, unsigned n_fds, pi
 int vmm_client_boot(const struct vmm_boot_args *a, struct vmm_proc *ret) {
         int agent[2] = { -1, -1 }, ctl[2] = { -1, -1 };
         char mem[32];
-        const char *argv[24];
+        const char *argv[34];
         unsigned n = 0;
         pid_t pid = 0;
         int r;
@@ -95,6 +157,7 @@ int vmm_client_boot(const struct vmm_boot_args *a, struct vmm_proc *ret) {
                 argv[n++] = "--overlay-dir";
                 argv[n++] = a->overlay_dir;
         }
+        add_confine_args(argv, &n);
         argv[n] = NULL;
 
         r = spawn_with_fds((char *const *) argv, (int[]) { agent[1], ctl[1] }, 2, &pid);
@@ -228,7 +291,7 @@ void vmm_proc_stop(struct vmm_proc *p, uint64_t grace_usec) {
 int vmm_client_template_start(const char *vmm_path, const char *snapshot_dir, const char *overlay_dir,
                               struct vmm_template *ret, char **ret_error) {
         int ctl[2] = { -1, -1 };
-        const char *argv[10];
+        const char *argv[20];
         struct json_object *o = NULL, *ev, *g;
         unsigned n = 0;
         pid_t pid = 0;
@@ -245,6 +308,7 @@ int vmm_client_template_start(const char *vmm_path, const char *snapshot_dir, co
                 argv[n++] = "--overlay-dir";
                 argv[n++] = overlay_dir;
         }
+        add_confine_args(argv, &n);
         argv[n] = NULL;
 
         r = spawn_with_fds((char *const *) argv, (int[]) { ctl[1] }, 1, &pid);
@@ -289,7 +353,7 @@ static int send_batch(struct vmm_template *t, const char *const *ids, size_t n, 
                       const char *cgroup_parent, const char *const *netns, const int *fds, unsigned n_fds,
                       bool with_control) {
         struct json_object *req = json_object_new_object(), *arr = json_object_new_array(), *ns = NULL;
-        char cbuf[CMSG_SPACE(sizeof(int) * 2 * SPAWN_BATCH)] = {};
+        char cbuf[CMSG_SPACE(sizeof(int) * SPAWN_FDS_MAX)] = {};
         struct iovec iov;
         struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf,
                              .msg_controllen = CMSG_SPACE(sizeof(int) * n_fds) };
@@ -337,7 +401,9 @@ int vmm_client_template_spawn_with(struct vmm_template *t, const char *const *id
                                    const struct vmm_spawn_options *opts, int *agent_fds, int *control_fds, pid_t *pids,
                                    vmm_batch_sent_t on_batch, void *userdata) {
         bool with_control = control_fds != NULL;
-        size_t sent = 0, got = 0;
+        /* At most 4 fds a child (agent, control, cgroup, netns), SCM_MAX_FD a message. */
+        unsigned per = 1 + with_control + !!opts->cgroup_parent + !!opts->netns;
+        size_t sent = 0, got = 0, batch = MIN((size_t) SPAWN_BATCH, (size_t) (SPAWN_FDS_MAX / per));
         int r = 0;
 
         for (size_t i = 0; i < n; i++) {
@@ -348,11 +414,12 @@ int vmm_client_template_spawn_with(struct vmm_template *t, const char *const *id
         }
 
         while (sent < n) {
-                size_t k = MIN((size_t) SPAWN_BATCH, n - sent);
-                int fds[2 * SPAWN_BATCH];
+                size_t k = MIN(batch, n - sent);
+                int fds[SPAWN_FDS_MAX];
                 unsigned n_fds = 0;
 
                 for (size_t i = 0; i < k; i++) {
+                        const char *ns = opts->netns ? opts->netns[sent + i] : NULL;
                         int a[2], c[2];
 
                         if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, a) < 0) {
@@ -368,6 +435,37 @@ int vmm_client_template_spawn_with(struct vmm_template *t, const char *const *id
                                 }
                                 control_fds[sent + i] = c[0];
                                 fds[n_fds++] = c[1];
+                        }
+                        /* Opened here, with our rights: the template may have none. */
+                        if (opts->cgroup_parent) {
+                                char path[4200];
+
+                                if (snprintf(path, sizeof(path), "%s/%s/cgroup.procs", opts->cgroup_parent,
+                                             ids[sent + i]) >= (int) sizeof(path)) {
+                                        r = -ENAMETOOLONG;
+                                        goto close_batch;
+                                }
+                                fds[n_fds] = open(path, O_WRONLY | O_CLOEXEC | O_NOCTTY);
+                                if (fds[n_fds] < 0) {
+                                        r = -errno;
+                                        goto close_batch;
+                                }
+                                n_fds++;
+                        }
+                        if (ns) {
+                                char path[128];
+
+                                if (strchr(ns, '/') || snprintf(path, sizeof(path), "/run/netns/%s", ns) >=
+                                                               (int) sizeof(path)) {
+                                        r = -EINVAL;
+                                        goto close_batch;
+                                }
+                                fds[n_fds] = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+                                if (fds[n_fds] < 0) {
+                                        r = -errno;
+                                        goto close_batch;
+                                }
+                                n_fds++;
                         }
                 }
                 r = send_batch(t, ids + sent, k, opts->console_dir, opts->cgroup_parent,
@@ -386,7 +484,7 @@ int vmm_client_template_spawn_with(struct vmm_template *t, const char *const *id
         /* Collect one reply per batch, in order; exit events are counted. */
         while (got < n) {
                 struct json_object *o = NULL, *ev, *ok, *arr;
-                size_t k = MIN((size_t) SPAWN_BATCH, n - got);
+                size_t k = MIN(batch, n - got);
 
                 r = recv_json(t->control_fd, now_usec() + 60 * 1000000ull, &o);
                 if (r < 0)

@@ -34,6 +34,27 @@ struct vmm_boot_args {
         const char *overlay_dir; /* may be NULL */
 };
 
+/* The default identity of a confined VMM (forkd --vmm-user): 65533, from the
+ * block 65520..65533 that systemd's UID allocation leaves unused, so it is no
+ * user in /etc/passwd and no dynamic service user, and no user needs creating. */
+#define VMM_USER_DEFAULT_UID 65533
+#define VMM_USER_DEFAULT_GID 65533
+
+/* "UID[:GID]", decimal numbers, neither 0 nor -1; GID defaults to UID. */
+int vmm_parse_user(const char *s, uid_t *ret_uid, gid_t *ret_gid);
+
+/* Confinement of every forkd-vmm this process starts from now on (boot and
+ * template; forkd-vmm(8), CONFINEMENT): forkd-vmm gets --confine UID:GID and
+ * --jail-bind for each directory. NULL (the default): none, as before. The
+ * strings are copied. Call it before any thread starts VMMs. */
+struct vmm_confine {
+        uid_t uid;
+        gid_t gid;
+        const char *binds[4]; /* directories bound read-write at their own paths */
+        unsigned n_binds;
+};
+int vmm_client_set_confine(const struct vmm_confine *c);
+
 /* Start "forkd-vmm boot" with a fresh agent and control socket pair. */
 int vmm_client_boot(const struct vmm_boot_args *a, struct vmm_proc *ret);
 
@@ -78,11 +99,12 @@ struct vmm_spawn_options {
         /* Each child logs its console to <console_dir>/<id>.log. May be NULL. */
         const char *console_dir;
         /* Each child joins <cgroup_parent>/<id>, which the caller has created,
-         * before it restores anything. May be NULL. */
+         * before it restores anything; the caller opens its cgroup.procs and
+         * sends the fd. May be NULL. */
         const char *cgroup_parent;
         /* NULL, or one entry per id: child i enters the network namespace
          * /run/netns/<netns[i]> (NULL entry: stays in the template's) before it
-         * restores anything. Names must pass the template's check (1 to 64 of
+         * restores anything; the caller opens it and sends the fd. Names must pass the template's check (1 to 64 of
          * [A-Za-z0-9_.-], no leading '.', no ".."); a bad one fails the spawn. */
         const char *const *netns;
 };

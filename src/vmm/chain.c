@@ -2,6 +2,7 @@
 /* Diff snapshots: see chain.h. */
 #include <endian.h>
 #include <fcntl.h>
+#include <sys/prctl.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <sys/mman.h>
@@ -39,6 +40,23 @@ static size_t map_words(uint64_t mem_size) {
         return (size_t) (mem_size / PAGE / 64);
 }
 
+
+/* /proc/self/pagemap of this process. A confined VMM (jail.c) is not dumpable
+ * since it left uid 0, so its /proc/self files belong to root and it may not
+ * open them: it becomes dumpable for the one open() and stops being so at once
+ * (the fd keeps working; only other processes of its user could have opened
+ * its files in between). */
+static int open_self_pagemap(void) {
+        int d = prctl(PR_GET_DUMPABLE, 0, 0, 0, 0), fd, r;
+
+        if (d == 0)
+                (void) prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
+        fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+        r = fd < 0 ? -errno : fd;
+        if (d == 0)
+                (void) prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+        return r;
+}
 int chain_write_memory_diff(int dfd, const struct vmm *vmm) {
         _cleanup_close_ int pm = -EBADF, fd = -EBADF, mfd = -EBADF;
         _cleanup_free_ uint64_t *map = NULL, *ent = NULL;
@@ -52,9 +70,9 @@ int chain_write_memory_diff(int dfd, const struct vmm *vmm) {
         ent = malloc(PAGEMAP_BATCH * sizeof(uint64_t));
         if (!map || !ent)
                 return -ENOMEM;
-        pm = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+        pm = open_self_pagemap();
         if (pm < 0)
-                return -errno;
+                return pm;
         fd = openat(dfd, SNAPSHOT_MEMORY_FILE, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0640);
         if (fd < 0)
                 return -errno;

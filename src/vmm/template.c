@@ -13,14 +13,20 @@
  *      cgroup_parent: each child joins the cgroup <cgroup_parent>/<id> (which
  *      the controller created and limited) before it restores anything, and
  *      exits with status 3 (VMM_CHILD_EXIT_CGROUP) rather than run outside it.
- *      netns: one entry per id. A child with a name enters the network
- *      namespace /run/netns/<name> (setns CLONE_NEWNET) after its cgroup and
- *      before it restores anything, and exits with status 4
- *      (VMM_CHILD_EXIT_NETNS) rather than run outside it. Names are 1 to 64
- *      characters of [A-Za-z0-9_.-], not starting with '.' and without "..";
- *      a request with any other name is refused whole. The template itself
- *      never changes namespace.
- *      with SCM_RIGHTS: per id, its agent fd, then (with_control) its control fd
+ *      It joins by writing to that cgroup's cgroup.procs through an fd the
+ *      controller opened and sent (the kernel checks the opener's rights, so
+ *      a confined template needs no access to the cgroup tree).
+ *      netns: one entry per id. A child with a name enters that network
+ *      namespace (setns CLONE_NEWNET on an fd of /run/netns/<name> the
+ *      controller opened and sent) after its cgroup and before it restores
+ *      anything, and exits with status 4 (VMM_CHILD_EXIT_NETNS) rather than
+ *      run outside it. Names are 1 to 64 characters of [A-Za-z0-9_.-], not
+ *      starting with '.' and without ".."; a request with any other name is
+ *      refused whole. The template itself never changes namespace.
+ *      with SCM_RIGHTS: per id, its agent fd, then (with_control) its control
+ *      fd, then (cgroup_parent) its cgroup.procs fd, then (a netns name) its
+ *      namespace fd; at most TEMPLATE_MAX_FDS in one message
+ *      (vmm_spawn_batch_size() in vmm-client.h)
  *   <- {"ok":true,"pids":[...]} | {"ok":false,"error":"..."}
  *   <- {"event":"ready","generation":N,"mem_size":N} once, at start
  *   <- {"event":"exit","id":"...","pid":N,"code":N,"signal":N} per child
@@ -39,6 +45,7 @@
 #include <json-c/json.h>
 
 #include "chain.h"
+#include "jail.h"
 #include "json-util.h"
 #include "kvm.h"
 #include "machine.h"
@@ -48,6 +55,7 @@
 #include "vmm-client.h"
 
 #define TEMPLATE_MAX_BATCH 100
+#define TEMPLATE_MAX_FDS 253 /* SCM_MAX_FD */
 #define TEMPLATE_MAX_CHILDREN 4096
 #define TEMPLATE_MSG_MAX (64u << 10)
 
@@ -98,11 +106,16 @@ static void send_error(struct template *t, const char *msg) {
         json_object_put(o);
 }
 
-static _Noreturn void child_main(struct template *t, const char *id, int agent_fd, int ctl_fd,
+/* The fds a child gets from a spawn request (-1: none). */
+struct child_fds {
+        int agent, control, cgroup, netns;
+};
+
+static _Noreturn void child_main(struct template *t, const char *id, const struct child_fds *fds,
                                  const char *console_dir, const char *cgroup_parent, const char *netns) {
-        struct machine_config cfg = { .id = id, .overlay_dir = t->overlay_dir, .agent_fd = agent_fd };
-        struct vmm_host host = { .agent_listen_fd = -1, .control_listen_fd = -1, .control_fd = ctl_fd,
-                                 .exit_on_control_eof = ctl_fd >= 0, .kernel = t->snap->meta.kernel };
+        struct machine_config cfg = { .id = id, .overlay_dir = t->overlay_dir, .agent_fd = fds->agent };
+        struct vmm_host host = { .agent_listen_fd = -1, .control_listen_fd = -1, .control_fd = fds->control,
+                                 .exit_on_control_eof = fds->control >= 0, .kernel = t->snap->meta.kernel };
         char log_path[4096];
         struct vmm *vmm = NULL;
         sigset_t ss;
@@ -114,35 +127,24 @@ static _Noreturn void child_main(struct template *t, const char *id, int agent_f
         sigaddset(&ss, SIGCHLD);
         (void) sigprocmask(SIG_UNBLOCK, &ss, NULL);
 
-        if (cgroup_parent) {
-                char procs[4096];
-                int fd;
-
-                snprintf(procs, sizeof(procs), "%s/%s/cgroup.procs", cgroup_parent, id);
-                fd = open(procs, O_WRONLY | O_CLOEXEC);
-                if (fd < 0 || write(fd, "0", 1) != 1) {
-                        log_error_errno(errno, "Failed to join cgroup %s: %m", procs);
-                        _exit(VMM_CHILD_EXIT_CGROUP);
-                }
-                close(fd);
+        if (cgroup_parent && write(fds->cgroup, "0", 1) != 1) {
+                log_error_errno(errno, "Failed to join the cgroup %s/%s: %m", cgroup_parent, id);
+                _exit(VMM_CHILD_EXIT_CGROUP);
         }
-        if (netns) {
+        safe_close(fds->cgroup);
+        if (netns && setns(fds->netns, CLONE_NEWNET) < 0) {
                 /* Validated by handle_spawn(); never run outside the namespace asked for. */
-                char path[128];
-                int fd;
-
-                snprintf(path, sizeof(path), "/run/netns/%s", netns);
-                fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
-                if (fd < 0 || setns(fd, CLONE_NEWNET) < 0) {
-                        log_error_errno(errno, "Failed to enter the network namespace %s: %m", path);
-                        _exit(VMM_CHILD_EXIT_NETNS);
-                }
-                close(fd);
+                log_error_errno(errno, "Failed to enter the network namespace /run/netns/%s: %m", netns);
+                _exit(VMM_CHILD_EXIT_NETNS);
         }
+        safe_close(fds->netns);
         if (console_dir) {
                 snprintf(log_path, sizeof(log_path), "%s/%s.log", console_dir, id);
                 cfg.console_log = log_path;
         }
+        /* Before anything of the snapshot is restored: the VMM's user, no capabilities. */
+        if (jail.enabled && jail_drop_privileges() < 0)
+                _exit(VMM_CHILD_EXIT_FAILED);
 
         r = machine_restore(t->kvm_fd, t->snap, t->mem, &cfg, &vmm);
         if (r < 0) {
@@ -151,6 +153,9 @@ static _Noreturn void child_main(struct template *t, const char *id, int agent_f
         }
         r = vmm_install_signals();
         if (r < 0)
+                _exit(VMM_CHILD_EXIT_FAILED);
+        /* The seccomp filter, right before the first KVM_RUN. */
+        if (jail_confine_vmm() < 0)
                 _exit(VMM_CHILD_EXIT_FAILED);
         r = vmm_run(vmm, &host);
         /* No teardown: exit(2) lets the kernel free the VM, off anyone's critical path. */
@@ -166,6 +171,7 @@ static void handle_spawn(struct template *t, struct json_object *req, int *fds, 
         struct json_object *ids, *o, *reply, *pids, *netns = NULL;
         const char *console_dir = NULL, *cgroup_parent = NULL;
         bool with_control = false;
+        unsigned want, next = 0;
         size_t n;
 
         if (!json_object_object_get_ex(req, "ids", &ids) || !json_object_is_type(ids, json_type_array)) {
@@ -224,7 +230,11 @@ static void handle_spawn(struct template *t, struct json_object *req, int *fds, 
                 }
                 netns = o;
         }
-        if (n_fds != n * (with_control ? 2 : 1)) {
+        want = n * (with_control ? 2 : 1) + (cgroup_parent ? n : 0);
+        for (size_t i = 0; netns && i < n; i++)
+                if (!json_object_is_type(json_object_array_get_idx(netns, i), json_type_null))
+                        want++;
+        if (n_fds != want) {
                 send_error(t, "spawn: wrong number of file descriptors attached");
                 goto fail;
         }
@@ -239,9 +249,18 @@ static void handle_spawn(struct template *t, struct json_object *req, int *fds, 
         pids = json_object_new_array();
         for (size_t i = 0; i < n; i++) {
                 const char *id = json_object_get_string(json_object_array_get_idx(ids, i));
-                unsigned per = with_control ? 2 : 1;
-                pid_t pid = fork();
+                const char *ns = netns ? json_object_get_string(json_object_array_get_idx(netns, i)) : NULL;
+                struct child_fds cf = { .agent = fds[next++], .control = -1, .cgroup = -1, .netns = -1 };
+                unsigned first = next - 1;
+                pid_t pid;
 
+                if (with_control)
+                        cf.control = fds[next++];
+                if (cgroup_parent)
+                        cf.cgroup = fds[next++];
+                if (ns)
+                        cf.netns = fds[next++];
+                pid = fork();
                 if (pid < 0) {
                         json_object_array_add(pids, json_object_new_int(-errno));
                         continue;
@@ -249,13 +268,11 @@ static void handle_spawn(struct template *t, struct json_object *req, int *fds, 
                 if (pid == 0) {
                         /* Keep only this child's own fds. */
                         for (unsigned k = 0; k < n_fds; k++)
-                                if (k != i * per && !(with_control && k == i * per + 1))
+                                if (k < first || k >= next)
                                         safe_close(fds[k]);
                         safe_close(t->control_fd);
                         safe_close(t->sig_fd);
-                        child_main(t, id, fds[i * per], with_control ? fds[i * per + 1] : -1, console_dir,
-                                   cgroup_parent,
-                                   netns ? json_object_get_string(json_object_array_get_idx(netns, i)) : NULL);
+                        child_main(t, id, &cf, console_dir, cgroup_parent, ns);
                 }
                 t->children[t->n_children].pid = pid;
                 snprintf(t->children[t->n_children].id, sizeof(t->children[0].id), "%s", id);
@@ -276,11 +293,11 @@ fail:
 
 static int read_control(struct template *t) {
         static char buf[TEMPLATE_MSG_MAX + 1];
-        char cbuf[CMSG_SPACE(sizeof(int) * 2 * TEMPLATE_MAX_BATCH)];
+        char cbuf[CMSG_SPACE(sizeof(int) * TEMPLATE_MAX_FDS)];
         struct iovec iov = { .iov_base = buf, .iov_len = sizeof(buf) };
         struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof(cbuf) };
         struct json_object *req = NULL, *op;
-        int fds[2 * TEMPLATE_MAX_BATCH];
+        int fds[TEMPLATE_MAX_FDS];
         unsigned n_fds = 0;
         const char *err = NULL;
         ssize_t n;

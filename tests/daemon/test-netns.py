@@ -183,11 +183,15 @@ def run(h, ns):
             assert got == inodes[k], f"{i['id']} (pid {i['pid']}) is in net ns {got}, not forkd-child-{k + 1} {inodes[k]}"
             vmm_ns.append(got)
         assert len(set(vmm_ns)) == 3 and daemon_ns not in vmm_ns, vmm_ns
-        # The template forked them and stays where the daemon is.
+        # The template forked them; confined, it sits in a network namespace of its own with
+        # nothing in it (forkd-vmm(8), CONFINEMENT), and the daemon stays where it was.
         tpl = {parent_of(i["pid"]) for i in infos}
         assert len(tpl) == 1, tpl
         ctx["template"] = tpl.pop()
-        assert ns_inode(f"/proc/{ctx['template']}/ns/net") == daemon_ns
+        ctx["template_ns"] = ns_inode(f"/proc/{ctx['template']}/ns/net")
+        assert ctx["template_ns"] != daemon_ns and ctx["template_ns"] not in vmm_ns
+        with open(f"/proc/{ctx['template']}/net/dev") as f:
+            assert [line.split(":")[0].strip() for line in f.readlines()[2:]] == ["lo"]
         assert ns_inode(f"/proc/{h.forkd.pid}/ns/net") == daemon_ns
         for k, i in enumerate(infos):
             assert json.loads(h.m("Ping", "s", [i["id"]])[0])["pong"] is True, i
@@ -197,10 +201,10 @@ def run(h, ns):
         listed = h.sandboxes()
         assert sorted(listed) == sorted(i["id"] for i in infos)
         assert all(listed[i["id"]]["netns"] == i["netns"] for i in infos)
-        # Without the option, a child stays in the daemon's namespace and has no netns.
+        # Without the option, a child stays in its template's (empty) namespace and has no netns.
         plain = h.fork("t1", 1)[0]
         assert "netns" not in plain, plain
-        assert ns_inode(f"/proc/{plain['pid']}/ns/net") == daemon_ns
+        assert ns_inode(f"/proc/{plain['pid']}/ns/net") == ctx["template_ns"]
         assert h.bus.call(tf.DEST, tf.path_encode("/org/forkd/sandbox", plain["id"]), "org.freedesktop.DBus.Properties",
                           "Get", "ss", ["org.forkd.Sandbox", "NetNS"])[0] == ""
         h.terminate_all()
@@ -253,9 +257,16 @@ def run(h, ns):
         try:
             assert json.loads(a.recv(65536))["event"] == "ready"
 
-            def spawn(req, n_fds):
+            def spawn(req, n_fds, netns_fds=None):
+                # per child its agent socket, then (with a name) the namespace's fd, which the
+                # controller opens (forkd-vmm(8), TEMPLATE PROTOCOL)
                 pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(n_fds)]
-                socket.send_fds(a, [json.dumps(req).encode()], [x[1].fileno() for x in pairs])
+                fds = []
+                for k, x in enumerate(pairs):
+                    fds.append(x[1].fileno())
+                    if netns_fds and netns_fds[k] is not None:
+                        fds.append(netns_fds[k])
+                socket.send_fds(a, [json.dumps(req).encode()], fds)
                 for x in pairs:
                     x[1].close()
                     ours.append(x[0])  # the agent channels stay open while the children run
@@ -275,10 +286,17 @@ def run(h, ns):
                 o = spawn({"op": "spawn", "ids": ["c1"], "netns": netns}, 1)
                 assert o["ok"] is False and "netns" in o["error"], (netns, o)
             assert not vmm_children(p.pid), "a refused request forked"
-            # A name that is not under /run/netns: the child exits with 4 (VMM_CHILD_EXIT_NETNS).
+            # A name whose fd is no network namespace: the child exits with 4 (VMM_CHILD_EXIT_NETNS).
             absent = f"forkd-test-absent-{os.getpid()}"
             assert not os.path.exists(os.path.join(NETNS_DIR, absent))
+            # with a name but no fd for it: refused whole
             o = spawn({"op": "spawn", "ids": ["c1", "c2"], "netns": [absent, None]}, 2)
+            assert o["ok"] is False and "file descriptors" in o["error"], o
+            not_ns = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                o = spawn({"op": "spawn", "ids": ["c1", "c2"], "netns": [absent, None]}, 2, [not_ns, None])
+            finally:
+                os.close(not_ns)
             assert o["ok"] is True and len(o["pids"]) == 2, o
             exits = {}
             deadline = time.monotonic() + 20
@@ -290,7 +308,11 @@ def run(h, ns):
             # Its sibling without a namespace runs, in the template's.
             assert "c2" not in exits
             assert ns_inode(f"/proc/{o['pids'][1]}/ns/net") == ns_inode(f"/proc/{p.pid}/ns/net") == daemon_ns
-            o = spawn({"op": "spawn", "ids": ["c3"], "netns": ["forkd-child-2"]}, 1)
+            ns2 = os.open(os.path.join(NETNS_DIR, "forkd-child-2"), os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                o = spawn({"op": "spawn", "ids": ["c3"], "netns": ["forkd-child-2"]}, 1, [ns2])
+            finally:
+                os.close(ns2)
             assert o["ok"] is True
             # The reply comes as soon as it is forked; it enters the namespace right after.
             tf.wait_for(lambda: ns_inode(f"/proc/{o['pids'][0]}/ns/net") == ctx["inodes"][1], 10,

@@ -1,0 +1,209 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""
+The confined VMM (src/vmm/jail.c, forkd-vmm(8) CONFINEMENT), through the real
+forkd on a private bus, the real forkd-vmm on /dev/kvm, the test guest and
+real cgroups:
+- /proc shows the confinement of a running sandbox's VMM: seccomp filter mode,
+  no capabilities in any set, the VMM user, no_new_privs, a root that holds
+  only the jail, no network but lo; and the template's few capabilities;
+- a forbidden syscall kills the VMM (SIGSYS): forkd reports the sandbox as
+  crashed, announces it, frees its cgroup and serves the others;
+- forkd --no-confine runs VMMs as before, and there the same guest request
+  kills nothing (so the filter is what killed).
+
+forkd runs with FORKD_VMM_TEST_HOOKS=1, which only this test sets: with it a
+VMM obeys the test guest's "forbidden_call" statement (RunCode) by calling a
+syscall no allow-list has. TAP output.
+"""
+
+import importlib.util
+import json
+import os
+import re
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+_spec = importlib.util.spec_from_file_location("test_forkd", os.path.join(HERE, "test-forkd.py"))
+tf = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(tf)
+
+VMM_UID = 65533  # forkd's default --vmm-user
+CAP_SETGID, CAP_SETUID, CAP_SETPCAP, CAP_DAC_READ_SEARCH, CAP_SYS_ADMIN, CAP_KILL = 6, 7, 8, 2, 21, 5
+TEMPLATE_CAPS = sum(1 << c for c in (CAP_SETGID, CAP_SETUID, CAP_SETPCAP, CAP_DAC_READ_SEARCH, CAP_SYS_ADMIN,
+                                     CAP_KILL))
+
+
+def status(pid):
+    with open(f"/proc/{pid}/status") as f:
+        return dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
+
+
+def template_pids(h):
+    # its children run the same command line: the template is the one forkd started
+    return [p for p in tf.vmm_processes(h.tmp)
+            if " template " in " " + cmdline(p) + " " and status(p)["PPid"] == str(h.forkd.pid)]
+
+
+def cmdline(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def run(h):
+    h.setup_cgroups()
+    disk = os.path.join(h.tmp, "disk.img")
+    with open(disk, "wb") as f:
+        f.truncate(16 << 20)
+    os.environ["FORKD_VMM_TEST_HOOKS"] = "1"
+    h.start_bus()
+    h.start_forkd()
+    opts = {"memory_limit_mib": ("u", 128)} if h.cgroot else {}
+    ctx = {}
+
+    def create():
+        h.m("CreateSnapshot", "sssuu", ["t1", tf.GUEST, disk, 64, 30], timeout=120)
+        snaps = os.path.join(h.state, "snapshots")
+        st = os.stat(os.path.join(snaps, "t1", "memory.bin"))
+        assert st.st_uid == VMM_UID and st.st_gid == VMM_UID, (st.st_uid, st.st_gid)
+        assert os.stat(snaps).st_uid == VMM_UID
+        st = os.stat(h.state)
+        assert st.st_uid == 0 and st.st_gid == VMM_UID and (st.st_mode & 0o777) == 0o710, oct(st.st_mode)
+        assert os.stat(os.path.join(h.state, "sandboxes")).st_uid == 0
+    h.check("CreateSnapshot under confinement: the snapshot belongs to the VMM user, the state dir stays root's",
+            create)
+
+    def proc_shows_it():
+        infos = h.fork("t1", 2, opts)
+        ctx["ids"] = [i["id"] for i in infos]
+        ctx["pids"] = {i["id"]: i["pid"] for i in infos}
+        for i in infos:
+            pid = i["pid"]
+            s = status(pid)
+            assert s["Seccomp"] == "2", s["Seccomp"]
+            for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
+                assert s[k] == "0000000000000000", (k, s[k])
+            assert s["NoNewPrivs"] == "1"
+            assert s["Uid"].split() == [str(VMM_UID)] * 4, s["Uid"]
+            assert s["Gid"].split() == [str(VMM_UID)] * 4, s["Gid"]
+            assert s["Groups"].split() == [str(VMM_UID)], s["Groups"]
+            root = f"/proc/{pid}/root"
+            top = h.state.strip("/").split("/")[0]
+            assert sorted(os.listdir(root)) == sorted({"proc", top}), os.listdir(root)
+            assert not os.path.exists(root + "/etc/shadow") and not os.path.exists(root + "/dev/kvm")
+            assert os.path.isdir(root + h.state + "/snapshots/t1")
+            with open(f"/proc/{pid}/net/dev") as f:
+                ifaces = [line.split(":")[0].strip() for line in f.readlines()[2:]]
+            assert ifaces == ["lo"], ifaces
+            with open(f"/proc/{pid}/mountinfo") as f:
+                points = sorted(line.split()[4] for line in f)
+            assert points == sorted(["/", h.state, "/proc"]), points
+            if h.cgroot:
+                with open(f"/proc/{pid}/cgroup") as f:
+                    assert i["id"] in f.read()
+        for sid in ctx["ids"]:
+            assert json.loads(h.m("Ping", "s", [sid])[0])["pong"] is True
+        tpls = template_pids(h)
+        assert len(tpls) == 1, tpls
+        s = status(tpls[0])
+        assert s["Seccomp"] == "2" and s["NoNewPrivs"] == "1" and s["Uid"].split()[0] == "0", s
+        assert int(s["CapEff"], 16) == TEMPLATE_CAPS and int(s["CapBnd"], 16) == TEMPLATE_CAPS, (s["CapEff"],
+                                                                                                    s["CapBnd"])
+        assert s["CapInh"] == "0000000000000000" and s["CapAmb"] == "0000000000000000"
+        with open(f"/proc/{tpls[0]}/net/dev") as f:
+            assert [line.split(":")[0].strip() for line in f.readlines()[2:]] == ["lo"]
+    h.check("/proc of a sandbox's VMM: Seccomp 2, no capabilities, uid 65533, no_new_privs, only the jail, only lo",
+            proc_shows_it)
+
+    def branch_and_fork_confined():
+        # A branch is written by a fork of a confined VMM, into snapshots/ (the VMM user's)
+        sid = ctx["ids"][1]
+        h.m("RunCode", "ssu", [sid, "write /x.txt hello", 10])
+        h.m("BranchSandbox", "sssb", [sid, "b1", "diff", True], timeout=120)
+        infos = h.fork("b1", 1, opts)
+        out = json.loads(h.m("RunCode", "ssu", [infos[0]["id"], "cat /x.txt", 10])[0])
+        assert "hello" in json.dumps(out), out
+        assert status(infos[0]["pid"])["Seccomp"] == "2"
+        h.m("TerminateSandbox", "s", [infos[0]["id"]])
+        h.wait_removed(infos[0]["id"])
+        # ForkSandbox: the frozen copy of a confined VMM is the template, its children join their cgroups
+        kids = h.bus.call(tf.DEST, tf.PATH, tf.IFACE, "ForkSandbox", "su", [sid, 2], timeout=120)
+        assert kids, kids
+        for sb in h.sandboxes().values():
+            if sb["id"] not in ctx["ids"]:
+                assert status(sb["pid"])["Seccomp"] == "2"
+                assert json.loads(h.m("Ping", "s", [sb["id"]])[0])["pong"] is True
+                if h.cgroot:
+                    with open(f"/proc/{sb['pid']}/cgroup") as f:
+                        assert sb["id"] in f.read()
+                h.m("TerminateSandbox", "s", [sb["id"]])
+                h.wait_removed(sb["id"])
+    h.check("a diff branch of a confined sandbox, and a fork from it", branch_and_fork_confined)
+
+    def forbidden_syscall_kills():
+        victim, other = ctx["ids"]
+        pid = ctx["pids"][victim]
+        try:
+            h.m("RunCode", "ssu", [victim, "forbidden_call", 10])
+            raise AssertionError("RunCode answered: the VMM survived its forbidden syscall")
+        except tf.DBusError:
+            pass
+        reason = h.wait_removed(victim)
+        assert reason == "crashed", reason
+        tf.wait_for(lambda: not os.path.exists(f"/proc/{pid}"), 10, "the VMM to be reaped")
+        assert victim not in h.sandboxes()
+        if h.cgroot:
+            tf.wait_for(lambda: victim not in h.cgroup_children(), 10, "its cgroup to go")
+        with open(h.logs[-1]) as f:
+            log = f.read()
+        assert re.search(rf"Sandbox {victim} removed: crashed \(code -?\d+, signal 31\)", log), log[-2000:]
+        assert "made a system call its seccomp filter forbids" in log, log[-2000:]
+        # forkd serves the others, and forks again
+        assert json.loads(h.m("Ping", "s", [other])[0])["pong"] is True
+        more = h.fork("t1", 1, opts)
+        assert json.loads(h.m("Ping", "s", [more[0]["id"]])[0])["pong"] is True
+        h.terminate_all()
+    h.check("a forbidden syscall kills the VMM (SIGSYS): crashed, announced, cgroup freed, forkd serves on",
+            forbidden_syscall_kills)
+
+    def no_confine():
+        assert h.stop_forkd() == 0
+        h.start_forkd(["--no-confine"])
+        infos = h.fork("t1", 1, opts)
+        sid, pid = infos[0]["id"], infos[0]["pid"]
+        s = status(pid)
+        assert s["Seccomp"] == "0" and s["Uid"].split()[0] == "0", s
+        # With no filter the same request kills nothing: the filter is what killed above.
+        h.m("RunCode", "ssu", [sid, "forbidden_call", 10])
+        assert json.loads(h.m("Ping", "s", [sid])[0])["pong"] is True
+        h.terminate_all()
+    h.check("forkd --no-confine: VMMs as before, and the guest's request kills nothing", no_confine)
+
+    def clean():
+        h.assert_no_sanitizer_report()
+    h.check("forkd logged no sanitizer report", clean)
+    print(f"1..{h.n}")
+    return 1 if h.failed else 0
+
+
+def main():
+    if not tf.FORKD or not tf.VMM or not tf.GUEST:
+        print("Bail out! FORKD, FORKD_VMM and FORKD_TEST_GUEST must be set")
+        return 1
+    if not tf.kvm_usable():
+        tf.skip("/dev/kvm is not usable")
+    if os.geteuid() != 0:
+        tf.skip("needs root (the jail, cgroups, the system-bus policy)")
+    h = tf.Harness()
+    try:
+        return run(h)
+    finally:
+        h.cleanup()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
