@@ -16,8 +16,9 @@ under a private root; the harness of tests/daemon/test-forkd.py).
    directory (".tmp.", ".compact-staging-", ".unpack-", ".deleted-") and no
    unlisted snapshot directory is left, no forkd-vmm runs outside the new
    forkd's process tree, no sb-* cgroup, sandbox record or overlay file
-   belongs to no listed sandbox, no VMM sits in a network namespace (forkd
-   makes none; per_child_netns joins those of tools/netns-setup), and every
+   belongs to no listed sandbox, /run/netns is as it was (forkd pins no
+   namespace there) and every VMM is confined in a network namespace of its
+   own rather than the host's, and every
    listed sandbox answers. With a chance of 30% the VMM writing a snapshot
    also dies at a stage (FORKD_TEST_CRASH_SNAPSHOT/_COMPACT), and of 25% the
    restarted forkd is killed again while it recovers. Semantics (forkd(8)): sandboxes die with forkd (their
@@ -446,20 +447,32 @@ class Faults:
         if not live:
             ov = os.listdir(os.path.join(h.state, "overlays"))
             assert not ov, f"overlays left with no sandbox: {ov}"
-        # forkd makes no network namespace of its own (per_child_netns joins those of
-        # tools/netns-setup, and /run/netns is the machine's, shared with other
-        # users): what could leak is a VMM held in one, so every VMM of ours is in
-        # the host's, as none of these sandboxes asked for another.
+        # forkd pins no network namespace of its own (per_child_netns joins those of
+        # tools/netns-setup), and a confined VMM's own namespace (forkd-vmm(8),
+        # CONFINEMENT) lives only as long as its processes: what could leak is a
+        # namespace bound under /run/netns, or a VMM left in the host's network.
+        assert netns_names() == NETNS_AT_START, \
+            f"/run/netns changed: {sorted(netns_names() ^ NETNS_AT_START)}"
         host_ns = os.readlink("/proc/self/ns/net")
         for pid in tf.vmm_processes(h.tmp):
             try:
                 ns = os.readlink(f"/proc/{pid}/ns/net")
             except OSError:
                 continue
-            assert ns == host_ns, f"forkd-vmm {pid} is in network namespace {ns}"
+            assert ns != host_ns, f"forkd-vmm {pid} is in the host's network namespace (not confined)"
         outside = self.vmm_outside()
         assert not outside, f"forkd-vmm processes outside forkd's tree: {outside}"
 
+
+
+def netns_names():
+    try:
+        return set(os.listdir("/run/netns"))
+    except FileNotFoundError:
+        return set()
+
+
+NETNS_AT_START = netns_names()
 
 # ---------------------------------------------------------------------------
 
