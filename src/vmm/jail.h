@@ -2,6 +2,7 @@
 #pragma once
 
 #include <stdbool.h>
+#include <stdint.h>
 #include <sys/types.h>
 
 /* How many --jail-bind directories forkd-vmm takes. */
@@ -50,8 +51,9 @@ enum jail_profile {
 };
 int jail_apply_seccomp(enum jail_profile profile);
 
-/* The template, before its own filter: builds the VMM profile once, so that
- * jail_confine_vmm() in each child only loads it. */
+/* The template, before its own filter: builds once the small filter that each
+ * child stacks on the inherited template filter in jail_confine_vmm(), so that
+ * together they allow exactly the VMM profile (jail.c). */
 int jail_prepare_vmm_filter(void);
 
 /* Everything a child does before its first KVM_RUN: jail_drop_privileges()
@@ -59,4 +61,9 @@ int jail_prepare_vmm_filter(void);
 int jail_confine_vmm(void);
 
 /* Called by the run loop on a guest's write to JAIL_TEST_HOOK_PORT. */
-void jail_test_hook(void);
+enum {
+        JAIL_TEST_FORBIDDEN = 1,        /* a syscall in no allow-list */
+        JAIL_TEST_TEMPLATE_SYSCALL = 2, /* one only the template's list has */
+        JAIL_TEST_TEMPLATE_PRCTL = 3,   /* a prctl() option only the template's list has */
+};
+void jail_test_hook(uint8_t what);

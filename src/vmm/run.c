@@ -338,7 +338,7 @@ static int handle_io(struct vmm *vmm) {
                         if (run->io.direction == KVM_EXIT_IO_IN)
                                 memset(data, 0xff, sz);
                         else if (run->io.port == JAIL_TEST_HOOK_PORT)
-                                jail_test_hook(); /* does nothing unless tests asked for it */
+                                jail_test_hook(*data); /* does nothing unless tests asked for it */
                         continue;
                 }
                 if (run->io.direction == KVM_EXIT_IO_IN)

@@ -353,8 +353,19 @@ static int statement(const u8 *s, u32 n)
         }
         /* Asks the VMM for a syscall its seccomp filter forbids (JAIL_TEST_HOOK_PORT in
          * src/vmm/jail.h); only a VMM started with FORKD_VMM_TEST_HOOKS=1 obeys. */
-        if (n == 14 && span_eq(s, wl, "forbidden_call", 14)) {
-                u_outb(0x5fe, 1);
+        if (span_eq(s, wl, "forbidden_call", 14)) {
+                /* "forbidden_call": a syscall in no allow-list; "forbidden_call setresuid"
+                 * and "forbidden_call prctl": calls only the template's list allows, which
+                 * a child's own filter must forbid (JAIL_TEST_* in src/vmm/jail.h). */
+                u8 what = 1;
+
+                if (span_eq(s + i, n - i, "setresuid", 9))
+                        what = 2;
+                else if (span_eq(s + i, n - i, "prctl", 5))
+                        what = 3;
+                else if (i < n)
+                        return fail("forbidden_call: unknown call: ", s + i, n - i);
+                u_outb(0x5fe, what);
                 return 0;
         }
         /* NAME = VALUE */
