@@ -35,7 +35,8 @@
  *    its VM, jail_confine_vmm(): no supplementary groups, the VMM's gid and
  *    uid, an empty bounding set, no capabilities in any set (ambient
  *    included), no_new_privs, then the VMM allow-list (JAIL_PROFILE_VMM) right
- *    before the first KVM_RUN. Branch copies and the frozen templates of a
+ *    before the first KVM_RUN: a template's child by stacking a small filter
+ *    on the template's (jail_prepare_vmm_filter()), "boot" the whole list. Branch copies and the frozen templates of a
  *    running sandbox's fork are fork()s of such a process: they inherit all
  *    of it and need nothing more.
  *
