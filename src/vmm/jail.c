@@ -250,6 +250,7 @@ int jail_restrict_template(void) {
         r = bounding_set_keep(0);
         if (r < 0)
                 return log_error_errno(r, "jail: emptying the bounding set failed: %m");
+        jail.bounding_empty = true;
         r = caps_set(keep);
         if (r < 0)
                 return log_error_errno(r, "jail: capset failed: %m");
@@ -266,7 +267,7 @@ int jail_drop_privileges(void) {
                 return 0;
         /* A change of uid clears the parent-death signal: note it, to set it again below. */
         (void) prctl(PR_GET_PDEATHSIG, &pdeath, 0, 0, 0);
-        r = bounding_set_keep(0);
+        r = jail.bounding_empty ? 0 : bounding_set_keep(0); /* a template's child: done */
         if (r < 0)
                 return log_error_errno(r, "jail: emptying the bounding set failed: %m");
         if (setgroups(1, &jail.gid) < 0 || setresgid(jail.gid, jail.gid, jail.gid) < 0 ||

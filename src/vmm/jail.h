@@ -21,6 +21,7 @@ struct jail {
         const char *binds[JAIL_BINDS_MAX]; /* bound read-write at the same path */
         unsigned n_binds;
         bool test_hooks;  /* FORKD_VMM_TEST_HOOKS=1 */
+        bool bounding_empty; /* the template emptied the bounding set; its children inherit that */
         bool dropped;     /* this process already runs as the VMM's user, without capabilities */
         bool confined;    /* ... and under the VMM's seccomp filter */
 };
