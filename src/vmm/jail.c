@@ -391,7 +391,7 @@ static int build_filter(enum jail_profile profile, scmp_filter_ctx *ret) {
         } else
                 for (size_t i = 0; r >= 0 && i < ELEMENTSOF(prctls_vmm); i++)
                         r = seccomp_rule_add(ctx, SCMP_ACT_ALLOW, SCMP_SYS(prctl), 1,
-                                             SCMP_A0(SCMP_CMP_EQ, (scmp_datum_t) prctls_vmm[i]));
+                                             SCMP_A0(SCMP_CMP_EQ, (scmp_datum_t) prctls_vmm[i], 0));
         if (r < 0) {
                 seccomp_release(ctx);
                 return r;
