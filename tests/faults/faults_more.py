@@ -257,7 +257,9 @@ def stack_restart(h, scale):
     build = os.environ.get("FORKD_BUILD_DIR")
     state = os.path.join(h.tmp, "stack")
     port = 20000 + os.getpid() % 20000
-    env = dict(os.environ, FORKD_BUILD_DIR=build or "", FORKD_STACK_NO_BUILD="1")
+    # FORKD_STACK_GUEST=test: the test guest on real KVM too, as tools/run-tests has it
+    # (otherwise up on real KVM wants the Linux image that tools/mkimage builds).
+    env = dict(os.environ, FORKD_BUILD_DIR=build or "", FORKD_STACK_NO_BUILD="1", FORKD_STACK_GUEST="test")
 
     def stack(*args):
         p = subprocess.run([os.path.join(top, "tools/forkd-stack"), *args, "--state-dir", state],
