@@ -258,6 +258,20 @@ static int create_snapshot_start(Manager *m, sd_bus_message *message, const char
         return 1;
 }
 
+/* Both create methods: the arguments, then org.forkd.manage-snapshots. Returns 0
+ * while polkit has not answered yet (the message is dispatched again). */
+static int verify_create(Manager *m, sd_bus_message *message, const char *tag, uint32_t mem_mib, uint32_t boot_wait,
+                         sd_bus_error *error) {
+        int r;
+
+        r = check_create_args(tag, mem_mib, boot_wait, error);
+        if (r < 0)
+                return r;
+        return bus_verify_polkit_async(message, "org.forkd.manage-snapshots",
+                                       (const char *[]) { "snapshot", tag, "verb", "create", NULL },
+                                       &m->polkit_registry, error);
+}
+
 static int method_create_snapshot(sd_bus_message *message, void *userdata, sd_bus_error *error) {
         Manager *m = userdata;
         const char *tag, *kernel, *rootfs;
@@ -273,17 +287,9 @@ static int method_create_snapshot(sd_bus_message *message, void *userdata, sd_bu
         r = sd_bus_message_read(message, "sssuu", &tag, &kernel, &rootfs, &mem_mib, &boot_wait);
         if (r < 0)
                 return r;
-        r = check_create_args(tag, mem_mib, boot_wait, error);
-        if (r < 0)
-                return r;
-
-        r = bus_verify_polkit_async(message, "org.forkd.manage-snapshots",
-                                    (const char *[]) { "snapshot", tag, "verb", "create", NULL }, &m->polkit_registry,
-                                    error);
-        if (r < 0)
-                return r;
-        if (r == 0)
-                return 1;
+        r = verify_create(m, message, tag, mem_mib, boot_wait, error);
+        if (r <= 0)
+                return r < 0 ? r : 1; /* 0: polkit answers later and dispatches it again */
 
         /* forkd would open these paths with its own privileges: for root only.
          * Everyone else opens the files and passes descriptors. */
@@ -359,17 +365,9 @@ static int method_create_snapshot_from_fds(sd_bus_message *message, void *userda
         r = sd_bus_message_exit_container(message);
         if (r < 0)
                 return r;
-        r = check_create_args(tag, mem_mib, boot_wait, error);
-        if (r < 0)
-                return r;
-
-        r = bus_verify_polkit_async(message, "org.forkd.manage-snapshots",
-                                    (const char *[]) { "snapshot", tag, "verb", "create", NULL }, &m->polkit_registry,
-                                    error);
-        if (r < 0)
-                return r;
-        if (r == 0)
-                return 1;
+        r = verify_create(m, message, tag, mem_mib, boot_wait, error);
+        if (r <= 0)
+                return r < 0 ? r : 1; /* 0: polkit answers later and dispatches it again */
 
         c = image_create_new();
         if (!c)
