@@ -251,6 +251,8 @@ static int run(int argc, char *argv[]) {
         if (access(m->vmm_path, X_OK) < 0)
                 return log_error_errno(errno, "Cannot execute %s (set --vmm or $FORKD_VMM): %m", m->vmm_path);
 
+        (void) manager_take_activated_direct(m); /* before anything is spawned */
+
         r = cgroup_manager_new(m->event, arg_cgroup_root, &m->cgroups);
         if (r < 0)
                 return log_error_errno(r, "Failed to set up memory limits: %m");

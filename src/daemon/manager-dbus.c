@@ -1,10 +1,13 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 #include <fcntl.h>
 #include <inttypes.h>
+#include <stddef.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
+
+#include <systemd/sd-daemon.h>
 
 #include "chain.h"
 #include "boot-files.h"
@@ -1018,6 +1021,62 @@ static int on_direct_connection(sd_event_source *es, int fd, uint32_t revents, v
         return 0;
 }
 
+static int fd_cloexec_nonblock(int fd) {
+        int fl = fcntl(fd, F_GETFD);
+
+        if (fl < 0 || fcntl(fd, F_SETFD, fl | FD_CLOEXEC) < 0)
+                return -errno;
+        fl = fcntl(fd, F_GETFL);
+        if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0)
+                return -errno;
+        return 0;
+}
+
+int manager_take_activated_direct(Manager *m) {
+        union {
+                struct sockaddr sa;
+                struct sockaddr_un un;
+        } sa = {};
+        socklen_t salen = sizeof sa;
+        int n, fd;
+
+        n = sd_listen_fds(true); /* unsets $LISTEN_FDS: no VMM sees it */
+        if (n < 0)
+                return log_warning_errno(n, "Cannot read the sockets systemd passed: %m");
+        for (fd = SD_LISTEN_FDS_START; fd < SD_LISTEN_FDS_START + n; fd++) {
+                /* systemd passes them without O_CLOEXEC; no VMM may inherit one. */
+                if (fd_cloexec_nonblock(fd) < 0 || m->direct_fd >= 0 || geteuid() != 0 ||
+                    sd_is_socket_unix(fd, SOCK_STREAM, 1, NULL, 0) <= 0 ||
+                    getsockname(fd, &sa.sa, &salen) < 0 || salen <= offsetof(struct sockaddr_un, sun_path) ||
+                    sa.un.sun_path[0] == '\0') {
+                        log_warning("Ignoring passed fd %i: forkd takes one listening AF_UNIX stream socket "
+                                    "with a path (forkd.socket), and only as root.", fd);
+                        safe_close(fd);
+                        continue;
+                }
+                m->direct_path = strndup(sa.un.sun_path, salen - offsetof(struct sockaddr_un, sun_path));
+                if (!m->direct_path) {
+                        safe_close(fd);
+                        return log_oom();
+                }
+                m->direct_fd = fd;
+                m->direct_activated = true;
+        }
+        return 0;
+}
+
+static int watch_direct(Manager *m) {
+        int r;
+
+        r = sd_event_add_io(m->event, &m->direct_source, m->direct_fd, EPOLLIN, on_direct_connection, m);
+        if (r < 0)
+                return log_warning_errno(r, "Cannot watch %s: %m", m->direct_path);
+        (void) sd_event_source_set_description(m->direct_source, "direct-bus");
+        log_debug("Direct D-Bus connections for root on %s%s.", m->direct_path,
+                  m->direct_activated ? " (socket-activated)" : "");
+        return 0;
+}
+
 int manager_listen_direct(Manager *m) {
         union {
                 struct sockaddr sa;
@@ -1026,6 +1085,8 @@ int manager_listen_direct(Manager *m) {
         _cleanup_free_ char *path = NULL;
         int fd, r;
 
+        if (m->direct_activated)
+                return watch_direct(m);
         if (geteuid() != 0)
                 return 0; /* it would admit nobody: non-root callers need polkit, hence the bus */
         if (asprintf(&path, "%s/bus.sock", m->state_dir) < 0)
@@ -1055,17 +1116,16 @@ int manager_listen_direct(Manager *m) {
                 (void) unlink(path);
                 return r;
         }
-        r = sd_event_add_io(m->event, &m->direct_source, fd, EPOLLIN, on_direct_connection, m);
-        if (r < 0) {
-                safe_close(fd);
-                (void) unlink(path);
-                return log_warning_errno(r, "Cannot watch %s: %m", path);
-        }
-        (void) sd_event_source_set_description(m->direct_source, "direct-bus");
         m->direct_fd = fd;
         m->direct_path = TAKE_PTR(path);
-        log_debug("Direct D-Bus connections for root on %s.", m->direct_path);
-        return 0;
+        r = watch_direct(m);
+        if (r < 0) {
+                (void) unlink(m->direct_path);
+                free(m->direct_path);
+                m->direct_path = NULL;
+                m->direct_fd = safe_close(m->direct_fd);
+        }
+        return r;
 }
 
 void manager_close_direct(Manager *m) {
@@ -1075,7 +1135,8 @@ void manager_close_direct(Manager *m) {
         m->direct_kick = sd_event_source_disable_unref(m->direct_kick);
         m->direct_fd = safe_close(m->direct_fd);
         if (m->direct_path) {
-                (void) unlink(m->direct_path);
+                if (!m->direct_activated) /* forkd.socket's path stays: systemd listens on it */
+                        (void) unlink(m->direct_path);
                 free(m->direct_path);
                 m->direct_path = NULL;
         }

@@ -88,6 +88,7 @@ struct Manager {
          * daemon in between: state_dir/bus.sock (manager-dbus.c). */
         int direct_fd;
         char *direct_path;
+        bool direct_activated;  /* direct_fd came from forkd.socket: systemd owns the path */
         sd_event_source *direct_source;
         sd_bus *direct[FORKD_DIRECT_CONNECTIONS_MAX];
         bool direct_started[FORKD_DIRECT_CONNECTIONS_MAX]; /* ready, and its early bytes processed */

@@ -618,6 +618,74 @@ def run(h):
         assert h.stop_forkd() == 0
     h.check("delete the snapshot, SnapshotRemoved, clean stop", delete)
 
+    def socket_activated():
+        # units/forkd.socket, as systemd-socket-activate(1) passes it: forkd starts on
+        # the first connection to its direct socket, serves it, keeps the fd from its
+        # VMMs, and leaves the path (systemd's) in place when it stops.
+        assert shutil.which("systemd-socket-activate"), "systemd-socket-activate (package systemd) is missing"
+        sock = os.path.join(h.tmp, "activated.sock")
+        log = open(os.path.join(h.tmp, "forkd.activated.log"), "w")
+        h.logs.append(log.name)
+        # It passes only the environment named with -E.
+        keep = ["-E", "FORKD_VMM=" + VMM] + [a for k in ("ASAN_OPTIONS", "UBSAN_OPTIONS", "LSAN_OPTIONS",
+                                                           "FORKD_NO_CONFINE", "FORKD_LOG_DEBUG")
+                                             if k in os.environ for a in ("-E", f"{k}={os.environ[k]}")]
+        act = subprocess.Popen(["systemd-socket-activate", "-l", sock] + keep + [
+                               FORKD, "--bus-address", h.address, "--state-dir", h.state], stdout=log, stderr=log)
+        log.close()
+        try:
+            wait_for(lambda: os.path.exists(sock), 10, "systemd-socket-activate to listen")
+            time.sleep(0.3)
+            assert act.poll() is None
+            owner = h.bus.call("org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus",
+                               "NameHasOwner", "s", [DEST])[0]
+            assert not owner, "forkd runs before anyone connected"
+            direct = Bus("unix:path=" + sock, timeout=30, hello=False)
+            try:
+                assert direct.call(DEST, PATH, IFACE, "ListSnapshots", timeout=30)[0] == []
+                got = direct.call(DEST, PATH, "org.freedesktop.DBus.Properties", "Get", "ss",
+                                  [IFACE, "DirectSocket"])[0]
+                assert got == sock, f"DirectSocket is {got!r}, not the passed {sock!r}"
+                assert not os.path.exists(os.path.join(h.state, "bus.sock")), "bound its own socket too"
+                pid = act.pid
+                with open(f"/proc/{pid}/comm") as f:
+                    assert f.read().strip() == "forkd"
+                fds = {}
+                for fd in os.listdir(f"/proc/{pid}/fd"):
+                    try:
+                        fds[fd] = os.readlink(f"/proc/{pid}/fd/{fd}")
+                    except OSError:
+                        pass
+                assert fds.get("3", "").startswith("socket:"), f"fd 3 is not the passed socket: {fds}"
+                with open(f"/proc/{pid}/fdinfo/3") as f:
+                    flags = int(next(ln for ln in f if ln.startswith("flags:")).split()[1], 8)
+                assert flags & 0o2000000, f"the passed socket is not O_CLOEXEC (flags {flags:o})"
+                info = direct.call(DEST, PATH, IFACE, "CreateSnapshot", "sssuu", ["sa", GUEST, disk, 64, 30],
+                                   timeout=120)[0]
+                assert info["tag"] == "sa", info
+                kid = direct.call(DEST, PATH, IFACE, "Fork", "sua{sv}", ["sa", 1, {}], timeout=120)[0][0]
+                assert json.loads(direct.call(DEST, PATH, IFACE, "Ping", "s", [kid["id"]])[0])["pong"]
+                for vpid in vmm_processes(h.tmp):
+                    with open(f"/proc/{vpid}/environ", "rb") as f:
+                        assert b"LISTEN_FDS" not in f.read(), f"VMM {vpid} inherited $LISTEN_FDS"
+                    for fd in os.listdir(f"/proc/{vpid}/fd"):
+                        try:
+                            tgt = os.readlink(f"/proc/{vpid}/fd/{fd}")
+                        except OSError:
+                            continue
+                        assert tgt != fds["3"], f"VMM {vpid} inherited the passed socket as fd {fd}"
+            finally:
+                direct.close()
+            act.send_signal(signal.SIGTERM)
+            assert act.wait(30) == 0
+            wait_for(lambda: not vmm_processes(h.tmp), 20, "the VMMs to exit with forkd")
+            assert os.path.exists(sock), "forkd removed the path of a socket it did not create"
+        finally:
+            if act.poll() is None:
+                act.kill()
+                act.wait()
+    h.check("socket activation: forkd starts on its first direct connection and serves it", socket_activated)
+
     h.check("forkd logged no sanitizer report", h.assert_no_sanitizer_report)
 
     print(f"1..{h.n}")

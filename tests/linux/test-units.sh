@@ -14,7 +14,10 @@
 #   - over D-Bus: a local user without the group "forkd" is refused, one in it and root
 #     are allowed;
 #   - the watchdog is exercised (a drop-in shortens WatchdogSec=), nothing restarts,
-#     and `systemctl stop` leaves no forkd-vmm behind.
+#     and `systemctl stop` leaves no forkd-vmm behind;
+#   - forkd.socket: a connection to /run/forkd/bus.sock starts forkd, `systemctl stop
+#     forkd` with the socket left in place leaves no VMM, scope, cgroup or record, and
+#     the next connection starts it again.
 # TAP. Usage: test-units.sh BUILD_DIR        (outside; boots the test host)
 #             test-units.sh --inside BUILD_DIR (inside the test host, as root)
 set -u
@@ -81,12 +84,12 @@ diag <<<"$out"
 systemctl daemon-reload
 unit_path=$(systemctl show -p FragmentPath --value forkd.service)
 check "systemd finds forkd.service after daemon-reload (${unit_path:-nowhere})" [ -n "$unit_path" ]
-for u in forkd-rest.service forkd-rest.socket; do
+for u in forkd.socket forkd-rest.service forkd-rest.socket; do
         p=$(systemctl show -p FragmentPath --value $u)
         check "systemd finds $u (${p:-nowhere})" [ -n "$p" ]
 done
-out=$(systemd-analyze verify --man=no forkd.service forkd-rest.service forkd-rest.socket 2>&1)
-check "systemd-analyze verify of the three units is clean" [ -z "$out" ]
+out=$(systemd-analyze verify --man=no forkd.service forkd.socket forkd-rest.service forkd-rest.socket 2>&1)
+check "systemd-analyze verify of the four units is clean" [ -z "$out" ]
 [ -z "$out" ] || diag <<<"$out"
 busctl call org.freedesktop.DBus /org/freedesktop/DBus org.freedesktop.DBus ReloadConfig >/dev/null ||
         bail "dbus ReloadConfig failed"
@@ -206,6 +209,65 @@ check "systemctl stop: all three inactive" \
 check "systemctl stop: no forkd-vmm left ($(vmms))" [ "$(vmms)" = 0 ]
 check "forkd.service stopped cleanly (Result=$(systemctl show -p Result --value forkd.service))" \
         [ "$(systemctl show -p Result --value forkd.service)" = success ]
+
+# ---- 5. forkd.socket: forkd starts on its first direct connection ----
+# direct CALL...: a root client of forkd's direct socket (tests/daemon/dbusmini.py, no
+# bus daemon in between); prints the reply's body as JSON.
+SOCK=/run/forkd/bus.sock
+direct() {
+        python3 - "$SOCK" "$@" <<'PY'
+import json, sys
+sys.path.insert(0, "tests/daemon")
+from dbusmini import Bus
+sock, member, sig, args = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
+iface, path = "org.forkd.Manager", "/org/forkd/Manager"
+b = Bus("unix:path=" + sock, timeout=120, hello=False)
+if member == "Get":
+    print(json.dumps(b.call(iface, path, "org.freedesktop.DBus.Properties", "Get", "ss", [iface, args[0]])))
+else:
+    print(json.dumps(b.call(iface, path, iface, member, sig, args, 120)))
+PY
+}
+systemctl enable forkd.socket 2>&1 | diag
+check "forkd.socket is enabled (sockets.target wants it)" [ "$(systemctl is-enabled forkd.socket)" = enabled ]
+systemctl start forkd.socket || bail "cannot start forkd.socket"
+check "forkd.socket listening, forkd.service not running" \
+        [ "$(systemctl is-active forkd.socket)/$(systemctl is-active forkd.service)" = active/inactive ]
+check "$SOCK is a socket, mode 0600, owned by root ($(stat -c '%A %U' $SOCK 2>&1))" \
+        [ "$(stat -c '%F %a %u' $SOCK 2>/dev/null)" = "socket 600 0" ]
+out=$(direct ListSnapshots "" '[]' 2>&1); rc=$?
+{ [ $rc = 0 ] && [ "$out" = '[[]]' ]; }; result $? "a direct connection to $SOCK socket-activates forkd and is served (ListSnapshots: $out)"
+check "forkd.service is active after it" [ "$(systemctl is-active forkd.service)" = active ]
+out=$(direct Get "" '["DirectSocket"]' 2>&1)
+check "DirectSocket names the passed socket ($out)" [ "$out" = "[\"$SOCK\"]" ]
+check "forkd did not bind a socket of its own in its state directory" [ ! -e /var/lib/forkd/bus.sock ]
+out=$(direct CreateSnapshot sssuu "[\"units2\", \"$GUEST\", \"$WORK/disk.img\", 64, 60]" 2>&1)
+result $? "CreateSnapshot over the direct socket" || diag <<<"$out"
+out=$(direct Fork 'sua{sv}' '["units2", 2, {}]' 2>&1)
+result $? "Fork 2 over the direct socket" || diag <<<"$out"
+scopes() { systemctl list-units --all --plain --no-legend 'forkd-*.scope' | grep -c . ; }
+check "two sandboxes running ($(sandboxes)), $(vmms) forkd-vmm, $(scopes) forkd scopes" \
+        [ "$(sandboxes)/$(vmms)" = 2/3 ]
+out=$(systemctl stop forkd.service 2>&1)
+diag <<<"$out"
+check "systemctl stop forkd.service: forkd inactive, forkd.socket still listening" \
+        [ "$(systemctl is-active forkd.service)/$(systemctl is-active forkd.socket)" = inactive/active ]
+check "after stop: no forkd-vmm ($(vmms))" [ "$(vmms)" = 0 ]
+check "after stop: no forkd scope left ($(scopes))" [ "$(scopes)" = 0 ]
+left=$(find /sys/fs/cgroup -name 'forkd-*' 2>/dev/null | head -n 5)
+check "after stop: no forkd cgroup left (${left:-none})" [ -z "$left" ]
+left=$(ls -A /var/lib/forkd/sandboxes 2>/dev/null | head -n 5)
+check "after stop: no sandbox record left (${left:-none})" [ -z "$left" ]
+check "after stop: $SOCK is still there" [ -S "$SOCK" ]
+out=$(direct ListSnapshots "" '[]' 2>&1); rc=$?
+{ [ $rc = 0 ] && grep -q '"units2"' <<<"$out"; }; result $? "the next connection starts forkd again, with its snapshots"
+check "forkd.service active again" [ "$(systemctl is-active forkd.service)" = active ]
+check "no sandbox survived the stop ($(sandboxes))" [ "$(sandboxes)" = 0 ]
+direct DeleteSnapshot sbb '["units2", true, true]' >/dev/null 2>&1
+systemctl stop forkd.socket forkd.service
+systemctl disable forkd.socket 2>&1 | diag
+check "forkd.socket and forkd.service stopped" \
+        [ "$(systemctl is-active forkd.socket forkd.service | sort -u | tr '\n' ' ')" = "inactive " ]
 
 if [ $failed != 0 ]; then
         echo "# journal of the units:"
