@@ -102,6 +102,7 @@ Manager *manager_free(Manager *m) {
         free(m->stale_records);
 
         sd_event_source_disable_unref(m->exit_timer);
+        sd_event_source_disable_unref(m->exit_poll);
         sd_event_source_disable_unref(m->snapshots_watch);
         safe_close(m->snapshots_watch_fd);
         manager_close_direct(m);
@@ -291,7 +292,41 @@ unsigned manager_n_visible_sandboxes(const Manager *m) {
         return n;
 }
 
+static int on_exit_poll(sd_event_source *s, uint64_t usec, void *userdata) {
+        manager_check_idle_exit(userdata);
+        return 0;
+}
+
+/* Stopping (SIGTERM, systemctl stop): once the running operations end, every
+ * sandbox ends as a TerminateSandbox would end it, announced with the reason
+ * "daemon-stop", its record and cgroup removed, so that nothing outlives forkd
+ * but its snapshots. forkd.c's exit timer bounds the wait. */
 void manager_check_idle_exit(Manager *m) {
-        if (m->exiting && m->n_operations == 0 && m->event)
-                (void) sd_event_exit(m->event, 0);
+        HashmapIter it = {};
+        void *v;
+
+        if (!m->exiting || m->freeing || m->n_operations > 0 || !m->event)
+                return;
+        if (hashmap_size(m->vms) > 0) {
+                while (hashmap_iterate(m->vms, &it, &v)) {
+                        Sandbox *s = v;
+
+                        if (!s->killed) {
+                                s->stopped = true;
+                                (void) sandbox_kill(s);
+                        }
+                }
+                return; /* sandbox_exited() calls again */
+        }
+        if (cgroup_pending_removals(m->cgroups) > 0) {
+                if (!m->exit_poll)
+                        (void) sd_event_add_time_relative(m->event, &m->exit_poll, CLOCK_MONOTONIC, 20 * 1000, 0,
+                                                          on_exit_poll, m);
+                else {
+                        (void) sd_event_source_set_time_relative(m->exit_poll, 20 * 1000);
+                        (void) sd_event_source_set_enabled(m->exit_poll, SD_EVENT_ONESHOT);
+                }
+                return;
+        }
+        (void) sd_event_exit(m->event, 0);
 }

@@ -103,6 +103,7 @@ struct Manager {
         bool exiting;         /* asked to stop: exit once no operation runs */
         bool freeing;         /* in manager_free(): leave records and cgroups to the next start */
         sd_event_source *exit_timer;
+        sd_event_source *exit_poll;   /* stopping: waiting for cgroups to empty */
         /* inotify on snapshots_dir: a snapshot renamed into place by a branch
          * writer of a predecessor (branch.c) is registered when it lands. */
         int snapshots_watch_fd;

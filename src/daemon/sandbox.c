@@ -183,7 +183,9 @@ void sandbox_exited(Sandbox *s, int code, int sig) {
         /* Asked for every exit: the scope backend accounts each kill to one sandbox. */
         if (s->has_cgroup && cgroup_oom_kills(m->cgroups, s->vm_id, &ooms) < 0)
                 ooms = 0;
-        if (s->killed)
+        if (s->stopped)
+                reason = "daemon-stop";
+        else if (s->killed)
                 reason = "terminated";
         else if (ooms > 0)
                 reason = "oom-killed";
@@ -211,6 +213,7 @@ void sandbox_exited(Sandbox *s, int code, int sig) {
                 fork_op_child_gone(f);
         if (t)
                 vm_template_maybe_gc(t);
+        manager_check_idle_exit(m);
 }
 
 int sandbox_kill(Sandbox *s) {

@@ -39,6 +39,7 @@ struct Sandbox {
         bool has_cgroup;
         bool live_fork;
         bool killed;          /* by us: the exit reason is "terminated" */
+        bool stopped;         /* by forkd stopping: the reason is "daemon-stop" */
         /* Replaced by a merge: off the bus and out of manager->sandboxes, its VM
          * killed; no signal when it goes. merge_reply is sent once it is gone. */
         bool retired;

@@ -225,6 +225,8 @@ b = Bus("unix:path=" + sock, timeout=120, hello=False)
 if member == "Get":
     print(json.dumps(b.call(iface, path, "org.freedesktop.DBus.Properties", "Get", "ss", [iface, args[0]])))
 else:
+    if member == "Fork":  # a{sv} values as [signature, value]
+        args[2] = {k: tuple(v) for k, v in args[2].items()}
     print(json.dumps(b.call(iface, path, iface, member, sig, args, 120)))
 PY
 }
@@ -243,18 +245,18 @@ check "DirectSocket names the passed socket ($out)" [ "$out" = "[\"$SOCK\"]" ]
 check "forkd did not bind a socket of its own in its state directory" [ ! -e /var/lib/forkd/bus.sock ]
 out=$(direct CreateSnapshot sssuu "[\"units2\", \"$GUEST\", \"$WORK/disk.img\", 64, 60]" 2>&1)
 result $? "CreateSnapshot over the direct socket" || diag <<<"$out"
-out=$(direct Fork 'sua{sv}' '["units2", 2, {}]' 2>&1)
+out=$(direct Fork 'sua{sv}' '["units2", 2, {"memory_limit_mib": ["u", 64]}]' 2>&1)
 result $? "Fork 2 over the direct socket" || diag <<<"$out"
 scopes() { systemctl list-units --all --plain --no-legend 'forkd-*.scope' | grep -c . ; }
-check "two sandboxes running ($(sandboxes)), $(vmms) forkd-vmm, $(scopes) forkd scopes" \
-        [ "$(sandboxes)/$(vmms)" = 2/3 ]
+check "two sandboxes running ($(sandboxes)), $(vmms) forkd-vmm, $(scopes) forkd scopes (memory limits)" \
+        [ "$(sandboxes)/$(vmms)/$(scopes)" = 2/3/2 ]
 out=$(systemctl stop forkd.service 2>&1)
 diag <<<"$out"
 check "systemctl stop forkd.service: forkd inactive, forkd.socket still listening" \
         [ "$(systemctl is-active forkd.service)/$(systemctl is-active forkd.socket)" = inactive/active ]
 check "after stop: no forkd-vmm ($(vmms))" [ "$(vmms)" = 0 ]
 check "after stop: no forkd scope left ($(scopes))" [ "$(scopes)" = 0 ]
-left=$(find /sys/fs/cgroup -name 'forkd-*' 2>/dev/null | head -n 5)
+left=$(find /sys/fs/cgroup -name 'forkd-sb-*' 2>/dev/null | head -n 5)
 check "after stop: no forkd cgroup left (${left:-none})" [ -z "$left" ]
 left=$(ls -A /var/lib/forkd/sandboxes 2>/dev/null | head -n 5)
 check "after stop: no sandbox record left (${left:-none})" [ -z "$left" ]
