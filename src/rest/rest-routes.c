@@ -30,7 +30,7 @@
 /* json_dispatch() flags for request bodies: no JSON_REJECT_UNKNOWN. forkd's
  * own clients send fields that only some forkd versions know (prewarm,
  * hugepages, measure_diff, parent_tag, ...) and forkd ignores the ones it
- * does not know; so does forkd-rest (docs/rest-api.md, "Fields"). */
+ * does not know; so does forkd-rest (docs/rest-api.md, "Requests"). */
 #define BODY_FLAGS 0u
 
 static int reply_dispatch_error(RestRequest *req, int r, const char *field, const char *reason) {
