@@ -333,6 +333,10 @@ def t_cli(c, stack):
         check(s.get("status") in ("writing", "ready"), s)
         # forkd's own legacy spelling of a live branch, from its API before "mode"
         is_snapshot(w.ok(201, "POST", f"/v1/sandboxes/{sid}/branch", {"live": True, "tag": "cli-ll"}), "cli-ll", sid)
+        # parent_tag of a sandbox that does not exist: 404 from the look-up, nothing written
+        st, _, _, e = w.request("POST", "/v1/sandboxes/sb-nosuch/branch", {"tag": "cli-x", "mode": "diff",
+                                                                          "parent_tag": TAG})
+        check(st == 404 and "sb-nosuch" in e["error"], (st, e))
         # forkd's parent_tag with a non-diff branch: 400 as there
         st, _, _, e = w.request("POST", f"/v1/sandboxes/{sid}/branch", {"tag": "cli-x", "parent_tag": "cli-l1"})
         check(st == 400 and "diff" in e["error"], (st, e))
@@ -374,6 +378,7 @@ def t_cli(c, stack):
         while [x.get("status") for x in w.ok(200, "GET", "/v1/snapshots") if x["tag"] == "cli-nw"] != ["ready"]:
             check(time.monotonic() < deadline, "cli-nw never became ready")
             time.sleep(0.05)
+        check("cli-x" not in {x["tag"] for x in w.ok(200, "GET", "/v1/snapshots")}, "a refused branch wrote")
         for tag in ("cli-flat", "cli-fs", "cli-lv", "cli-nw", "cli-ll"):
             st, _, out, _ = w.request("DELETE", f"/v1/snapshots/{tag}?force=true")
             check(st == 204, (tag, st, out))
