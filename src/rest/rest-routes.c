@@ -27,11 +27,15 @@
 #define CALL_TIMEOUT_DIFF (120 * USEC_PER_SEC)
 #define IN_SET_N(r) ((r) == -EINVAL || (r) == -ERANGE)
 
+/* json_dispatch() flags for request bodies: no JSON_REJECT_UNKNOWN. forkd's
+ * own clients send fields that only some forkd versions know (prewarm,
+ * hugepages, measure_diff, parent_tag, ...) and forkd ignores the ones it
+ * does not know; so does forkd-rest (docs/rest-api.md, "Requests"). */
+#define BODY_FLAGS 0u
+
 static int reply_dispatch_error(RestRequest *req, int r, const char *field, const char *reason) {
         if (r == -ENOMEM)
                 return rest_reply_error(req, 500, "out of memory");
-        if (r == -EADDRNOTAVAIL)
-                return rest_reply_error(req, 400, "unknown field '%s'", field ?: "?");
         if (!field)
                 return rest_reply_error(req, 400, "request body: %s", reason ?: "invalid");
         return rest_reply_error(req, 400, "field '%s': %s", field, reason ?: "invalid value");
@@ -45,8 +49,10 @@ struct body_rules {
         int n_max;
 };
 
-/* Parse the body as strict JSON into base by table, unknown fields refused,
- * and check the rules' tag. Returns 1 when it parsed; otherwise the error is
+/* Parse the body as strict JSON into base by table and check the rules' tag.
+ * Fields the table does not name are ignored, as forkd does (its SDKs, MCP
+ * server and CLI send fields of other versions, see BODY_FLAGS); a field it
+ * names must have the right type and range. Returns 1 when it parsed; otherwise the error is
  * queued and this returns 0 (or the reply's negative errno). *ret_obj is the
  * parsed body. */
 static int parse_body(RestRequest *req, bool allow_empty, const struct json_dispatch *table, void *base,
@@ -56,7 +62,7 @@ static int parse_body(RestRequest *req, bool allow_empty, const struct json_disp
 
         if (rest_request_parse_json(req, allow_empty, ret_obj) < 0)
                 return 0;
-        r = json_dispatch_full(*ret_obj, table, JSON_REJECT_UNKNOWN, base, &field, &reason);
+        r = json_dispatch_full(*ret_obj, table, BODY_FLAGS, base, &field, &reason);
         if (r >= 0) {
                 if (!rules || !rules->tag_value || rest_tag_is_valid(rules->tag_value))
                         return 1;
@@ -473,6 +479,8 @@ struct fork_args {
         bool per_child_netns;
         int64_t memory_limit_mib;
         bool live_fork;
+        bool prewarm;
+        bool hugepages;
 };
 
 static int route_sandboxes_create(RestRequest *req) {
@@ -484,6 +492,14 @@ static int route_sandboxes_create(RestRequest *req) {
                 { "memory_limit_mib", JSON_KIND_INT64, NULL, offsetof(struct fork_args, memory_limit_mib), 0,
                   JSON_NULLABLE },
                 { "live_fork", JSON_KIND_BOOL, NULL, offsetof(struct fork_args, live_fork), 0, 0 },
+                /* forkd's: a throwaway snapshot after each restore, so that the first branch
+                 * of the child does not pay for a cold page cache in its pause. Here a branch
+                 * pauses the source for the state save and a fork(2) only, in every mode, and
+                 * the snapshot's pages are already in the page cache, mapped by its template:
+                 * there is nothing to warm, so it has no effect (docs/rest-api.md). */
+                { "prewarm", JSON_KIND_BOOL, NULL, offsetof(struct fork_args, prewarm), 0, 0 },
+                /* forkd's: back the child's RAM with 2 MiB huge pages. Refused when true, below. */
+                { "hugepages", JSON_KIND_BOOL, NULL, offsetof(struct fork_args, hugepages), 0, 0 },
                 {}
         };
         _cleanup_(sd_bus_message_unrefp) sd_bus_message *m = NULL;
@@ -501,6 +517,15 @@ static int route_sandboxes_create(RestRequest *req) {
                 return rest_reply_error(req, 400, "n must be an integer between 1 and %d", FORK_N_MAX);
         if (a.memory_limit_mib < 0 || a.memory_limit_mib > UINT32_MAX)
                 return rest_reply_error(req, 400, "memory_limit_mib out of range");
+        /* A child's RAM is a MAP_PRIVATE mapping of the snapshot's memory.bin, shared
+         * with its siblings through the page cache; huge pages could back it only as a
+         * private copy of all of RAM per child (hugetlbfs), which is the cost a fork
+         * here exists to avoid. Said rather than silently ignored. */
+        if (a.hugepages)
+                return rest_reply_error(req, 400,
+                                        "hugepages is not supported: a sandbox's RAM is the snapshot's memory.bin mapped "
+                                        "copy-on-write and shared through the page cache, which huge pages cannot back "
+                                        "without copying all of it for every child; send hugepages: false or leave it out");
 
         r = rest_new_manager_call(req, "Fork", &m);
         if (r < 0)
@@ -632,7 +657,7 @@ static int route_sandbox_eval(RestRequest *req) {
                 return 0;
         if (rest_request_parse_json(req, false, &o) < 0)
                 return 0;
-        r = json_dispatch_full(o, table, JSON_REJECT_UNKNOWN, &a, &field, &reason);
+        r = json_dispatch_full(o, table, BODY_FLAGS, &a, &field, &reason);
         if (r < 0) {
                 free(a.code);
                 return reply_dispatch_error(req, r, field, reason);
@@ -708,7 +733,7 @@ static int route_sandbox_run_code(RestRequest *req) {
                 return 0;
         if (rest_request_parse_json(req, false, &o) < 0)
                 return 0;
-        r = json_dispatch_full(o, table, JSON_REJECT_UNKNOWN, &a, &field, &reason);
+        r = json_dispatch_full(o, table, BODY_FLAGS, &a, &field, &reason);
         _cleanup_free_ char *code = a.code;
         if (r < 0)
                 return reply_dispatch_error(req, r, field, reason);
@@ -852,9 +877,63 @@ struct branch_args {
         char tag[REST_TAG_MAX + 2];
         char mode[8];
         bool diff;
+        bool live;
         bool measure_diff;
         bool wait;
+        char parent_tag[REST_TAG_MAX + 2];
 };
+
+/* A branch whose parent_tag must first be checked against the source's snapshot. */
+struct branch_call {
+        char id[REST_TAG_MAX + 2];
+        char tag[REST_TAG_MAX + 2];
+        char parent_tag[REST_TAG_MAX + 2];
+        const char *mode;
+        bool wait;
+};
+
+static int send_branch(RestRequest *req, const char *id, const char *tag, const char *mode, bool wait,
+                       bool detached) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *m = NULL;
+        int r;
+
+        if (!detached)
+                return call_manager(req, "BranchSandbox", CALL_TIMEOUT_FORK, on_reply_dict_201, "sssb", id, tag, mode,
+                                    (int) wait);
+        r = rest_new_manager_call(req, "BranchSandbox", &m);
+        if (r < 0)
+                return reply_call_failed(req, r);
+        r = sd_bus_message_append(m, "sssb", id, tag, mode, (int) wait);
+        if (r < 0)
+                return rest_reply_error(req, 500, "cannot build D-Bus call: %s", strerror(-r));
+        r = rest_call_detached(req, m, CALL_TIMEOUT_FORK, on_reply_dict_201);
+        if (r < 0)
+                return reply_call_failed(req, r);
+        return 0;
+}
+
+/* GetSandbox of the source answered: branch if parent_tag names the snapshot it runs from. */
+static int on_reply_branch_source(RestRequest *req, sd_bus_message *reply) {
+        const struct branch_call *b = rest_request_data(req);
+        _cleanup_json_ struct json_object *o = NULL;
+        struct json_object *v;
+        int r;
+
+        r = reply_bus_result(req, reply, 0);
+        if (r <= 0)
+                return r;
+        r = rest_bus_read_dict_json(reply, &o);
+        if (r < 0)
+                return rest_reply_error(req, 500, "unexpected reply from the daemon: %s", strerror(-r));
+        if (!json_object_object_get_ex(o, "snapshot_tag", &v) || !json_object_is_type(v, json_type_string))
+                return rest_reply_error(req, 500, "unexpected reply from the daemon: a sandbox without snapshot_tag");
+        if (strcmp(json_object_get_string(v), b->parent_tag) != 0)
+                return rest_reply_error(req, 400,
+                                        "parent_tag '%s' must be the snapshot sandbox %s runs from ('%s'): a diff "
+                                        "branch is a link of that snapshot's chain",
+                                        b->parent_tag, b->id, json_object_get_string(v));
+        return send_branch(req, b->id, b->tag, b->mode, b->wait, true);
+}
 
 static int route_sandbox_branch(RestRequest *req) {
         static const struct json_dispatch table[] = {
@@ -863,6 +942,8 @@ static int route_sandbox_branch(RestRequest *req) {
                 { "mode", JSON_KIND_STRING, NULL, offsetof(struct branch_args, mode),
                   JSON_FIELD_SIZE(struct branch_args, mode), 0 },
                 { "diff", JSON_KIND_BOOL, NULL, offsetof(struct branch_args, diff), 0, 0 },
+                /* forkd's legacy spelling of mode "live" (its API before mode existed). */
+                { "live", JSON_KIND_BOOL, NULL, offsetof(struct branch_args, live), 0, 0 },
                 /* forkd's Python SDK sends it (Controller.branch_sandbox(measure_diff=True)): forkd's
                  * measurement hook, a diff taken inside a full branch's pause to report what it would
                  * have cost. A branch here pauses for the same few microseconds in every mode, so
@@ -870,11 +951,17 @@ static int route_sandbox_branch(RestRequest *req) {
                  * mode "full", and with another mode it is refused as forkd refuses it. */
                 { "measure_diff", JSON_KIND_BOOL, NULL, offsetof(struct branch_args, measure_diff), 0, 0 },
                 { "wait", JSON_KIND_BOOL, NULL, offsetof(struct branch_args, wait), 0, 0 },
+                /* forkd's snapshot-diff sends it: the chain parent of a diff branch. Here a diff
+                 * branch is always a link of the source's snapshot, so it must name that one. */
+                { "parent_tag", JSON_KIND_STRING, NULL, offsetof(struct branch_args, parent_tag),
+                  JSON_FIELD_SIZE(struct branch_args, parent_tag), JSON_NULLABLE },
                 {}
         };
         _cleanup_json_ struct json_object *o = NULL;
+        _cleanup_free_ struct branch_call *b = NULL;
         struct branch_args a = { .wait = true };
         const char *field = NULL, *reason = NULL, *id, *mode;
+        bool has_mode;
         int r;
 
         id = param_or_reply(req, "sandbox id");
@@ -882,29 +969,66 @@ static int route_sandbox_branch(RestRequest *req) {
                 return 0;
         if (rest_request_parse_json(req, true, &o) < 0)
                 return 0;
-        r = json_dispatch_full(o, table, JSON_REJECT_UNKNOWN, &a, &field, &reason);
+        r = json_dispatch_full(o, table, BODY_FLAGS, &a, &field, &reason);
         if (r < 0) {
                 if (field && !strcmp(field, "mode") && r == -ENAMETOOLONG)
                         return rest_reply_error(req, 400, "mode must be \"full\", \"diff\" or \"live\"");
-                if (field && !strcmp(field, "tag") && r == -ENAMETOOLONG)
-                        return rest_reply_error(req, 400, "invalid tag: at most %d characters", REST_TAG_MAX);
+                if (field && (!strcmp(field, "tag") || !strcmp(field, "parent_tag")) && r == -ENAMETOOLONG)
+                        return rest_reply_error(req, 400, "invalid %s: at most %d characters", field, REST_TAG_MAX);
                 return reply_dispatch_error(req, r, field, reason);
         }
         if (a.tag[0] && !rest_tag_is_valid(a.tag))
                 return rest_reply_error(req, 400, "invalid tag '%s': must match ^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$", a.tag);
-        if (json_object_object_get_ex(o, "mode", NULL) && strcmp(a.mode, "full") && strcmp(a.mode, "diff") &&
-            strcmp(a.mode, "live"))
+        if (a.parent_tag[0] && !rest_tag_is_valid(a.parent_tag))
+                return rest_reply_error(req, 400, "invalid parent_tag '%s': must match ^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$",
+                                        a.parent_tag);
+        has_mode = json_object_object_get_ex(o, "mode", NULL);
+        if (has_mode && strcmp(a.mode, "full") && strcmp(a.mode, "diff") && strcmp(a.mode, "live"))
                 return rest_reply_error(req, 400, "mode must be \"full\", \"diff\" or \"live\"");
-        if (json_object_object_get_ex(o, "mode", NULL) && json_object_object_get_ex(o, "diff", NULL))
+        if (has_mode && json_object_object_get_ex(o, "diff", NULL))
                 return rest_reply_error(req, 400, "mode and diff are mutually exclusive; use mode");
-        if (!a.wait && strcmp(a.mode, "live"))
+        if (has_mode && json_object_object_get_ex(o, "live", NULL))
+                return rest_reply_error(req, 400, "mode and live are mutually exclusive; use mode");
+        if (a.diff && a.live)
+                return rest_reply_error(req, 400, "diff and live are mutually exclusive; use mode");
+        /* diff: true and live: true are the legacy spellings of modes "diff" and "live"; no mode means "full". */
+        mode = has_mode ? a.mode : a.diff ? "diff" : a.live ? "live" : "full";
+        if (!a.wait && strcmp(mode, "live") != 0)
                 return rest_reply_error(req, 400, "wait: false needs mode: \"live\"");
-        /* diff: true is the legacy spelling of mode "diff"; no mode means "full". */
-        mode = a.mode[0] ? a.mode : a.diff ? "diff" : "full";
-        if (a.measure_diff && strcmp(mode, "full"))
+        if (a.measure_diff && strcmp(mode, "full") != 0)
                 return rest_reply_error(req, 400, "measure_diff needs mode \"full\" (and no diff: true)");
-        return call_manager(req, "BranchSandbox", CALL_TIMEOUT_FORK, on_reply_dict_201, "sssb", id, a.tag, mode,
-                            (int) a.wait);
+        if (!a.parent_tag[0])
+                return send_branch(req, id, a.tag, mode, a.wait, false);
+
+        if (strcmp(mode, "diff") != 0)
+                return rest_reply_error(req, 400, "parent_tag needs mode \"diff\": only a diff branch is a link of a chain");
+        b = calloc(1, sizeof(*b));
+        if (!b)
+                return rest_reply_error(req, 500, "out of memory");
+        strcpy(b->id, id);
+        strcpy(b->tag, a.tag);
+        strcpy(b->parent_tag, a.parent_tag);
+        b->mode = "diff";
+        b->wait = a.wait;
+        {
+                _cleanup_(sd_bus_message_unrefp) sd_bus_message *m = NULL;
+
+                r = rest_new_manager_call(req, "GetSandbox", &m);
+                if (r < 0)
+                        return reply_call_failed(req, r);
+                r = sd_bus_message_append(m, "s", id);
+                if (r < 0)
+                        return rest_reply_error(req, 500, "cannot build D-Bus call: %s", strerror(-r));
+                rest_request_set_data(req, b, free);
+                r = rest_call_detached(req, m, CALL_TIMEOUT_SHORT, on_reply_branch_source);
+                if (r < 0) {
+                        rest_request_set_data(req, NULL, NULL);
+                        return reply_call_failed(req, r);
+                }
+        }
+        TAKE_PTR(b);
+        rest_request_wait(req);
+        return 0;
 }
 
 #define SANDBOX_FORK_N_MAX 32
@@ -920,22 +1044,29 @@ static int route_sandbox_fork(RestRequest *req) {
         };
         _cleanup_json_ struct json_object *o = NULL;
         struct sandbox_fork_args a = { .n = 1 };
-        const char *id;
+        const char *field = NULL, *reason = NULL, *id;
         int r;
 
         id = param_or_reply(req, "sandbox id");
         if (!id)
                 return 0;
-        r = parse_body(req, true, table, &a, NULL, &o);
-        if (r <= 0)
-                return r;
-        if (a.n < 1 || a.n > SANDBOX_FORK_N_MAX)
+        if (rest_request_parse_json(req, true, &o) < 0)
+                return 0;
+        r = json_dispatch_full(o, table, BODY_FLAGS, &a, &field, &reason);
+        if (r == -ERANGE || (r >= 0 && (a.n < 1 || a.n > SANDBOX_FORK_N_MAX)))
+                /* seed 002's words, exactly */
                 return rest_reply_error(req, 400, "n must be between 1 and %d", SANDBOX_FORK_N_MAX);
+        if (r == -EINVAL && field && !strcmp(field, "n"))
+                return rest_reply_error(req, 400, "n must be an integer between 1 and %d", SANDBOX_FORK_N_MAX);
+        if (r < 0)
+                return reply_dispatch_error(req, r, field, reason);
         return call_manager(req, "ForkSandbox", CALL_TIMEOUT_FORK, on_reply_sandbox_fork, "su", id, (uint32_t) a.n);
 }
 
 const RestRoute rest_routes[] = {
         { "/healthz", true, { { "GET", route_healthz } }, "GET" },
+        /* forkd answers it with a trailing slash too, and its probes use both */
+        { "/healthz/", true, { { "GET", route_healthz } }, "GET" },
         { "/version", false, { { "GET", route_version } }, "GET" },
         { "/metrics", false, { { "GET", route_metrics } }, "GET" },
         { "/v1/snapshots", false, { { "GET", route_snapshots_list }, { "POST", route_snapshots_create } }, "GET, POST" },

@@ -30,7 +30,13 @@ way; what it copies is behaviour, taken from that file:
     when wait is False;
   - spawn_sandboxes(tag, n=1, per_child_netns=False, memory_limit_mib=None,
     prewarm=False, live_fork=False, hugepages=False) POSTs /v1/sandboxes with
-    snapshot_tag, n and per_child_netns always, the others only when set.
+    snapshot_tag, n and per_child_netns always, the others only when set;
+  - get_sandbox GETs /v1/sandboxes/<id>; exec_command(id, args,
+    timeout_secs=30) POSTs {"args", "timeout_secs"} to .../exec; eval_code(id,
+    code) POSTs {"code"} to .../eval.
+
+Every method of the Controller is called here (t_calls for those around
+branch_sandbox).
 
 With FORKD_PY_SDK naming a directory that holds forkd's SDK (the forkd package
 of sdk/python), the same checks run through its Controller unmodified instead.
@@ -117,6 +123,15 @@ class SdkWire:
     def list_sandboxes(self):
         return self.call("GET", "/v1/sandboxes")
 
+    def get_sandbox(self, sandbox_id):
+        return self.call("GET", f"/v1/sandboxes/{sandbox_id}")
+
+    def exec_command(self, sandbox_id, args, timeout_secs=30):
+        return self.call("POST", f"/v1/sandboxes/{sandbox_id}/exec", {"args": args, "timeout_secs": timeout_secs})
+
+    def eval_code(self, sandbox_id, code):
+        return self.call("POST", f"/v1/sandboxes/{sandbox_id}/eval", {"code": code})
+
     def ping_sandbox(self, sandbox_id):
         return self.call("POST", f"/v1/sandboxes/{sandbox_id}/ping")
 
@@ -187,6 +202,38 @@ def t_spawn(c, sdk, stack):
     check(isinstance(live, list) and len(live) == 1, live)
     Ctx.sid, Ctx.live = kids[0]["id"], live[0]["id"]
     check(sdk.ping_sandbox(Ctx.sid)["pong"] is True, "ping_sandbox")
+
+
+def t_calls(c, sdk, stack):
+    """The Controller's other methods, with every argument it has."""
+    sid = Ctx.sid
+    sb = sdk.get_sandbox(sid)
+    check(sb["id"] == sid and sb["snapshot_tag"] == TAG, sb)
+    check(sid in [x["id"] for x in sdk.list_sandboxes()], "list_sandboxes")
+    # the test guest runs ["sh", "-c", CODE] as run_code (tests/guest/README.md)
+    r = sdk.exec_command(sid, ["sh", "-c", "x = sdk; print x"])
+    check(r["stdout"] == "sdk\n" and r["exit_code"] == 0 and r["stderr"] == "", r)
+    r = sdk.exec_command(sid, ["sh", "-c", "print x"], timeout_secs=5)
+    check(r["stdout"] == "sdk\n", r)
+    # eval: the test guest has no Python; its error comes back as ControllerError 500 {"error": ...}
+    e = fails(sdk, 500, sdk.eval_code, sid, "1+1")
+    check(e == {"error": "not supported by the test guest"}, e)
+    fails(sdk, 404, sdk.get_sandbox, "sb-nosuch")
+    # spawn_sandboxes with every argument: prewarm is accepted (no effect here: docs/rest-api.md),
+    # memory_limit_mib where forkd has a memory cgroup, hugepages refused with why
+    kw = {"memory_limit_mib": 64} if stack.cgroot else {}
+    kids = sdk.spawn_sandboxes(TAG, n=2, per_child_netns=False, prewarm=True, live_fork=True, **kw)
+    check(len(kids) == 2 and all(k["snapshot_tag"] == TAG for k in kids), kids)
+    if kw:
+        check(all(k["memory_limit_mib"] == 64 for k in kids), kids)
+    for k in kids:
+        check(sdk.ping_sandbox(k["id"])["pong"] is True, k)
+        check(sdk.kill_sandbox(k["id"]) is None, k)
+    e = fails(sdk, 400, sdk.spawn_sandboxes, TAG, hugepages=True)
+    check(e["error"].startswith("hugepages is not supported"), e)
+    e = fails(sdk, 400, sdk.spawn_sandboxes, TAG, n=0)
+    check("1000" in e["error"], e)
+    fails(sdk, 404, sdk.spawn_sandboxes, "nosuch")
 
 
 def t_branch_full(c, sdk, stack):
@@ -345,6 +392,8 @@ def main():
         tests = [
             ("a snapshot of the test guest; list_snapshots", t_setup),
             ("spawn_sandboxes (per_child_netns false, live_fork true), ping_sandbox", t_spawn),
+            ("get_sandbox, list_sandboxes, exec_command, eval_code; spawn_sandboxes with memory_limit_mib, "
+             "prewarm, live_fork; hugepages refused", t_calls),
             ("branch_sandbox: tag, no tag, mode full, measure_diff; grandchildren of the branch", t_branch_full),
             ("branch_sandbox: mode diff, legacy diff=True, mode over diff", t_branch_diff),
             ("branch_sandbox: mode live, wait True and False (list_snapshots until ready)", t_branch_live),

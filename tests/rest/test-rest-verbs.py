@@ -89,7 +89,7 @@ def t_run_code_errors(c, stack):
     base = f"/v1/sandboxes/{sid}/run_code"
     for body in ({}, {"code": 1}, {"code": None}, {"code": ["x"]}, {"code": "x = 1", "timeout_secs": -1},
                  {"code": "x = 1", "timeout_secs": 3601}, {"code": "x = 1", "timeout_secs": "5"},
-                 {"code": "x = 1", "timeout_secs": 1.5}, {"code": "x = 1", "timeout": 5},
+                 {"code": "x = 1", "timeout_secs": 1.5},
                  {"code": "a\u0000b"}, {"code": "y" * (256 * 1024 + 1)}):
         r = c.expect(400, "POST", base, body)
         check(r.json["error"], r)
@@ -191,8 +191,7 @@ def t_diff_errors(c, stack):
                  {"other": b, "paths": "/root"}, {"other": b, "paths": ["root"]}, {"other": b, "paths": [1]},
                  {"other": b, "paths": ["/a/../b"]}, {"other": b, "paths": ["/a//b"]}, {"other": b, "paths": ["/a/"]},
                  {"other": b, "paths": ["/a/./b"]}, {"other": b, "paths": ["/a\nb"]}, {"other": b, "paths": ["/a\u0000"]},
-                 {"other": b, "paths": ["/x"] * 65}, {"other": b, "paths": ["/" + "x" * 4096]},
-                 {"other": b, "path": ["/root"]}):
+                 {"other": b, "paths": ["/x"] * 65}, {"other": b, "paths": ["/" + "x" * 4096]}):
         r = c.expect(400, "POST", base, body)
         check(r.json["error"], r)
     c.expect(400, "POST", base)
@@ -281,8 +280,7 @@ def t_merge_errors(c, stack):
     base = f"/v1/sandboxes/{p}/merge"
     r = c.expect(400, "POST", base, {"winner": p})
     check(p in r.json["error"], r)
-    for body in ({}, {"winner": 5}, {"winner": None}, {"winner": ""}, {"winner": "bad id"}, {"winner": "x" * 65},
-                 {"winner": s, "extra": 1}):
+    for body in ({}, {"winner": 5}, {"winner": None}, {"winner": ""}, {"winner": "bad id"}, {"winner": "x" * 65}):
         c.expect(400, "POST", base, body)
     c.expect(400, "POST", base)
     r = c.expect(404, "POST", base, {"winner": "sb-nosuch"})

@@ -297,6 +297,12 @@ def t_healthz(c):
     r = c.expect(200, "GET", "/healthz", token=None)
     check(r.json == {"ok": True}, r)
     c.expect(200, "GET", "/healthz", token="wrong")
+    # forkd's probes use the trailing slash too; nothing else under it is open
+    r = c.expect(200, "GET", "/healthz/", token=None)
+    check(r.json == {"ok": True}, r)
+    c.expect(401, "GET", "/healthz//", token=None)
+    c.expect(401, "GET", "/healthz/x", token=None)
+    c.expect(405, "POST", "/healthz/", token=None)
 
 
 def t_auth(c):
@@ -337,22 +343,55 @@ def t_wrong_types(c):
     base = {"snapshot_tag": "py"}
     for extra in ({"n": "3"}, {"n": 1.5}, {"n": True}, {"n": None}, {"n": [1]}, {"per_child_netns": "yes"},
                   {"per_child_netns": 1}, {"live_fork": "true"}, {"memory_limit_mib": "256"},
-                  {"memory_limit_mib": -1}, {"snapshot_tag": 5}, {"snapshot_tag": None}, {"bogus": 1}):
-        c.expect(400, "POST", "/v1/sandboxes", dict(base, **extra))
+                  {"memory_limit_mib": -1}, {"snapshot_tag": 5}, {"snapshot_tag": None},
+                  # forkd's fields are known here: their types are checked
+                  {"prewarm": "yes"}, {"prewarm": None}, {"prewarm": 1}, {"hugepages": "true"}, {"hugepages": 0}):
+        r = c.expect(400, "POST", "/v1/sandboxes", dict(base, **extra))
+        key = next(iter(extra))
+        check(key in r.json["error"], (extra, r))
     c.expect(400, "POST", "/v1/sandboxes", {"n": 2})  # snapshot_tag missing
+    # hugepages: true is refused, and says why
+    r = c.expect(400, "POST", "/v1/sandboxes", dict(base, hugepages=True))
+    check(r.json["error"].startswith("hugepages is not supported: ") and "page cache" in r.json["error"], r)
     snap = {"tag": "t", "kernel": "/k", "rootfs": "/r"}
     for extra in ({"tag": 1}, {"kernel": None}, {"rootfs": ["x"]}, {"boot_wait_secs": "10"},
-                  {"boot_wait_secs": 0}, {"boot_wait_secs": 601}, {"mem_mib": -4}, {"rw": "yes"}, {"tap": 7},
-                  {"unknown": True}):
+                  {"boot_wait_secs": 0}, {"boot_wait_secs": 601}, {"mem_mib": -4}, {"rw": "yes"}, {"tap": 7}):
         c.expect(400, "POST", "/v1/snapshots", dict(snap, **extra))
     for missing in ("tag", "kernel", "rootfs"):
         c.expect(400, "POST", "/v1/snapshots", {k: v for k, v in snap.items() if k != missing})
     for body in ({}, {"args": "ls"}, {"args": []}, {"args": [1]}, {"args": ["ls"], "timeout_secs": "5"},
-                 {"args": ["ls"], "timeout_secs": -1}, {"args": ["ls"], "timeout_secs": 3601}, {"args": ["a\u0000b"]},
-                 {"args": ["ls"], "cwd": "/"}):
+                 {"args": ["ls"], "timeout_secs": -1}, {"args": ["ls"], "timeout_secs": 3601}, {"args": ["a\u0000b"]}):
         c.expect(400, "POST", "/v1/sandboxes/sb-1/exec", body)
-    for body in ({}, {"code": 1}, {"code": None}, {"code": ["x"]}, {"code": "1", "x": 1}):
+    for body in ({}, {"code": 1}, {"code": None}, {"code": ["x"]}):
         c.expect(400, "POST", "/v1/sandboxes/sb-1/eval", body)
+
+
+def t_unknown_fields(c):
+    """Fields a route does not know are ignored, as forkd ignores them: the
+    request passes validation and goes on to the daemon (absent here: 503),
+    while a known field of the wrong type next to them is still 400."""
+    extra = {"bogus": 1, "prewarm_scratch_dir": "/x", "nested": {"a": [1, {"b": None}]}, "n2": None}
+    for path, body in (("/v1/sandboxes", {"snapshot_tag": "py", "n": 2}),
+                       ("/v1/sandboxes", {"snapshot_tag": "py", "prewarm": True, "hugepages": False}),
+                       ("/v1/snapshots", {"tag": "t", "kernel": GUEST, "rootfs": GUEST, "rw": True}),
+                       ("/v1/sandboxes/sb-1/exec", {"args": ["ls"], "cwd": "/"}),
+                       ("/v1/sandboxes/sb-1/eval", {"code": "1"}),
+                       ("/v1/sandboxes/sb-1/run_code", {"code": "x = 1"}),
+                       ("/v1/sandboxes/sb-1/merge", {"winner": "sb-2"}),
+                       ("/v1/sandboxes/sb-1/diff", {"other": "sb-2", "path": ["/root"]}),
+                       ("/v1/sandboxes/sb-1/branch", {"tag": "b1", "measure_diff": True}),
+                       ("/v1/sandboxes/sb-1/branch", {"tag": "b1", "lineage": "x"}),
+                       ("/v1/sandboxes/sb-1/fork", {"n": 2}),
+                       ("/v1/sandboxes/sb-1/fork", {}),
+                       ("/v1/snapshots/py/compact", {"to": "py-flat"})):
+        c.expect(503, "POST", path, dict(body, **extra))
+        if not body:
+            continue
+        bad = dict(body, **extra)
+        key = next(iter(body))
+        bad[key] = 12.5 if not isinstance(body[key], (int, float)) or isinstance(body[key], bool) else "12"
+        r = c.expect(400, "POST", path, bad)
+        check(isinstance(r.json.get("error"), str) and r.json["error"], r)
 
 
 def t_validation(c):
@@ -378,7 +417,14 @@ def t_not_implemented_validation(c):
     for body in ({"mode": "full", "diff": True}, {"mode": "diff", "diff": False}, {"wait": False},
                  {"mode": "full", "wait": False}, {"mode": "diff", "wait": False}, {"mode": "fast"},
                  {"mode": "livelier"}, {"mode": 1}, {"diff": "yes"}, {"wait": "no"}, {"tag": "../x"},
-                 {"tag": "a" * 65}, {"tag": 5}, {"bogus": 1},
+                 {"tag": "a" * 65}, {"tag": 5},
+                 # forkd's legacy live: true is mode "live"; with mode, or with diff, it is 400 as there
+                 {"live": True, "mode": "live"}, {"live": False, "mode": "full"}, {"live": True, "diff": True},
+                 {"live": "yes"}, {"live": True, "measure_diff": True},
+                 # parent_tag (forkd's snapshot-diff): a tag, and with a diff branch only
+                 {"parent_tag": "py"}, {"parent_tag": "py", "mode": "full"}, {"parent_tag": "py", "mode": "live"},
+                 {"parent_tag": "py", "live": True}, {"parent_tag": 5, "mode": "diff"},
+                 {"parent_tag": "../x", "mode": "diff"}, {"parent_tag": "a" * 65, "mode": "diff"},
                  # forkd's measure_diff (its Python SDK's branch_sandbox sends it): with a full branch only
                  {"measure_diff": True, "diff": True}, {"measure_diff": True, "mode": "diff"},
                  {"measure_diff": True, "mode": "live"}, {"measure_diff": "yes"}, {"measure_diff": None}):
@@ -386,12 +432,20 @@ def t_not_implemented_validation(c):
     c.expect(400, "POST", "/v1/sandboxes/sb-1/branch", raw=b"{")
     c.expect(400, "POST", "/v1/sandboxes/..x/branch", {})
     # spec: 400 when to == :tag or either tag is unsafe
-    for body in ({}, {"to": "py"}, {"to": "../x"}, {"to": ""}, {"to": 1}, {"to": "a" * 65}, {"to": "b", "x": 1}):
+    for body in ({}, {"to": "py"}, {"to": "../x"}, {"to": ""}, {"to": 1}, {"to": "a" * 65}):
         c.expect(400, "POST", "/v1/snapshots/py/compact", body)
     c.expect(400, "POST", "/v1/snapshots/-py/compact", {"to": "py-flat"})
     # Podflare: n between 1 and 32
-    for body in ({"n": 0}, {"n": 33}, {"n": "2"}, {"n": 1.5}, {"m": 1}):
-        c.expect(400, "POST", "/v1/sandboxes/sb-1/fork", body)
+    for body in ({"n": 0}, {"n": 33}, {"n": -1}, {"n": 2**63}, {"n": 2**64 - 1}):
+        r = c.expect(400, "POST", "/v1/sandboxes/sb-1/fork", body)
+        check(r.json == {"error": "n must be between 1 and 32"}, r)  # seed 002, word for word
+    for body in ({"n": "2"}, {"n": 1.5}, {"n": None}, {"n": True}):
+        r = c.expect(400, "POST", "/v1/sandboxes/sb-1/fork", body)
+        check(r.json == {"error": "n must be an integer between 1 and 32"}, r)
+    r = c.expect(401, "POST", "/v1/sandboxes/sb-1/fork", {"n": 2}, token="wrong")
+    check(r.json == {"error": "invalid api key"}, r)  # seed 002
+    r = c.expect(401, "POST", "/v1/sandboxes/sb-1/fork", {"n": 2}, token=None)
+    check(r.json == {"error": "invalid api key"}, r)
     # valid requests go on to the daemon, which is not there yet
     for path, body in (("/v1/sandboxes/sb-1/branch", {"tag": "c1", "mode": "full"}),
                        ("/v1/sandboxes/sb-1/branch", {"mode": "live", "wait": False}),
@@ -399,6 +453,11 @@ def t_not_implemented_validation(c):
                        ("/v1/sandboxes/sb-1/branch", {"measure_diff": True}),
                        ("/v1/sandboxes/sb-1/branch", {"mode": "full", "measure_diff": True}),
                        ("/v1/sandboxes/sb-1/branch", {"diff": True, "measure_diff": False}),
+                       ("/v1/sandboxes/sb-1/branch", {"live": True, "wait": False}),
+                       ("/v1/sandboxes/sb-1/branch", {"live": False, "diff": True}),
+                       ("/v1/sandboxes/sb-1/branch", {"tag": "d1", "mode": "diff", "parent_tag": "py"}),
+                       ("/v1/sandboxes/sb-1/branch", {"diff": True, "parent_tag": "py"}),
+                       ("/v1/sandboxes/sb-1/branch", {"mode": "full", "parent_tag": None}),
                        ("/v1/snapshots/py/compact", {"to": "py-flat"}), ("/v1/sandboxes/sb-1/fork", {"n": 32}),
                        ("/v1/sandboxes/sb-1/fork", None)):
         c.expect(503, "POST", path, body)
@@ -1115,7 +1174,8 @@ def main():
         tap.run("bearer token on every route but /healthz", t_auth, c)
         tap.run("unknown route 404, wrong method 405 with Allow", t_unknown_route_and_method, c)
         tap.run("malformed JSON bodies are 400", t_malformed_json, c)
-        tap.run("wrong JSON types and unknown fields are 400", t_wrong_types, c)
+        tap.run("wrong JSON types of known fields are 400; hugepages: true is refused", t_wrong_types, c)
+        tap.run("unknown fields are ignored, on every route with a body", t_unknown_fields, c)
         tap.run("tags, ids and n validated before any D-Bus call", t_validation, c)
         tap.run("compact, branch, fork of a running sandbox: the spec's 400 rows", t_not_implemented_validation, c)
         tap.run("daemon absent: 503, /metrics still answers", t_daemon_absent, c)
