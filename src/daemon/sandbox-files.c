@@ -81,29 +81,17 @@ static const char *bus_error_for(struct json_object *obj) {
 static int reply_read(sd_bus_message *message, struct json_object *obj) {
         _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
         _cleanup_free_ uint8_t *data = NULL;
-        struct json_object *b64, *size;
+        const char *why = NULL;
         size_t len = 0;
         int r;
 
-        if (!json_object_object_get_ex(obj, "data_b64", &b64) || !json_object_is_type(b64, json_type_string) ||
-            !json_object_object_get_ex(obj, "size", &size) || !json_object_is_type(size, json_type_int))
-                return sd_bus_reply_method_errorf(message, FORKD_ERROR_GUEST_ERROR,
-                                                  "The guest sent an invalid read_file answer (no data_b64 or size).");
         data = malloc(FILE_OP_MAX);
         if (!data)
                 return sd_bus_reply_method_errno(message, -ENOMEM, NULL);
-        r = base64_decode(json_object_get_string(b64), (size_t) json_object_get_string_len(b64), data, FILE_OP_MAX,
-                          &len);
-        if (r == -EFBIG)
-                return sd_bus_reply_method_errorf(message, FORKD_ERROR_GUEST_ERROR,
-                                                  "The guest sent more than %u bytes for read_file.", FILE_OP_MAX);
+        r = file_read_answer_decode(obj, data, &len, &why);
         if (r < 0)
                 return sd_bus_reply_method_errorf(message, FORKD_ERROR_GUEST_ERROR,
-                                                  "The guest sent an invalid read_file answer (data_b64 is not base64).");
-        if (json_object_get_int64(size) != (int64_t) len)
-                return sd_bus_reply_method_errorf(message, FORKD_ERROR_GUEST_ERROR,
-                                                  "The guest sent an invalid read_file answer (size %" PRIi64
-                                                  " for %zu bytes).", json_object_get_int64(size), len);
+                                                  "The guest sent an invalid read_file answer (%s).", why);
         r = sd_bus_message_new_method_return(message, &reply);
         if (r >= 0)
                 r = sd_bus_message_append_array(reply, 'y', data, len);
@@ -115,13 +103,11 @@ static int reply_read(sd_bus_message *message, struct json_object *obj) {
 }
 
 static int reply_write(sd_bus_message *message, struct json_object *obj, uint64_t want) {
-        struct json_object *size;
+        const char *why = NULL;
 
-        if (!json_object_object_get_ex(obj, "size", &size) || !json_object_is_type(size, json_type_int) ||
-            json_object_get_int64(size) < 0 || (uint64_t) json_object_get_int64(size) != want)
+        if (file_write_answer_check(obj, want, &why) < 0)
                 return sd_bus_reply_method_errorf(message, FORKD_ERROR_GUEST_ERROR,
-                                                  "The guest sent an invalid write_file answer (size is not %" PRIu64
-                                                  ").", want);
+                                                  "The guest sent an invalid write_file answer (%s).", why);
         return sd_bus_reply_method_return(message, "t", want);
 }
 

@@ -24,3 +24,17 @@
 #define FILE_OP_MAX 524288u
 #define FILE_OP_MODE_MAX 07777u
 #define FILE_OP_MODE_DEFAULT 0644u
+
+#include <json-c/json.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Check a guest's read_file answer (hostile input) and decode its data into
+ * buf[FILE_OP_MAX]: data_b64 a string of canonical base64 of at most
+ * FILE_OP_MAX bytes, size an integer equal to its length. -EBADMSG with
+ * *ret_error saying why; *ret_len (and buf) untouched then. */
+int file_read_answer_decode(struct json_object *answer, uint8_t *buf, size_t *ret_len, const char **ret_error);
+
+/* Check a guest's write_file answer: size an integer equal to want. -EBADMSG
+ * with *ret_error saying why. */
+int file_write_answer_check(struct json_object *answer, uint64_t want, const char **ret_error);
