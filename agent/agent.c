@@ -77,24 +77,48 @@ static int agent_send_raw(Agent *a, uint16_t type, uint32_t id, const char *json
         return 0;
 }
 
-int agent_send_error(Agent *a, uint32_t id, const char *fmt, ...) {
+static int agent_send_errorv(Agent *a, uint32_t id, int err, const char *fmt, va_list ap) {
         _cleanup_json_ struct json_object *o = NULL;
-        char msg[512];
-        va_list ap;
-        const char *s;
+        _cleanup_free_ char *msg = NULL;
+        const char *s, *name;
         size_t len;
 
-        va_start(ap, fmt);
-        (void) vsnprintf(msg, sizeof msg, fmt, ap);
-        va_end(ap);
-
+        if (vasprintf(&msg, fmt, ap) < 0) {
+                msg = NULL;
+                return -ENOMEM;
+        }
         o = json_object_new_object();
         if (!o || json_object_object_add(o, "error", json_string_sanitized(msg, strlen(msg))) < 0)
+                return -ENOMEM;
+        name = err > 0 ? strerrorname_np(err) : NULL;
+        if (name && json_object_object_add(o, "errno", json_object_new_string(name)) < 0)
                 return -ENOMEM;
         s = json_plain(o, &len);
         if (!s)
                 return -ENOMEM;
+        if (len > AGENT_MAX_PAYLOAD)
+                return -EMSGSIZE;
         return agent_send_raw(a, FKA_ERROR, id, s, len);
+}
+
+int agent_send_error(Agent *a, uint32_t id, const char *fmt, ...) {
+        va_list ap;
+        int r;
+
+        va_start(ap, fmt);
+        r = agent_send_errorv(a, id, 0, fmt, ap);
+        va_end(ap);
+        return r;
+}
+
+int agent_send_error_errno(Agent *a, uint32_t id, int err, const char *fmt, ...) {
+        va_list ap;
+        int r;
+
+        va_start(ap, fmt);
+        r = agent_send_errorv(a, id, err, fmt, ap);
+        va_end(ap);
+        return r;
 }
 
 int agent_send_json(Agent *a, uint16_t type, uint32_t id, struct json_object *payload) {
@@ -200,6 +224,8 @@ static const struct {
         { "eval", agent_op_eval },
         { "run_code", agent_op_run_code },
         { "hash_files", agent_op_hash_files },
+        { "write_file", agent_op_write_file },
+        { "read_file", agent_op_read_file },
         { "shutdown", op_shutdown },
 };
 
@@ -272,8 +298,9 @@ static size_t agent_feed_some(Agent *a, const void *data, size_t size, bool all)
                 if (r == 0)
                         break;
                 if (r == -EMSGSIZE) {
-                        (void) agent_send_error(a, f.id, "payload too large (%" PRIu32 " bytes, limit %u)",
-                                                f.len, AGENT_MAX_PAYLOAD);
+                        (void) agent_send_error_errno(a, f.id, EMSGSIZE,
+                                                      "payload too large (%" PRIu32 " bytes, limit %u)", f.len,
+                                                      AGENT_MAX_PAYLOAD);
                         continue;
                 }
                 if (r == -EBADMSG) {

@@ -119,6 +119,9 @@ void agent_feed(Agent *a, const void *data, size_t size);
 /* Queue a frame; payload is a JSON object (taken over: the reference is put). */
 int agent_send_json(Agent *a, uint16_t type, uint32_t id, struct json_object *payload);
 int agent_send_error(Agent *a, uint32_t id, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* The same with "errno": the symbolic name of err (strerrorname_np()), for a refusal that an errno says. */
+int agent_send_error_errno(Agent *a, uint32_t id, int err, const char *fmt, ...)
+        __attribute__((format(printf, 4, 5)));
 
 /* Write what is queued; with block, wait (up to timeout_usec) until all is out. */
 int agent_flush(Agent *a, bool block, uint64_t timeout_usec);
@@ -138,6 +141,11 @@ ExecJob *exec_job_free(ExecJob *j);
 /* ---- agent-files.c ---- */
 /* hash_files: SHA-256 of the regular files under the given paths. */
 int agent_op_hash_files(Agent *a, uint32_t id, struct json_object *req);
+
+/* ---- agent-fileio.c ---- */
+/* write_file / read_file: one file's contents, base64, at most FILE_OP_MAX bytes (file-ops.h). */
+int agent_op_write_file(Agent *a, uint32_t id, struct json_object *req);
+int agent_op_read_file(Agent *a, uint32_t id, struct json_object *req);
 
 /* ---- agent-identity.c ---- */
 /* Apply an identity event. Returns 0, or a negative errno for a malformed event (ignored). */

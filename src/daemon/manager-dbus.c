@@ -778,6 +778,14 @@ static int method_diff_sandboxes(sd_bus_message *message, void *userdata, sd_bus
         return forward_to_sandbox(message, userdata, bus_sandbox_method_diff, error);
 }
 
+static int method_write_file(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        return forward_to_sandbox(message, userdata, bus_sandbox_method_write_file, error);
+}
+
+static int method_read_file(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        return forward_to_sandbox(message, userdata, bus_sandbox_method_read_file, error);
+}
+
 const sd_bus_vtable manager_vtable[] = {
         SD_BUS_VTABLE_START(0),
         SD_BUS_PROPERTY("Version", "s", property_get_version, 0, SD_BUS_VTABLE_PROPERTY_CONST),
@@ -833,6 +841,10 @@ const sd_bus_vtable manager_vtable[] = {
         SD_BUS_METHOD_WITH_ARGS("DiffSandboxes", SD_BUS_ARGS("s", id, "s", other, "as", paths),
                                 SD_BUS_RESULT("as", added, "as", removed, "as", modified), method_diff_sandboxes,
                                 SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("WriteFile", SD_BUS_ARGS("s", id, "s", path, "ay", data, "u", mode),
+                                SD_BUS_RESULT("t", size), method_write_file, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("ReadFile", SD_BUS_ARGS("s", id, "s", path), SD_BUS_RESULT("ay", data),
+                                method_read_file, SD_BUS_VTABLE_UNPRIVILEGED),
 
         SD_BUS_SIGNAL_WITH_ARGS("SnapshotNew", SD_BUS_ARGS("s", tag, "o", object), 0),
         SD_BUS_SIGNAL_WITH_ARGS("SnapshotRemoved", SD_BUS_ARGS("s", tag, "o", object), 0),

@@ -712,6 +712,8 @@ OBJECT_METHOD(branch)
 OBJECT_METHOD(fork)
 OBJECT_METHOD(merge)
 OBJECT_METHOD(diff)
+OBJECT_METHOD(write_file)
+OBJECT_METHOD(read_file)
 
 const sd_bus_vtable sandbox_vtable[] = {
         SD_BUS_VTABLE_START(0),
@@ -742,6 +744,10 @@ const sd_bus_vtable sandbox_vtable[] = {
                                 SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("Diff", SD_BUS_ARGS("s", other, "as", paths),
                                 SD_BUS_RESULT("as", added, "as", removed, "as", modified), object_diff,
+                                SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("WriteFile", SD_BUS_ARGS("s", path, "ay", data, "u", mode), SD_BUS_RESULT("t", size),
+                                object_write_file, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("ReadFile", SD_BUS_ARGS("s", path), SD_BUS_RESULT("ay", data), object_read_file,
                                 SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_VTABLE_END,
 };

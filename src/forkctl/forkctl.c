@@ -21,6 +21,7 @@
 
 #include "boot-files.h"
 #include "bus-json.h"
+#include "forkctl-files.h"
 #include "forkctl-util.h"
 #include "macro.h"
 #include "snapshot-meta.h"
@@ -54,6 +55,7 @@ static uint32_t arg_exec_timeout = 600;
 /* snapshot diff --exec: a shell command line, at most this long */
 #define EXEC_COMMAND_MAX (64u * 1024u)
 static const char *arg_out = NULL;
+static uint32_t arg_file_mode = 0644;
 
 /* Options given, to refuse ones that do not apply to the verb. */
 enum {
@@ -76,7 +78,8 @@ enum {
         OPT_EXEC = 1u << 16,
         OPT_EXEC_TIMEOUT = 1u << 17,
         OPT_OUT = 1u << 18,
-        OPT_LAST = OPT_OUT,
+        OPT_FILE_MODE = 1u << 19,
+        OPT_LAST = OPT_FILE_MODE,
 };
 static unsigned arg_given = 0;
 
@@ -130,6 +133,12 @@ static void help(void) {
                "                          with ID, under PATHs (default /root and /tmp)\n"
                "  fork-sandbox ID [-n N]  Fork a running sandbox into N (1..32) sandboxes that\n"
                "                          start from its state now; it runs on\n"
+               "  write-file ID PATH [LOCAL|-] [--file-mode M]\n"
+               "                          Create or replace the file PATH in a sandbox with the\n"
+               "                          contents of LOCAL (default: standard input), at most\n"
+               "                          512 KiB; M is octal, default 644\n"
+               "  read-file ID PATH       Write the file PATH of a sandbox (at most 512 KiB) to\n"
+               "                          standard output, as it is\n"
                "  branch ID [--tag T] [--mode full|diff|live] [--no-wait]\n"
                "                          Branch a running sandbox into a new snapshot (default\n"
                "                          tag branch-ID-<unix time>); --no-wait (live only)\n"
@@ -1296,6 +1305,14 @@ struct verb {
         int (*run)(sd_bus *bus, char **args, size_t n_args);
 };
 
+static int verb_write_file(sd_bus *bus, char **args, size_t n_args) {
+        return forkctl_write_file(bus, args[0], args[1], n_args > 2 ? args[2] : NULL, arg_file_mode, arg_json);
+}
+
+static int verb_read_file(sd_bus *bus, char **args, size_t n_args) {
+        return forkctl_read_file(bus, args[0], args[1], arg_json);
+}
+
 static const struct verb verbs[] = {
         { "snapshot", "create", 1, 1, OPT_KERNEL | OPT_ROOTFS | OPT_MEM_MIB | OPT_BOOT_WAIT,
           "snapshot create TAG --kernel K --rootfs R [--mem-mib M] [--boot-wait S]", verb_snapshot_create },
@@ -1318,6 +1335,8 @@ static const struct verb verbs[] = {
         { NULL, "merge", 2, 2, 0, "merge ID WINNER", verb_merge },
         { NULL, "diff", 2, 2 + 64, 0, "diff ID OTHER [PATH...]", verb_diff },
         { NULL, "fork-sandbox", 1, 1, OPT_COUNT, "fork-sandbox ID [-n N]", verb_fork_sandbox },
+        { NULL, "write-file", 2, 3, OPT_FILE_MODE, "write-file ID PATH [LOCAL|-] [--file-mode M]", verb_write_file },
+        { NULL, "read-file", 2, 2, 0, "read-file ID PATH", verb_read_file },
         { NULL, "branch", 1, 1, OPT_TAG | OPT_MODE | OPT_NO_WAIT, "branch ID [--tag T] [--mode M] [--no-wait]",
           verb_branch },
         { NULL, "pack", 0, 0, OPT_TAG | OPT_OUT, "pack --tag T --out F", verb_pack },
@@ -1345,6 +1364,7 @@ static const char *option_name(unsigned bit) {
         case OPT_EXEC: return "--exec";
         case OPT_EXEC_TIMEOUT: return "--exec-timeout-secs";
         case OPT_OUT: return "--out";
+        case OPT_FILE_MODE: return "--file-mode";
         default: return "?";
         }
 }
@@ -1378,6 +1398,7 @@ enum {
         ARG_EXEC,
         ARG_EXEC_TIMEOUT,
         ARG_OUT,
+        ARG_FILE_MODE,
 };
 
 static int parse_argv(int argc, char *argv[]) {
@@ -1406,6 +1427,7 @@ static int parse_argv(int argc, char *argv[]) {
                 { "exec", required_argument, NULL, ARG_EXEC },
                 { "exec-timeout-secs", required_argument, NULL, ARG_EXEC_TIMEOUT },
                 { "out", required_argument, NULL, ARG_OUT },
+                { "file-mode", required_argument, NULL, ARG_FILE_MODE },
                 {}
         };
         int c, r;
@@ -1488,6 +1510,11 @@ static int parse_argv(int argc, char *argv[]) {
                                 return usage_error("--mode wants full, diff or live, not '%s'", optarg);
                         arg_mode = optarg;
                         arg_given |= OPT_MODE;
+                        break;
+                case ARG_FILE_MODE:
+                        if (parse_file_mode(optarg, &arg_file_mode) < 0)
+                                return usage_error("--file-mode wants an octal mode 0..7777, not '%s'", optarg);
+                        arg_given |= OPT_FILE_MODE;
                         break;
                 case ARG_NO_WAIT:
                         arg_no_wait = true;

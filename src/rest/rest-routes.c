@@ -11,6 +11,7 @@
 #include "forkd-bus.h"
 #include "json-util.h"
 #include "macro.h"
+#include "rest-files.h"
 #include "rest-pack.h"
 #include "rest-server.h"
 #include "rest-util.h"
@@ -1085,5 +1086,7 @@ const RestRoute rest_routes[] = {
         { "/v1/sandboxes/%/diff", false, { { "POST", route_sandbox_diff } }, "POST" },
         { "/v1/sandboxes/%/branch", false, { { "POST", route_sandbox_branch } }, "POST" },
         { "/v1/sandboxes/%/fork", false, { { "POST", route_sandbox_fork } }, "POST" },
+        { "/v1/sandboxes/%/files/write", false, { { "POST", rest_route_sandbox_files_write } }, "POST" },
+        { "/v1/sandboxes/%/files/read", false, { { "POST", rest_route_sandbox_files_read } }, "POST" },
 };
 const size_t rest_routes_count = ELEMENTSOF(rest_routes);

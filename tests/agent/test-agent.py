@@ -9,6 +9,7 @@ Standard library only. Each test class starts its own agent with
 that exec and the embedded interpreter see the same numpy. Tests that need
 numpy skip (with the reason) when the embedded interpreter has none.
 """
+import base64
 import hashlib
 import json
 import os
@@ -541,6 +542,173 @@ class TestHashFiles(AgentTest):
             open(os.path.join(self.d, f"f{i}"), "wb").close()
         err = self.a.error("hash_files", paths=[self.d])
         self.assertIn("10000", err)
+        self.alive()
+
+
+class TestFileIO(AgentTest):
+    """write_file and read_file: atomic replace, modes, the 512 KiB cap, no
+    symlink followed at the final component, regular files only, errno names
+    in the error frames, hostile arguments refused (agent-fileio.c)."""
+
+    CAP = 524288
+
+    def setUp(self):
+        self.d = tempfile.mkdtemp(prefix="forkd-fileio.")
+        self.addCleanup(shutil.rmtree, self.d, ignore_errors=True)
+
+    def p(self, rel):
+        return os.path.join(self.d, rel)
+
+    def write(self, path, data, **extra):
+        return self.a.ok("write_file", path=path, data_b64=base64.b64encode(data).decode(), **extra)
+
+    def read(self, path):
+        r = self.a.ok("read_file", path=path)
+        self.assertEqual(set(r), {"path", "data_b64", "size"})
+        data = base64.b64decode(r["data_b64"], validate=True)
+        self.assertEqual(r["size"], len(data))
+        self.assertEqual(r["path"], path)
+        return data
+
+    def refused(self, op, errno_name, **args):
+        ftype, obj = self.a.call(op, **args)
+        self.assertEqual(ftype, ERR, (op, args, obj))
+        self.assertEqual(obj.get("errno"), errno_name, obj)
+        self.assertIn(args["path"], obj["error"])
+        return obj["error"]
+
+    def listing(self):
+        return sorted(os.listdir(self.d))
+
+    def test_round_trip(self):
+        f = self.p("a.bin")
+        data = bytes(range(256)) * 7 + b"\x00end"
+        self.assertEqual(self.write(f, data), {"path": f, "size": len(data)})
+        with open(f, "rb") as fh:
+            self.assertEqual(fh.read(), data)
+        self.assertEqual(os.stat(f).st_mode & 0o7777, 0o644)
+        self.assertEqual(self.read(f), data)
+        # replace: new contents, new mode, and nothing else left in the directory
+        self.assertEqual(self.write(f, b"short", mode=0o600)["size"], 5)
+        self.assertEqual(self.read(f), b"short")
+        self.assertEqual(os.stat(f).st_mode & 0o7777, 0o600)
+        self.assertEqual(self.listing(), ["a.bin"])
+        # empty files both ways, and the mode is exact (no umask)
+        self.write(f, b"", mode=0o4755)
+        self.assertEqual(self.read(f), b"")
+        self.assertEqual(os.stat(f).st_mode & 0o7777, 0o4755)
+        self.write(self.p("zero"), b"x", mode=0)
+        self.assertEqual(os.stat(self.p("zero")).st_mode & 0o7777, 0)
+
+    def test_replace_is_a_new_inode(self):
+        """A reader holding the old file keeps the old contents (rename, not rewrite in place)."""
+        f = self.p("r.txt")
+        self.write(f, b"old contents")
+        with open(f, "rb") as old:
+            self.write(f, b"new")
+            self.assertEqual(old.read(), b"old contents")
+        self.assertEqual(self.read(f), b"new")
+
+    def test_cap(self):
+        big = os.urandom(self.CAP)
+        f = self.p("cap.bin")
+        self.assertEqual(self.write(f, big)["size"], self.CAP)
+        self.assertEqual(self.read(f), big)
+        err = self.refused("write_file", "EFBIG", path=f, data_b64=base64.b64encode(big + b"x").decode())
+        self.assertIn("File too large", err)
+        self.assertEqual(self.read(f), big, "a refused write leaves the old file")
+        with open(f, "ab") as fh:
+            fh.write(b"y")
+        self.assertIn("File too large", self.refused("read_file", "EFBIG", path=f))
+        self.assertEqual(self.listing(), ["cap.bin"])
+
+    def test_proc_file_read_by_reading(self):
+        """stat() says 0 bytes; the contents are read anyway."""
+        data = self.read("/proc/self/status")
+        self.assertIn(b"Name:", data)
+
+    def test_symlink_not_followed(self):
+        target = self.p("target")
+        self.write(target, b"target's")
+        os.symlink(target, self.p("link"))
+        self.assertIn("symbolic link", self.refused("read_file", "ELOOP", path=self.p("link")))
+        self.refused("write_file", "ELOOP", path=self.p("link"), data_b64="eA==")
+        self.assertEqual(self.read(target), b"target's")
+        self.assertTrue(os.path.islink(self.p("link")))
+        # a dangling link at the final component: not created through
+        os.symlink(self.p("nowhere"), self.p("dangling"))
+        self.refused("write_file", "ELOOP", path=self.p("dangling"), data_b64="eA==")
+        self.assertFalse(os.path.exists(self.p("nowhere")))
+        # directories above the final component are resolved as usual
+        os.mkdir(self.p("real"))
+        os.symlink(self.p("real"), self.p("dirlink"))
+        self.write(self.p("dirlink/f"), b"via a linked dir")
+        self.assertEqual(self.read(self.p("real/f")), b"via a linked dir")
+
+    def test_not_regular(self):
+        os.mkdir(self.p("dir"))
+        self.refused("read_file", "EISDIR", path=self.p("dir"))
+        self.refused("write_file", "EISDIR", path=self.p("dir"), data_b64="")
+        self.refused("read_file", "EISDIR", path="/")
+        self.refused("write_file", "EISDIR", path="/", data_b64="")
+        os.mkfifo(self.p("fifo"))
+        self.assertIn("Not a regular file", self.refused("read_file", "EINVAL", path=self.p("fifo")))
+        self.refused("write_file", "EINVAL", path=self.p("fifo"), data_b64="eA==")
+        self.refused("read_file", "ENOENT", path=self.p("missing"))
+        self.refused("write_file", "ENOENT", path=self.p("nodir/f"), data_b64="eA==")
+        self.write(self.p("plain"), b"x")
+        self.refused("write_file", "ENOTDIR", path=self.p("plain/f"), data_b64="eA==")
+        self.refused("read_file", "ENOTDIR", path=self.p("plain/f"))
+        self.assertEqual(self.listing(), ["dir", "fifo", "plain"])
+        self.alive()
+
+    def test_failed_write_leaves_nothing(self):
+        """A write that fails half-way (no room left on the file system) leaves the old
+        file as it was and no temporary file: an agent of its own, in a private mount
+        namespace where the directory is a 64 KiB tmpfs."""
+        if os.geteuid() != 0 or not shutil.which("unshare"):
+            self.skipTest("needs root and unshare(1) for a private tmpfs")
+        d = self.d
+        a = Agent(wrapper=("unshare", "-m", "--propagation", "private", "sh", "-c",
+                           f"mount -t tmpfs -o size=64k forkd-test {d} && exec \"$@\"", "sh"))
+        try:
+            f = os.path.join(d, "f")
+            r = a.ok("write_file", path=f, data_b64=base64.b64encode(b"old").decode())
+            self.assertEqual(r["size"], 3)
+            ftype, obj = a.call("write_file", path=f, data_b64=base64.b64encode(os.urandom(200000)).decode())
+            self.assertEqual((ftype, obj.get("errno")), (ERR, "ENOSPC"), obj)
+            self.assertEqual(a.ok("hash_files", paths=[d])["files"], {f: hashlib.sha256(b"old").hexdigest()})
+            self.assertEqual(base64.b64decode(a.ok("read_file", path=f)["data_b64"]), b"old")
+        finally:
+            self.assertEqual(a.close_after_ping(), 0)
+        self.assertEqual(self.listing(), [], "the tmpfs was private to the agent")
+        self.refused("write_file", "ENAMETOOLONG", path=self.p("n" * 300), data_b64="eA==")
+        self.assertEqual(self.listing(), [])
+
+    def test_bad_arguments(self):
+        f = self.p("f")
+        for args in ({}, {"path": f}, {"data_b64": ""}, {"path": 1, "data_b64": ""}, {"path": f, "data_b64": 1},
+                     {"path": "rel", "data_b64": ""}, {"path": f + "/", "data_b64": ""},
+                     {"path": self.d + "/../x", "data_b64": ""}, {"path": self.d + "//x", "data_b64": ""},
+                     {"path": self.d + "/./x", "data_b64": ""}, {"path": f + "\n", "data_b64": ""},
+                     {"path": "/" + "x" * 4096, "data_b64": ""},
+                     {"path": f, "data_b64": "eA"}, {"path": f, "data_b64": "e A=="}, {"path": f, "data_b64": "eB=="},
+                     {"path": f, "data_b64": "e-8="}, {"path": f, "data_b64": "eA==\n"},
+                     {"path": f, "data_b64": "", "mode": 0o10000}, {"path": f, "data_b64": "", "mode": -1},
+                     {"path": f, "data_b64": "", "mode": "644"}, {"path": f, "data_b64": "", "mode": 1.5},
+                     {"path": f, "data_b64": "", "append": True}):
+            err = self.a.error("write_file", **args)
+            self.assertTrue(err.startswith("bad argument"), (args, err))
+        for args in ({}, {"path": "rel"}, {"path": f, "data_b64": ""}, {"path": f, "mode": 420},
+                     {"path": "/" + "x" * 4096}):
+            err = self.a.error("read_file", **args)
+            self.assertTrue(err.startswith("bad argument"), (args, err))
+        # a NUL in the path never gets as far as the op (the strict parser refuses it)
+        self.a.error("write_file", path=f + "\u0000", data_b64="")
+        self.a.error("read_file", path=f + "\u0000")
+        self.assertEqual(self.listing(), [])
+        # the longest path allowed gets as far as the file system
+        self.refused("read_file", "ENAMETOOLONG", path="/" + "x" * 4094)
         self.alive()
 
 

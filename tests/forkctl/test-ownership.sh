@@ -253,6 +253,8 @@ check "B forks a sandbox of root's snapshot ($SB)" [ -n "$SB" ]
 denied() { grep -q "org.freedesktop.DBus.Error.AccessDenied" <<<"$1" && grep -q "org.forkd.manage-all" <<<"$1"; }
 for call in "GetSandbox string:${SA:-x}" "Ping string:${SA:-x}" "Exec string:${SA:-x} array:string:/bin/true uint32:5" \
             "Eval string:${SA:-x} string:1" "RunCode string:${SA:-x} string:x uint32:5" \
+            "WriteFile string:${SA:-x} string:/tmp/stolen array:byte:104,105 uint32:420" \
+            "ReadFile string:${SA:-x} string:/tmp/a" \
             "BranchSandbox string:${SA:-x} string:stolen string:full boolean:true" \
             "ForkSandbox string:${SA:-x} uint32:1" "TerminateSandbox string:${SA:-x}" \
             "MergeSandbox string:${SB:-y} string:${SA:-x}" "MergeSandbox string:${SA:-x} string:${SB:-y}" \
@@ -285,6 +287,10 @@ check "forkctl ls as A shows A's sandbox with its owner, not B's" \
         eval 'grep -q -- "${SA:-x}.*forkd-own-a" <<<"$list_a" && ! grep -q -- "${SB:-y}" <<<"$list_a"'
 out=$(bjson $UID_B Ping s "${SB:-y}")
 check "B pings its own sandbox ($out)" eval 'grep -q "\"type\":\"s\"" <<<"$out"'
+out=$(bjson $UID_B WriteFile ssayu "${SB:-y}" /tmp/own 2 104 105 420)
+out2=$(bjson $UID_B ReadFile ss "${SB:-y}" /tmp/own)
+check "B writes and reads a file in its own sandbox (WriteFile $out, ReadFile $out2)" \
+        eval 'grep -q "\"data\":\[2\]" <<<"$out" && grep -q "\"data\":\[\[104,105\]\]" <<<"$out2"'
 out=$(bjson $UID_B ForkSandbox su "${SB:-y}" 1)
 SB2=$(python3 -c 'import json, sys; print(json.load(sys.stdin)["data"][0][0]["id"]["data"])' <<<"$out" 2>/dev/null)
 check "B forks its own running sandbox ($SB2)" [ -n "$SB2" ]

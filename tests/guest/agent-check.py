@@ -8,6 +8,7 @@ Connects to the unix stream socket forkd-vmm bridges to the guest's
 virtio-console, runs every op of docs/agent-protocol.md with checks, then
 (optionally) hostile input and a ping round-trip measurement.
 """
+import base64
 import hashlib
 import json
 import socket
@@ -151,6 +152,59 @@ def main():
     check(t == RESP and len(r["files"]) == 8, "a full table still fits one reply %r" % r)
     code("; ".join("rm /f%d" % k for k in range(5)))
 
+    # write_file / read_file over the same table (tests/guest/files.c): 47-byte paths,
+    # 256 bytes a file, 8 files; errors carry the errno name and the path
+    b64 = lambda b: base64.b64encode(b).decode()
+    def refused(op, ename, **args):
+        t, r = a.call(op, **args)
+        check(t == ERR and r.get("errno") == ename and
+              (ename == "ENAMETOOLONG" or args["path"] in r["error"]), "%s %r -> %s %r" % (op, str(args)[:50], ename, r))
+    data = bytes(range(256))
+    t, r = a.call("write_file", path="/tmp/w.bin", data_b64=b64(data), mode=0o600)
+    check(t == RESP and r == {"path": "/tmp/w.bin", "size": 256}, "write_file 256 bytes %r" % r)
+    t, r = a.call("read_file", path="/tmp/w.bin")
+    check(t == RESP and r == {"path": "/tmp/w.bin", "data_b64": b64(data), "size": 256}, "read_file %r" % r)
+    t, r = a.call("write_file", path="/tmp/t", data_b64=b64(b"text\n"))
+    check(t == RESP and r["size"] == 5 and code("cat /tmp/t")["stdout"] == "text\n\n", "run_code sees write_file's file")
+    code("write /tmp/t from run_code")
+    t, r = a.call("read_file", path="/tmp/t")
+    check(t == RESP and base64.b64decode(r["data_b64"]) == b"from run_code", "read_file sees run_code's file %r" % r)
+    t, r = a.call("hash_files", paths=["/tmp"])
+    check(t == RESP and r["files"] == {"/tmp/w.bin": hashlib.sha256(data).hexdigest(),
+                                       "/tmp/t": hashlib.sha256(b"from run_code").hexdigest()}, "hash_files %r" % r)
+    t, r = a.call("write_file", path="/tmp/t", data_b64="")
+    check(t == RESP and r["size"] == 0 and a.call("read_file", path="/tmp/t")[1]["data_b64"] == "", "empty file")
+    # json-c writes '/' as "\/": the escaped form decodes to the same bytes
+    a.send_raw(a.frame(REQ, 902, b'{"op":"write_file","path":"\\/tmp\\/e","data_b64":"\\/\\/\\/\\/"}'))
+    t, fid, r = a.recv_frame()
+    check(t == RESP and fid == 902 and r == {"path": "/tmp/e", "size": 3} and
+          a.call("read_file", path="/tmp/e")[1]["data_b64"] == "////", "escaped data_b64 %r" % r)
+    refused("write_file", "EFBIG", path="/tmp/w.bin", data_b64=b64(data + b"x"))
+    refused("write_file", "EFBIG", path="/tmp/w.bin", data_b64=b64(bytes(4000)))
+    check(a.call("read_file", path="/tmp/w.bin")[1]["size"] == 256, "a refused write leaves the file")
+    refused("read_file", "ENOENT", path="/tmp/nosuch")
+    refused("read_file", "EISDIR", path="/root")
+    refused("read_file", "EISDIR", path="/")
+    refused("write_file", "EISDIR", path="/root", data_b64="")
+    refused("write_file", "ENOTDIR", path="/rootless/x", data_b64="")
+    refused("read_file", "ENOTDIR", path="/rootless/x")
+    refused("write_file", "ENAMETOOLONG", path="/" + "n" * 47, data_b64="")
+    refused("read_file", "ENAMETOOLONG", path="/" + "n" * 300)
+    for args in ({}, {"path": "rel", "data_b64": ""}, {"path": "/a/../b", "data_b64": ""}, {"path": "/a", "data_b64": "eA"},
+                 {"path": "/a", "data_b64": "eB=="}, {"path": "/a", "data_b64": 5}, {"path": "/a"},
+                 {"path": "/a", "data_b64": "", "mode": 0o10000}, {"path": "/a", "data_b64": "", "mode": "1"},
+                 {"path": 7, "data_b64": ""}):
+        t, r = a.call("write_file", **args)
+        check(t == ERR and "errno" not in r, "write_file %r -> error %r" % (str(args)[:40], r))
+    t, r = a.call("read_file", path="tmp")
+    check(t == ERR and "errno" not in r, "read_file of a relative path %r" % r)
+    n = 0
+    while a.call("write_file", path="/full/%d" % n, data_b64="")[0] == RESP:
+        n += 1
+    refused("write_file", "ENOSPC", path="/full/%d" % n, data_b64="")
+    check(n == 2, "the table took %d more files (8 in all)" % n)
+    code("rm /full/0; rm /full/1; rm /tmp/w.bin; rm /tmp/t; rm /tmp/e")
+
     for op in ("exec", "eval", "nope"):
         t, r = a.call(op)
         check(t == ERR and "error" in r, "%s -> error %r" % (op, r))
@@ -165,7 +219,7 @@ def main():
             check(t == ERR and fid == 77, "malformed payload %r -> error" % bad[:20])
         a.send_raw(a.frame(REQ, 78, b"x" * 20000))
         t, fid, r = a.recv_frame()
-        check(t == ERR and fid == 78, "oversized frame -> error with its id")
+        check(t == ERR and fid == 78 and r.get("errno") == "EMSGSIZE", "oversized frame -> error with its id %r" % r)
         a.send_raw(b"garbage!" * 5)
         t, fid, r = a.recv_frame()
         check(t == ERR and fid == 0, "bad magic -> one error with id 0")

@@ -20,6 +20,19 @@ void agent_reply_error(u32 id, const char *msg)
         tx_commit(AGENT_T_ERROR, id, o.len);
 }
 
+/* {"error": msg, "errno": ename}: a refusal that an errno says (docs/agent-protocol.md) */
+void agent_reply_error_errno(u32 id, const char *msg, const char *ename)
+{
+        struct out o = { .buf = tx_begin(), .cap = TXBUF_SIZE - AGENT_HDR_SIZE };
+
+        out_s(&o, "{\"error\":\"");
+        out_s(&o, msg);
+        out_s(&o, "\",\"errno\":\"");
+        out_s(&o, ename);
+        out_s(&o, "\"}");
+        tx_commit(AGENT_T_ERROR, id, o.len);
+}
+
 void agent_reply(u32 id, struct out *o)
 {
         if (o->overflow) {
@@ -278,6 +291,10 @@ static void handle_request(u32 id, const u8 *p, u32 n)
                 op_run_code(id, p, n);
         } else if (json_str_eq(p, &op, "hash_files")) {
                 op_hash_files(id, p, n);
+        } else if (json_str_eq(p, &op, "write_file")) {
+                op_write_file(id, p, n);
+        } else if (json_str_eq(p, &op, "read_file")) {
+                op_read_file(id, p, n);
         } else if (json_str_eq(p, &op, "exec")) {
                 op_exec(id, p, n);
         } else if (json_str_eq(p, &op, "eval")) {
@@ -358,7 +375,7 @@ static void header_step(struct rx_stream *r)
                 r->want = len;
                 r->got = 0;
                 if (len > PAYLOAD_MAX) {
-                        agent_reply_error(r->id, "payload too large");
+                        agent_reply_error_errno(r->id, "payload too large", "EMSGSIZE");
                         r->mode = RX_DISCARD;
                 } else if (len == 0) {
                         dispatch();

@@ -19,6 +19,7 @@
  * ops: the hot path of an idle child does not touch it.
  */
 #include "guest.h"
+#include "base64.h"
 #include "sha256.h"
 
 #define GFILES_MAX      8
@@ -31,11 +32,15 @@
 #define GOUT_MAX        512
 #define HASH_PATHS_MAX  16
 #define HASH_DIR_MAX    256   /* a requested path, with room to spare */
+#define GB64_MAX        BASE64_ENCODED_SIZE(GFILE_DATA_MAX) /* 344 */
+#define GMODE_MAX       07777
+#define GMODE_DEFAULT   0644
 
 struct gfile {
         u32 used;
         u32 path_len;
         u32 data_len;
+        u32 mode;               /* as write_file set it (run_code's write: 0644); kept, not enforced */
         char path[GFILE_PATH_MAX];
         u8 data[GFILE_DATA_MAX];
 };
@@ -60,6 +65,9 @@ static struct {
         u32 error_arg_len;
         u8 msg[160];            /* error and its argument: 96 + 48 at most, and a newline */
         u8 dirs[HASH_PATHS_MAX][HASH_DIR_MAX];
+        u8 fpath[HASH_DIR_MAX]; /* read_file / write_file: the path, decoded */
+        u8 b64[GB64_MAX];       /* and the contents in base64 */
+        u8 data[GFILE_DATA_MAX];
         u32 dir_len[HASH_PATHS_MAX];
         sha256_ctx sha;
 } g;
@@ -273,6 +281,7 @@ static int st_write(const u8 *s, u32 n, u32 i)
                 return fail("OSError: the file table is full (8 files): ", s + ps, pl);
         memcpy(f->data, s + i, n - i);
         f->data_len = n - i;
+        f->mode = GMODE_DEFAULT;
         return 0;
 }
 
@@ -580,5 +589,194 @@ void op_hash_files(u32 id, const u8 *p, u32 n)
                 out_s(&o, "\"");
         }
         out_s(&o, "}}");
+        agent_reply(id, &o);
+}
+
+/* ---- read_file / write_file ----
+ *
+ * The file table's view of docs/agent-protocol.md's ops: directories are
+ * implicit (a path is a directory when a file lies under it, and "/" always
+ * is), so a write needs no parent to exist, only none of its ancestors to be
+ * a file. The limits are the table's: paths of at most 47 bytes
+ * (ENAMETOOLONG), 256 bytes of data (EFBIG: also a data_b64 longer than the
+ * 344 characters that 256 bytes make), 8 files (ENOSPC). A request over the
+ * 16 KiB frame limit is refused before it gets here (EMSGSIZE, agent.c).
+ */
+
+static void reply_errno(u32 id, const char *ename, const char *why, const u8 *path, u32 n)
+{
+        struct out o = agent_reply_begin();
+
+        out_s(&o, "{\"error\":\"");
+        if (path) {
+                out_raw(&o, path, n); /* path_valid(): printable ASCII without '"' or '\\' */
+                out_s(&o, ": ");
+        }
+        out_s(&o, why);
+        out_s(&o, "\",\"errno\":\"");
+        out_s(&o, ename);
+        out_s(&o, "\"}");
+        if (o.overflow) {
+                agent_reply_error(id, why);
+                return;
+        }
+        tx_commit(AGENT_T_ERROR, id, o.len);
+}
+
+/* The path argument, decoded into g.fpath and checked: its length, or -1 (answered). */
+static int file_path_arg(u32 id, const u8 *p, const struct jfield *f)
+{
+        int len;
+
+        if (f->type != J_STR) {
+                agent_reply_error(id, "bad argument 'path': a string");
+                return -1;
+        }
+        len = json_str_decode(p, f, g.fpath, HASH_DIR_MAX);
+        if (len < 0 && f->len > HASH_DIR_MAX) {
+                reply_errno(id, "ENAMETOOLONG", "File name too long (the test guest keeps paths of at most 47 bytes)",
+                            NULL, 0);
+                return -1;
+        }
+        if (len < 0 || !path_valid(g.fpath, (u32)len, HASH_DIR_MAX)) {
+                agent_reply_error(id, "bad argument 'path': not an absolute, normalized path of printable ASCII");
+                return -1;
+        }
+        if ((u32)len >= GFILE_PATH_MAX) {
+                reply_errno(id, "ENAMETOOLONG", "File name too long (the test guest keeps paths of at most 47 bytes)",
+                            g.fpath, (u32)len);
+                return -1;
+        }
+        return len;
+}
+
+/* 0, or the errno name of what the table says about the path as a file. */
+static const char *file_kind_error(const u8 *path, u32 n)
+{
+        if (n == 1)
+                return "EISDIR"; /* "/" */
+        for (u32 k = 0; k < GFILES_MAX; k++) {
+                const struct gfile *f = &g.files[k];
+
+                if (!f->used)
+                        continue;
+                /* a file under the path: the path is a directory */
+                if (f->path_len > n && memcmp(f->path, path, n) == 0 && f->path[n] == '/')
+                        return "EISDIR";
+                /* a file above it: an ancestor is not a directory */
+                if (f->path_len < n && memcmp(f->path, path, f->path_len) == 0 && path[f->path_len] == '/')
+                        return "ENOTDIR";
+        }
+        return 0;
+}
+
+static const char *errno_why(const char *ename)
+{
+        if (ename[3] == 'D')
+                return "Is a directory";   /* EISDIR */
+        return "Not a directory";          /* ENOTDIR */
+}
+
+void op_write_file(u32 id, const u8 *p, u32 n)
+{
+        struct jfield f[3] = { { .key = "path" }, { .key = "data_b64" }, { .key = "mode" } };
+        u64 mode = GMODE_DEFAULT;
+        size_t size;
+        const char *kind;
+        struct gfile *gf;
+        struct out o;
+        int len, blen;
+
+        (void)json_fields(p, n, f, 3);
+        if (f[2].type != J_NONE && (json_u64(p, &f[2], &mode) < 0 || mode > GMODE_MAX)) {
+                agent_reply_error(id, "bad argument 'mode': must be 0 .. 07777");
+                return;
+        }
+        if (f[1].type != J_STR) {
+                agent_reply_error(id, "bad argument 'data_b64': a string");
+                return;
+        }
+        len = file_path_arg(id, p, &f[0]);
+        if (len < 0)
+                return;
+        blen = json_str_decode(p, &f[1], g.b64, GB64_MAX);
+        if (blen < 0 && f[1].len > GB64_MAX + 2) {
+                reply_errno(id, "EFBIG", "File too large (the test guest keeps at most 256 bytes a file)", g.fpath,
+                            (u32)len);
+                return;
+        }
+        if (blen < 0 || base64_decoded_size((const char *)g.b64, (size_t)blen, &size) < 0) {
+                agent_reply_error(id, "bad argument 'data_b64': not base64 (RFC 4648, padded, no whitespace)");
+                return;
+        }
+        if (size > GFILE_DATA_MAX ||
+            base64_decode((const char *)g.b64, (size_t)blen, g.data, GFILE_DATA_MAX, &size) < 0) {
+                reply_errno(id, "EFBIG", "File too large (the test guest keeps at most 256 bytes a file)", g.fpath,
+                            (u32)len);
+                return;
+        }
+        kind = file_kind_error(g.fpath, (u32)len);
+        if (kind) {
+                reply_errno(id, kind, errno_why(kind), g.fpath, (u32)len);
+                return;
+        }
+        gf = file_find(g.fpath, (u32)len);
+        for (u32 k = 0; !gf && k < GFILES_MAX; k++)
+                if (!g.files[k].used) {
+                        gf = &g.files[k];
+                        memcpy(gf->path, g.fpath, (u32)len);
+                        gf->path_len = (u32)len;
+                        gf->used = 1;
+                }
+        if (!gf) {
+                reply_errno(id, "ENOSPC", "No space left on device (the test guest keeps at most 8 files)", g.fpath,
+                            (u32)len);
+                return;
+        }
+        memcpy(gf->data, g.data, size);
+        gf->data_len = (u32)size;
+        gf->mode = (u32)mode;
+
+        o = agent_reply_begin();
+        out_s(&o, "{\"path\":");
+        out_json_str(&o, g.fpath, (u32)len);
+        out_s(&o, ",\"size\":");
+        out_u64(&o, size);
+        out_s(&o, "}");
+        agent_reply(id, &o);
+}
+
+void op_read_file(u32 id, const u8 *p, u32 n)
+{
+        struct jfield f = { .key = "path" };
+        const struct gfile *gf;
+        const char *kind;
+        struct out o;
+        size_t blen;
+        int len;
+
+        (void)json_fields(p, n, &f, 1);
+        len = file_path_arg(id, p, &f);
+        if (len < 0)
+                return;
+        gf = file_find(g.fpath, (u32)len);
+        if (!gf) {
+                kind = file_kind_error(g.fpath, (u32)len);
+                if (kind)
+                        reply_errno(id, kind, errno_why(kind), g.fpath, (u32)len);
+                else
+                        reply_errno(id, "ENOENT", "No such file or directory", g.fpath, (u32)len);
+                return;
+        }
+        blen = base64_encode(gf->data, gf->data_len, (char *)g.b64);
+
+        o = agent_reply_begin();
+        out_s(&o, "{\"path\":");
+        out_json_str(&o, g.fpath, (u32)len);
+        out_s(&o, ",\"data_b64\":\"");
+        out_raw(&o, g.b64, (u32)blen);
+        out_s(&o, "\",\"size\":");
+        out_u64(&o, gf->data_len);
+        out_s(&o, "}");
         agent_reply(id, &o);
 }

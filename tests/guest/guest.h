@@ -256,6 +256,7 @@ void agent_feed(const u8 *p, u32 n);
 struct out agent_reply_begin(void);
 void agent_reply(u32 id, struct out *o);
 void agent_reply_error(u32 id, const char *msg);
+void agent_reply_error_errno(u32 id, const char *msg, const char *ename);
 
 /* ---- hostile.c ---- */
 enum {
@@ -279,6 +280,8 @@ void tx_commit_raw(u32 len);
 void op_run_code(u32 id, const u8 *p, u32 n);
 void op_exec(u32 id, const u8 *p, u32 n);
 void op_hash_files(u32 id, const u8 *p, u32 n);
+void op_write_file(u32 id, const u8 *p, u32 n);
+void op_read_file(u32 id, const u8 *p, u32 n);
 __attribute__((noreturn)) void agent_loop(void);
 
 #endif

@@ -12,7 +12,8 @@ under QEMU TCG), systemd is PID 1 and the system bus and polkitd run:
 
 then checks each child's agent (ping, eval, exec, run_code), their isolation (REPL
 state, files, entropy), their clocks, an exec that outlives its timeout, and the
-scopes' memory limit; then run_code, diff and merge over REST, and a running
+scopes' memory limit; then run_code, diff and merge over REST, files/write and
+files/read (512 KiB, symbolic links, fifos, the cap, a fork reading a file), and a running
 sandbox with REPL state and a file forked (/fork) and branched (full, diff, live),
 its state inherited by every child, also once the source is deleted. Timings are
 printed as TAP comments: they are TCG figures (every instruction emulated, ~100 us
@@ -21,6 +22,8 @@ a VM exit), not the product's speed.
 Usage: test-linux-guest.py --build DIR --image DIR
 """
 import argparse
+import base64
+import hashlib
 import json
 import os
 import signal
@@ -288,6 +291,7 @@ def run(t, fc, stack, image, restart):
          f"each sandbox is an active forkd-<id>.scope with MemoryMax={LIMIT_MIB} MiB (systemd, cgroup v2)", scopes)
 
     ids = run_code_diff_merge(t, fc, stack, ids)
+    ids += files_linux(t, stack, ids[-1])
 
     rc, r, err = fc("kill", *ids)
     t.ok(rc == 0, "kill the children", err)
@@ -717,6 +721,69 @@ def run_code_diff_merge(t, fc, stack, ids):
     t.ok(states.get(a) == "ActiveState=active" and states.get(parent) != "ActiveState=active",
          "the VM keeps its scope (forkd-<winner>.scope); the parent's old scope is gone", states)
     return [parent, b]
+
+
+def files_linux(t, stack, sid):
+    """POST /v1/sandboxes/:id/files/write and /files/read on the Linux guest (forkd-agent's
+    write_file and read_file, agent/agent-fileio.c): the whole 512 KiB, the mode, no
+    temporary left, symbolic links and fifos refused, a file past the cap never cut,
+    and a fork that reads the file. Returns the ids it forked (to be killed)."""
+    cap = 524288
+    data = os.urandom(cap)
+
+    def run(code):
+        status, r = rest(stack, "POST", f"/v1/sandboxes/{sid}/run_code", {"code": code})
+        return r.get("stdout", "") if status == 200 and isinstance(r, dict) else f"{status} {r}"
+
+    def read(path, on=None):
+        return rest(stack, "POST", f"/v1/sandboxes/{on or sid}/files/read", {"path": path})
+
+    def got(r):
+        try:
+            return base64.b64decode(r["data_b64"], validate=True)
+        except (TypeError, KeyError, ValueError):
+            return None
+
+    status, r = rest(stack, "POST", f"/v1/sandboxes/{sid}/files/write",
+                     {"path": "/root/big.bin", "data_b64": base64.b64encode(data).decode(), "mode": 0o600})
+    t.ok(status == 200 and r == {"path": "/root/big.bin", "size": cap}, "files/write of 512 KiB: 200", f"{status} {r}")
+    status, r = read("/root/big.bin")
+    t.ok(status == 200 and got(r) == data and r.get("size") == cap,
+         "files/read gives the 512 KiB back unchanged", f"{status} {str(r)[:200]}")
+    out = run("import os, hashlib\n"
+              "st = os.stat('/root/big.bin')\n"
+              "print(oct(st.st_mode & 0o7777), st.st_size, hashlib.sha256(open('/root/big.bin','rb').read()).hexdigest(),"
+              " [n for n in os.listdir('/root') if n.startswith('.forkd-write')])")
+    t.ok(out == f"0o600 {cap} {hashlib.sha256(data).hexdigest()} []\n",
+         "in the guest: mode 0600, the same bytes, no temporary file left", out)
+    status, r = rest(stack, "POST", f"/v1/sandboxes/{sid}/files/write",
+                     {"path": "/root/big.bin", "data_b64": base64.b64encode(data + b"x").decode()})
+    t.ok(status == 413, "files/write of 512 KiB + 1: 413", f"{status} {r}")
+    run("import os\n"
+        "open('/root/target.txt', 'w').write('target')\n"
+        "os.symlink('/root/target.txt', '/root/link')\n"
+        "os.mkfifo('/root/fifo')\n"
+        "open('/root/over.bin', 'wb').write(b'y' * 600000)")
+    for path, want, what in (("/root/link", 409, "a symbolic link"), ("/root/fifo", 409, "a fifo"),
+                             ("/root", 409, "a directory"), ("/root/nosuch", 404, "a missing file"),
+                             ("/root/over.bin", 413, "a file of 600000 bytes")):
+        status, r = read(path)
+        t.ok(status == want and path in str(r), f"files/read of {what}: {want}, naming it", f"{status} {r}")
+    for path, want, what in (("/root/link", 409, "a symbolic link"), ("/nosuchdir/x", 404, "a missing directory"),
+                             ("/root", 409, "a directory")):
+        status, r = rest(stack, "POST", f"/v1/sandboxes/{sid}/files/write", {"path": path, "data_b64": "eA=="})
+        t.ok(status == want and path in str(r), f"files/write to {what}: {want}, naming it", f"{status} {r}")
+    out = run("import os; print(open('/root/target.txt').read(), os.path.islink('/root/link'))")
+    t.ok(out == "target True\n", "the link and its target are untouched", out)
+    status, r = read("/proc/self/status")
+    t.ok(status == 200 and b"Name:" in (got(r) or b""),
+         "files/read of /proc/self/status (stat says 0 bytes): read whole", f"{status} {str(r)[:200]}")
+    status, r = rest(stack, "POST", f"/v1/sandboxes/{sid}/fork", {"n": 1})
+    kids = r.get("children", []) if status == 200 and isinstance(r, dict) else []
+    status, r = read("/root/big.bin", kids[0] if kids else "sb-none")
+    t.ok(bool(kids) and status == 200 and got(r) == data,
+         "a child of /fork reads the parent's 512 KiB file", f"{status} {str(r)[:200]}")
+    return kids
 
 
 if __name__ == "__main__":
