@@ -25,6 +25,7 @@ Environment otherwise: as tests/rest/test-rest.py (sdk/python/meson.build).
 import importlib.util
 import io
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -124,8 +125,9 @@ def t_create_snapshot(ctl, stack):
         rootfs = os.environ.get("FORKD_GUEST_ROOTFS") or (img and os.path.join(img, "rootfs.ext4"))
         check(kernel and rootfs, "FORKD_SDK_GUEST=linux needs FORKD_GUEST_IMAGE or FORKD_GUEST_KERNEL/ROOTFS")
     else:
-        kernel = tr.GUEST if not EXTERNAL else os.environ["FORKD_GUEST_KERNEL"]
-        rootfs = os.path.join(stack.tmp, "rootfs.img")
+        kernel = os.environ["FORKD_GUEST_KERNEL"] if EXTERNAL else tr.GUEST
+        Ctx.tmp = tempfile.mkdtemp(prefix="forkd-sdk-test.") if EXTERNAL else stack.tmp
+        rootfs = os.path.join(Ctx.tmp, "rootfs.img")
         with open(rootfs, "wb") as f:
             f.truncate(8 << 20)
     info = ctl.create_snapshot(TAG, kernel, rootfs, boot_wait_secs=G.boot_wait)
@@ -529,6 +531,8 @@ def main():
     finally:
         if stack:
             stack.cleanup()
+        elif getattr(Ctx, "tmp", None):
+            shutil.rmtree(Ctx.tmp, ignore_errors=True)
     return tap.done()
 
 
