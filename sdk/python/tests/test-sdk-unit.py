@@ -25,7 +25,6 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 import forkd  # noqa: E402
 from forkd import Controller, InvalidArgument, Sandbox  # noqa: E402
-from forkd import errors  # noqa: E402
 
 
 class Tap:
