@@ -193,7 +193,8 @@ def t_errors(ctl, stack):
             call()
             check(False, "no error")
         except NotFound as e:
-            check(isinstance(e, forkd.ControllerError) and e.status == 404 and e.message and e.body == {"error": e.message},
+            check(isinstance(e, forkd.ControllerError) and e.status == 404 and e.message and
+                  e.body == {"error": e.message},
                   repr(e))
     # 400: the server's refusal (a fork of 33: Podflare's text)
     sid = ctl.spawn_sandboxes(TAG)[0]["id"]
