@@ -309,11 +309,22 @@ def t_files(ctl, stack):
         if GUEST_KIND == "linux":
             sb.files.write("/root/m.txt", b"secret", mode=0o600)
             check(sb.commands.run("stat -c %a /root/m.txt").stdout == "600\n", "mode")
+            check(sb.commands.run("head -c 600000 /dev/zero > /root/big").exit_code == 0, "a big file")
+            try:
+                sb.files.read("/root/big")
+                check(False, "read more than the cap")
+            except forkd.PayloadTooLarge as e:
+                check(e.status == 413 and e.message, e)
         try:
             sb.files.read("/root/nosuch")
             check(False, "read a missing file")
         except NotFound as e:
-            check(e.status == 404, e)
+            check(e.status == 404 and e.message, e)
+        try:
+            sb.files.write("/root/../etc/x", "no")
+            check(False, "a path with .. was written")
+        except BadRequest as e:
+            check(e.status == 400 and "path" in e.message, e)
 
 
 def t_fork_diff(ctl, stack):
