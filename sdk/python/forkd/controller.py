@@ -443,8 +443,9 @@ class Controller:
     def _connection(self, timeout):
         if self._https:
             ctx = self._ssl_context or ssl.create_default_context()
-            return http.client.HTTPSConnection(self._host, self._port, timeout=timeout, context=ctx)
-        return http.client.HTTPConnection(self._host, self._port, timeout=timeout)
+            return http.client.HTTPSConnection(self._host, self._port, timeout=timeout, context=ctx,
+                                               blocksize=STREAM_BLOCK)
+        return http.client.HTTPConnection(self._host, self._port, timeout=timeout, blocksize=STREAM_BLOCK)
 
     def _open(self, method, path, query, body, headers, timeout):
         """Send the request; (connection, response) with the status read."""

@@ -27,6 +27,7 @@ import io
 import os
 import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -475,6 +476,31 @@ def t_tree_search(ctl, stack):
     check({s["id"] for s in ctl.list_sandboxes()} == before, "tree_search.py left sandboxes behind")
 
 
+def t_https(ctl, stack):
+    if stack is None:
+        raise Skip("an external stack: its forkd-rest is plain HTTP")
+    openssl = shutil.which("openssl")
+    if not openssl:
+        raise Skip("openssl not installed")
+    cert, key = os.path.join(stack.tmp, "sdk-cert.pem"), os.path.join(stack.tmp, "sdk-key.pem")
+    subprocess.run([openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                    "-nodes", "-keyout", key, "-out", cert, "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True, timeout=60)
+    os.chmod(key, 0o600)
+    p, port = stack.start_rest("--tls-cert", cert, "--tls-key", key)
+    tls = Controller(f"https://127.0.0.1:{port}", token=ctl.token, ssl_context=ssl.create_default_context(cafile=cert))
+    check(TAG in [s["tag"] for s in tls.list_snapshots()], "list_snapshots over HTTPS")
+    with Sandbox.create(TAG, controller=tls) as sb:
+        check(ok_code(sb, G.set("y", "7") + ("; " if GUEST_KIND == "test" else "\n") + G.show("y")) == "7\n",
+              "run_code over HTTPS")
+    try:
+        Controller(f"https://127.0.0.1:{port}", token=ctl.token).list_snapshots()
+        check(False, "an untrusted certificate was accepted")
+    except forkd.ConnectionFailed as e:
+        check(e.status is None and "CERTIFICATE" in str(e).upper(), e)
+    stack.stop(p)
+
+
 def cleanup(ctl):
     for s in ctl.list_sandboxes():
         try:
@@ -532,6 +558,7 @@ def main():
             ("merge_into: the parent drives the winner's VM; branch and a sandbox of it", t_merge_branch),
             ("diff branch, Conflict on delete, compact_snapshot, pack and unpack", t_chain_pack),
             ("examples/tree_search.py (seed 004's tree search) runs", t_tree_search),
+            ("https:// with an ssl_context; an untrusted certificate is ConnectionFailed", t_https),
         ]
         for name, fn in tests:
             tap.run(name, fn, ctl, stack)
