@@ -1,16 +1,13 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
- * The tools of forkctl mcp. Each tool's arguments are described once, in a
- * table of struct mcp_param: tools/list turns the table into the tool's
- * inputSchema, and tools/call checks the arguments against the same table
- * (types, ranges, lengths, required and unknown keys) before any D-Bus call.
- * The calls are forkctl's: the same methods, forkctl's error messages.
+ * The tools of forkctl mcp: each one's table of arguments (mcp-args.c makes
+ * the inputSchema of it and checks a call's arguments against it before any
+ * D-Bus call) and its call to forkd. The calls are forkctl's: the same
+ * methods, forkctl's error messages.
  */
 
 #include <fcntl.h>
-#include <inttypes.h>
 #include <limits.h>
-#include <stdarg.h>
 #include <stdio.h>
 
 #include "boot-files.h"
@@ -18,50 +15,9 @@
 #include "bus-util.h"
 #include "forkctl-util.h"
 #include "macro.h"
+#include "mcp-args.h"
 #include "mcp-tools.h"
 #include "mcp.h"
-#include "snapshot-meta.h"
-
-#define NAME_PATTERN "^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$"
-#define CODE_LENGTH_MAX (256 * 1024)  /* forkd's CODE_MAX */
-#define EXEC_ARGS_MAX 1024            /* forkd's EXEC_ARGS_MAX */
-#define PATH_LENGTH_MAX (PATH_MAX - 1)
-
-enum mcp_param_type {
-        MCP_NAME,         /* a snapshot tag or sandbox id (NAME_PATTERN) */
-        MCP_PATH,         /* an absolute path on the host */
-        MCP_TEXT,         /* a string of min..max characters */
-        MCP_ENUM,         /* one of values */
-        MCP_INTEGER,      /* min..max, stored as uint32_t */
-        MCP_BOOLEAN,      /* stored as bool */
-        MCP_STRING_ARRAY, /* min..max strings, stored as the borrowed array */
-};
-
-/* What the arguments are parsed into: one struct for every tool, each tool's
- * table says which fields it uses. Strings and the array are borrowed from
- * the request. */
-struct mcp_args {
-        const char *tag, *kernel, *rootfs, *snapshot_tag, *sandbox_id, *code, *mode;
-        struct json_object *argv;
-        uint32_t n, mem_mib, boot_wait_secs, timeout_secs, memory_limit_mib;
-        bool per_child_netns, live_fork, wait;
-        unsigned given; /* bit i: the tool's param i was given */
-};
-
-struct mcp_param {
-        const char *name;
-        enum mcp_param_type type;
-        bool required;
-        int64_t min, max;           /* integers: the range; text: characters; arrays: items */
-        bool has_default;
-        int64_t def;                /* integer or boolean default (the schema's "default") */
-        const char *def_str;        /* MCP_ENUM default */
-        const char *const *values;  /* MCP_ENUM, NULL-terminated */
-        size_t offset;              /* in struct mcp_args */
-        const char *description;
-};
-
-#define ARG(f) offsetof(struct mcp_args, f)
 
 struct mcp_tool {
         const char *name;
@@ -72,40 +28,15 @@ struct mcp_tool {
         int (*run)(sd_bus *bus, const struct mcp_args *a, struct json_object **ret, char **ret_error);
 };
 
-/* ---- messages ------------------------------------------------------------ */
-
-static char *xasprintf(const char *fmt, ...) _printf_(1, 2);
-static char *xasprintf(const char *fmt, ...) {
-        va_list ap;
-        char *s;
-        int r;
-
-        va_start(ap, fmt);
-        r = vasprintf(&s, fmt, ap);
-        va_end(ap);
-        return r < 0 ? NULL : s;
-}
-
-/* Characters (code points) of a valid UTF-8 string, as JSON Schema's
- * minLength/maxLength count them. */
-static size_t utf8_chars(const char *s) {
-        size_t n = 0;
-
-        for (; *s; s++)
-                if (((unsigned char) *s & 0xc0) != 0x80)
-                        n++;
-        return n;
-}
-
 static char *bus_failure(const sd_bus_error *e, int r, const struct error_context *ctx) {
         _cleanup_free_ char *msg = NULL;
 
         if (!sd_bus_error_is_set(e))
-                return xasprintf("%s failed: %s", ctx->verb, strerror(-r));
+                return mcp_asprintf("%s failed: %s", ctx->verb, strerror(-r));
         msg = forkctl_error_message(e, ctx);
         if (!msg)
                 return NULL;
-        return xasprintf("%s [%s]", msg, e->name);
+        return mcp_asprintf("%s [%s]", msg, e->name);
 }
 
 /* ---- results ------------------------------------------------------------- */
@@ -160,9 +91,9 @@ static int open_boot_file(const char *what, const char *path, int *ret_fd, char 
         int r = boot_file_open(path, ret_fd);
 
         if (r == -EISDIR || r == -EINVAL)
-                *ret_error = xasprintf("create_snapshot: the %s %s is not a regular file", what, path);
+                *ret_error = mcp_asprintf("create_snapshot: the %s %s is not a regular file", what, path);
         else if (r < 0)
-                *ret_error = xasprintf("create_snapshot: cannot open the %s %s: %s", what, path, strerror(-r));
+                *ret_error = mcp_asprintf("create_snapshot: cannot open the %s %s: %s", what, path, strerror(-r));
         return r;
 }
 
@@ -360,7 +291,7 @@ static int tool_branch_sandbox(sd_bus *bus, const struct mcp_args *a, struct jso
         int r;
 
         if (!a->wait && strcmp(a->mode, "live") != 0) {
-                *ret_error = xasprintf("branch_sandbox: wait false needs mode \"live\", not \"%s\"", a->mode);
+                *ret_error = mcp_asprintf("branch_sandbox: wait false needs mode \"live\", not \"%s\"", a->mode);
                 return -EINVAL;
         }
         r = new_call(bus, "BranchSandbox", &m);
@@ -446,7 +377,7 @@ static const struct mcp_param params_spawn_sandboxes[] = {
 
 static const struct mcp_param params_exec[] = {
         P_SANDBOX_ID("The sandbox to run the command in"),
-        { .name = "args", .type = MCP_STRING_ARRAY, .required = true, .min = 1, .max = EXEC_ARGS_MAX,
+        { .name = "args", .type = MCP_STRING_ARRAY, .required = true, .min = 1, .max = MCP_EXEC_ARGS_MAX,
           .offset = ARG(argv),
           .description = "The command and its arguments, e.g. [\"sh\", \"-c\", \"ls /\"]; no shell unless you ask "
                          "for one" },
@@ -456,14 +387,14 @@ static const struct mcp_param params_exec[] = {
 
 static const struct mcp_param params_eval[] = {
         P_SANDBOX_ID("The sandbox to evaluate in"),
-        { .name = "code", .type = MCP_TEXT, .required = true, .min = 1, .max = CODE_LENGTH_MAX, .offset = ARG(code),
+        { .name = "code", .type = MCP_TEXT, .required = true, .min = 1, .max = MCP_CODE_LENGTH_MAX, .offset = ARG(code),
           .description = "A Python expression" },
         {}
 };
 
 static const struct mcp_param params_run_code[] = {
         P_SANDBOX_ID("The sandbox to run the code in"),
-        { .name = "code", .type = MCP_TEXT, .required = true, .min = 1, .max = CODE_LENGTH_MAX, .offset = ARG(code),
+        { .name = "code", .type = MCP_TEXT, .required = true, .min = 1, .max = MCP_CODE_LENGTH_MAX, .offset = ARG(code),
           .description = "Python statements; the sandbox's globals persist from one call to the next" },
         P_TIMEOUT,
         {}
@@ -532,125 +463,6 @@ static const struct mcp_tool tools[] = {
           params_kill_sandbox, false, true, tool_kill_sandbox },
 };
 
-/* ---- schemas --------------------------------------------------------------- */
-
-static int add(struct json_object *o, const char *key, struct json_object *v) {
-        if (!v)
-                return -ENOMEM;
-        if (json_object_object_add(o, key, v) < 0) {
-                json_object_put(v);
-                return -ENOMEM;
-        }
-        return 0;
-}
-
-static int param_schema(const struct mcp_param *p, struct json_object **ret) {
-        _cleanup_json_ struct json_object *o = json_object_new_object(), *e = NULL;
-        int r = 0;
-
-        if (!o)
-                return -ENOMEM;
-        switch (p->type) {
-        case MCP_NAME:
-                r = add(o, "type", json_object_new_string("string"));
-                if (r >= 0)
-                        r = add(o, "pattern", json_object_new_string(NAME_PATTERN));
-                break;
-        case MCP_PATH:
-                r = add(o, "type", json_object_new_string("string"));
-                if (r >= 0)
-                        r = add(o, "pattern", json_object_new_string("^/"));
-                if (r >= 0)
-                        r = add(o, "maxLength", json_object_new_int64(PATH_LENGTH_MAX));
-                break;
-        case MCP_TEXT:
-                r = add(o, "type", json_object_new_string("string"));
-                if (r >= 0)
-                        r = add(o, "minLength", json_object_new_int64(p->min));
-                if (r >= 0)
-                        r = add(o, "maxLength", json_object_new_int64(p->max));
-                break;
-        case MCP_ENUM:
-                r = add(o, "type", json_object_new_string("string"));
-                e = json_object_new_array();
-                if (!e)
-                        return -ENOMEM;
-                for (const char *const *v = p->values; r >= 0 && *v; v++)
-                        if (json_object_array_add(e, json_object_new_string(*v)) < 0)
-                                r = -ENOMEM;
-                if (r >= 0)
-                        r = add(o, "enum", TAKE_PTR(e));
-                if (r >= 0 && p->def_str)
-                        r = add(o, "default", json_object_new_string(p->def_str));
-                break;
-        case MCP_INTEGER:
-                r = add(o, "type", json_object_new_string("integer"));
-                if (r >= 0)
-                        r = add(o, "minimum", json_object_new_int64(p->min));
-                if (r >= 0)
-                        r = add(o, "maximum", json_object_new_int64(p->max));
-                if (r >= 0 && p->has_default)
-                        r = add(o, "default", json_object_new_int64(p->def));
-                break;
-        case MCP_BOOLEAN:
-                r = add(o, "type", json_object_new_string("boolean"));
-                if (r >= 0 && p->has_default)
-                        r = add(o, "default", json_object_new_boolean(p->def != 0));
-                break;
-        case MCP_STRING_ARRAY:
-                r = add(o, "type", json_object_new_string("array"));
-                e = json_object_new_object();
-                if (!e)
-                        return -ENOMEM;
-                if (r >= 0)
-                        r = add(e, "type", json_object_new_string("string"));
-                if (r >= 0)
-                        r = add(o, "items", TAKE_PTR(e));
-                if (r >= 0)
-                        r = add(o, "minItems", json_object_new_int64(p->min));
-                if (r >= 0)
-                        r = add(o, "maxItems", json_object_new_int64(p->max));
-                break;
-        }
-        if (r >= 0)
-                r = add(o, "description", json_object_new_string(p->description));
-        if (r < 0)
-                return r;
-        *ret = TAKE_PTR(o);
-        return 0;
-}
-
-static int tool_schema(const struct mcp_tool *t, struct json_object **ret) {
-        _cleanup_json_ struct json_object *schema = json_object_new_object(), *props = json_object_new_object(),
-                                          *required = json_object_new_array();
-        int r;
-
-        if (!schema || !props || !required)
-                return -ENOMEM;
-        for (const struct mcp_param *p = t->params; p->name; p++) {
-                struct json_object *s = NULL;
-
-                r = param_schema(p, &s);
-                if (r >= 0)
-                        r = add(props, p->name, s);
-                if (r >= 0 && p->required && json_object_array_add(required, json_object_new_string(p->name)) < 0)
-                        r = -ENOMEM;
-                if (r < 0)
-                        return r;
-        }
-        r = add(schema, "type", json_object_new_string("object"));
-        if (r >= 0)
-                r = add(schema, "properties", TAKE_PTR(props));
-        if (r >= 0 && json_object_array_length(required) > 0)
-                r = add(schema, "required", TAKE_PTR(required));
-        if (r >= 0)
-                r = add(schema, "additionalProperties", json_object_new_boolean(0));
-        if (r < 0)
-                return r;
-        *ret = TAKE_PTR(schema);
-        return 0;
-}
-
 int mcp_tools_list(struct json_object **ret) {
         _cleanup_json_ struct json_object *list = json_object_new_array();
 
@@ -664,23 +476,23 @@ int mcp_tools_list(struct json_object **ret) {
 
                 if (!o || !ann)
                         return -ENOMEM;
-                r = tool_schema(t, &schema);
+                r = mcp_params_schema(t->params, &schema);
                 if (r >= 0)
-                        r = add(o, "name", json_object_new_string(t->name));
+                        r = mcp_json_add(o, "name", json_object_new_string(t->name));
                 if (r >= 0)
-                        r = add(o, "title", json_object_new_string(t->title));
+                        r = mcp_json_add(o, "title", json_object_new_string(t->title));
                 if (r >= 0)
-                        r = add(o, "description", json_object_new_string(t->description));
+                        r = mcp_json_add(o, "description", json_object_new_string(t->description));
                 if (r >= 0)
-                        r = add(o, "inputSchema", schema);
+                        r = mcp_json_add(o, "inputSchema", schema);
                 if (r >= 0)
-                        r = add(ann, "readOnlyHint", json_object_new_boolean(t->read_only));
+                        r = mcp_json_add(ann, "readOnlyHint", json_object_new_boolean(t->read_only));
                 if (r >= 0)
-                        r = add(ann, "destructiveHint", json_object_new_boolean(t->destructive));
+                        r = mcp_json_add(ann, "destructiveHint", json_object_new_boolean(t->destructive));
                 if (r >= 0)
-                        r = add(ann, "openWorldHint", json_object_new_boolean(0));
+                        r = mcp_json_add(ann, "openWorldHint", json_object_new_boolean(0));
                 if (r >= 0)
-                        r = add(o, "annotations", TAKE_PTR(ann));
+                        r = mcp_json_add(o, "annotations", TAKE_PTR(ann));
                 if (r >= 0 && json_object_array_add(list, TAKE_PTR(o)) < 0)
                         r = -ENOMEM;
                 if (r < 0)
@@ -703,194 +515,6 @@ bool mcp_tool_exists(const char *name) {
         return tool_find(name) != NULL;
 }
 
-static char *param_names(const struct mcp_tool *t) {
-        char *s = NULL;
-        size_t n = 0;
-        FILE *f = open_memstream(&s, &n);
-
-        if (!f)
-                return NULL;
-        for (const struct mcp_param *p = t->params; p->name; p++)
-                fprintf(f, "%s%s", p == t->params ? "" : ", ", p->name);
-        if (t->params[0].name == NULL)
-                fputs("no arguments", f);
-        if (fclose(f) != 0) {
-                free(s);
-                return NULL;
-        }
-        return s;
-}
-
-static const char *type_name(struct json_object *v) {
-        switch (json_object_get_type(v)) {
-        case json_type_null: return "null";
-        case json_type_boolean: return "a boolean";
-        case json_type_double: return "a number with a fraction";
-        case json_type_int: return "an integer";
-        case json_type_object: return "an object";
-        case json_type_array: return "an array";
-        case json_type_string: return "a string";
-        }
-        return "?";
-}
-
-/* Checks v against p and stores it in a; on failure a message in *ret_error. */
-static int param_parse(const struct mcp_tool *t, const struct mcp_param *p, struct json_object *v,
-                       struct mcp_args *a, char **ret_error) {
-        void *field = (uint8_t *) a + p->offset;
-        const char *s;
-        int64_t i;
-
-        switch (p->type) {
-        case MCP_NAME:
-        case MCP_PATH:
-        case MCP_TEXT:
-        case MCP_ENUM:
-                if (!json_object_is_type(v, json_type_string))
-                        goto wrong_type;
-                s = json_object_get_string(v);
-                if (p->type == MCP_NAME && !snapshot_tag_is_valid(s)) {
-                        *ret_error = xasprintf("%s: argument '%s' must match %s, not \"%.*s\"", t->name, p->name,
-                                               NAME_PATTERN, mcp_quote_len(s, 80), s);
-                        return -EINVAL;
-                }
-                if (p->type == MCP_PATH && (s[0] != '/' || strlen(s) > PATH_LENGTH_MAX)) {
-                        *ret_error = xasprintf("%s: argument '%s' must be an absolute path of at most %d bytes, "
-                                               "not \"%.*s\"", t->name, p->name, PATH_LENGTH_MAX,
-                                               mcp_quote_len(s, 80), s);
-                        return -EINVAL;
-                }
-                if (p->type == MCP_TEXT) {
-                        size_t n = utf8_chars(s);
-                        if ((int64_t) n < p->min || (int64_t) n > p->max) {
-                                *ret_error = xasprintf("%s: argument '%s' must be %" PRId64 " to %" PRId64
-                                                       " characters long, not %zu", t->name, p->name, p->min,
-                                                       p->max, n);
-                                return -EINVAL;
-                        }
-                }
-                if (p->type == MCP_ENUM) {
-                        bool found = false;
-                        for (const char *const *e = p->values; *e; e++)
-                                if (strcmp(*e, s) == 0)
-                                        found = true;
-                        if (!found) {
-                                *ret_error = xasprintf("%s: argument '%s' must be one of full, diff, live, not \"%.*s\"",
-                                                       t->name, p->name, mcp_quote_len(s, 80), s);
-                                return -EINVAL;
-                        }
-                }
-                *(const char **) field = s;
-                return 0;
-
-        case MCP_INTEGER:
-                if (!json_object_is_type(v, json_type_int))
-                        goto wrong_type;
-                i = json_object_get_int64(v);
-                /* json-c clamps what is beyond int64 to INT64_MAX: still out of range here */
-                if (i < p->min || i > p->max) {
-                        *ret_error = xasprintf("%s: argument '%s' must be an integer from %" PRId64 " to %" PRId64
-                                               ", not %s", t->name, p->name, p->min, p->max,
-                                               json_object_to_json_string_ext(v, JSON_C_TO_STRING_PLAIN));
-                        return -ERANGE;
-                }
-                *(uint32_t *) field = (uint32_t) i;
-                return 0;
-
-        case MCP_BOOLEAN:
-                if (!json_object_is_type(v, json_type_boolean))
-                        goto wrong_type;
-                *(bool *) field = json_object_get_boolean(v);
-                return 0;
-
-        case MCP_STRING_ARRAY: {
-                size_t n;
-
-                if (!json_object_is_type(v, json_type_array))
-                        goto wrong_type;
-                n = json_object_array_length(v);
-                if ((int64_t) n < p->min || (int64_t) n > p->max) {
-                        *ret_error = xasprintf("%s: argument '%s' must have %" PRId64 " to %" PRId64
-                                               " items, not %zu", t->name, p->name, p->min, p->max, n);
-                        return -EINVAL;
-                }
-                for (size_t k = 0; k < n; k++) {
-                        struct json_object *e = json_object_array_get_idx(v, k);
-                        if (!json_object_is_type(e, json_type_string)) {
-                                *ret_error = xasprintf("%s: argument '%s' must be an array of strings; item %zu is %s",
-                                                       t->name, p->name, k, type_name(e));
-                                return -EINVAL;
-                        }
-                }
-                *(struct json_object **) field = v;
-                return 0;
-        }
-        }
-
-wrong_type: {
-        static const char *const expected[] = {
-                [MCP_NAME] = "a string", [MCP_PATH] = "a string", [MCP_TEXT] = "a string",
-                [MCP_ENUM] = "a string", [MCP_INTEGER] = "an integer", [MCP_BOOLEAN] = "a boolean",
-                [MCP_STRING_ARRAY] = "an array of strings",
-        };
-        *ret_error = xasprintf("%s: argument '%s' must be %s, not %s", t->name, p->name, expected[p->type],
-                               type_name(v));
-        return -EINVAL;
-}
-}
-
-static int args_parse(const struct mcp_tool *t, struct json_object *arguments, struct mcp_args *a, char **ret_error) {
-        struct mcp_args parsed = {};
-
-        if (arguments && !json_object_is_type(arguments, json_type_object)) {
-                *ret_error = xasprintf("%s: arguments must be an object, not %s", t->name, type_name(arguments));
-                return -EINVAL;
-        }
-        if (arguments) {
-                json_object_object_foreach(arguments, key, val) {
-                        const struct mcp_param *p;
-                        (void) val;
-
-                        for (p = t->params; p->name; p++)
-                                if (strcmp(p->name, key) == 0)
-                                        break;
-                        if (!p->name) {
-                                _cleanup_free_ char *names = param_names(t);
-                                *ret_error = xasprintf("%s: unknown argument '%.*s'; it takes %s", t->name,
-                                                       mcp_quote_len(key, 64), key, names ?: "other ones");
-                                return -EINVAL;
-                        }
-                }
-        }
-
-        for (const struct mcp_param *p = t->params; p->name; p++) {
-                void *field = (uint8_t *) &parsed + p->offset;
-                struct json_object *v;
-
-                /* the defaults first, the schema's */
-                if (p->type == MCP_INTEGER && p->has_default)
-                        *(uint32_t *) field = (uint32_t) p->def;
-                else if (p->type == MCP_BOOLEAN && p->has_default)
-                        *(bool *) field = p->def != 0;
-                else if (p->type == MCP_ENUM && p->def_str)
-                        *(const char **) field = p->def_str;
-
-                if (!arguments || !json_object_object_get_ex(arguments, p->name, &v)) {
-                        if (p->required) {
-                                *ret_error = xasprintf("%s: missing required argument '%s'", t->name, p->name);
-                                return -EINVAL;
-                        }
-                        continue;
-                }
-                int r = param_parse(t, p, v, &parsed, ret_error);
-                if (r < 0)
-                        return r;
-                parsed.given |= 1u << (p - t->params);
-        }
-        *a = parsed;
-        return 0;
-}
-
 /* ---- tools/call ------------------------------------------------------------ */
 
 static int text_result(const char *text, bool is_error, struct json_object *structured, struct json_object **ret) {
@@ -900,17 +524,17 @@ static int text_result(const char *text, bool is_error, struct json_object *stru
 
         if (!res || !content || !item)
                 return -ENOMEM;
-        r = add(item, "type", json_object_new_string("text"));
+        r = mcp_json_add(item, "type", json_object_new_string("text"));
         if (r >= 0)
-                r = add(item, "text", json_object_new_string(text));
+                r = mcp_json_add(item, "text", json_object_new_string(text));
         if (r >= 0 && json_object_array_add(content, TAKE_PTR(item)) < 0)
                 r = -ENOMEM;
         if (r >= 0)
-                r = add(res, "content", TAKE_PTR(content));
+                r = mcp_json_add(res, "content", TAKE_PTR(content));
         if (r >= 0 && structured)
-                r = add(res, "structuredContent", json_object_get(structured));
+                r = mcp_json_add(res, "structuredContent", json_object_get(structured));
         if (r >= 0)
-                r = add(res, "isError", json_object_new_boolean(is_error));
+                r = mcp_json_add(res, "isError", json_object_new_boolean(is_error));
         if (r < 0)
                 return r;
         *ret = TAKE_PTR(res);
@@ -931,14 +555,14 @@ int mcp_tools_call(struct mcp_server *s, const char *name, struct json_object *a
         if (!t)
                 return -ENOENT;
 
-        r = args_parse(t, arguments, &a, &error);
+        r = mcp_args_parse(t->name, t->params, arguments, &a, &error);
         if (r < 0)
                 goto fail;
 
         r = mcp_server_bus(s, &bus);
         if (r < 0) {
                 const char *addr = s->bus_address;
-                error = xasprintf("%s: cannot connect to %s%s: %s; is D-Bus running? Without a system bus, run "
+                error = mcp_asprintf("%s: cannot connect to %s%s: %s; is D-Bus running? Without a system bus, run "
                                   "'tools/forkd-stack up' and give its FORKD_BUS_ADDRESS to forkctl mcp "
                                   "(--bus-address or the environment)", t->name,
                                   addr ? "the bus at " : "the system bus", addr ?: "", strerror(-r));
@@ -956,7 +580,7 @@ int mcp_tools_call(struct mcp_server *s, const char *name, struct json_object *a
 
 fail:
         if (!error)
-                error = xasprintf("%s failed: %s", t->name, strerror(-r));
+                error = mcp_asprintf("%s failed: %s", t->name, strerror(-r));
         if (!error)
                 return -ENOMEM;
         return text_result(error, true, NULL, ret);
