@@ -37,6 +37,10 @@ def skip_all(why):
     sys.exit(77)
 
 
+class Skip(Exception):
+    pass
+
+
 class Tap:
     def __init__(self):
         self.n = 0
@@ -47,6 +51,8 @@ class Tap:
         try:
             fn(*args)
             print(f"ok {self.n} - {name}", flush=True)
+        except Skip as e:
+            print(f"ok {self.n} - {name} # SKIP {e}", flush=True)
         except Exception as e:  # noqa: BLE001 - report every failure, keep going
             self.failed += 1
             print(f"not ok {self.n} - {name}", flush=True)
@@ -66,9 +72,9 @@ def check(cond, msg):
 class Server:
     """One forkctl mcp process and its pipes."""
 
-    def __init__(self, env, args=(), log=None):
+    def __init__(self, env, args=(), log=None, prefix=()):
         self.log = log or tempfile.TemporaryFile()
-        self.p = subprocess.Popen([FORKCTL, *args, "mcp"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        self.p = subprocess.Popen([*prefix, FORKCTL, *args, "mcp"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                   stderr=self.log, env=env)
         self.buf = b""
         self.next_id = 1
@@ -422,6 +428,42 @@ def main():
             o.alive()
             check(o.close() == 0, "exit status")
 
+        def unprivileged():
+            # forkctl mcp as uid 65534: it opens the boot files with its own rights, and forkd asks
+            # polkit, which is not running here: a denial, as a tool error
+            nobody = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups"]
+            if not shutil.which("setpriv"):
+                raise AssertionError("setpriv (util-linux) is missing")
+            if subprocess.run(nobody + [FORKCTL, "--version"], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL).returncode != 0:
+                raise Skip(f"uid 65534 cannot run {FORKCTL} (a build dir it cannot reach)")
+            pub = tempfile.mkdtemp(prefix="forkctl-mcp-pub.")
+            try:
+                os.chmod(pub, 0o755)
+                for name, src in (("kernel", kernel), ("rootfs", None)):
+                    with open(os.path.join(pub, name), "wb") as f:
+                        f.write(open(src, "rb").read() if src else b"\0" * 4096)
+                    os.chmod(os.path.join(pub, name), 0o644)
+                secret = os.path.join(pub, "secret")
+                with open(secret, "w") as f:
+                    f.write("root only\n")
+                os.chmod(secret, 0o600)
+                o = Server(env, prefix=nobody)
+                servers.append(o)
+                o.request("initialize", INIT)
+                check(tag in [x["tag"] for x in o.ok("list_snapshots")["snapshots"]], "list_snapshots as nobody")
+                o.tool_error("create_snapshot", {"tag": tag + "-n", "kernel": secret, "rootfs": secret},
+                             f"cannot open the kernel {secret}: Permission denied")
+                o.tool_error("create_snapshot", {"tag": tag + "-n", "kernel": os.path.join(pub, "kernel"),
+                                                 "rootfs": os.path.join(pub, "rootfs")},
+                             "[org.freedesktop.DBus.Error.AccessDenied]")
+                o.tool_error("spawn_sandboxes", {"snapshot_tag": tag}, "polkit")
+                check(o.ok("list_sandboxes")["sandboxes"] == [], "nobody sees no sandboxes")
+                o.alive()
+                check(o.close() == 0, "exit status")
+            finally:
+                shutil.rmtree(pub, ignore_errors=True)
+
         def stdio_only():
             # the server's stdout held only protocol messages (recv() checked each line); EOF exits 0
             check(s.close() == 0, f"exit status; stderr: {s.stderr()}")
@@ -447,6 +489,7 @@ def main():
         tap.run("hostile messages: JSON, jsonrpc, batches, ids, methods, params", hostile)
         tap.run("lines over 4 MiB: an error, skipped, the server reads on", huge_lines)
         tap.run("no bus: tool errors, the server serves on", no_bus)
+        tap.run("as uid 65534: boot files opened with its rights, polkit's denial a tool error", unprivileged)
         tap.run("stdout carried only protocol messages; EOF exits 0", stdio_only)
         tap.run("forkctl mcp --help, usage error", help_and_usage)
     finally:
