@@ -214,6 +214,29 @@ static void notification(struct mcp_server *s, const char *method) {
 
 /* ---- messages ------------------------------------------------------------------ */
 
+/* An upper bound of the number of values in the JSON text s[0..n): one, plus
+ * one for each ',', '{' and '[' outside strings. json-c spends a few hundred
+ * bytes on each value, so this bounds what parsing a line may allocate. */
+static size_t json_values_max(const char *s, size_t n) {
+        bool in_string = false;
+        size_t count = 1;
+
+        for (size_t i = 0; i < n; i++) {
+                char c = s[i];
+
+                if (in_string) {
+                        if (c == '\\')
+                                i++;
+                        else if (c == '"')
+                                in_string = false;
+                } else if (c == '"')
+                        in_string = true;
+                else if (c == ',' || c == '{' || c == '[')
+                        count++;
+        }
+        return count;
+}
+
 int mcp_server_handle(struct mcp_server *s, const char *line, size_t len, struct json_object **ret_reply) {
         _cleanup_json_ struct json_object *msg = NULL;
         struct json_object *jsonrpc, *id = NULL, *method, *params = NULL;
@@ -229,6 +252,10 @@ int mcp_server_handle(struct mcp_server *s, const char *line, size_t len, struct
         if (line[i] == '[')
                 return reply_error(NULL, JSONRPC_INVALID_REQUEST,
                                    "batch requests are not supported: send one JSON-RPC message a line", ret_reply);
+
+        if (json_values_max(line, len) > MCP_JSON_VALUES_MAX)
+                return reply_errorf(NULL, JSONRPC_INVALID_REQUEST, ret_reply,
+                                    "invalid request: a message of more than %u JSON values", MCP_JSON_VALUES_MAX);
 
         r = json_parse_strict(line, len, MCP_LINE_MAX, MCP_JSON_DEPTH_MAX, &msg, &error);
         if (r == -ENOMEM)

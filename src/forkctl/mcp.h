@@ -20,6 +20,9 @@
  * answered with an error and skipped. Memory stays within about this. */
 #define MCP_LINE_MAX (4u * 1024u * 1024u)
 #define MCP_JSON_DEPTH_MAX 64
+/* At most this many JSON values a message (an exec's 1024 arguments fit), so
+ * that parsing one stays within tens of MiB. */
+#define MCP_JSON_VALUES_MAX 65536u
 
 /* JSON-RPC 2.0 error codes */
 #define JSONRPC_PARSE_ERROR (-32700)

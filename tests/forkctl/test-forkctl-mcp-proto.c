@@ -120,6 +120,29 @@ static void test_long_line_at_eof(void **state) {
         json_object_put(r);
 }
 
+static void test_many_values(void **state) {
+        _cleanup_free_ char *input = NULL;
+        struct json_object *r;
+        size_t n;
+        FILE *f = open_memstream(&input, &n);
+
+        /* a small line of many values: refused before json-c allocates them */
+        assert_non_null(f);
+        fputs(INIT "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\",\"params\":{\"a\":[", f);
+        for (unsigned i = 0; i < MCP_JSON_VALUES_MAX; i++)
+                fputs(i ? ",{}" : "{}", f);
+        fputs("]}}\n{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"ping\",\"params\":{\"s\":\"{,[,{,[\"}}\n", f);
+        assert_int_equal(fclose(f), 0);
+
+        r = serve(input, n);
+        assert_int_equal(json_object_array_length(r), 3);
+        assert_int_equal(error_code(json_object_array_get_idx(r, 1)), JSONRPC_INVALID_REQUEST);
+        assert_non_null(strstr(json_object_to_json_string(json_object_array_get_idx(r, 1)), "JSON values"));
+        /* braces and commas inside strings are not values */
+        assert_int_equal(error_code(json_object_array_get_idx(r, 2)), 0);
+        json_object_put(r);
+}
+
 static struct json_object *handle(struct mcp_server *s, const char *msg) {
         struct json_object *reply = (struct json_object *) 0x1;
 
@@ -215,6 +238,7 @@ int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_line_limits),
                 cmocka_unit_test(test_long_line_at_eof),
+                cmocka_unit_test(test_many_values),
                 cmocka_unit_test(test_envelope),
                 cmocka_unit_test(test_schemas),
         };

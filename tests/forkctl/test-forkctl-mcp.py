@@ -386,6 +386,9 @@ def main():
             s.error(s.request("tools/call", [1, 2]), -32602, "object")
             s.error(s.request("tools/list", {"cursor": "x"}), -32602, "cursor")
             s.error(s.request("notifications/initialized"), -32600, "notification")
+            # many values in a small line: refused before they are parsed
+            s.send({"jsonrpc": "2.0", "id": 12, "method": "ping", "params": {"a": [{}] * 70000}})
+            s.error(s.recv(), -32600, "JSON values")
             # string ids are echoed as they are
             s.send({"jsonrpc": "2.0", "id": "abc", "method": "ping"})
             check(s.recv() == {"jsonrpc": "2.0", "id": "abc", "result": {}}, "string id")
