@@ -1,4 +1,12 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
+/*
+ * The arguments of forkctl mcp's tools: a table of struct mcp_param per tool
+ * is both the tool's inputSchema (mcp_params_schema()) and the check of a
+ * call's arguments (mcp_args_parse()), so the two cannot disagree. The check
+ * is strict, as the schema says: JSON types exactly (an integer is not 2.0 or
+ * "2", null is not a value), ranges, lengths in characters, tags and ids by
+ * their pattern, required arguments, and no others.
+ */
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -19,8 +27,6 @@ char *mcp_asprintf(const char *fmt, ...) {
         return r < 0 ? NULL : s;
 }
 
-/* Characters (code points) of a valid UTF-8 string, as JSON Schema's
- * minLength/maxLength count them. */
 /* Characters (code points) of a valid UTF-8 string, as JSON Schema's
  * minLength/maxLength count them. */
 static size_t utf8_chars(const char *s) {
@@ -151,6 +157,22 @@ int mcp_params_schema(const struct mcp_param *params, struct json_object **ret) 
         return 0;
 }
 
+static char *enum_values(const char *const *values) {
+        char *s = NULL;
+        size_t n = 0;
+        FILE *f = open_memstream(&s, &n);
+
+        if (!f)
+                return NULL;
+        for (const char *const *v = values; *v; v++)
+                fprintf(f, "%s%s", v == values ? "" : ", ", *v);
+        if (fclose(f) != 0) {
+                free(s);
+                return NULL;
+        }
+        return s;
+}
+
 static char *param_names(const struct mcp_param *params) {
         char *s = NULL;
         size_t n = 0;
@@ -199,21 +221,21 @@ static int param_parse(const char *tool, const struct mcp_param *p, struct json_
                 s = json_object_get_string(v);
                 if (p->type == MCP_NAME && !snapshot_tag_is_valid(s)) {
                         *ret_error = mcp_asprintf("%s: argument '%s' must match %s, not \"%.*s\"", tool, p->name,
-                                               MCP_NAME_PATTERN, mcp_quote_len(s, 80), s);
+                                                  MCP_NAME_PATTERN, mcp_quote_len(s, 80), s);
                         return -EINVAL;
                 }
                 if (p->type == MCP_PATH && (s[0] != '/' || strlen(s) > MCP_PATH_LENGTH_MAX)) {
                         *ret_error = mcp_asprintf("%s: argument '%s' must be an absolute path of at most %d bytes, "
-                                               "not \"%.*s\"", tool, p->name, MCP_PATH_LENGTH_MAX,
-                                               mcp_quote_len(s, 80), s);
+                                                  "not \"%.*s\"", tool, p->name, MCP_PATH_LENGTH_MAX,
+                                                  mcp_quote_len(s, 80), s);
                         return -EINVAL;
                 }
                 if (p->type == MCP_TEXT) {
                         size_t n = utf8_chars(s);
                         if ((int64_t) n < p->min || (int64_t) n > p->max) {
                                 *ret_error = mcp_asprintf("%s: argument '%s' must be %" PRId64 " to %" PRId64
-                                                       " characters long, not %zu", tool, p->name, p->min,
-                                                       p->max, n);
+                                                          " characters long, not %zu", tool, p->name, p->min,
+                                                          p->max, n);
                                 return -EINVAL;
                         }
                 }
@@ -223,8 +245,9 @@ static int param_parse(const char *tool, const struct mcp_param *p, struct json_
                                 if (strcmp(*e, s) == 0)
                                         found = true;
                         if (!found) {
-                                *ret_error = mcp_asprintf("%s: argument '%s' must be one of full, diff, live, not \"%.*s\"",
-                                                       tool, p->name, mcp_quote_len(s, 80), s);
+                                _cleanup_free_ char *list = enum_values(p->values);
+                                *ret_error = mcp_asprintf("%s: argument '%s' must be one of %s, not \"%.*s\"", tool,
+                                                          p->name, list ?: "its values", mcp_quote_len(s, 80), s);
                                 return -EINVAL;
                         }
                 }
@@ -238,8 +261,8 @@ static int param_parse(const char *tool, const struct mcp_param *p, struct json_
                 /* json-c clamps what is beyond int64 to INT64_MAX: still out of range here */
                 if (i < p->min || i > p->max) {
                         *ret_error = mcp_asprintf("%s: argument '%s' must be an integer from %" PRId64 " to %" PRId64
-                                               ", not %s", tool, p->name, p->min, p->max,
-                                               json_object_to_json_string_ext(v, JSON_C_TO_STRING_PLAIN));
+                                                  ", not %s", tool, p->name, p->min, p->max,
+                                                  json_object_to_json_string_ext(v, JSON_C_TO_STRING_PLAIN));
                         return -ERANGE;
                 }
                 *(uint32_t *) field = (uint32_t) i;
@@ -259,14 +282,14 @@ static int param_parse(const char *tool, const struct mcp_param *p, struct json_
                 n = json_object_array_length(v);
                 if ((int64_t) n < p->min || (int64_t) n > p->max) {
                         *ret_error = mcp_asprintf("%s: argument '%s' must have %" PRId64 " to %" PRId64
-                                               " items, not %zu", tool, p->name, p->min, p->max, n);
+                                                  " items, not %zu", tool, p->name, p->min, p->max, n);
                         return -EINVAL;
                 }
                 for (size_t k = 0; k < n; k++) {
                         struct json_object *e = json_object_array_get_idx(v, k);
                         if (!json_object_is_type(e, json_type_string)) {
                                 *ret_error = mcp_asprintf("%s: argument '%s' must be an array of strings; item %zu is %s",
-                                                       tool, p->name, k, type_name(e));
+                                                          tool, p->name, k, type_name(e));
                                 return -EINVAL;
                         }
                 }
@@ -282,7 +305,7 @@ wrong_type: {
                 [MCP_STRING_ARRAY] = "an array of strings",
         };
         *ret_error = mcp_asprintf("%s: argument '%s' must be %s, not %s", tool, p->name, expected[p->type],
-                               type_name(v));
+                                  type_name(v));
         return -EINVAL;
 }
 }
@@ -306,7 +329,7 @@ int mcp_args_parse(const char *tool, const struct mcp_param *params, struct json
                         if (!p->name) {
                                 _cleanup_free_ char *names = param_names(params);
                                 *ret_error = mcp_asprintf("%s: unknown argument '%.*s'; it takes %s", tool,
-                                                       mcp_quote_len(key, 64), key, names ?: "other ones");
+                                                          mcp_quote_len(key, 64), key, names ?: "other ones");
                                 return -EINVAL;
                         }
                 }
@@ -315,6 +338,7 @@ int mcp_args_parse(const char *tool, const struct mcp_param *params, struct json
         for (const struct mcp_param *p = params; p->name; p++) {
                 void *field = (uint8_t *) &parsed + p->offset;
                 struct json_object *v;
+                int r;
 
                 /* the defaults first, the schema's */
                 if (p->type == MCP_INTEGER && p->has_default)
@@ -331,10 +355,9 @@ int mcp_args_parse(const char *tool, const struct mcp_param *params, struct json
                         }
                         continue;
                 }
-                int r = param_parse(tool, p, v, &parsed, ret_error);
+                r = param_parse(tool, p, v, &parsed, ret_error);
                 if (r < 0)
                         return r;
-                parsed.given |= 1u << (p - params);
         }
         *a = parsed;
         return 0;

@@ -20,7 +20,7 @@
 #define MCP_PATH_LENGTH_MAX (PATH_MAX - 1)
 
 enum mcp_param_type {
-        MCP_NAME,         /* a snapshot tag or sandbox id (NAME_PATTERN) */
+        MCP_NAME,         /* a snapshot tag or sandbox id (MCP_NAME_PATTERN) */
         MCP_PATH,         /* an absolute path on the host */
         MCP_TEXT,         /* a string of min..max characters */
         MCP_ENUM,         /* one of values */
@@ -37,7 +37,6 @@ struct mcp_args {
         struct json_object *argv;
         uint32_t n, mem_mib, boot_wait_secs, timeout_secs, memory_limit_mib;
         bool per_child_netns, live_fork, wait;
-        unsigned given; /* bit i: the tool's param i was given */
 };
 
 struct mcp_param {

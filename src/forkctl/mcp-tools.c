@@ -563,9 +563,9 @@ int mcp_tools_call(struct mcp_server *s, const char *name, struct json_object *a
         if (r < 0) {
                 const char *addr = s->bus_address;
                 error = mcp_asprintf("%s: cannot connect to %s%s: %s; is D-Bus running? Without a system bus, run "
-                                  "'tools/forkd-stack up' and give its FORKD_BUS_ADDRESS to forkctl mcp "
-                                  "(--bus-address or the environment)", t->name,
-                                  addr ? "the bus at " : "the system bus", addr ?: "", strerror(-r));
+                                     "'tools/forkd-stack up' and give its FORKD_BUS_ADDRESS to forkctl mcp "
+                                     "(--bus-address or the environment)", t->name,
+                                     addr ? "the bus at " : "the system bus", addr ?: "", strerror(-r));
                 goto fail;
         }
 
