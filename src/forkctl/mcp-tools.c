@@ -14,6 +14,7 @@
 #include "bus-json.h"
 #include "bus-util.h"
 #include "forkctl-util.h"
+#include "json-util.h"
 #include "macro.h"
 #include "mcp-args.h"
 #include "mcp-tools.h"
@@ -52,7 +53,10 @@ static int wrap(const char *key, struct json_object *value, struct json_object *
         return 0;
 }
 
-/* Ping, Exec, Eval and RunCode answer the guest agent's JSON, passed through. */
+/* Ping, Exec, Eval and RunCode answer the guest agent's JSON, passed through.
+ * The guest is not trusted: what is not one strict JSON object (json-c alone
+ * would let a lone surrogate escape through as invalid UTF-8) is passed on as
+ * the string it is, {"raw": ...}. */
 static int agent_result(sd_bus_message *reply, struct json_object **ret) {
         _cleanup_json_ struct json_object *j = NULL;
         const char *s;
@@ -61,8 +65,10 @@ static int agent_result(sd_bus_message *reply, struct json_object **ret) {
         r = sd_bus_message_read(reply, "s", &s);
         if (r < 0)
                 return r;
-        j = json_tokener_parse(s);
-        if (j && json_object_is_type(j, json_type_object)) {
+        r = json_parse_strict(s, strlen(s), SIZE_MAX, MCP_JSON_DEPTH_MAX, &j, NULL);
+        if (r == -ENOMEM)
+                return r;
+        if (r >= 0) {
                 *ret = TAKE_PTR(j);
                 return 0;
         }

@@ -325,6 +325,24 @@ def main():
             check(not set(ctx["ids"]) & set(left), left)
             s.tool_error("spawn_sandboxes", {"snapshot_tag": "no-such-snapshot"}, "no snapshot 'no-such-snapshot'")
 
+        def hostile_guests():
+            # a guest that answers garbage, and one that never answers: tool errors, and the server
+            # (and forkd) serve on
+            ids = [x["id"] for x in s.ok("spawn_sandboxes", {"snapshot_tag": tag, "n": 2}, timeout=300)["sandboxes"]]
+            try:
+                s.ok("run_code", {"sandbox_id": ids[0], "code": "hostile garbage"})
+                s.ok("run_code", {"sandbox_id": ids[1], "code": "hostile silent"})
+                t = s.tool_error("run_code", {"sandbox_id": ids[0], "code": "print x", "timeout_secs": 5})
+                check(ids[0] in t or "guest" in t, t)
+                t0 = time.monotonic()
+                s.tool_error("run_code", {"sandbox_id": ids[1], "code": "print x", "timeout_secs": 2},
+                             "did not answer in time")
+                check(time.monotonic() - t0 < 30, "the timeout took too long")
+                s.alive()
+            finally:
+                for i in ids:
+                    s.call("kill_sandbox", {"sandbox_id": i})
+
         def bad_arguments():
             cases = [
                 ("spawn_sandboxes", {"snapshot_tag": tag, "n": "2"}, "'n' must be an integer, not a string"),
@@ -490,6 +508,7 @@ def main():
         tap.run("exec; guest errors (test guest: no eval) are tool errors", exec_and_eval)
         tap.run("fork_sandbox and branch_sandbox keep the sandbox's state", fork_and_branch)
         tap.run("kill_sandbox; forkd's errors are tool errors", kill)
+        tap.run("hostile guests (garbage, silence): tool errors, the server serves on", hostile_guests)
         tap.run("bad arguments: types, ranges, required, unknown keys, null", bad_arguments)
         tap.run("hostile messages: JSON, jsonrpc, batches, ids, methods, params", hostile)
         tap.run("lines over 4 MiB: an error, skipped, the server reads on", huge_lines)
