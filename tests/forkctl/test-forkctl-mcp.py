@@ -187,7 +187,8 @@ def main():
         skip_all("needs root (forkd allows root without polkit)")
 
     state = tempfile.mkdtemp(prefix="forkctl-mcp.")
-    stack_env = dict(os.environ, FORKD_BUILD_DIR=BUILD, FORKD_STACK_NO_BUILD="1")
+    # the test guest everywhere: its run_code language and hostile modes are what this test speaks
+    stack_env = dict(os.environ, FORKD_BUILD_DIR=BUILD, FORKD_STACK_NO_BUILD="1", FORKD_STACK_GUEST="test")
     stack = [os.path.join(TOP, "tools/forkd-stack")]
     port = str(random.randint(20000, 39999))
     servers = []
