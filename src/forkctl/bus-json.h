@@ -7,6 +7,8 @@
 #include <json-c/json.h>
 #include <systemd/sd-bus.h>
 
+#include "json-util.h" /* _cleanup_json_ */
+
 /* Reads one complete value of D-Bus signature sig (a single complete type) at the
  * current position of m. Variants and containers are converted recursively:
  * a{sv} and a{s*} become objects, other arrays and structs become arrays, b a
@@ -17,9 +19,3 @@ int bus_message_read_json(sd_bus_message *m, const char *sig, struct json_object
 /* Shorthands for the contract's dictionaries: a{sv} -> object, aa{sv} -> array. */
 int bus_message_read_dict_json(sd_bus_message *m, struct json_object **ret);
 int bus_message_read_dict_array_json(sd_bus_message *m, struct json_object **ret);
-
-static inline void json_object_putp(struct json_object **j) {
-        if (*j)
-                json_object_put(*j);
-}
-#define _cleanup_json_ __attribute__((cleanup(json_object_putp)))

@@ -21,9 +21,11 @@
 
 #include "boot-files.h"
 #include "bus-json.h"
+#include "bus-util.h"
 #include "forkctl-files.h"
 #include "forkctl-util.h"
 #include "macro.h"
+#include "mcp.h"
 #include "snapshot-meta.h"
 #include "table.h"
 
@@ -31,14 +33,14 @@
 #define BUS_PATH "/org/forkd/Manager"
 #define BUS_INTERFACE "org.forkd.Manager"
 
-#define USEC_PER_SEC 1000000ULL
-/* Large enough for a Fork of 1000 children or a slow snapshot boot. */
-#define CALL_TIMEOUT_USEC (5ULL * 60ULL * USEC_PER_SEC)
+#define USEC_PER_SEC FORKCTL_USEC_PER_SEC
+#define CALL_TIMEOUT_USEC FORKCTL_CALL_TIMEOUT_USEC
 
 #define EXIT_USAGE 2
 
 static const char *arg_bus_address = NULL;
 static bool arg_json = false;
+static bool arg_help = false;
 static bool arg_no_progress = false;
 static const char *arg_kernel = NULL, *arg_rootfs = NULL;
 static uint32_t arg_mem_mib = 0, arg_boot_wait = 0;
@@ -143,6 +145,9 @@ static void help(void) {
                "                          Branch a running sandbox into a new snapshot (default\n"
                "                          tag branch-ID-<unix time>); --no-wait (live only)\n"
                "                          returns while the snapshot is still being written\n"
+               "MCP:\n"
+               "  mcp                     Serve the Model Context Protocol on stdin/stdout, for\n"
+               "                          agents (forkctl mcp --help, forkctl-mcp(1))\n"
                "Bundles:\n"
                "  pack --tag T --out F    Write snapshot T and all its ancestors (a whole chain)\n"
                "                          to the bundle F (tar + zstd)\n"
@@ -165,29 +170,14 @@ static void help(void) {
 /* ---- bus ---------------------------------------------------------------- */
 
 static const char *bus_address(void) {
-        const char *e;
-
-        if (arg_bus_address)
-                return arg_bus_address;
-        e = getenv("FORKD_BUS_ADDRESS");
-        return e && *e ? e : NULL;
+        return forkctl_bus_address(arg_bus_address);
 }
 
 static int connect_bus(sd_bus **ret) {
-        _cleanup_(sd_bus_flush_close_unrefp) sd_bus *bus = NULL;
         const char *addr = bus_address();
         int r;
 
-        if (addr) {
-                r = sd_bus_new(&bus);
-                if (r >= 0)
-                        r = sd_bus_set_address(bus, addr);
-                if (r >= 0)
-                        r = sd_bus_set_bus_client(bus, 1);
-                if (r >= 0)
-                        r = sd_bus_start(bus);
-        } else
-                r = sd_bus_open_system(&bus);
+        r = forkctl_bus_open(addr, ret);
         if (r < 0) {
                 fprintf(stderr,
                         "forkctl: cannot connect to %s%s: %s\n"
@@ -198,12 +188,6 @@ static int connect_bus(sd_bus **ret) {
                         strerror(-r));
                 return -5;
         }
-
-        r = sd_bus_set_method_call_timeout(bus, CALL_TIMEOUT_USEC);
-        if (r < 0)
-                return -1;
-
-        *ret = TAKE_PTR(bus);
         return 0;
 }
 
@@ -1296,6 +1280,42 @@ static int verb_unpack(sd_bus *bus, char **args, size_t n_args) {
         return print_json(doc);
 }
 
+static void mcp_help(void) {
+        printf("forkctl [--bus-address ADDR] mcp\n"
+               "\n"
+               "Serve the Model Context Protocol on stdin and stdout (JSON-RPC 2.0, one message a\n"
+               "line), so that an MCP client (an agent, Claude Desktop, an IDE) drives forkd as the\n"
+               "user who runs this: polkit decides what it may do.\n"
+               "\n"
+               "Tools: create_snapshot, list_snapshots, spawn_sandboxes, list_sandboxes, exec,\n"
+               "eval, run_code, fork_sandbox, branch_sandbox, kill_sandbox (tools/list gives\n"
+               "each one's JSON Schema).\n"
+               "\n"
+               "Register it with a client, e.g. in its mcpServers configuration:\n"
+               "  {\"mcpServers\": {\"forkd\": {\"command\": \"forkctl\", \"args\": [\"mcp\"]}}}\n"
+               "\n"
+               "stdout carries protocol messages only; logs go to stderr. Messages are at most\n"
+               "%u bytes. The server exits 0 at the end of its input.\n"
+               "\n"
+               "Options:\n"
+               "  -h --help               Show this help\n"
+               "     --bus-address ADDR   D-Bus address of the bus forkd is on (default:\n"
+               "                          $FORKD_BUS_ADDRESS, else the system bus)\n"
+               "See forkctl-mcp(1).\n", MCP_LINE_MAX);
+}
+
+static int verb_mcp(sd_bus *bus, char **args, size_t n_args) {
+        struct mcp_server s = { .bus_address = bus_address() };
+        int r;
+
+        log_prefix = "forkctl mcp";
+        if (getenv("FORKCTL_MCP_DEBUG"))
+                log_max_level = LOG_LVL_DEBUG;
+        r = mcp_serve(&s, STDIN_FILENO, STDOUT_FILENO);
+        mcp_server_done(&s);
+        return r < 0 ? -1 : 0;
+}
+
 struct verb {
         const char *group; /* "snapshot" or NULL */
         const char *name;
@@ -1341,6 +1361,7 @@ static const struct verb verbs[] = {
           verb_branch },
         { NULL, "pack", 0, 0, OPT_TAG | OPT_OUT, "pack --tag T --out F", verb_pack },
         { NULL, "unpack", 1, 1, OPT_TAG, "unpack F [--tag NEW]", verb_unpack },
+        { NULL, "mcp", 0, 0, 0, "mcp", verb_mcp },
 };
 
 static const char *option_name(unsigned bit) {
@@ -1436,8 +1457,8 @@ static int parse_argv(int argc, char *argv[]) {
         while ((c = getopt_long(argc, argv, "hjn:", options, NULL)) >= 0) {
                 switch (c) {
                 case 'h':
-                        help();
-                        return 0;
+                        arg_help = true;
+                        break;
                 case ARG_VERSION:
                         printf("forkctl %s\n", FORKD_VERSION);
                         return 0;
@@ -1560,6 +1581,14 @@ static int parse_argv(int argc, char *argv[]) {
                         return usage_error("cannot parse the options");
                 }
         }
+        if (arg_help) {
+                /* forkctl mcp --help: the server's own help */
+                if (optind < argc && strcmp(argv[optind], "mcp") == 0)
+                        mcp_help();
+                else
+                        help();
+                return 0;
+        }
         return 1;
 }
 
@@ -1637,6 +1666,9 @@ static int run(int argc, char *argv[]) {
                 if (strcmp(arg_from, arg_tag) == 0)
                         return usage_error("--tag must name a new snapshot, not '%s' itself", arg_tag);
         }
+
+        if (verb->run == verb_mcp)
+                return verb_mcp(NULL, pos, n_pos); /* connects when a tool needs the bus */
 
         r = connect_bus(&bus);
         if (r < 0)

@@ -66,11 +66,10 @@ static int parse_files_body(RestRequest *req, const struct json_dispatch *table,
 
         if (rest_request_parse_json(req, false, ret_obj) < 0)
                 return 0;
-        r = json_dispatch_full(*ret_obj, table, JSON_REJECT_UNKNOWN, a, &field, &reason);
+        /* Unknown fields are ignored, as on every other route (docs/rest-api.md). */
+        r = json_dispatch_full(*ret_obj, table, 0, a, &field, &reason);
         if (r == -ENOMEM)
                 r = rest_reply_error(req, 500, "out of memory");
-        else if (r == -EADDRNOTAVAIL)
-                r = rest_reply_error(req, 400, "unknown field '%s'", field ?: "?");
         else if (r == -ENAMETOOLONG && field && !strcmp(field, "path"))
                 r = rest_reply_error(req, 400, "path: longer than %u bytes", HASH_PATH_MAX);
         else if (r < 0 && field)

@@ -18,6 +18,9 @@
 #     naming the file); root still can create snapshots from paths; A can from
 #     files A can read, and A owns the result (owner_uid in snapshot.json and
 #     in GetSnapshotInfo);
+#   - forkctl mcp as A and B: the same, through MCP tool calls (A's files
+#     opened with A's rights, polkit allowing A's own work, B refused A's
+#     sandbox as a tool error);
 #   - ownership: B cannot see, ping, exec, eval, run code in, branch, fork,
 #     merge, diff or terminate A's sandbox, nor see or delete A's snapshot:
 #     org.freedesktop.DBus.Error.AccessDenied naming org.forkd.manage-all;
@@ -343,6 +346,69 @@ out=$(bjson $UID_A DeleteSnapshot sbb rootsnap false false)
 check "A cannot delete root's snapshot ($out)" eval 'grep -q "Access denied" <<<"$out" && [ -e "$T/state/snapshots/rootsnap" ]'
 out=$(bjson 0 DeleteSnapshot sbb restsnap false false)
 check "root deletes the bridge's snapshot" eval '[ -z "$out" ]'
+
+# ---- 3. forkctl mcp: an MCP client's calls are its user's, polkit decides ----
+# mcp USER CALLS-JSON: one forkctl mcp session as USER (on the system bus of
+# $DBUS_SYSTEM_BUS_ADDRESS); CALLS is a list of [tool, arguments]; "@ID" in an
+# argument is the first sandbox of the last spawn_sandboxes. One line a call:
+# "OK <structuredContent>" or "ERR <message>".
+# (/usr/bin/python3: a python3 found earlier in root's PATH, pyenv's say, may be root's only)
+sys_python=/usr/bin/python3; [ -x "$sys_python" ] || sys_python=$(command -v python3)
+mcp() {
+        local u=$1; shift
+        as "$u" "$sys_python" - "$forkctl" "$@" <<'PY'
+import json, subprocess, sys
+p = subprocess.Popen([sys.argv[1], "mcp"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+def rpc(i, method, params):
+    p.stdin.write(json.dumps({"jsonrpc": "2.0", "id": i, "method": method, "params": params}) + "\n")
+    p.stdin.flush()
+    r = json.loads(p.stdout.readline())
+    assert r["id"] == i, r
+    return r["result"]
+rpc(0, "initialize", {"protocolVersion": "2025-06-18", "capabilities": {}})
+p.stdin.write('{"jsonrpc": "2.0", "method": "notifications/initialized"}\n')
+sid = ""
+for i, (tool, args) in enumerate(json.loads(sys.argv[2]), 1):
+    args = json.loads(json.dumps(args).replace("@ID", sid))
+    res = rpc(i, "tools/call", {"name": tool, "arguments": args})
+    if res["isError"]:
+        print("ERR", res["content"][0]["text"].replace("\n", " "))
+        continue
+    if tool == "spawn_sandboxes":
+        sid = res["structuredContent"]["sandboxes"][0]["id"]
+    print("OK", json.dumps(res["structuredContent"]))
+p.stdin.close()
+sys.exit(p.wait())
+PY
+}
+calls=$(python3 -c 'import json, sys; g, d, s = sys.argv[1:4]; print(json.dumps([
+    ["create_snapshot", {"tag": "mcpshadow", "kernel": s, "rootfs": d}],
+    ["create_snapshot", {"tag": "mcpsnap", "kernel": g, "rootfs": d, "boot_wait_secs": 10}],
+    ["spawn_sandboxes", {"snapshot_tag": "mcpsnap"}],
+    ["run_code", {"sandbox_id": "@ID", "code": "x = 5"}],
+    ["run_code", {"sandbox_id": "@ID", "code": "print x"}],
+    ["list_sandboxes", {}]]))' "$GUEST" "$DISK" "$SECRET")
+out=$(mcp $UID_A "$calls" 2>&1); rc=$?
+echo "$out" | cut -c1-300 | diag
+line() { sed -n "${1}p" <<<"$out"; }
+check "forkctl mcp as A: create_snapshot of $SECRET is a tool error, the open failed with A's rights" \
+        eval 'grep -q "^ERR create_snapshot: cannot open the kernel $SECRET: Permission denied" <<<"$(line 1)"'
+check "... create_snapshot of files A can read: A's snapshot (owner_uid $UID_A)" \
+        eval 'python3 -c "import json, sys; d = json.loads(sys.argv[1][3:]); sys.exit(d[\"owner_uid\"] != $UID_A)" "$(line 2)"'
+MA=$(python3 -c 'import json, sys; print(json.loads(sys.argv[1][3:])["sandboxes"][0]["id"])' "$(line 3)" 2>/dev/null)
+check "... spawn_sandboxes, run_code x = 5 then print x: 5 ($MA)" \
+        eval '[ -n "$MA" ] && [ "$(python3 -c "import json, sys; print(json.loads(sys.argv[1][3:])[\"stdout\"], end=\"\")" "$(line 5)")" = 5 ]'
+check "... list_sandboxes as A lists it; the session exits 0" eval '[ $rc = 0 ] && grep -q -- "$MA" <<<"$(line 6)"'
+calls=$(python3 -c 'import json, sys; print(json.dumps([["run_code", {"sandbox_id": sys.argv[1], "code": "print x"}],
+    ["kill_sandbox", {"sandbox_id": sys.argv[1]}], ["list_sandboxes", {}]]))' "${MA:-x}")
+out=$(mcp $UID_B "$calls" 2>&1); rc=$?
+echo "$out" | cut -c1-300 | diag
+check "forkctl mcp as B: run_code and kill_sandbox on A's sandbox are tool errors, AccessDenied naming manage-all" \
+        eval 'denied "$(line 1)" && denied "$(line 2)" && grep -q "^ERR" <<<"$(line 1)$(line 2)"'
+check "... B's list_sandboxes leaves A's out; the session exits 0" eval '[ $rc = 0 ] && grep -q "^OK" <<<"$(line 3)" && ! grep -q -- "${MA:-x}" <<<"$(line 3)"'
+out=$(mcp $UID_A "$(python3 -c 'import json, sys; print(json.dumps([["kill_sandbox", {"sandbox_id": sys.argv[1]}]]))' "${MA:-x}")" 2>&1)
+check "... A kills its sandbox through forkctl mcp ($out)" eval 'grep -q "^OK {\"id\": \"${MA:-x}\", \"killed\": true}" <<<"$out"'
+bjson $UID_A DeleteSnapshot sbb mcpsnap false false >/dev/null
 
 # Both daemons stop cleanly (exit 0; under ASan: no leak or error report).
 kill -TERM "$rest_pid"; wait "$rest_pid"; rc_rest=$?
