@@ -25,6 +25,7 @@ import argparse
 import base64
 import hashlib
 import json
+import re
 import os
 import signal
 import subprocess
@@ -120,6 +121,7 @@ def main():
     fc = Forkctl(f"{build}/src/forkctl/forkctl", env)
     try:
         run(t, fc, stack, args.image, lambda extra_env: restart_stack(top, state, env, extra_env))
+        sdk_python(t, top, stack, args.image, env)
     except Exception:
         t.ok(False, "the test ran to its end", __import__("traceback").format_exc())
     finally:
@@ -131,6 +133,30 @@ def main():
         t.ok(not leftovers, "forkd-stack down leaves no forkd-vmm behind", leftovers)
     print(f"1..{t.n}", flush=True)
     sys.exit(1 if t.failed else 0)
+
+
+def sdk_python(t, top, stack, image, env):
+    """Our Python SDK's test (sdk/python/tests/test-sdk.py) with the Linux guest,
+    against this stack: run_code in CPython, exec, files, fork, diff, merge,
+    branch, pack/unpack and the tree-search example of sdk/python/README.md.
+    Each of its TAP lines becomes one of ours."""
+    senv = dict(env, FORKD_SDK_EXTERNAL="1", FORKD_SDK_GUEST="linux", FORKD_URL=stack["FORKD_URL"],
+                FORKD_TOKEN_FILE=stack["FORKD_TOKEN_FILE"], FORKD_GUEST_KERNEL=f"{image}/vmlinuz",
+                FORKD_GUEST_ROOTFS=f"{image}/rootfs.ext4")
+    try:
+        p = subprocess.run([sys.executable, f"{top}/sdk/python/tests/test-sdk.py"], env=senv,
+                           capture_output=True, text=True, timeout=1200)
+        out, rc = p.stdout, p.returncode
+    except subprocess.TimeoutExpired as e:
+        out, rc = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or ""), -1
+    seen = 0
+    for line in out.splitlines():
+        m = re.match(r"(not ok|ok) \d+ - (.*)", line)
+        if m:
+            seen += 1
+            t.ok(m.group(1) == "ok" and "# SKIP" not in m.group(2), "sdk (Linux guest): " + m.group(2))
+    t.ok(rc == 0 and seen > 0, f"sdk/python/tests/test-sdk.py with the Linux guest: exit {rc}, {seen} subtests",
+         out[-3000:] if rc != 0 else None)
 
 
 def restart_stack(top, state, env, extra_env):
