@@ -778,7 +778,14 @@ class TestLifecycle(unittest.TestCase):
                 for _ in range(2):  # a second connection after the first closed
                     a.s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
                     a.s.settimeout(30)
-                    a.s.connect(path)
+                    while True:  # the path appears at bind(), connections succeed after listen()
+                        try:
+                            a.s.connect(path)
+                            break
+                        except ConnectionRefusedError:
+                            if time.monotonic() > deadline:
+                                raise
+                            time.sleep(0.02)
                     a.buf = b""
                     self.assertIs(a.ok("ping")["pong"], True)
                     a.s.close()
