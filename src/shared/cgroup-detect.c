@@ -17,7 +17,7 @@ static int fs_type(const char *path, long *ret) {
 
 static bool v2_has_memory(const char *dir) {
         _cleanup_close_ int fd = -EBADF;
-        char path[1100], buf[4096];
+        char path[4200], buf[4096];
         ssize_t n;
 
         snprintf(path, sizeof(path), "%s/cgroup.controllers", dir);
@@ -36,7 +36,7 @@ static bool v2_has_memory(const char *dir) {
 
 /* Which cgroupfs version holds dir (or its nearest existing ancestor)? */
 static int detect_version(const char *dir, int *ret) {
-        char p[1024];
+        char p[4096];
         long type = 0;
 
         if (strlen(dir) >= sizeof(p))

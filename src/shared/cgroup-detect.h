@@ -18,7 +18,7 @@ typedef enum CGroupBackendKind {
 typedef struct CGroupDetection {
         CGroupBackendKind kind;
         int version;               /* 1 or 2: the hierarchy holding the memory controller; 0 for none */
-        char root[1024];           /* cgroupfs: the directory holding one cgroup per sandbox */
+        char root[4096];           /* cgroupfs: the directory holding one cgroup per sandbox */
         bool systemd;              /* systemd is PID 1 (/run/systemd/system exists) */
         bool v2_memory;            /* /sys/fs/cgroup is cgroup2 with the memory controller */
         bool v1_memory;            /* /sys/fs/cgroup/memory is a v1 memory hierarchy */

@@ -264,7 +264,7 @@ static int open_bus(const char *address, sd_bus **ret) {
 }
 
 void doctor_check_polkitd(const DoctorOptions *o, DoctorCheck *c) {
-        _cleanup_(sd_bus_flush_close_unrefp) sd_bus *bus = NULL;
+        _cleanup_(sd_bus_close_unrefp) sd_bus *bus = NULL;
         _cleanup_(sd_bus_slot_unrefp) sd_bus_slot *slot = NULL;
         const char *where = o->bus_address ?: getenv("DBUS_SYSTEM_BUS_ADDRESS") ?: "the system bus";
         struct polkit_reply p = {};
