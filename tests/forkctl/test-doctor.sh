@@ -260,17 +260,21 @@ if ! $root; then
         skip "the installed-files checks need root (bind mounts in a mount namespace)"
 elif [ ! -x "$POLKITD" ] || ! command -v dbus-daemon >/dev/null || ! command -v busctl >/dev/null; then
         skip "polkitd ($POLKITD), dbus-daemon or busctl not installed"
+elif [ ! -d /usr/share/polkit-1/actions ] || [ ! -d /usr/share/polkit-1/rules.d ] || [ ! -d /usr/share/dbus-1/system.d ]; then
+        skip "no /usr/share/polkit-1/actions, /usr/share/polkit-1/rules.d or /usr/share/dbus-1/system.d to put the files in"
 else
-        mkdir -p "$T/actions" "$T/rules" "$T/etc-rules" "$T/dbus-share" "$T/dbus-etc" "$T/empty"
+        mkdir -p "$T/actions" "$T/rules" "$T/dbus-share" "$T/empty"
         cp "$src/polkit/org.forkd.policy" "$T/actions/"
         cp "$src/polkit/org.forkd.rules" "$T/rules/50-org.forkd.rules"
         cp "$src/dbus/org.forkd.Manager.conf" "$T/dbus-share/"
-        mkdir -p /etc/polkit-1/rules.d /etc/dbus-1/system.d 2>/dev/null
+        # The shipped files where polkitd and dbus-daemon read them; the /etc directories
+        # (where they exist) emptied, so that only these count. All in this mount namespace.
         mount --bind "$T/actions" /usr/share/polkit-1/actions &&
         mount --bind "$T/rules" /usr/share/polkit-1/rules.d &&
-        mount --bind "$T/etc-rules" /etc/polkit-1/rules.d &&
-        mount --bind "$T/dbus-share" /usr/share/dbus-1/system.d &&
-        mount --bind "$T/dbus-etc" /etc/dbus-1/system.d || not_ok "bind the shipped files into place"
+        mount --bind "$T/dbus-share" /usr/share/dbus-1/system.d || not_ok "bind the shipped files into place"
+        for d in /etc/polkit-1/rules.d /etc/dbus-1/system.d; do
+                [ -d "$d" ] && mount --bind "$T/empty" "$d"
+        done
         cat >"$T/bus.conf" <<XML
 <!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-BUS Bus Configuration 1.0//EN"
  "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
