@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 
 #include "cgroup.h"
+#include "cgroup-detect.h"
 #include "fs-util.h"
 #include "macro.h"
 #include "snapshot-meta.h"
@@ -767,93 +768,33 @@ static const CGroupBackend backend_none = {
 
 /* ---- selection ---- */
 
-static int fs_type(const char *path, long *ret) {
-        struct statfs sfs;
-
-        if (statfs(path, &sfs) < 0)
-                return -errno;
-        *ret = (long) sfs.f_type;
-        return 0;
-}
-
-static bool v2_has_memory(const char *dir) {
-        _cleanup_free_ char *text = NULL;
-        char path[4200];
-
-        snprintf(path, sizeof(path), "%s/cgroup.controllers", dir);
-        if (read_small_file(path, 4096, &text, NULL) < 0)
-                return false;
-        for (char *t = strtok(text, " \n"); t; t = strtok(NULL, " \n"))
-                if (strcmp(t, "memory") == 0)
-                        return true;
-        return false;
-}
-
-/* Which cgroupfs version holds dir (or its nearest existing ancestor)? */
-static int detect_version(const char *dir, int *ret) {
-        _cleanup_free_ char *p = strdup(dir);
-        long type = 0;
-
-        if (!p)
-                return -ENOMEM;
-        for (;;) {
-                if (fs_type(p, &type) >= 0)
-                        break;
-                char *slash = strrchr(p, '/');
-                if (!slash || slash == p)
-                        return -ENOENT;
-                *slash = 0;
-        }
-        if (type == CGROUP2_SUPER_MAGIC)
-                *ret = 2;
-        else if (type == CGROUP_SUPER_MAGIC)
-                *ret = 1;
-        else
-                return -ENOTDIR;
-        return 0;
-}
-
 int cgroup_manager_new(sd_event *e, const char *root, CGroupManager **ret) {
         CGroupManager *c = calloc(1, sizeof(*c));
-        long type = 0;
+        CGroupDetection d;
         int r;
 
         if (!c)
                 return -ENOMEM;
         c->event = sd_event_ref(e);
 
-        if (root) {
-                r = detect_version(root, &c->version);
-                if (r < 0) {
-                        log_error_errno(r, "%s is not on a cgroup file system: %m", root);
-                        goto fail;
-                }
-                c->root = strdup(root);
-                if (!c->root) {
-                        r = -ENOMEM;
-                        goto fail;
-                }
-                c->backend = &backend_cgroupfs;
-        } else if (access("/run/systemd/system", F_OK) >= 0 && fs_type("/sys/fs/cgroup", &type) >= 0 &&
-                   type == CGROUP2_SUPER_MAGIC && v2_has_memory("/sys/fs/cgroup")) {
+        /* The choice is cgroup_detect()'s (src/shared/cgroup-detect.c), which forkd doctor shares. */
+        r = cgroup_detect(root, &d);
+        if (r < 0) {
+                log_error_errno(r, "%s is not on a cgroup file system: %m", root ?: "/sys/fs/cgroup");
+                goto fail;
+        }
+        c->version = d.version;
+        switch (d.kind) {
+        case CGROUP_BACKEND_SCOPE:
                 c->backend = &backend_scope;
-                c->version = 2;
-        } else if (access("/run/systemd/system", F_OK) >= 0 && fs_type("/sys/fs/cgroup/memory", &type) >= 0 &&
-                   type == CGROUP_SUPER_MAGIC) {
-                /* systemd on a hybrid or legacy layout: MemoryMax= lands in the v1 memory hierarchy. */
-                c->backend = &backend_scope;
-                c->version = 1;
-        } else if (fs_type("/sys/fs/cgroup", &type) >= 0 && type == CGROUP2_SUPER_MAGIC &&
-                 v2_has_memory("/sys/fs/cgroup")) {
+                break;
+        case CGROUP_BACKEND_CGROUPFS:
                 c->backend = &backend_cgroupfs;
-                c->version = 2;
-                c->root = strdup("/sys/fs/cgroup/forkd");
-        } else if (fs_type("/sys/fs/cgroup/memory", &type) >= 0 && type == CGROUP_SUPER_MAGIC) {
-                c->backend = &backend_cgroupfs;
-                c->version = 1;
-                c->root = strdup("/sys/fs/cgroup/memory/forkd");
-        } else
+                c->root = strdup(d.root);
+                break;
+        default:
                 c->backend = &backend_none;
+        }
         if (c->backend == &backend_cgroupfs && !c->root) {
                 r = -ENOMEM;
                 goto fail;

@@ -9,6 +9,7 @@
 #include <systemd/sd-daemon.h>
 
 #include "cgroup.h"
+#include "doctor.h"
 #include "vmm-client.h"
 #include "macro.h"
 #include "manager-dbus.h"
@@ -33,9 +34,11 @@ static uid_t arg_vmm_uid = VMM_USER_DEFAULT_UID;
 static gid_t arg_vmm_gid = VMM_USER_DEFAULT_GID;
 
 static void help(void) {
-        printf("Usage: forkd [OPTIONS]\n\n"
+        printf("Usage: forkd [OPTIONS]\n"
+               "       forkd doctor [--json] [--state-dir DIR] [--prefix DIR] [--token-file FILE]\n\n"
                "The forkd service: owns org.forkd.Manager on the system bus and forks\n"
-               "KVM microVMs copy-on-write from snapshots.\n\n"
+               "KVM microVMs copy-on-write from snapshots. 'forkd doctor' checks what this\n"
+               "host can do for it instead (forkd doctor --help).\n\n"
                "  -h --help               Show this help\n"
                "     --version            Show the version\n"
                "     --state-dir DIR      Registry location (default /var/lib/forkd)\n"
@@ -152,8 +155,11 @@ static int parse_argv(int argc, char *argv[]) {
                 default:
                         return -EINVAL;
                 }
-        if (optind < argc)
+        if (optind < argc) {
+                if (strcmp(argv[optind], "doctor") == 0)
+                        return log_error_errno(EINVAL, "doctor comes first: forkd doctor [OPTIONS].");
                 return log_error_errno(EINVAL, "forkd takes no positional arguments.");
+        }
         return 1;
 }
 
@@ -302,6 +308,12 @@ static int run(int argc, char *argv[]) {
 }
 
 int main(int argc, char *argv[]) {
-        int r = run(argc, argv);
+        int r;
+
+        /* forkd doctor: the host checks, the same as forkctl doctor (src/shared/doctor.c). */
+        if (argc > 1 && strcmp(argv[1], "doctor") == 0)
+                return doctor_main("forkd", argc - 1, argv + 1);
+
+        r = run(argc, argv);
         return r < 0 ? EXIT_FAILURE : EXIT_SUCCESS;
 }

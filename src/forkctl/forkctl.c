@@ -25,6 +25,7 @@
 #include "forkctl-files.h"
 #include "forkctl-util.h"
 #include "macro.h"
+#include "doctor.h"
 #include "mcp.h"
 #include "snapshot-meta.h"
 #include "table.h"
@@ -58,6 +59,7 @@ static uint32_t arg_exec_timeout = 600;
 #define EXEC_COMMAND_MAX (64u * 1024u)
 static const char *arg_out = NULL;
 static uint32_t arg_file_mode = 0644;
+static const char *arg_state_dir = NULL, *arg_prefix = NULL, *arg_token_file = NULL;
 
 /* Options given, to refuse ones that do not apply to the verb. */
 enum {
@@ -81,7 +83,10 @@ enum {
         OPT_EXEC_TIMEOUT = 1u << 17,
         OPT_OUT = 1u << 18,
         OPT_FILE_MODE = 1u << 19,
-        OPT_LAST = OPT_FILE_MODE,
+        OPT_STATE_DIR = 1u << 20,
+        OPT_PREFIX = 1u << 21,
+        OPT_TOKEN_FILE = 1u << 22,
+        OPT_LAST = OPT_TOKEN_FILE,
 };
 static unsigned arg_given = 0;
 
@@ -148,6 +153,13 @@ static void help(void) {
                "MCP:\n"
                "  mcp                     Serve the Model Context Protocol on stdin/stdout, for\n"
                "                          agents (forkctl mcp --help, forkctl-mcp(1))\n"
+               "Host:\n"
+               "  doctor [--state-dir DIR] [--prefix DIR] [--token-file FILE]\n"
+               "                          Check what this host can do for forkd: KVM, tun,\n"
+               "                          netns, cgroups, userfaultfd, reflink, polkit, the bus\n"
+               "                          policy, the token; ok, warn, fail or skip with a fix;\n"
+               "                          needs no forkd; exit 1 when a check failed\n"
+               "                          (forkctl doctor --help)\n"
                "Bundles:\n"
                "  pack --tag T --out F    Write snapshot T and all its ancestors (a whole chain)\n"
                "                          to the bundle F (tar + zstd)\n"
@@ -1316,6 +1328,22 @@ static int verb_mcp(sd_bus *bus, char **args, size_t n_args) {
         return r < 0 ? -1 : 0;
 }
 
+static int verb_doctor(sd_bus *bus, char **args, size_t n_args) {
+        DoctorOptions o = {
+                .state_dir = arg_state_dir ?: DOCTOR_STATE_DIR_DEFAULT,
+                .prefix = arg_prefix,
+                .token_file = arg_token_file,
+                .bus_address = arg_bus_address,
+                .json = arg_json,
+        };
+        int r;
+
+        r = doctor_run(&o, stdout);
+        if (r < 0)
+                return log_error_errno(r, "Cannot write the report: %m");
+        return r > 0 ? -EXIT_FAILURE : 0; /* exit status 1: a check failed */
+}
+
 struct verb {
         const char *group; /* "snapshot" or NULL */
         const char *name;
@@ -1362,6 +1390,8 @@ static const struct verb verbs[] = {
         { NULL, "pack", 0, 0, OPT_TAG | OPT_OUT, "pack --tag T --out F", verb_pack },
         { NULL, "unpack", 1, 1, OPT_TAG, "unpack F [--tag NEW]", verb_unpack },
         { NULL, "mcp", 0, 0, 0, "mcp", verb_mcp },
+        { NULL, "doctor", 0, 0, OPT_STATE_DIR | OPT_PREFIX | OPT_TOKEN_FILE,
+          "doctor [--json] [--state-dir DIR] [--prefix DIR] [--token-file FILE]", verb_doctor },
 };
 
 static const char *option_name(unsigned bit) {
@@ -1386,6 +1416,9 @@ static const char *option_name(unsigned bit) {
         case OPT_EXEC_TIMEOUT: return "--exec-timeout-secs";
         case OPT_OUT: return "--out";
         case OPT_FILE_MODE: return "--file-mode";
+        case OPT_STATE_DIR: return "--state-dir";
+        case OPT_PREFIX: return "--prefix";
+        case OPT_TOKEN_FILE: return "--token-file";
         default: return "?";
         }
 }
@@ -1420,6 +1453,9 @@ enum {
         ARG_EXEC_TIMEOUT,
         ARG_OUT,
         ARG_FILE_MODE,
+        ARG_STATE_DIR,
+        ARG_PREFIX,
+        ARG_TOKEN_FILE,
 };
 
 static int parse_argv(int argc, char *argv[]) {
@@ -1449,6 +1485,9 @@ static int parse_argv(int argc, char *argv[]) {
                 { "exec-timeout-secs", required_argument, NULL, ARG_EXEC_TIMEOUT },
                 { "out", required_argument, NULL, ARG_OUT },
                 { "file-mode", required_argument, NULL, ARG_FILE_MODE },
+                { "state-dir", required_argument, NULL, ARG_STATE_DIR },
+                { "prefix", required_argument, NULL, ARG_PREFIX },
+                { "token-file", required_argument, NULL, ARG_TOKEN_FILE },
                 {}
         };
         int c, r;
@@ -1537,6 +1576,23 @@ static int parse_argv(int argc, char *argv[]) {
                                 return usage_error("--file-mode wants an octal mode 0..7777, not '%s'", optarg);
                         arg_given |= OPT_FILE_MODE;
                         break;
+                case ARG_STATE_DIR:
+                case ARG_PREFIX:
+                        if (optarg[0] != '/' || strlen(optarg) > 1024)
+                                return usage_error("%s wants an absolute path of at most 1024 bytes",
+                                                   c == ARG_STATE_DIR ? "--state-dir" : "--prefix");
+                        if (c == ARG_STATE_DIR)
+                                arg_state_dir = optarg;
+                        else
+                                arg_prefix = optarg;
+                        arg_given |= c == ARG_STATE_DIR ? OPT_STATE_DIR : OPT_PREFIX;
+                        break;
+                case ARG_TOKEN_FILE:
+                        if (!*optarg)
+                                return usage_error("--token-file wants a path");
+                        arg_token_file = optarg;
+                        arg_given |= OPT_TOKEN_FILE;
+                        break;
                 case ARG_NO_WAIT:
                         arg_no_wait = true;
                         arg_given |= OPT_NO_WAIT;
@@ -1585,6 +1641,8 @@ static int parse_argv(int argc, char *argv[]) {
                 /* forkctl mcp --help: the server's own help */
                 if (optind < argc && strcmp(argv[optind], "mcp") == 0)
                         mcp_help();
+                else if (optind < argc && strcmp(argv[optind], "doctor") == 0)
+                        doctor_help("forkctl");
                 else
                         help();
                 return 0;
@@ -1669,6 +1727,8 @@ static int run(int argc, char *argv[]) {
 
         if (verb->run == verb_mcp)
                 return verb_mcp(NULL, pos, n_pos); /* connects when a tool needs the bus */
+        if (verb->run == verb_doctor)
+                return verb_doctor(NULL, pos, n_pos); /* needs no forkd */
 
         r = connect_bus(&bus);
         if (r < 0)
