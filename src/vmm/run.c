@@ -23,6 +23,7 @@
 #include "snapshot-meta.h"
 #include "snapshot.h"
 #include "virtio-console.h"
+#include "virtio-net.h"
 #include "vmm-client.h"
 
 #define CONTROL_MSG_MAX (64u << 10)
@@ -83,10 +84,12 @@ static int arm_fd(int fd) {
                 return 0;
         struct f_owner_ex owner = { .type = F_OWNER_TID, .pid = gettid() };
 
-        if (fcntl(fd, F_SETOWN_EX, &owner) < 0)
-                return -errno;
         fl = fcntl(fd, F_GETFL);
         if (fl < 0 || fcntl(fd, F_SETFL, fl | O_ASYNC | O_NONBLOCK) < 0)
+                return -errno;
+        /* The owner after O_ASYNC: turning it on makes a tap's fasync handler
+         * set the whole process as the owner, over what was set before. */
+        if (fcntl(fd, F_SETOWN_EX, &owner) < 0)
                 return -errno;
         return 0;
 }
@@ -269,10 +272,10 @@ static void accept_on(int listen_fd, int *conn_fd) {
 
 /* Service every host fd without blocking (or blocking, while paused). */
 static void service_host(struct vmm *vmm, struct vmm_host *host, int timeout) {
-        struct pollfd p[4];
+        struct pollfd p[5];
         unsigned n = 0;
-        int cfd = virtio_console_host_fd(vmm->console);
-        int idx_console = -1, idx_ctl = -1, idx_alisten = -1, idx_clisten = -1;
+        int cfd = virtio_console_host_fd(vmm->console), nfd = virtio_net_backend_fd(vmm->net);
+        int idx_console = -1, idx_ctl = -1, idx_alisten = -1, idx_clisten = -1, idx_net = -1;
 
         if (cfd >= 0 && cfd != host->armed_console_fd) {
                 (void) arm_fd(cfd);
@@ -283,6 +286,15 @@ static void service_host(struct vmm *vmm, struct vmm_host *host, int timeout) {
                 if (ev) {
                         idx_console = n;
                         p[n++] = (struct pollfd) { .fd = cfd, .events = ev };
+                }
+        }
+        if (nfd >= 0) {
+                /* Only while the guest has receive buffers: packets wait in
+                 * the tap until then, and a guest refill is a notification. */
+                short ev = virtio_net_poll_events(vmm->net);
+                if (ev) {
+                        idx_net = n;
+                        p[n++] = (struct pollfd) { .fd = nfd, .events = ev };
                 }
         }
         if (host->control_fd >= 0) {
@@ -318,6 +330,8 @@ static void service_host(struct vmm *vmm, struct vmm_host *host, int timeout) {
                         control_read(vmm, host);
         } else if (idx_ctl >= 0 && (p[idx_ctl].revents & (POLLIN | POLLHUP | POLLERR)))
                 control_read(vmm, host);
+        if (idx_net >= 0 && (p[idx_net].revents & (POLLIN | POLLERR | POLLHUP)))
+                virtio_net_process_rx(vmm, vmm->net);
 process:
         (void) idx_console;
         virtio_console_process(vmm, vmm->console);
@@ -380,6 +394,8 @@ int vmm_run(struct vmm *vmm, struct vmm_host *host) {
                 r = arm_fd(host->agent_listen_fd);
         if (r >= 0)
                 r = arm_fd(host->control_listen_fd);
+        if (r >= 0)
+                r = arm_fd(virtio_net_backend_fd(vmm->net)); /* set once, before the guest runs */
         if (r < 0)
                 return log_error_errno(r, "Failed to set up host fds: %m");
 

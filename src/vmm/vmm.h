@@ -75,6 +75,7 @@ struct vmm {
         struct serial *serial;
         struct virtio_mmio *blk;
         struct virtio_mmio *console;
+        struct virtio_mmio *net;      /* NULL: the VM has no NIC */
 
         uint32_t tsc_khz;
         char id[65];           /* sandbox id given by the host */
