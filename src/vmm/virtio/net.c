@@ -114,10 +114,12 @@ int virtio_net_check_backend(int fd) {
                 return 0;
         if (!S_ISCHR(st.st_mode))
                 return -ENOTTY;
-        /* TUNGETIFF and TUNGETVNETHDRSZ only read the tap's configuration. */
+        /* TUNGETIFF and TUNGETVNETHDRSZ only read the tap's configuration.
+         * IFF_NO_PI cannot be checked: TUNGETIFF reports IFF_NOFILTER in the
+         * same bit (0x1000), set on any tap without a socket filter. */
         if (ioctl(fd, TUNGETIFF, &ifr) < 0)
                 return errno == EBADFD ? -EBADFD : -ENOTTY;
-        if ((ifr.ifr_flags & (IFF_TUN | IFF_TAP | IFF_NO_PI | IFF_VNET_HDR)) != (IFF_TAP | IFF_NO_PI | IFF_VNET_HDR))
+        if ((ifr.ifr_flags & (IFF_TUN | IFF_TAP | IFF_VNET_HDR)) != (IFF_TAP | IFF_VNET_HDR))
                 return -EPROTOTYPE;
         if (ioctl(fd, TUNGETVNETHDRSZ, &sz) < 0)
                 return negative_errno();

@@ -80,9 +80,11 @@ int virtio_net_new(struct vmm *vmm, uint64_t mmio_base, uint32_t gsi, const uint
 /* Is fd usable as a backend? A tap (character device) configured as above,
  * or a socket (whose type is not checked: SOCK_SEQPACKET or SOCK_DGRAM is the
  * caller's promise). 0, or -EBADF (not open), -ENOTTY (neither a tap nor a
- * socket), -EPROTOTYPE (a tap without IFF_TAP|IFF_NO_PI|IFF_VNET_HDR, or with
- * IFF_TUN), -EPROTO (vnet header size is not 12), -EBADFD (a tap fd that is
- * attached to no interface). Only reads the fd's configuration. */
+ * socket), -EPROTOTYPE (a tun rather than a tap, or no IFF_VNET_HDR), -EPROTO
+ * (vnet header size is not 12), -EBADFD (a tap fd that is attached to no
+ * interface). Only reads the fd's configuration. IFF_NO_PI cannot be checked
+ * (TUNGETIFF reports IFF_NOFILTER in its bit): a tap without it delivers
+ * frames behind 4 bytes of packet information, which the guest then drops. */
 int virtio_net_check_backend(int fd);
 
 /* Attach the backend: fd (checked with virtio_net_check_backend()) or -1 for
