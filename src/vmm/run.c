@@ -119,6 +119,29 @@ int vcpu_quiesce(struct vmm *vmm) {
         return 0;
 }
 
+/* The NIC in a status reply: MAC, link, counters. */
+static struct json_object *net_status(struct virtio_mmio *net) {
+        struct json_object *o = json_object_new_object();
+        struct virtio_net_stats st = {};
+        char mac_s[VIRTIO_NET_MAC_STRING_MAX];
+        uint8_t mac[VIRTIO_NET_MAC_LEN];
+
+        if (virtio_net_get_mac(net, mac) >= 0) {
+                virtio_net_format_mac(mac, mac_s);
+                json_object_object_add(o, "mac", json_object_new_string(mac_s));
+        }
+        json_object_object_add(o, "link", json_object_new_string(virtio_net_link_up(net) ? "up" : "down"));
+        (void) virtio_net_get_stats(net, &st);
+        json_object_object_add(o, "rx_packets", json_object_new_int64((int64_t) st.rx_packets));
+        json_object_object_add(o, "rx_bytes", json_object_new_int64((int64_t) st.rx_bytes));
+        json_object_object_add(o, "rx_dropped", json_object_new_int64((int64_t) st.rx_dropped));
+        json_object_object_add(o, "tx_packets", json_object_new_int64((int64_t) st.tx_packets));
+        json_object_object_add(o, "tx_bytes", json_object_new_int64((int64_t) st.tx_bytes));
+        json_object_object_add(o, "tx_dropped", json_object_new_int64((int64_t) st.tx_dropped));
+        json_object_object_add(o, "tx_errors", json_object_new_int64((int64_t) st.tx_errors));
+        return o;
+}
+
 static void control_handle(struct vmm *vmm, struct vmm_host *host, const char *buf, size_t len, int *fd) {
         struct json_object *req = NULL, *o, *reply;
         const char *err = NULL, *op;
@@ -142,6 +165,8 @@ static void control_handle(struct vmm *vmm, struct vmm_host *host, const char *b
                 json_object_object_add(reply, "generation", json_object_new_int64((int64_t) vmm->generation));
                 json_object_object_add(reply, "state", json_object_new_string(host->paused ? "paused" : "running"));
                 json_object_object_add(reply, "pid", json_object_new_int(getpid()));
+                if (vmm->net)
+                        json_object_object_add(reply, "net", net_status(vmm->net));
         } else if (strcmp(op, "pause") == 0) {
                 host->paused = true;
         } else if (strcmp(op, "resume") == 0) {

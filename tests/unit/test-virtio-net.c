@@ -540,9 +540,11 @@ static void test_rx(void **state) {
         assert_int_equal(virtio_net_poll_events(f->dev), POLLIN);
         close(f->peer);
         f->peer = open("/dev/null", O_RDONLY | O_CLOEXEC);
+        assert_true(virtio_net_link_up(f->dev));
         virtio_net_process_rx(tv, f->dev);
         assert_false(gq_get_used(&f->q[RXQ], &id, &len));
         assert_int_equal(virtio_net_poll_events(f->dev), 0);
+        assert_false(virtio_net_link_up(f->dev));
 }
 
 static void test_rx_refused_frames(void **state) {

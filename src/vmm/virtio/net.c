@@ -477,6 +477,12 @@ int virtio_net_backend_fd(struct virtio_mmio *dev) {
         return n && n->fd >= 0 ? n->fd : -1;
 }
 
+bool virtio_net_link_up(struct virtio_mmio *dev) {
+        struct net *n = net_of(dev);
+
+        return n && link_up(n);
+}
+
 int virtio_net_get_mac(struct virtio_mmio *dev, uint8_t ret_mac[VIRTIO_NET_MAC_LEN]) {
         struct net *n = net_of(dev);
 

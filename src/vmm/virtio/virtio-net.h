@@ -96,6 +96,9 @@ int virtio_net_set_backend(struct virtio_mmio *dev, int fd);
 /* The backend fd, or -1. */
 int virtio_net_backend_fd(struct virtio_mmio *dev);
 
+/* A backend is attached and has seen no EOF or fatal error. */
+bool virtio_net_link_up(struct virtio_mmio *dev);
+
 /* The MAC in config space. -EINVAL if dev is not a virtio-net device. */
 int virtio_net_get_mac(struct virtio_mmio *dev, uint8_t ret_mac[VIRTIO_NET_MAC_LEN]);
 
