@@ -466,6 +466,10 @@ int main(int argc, char *argv[]) {
         if (strcmp(verb, "boot") != 0 && strcmp(verb, "restore") != 0 && strcmp(verb, "template") != 0)
                 return log_error_errno(EINVAL, "Unknown command \"%s\"; see forkd-vmm --help", verb), 2;
 
+        if (strcmp(verb, "template") == 0 && (arg_net_tap_fd >= 0 || arg_net_mac_set))
+                return log_error_errno(EINVAL, "template takes no --net-tap-fd or --net-mac: each child gets its tap "
+                                               "with its spawn request (\"with_tap\")"), 2;
+
         kvm_fd = vmm_open_kvm();
         if (kvm_fd < 0)
                 return log_error_errno(kvm_fd, "Cannot use /dev/kvm: %m"), 1;
@@ -476,9 +480,6 @@ int main(int argc, char *argv[]) {
                 return leave(cmd_restore(kvm_fd));
         if (!arg_snapshot || arg_control_fd < 0)
                 return log_error_errno(EINVAL, "template needs --snapshot and --control-fd"), 2;
-        if (arg_net_tap_fd >= 0 || arg_net_mac_set)
-                return log_error_errno(EINVAL, "template takes no --net-tap-fd or --net-mac: each child gets its tap "
-                                               "with its spawn request (\"with_tap\")"), 2;
         if (jail.enabled) {
                 /* Before the snapshot is parsed: the template runs no guest, but reads files. */
                 r = jail_enter();
