@@ -4,6 +4,7 @@
 /* Putting a whole microVM together: memory, vCPU, devices, either from a
  * guest image (boot) or from a parsed snapshot (restore). */
 
+#include "bootinfo.h"
 #include "snapshot.h"
 #include "vmm.h"
 
