@@ -6,7 +6,7 @@
  *
  * A struct virtio_mmio is one device on the MMIO bus: the register file at
  * base .. base + FORKD_VIRTIO_MMIO_SIZE, its virtqueues, and a device back
- * end (virtio-blk, virtio-console) behind struct virtio_dev_ops.
+ * end (virtio-blk, virtio-console, virtio-net) behind struct virtio_dev_ops.
  *
  * Behaviour towards the guest:
  *   - VIRTIO_F_VERSION_1 is always offered and must be accepted: FEATURES_OK
