@@ -16,6 +16,7 @@
 #include "template.h"
 #include "virtio-blk.h"
 #include "virtio-console.h"
+#include "virtio-net.h"
 #include "vmm-client.h"
 
 static void send_result(int fd, int r, const char *dir) {
@@ -86,6 +87,9 @@ static void frozen_copy_detach(struct vmm *vmm, struct vmm_host *host, const cha
         host->agent_listen_fd = safe_close(host->agent_listen_fd);
         host->control_listen_fd = safe_close(host->control_listen_fd);
         safe_close(virtio_console_host_fd(vmm->console));
+        /* The tap belongs to the running sandbox: a copy holding it would keep
+         * it (and the sandbox's namespace) alive after the sandbox is gone. */
+        safe_close(virtio_net_backend_fd(vmm->net));
         sigemptyset(&sa.sa_mask);
         (void) sigaction(SIGIO, &(struct sigaction) { .sa_handler = SIG_IGN }, NULL);
         (void) sigaction(SIGTERM, &sa, NULL);

@@ -55,6 +55,7 @@
 #include <linux/audit.h>
 #include <linux/capability.h>
 #include <linux/fs.h>
+#include <linux/if_tun.h>
 #include <linux/kvm.h>
 #include <linux/filter.h>
 #include <linux/sched.h>
@@ -349,6 +350,10 @@ static const unsigned long ioctls_kvm[] = {
         KVM_GET_TSC_KHZ,
         /* a block device as the disk (virtio-blk's size); the C library's own: isatty(), FIONBIO */
         BLKGETSIZE64, TCGETS, FIONBIO,
+        /* virtio_net_check_backend(): a tap's flags and vnet header size, read
+         * (never set) when a NIC gets its tap; in a template's children and in
+         * the frozen template of a running sandbox's fork, that is under a filter */
+        TUNGETIFF, TUNGETVNETHDRSZ,
 };
 
 /* prctl() options the VMM uses after its filter is on (the dumpable flag: chain.c's

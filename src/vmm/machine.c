@@ -16,6 +16,7 @@
 #include "virtio-blk.h"
 #include "virtio-console.h"
 #include "virtio-mmio.h"
+#include "virtio-net.h"
 #include "acpi.h"
 #include "x86.h"
 
@@ -39,7 +40,27 @@ static int machine_new_common(int kvm_fd, const struct machine_config *cfg, stru
         return 0;
 }
 
-static int machine_add_devices(struct vmm *vmm, int disk_fd, const struct machine_config *cfg) {
+/* The NIC (net_mac not NULL) with cfg->net's backend, if any. */
+static int machine_add_net(struct vmm *vmm, const uint8_t *net_mac, const struct machine_config *cfg) {
+        int fd, r;
+
+        r = virtio_net_new(vmm, MACHINE_NET_MMIO_BASE, MACHINE_GSI_NET, net_mac, &vmm->net);
+        if (r < 0)
+                return log_debug_errno(r, "Failed to create virtio-net: %m");
+        if (!cfg->net)
+                return 0;
+        fd = fcntl(cfg->net->tap_fd, F_DUPFD_CLOEXEC, 3);
+        if (fd < 0)
+                return log_debug_errno(errno, "Failed to duplicate the tap fd: %m");
+        r = virtio_net_set_backend(vmm->net, fd);
+        if (r < 0) {
+                safe_close(fd);
+                return log_debug_errno(r, "Failed to attach the tap to virtio-net: %m");
+        }
+        return 0;
+}
+
+static int machine_add_devices(struct vmm *vmm, int disk_fd, const struct machine_config *cfg, const uint8_t *net_mac) {
         int r;
 
         r = serial_new(vmm, FORKD_SERIAL_PORT, cfg->console_log, &vmm->serial);
@@ -60,6 +81,8 @@ static int machine_add_devices(struct vmm *vmm, int disk_fd, const struct machin
                 if (r < 0)
                         return log_debug_errno(r, "Failed to attach the agent channel: %m");
         }
+        if (net_mac)
+                return machine_add_net(vmm, net_mac, cfg);
         return 0;
 }
 
@@ -100,12 +123,16 @@ static const char *linux_default_initrd(const char *kernel, char *buf, size_t si
 
 int machine_boot(int kvm_fd, const char *kernel, const char *disk, uint64_t mem_size, const struct machine_config *cfg,
                  struct vmm **ret) {
-        struct forkd_bootinfo_dev devs[2] = {
+        struct forkd_bootinfo_dev devs[3] = {
                 { .virtio_id = FORKD_VIRTIO_ID_BLK, .gsi = MACHINE_GSI_BLK,
                   .mmio_base = FORKD_VIRTIO_MMIO_BASE, .mmio_size = FORKD_VIRTIO_MMIO_SIZE },
                 { .virtio_id = FORKD_VIRTIO_ID_CONSOLE, .gsi = MACHINE_GSI_CONSOLE,
                   .mmio_base = FORKD_VIRTIO_MMIO_BASE + FORKD_VIRTIO_MMIO_SIZE, .mmio_size = FORKD_VIRTIO_MMIO_SIZE },
+                { .virtio_id = FORKD_VIRTIO_ID_NET, .gsi = MACHINE_GSI_NET,
+                  .mmio_base = MACHINE_NET_MMIO_BASE, .mmio_size = FORKD_VIRTIO_MMIO_SIZE },
         };
+        /* Without a NIC the guest sees exactly the two devices it always did. */
+        unsigned n_devs = cfg->net ? 3 : 2;
         struct vmm *vmm = NULL;
         _cleanup_close_ int elf_fd = -EBADF, disk_fd = -EBADF;
         uint8_t *mem;
@@ -113,6 +140,8 @@ int machine_boot(int kvm_fd, const char *kernel, const char *disk, uint64_t mem_
 
         if (mem_size < VMM_MEM_MIN || mem_size > VMM_MEM_MAX || mem_size % (2u << 20))
                 return log_debug_errno(EINVAL, "Guest memory must be 16..3072 MiB in 2 MiB steps");
+        if (cfg->net && !virtio_net_mac_is_valid(cfg->net->mac))
+                return log_debug_errno(EINVAL, "The NIC's MAC must be unicast and not all zeros");
 
         elf_fd = open(kernel, O_RDONLY | O_CLOEXEC);
         if (elf_fd < 0)
@@ -159,16 +188,17 @@ int machine_boot(int kvm_fd, const char *kernel, const char *disk, uint64_t mem_
         if (r < 0)
                 goto fail;
 
-        r = machine_add_devices(vmm, disk_fd, cfg);
+        r = machine_add_devices(vmm, disk_fd, cfg, cfg->net ? cfg->net->mac : NULL);
+        if (vmm->blk)
+                TAKE_FD(disk_fd); /* owned by virtio-blk now */
         if (r < 0)
                 goto fail;
-        TAKE_FD(disk_fd); /* owned by virtio-blk now */
 
         if (x86_is_bzimage(elf_fd)) {
-                struct acpi_dev adevs[ELEMENTSOF(devs)];
+                struct acpi_dev adevs[ELEMENTSOF(devs)] = {};
                 _cleanup_close_ int initrd_fd = -EBADF;
 
-                for (unsigned i = 0; i < ELEMENTSOF(devs); i++)
+                for (unsigned i = 0; i < n_devs; i++)
                         adevs[i] = (struct acpi_dev) { .mmio_base = devs[i].mmio_base,
                                                        .mmio_size = (uint32_t) devs[i].mmio_size,
                                                        .gsi = devs[i].gsi };
@@ -183,11 +213,10 @@ int machine_boot(int kvm_fd, const char *kernel, const char *disk, uint64_t mem_
                         }
                 }
                 snprintf(vmm->guest_kind, sizeof(vmm->guest_kind), "linux");
-                r = x86_linux_setup(vmm, elf_fd, initrd_fd, cfg->cmdline ?: MACHINE_LINUX_CMDLINE, adevs,
-                                    ELEMENTSOF(adevs));
+                r = x86_linux_setup(vmm, elf_fd, initrd_fd, cfg->cmdline ?: MACHINE_LINUX_CMDLINE, adevs, n_devs);
         } else {
                 snprintf(vmm->guest_kind, sizeof(vmm->guest_kind), "test");
-                r = x86_boot_setup(vmm, elf_fd, devs, ELEMENTSOF(devs), NULL);
+                r = x86_boot_setup(vmm, elf_fd, devs, n_devs, NULL);
         }
         if (r < 0)
                 goto fail;
@@ -198,8 +227,23 @@ fail:
         return r;
 }
 
+int machine_state_net(const struct vmstate *s, uint8_t *ret_mac) {
+        uint8_t mac[VIRTIO_NET_MAC_LEN];
+
+        for (uint32_t i = 0; i < s->n_devs && i < VMSTATE_MAX_DEVS; i++) {
+                if (s->devs[i].kind != VMSTATE_DEV_VIRTIO_NET)
+                        continue;
+                if (virtio_net_state_mac(s->devs[i].blob, s->devs[i].len, mac) < 0)
+                        return -EBADMSG;
+                if (ret_mac)
+                        memcpy(ret_mac, mac, sizeof mac);
+                return 1;
+        }
+        return 0;
+}
+
 static int restore_devices(struct vmm *vmm, const struct vmstate *s) {
-        bool have_serial = false, have_blk = false, have_console = false;
+        bool have_serial = false, have_blk = false, have_console = false, have_net = false;
         int r;
 
         for (uint32_t i = 0; i < s->n_devs; i++) {
@@ -218,13 +262,17 @@ static int restore_devices(struct vmm *vmm, const struct vmstate *s) {
                         r = have_console ? -EBADMSG : virtio_mmio_restore(vmm, vmm->console, d->blob, d->len);
                         have_console = true;
                         break;
+                case VMSTATE_DEV_VIRTIO_NET:
+                        r = have_net || !vmm->net ? -EBADMSG : virtio_mmio_restore(vmm, vmm->net, d->blob, d->len);
+                        have_net = true;
+                        break;
                 default:
                         r = -EBADMSG;
                 }
                 if (r < 0)
                         return log_debug_errno(r, "Device %u (kind %u) state is invalid", i, d->kind);
         }
-        if (!have_serial || !have_blk || !have_console)
+        if (!have_serial || !have_blk || !have_console || (vmm->net && !have_net))
                 return log_debug_errno(EBADMSG, "Snapshot lacks the state of a device");
         return 0;
 }
@@ -232,8 +280,18 @@ static int restore_devices(struct vmm *vmm, const struct vmstate *s) {
 int machine_restore(int kvm_fd, const struct snapshot *snap, uint8_t *mem, const struct machine_config *cfg,
                     struct vmm **ret) {
         const struct vmstate *s = snap->state;
+        uint8_t net_mac[VIRTIO_NET_MAC_LEN];
         struct vmm *vmm = NULL;
-        int disk_fd, r;
+        int disk_fd, has_net, r;
+
+        /* Fail closed: a guest that had a network gets one, or does not run. */
+        has_net = machine_state_net(s, net_mac);
+        if (has_net < 0)
+                return log_debug_errno(has_net, "The snapshot's NIC state is invalid");
+        if (has_net && !cfg->net)
+                return log_debug_errno(ENONET, "The snapshot has a NIC, but no tap was given for it");
+        if (!has_net && cfg->net)
+                return log_debug_errno(ENODEV, "A tap was given, but the snapshot has no NIC");
 
         r = machine_new_common(kvm_fd, cfg, &vmm);
         if (r < 0)
@@ -258,7 +316,7 @@ int machine_restore(int kvm_fd, const struct snapshot *snap, uint8_t *mem, const
                 r = -errno;
                 goto fail;
         }
-        r = machine_add_devices(vmm, disk_fd, cfg);
+        r = machine_add_devices(vmm, disk_fd, cfg, has_net ? net_mac : NULL);
         if (r < 0) {
                 if (!vmm->blk)
                         safe_close(disk_fd);
@@ -331,6 +389,7 @@ struct vmm *machine_free(struct vmm *vmm) {
         serial_free(vmm->serial);
         virtio_mmio_free(vmm->blk);
         virtio_mmio_free(vmm->console);
+        virtio_mmio_free(vmm->net);
         free(vmm->cpuid);
         if (!vmm->mem_owned) {
                 /* borrowed mapping (restore): vmm_free must not unmap it */

@@ -4,11 +4,22 @@
 /* Putting a whole microVM together: memory, vCPU, devices, either from a
  * guest image (boot) or from a parsed snapshot (restore). */
 
+#include "bootinfo.h"
 #include "snapshot.h"
 #include "vmm.h"
 
 #define MACHINE_GSI_BLK 5
 #define MACHINE_GSI_CONSOLE 6
+#define MACHINE_GSI_NET 7
+/* The NIC's place on the MMIO bus: after virtio-blk and virtio-console. */
+#define MACHINE_NET_MMIO_BASE (FORKD_VIRTIO_MMIO_BASE + 2 * FORKD_VIRTIO_MMIO_SIZE)
+
+/* A NIC (virtio-net, virtio-net.h) and its backend. */
+struct machine_net {
+        int tap_fd;        /* the backend (virtio_net_check_backend()); the VM uses a
+                            * duplicate of it, the caller keeps and closes this one */
+        uint8_t mac[6];    /* boot: the NIC's MAC; restore: ignored, the snapshot's */
+};
 
 struct machine_config {
         const char *id;          /* sandbox id, <= 64 chars */
@@ -17,6 +28,12 @@ struct machine_config {
         int agent_fd;            /* connected agent channel, or -1 */
         const char *initrd;      /* Linux guests only, may be NULL */
         const char *cmdline;     /* Linux guests only, NULL for the default */
+        /* boot: a NIC with this backend, or NULL for none. restore: the
+         * backend for the snapshot's NIC. A snapshot with a NIC is not
+         * restored without one (-ENONET), a tap for a snapshot without a NIC
+         * is refused too (-ENODEV): the caller asked for a network it would
+         * not get. */
+        const struct machine_net *net;
 };
 
 #define MACHINE_LINUX_CMDLINE "console=ttyS0 reboot=k panic=-1 root=/dev/vda rw quiet"
@@ -31,6 +48,10 @@ int machine_boot(int kvm_fd, const char *kernel, const char *disk, uint64_t mem_
  * MAP_PRIVATE (shared by every child of a template); the caller keeps owning it. */
 int machine_restore(int kvm_fd, const struct snapshot *snap, uint8_t *mem, const struct machine_config *cfg,
                     struct vmm **ret);
+
+/* Whether a VM state has a NIC: 1 (and its MAC in *ret_mac, if not NULL),
+ * 0 if it has none, -EBADMSG if its NIC state is corrupt. */
+int machine_state_net(const struct vmstate *s, uint8_t *ret_mac);
 
 /* Free the VM and its devices. Does not unmap a borrowed (restore) mapping. */
 struct vmm *machine_free(struct vmm *vmm);

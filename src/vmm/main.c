@@ -20,13 +20,16 @@
 #include "snapshot-meta.h"
 #include "snapshot.h"
 #include "template.h"
+#include "virtio-net.h"
 #include "vmm-client.h"
 
 static const char *arg_initrd, *arg_cmdline;
 static const char *arg_kernel, *arg_disk, *arg_snapshot, *arg_console_log, *arg_agent_socket,
         *arg_control_socket, *arg_overlay_dir, *arg_id = "vm", *arg_tag;
 static uint64_t arg_mem_mib = VMM_MEM_MIB_DEFAULT;
-static int arg_agent_fd = -1, arg_control_fd = -1;
+static int arg_agent_fd = -1, arg_control_fd = -1, arg_net_tap_fd = -1;
+static uint8_t arg_net_mac[VIRTIO_NET_MAC_LEN] = VIRTIO_NET_MAC_DEFAULT;
+static bool arg_net_mac_set;
 
 static void help(void) {
         printf("Usage:\n"
@@ -53,6 +56,10 @@ static void help(void) {
                "  --control-socket PATH listen on a unix seqpacket socket for control requests\n"
                "  --control-fd N        use the connected seqpacket socket N for control requests;\n"
                "                        the VM stops when the other end hangs up\n"
+               "  --net-tap-fd N        a NIC (virtio-net) on the tap N (IFF_TAP|IFF_NO_PI|IFF_VNET_HDR,\n"
+               "                        vnet header size 12) (boot); the tap for the NIC of the\n"
+               "                        snapshot (restore), which a snapshot with a NIC needs\n"
+               "  --net-mac MAC         the NIC's MAC (boot; default 02:66:6b:64:00:01)\n"
                "  --overlay-dir DIR     directory for the copy-on-write disk overlay (default $TMPDIR or /var/tmp)\n"
                "  --tag TAG             the compacted snapshot's tag (compact)\n"
                "  --confine UID[:GID]   confine the VMM (boot, restore, template): a private mount\n"
@@ -87,7 +94,7 @@ static int parse_fd(const char *s, int *ret) {
 static int parse_argv(int argc, char *argv[]) {
         enum { ARG_KERNEL = 0x100, ARG_DISK, ARG_SNAPSHOT, ARG_MEM, ARG_ID, ARG_CONSOLE, ARG_ASOCK, ARG_AFD,
                ARG_CSOCK, ARG_CFD, ARG_OVERLAY, ARG_VERSION, ARG_INITRD, ARG_CMDLINE, ARG_TAG,
-               ARG_CONFINE, ARG_JAIL_BIND };
+               ARG_CONFINE, ARG_JAIL_BIND, ARG_NET_TAP_FD, ARG_NET_MAC };
         static const struct option opts[] = {
                 { "kernel", required_argument, NULL, ARG_KERNEL },
                 { "disk", required_argument, NULL, ARG_DISK },
@@ -105,6 +112,8 @@ static int parse_argv(int argc, char *argv[]) {
                 { "tag", required_argument, NULL, ARG_TAG },
                 { "confine", required_argument, NULL, ARG_CONFINE },
                 { "jail-bind", required_argument, NULL, ARG_JAIL_BIND },
+                { "net-tap-fd", required_argument, NULL, ARG_NET_TAP_FD },
+                { "net-mac", required_argument, NULL, ARG_NET_MAC },
                 { "help", no_argument, NULL, 'h' },
                 { "version", no_argument, NULL, ARG_VERSION },
                 {}
@@ -187,6 +196,16 @@ static int parse_argv(int argc, char *argv[]) {
                                 return log_error_errno(EINVAL, "--jail-bind takes an absolute path");
                         jail.binds[jail.n_binds++] = optarg;
                         break;
+                case ARG_NET_TAP_FD:
+                        if (parse_fd(optarg, &arg_net_tap_fd) < 0)
+                                return log_error_errno(EINVAL, "--net-tap-fd must name an open fd >= 3");
+                        break;
+                case ARG_NET_MAC:
+                        if (virtio_net_parse_mac(optarg, arg_net_mac) < 0)
+                                return log_error_errno(EINVAL, "--net-mac takes a unicast MAC other than all zeros, "
+                                                               "as xx:xx:xx:xx:xx:xx");
+                        arg_net_mac_set = true;
+                        break;
                 case '?':
                         return -EINVAL;
                 default:
@@ -199,6 +218,15 @@ static int parse_argv(int argc, char *argv[]) {
                 return log_error_errno(EINVAL, "--control-socket and --control-fd exclude each other");
         if (jail.n_binds > 0 && !jail.enabled)
                 return log_error_errno(EINVAL, "--jail-bind needs --confine");
+        if (arg_net_mac_set && arg_net_tap_fd < 0)
+                return log_error_errno(EINVAL, "--net-mac needs --net-tap-fd");
+        if (arg_net_tap_fd >= 0) {
+                int r = virtio_net_check_backend(arg_net_tap_fd);
+                if (r < 0)
+                        return log_error_errno(r, "--net-tap-fd %d is not a tap with IFF_TAP|IFF_NO_PI|IFF_VNET_HDR "
+                                                  "and a vnet header size of 12 (or a datagram socket): %m",
+                                               arg_net_tap_fd);
+        }
         if (!arg_overlay_dir)
                 arg_overlay_dir = getenv("TMPDIR") ?: "/var/tmp";
         return 1;
@@ -271,12 +299,18 @@ static int run_vm(struct vmm *vmm, const char *kernel) {
 static int cmd_boot(int kvm_fd) {
         struct machine_config cfg = { .id = arg_id, .console_log = arg_console_log, .overlay_dir = arg_overlay_dir,
                                       .agent_fd = arg_agent_fd, .initrd = arg_initrd, .cmdline = arg_cmdline };
+        struct machine_net net = { .tap_fd = arg_net_tap_fd };
         struct vmm *vmm = NULL;
         int r;
 
         if (!arg_kernel || !arg_disk)
                 return log_error_errno(EINVAL, "boot needs --kernel and --disk"), 1;
+        if (arg_net_tap_fd >= 0) {
+                memcpy(net.mac, arg_net_mac, sizeof net.mac);
+                cfg.net = &net;
+        }
         r = machine_boot(kvm_fd, arg_kernel, arg_disk, arg_mem_mib << 20, &cfg, &vmm);
+        arg_net_tap_fd = safe_close(arg_net_tap_fd); /* the NIC has its own */
         if (r < 0)
                 return log_error_errno(r, "Failed to boot %s: %m", arg_kernel), 1;
         r = run_vm(vmm, arg_kernel);
@@ -288,6 +322,7 @@ static int cmd_boot(int kvm_fd) {
 static int cmd_restore(int kvm_fd) {
         struct machine_config cfg = { .id = arg_id, .console_log = arg_console_log, .overlay_dir = arg_overlay_dir,
                                       .agent_fd = arg_agent_fd };
+        struct machine_net net = { .tap_fd = arg_net_tap_fd };
         _cleanup_(snapshot_freep) struct snapshot *snap = NULL;
         _cleanup_free_ char *err = NULL;
         struct vmm *vmm = NULL;
@@ -296,14 +331,27 @@ static int cmd_restore(int kvm_fd) {
 
         if (!arg_snapshot)
                 return log_error_errno(EINVAL, "restore needs --snapshot"), 1;
+        if (arg_net_mac_set)
+                return log_error_errno(EINVAL, "--net-mac is for boot: a restored NIC keeps the snapshot's MAC"), 1;
         r = snapshot_load(arg_snapshot, &snap, &err);
         if (r < 0)
                 return log_error_errno(r, "Refusing snapshot %s: %s", arg_snapshot, err ?: strerror(-r)), 1;
+        r = machine_state_net(snap->state, NULL);
+        if (r < 0)
+                return log_error_errno(r, "Refusing snapshot %s: its NIC state is invalid", arg_snapshot), 1;
+        if (r > 0 && arg_net_tap_fd < 0)
+                return log_error_errno(ENONET, "Snapshot %s has a NIC: restoring it needs --net-tap-fd", arg_snapshot), 1;
+        if (r == 0 && arg_net_tap_fd >= 0)
+                return log_error_errno(ENODEV, "Snapshot %s has no NIC: --net-tap-fd is for snapshots made with one",
+                                       arg_snapshot), 1;
+        if (arg_net_tap_fd >= 0)
+                cfg.net = &net;
 
         r = snapshot_map_memory(snap, &mem);
         if (r < 0)
                 return log_error_errno(r, "Failed to map memory.bin: %m"), 1;
         r = machine_restore(kvm_fd, snap, mem, &cfg, &vmm);
+        arg_net_tap_fd = safe_close(arg_net_tap_fd); /* the NIC has its own */
         if (r < 0)
                 return log_error_errno(r, "Failed to restore %s: %m", arg_snapshot), 1;
         r = run_vm(vmm, snap->meta.kernel);
@@ -316,14 +364,25 @@ static int cmd_restore(int kvm_fd) {
 static int cmd_check(const char *dir) {
         _cleanup_(snapshot_freep) struct snapshot *snap = NULL;
         _cleanup_free_ char *err = NULL;
+        uint8_t mac[VIRTIO_NET_MAC_LEN];
+        char net[64] = "";
         int r;
 
         r = snapshot_load(dir, &snap, &err);
         if (r < 0)
                 return log_error_errno(r, "Snapshot %s is not usable: %s", dir, err ?: strerror(-r));
-        printf("{\"tag\":\"%s\",\"generation\":%llu,\"mem_size\":%llu,\"disk_size\":%llu}\n", snap->meta.tag,
+        r = machine_state_net(snap->state, mac);
+        if (r < 0)
+                return log_error_errno(r, "Snapshot %s is not usable: its NIC state is invalid", dir);
+        if (r > 0) {
+                char s[VIRTIO_NET_MAC_STRING_MAX];
+
+                virtio_net_format_mac(mac, s);
+                snprintf(net, sizeof net, ",\"net\":{\"mac\":\"%s\"}", s);
+        }
+        printf("{\"tag\":\"%s\",\"generation\":%llu,\"mem_size\":%llu,\"disk_size\":%llu%s}\n", snap->meta.tag,
                (unsigned long long) snap->meta.generation, (unsigned long long) snap->meta.mem_size,
-               (unsigned long long) snap->meta.disk_size);
+               (unsigned long long) snap->meta.disk_size, net);
         return 0;
 }
 
@@ -406,6 +465,10 @@ int main(int argc, char *argv[]) {
 
         if (strcmp(verb, "boot") != 0 && strcmp(verb, "restore") != 0 && strcmp(verb, "template") != 0)
                 return log_error_errno(EINVAL, "Unknown command \"%s\"; see forkd-vmm --help", verb), 2;
+
+        if (strcmp(verb, "template") == 0 && (arg_net_tap_fd >= 0 || arg_net_mac_set))
+                return log_error_errno(EINVAL, "template takes no --net-tap-fd or --net-mac: each child gets its tap "
+                                               "with its spawn request (\"with_tap\")"), 2;
 
         kvm_fd = vmm_open_kvm();
         if (kvm_fd < 0)

@@ -23,6 +23,7 @@
 #include "snapshot-meta.h"
 #include "snapshot.h"
 #include "virtio-console.h"
+#include "virtio-net.h"
 #include "vmm-client.h"
 
 #define CONTROL_MSG_MAX (64u << 10)
@@ -83,10 +84,12 @@ static int arm_fd(int fd) {
                 return 0;
         struct f_owner_ex owner = { .type = F_OWNER_TID, .pid = gettid() };
 
-        if (fcntl(fd, F_SETOWN_EX, &owner) < 0)
-                return -errno;
         fl = fcntl(fd, F_GETFL);
         if (fl < 0 || fcntl(fd, F_SETFL, fl | O_ASYNC | O_NONBLOCK) < 0)
+                return -errno;
+        /* The owner after O_ASYNC: turning it on makes a tap's fasync handler
+         * set the whole process as the owner, over what was set before. */
+        if (fcntl(fd, F_SETOWN_EX, &owner) < 0)
                 return -errno;
         return 0;
 }
@@ -116,6 +119,29 @@ int vcpu_quiesce(struct vmm *vmm) {
         return 0;
 }
 
+/* The NIC in a status reply: MAC, link, counters. */
+static struct json_object *net_status(struct virtio_mmio *net) {
+        struct json_object *o = json_object_new_object();
+        struct virtio_net_stats st = {};
+        char mac_s[VIRTIO_NET_MAC_STRING_MAX];
+        uint8_t mac[VIRTIO_NET_MAC_LEN];
+
+        if (virtio_net_get_mac(net, mac) >= 0) {
+                virtio_net_format_mac(mac, mac_s);
+                json_object_object_add(o, "mac", json_object_new_string(mac_s));
+        }
+        json_object_object_add(o, "link", json_object_new_string(virtio_net_link_up(net) ? "up" : "down"));
+        (void) virtio_net_get_stats(net, &st);
+        json_object_object_add(o, "rx_packets", json_object_new_int64((int64_t) st.rx_packets));
+        json_object_object_add(o, "rx_bytes", json_object_new_int64((int64_t) st.rx_bytes));
+        json_object_object_add(o, "rx_dropped", json_object_new_int64((int64_t) st.rx_dropped));
+        json_object_object_add(o, "tx_packets", json_object_new_int64((int64_t) st.tx_packets));
+        json_object_object_add(o, "tx_bytes", json_object_new_int64((int64_t) st.tx_bytes));
+        json_object_object_add(o, "tx_dropped", json_object_new_int64((int64_t) st.tx_dropped));
+        json_object_object_add(o, "tx_errors", json_object_new_int64((int64_t) st.tx_errors));
+        return o;
+}
+
 static void control_handle(struct vmm *vmm, struct vmm_host *host, const char *buf, size_t len, int *fd) {
         struct json_object *req = NULL, *o, *reply;
         const char *err = NULL, *op;
@@ -139,6 +165,8 @@ static void control_handle(struct vmm *vmm, struct vmm_host *host, const char *b
                 json_object_object_add(reply, "generation", json_object_new_int64((int64_t) vmm->generation));
                 json_object_object_add(reply, "state", json_object_new_string(host->paused ? "paused" : "running"));
                 json_object_object_add(reply, "pid", json_object_new_int(getpid()));
+                if (vmm->net)
+                        json_object_object_add(reply, "net", net_status(vmm->net));
         } else if (strcmp(op, "pause") == 0) {
                 host->paused = true;
         } else if (strcmp(op, "resume") == 0) {
@@ -269,10 +297,10 @@ static void accept_on(int listen_fd, int *conn_fd) {
 
 /* Service every host fd without blocking (or blocking, while paused). */
 static void service_host(struct vmm *vmm, struct vmm_host *host, int timeout) {
-        struct pollfd p[4];
+        struct pollfd p[5];
         unsigned n = 0;
-        int cfd = virtio_console_host_fd(vmm->console);
-        int idx_console = -1, idx_ctl = -1, idx_alisten = -1, idx_clisten = -1;
+        int cfd = virtio_console_host_fd(vmm->console), nfd = virtio_net_backend_fd(vmm->net);
+        int idx_console = -1, idx_ctl = -1, idx_alisten = -1, idx_clisten = -1, idx_net = -1;
 
         if (cfd >= 0 && cfd != host->armed_console_fd) {
                 (void) arm_fd(cfd);
@@ -283,6 +311,15 @@ static void service_host(struct vmm *vmm, struct vmm_host *host, int timeout) {
                 if (ev) {
                         idx_console = n;
                         p[n++] = (struct pollfd) { .fd = cfd, .events = ev };
+                }
+        }
+        if (nfd >= 0) {
+                /* Only while the guest has receive buffers: packets wait in
+                 * the tap until then, and a guest refill is a notification. */
+                short ev = virtio_net_poll_events(vmm->net);
+                if (ev) {
+                        idx_net = n;
+                        p[n++] = (struct pollfd) { .fd = nfd, .events = ev };
                 }
         }
         if (host->control_fd >= 0) {
@@ -318,6 +355,8 @@ static void service_host(struct vmm *vmm, struct vmm_host *host, int timeout) {
                         control_read(vmm, host);
         } else if (idx_ctl >= 0 && (p[idx_ctl].revents & (POLLIN | POLLHUP | POLLERR)))
                 control_read(vmm, host);
+        if (idx_net >= 0 && (p[idx_net].revents & (POLLIN | POLLERR | POLLHUP)))
+                virtio_net_process_rx(vmm, vmm->net);
 process:
         (void) idx_console;
         virtio_console_process(vmm, vmm->console);
@@ -380,6 +419,8 @@ int vmm_run(struct vmm *vmm, struct vmm_host *host) {
                 r = arm_fd(host->agent_listen_fd);
         if (r >= 0)
                 r = arm_fd(host->control_listen_fd);
+        if (r >= 0)
+                r = arm_fd(virtio_net_backend_fd(vmm->net)); /* set once, before the guest runs */
         if (r < 0)
                 return log_error_errno(r, "Failed to set up host fds: %m");
 

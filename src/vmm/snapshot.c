@@ -150,6 +150,10 @@ static int collect_state(struct vmm *vmm, struct vmstate *s) {
                 r = add_dev(s, VMSTATE_DEV_VIRTIO_BLK, save_virtio, vmm->blk);
         if (r >= 0)
                 r = add_dev(s, VMSTATE_DEV_VIRTIO_CONSOLE, save_virtio, vmm->console);
+        /* Only a VM with a NIC gets the section: the vmstate of one without
+         * stays byte for byte what it always was. */
+        if (r >= 0 && vmm->net)
+                r = add_dev(s, VMSTATE_DEV_VIRTIO_NET, save_virtio, vmm->net);
         return r;
 }
 

@@ -9,7 +9,8 @@
  *
  * Control protocol: SOCK_SEQPACKET, one JSON object per message.
  *   -> {"op":"spawn","ids":[...],"with_control":bool,"console_dir":str|null,
- *       "cgroup_parent":str|null,"netns":[str|null,...]|null}
+ *       "cgroup_parent":str|null,"netns":[str|null,...]|null,
+ *       "with_tap":bool}
  *      cgroup_parent: each child joins the cgroup <cgroup_parent>/<id> (which
  *      the controller created and limited) before it restores anything, and
  *      exits with status 3 (VMM_CHILD_EXIT_CGROUP) rather than run outside it.
@@ -23,9 +24,16 @@
  *      run outside it. Names are 1 to 64 characters of [A-Za-z0-9_.-], not
  *      starting with '.' and without ".."; a request with any other name is
  *      refused whole. The template itself never changes namespace.
+ *      with_tap: each child gets a tap fd for its NIC (virtio-net.h: a tap
+ *      with IFF_TAP|IFF_NO_PI|IFF_VNET_HDR and a vnet header size of 12,
+ *      typically opened in the child's namespace). It must be true exactly
+ *      when the snapshot has a NIC, and every tap must pass
+ *      virtio_net_check_backend(); else the request is refused whole. The
+ *      child's NIC keeps the snapshot's MAC (children are clones).
  *      with SCM_RIGHTS: per id, its agent fd, then (with_control) its control
  *      fd, then (cgroup_parent) its cgroup.procs fd, then (a netns name) its
- *      namespace fd; at most TEMPLATE_MAX_FDS in one message
+ *      namespace fd, then (with_tap) its tap fd; at most TEMPLATE_MAX_FDS in
+ *      one message
  *      (vmm_spawn_batch_size() in vmm-client.h)
  *   <- {"ok":true,"pids":[...]} | {"ok":false,"error":"..."}
  *   <- {"event":"ready","generation":N,"mem_size":N} once, at start
@@ -52,6 +60,7 @@
 #include "run.h"
 #include "snapshot-meta.h"
 #include "template.h"
+#include "virtio-net.h"
 #include "vmm-client.h"
 
 #define TEMPLATE_MAX_BATCH 100
@@ -108,12 +117,13 @@ static void send_error(struct template *t, const char *msg) {
 
 /* The fds a child gets from a spawn request (-1: none). */
 struct child_fds {
-        int agent, control, cgroup, netns;
+        int agent, control, cgroup, netns, tap;
 };
 
 static _Noreturn void child_main(struct template *t, const char *id, const struct child_fds *fds,
                                  const char *console_dir, const char *cgroup_parent, const char *netns) {
         struct machine_config cfg = { .id = id, .overlay_dir = t->overlay_dir, .agent_fd = fds->agent };
+        struct machine_net net = { .tap_fd = fds->tap };
         struct vmm_host host = { .agent_listen_fd = -1, .control_listen_fd = -1, .control_fd = fds->control,
                                  .exit_on_control_eof = fds->control >= 0, .kernel = t->snap->meta.kernel };
         char log_path[4096];
@@ -146,7 +156,10 @@ static _Noreturn void child_main(struct template *t, const char *id, const struc
         if (jail.enabled && jail_drop_privileges() < 0)
                 _exit(VMM_CHILD_EXIT_FAILED);
 
+        if (fds->tap >= 0)
+                cfg.net = &net;
         r = machine_restore(t->kvm_fd, t->snap, t->mem, &cfg, &vmm);
+        safe_close(fds->tap); /* the NIC has its own */
         if (r < 0) {
                 log_error_errno(r, "Failed to restore: %m");
                 _exit(VMM_CHILD_EXIT_RESTORE);
@@ -170,7 +183,8 @@ static void close_fds(int *fds, unsigned n) {
 static void handle_spawn(struct template *t, struct json_object *req, int *fds, unsigned n_fds) {
         struct json_object *ids, *o, *reply, *pids, *netns = NULL;
         const char *console_dir = NULL, *cgroup_parent = NULL;
-        bool with_control = false;
+        bool with_control = false, with_tap = false;
+        int has_net;
         unsigned want, next = 0;
         size_t n;
 
@@ -193,6 +207,28 @@ static void handle_spawn(struct template *t, struct json_object *req, int *fds, 
                         goto fail;
                 }
                 with_control = json_object_get_boolean(o);
+        }
+        if (json_object_object_get_ex(req, "with_tap", &o)) {
+                if (!json_object_is_type(o, json_type_boolean)) {
+                        send_error(t, "\"with_tap\" must be a boolean");
+                        goto fail;
+                }
+                with_tap = json_object_get_boolean(o);
+        }
+        /* Fail closed, before any child exists: a clone of a guest with a NIC
+         * gets a tap, and one without gets none. */
+        has_net = machine_state_net(t->snap->state, NULL);
+        if (has_net < 0) {
+                send_error(t, "spawn: the snapshot's NIC state is invalid");
+                goto fail;
+        }
+        if (has_net && !with_tap) {
+                send_error(t, "spawn: the snapshot has a NIC: every child needs a tap (\"with_tap\":true)");
+                goto fail;
+        }
+        if (!has_net && with_tap) {
+                send_error(t, "spawn: the snapshot has no NIC: \"with_tap\" must be false");
+                goto fail;
         }
         if (json_object_object_get_ex(req, "console_dir", &o) && !json_object_is_type(o, json_type_null)) {
                 if (!json_object_is_type(o, json_type_string) || json_object_get_string(o)[0] != '/' ||
@@ -230,7 +266,7 @@ static void handle_spawn(struct template *t, struct json_object *req, int *fds, 
                 }
                 netns = o;
         }
-        want = n * (with_control ? 2 : 1) + (cgroup_parent ? n : 0);
+        want = n * (with_control ? 2 : 1) + (cgroup_parent ? n : 0) + (with_tap ? n : 0);
         for (size_t i = 0; netns && i < n; i++)
                 if (!json_object_is_type(json_object_array_get_idx(netns, i), json_type_null))
                         want++;
@@ -245,12 +281,24 @@ static void handle_spawn(struct template *t, struct json_object *req, int *fds, 
                         goto fail;
                 }
         }
+        for (size_t i = 0, k = 0; with_tap && i < n; i++) {
+                /* the tap is the last fd of each id's group */
+                k += (with_control ? 2 : 1) + (cgroup_parent ? 1 : 0);
+                if (netns && !json_object_is_type(json_object_array_get_idx(netns, i), json_type_null))
+                        k++;
+                if (virtio_net_check_backend(fds[k]) < 0) {
+                        send_error(t, "spawn: every tap fd must be a tap with IFF_TAP|IFF_NO_PI|IFF_VNET_HDR and a "
+                                      "vnet header size of 12");
+                        goto fail;
+                }
+                k++;
+        }
 
         pids = json_object_new_array();
         for (size_t i = 0; i < n; i++) {
                 const char *id = json_object_get_string(json_object_array_get_idx(ids, i));
                 const char *ns = netns ? json_object_get_string(json_object_array_get_idx(netns, i)) : NULL;
-                struct child_fds cf = { .agent = fds[next++], .control = -1, .cgroup = -1, .netns = -1 };
+                struct child_fds cf = { .agent = fds[next++], .control = -1, .cgroup = -1, .netns = -1, .tap = -1 };
                 unsigned first = next - 1;
                 pid_t pid;
 
@@ -260,6 +308,8 @@ static void handle_spawn(struct template *t, struct json_object *req, int *fds, 
                         cf.cgroup = fds[next++];
                 if (ns)
                         cf.netns = fds[next++];
+                if (with_tap)
+                        cf.tap = fds[next++];
                 pid = fork();
                 if (pid < 0) {
                         json_object_array_add(pids, json_object_new_int(-errno));

@@ -5,7 +5,7 @@
  * forkd-vmm core: one process per microVM, one vCPU, single-threaded.
  *
  * The vCPU runs in the main thread. Host-side events (agent channel data,
- * control requests) arrive as SIGIO on O_ASYNC fds; the signal handler sets
+ * control requests, frames on the NIC's tap) arrive as SIGIO on O_ASYNC fds; the signal handler sets
  * kvm_run->immediate_exit so KVM_RUN returns -EINTR, the loop polls the fds,
  * then re-enters the guest. Device emulation therefore never races with the
  * vCPU and needs no locks.
@@ -75,6 +75,7 @@ struct vmm {
         struct serial *serial;
         struct virtio_mmio *blk;
         struct virtio_mmio *console;
+        struct virtio_mmio *net;      /* NULL: the VM has no NIC */
 
         uint32_t tsc_khz;
         char id[65];           /* sandbox id given by the host */

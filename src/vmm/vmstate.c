@@ -100,7 +100,7 @@ static uint64_t get_le64(const uint8_t *p) {
 }
 
 static bool dev_kind_is_valid(uint32_t kind) {
-        return kind >= VMSTATE_DEV_SERIAL && kind <= VMSTATE_DEV_I8042;
+        return kind >= VMSTATE_DEV_SERIAL && kind <= VMSTATE_DEV_VIRTIO_NET;
 }
 
 static bool mem_size_is_valid(uint64_t mem_size) {

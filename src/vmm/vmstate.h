@@ -93,6 +93,7 @@ enum vmstate_dev_kind {
         VMSTATE_DEV_VIRTIO_BLK = 2,
         VMSTATE_DEV_VIRTIO_CONSOLE = 3,
         VMSTATE_DEV_I8042 = 4,
+        VMSTATE_DEV_VIRTIO_NET = 5, /* only in snapshots of a VM with a NIC */
 };
 
 struct vmstate_memory {

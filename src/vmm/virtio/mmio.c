@@ -43,6 +43,14 @@ void *virtio_mmio_priv(struct virtio_mmio *dev) {
         return dev->priv;
 }
 
+int virtio_mmio_set_config(struct virtio_mmio *dev, const void *config, uint32_t len) {
+        if (!dev || (!config && len > 0) || len > dev->config_len)
+                return -EINVAL;
+        if (len > 0)
+                memcpy(dev->config, config, len);
+        return 0;
+}
+
 struct vmm *virtio_mmio_vmm(struct virtio_mmio *dev) {
         return dev->vmm;
 }
@@ -533,5 +541,30 @@ int virtio_mmio_restore(struct vmm *vmm, struct virtio_mmio *dev, const void *bu
         memcpy(dev->vq, vq, sizeof vq[0] * dev->n_queues);
         if (dev->ops->restore_apply)
                 dev->ops->restore_apply(dev, p, dev_len);
+        return 0;
+}
+
+int virtio_mmio_state_dev_part(const void *buf, size_t len, uint32_t device_id, const uint8_t **ret_part,
+                               size_t *ret_part_len) {
+        const uint8_t *b = buf;
+        uint32_t n_queues, dev_len;
+        size_t qlen;
+
+        if (!buf || !ret_part || !ret_part_len)
+                return -EINVAL;
+        if (len < VIRTIO_MMIO_STATE_HDR_SIZE)
+                return -EBADMSG;
+        if (get32(b + 0) != VIRTIO_MMIO_STATE_MAGIC || get16(b + 4) != VIRTIO_MMIO_STATE_VERSION ||
+            get32(b + 8) != device_id)
+                return -EBADMSG;
+        n_queues = get16(b + 6);
+        dev_len = get32(b + 44);
+        if (n_queues == 0 || n_queues > VIRTIO_MMIO_MAX_QUEUES || dev_len > VIRTIO_MMIO_STATE_DEV_MAX)
+                return -EBADMSG;
+        qlen = (size_t) n_queues * VIRTIO_MMIO_STATE_QUEUE_SIZE;
+        if (len != VIRTIO_MMIO_STATE_HDR_SIZE + qlen + dev_len)
+                return -EBADMSG;
+        *ret_part = b + VIRTIO_MMIO_STATE_HDR_SIZE + qlen;
+        *ret_part_len = dev_len;
         return 0;
 }

@@ -6,7 +6,7 @@
  *
  * A struct virtio_mmio is one device on the MMIO bus: the register file at
  * base .. base + FORKD_VIRTIO_MMIO_SIZE, its virtqueues, and a device back
- * end (virtio-blk, virtio-console) behind struct virtio_dev_ops.
+ * end (virtio-blk, virtio-console, virtio-net) behind struct virtio_dev_ops.
  *
  * Behaviour towards the guest:
  *   - VIRTIO_F_VERSION_1 is always offered and must be accepted: FEATURES_OK
@@ -137,6 +137,14 @@ int virtio_mmio_restore(struct vmm *vmm, struct virtio_mmio *dev, const void *bu
 #define VIRTIO_MMIO_STATE_MAX \
         (VIRTIO_MMIO_STATE_HDR_SIZE + VIRTIO_MMIO_MAX_QUEUES * VIRTIO_MMIO_STATE_QUEUE_SIZE + VIRTIO_MMIO_STATE_DEV_MAX)
 
+/* The device-specific part of a save blob of device device_id, without
+ * restoring anything (e.g. to learn a NIC's MAC from a snapshot before the
+ * device exists). Checks the blob's framing only (magic, version, device id,
+ * lengths); the part itself is the device's to validate. 0 with *ret_part
+ * pointing into buf, or -EBADMSG. */
+int virtio_mmio_state_dev_part(const void *buf, size_t len, uint32_t device_id, const uint8_t **ret_part,
+                               size_t *ret_part_len);
+
 /* ---- The face towards device back ends (blk.c, console.c) ----------------- */
 
 struct virtio_dev_ops {
@@ -168,6 +176,10 @@ int virtio_mmio_new(struct vmm *vmm, uint64_t base, uint32_t gsi, const struct v
                     const void *config, uint32_t config_len, void *priv, struct virtio_mmio **ret);
 
 void *virtio_mmio_priv(struct virtio_mmio *dev);
+/* Replace the first len bytes of config space (len <= the config_len given at
+ * creation), e.g. from restore_apply. Does not bump ConfigGeneration nor
+ * raise a configuration change interrupt: for state the driver already saw. */
+int virtio_mmio_set_config(struct virtio_mmio *dev, const void *config, uint32_t len);
 struct vmm *virtio_mmio_vmm(struct virtio_mmio *dev);
 struct virtq *virtio_mmio_queue(struct virtio_mmio *dev, unsigned q);
 uint32_t virtio_mmio_status(const struct virtio_mmio *dev);
