@@ -11,6 +11,7 @@
  *   netns-helper down NAME     netns_child_destroy(NAME)
  *   netns-helper cleanup       netns_cleanup_leftovers(); prints how many
  *   netns-helper pick N        netns_pick_free(N) twice: both sets printed, disjoint
+ *   netns-helper nft CMDS      CMDS through libnftables, as an operator's nft(8) would
  *   netns-helper selftest      the pure parts: prefixes, names, addresses,
  *                              refusals leave outputs untouched (TAP lines)
  *
@@ -21,6 +22,7 @@
 #include <fcntl.h>
 #include <linux/if.h>
 #include <linux/if_tun.h>
+#include <nftables/libnftables.h>
 #include <poll.h>
 #include <sched.h>
 #include <sys/ioctl.h>
@@ -156,6 +158,18 @@ static int cmd_pick(int argc, char **argv) {
         return 0;
 }
 
+/* What an operator does with nft(8), which the test host need not have. */
+static int cmd_nft(const char *cmds) {
+        struct nft_ctx *ctx = nft_ctx_new(NFT_CTX_DEFAULT);
+        int r;
+
+        if (!ctx)
+                return log_error_errno(ENOMEM, "nft_ctx_new failed");
+        r = nft_run_cmd_from_buffer(ctx, cmds);
+        nft_ctx_free(ctx);
+        return r == 0 ? 0 : log_error_errno(EPROTO, "nft refused: %s", cmds);
+}
+
 static unsigned tests_run, tests_failed;
 
 static void check(bool ok, const char *what) {
@@ -259,6 +273,8 @@ int main(int argc, char **argv) {
                         printf("%d\n", r);
         } else if (strcmp(argv[1], "pick") == 0)
                 r = cmd_pick(argc, argv);
+        else if (strcmp(argv[1], "nft") == 0 && argc == 3)
+                r = cmd_nft(argv[2]);
         else if (strcmp(argv[1], "selftest") == 0 && argc == 2)
                 r = cmd_selftest();
         else

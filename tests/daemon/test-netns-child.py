@@ -324,6 +324,17 @@ def tests(cleanup):
         ok(good and f"hello from outside peer={WAN_HOST}" in out,
            f"child {c.index} (egress) reaches a server outside the host, masqueraded as the host", out)
 
+    # The operator's allow-list of forkd(8), NETWORKING: a rule in the host's chain egress.
+    r = helper("nft", "add rule ip forkd egress ip daddr != { 203.0.113.0/24, 10.200.0.0/16 } drop")
+    ok(r.returncode == 0, "an operator's allow-list rule goes into the host's chain egress", r.stderr)
+    good, out = client(c1.g, WAN_PEER, WAN_PORT)
+    ok(not good, f"with it, child 1 cannot reach {WAN_PEER}, which the list leaves out", out)
+    good, out = client(c1.g, c1.host_addr, HTTP_PORT)
+    ok(good and "hello from the host" in out, "and still reaches its host_addr", out)
+    r = helper("nft", "flush chain ip forkd egress")
+    good, out = client(c1.g, WAN_PEER, WAN_PORT)
+    ok(r.returncode == 0 and good, "without it, child 1 reaches the outside again", out)
+
     # 2. none: the same fetches fail, fast.
     t0 = time.monotonic()
     good, out = client(c3.g, c3.host_addr, HTTP_PORT)
