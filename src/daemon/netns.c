@@ -156,7 +156,8 @@ void netns_child_done(NetnsChild *c) {
 }
 
 /* net.ipv4.ip_forward=1 in the namespace of the calling thread (/proc/sys/net
- * answers for the namespace of whoever opens it). Not written when already 1. */
+ * answers for the namespace of whoever opens it). Not written when already 1;
+ * -EROFS when it is 0 and cannot be written. */
 static int ip_forward_enable(void) {
         _cleanup_close_ int fd = -EBADF;
         char c = 0;
@@ -175,28 +176,6 @@ static int ip_forward_enable(void) {
                 return 0;
         if (pwrite(fd, "1\n", 2, 0) != 2)
                 return negative_errno();
-        return 0;
-}
-
-/* No IPv6 on the links made from now on in the calling thread's namespace
- * (nothing to do where the kernel has no IPv6). */
-static int ipv6_disable(void) {
-        static const char *const paths[] = {
-                "/proc/sys/net/ipv6/conf/all/disable_ipv6",
-                "/proc/sys/net/ipv6/conf/default/disable_ipv6",
-        };
-
-        for (size_t k = 0; k < ELEMENTSOF(paths); k++) {
-                _cleanup_close_ int fd = open(paths[k], O_WRONLY | O_CLOEXEC | O_NOCTTY);
-
-                if (fd < 0) {
-                        if (errno == ENOENT)
-                                return 0;
-                        return negative_errno();
-                }
-                if (write(fd, "1\n", 2) != 2)
-                        return negative_errno();
-        }
         return 0;
 }
 
@@ -345,15 +324,6 @@ static int inside_setup(Inside *a) {
         if (mount("/proc/thread-self/ns/net", a->path, "none", MS_BIND, NULL) < 0)
                 return negative_errno();
 
-        STEP(a, "net.ipv4.ip_forward in the namespace");
-        r = ip_forward_enable();
-        if (r < 0)
-                return r;
-        /* IPv4 only: no link-local IPv6 on tap0 or veth0 for a guest to talk over. */
-        STEP(a, "net.ipv6.conf.{all,default}.disable_ipv6 in the namespace");
-        r = ipv6_disable();
-        if (r < 0)
-                return r;
         STEP(a, "rtnetlink socket in the namespace");
         r = rtnl_open(&nl);
         if (r < 0)
@@ -365,6 +335,17 @@ static int inside_setup(Inside *a) {
 
         STEP(a, NETNS_TAP_IFNAME ": open /dev/net/tun, TUNSETIFF, TUNSETVNETHDRSZ");
         r = tap_open(&tap);
+        if (r < 0)
+                return r;
+        /* Forwarding per link, through netlink: the namespace's /proc/sys may
+         * be read-only (ProtectKernelTunables=). IPv4 only: no link-local
+         * IPv6 for a guest to talk over. */
+        STEP(a, NETNS_TAP_IFNAME ": forwarding");
+        r = rtnl_link_set_ipv4_forwarding(nl, NETNS_TAP_IFNAME, true);
+        if (r < 0)
+                return r;
+        STEP(a, NETNS_TAP_IFNAME ": no IPv6 addresses");
+        r = rtnl_link_set_ipv6_addrgen_none(nl, NETNS_TAP_IFNAME);
         if (r < 0)
                 return r;
         STEP(a, NETNS_TAP_IFNAME ": address");
@@ -380,6 +361,14 @@ static int inside_setup(Inside *a) {
 
         STEP(a, "veth pair");
         r = rtnl_veth_create(nl, NETNS_VETH_IFNAME, a->host_ifname, a->host_netns_fd);
+        if (r < 0)
+                return r;
+        STEP(a, NETNS_VETH_IFNAME ": forwarding");
+        r = rtnl_link_set_ipv4_forwarding(nl, NETNS_VETH_IFNAME, true);
+        if (r < 0)
+                return r;
+        STEP(a, NETNS_VETH_IFNAME ": no IPv6 addresses");
+        r = rtnl_link_set_ipv6_addrgen_none(nl, NETNS_VETH_IFNAME);
         if (r < 0)
                 return r;
         STEP(a, NETNS_VETH_IFNAME ": address");
@@ -438,7 +427,7 @@ static int inside_run(Inside *a) {
 
 /* /run/netns as ip-netns leaves it: a shared mount (of itself, if need be),
  * so that a namespace mounted there shows in every mount namespace below. */
-static int netns_dir_setup(void) {
+static int netns_dir_setup_locked(void) {
         int r;
 
         r = mkdir_parents_and_self(NETNS_DIR, 0755);
@@ -454,6 +443,17 @@ static int netns_dir_setup(void) {
         if (mount("", NETNS_DIR, "none", MS_SHARED | MS_REC, NULL) < 0)
                 return negative_errno();
         return 0;
+}
+
+static int netns_dir_setup(void) {
+        static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+        int r;
+
+        /* Two threads finding it no mount point would stack two bind mounts. */
+        pthread_mutex_lock(&lock);
+        r = netns_dir_setup_locked();
+        pthread_mutex_unlock(&lock);
+        return r;
 }
 
 static int path_in(const char *dir, const char *name, char *buf, size_t size) {
@@ -493,9 +493,15 @@ int netns_child_create(const NetnsPrefix *prefix, unsigned index, NetnsPolicy po
         r = host_table_ensure(prefix);
         if (r < 0)
                 return fail(ret_failed_step, "host nftables table ip forkd", r);
-        r = ip_forward_enable();
-        if (r < 0)
-                return fail(ret_failed_step, "host net.ipv4.ip_forward", r);
+        /* Egress needs the host to forward, replies from its uplinks included:
+         * the global switch. Without egress the host forwards nothing of a child's. */
+        if (policy == NETNS_POLICY_EGRESS) {
+                r = ip_forward_enable();
+                if (r < 0)
+                        return fail(ret_failed_step, r == -EROFS ?
+                                    "host net.ipv4.ip_forward is 0 and /proc/sys is read-only (set it with sysctl.d)" :
+                                    "host net.ipv4.ip_forward", r);
+        }
         r = netns_dir_setup();
         if (r < 0)
                 return fail(ret_failed_step, NETNS_DIR " as a shared mount", r);
@@ -544,6 +550,11 @@ int netns_child_create(const NetnsPrefix *prefix, unsigned index, NetnsPolicy po
                 goto undo;
         }
 
+        r = rtnl_link_set_ipv6_addrgen_none(nl, ifname);
+        if (r < 0) {
+                r = fail(ret_failed_step, "host end of the veth: no IPv6 addresses", r);
+                goto undo_tap;
+        }
         r = rtnl_addr_add(nl, ifname, host, 30);
         if (r < 0) {
                 r = fail(ret_failed_step, "host end of the veth: address", r);

@@ -15,7 +15,9 @@
  * and, once, in the caller's (host) namespace, table ip forkd: egress
  * masqueraded out of any non-fkd* interface, nothing forwarded between two
  * fkd* links or into one unasked, input from a fkd* link only to that link's
- * own address; and net.ipv4.ip_forward=1. forkd(8), NETWORKING, has the plan.
+ * own address; and, for an egress child, net.ipv4.ip_forward=1 (written to
+ * /proc/sys when it is 0). Inside, forwarding is set per link over netlink
+ * and no link gets IPv6 addresses. forkd(8), NETWORKING, has the plan.
  *
  * Every fd is O_CLOEXEC. forkd's own threads never change namespace: the work
  * inside a namespace runs in a short-lived thread of its own. Object code

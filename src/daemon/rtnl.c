@@ -5,6 +5,7 @@
 #include <libmnl/libmnl.h>
 #include <linux/if.h>
 #include <linux/if_link.h>
+#include <linux/ip.h>
 #include <linux/rtnetlink.h>
 #include <linux/veth.h>
 #include <sys/socket.h>
@@ -158,6 +159,53 @@ int rtnl_link_up(struct mnl_socket *nl, const char *ifname) {
         ifi->ifi_flags = IFF_UP;
         ifi->ifi_change = IFF_UP;
         return rtnl_talk(nl, nlh, NULL, NULL);
+}
+
+/* RTM_NEWLINK on ifname with IFLA_AF_SPEC { family { type: payload } } or,
+ * with inner_nest, IFLA_AF_SPEC { family { inner_nest { type: payload } } }. */
+static int rtnl_link_set_af(struct mnl_socket *nl, const char *ifname, uint16_t family, uint16_t inner_nest,
+                            uint16_t type, const void *payload, size_t size) {
+        char buf[RTNL_REQUEST_SIZE];
+        struct nlattr *spec, *af, *inner = NULL;
+        struct nlmsghdr *nlh;
+
+        if (!ifname_valid(ifname))
+                return -EINVAL;
+        nlh = rtnl_link_request(buf, RTM_NEWLINK, 0, ifname);
+        if (!nlh)
+                return -ENOBUFS;
+        spec = mnl_attr_nest_start_check(nlh, RTNL_REQUEST_SIZE, IFLA_AF_SPEC);
+        if (!spec)
+                return -ENOBUFS;
+        af = mnl_attr_nest_start_check(nlh, RTNL_REQUEST_SIZE, family);
+        if (!af)
+                return -ENOBUFS;
+        if (inner_nest) {
+                inner = mnl_attr_nest_start_check(nlh, RTNL_REQUEST_SIZE, inner_nest);
+                if (!inner)
+                        return -ENOBUFS;
+        }
+        if (!mnl_attr_put_check(nlh, RTNL_REQUEST_SIZE, type, size, payload))
+                return -ENOBUFS;
+        if (inner)
+                mnl_attr_nest_end(nlh, inner);
+        mnl_attr_nest_end(nlh, af);
+        mnl_attr_nest_end(nlh, spec);
+        return rtnl_talk(nl, nlh, NULL, NULL);
+}
+
+int rtnl_link_set_ipv4_forwarding(struct mnl_socket *nl, const char *ifname, bool on) {
+        uint32_t v = on;
+
+        return rtnl_link_set_af(nl, ifname, AF_INET, IFLA_INET_CONF, IPV4_DEVCONF_FORWARDING, &v, sizeof v);
+}
+
+int rtnl_link_set_ipv6_addrgen_none(struct mnl_socket *nl, const char *ifname) {
+        uint8_t mode = IN6_ADDR_GEN_MODE_NONE;
+        int r;
+
+        r = rtnl_link_set_af(nl, ifname, AF_INET6, 0, IFLA_INET6_ADDR_GEN_MODE, &mode, sizeof mode);
+        return r == -EAFNOSUPPORT ? 0 : r;
 }
 
 int rtnl_link_delete(struct mnl_socket *nl, const char *ifname) {

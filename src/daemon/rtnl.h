@@ -32,6 +32,16 @@ int rtnl_link_index(struct mnl_socket *nl, const char *ifname, int *ret_ifindex)
 /* Sets the link up. */
 int rtnl_link_up(struct mnl_socket *nl, const char *ifname);
 
+/* Per-link IPv4 forwarding (net.ipv4.conf.IFNAME.forwarding) through
+ * IFLA_AF_SPEC, so no /proc/sys write is needed: what the kernel checks on
+ * the link a packet comes in by before forwarding it. */
+int rtnl_link_set_ipv4_forwarding(struct mnl_socket *nl, const char *ifname, bool on);
+
+/* No IPv6 address generated on the link (addr_gen_mode none: no link-local
+ * when it goes up); call before rtnl_link_up(). Success where the kernel has
+ * no IPv6. */
+int rtnl_link_set_ipv6_addrgen_none(struct mnl_socket *nl, const char *ifname);
+
 /* Deletes the link; a missing one (-ENODEV) is success, and 0 vs 1 says which. */
 int rtnl_link_delete(struct mnl_socket *nl, const char *ifname);
 

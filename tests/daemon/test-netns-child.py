@@ -168,9 +168,9 @@ def read_line(p, timeout):
 class Child:
     """netns-helper up INDEX POLICY: the child's namespace and its fake guest G."""
 
-    def __init__(self, index, policy):
+    def __init__(self, index, policy, wrap=()):
         self.index = index
-        self.p = subprocess.Popen([HELPER, "up", str(index), policy], stdin=subprocess.PIPE,
+        self.p = subprocess.Popen([*wrap, HELPER, "up", str(index), policy], stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE, text=True)
         line = read_line(self.p, 60)
         if not line:
@@ -309,8 +309,14 @@ def tests(cleanup):
     ok(len(set(inodes.values())) == 3 and ns_inode("/proc/self/ns/net") not in inodes.values(),
        "three namespaces apart from each other and from the host")
     r = run(["ip", "-n", "forkd-child-1", "-o", "addr", "show"])
-    ok("tap0" in r.stdout and "172.16.0.1/30" in r.stdout and "veth0" in r.stdout and "10.200.0.2/30" in r.stdout
-       and "inet6" not in r.stdout, "inside: tap0 172.16.0.1/30, veth0 10.200.0.2/30, no IPv6", r.stdout)
+    links = [line for line in r.stdout.splitlines() if " tap0 " in line or " veth0" in line]
+    ok("172.16.0.1/30" in r.stdout and "10.200.0.2/30" in r.stdout and not any("inet6" in x for x in links),
+       "inside: tap0 172.16.0.1/30, veth0 10.200.0.2/30, no IPv6 on either", r.stdout)
+    r = run(["ip", "-o", "addr", "show", "dev", "fkd1"])
+    ok("10.200.0.1/30" in r.stdout and "inet6" not in r.stdout, "host end fkd1: 10.200.0.1/30, no IPv6", r.stdout)
+    r = run(["ip", "netns", "exec", "forkd-child-1", "cat", "/proc/sys/net/ipv4/ip_forward",
+             "/proc/sys/net/ipv4/conf/tap0/forwarding", "/proc/sys/net/ipv4/conf/veth0/forwarding"])
+    ok(r.stdout.split() == ["0", "1", "1"], "inside: forwarding on tap0 and veth0 only, set over netlink", r.stdout)
 
     servers = [http_server(c.host_addr) for c in (c1, c2, c3)]
     cleanup.extend(s.shutdown for s in servers)
@@ -387,6 +393,26 @@ def tests(cleanup):
     ok(not left, "after destroy: no namespace file, mark or fkd link left", left)
     alive = [i for i, ino in inodes.items() if ns_alive(ino)]
     ok(not alive, "after destroy: the three namespaces (and their taps and veths) are gone", alive)
+
+    # forkd under systemd has a read-only /proc/sys (ProtectKernelTunables=):
+    # nothing inside needs it, the host's ip_forward only for egress, when 0.
+    ro = ["unshare", "-m", "--propagation", "unchanged", "sh", "-c",
+          'mount --bind -o ro /proc/sys /proc/sys && exec "$0" "$@"']
+    c7 = Child(7, "none", wrap=ro)
+    cleanup.append(c7.stop)
+    guest7 = Server(c7.g, "0.0.0.0", GUEST_PORT, "guest of child 7")
+    cleanup.append(guest7.stop)
+    good, out = client(None, c7.inside_addr, GUEST_PORT)
+    ok(good and "guest of child 7" in out, "with /proc/sys read-only: a none child is made and its guest reached", out)
+    guest7.stop()
+    c7.stop()
+    run(["sh", "-c", "echo 0 > /proc/sys/net/ipv4/ip_forward"])
+    r = subprocess.run([*ro, HELPER, "up", "8", "egress"], capture_output=True, text=True, timeout=60)
+    ok(r.returncode != 0 and "set it with sysctl.d" in r.stderr and not os.path.exists("/run/netns/forkd-child-8"),
+       "with /proc/sys read-only and ip_forward 0, an egress child is refused, naming why, leaving nothing", r.stderr)
+    run(["sh", "-c", "echo 1 > /proc/sys/net/ipv4/ip_forward"])
+    r = helper("down", "forkd-child-7")
+    ok(r.returncode == 0 and not leftovers(), "child 7 destroyed, nothing left", leftovers())
 
     # 5b. a crash: the helper is killed after create, cleanup runs from a fresh process.
     c4 = Child(4, "egress")
