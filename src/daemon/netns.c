@@ -310,6 +310,32 @@ typedef struct Inside {
 
 #define STEP(a, s) ((a)->step = (s))
 
+/* Forwarding per link, through netlink: the namespace's /proc/sys may be
+ * read-only (ProtectKernelTunables=). IPv4 only: no link-local IPv6 for a
+ * guest to talk over. Then the address, then up. steps[] names each. */
+static int link_configure(Inside *a, struct mnl_socket *nl, const char *ifname, struct in_addr addr,
+                          unsigned prefixlen, const char *const steps[static 4]) {
+        int r;
+
+        STEP(a, steps[0]);
+        r = rtnl_link_set_ipv4_forwarding(nl, ifname, true);
+        if (r < 0)
+                return r;
+        STEP(a, steps[1]);
+        r = rtnl_link_set_ipv6_addrgen_none(nl, ifname);
+        if (r < 0)
+                return r;
+        STEP(a, steps[2]);
+        r = rtnl_addr_add(nl, ifname, addr, prefixlen);
+        if (r < 0)
+                return r;
+        STEP(a, steps[3]);
+        return rtnl_link_up(nl, ifname);
+}
+
+#define LINK_STEPS(ifname) \
+        ((const char *const[4]) { ifname ": forwarding", ifname ": no IPv6 addresses", ifname ": address", ifname ": up" })
+
 static int inside_setup(Inside *a) {
         _cleanup_rtnl_ struct mnl_socket *nl = NULL;
         _cleanup_close_ int tap = -EBADF;
@@ -337,25 +363,9 @@ static int inside_setup(Inside *a) {
         r = tap_open(&tap);
         if (r < 0)
                 return r;
-        /* Forwarding per link, through netlink: the namespace's /proc/sys may
-         * be read-only (ProtectKernelTunables=). IPv4 only: no link-local
-         * IPv6 for a guest to talk over. */
-        STEP(a, NETNS_TAP_IFNAME ": forwarding");
-        r = rtnl_link_set_ipv4_forwarding(nl, NETNS_TAP_IFNAME, true);
-        if (r < 0)
-                return r;
-        STEP(a, NETNS_TAP_IFNAME ": no IPv6 addresses");
-        r = rtnl_link_set_ipv6_addrgen_none(nl, NETNS_TAP_IFNAME);
-        if (r < 0)
-                return r;
-        STEP(a, NETNS_TAP_IFNAME ": address");
         if (inet_pton(AF_INET, NETNS_GATEWAY_IP, &gw) != 1)
                 return -EINVAL;
-        r = rtnl_addr_add(nl, NETNS_TAP_IFNAME, gw, NETNS_GUEST_PREFIXLEN);
-        if (r < 0)
-                return r;
-        STEP(a, NETNS_TAP_IFNAME ": up");
-        r = rtnl_link_up(nl, NETNS_TAP_IFNAME);
+        r = link_configure(a, nl, NETNS_TAP_IFNAME, gw, NETNS_GUEST_PREFIXLEN, LINK_STEPS(NETNS_TAP_IFNAME));
         if (r < 0)
                 return r;
 
@@ -363,20 +373,7 @@ static int inside_setup(Inside *a) {
         r = rtnl_veth_create(nl, NETNS_VETH_IFNAME, a->host_ifname, a->host_netns_fd);
         if (r < 0)
                 return r;
-        STEP(a, NETNS_VETH_IFNAME ": forwarding");
-        r = rtnl_link_set_ipv4_forwarding(nl, NETNS_VETH_IFNAME, true);
-        if (r < 0)
-                return r;
-        STEP(a, NETNS_VETH_IFNAME ": no IPv6 addresses");
-        r = rtnl_link_set_ipv6_addrgen_none(nl, NETNS_VETH_IFNAME);
-        if (r < 0)
-                return r;
-        STEP(a, NETNS_VETH_IFNAME ": address");
-        r = rtnl_addr_add(nl, NETNS_VETH_IFNAME, a->inside, 30);
-        if (r < 0)
-                return r;
-        STEP(a, NETNS_VETH_IFNAME ": up");
-        r = rtnl_link_up(nl, NETNS_VETH_IFNAME);
+        r = link_configure(a, nl, NETNS_VETH_IFNAME, a->inside, 30, LINK_STEPS(NETNS_VETH_IFNAME));
         if (r < 0)
                 return r;
         STEP(a, "default route in the namespace");
@@ -467,14 +464,57 @@ static int fail(const char **ret_failed_step, const char *step, int r) {
         return log_debug_errno(r, "netns: %s: %m", step);
 }
 
+/* What every child shares, first: nothing of this child to undo if it fails. */
+static int shared_setup(const NetnsPrefix *prefix, NetnsPolicy policy, const char **ret_step) {
+        int r;
+
+        *ret_step = "host nftables table ip forkd";
+        r = host_table_ensure(prefix);
+        if (r < 0)
+                return r;
+        /* Egress needs the host to forward, replies from its uplinks included:
+         * the global switch. Without egress the host forwards nothing of a child's. */
+        if (policy == NETNS_POLICY_EGRESS) {
+                r = ip_forward_enable();
+                *ret_step = r == -EROFS ?
+                        "host net.ipv4.ip_forward is 0 and /proc/sys is read-only (set it with sysctl.d)" :
+                        "host net.ipv4.ip_forward";
+                if (r < 0)
+                        return r;
+        }
+        *ret_step = NETNS_DIR " as a shared mount";
+        r = netns_dir_setup();
+        if (r < 0)
+                return r;
+        *ret_step = "mkdir " NETNS_MARKER_DIR;
+        return mkdir_parents_and_self(NETNS_MARKER_DIR, 0700);
+}
+
+/* The veth's host end, once the namespace holds the other. */
+static int host_end_setup(struct mnl_socket *nl, const char *ifname, struct in_addr host, const char **ret_step) {
+        int r;
+
+        *ret_step = "host end of the veth: no IPv6 addresses";
+        r = rtnl_link_set_ipv6_addrgen_none(nl, ifname);
+        if (r < 0)
+                return r;
+        *ret_step = "host end of the veth: address";
+        r = rtnl_addr_add(nl, ifname, host, 30);
+        if (r < 0)
+                return r;
+        *ret_step = "host end of the veth: up";
+        return rtnl_link_up(nl, ifname);
+}
+
 int netns_child_create(const NetnsPrefix *prefix, unsigned index, NetnsPolicy policy,
                        NetnsChild *ret, const char **ret_failed_step) {
         _cleanup_rtnl_ struct mnl_socket *nl = NULL;
-        _cleanup_close_ int host_netns_fd = -EBADF, marker_fd = -EBADF, ns_fd = -EBADF;
+        _cleanup_close_ int host_netns_fd = -EBADF, fd = -EBADF;
         char name[NETNS_NAME_MAX], ifname[16], path[PATH_MAX], marker[PATH_MAX];
         char host_s[INET_ADDRSTRLEN], inside_s[INET_ADDRSTRLEN];
         struct in_addr host, inside;
-        Inside a;
+        const char *step = NULL;
+        Inside a = { .tap_fd = -EBADF };
         int r;
 
         if (!prefix || !ret || policy < 0 || policy >= _NETNS_POLICY_MAX)
@@ -489,26 +529,9 @@ int netns_child_create(const NetnsPrefix *prefix, unsigned index, NetnsPolicy po
             !inet_ntop(AF_INET, &inside, inside_s, sizeof inside_s))
                 return -EINVAL;
 
-        /* What every child shares, first: nothing of this child to undo if it fails. */
-        r = host_table_ensure(prefix);
+        r = shared_setup(prefix, policy, &step);
         if (r < 0)
-                return fail(ret_failed_step, "host nftables table ip forkd", r);
-        /* Egress needs the host to forward, replies from its uplinks included:
-         * the global switch. Without egress the host forwards nothing of a child's. */
-        if (policy == NETNS_POLICY_EGRESS) {
-                r = ip_forward_enable();
-                if (r < 0)
-                        return fail(ret_failed_step, r == -EROFS ?
-                                    "host net.ipv4.ip_forward is 0 and /proc/sys is read-only (set it with sysctl.d)" :
-                                    "host net.ipv4.ip_forward", r);
-        }
-        r = netns_dir_setup();
-        if (r < 0)
-                return fail(ret_failed_step, NETNS_DIR " as a shared mount", r);
-        r = mkdir_parents_and_self(NETNS_MARKER_DIR, 0700);
-        if (r < 0)
-                return fail(ret_failed_step, "mkdir " NETNS_MARKER_DIR, r);
-
+                return fail(ret_failed_step, step, r);
         r = rtnl_open(&nl);
         if (r < 0)
                 return fail(ret_failed_step, "rtnetlink socket", r);
@@ -520,18 +543,23 @@ int netns_child_create(const NetnsPrefix *prefix, unsigned index, NetnsPolicy po
                 return fail(ret_failed_step, "stale host link", r);
 
         /* The mark first: a crash from here on leaves a namespace that the
-         * next netns_cleanup_leftovers() knows to be forkd's. */
-        marker_fd = open(marker, O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY, 0600);
-        if (marker_fd < 0)
+         * next netns_cleanup_leftovers() knows to be forkd's. One left by a
+         * crash before its namespace was made is reused. */
+        fd = open(marker, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY, 0600);
+        if (fd < 0 && errno != EEXIST)
                 return fail(ret_failed_step, "forkd's mark", negative_errno());
-        ns_fd = open(path, O_RDONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY, 0444);
-        if (ns_fd < 0) {
+        bool marked_now = fd >= 0;
+        fd = safe_close(fd);
+
+        fd = open(path, O_RDONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY, 0444);
+        if (fd < 0) {
                 r = negative_errno();
-                if (r != -EEXIST)
+                /* Someone else's namespace appeared meanwhile: it must not look like ours. */
+                if (marked_now)
                         (void) unlink(marker);
                 return fail(ret_failed_step, "namespace file", r);
         }
-        ns_fd = safe_close(ns_fd);
+        fd = safe_close(fd);
 
         host_netns_fd = open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC);
         if (host_netns_fd < 0) {
@@ -549,35 +577,23 @@ int netns_child_create(const NetnsPrefix *prefix, unsigned index, NetnsPolicy po
                 r = fail(ret_failed_step, a.step, r);
                 goto undo;
         }
-
-        r = rtnl_link_set_ipv6_addrgen_none(nl, ifname);
+        r = host_end_setup(nl, ifname, host, &step);
         if (r < 0) {
-                r = fail(ret_failed_step, "host end of the veth: no IPv6 addresses", r);
-                goto undo_tap;
-        }
-        r = rtnl_addr_add(nl, ifname, host, 30);
-        if (r < 0) {
-                r = fail(ret_failed_step, "host end of the veth: address", r);
-                goto undo_tap;
-        }
-        r = rtnl_link_up(nl, ifname);
-        if (r < 0) {
-                r = fail(ret_failed_step, "host end of the veth: up", r);
-                goto undo_tap;
+                r = fail(ret_failed_step, step, r);
+                goto undo;
         }
 
-        *ret = (NetnsChild) { .index = index, .policy = policy, .tap_fd = a.tap_fd };
+        *ret = (NetnsChild) { .index = index, .policy = policy, .tap_fd = TAKE_FD(a.tap_fd) };
         memcpy(ret->name, name, sizeof name);
         memcpy(ret->host_ifname, ifname, sizeof ifname);
         memcpy(ret->host_addr, host_s, sizeof host_s);
         memcpy(ret->inside_addr, inside_s, sizeof inside_s);
-        log_debug("netns: %s made: tap fd %d, %s %s, inside %s, %s", name, a.tap_fd, ifname, host_s, inside_s,
+        log_debug("netns: %s made: tap fd %d, %s %s, inside %s, %s", name, ret->tap_fd, ifname, host_s, inside_s,
                   netns_policy_to_string(policy));
         return 0;
 
-undo_tap:
-        a.tap_fd = safe_close(a.tap_fd);
 undo:
+        a.tap_fd = safe_close(a.tap_fd);
         (void) netns_child_destroy(name);
         return r;
 }
