@@ -518,16 +518,16 @@ int netns_child_create(const NetnsPrefix *prefix, unsigned index, NetnsPolicy po
         int r;
 
         if (!prefix || !ret || policy < 0 || policy >= _NETNS_POLICY_MAX)
-                return -EINVAL;
+                return fail(ret_failed_step, "arguments", -EINVAL);
         r = netns_child_addrs(prefix, index, &host, &inside);
         if (r < 0)
-                return r;
+                return fail(ret_failed_step, "index within the prefix", r);
         if (netns_child_name(index, name) < 0 || host_ifname(index, ifname) < 0 ||
             path_in(NETNS_DIR, name, path, sizeof path) < 0 ||
             path_in(NETNS_MARKER_DIR, name, marker, sizeof marker) < 0 ||
             !inet_ntop(AF_INET, &host, host_s, sizeof host_s) ||
             !inet_ntop(AF_INET, &inside, inside_s, sizeof inside_s))
-                return -EINVAL;
+                return fail(ret_failed_step, "names", -EINVAL);
 
         r = shared_setup(prefix, policy, &step);
         if (r < 0)

@@ -239,8 +239,8 @@ static int cmd_selftest(void) {
               netns_policy_from_string("Egress") < 0 && netns_policy_from_string(NULL) < 0, "policies");
 
         (void) netns_prefix_parse("10.200.0.0/30", &p);
-        check(netns_child_create(&p, 2, NETNS_POLICY_NONE, &c, &step) == -ERANGE && c.index == 4242 && c.tap_fd == -42,
-              "create past the prefix: ERANGE, output untouched");
+        check(netns_child_create(&p, 2, NETNS_POLICY_NONE, &c, &step) == -ERANGE && c.index == 4242 && c.tap_fd == -42 &&
+              step && strstr(step, "prefix"), "create past the prefix: ERANGE naming the step, output untouched");
         check(netns_child_create(&p, 1, (NetnsPolicy) 7, &c, &step) == -EINVAL && c.index == 4242, "create with a bad policy: EINVAL");
         check(netns_pick_free(&p, 2, picked) == -ENOSPC && picked[0] == 9 && picked[1] == 9, "pick more than fit: ENOSPC, output untouched");
         check(netns_pick_free(&p, 0, picked) == -EINVAL && netns_pick_free(&p, NETNS_PICK_MAX + 1, picked) == -EINVAL, "pick 0 or too many: EINVAL");
