@@ -18,5 +18,5 @@ HOST_VM_TOOLS="qemu-system-x86_64:qemu-system-x86 debootstrap:debootstrap mke2fs
 HOST_VM_PACKAGES="systemd systemd-sysv libpam-systemd dbus polkitd python3 kmod udev iproute2 procps curl
                   linux-image-amd64 initramfs-tools zstd
                   meson ninja-build
-                  libsystemd0 libjson-c5 libzstd1 libssl3 libmnl0 libmicrohttpd12 libcmocka0 libarchive13
+                  libsystemd0 libjson-c5 libzstd1 libssl3 libmnl0 libnftables1 libmicrohttpd12 libcmocka0 libarchive13
                   libasan8 libubsan1 openssl"
