@@ -134,6 +134,8 @@ int snapshot_meta_validate(const struct snapshot_meta *m, const char **ret_error
                 e = "pause_us is longer than an hour";
         else if (m->owner_uid == UINT32_MAX)
                 e = "owner_uid is not a valid uid";
+        else if (m->agent_tcp && !m->network)
+                e = "agent_tcp without network";
 
         if (e) {
                 set_error(ret_error, e);
@@ -168,6 +170,8 @@ static const struct json_dispatch snapshot_meta_table[] = {
           JSON_FIELD_SIZE(struct snapshot_meta, branched_from), 0 },
         { "pause_us", JSON_KIND_UINT64, NULL, offsetof(struct snapshot_meta, pause_us), 0, 0 },
         { "owner_uid", JSON_KIND_UINT32, NULL, offsetof(struct snapshot_meta, owner_uid), 0, 0 },
+        { "network", JSON_KIND_BOOL, NULL, offsetof(struct snapshot_meta, network), 0, 0 },
+        { "agent_tcp", JSON_KIND_BOOL, NULL, offsetof(struct snapshot_meta, agent_tcp), 0, 0 },
         {}
 };
 
@@ -180,7 +184,7 @@ static const char *dispatch_error(const char *field, int r) {
                 MSG(format), MSG(tag), MSG(created_at_unix), MSG(mem_size), MSG(vcpus),
                 MSG(generation), MSG(memory_file), MSG(vmstate_file), MSG(disk_file),
                 MSG(disk_size), MSG(kernel), MSG(guest), MSG(parent_tag), MSG(parent_content_hash),
-                MSG(disk_layers), MSG(branched_from), MSG(pause_us), MSG(owner_uid),
+                MSG(disk_layers), MSG(branched_from), MSG(pause_us), MSG(owner_uid), MSG(network), MSG(agent_tcp),
 #undef MSG
         };
 
@@ -308,6 +312,11 @@ int snapshot_meta_format(const struct snapshot_meta *m, char **ret_json) {
              json_add(o, "pause_us", json_object_new_uint64(m->pause_us), false) < 0))
                 return -ENOMEM;
         if (m->owner_uid > 0 && json_add(o, "owner_uid", json_object_new_uint64(m->owner_uid), false) < 0)
+                return -ENOMEM;
+        /* Absent when false: snapshots without a NIC read as before, by older forkds too. */
+        if (m->network && json_add(o, "network", json_object_new_boolean(true), false) < 0)
+                return -ENOMEM;
+        if (m->agent_tcp && json_add(o, "agent_tcp", json_object_new_boolean(true), false) < 0)
                 return -ENOMEM;
 
         s = json_object_to_json_string_ext(o, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_SPACED |

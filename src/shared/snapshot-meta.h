@@ -31,6 +31,11 @@
  *                        written by forkd once the snapshot is in place; never
  *                        4294967295 ((uid_t) -1). Snapshots made before forkd
  *                        recorded owners have none: they belong to root
+ *   network              optional boolean (absent: false): the VM had a NIC
+ *                        (virtio-net) when it was snapshotted; written by forkd-vmm
+ *   agent_tcp            optional boolean (absent: false), only with network: the
+ *                        guest was booted with forkd.agent_tcp=1 and its agent
+ *                        answers on AGENT_TCP_PORT (agent-tcp.h); written by forkd
  *
  * A plain file name is 1..64 bytes, not "." or "..", without '/' and
  * without control characters.
@@ -71,6 +76,8 @@ struct snapshot_meta {
         char branched_from[SNAPSHOT_TAG_MAX + 1];          /* "": absent */
         uint64_t pause_us;                                 /* only with branched_from */
         uint32_t owner_uid;                                /* 0 (root) when absent */
+        bool network;                                      /* false when absent */
+        bool agent_tcp;                                    /* false when absent; needs network */
 };
 
 /* ^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$ */

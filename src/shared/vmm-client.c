@@ -157,10 +157,17 @@ int vmm_client_boot(const struct vmm_boot_args *a, struct vmm_proc *ret) {
                 argv[n++] = "--overlay-dir";
                 argv[n++] = a->overlay_dir;
         }
+        if (a->cmdline) {
+                argv[n++] = "--cmdline";
+                argv[n++] = a->cmdline;
+        }
+        if (a->with_net)
+                argv[n++] = "--net-tap-fd=5";
         add_confine_args(argv, &n);
         argv[n] = NULL;
 
-        r = spawn_with_fds((char *const *) argv, (int[]) { agent[1], ctl[1] }, 2, &pid);
+        r = spawn_with_fds((char *const *) argv, (int[]) { agent[1], ctl[1], a->net_tap_fd },
+                           a->with_net ? 3 : 2, &pid);
         if (r < 0)
                 goto fail;
         safe_close(agent[1]);
@@ -349,9 +356,15 @@ int vmm_client_template_start(const char *vmm_path, const char *snapshot_dir, co
         return 0;
 }
 
+size_t vmm_spawn_batch_size(bool with_control, bool with_cgroup, bool with_netns, bool with_tap) {
+        unsigned per = 1u + with_control + with_cgroup + with_netns + with_tap;
+
+        return MIN((size_t) SPAWN_BATCH, (size_t) (SPAWN_FDS_MAX / per));
+}
+
 static int send_batch(struct vmm_template *t, const char *const *ids, size_t n, const char *console_dir,
                       const char *cgroup_parent, const char *const *netns, const int *fds, unsigned n_fds,
-                      bool with_control) {
+                      bool with_control, bool with_tap) {
         struct json_object *req = json_object_new_object(), *arr = json_object_new_array(), *ns = NULL;
         char cbuf[CMSG_SPACE(sizeof(int) * SPAWN_FDS_MAX)] = {};
         struct iovec iov;
@@ -374,6 +387,8 @@ static int send_batch(struct vmm_template *t, const char *const *ids, size_t n, 
         json_object_object_add(req, "console_dir", console_dir ? json_object_new_string(console_dir) : NULL);
         json_object_object_add(req, "cgroup_parent", cgroup_parent ? json_object_new_string(cgroup_parent) : NULL);
         json_object_object_add(req, "netns", ns);
+        if (with_tap) /* only then: a template of before the NIC knows no with_tap */
+                json_object_object_add(req, "with_tap", json_object_new_boolean(true));
         s = json_object_to_json_string_ext(req, JSON_C_TO_STRING_PLAIN);
         iov = (struct iovec) { .iov_base = (void *) s, .iov_len = strlen(s) };
 
@@ -401,9 +416,9 @@ int vmm_client_template_spawn_with(struct vmm_template *t, const char *const *id
                                    const struct vmm_spawn_options *opts, int *agent_fds, int *control_fds, pid_t *pids,
                                    vmm_batch_sent_t on_batch, void *userdata) {
         bool with_control = control_fds != NULL;
-        /* At most 4 fds a child (agent, control, cgroup, netns), SCM_MAX_FD a message. */
-        unsigned per = 1 + with_control + !!opts->cgroup_parent + !!opts->netns;
-        size_t sent = 0, got = 0, batch = MIN((size_t) SPAWN_BATCH, (size_t) (SPAWN_FDS_MAX / per));
+        /* At most 5 fds a child (agent, control, cgroup, netns, tap), SCM_MAX_FD a message. */
+        size_t sent = 0, got = 0,
+               batch = vmm_spawn_batch_size(with_control, opts->cgroup_parent, opts->netns, opts->tap_fds);
         int r = 0;
 
         for (size_t i = 0; i < n; i++) {
@@ -467,10 +482,19 @@ int vmm_client_template_spawn_with(struct vmm_template *t, const char *const *id
                                 }
                                 n_fds++;
                         }
+                        if (opts->tap_fds) {
+                                /* A copy, closed with the batch: the caller keeps its own. */
+                                fds[n_fds] = fcntl(opts->tap_fds[sent + i], F_DUPFD_CLOEXEC, 3);
+                                if (fds[n_fds] < 0) {
+                                        r = -errno;
+                                        goto close_batch;
+                                }
+                                n_fds++;
+                        }
                 }
                 r = send_batch(t, ids + sent, k, opts->console_dir, opts->cgroup_parent,
                                opts->netns ? opts->netns + sent : NULL,
-                               fds, n_fds, with_control);
+                               fds, n_fds, with_control, opts->tap_fds);
         close_batch:
                 for (unsigned i = 0; i < n_fds; i++)
                         safe_close(fds[i]);

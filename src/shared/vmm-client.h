@@ -24,6 +24,10 @@ struct vmm_proc {
  * sparse, so a snapshot stores only the pages the guest wrote. */
 #define VMM_MEM_MIB_DEFAULT 256u
 
+/* A Linux guest's kernel command line when the caller names none (forkd-vmm
+ * boot without --cmdline). */
+#define VMM_LINUX_CMDLINE_DEFAULT "console=ttyS0 reboot=k panic=-1 root=/dev/vda rw quiet"
+
 struct vmm_boot_args {
         const char *vmm_path;    /* forkd-vmm binary */
         const char *kernel;
@@ -32,6 +36,11 @@ struct vmm_boot_args {
         const char *id;
         const char *console_log; /* may be NULL */
         const char *overlay_dir; /* may be NULL */
+        const char *cmdline;     /* a Linux guest's kernel command line; NULL: the default */
+        /* with_net: a NIC on net_tap_fd (forkd-vmm boot --net-tap-fd), which
+         * stays the caller's (the VMM gets a copy). */
+        bool with_net;
+        int net_tap_fd;
 };
 
 /* The default identity of a confined VMM (forkd --vmm-user): 65533, from the
@@ -107,7 +116,16 @@ struct vmm_spawn_options {
          * restores anything; the caller opens it and sends the fd. Names must pass the template's check (1 to 64 of
          * [A-Za-z0-9_.-], no leading '.', no ".."); a bad one fails the spawn. */
         const char *const *netns;
+        /* NULL, or one tap fd per id (a snapshot with a NIC needs them, one
+         * without refuses them; forkd-vmm(8), NETWORK): sent after the netns
+         * fd, "with_tap":true. They stay the caller's, to close once the call
+         * returned. */
+        const int *tap_fds;
 };
+
+/* How many children one spawn request carries, given which fds go along per
+ * child: at most 100, and at most SCM_MAX_FD (253) fds a message. */
+size_t vmm_spawn_batch_size(bool with_control, bool with_cgroup, bool with_netns, bool with_tap);
 int vmm_client_template_spawn_with(struct vmm_template *t, const char *const *ids, size_t n,
                                    const struct vmm_spawn_options *o, int *agent_fds, int *control_fds, pid_t *pids,
                                    vmm_batch_sent_t on_batch, void *userdata);

@@ -5,6 +5,7 @@
  * guest image (boot) or from a parsed snapshot (restore). */
 
 #include "bootinfo.h"
+#include "vmm-client.h"
 #include "snapshot.h"
 #include "vmm.h"
 
@@ -36,7 +37,7 @@ struct machine_config {
         const struct machine_net *net;
 };
 
-#define MACHINE_LINUX_CMDLINE "console=ttyS0 reboot=k panic=-1 root=/dev/vda rw quiet"
+#define MACHINE_LINUX_CMDLINE VMM_LINUX_CMDLINE_DEFAULT
 
 
 /* Boot a fresh VM from a guest image (the ELF test guest, or a Linux bzImage

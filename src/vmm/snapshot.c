@@ -261,6 +261,8 @@ int snapshot_write_collected(struct vmm *vmm, const char *dir, const char *tag, 
                 if (r < 0)
                         goto fail;
                 snprintf(meta.parent_tag, sizeof(meta.parent_tag), "%s", diff->tag);
+                /* The guest's agent keeps the TCP port its parent was booted with. */
+                meta.agent_tcp = pm.agent_tcp && vmm->net;
                 r = chain_write_memory_diff(dfd, vmm);
         } else
                 r = write_memory(dfd, vmm);
@@ -312,6 +314,7 @@ int snapshot_write_collected(struct vmm *vmm, const char *dir, const char *tag, 
         meta.disk_size = (uint64_t) st.st_size;
         snprintf(meta.kernel, sizeof(meta.kernel), "%s", kernel ?: "");
         snprintf(meta.guest, sizeof(meta.guest), "%s", vmm->guest_kind[0] ? vmm->guest_kind : "test");
+        meta.network = vmm->net != NULL; /* restoring it needs a tap (forkd-vmm(8), NETWORK) */
         r = snapshot_meta_format(&meta, &json);
         if (r < 0)
                 goto fail;

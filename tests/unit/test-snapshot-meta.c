@@ -796,6 +796,67 @@ static void test_meta_owner_uid(void **state) {
         }
 }
 
+/* network and agent_tcp: optional booleans, absent means false and false
+ * formats as absent (old snapshots read and write as before); agent_tcp
+ * only with network. */
+static void test_meta_network(void **state) {
+        static const char *const bad[] = {
+                "\"network\": 1", "\"network\": \"true\"", "\"network\": null",
+                "\"agent_tcp\": true", "\"network\": false, \"agent_tcp\": true",
+        };
+        struct snapshot_meta m, m2;
+        const char *error = NULL;
+        char *json, *out = NULL;
+
+        json = meta_json_with(NULL, NULL, "\"network\": true, \"agent_tcp\": true");
+        assert_int_equal(meta_parse(json, &m, &error), 0);
+        assert_true(m.network);
+        assert_true(m.agent_tcp);
+        free(json);
+        assert_int_equal(snapshot_meta_format(&m, &out), 0);
+        assert_non_null(strstr(out, "\"network\": true"));
+        assert_non_null(strstr(out, "\"agent_tcp\": true"));
+        assert_int_equal(snapshot_meta_parse(out, strlen(out), &m2, NULL), 0);
+        assert_memory_equal(&m, &m2, sizeof(m));
+        free(out);
+        out = NULL;
+
+        json = meta_json_with(NULL, NULL, NULL);
+        assert_int_equal(meta_parse(json, &m, NULL), 0);
+        assert_false(m.network);
+        assert_false(m.agent_tcp);
+        free(json);
+        assert_int_equal(snapshot_meta_format(&m, &out), 0);
+        assert_null(strstr(out, "network"));
+        assert_null(strstr(out, "agent_tcp"));
+        free(out);
+        out = NULL;
+
+        json = meta_json_with(NULL, NULL, "\"network\": false");
+        assert_int_equal(meta_parse(json, &m, NULL), 0);
+        assert_false(m.network);
+        free(json);
+
+        /* the output parameter stays untouched on failure */
+        m.agent_tcp = true;
+        m.network = false;
+        m2 = m;
+        assert_int_equal(snapshot_meta_format(&m, &out), -EINVAL);
+        assert_null(out);
+
+        for (size_t i = 0; i < ELEMENTSOF(bad); i++) {
+                json = meta_json_with(NULL, NULL, bad[i]);
+                error = NULL;
+                memset(&m, 0x5a, sizeof(m));
+                if (meta_parse(json, &m, &error) >= 0)
+                        fail_msg("accepted %s", bad[i]);
+                assert_non_null(error);
+                for (size_t k = 0; k < sizeof(m); k++)
+                        assert_int_equal(((unsigned char *) &m)[k], 0x5a);
+                free(json);
+        }
+}
+
 static void test_meta_keys(void **state) {
         struct snapshot_meta m;
         const char *error;
@@ -976,6 +1037,7 @@ int main(void) {
                 cmocka_unit_test(test_meta_disk_layers),
                 cmocka_unit_test(test_meta_branched_from),
                 cmocka_unit_test(test_meta_owner_uid),
+                cmocka_unit_test(test_meta_network),
                 cmocka_unit_test(test_tag_is_valid),
                 cmocka_unit_test(test_meta_format_refuses_invalid),
                 cmocka_unit_test(test_meta_read_file),
