@@ -49,7 +49,9 @@ int manager_new(Manager **ret) {
         m->max_operations = OPERATIONS_MAX_DEFAULT;
         m->max_branches = BRANCHES_MAX_DEFAULT;
         m->control_timeout_usec = CONTROL_TIMEOUT_DEFAULT_SEC * 1000000ull;
-        r = hashmap_new(&m->images);
+        r = netns_prefix_parse(NETNS_DEFAULT_PREFIX, &m->netns_prefix);
+        if (r >= 0)
+                r = hashmap_new(&m->images);
         if (r >= 0)
                 r = hashmap_new(&m->creating);
         if (r >= 0)
@@ -228,6 +230,18 @@ int manager_startup(Manager *m) {
         r = confine_setup(m);
         if (r < 0)
                 return r;
+
+        /* The namespaces forkd marked as its own, and fkd* veths: whoever made
+         * them is gone (one daemon per host makes them). Before the records,
+         * whose namespaces this removes already (their removal below then finds
+         * nothing, which is fine). Only root can have made any. */
+        if (geteuid() == 0) {
+                r = netns_cleanup_leftovers();
+                if (r < 0)
+                        log_warning_errno(r, "Failed to remove the network namespaces of a previous forkd: %m");
+                else if (r > 0)
+                        log_info("Removed %d network namespace(s) a previous forkd left.", r);
+        }
 
         /* What a killed predecessor left: its VMMs died with it (PR_SET_PDEATHSIG),
          * so its sandboxes are gone; their records and cgroups go now. */

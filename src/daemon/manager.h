@@ -13,6 +13,7 @@
 
 #include "forkd-bus.h"
 #include "hashmap.h"
+#include "netns.h"
 
 
 /* Limits on what callers control */
@@ -83,6 +84,10 @@ struct Manager {
 
         CGroupManager *cgroups;
         struct polkit_registry *polkit_registry;
+
+        /* Per-child network namespaces (netns.c): the /30s of the children of
+         * snapshots with a NIC come from here (NETNS_DEFAULT_PREFIX). */
+        NetnsPrefix netns_prefix;
 
         /* Direct (peer-to-peer) D-Bus connections from root, without the bus
          * daemon in between: state_dir/bus.sock (manager-dbus.c). */

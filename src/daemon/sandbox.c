@@ -6,6 +6,7 @@
 #include <json-c/json.h>
 
 #include "agent-proto.h"
+#include "agent-tcp.h"
 #include "branch.h"
 #include "cgroup.h"
 #include "fork-op.h"
@@ -16,6 +17,7 @@
 #include "sandbox.h"
 #include "snapshot-meta.h"
 #include "vm-template.h"
+#include "worker.h"
 
 #define RECORD_MAX 4096u
 
@@ -82,12 +84,16 @@ int sandbox_new(Manager *m, const struct sandbox_params *p, int agent_fd, Sandbo
         s->vm_id = strdup(p->vm_id ?: p->id);
         s->snapshot_tag = strdup(p->snapshot_tag);
         s->netns = p->netns ? strdup(p->netns) : NULL;
-        if (!s->id || !s->vm_id || !s->snapshot_tag || (p->netns && !s->netns) ||
-            asprintf(&s->guest_addr, "agent:%s", p->id) < 0) {
-                s->guest_addr = NULL;
+        s->host_addr = p->host_addr ? strdup(p->host_addr) : NULL;
+        s->inside_addr = p->inside_addr ? strdup(p->inside_addr) : NULL;
+        if (!s->id || !s->vm_id || !s->snapshot_tag || (p->netns && !s->netns) || (p->host_addr && !s->host_addr) ||
+            (p->inside_addr && !s->inside_addr) ||
+            sandbox_guest_addr(p->id, p->inside_addr, p->agent_tcp, &s->guest_addr) < 0) {
                 r = -ENOMEM;
                 goto fail;
         }
+        if (p->netns_owned && netns_child_index_from_name(p->netns, &s->netns_index) >= 0)
+                s->netns_owned = true;
         r = fka_client_new(agent_fd, AGENT_CALLS_MAX, &s->client);
         if (r < 0)
                 goto fail;
@@ -111,9 +117,65 @@ fail:
         free(s->vm_id);
         free(s->snapshot_tag);
         free(s->netns);
+        free(s->host_addr);
+        free(s->inside_addr);
         free(s->guest_addr);
         free(s);
         return r;
+}
+
+int sandbox_guest_addr(const char *id, const char *inside_addr, bool agent_tcp, char **ret) {
+        char *a;
+
+        if (agent_tcp && inside_addr) {
+                if (asprintf(&a, "%s:%u", inside_addr, (unsigned) AGENT_TCP_PORT) < 0)
+                        return -ENOMEM;
+        } else if (asprintf(&a, "agent:%s", id) < 0)
+                return -ENOMEM;
+        *ret = a;
+        return 0;
+}
+
+/* ---- its network namespace ---- */
+
+struct netns_gone {
+        char name[NETNS_NAME_MAX];
+        unsigned index;
+};
+
+static int netns_gone_work(void *userdata) {
+        struct netns_gone *g = userdata;
+
+        return netns_child_destroy(g->name);
+}
+
+static void netns_gone_done(int r, void *userdata) {
+        struct netns_gone *g = userdata;
+
+        if (r < 0)
+                log_warning_errno(r, "Failed to remove the network namespace %s: %m", g->name);
+        netns_release(g->index);
+        free(g);
+}
+
+/* Removes a namespace forkd made, off the event loop (it is netlink work)
+ * unless the daemon stops: then here, before it exits. */
+void sandbox_netns_destroy(Manager *m, const char *name, unsigned index) {
+        struct netns_gone *g;
+        int r;
+
+        g = m->freeing || !m->workers ? NULL : calloc(1, sizeof(*g));
+        if (g) {
+                snprintf(g->name, sizeof(g->name), "%s", name);
+                g->index = index;
+                if (worker_pool_submit(m->workers, netns_gone_work, netns_gone_done, g) >= 0)
+                        return;
+                free(g);
+        }
+        r = netns_child_destroy(name);
+        if (r < 0)
+                log_warning_errno(r, "Failed to remove the network namespace %s: %m", name);
+        netns_release(index);
 }
 
 Sandbox *sandbox_free(Sandbox *s) {
@@ -163,11 +225,18 @@ Sandbox *sandbox_free(Sandbox *s) {
         s->control_fd = safe_close(s->control_fd);
         fka_client_free(s->client);
         safe_close(s->agent_fd);
+        /* Its VMM is gone or going (its tap keeps the namespace alive until then):
+         * the namespace goes, also when forkd stops (the record stays for the
+         * next start, which finds nothing left to remove). */
+        if (s->netns_owned)
+                sandbox_netns_destroy(m, s->netns, s->netns_index);
 
         free(s->id);
         free(s->vm_id);
         free(s->snapshot_tag);
         free(s->netns);
+        free(s->host_addr);
+        free(s->inside_addr);
         free(s->guest_addr);
         free(s);
         return NULL;
@@ -370,6 +439,7 @@ int sandbox_merge(Sandbox *p, Sandbox *w, char **ret_old_id) {
                 .id = p->id, .vm_id = w->vm_id, .snapshot_tag = w->snapshot_tag, .created_at = w->created_at,
                 .memory_limit_mib = w->memory_limit_mib, .has_cgroup = w->has_cgroup, .live_fork = w->live_fork,
                 .owner_uid = p->owner_uid, /* the id keeps its owner */
+                .netns = w->netns, .netns_owned = w->netns_owned,
         };
         char *old_id;
         int r;
@@ -379,10 +449,12 @@ int sandbox_merge(Sandbox *p, Sandbox *w, char **ret_old_id) {
         id = strdup(p->id);
         if (!id)
                 return -ENOMEM;
-        if (asprintf(&addr, "agent:%s", p->id) < 0) {
+        if (strncmp(w->guest_addr, "agent:", 6) != 0)
+                addr = strdup(w->guest_addr); /* its own TCP address: the VM stays */
+        else if (asprintf(&addr, "agent:%s", p->id) < 0)
                 addr = NULL;
+        if (!addr)
                 return -ENOMEM;
-        }
         if (asprintf(&name, "%s.json", w->vm_id) < 0) {
                 name = NULL;
                 return -ENOMEM;
@@ -442,6 +514,9 @@ int sandbox_record_format(const struct sandbox_params *p, char **ret) {
             json_object_object_add(o, "owner_uid", json_object_new_int64((int64_t) p->owner_uid)) < 0 ||
             json_object_object_add(o, "cgroup", json_object_new_boolean(p->has_cgroup)) < 0)
                 return -ENOMEM;
+        /* Only a namespace forkd made: the next start removes it. */
+        if (p->netns_owned && p->netns && json_object_object_add(o, "netns", json_object_new_string(p->netns)) < 0)
+                return -ENOMEM;
         s = strdup(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN));
         if (!s)
                 return -ENOMEM;
@@ -457,6 +532,7 @@ struct record {
         uint32_t memory_limit_mib;
         uint32_t owner_uid; /* absent (a record of an older forkd): root */
         bool cgroup;
+        char netns[NETNS_NAME_MAX]; /* "": none of forkd's */
 };
 
 static const struct json_dispatch record_table[] = {
@@ -468,6 +544,7 @@ static const struct json_dispatch record_table[] = {
         { "memory_limit_mib", JSON_KIND_UINT32, NULL, offsetof(struct record, memory_limit_mib), 0, 0 },
         { "owner_uid", JSON_KIND_UINT32, NULL, offsetof(struct record, owner_uid), 0, 0 },
         { "cgroup", JSON_KIND_BOOL, NULL, offsetof(struct record, cgroup), 0, JSON_MANDATORY },
+        { "netns", JSON_KIND_STRING, NULL, offsetof(struct record, netns), JSON_FIELD_SIZE(struct record, netns), 0 },
         {},
 };
 
@@ -491,6 +568,8 @@ static int cleanup_record(Manager *m, const char *name) {
         if (r >= 0 && (!snapshot_tag_is_valid(rec.id) || !snapshot_tag_is_valid(rec.vm_id) ||
                        strlen(rec.vm_id) + 5 != strlen(name) || strncmp(rec.vm_id, name, strlen(rec.vm_id)) != 0))
                 r = -EINVAL;
+        if (r >= 0 && rec.netns[0] && netns_child_index_from_name(rec.netns, &(unsigned) { 0 }) < 0)
+                r = -EINVAL, field = "netns";
         if (r < 0)
                 log_warning_errno(r, "Ignoring broken sandbox record %s%s%s: %m", path, field ? ", field " : "",
                                   field ?: "");
@@ -504,6 +583,13 @@ static int cleanup_record(Manager *m, const char *name) {
                         int k = cgroup_remove(m->cgroups, rec.vm_id);
                         if (k < 0 && k != -EOPNOTSUPP)
                                 log_warning_errno(k, "Failed to remove the cgroup of %s: %m", rec.vm_id);
+                }
+                if (rec.netns[0]) {
+                        /* netns_cleanup_leftovers() ran first: usually nothing is left. */
+                        int k = netns_child_destroy(rec.netns);
+                        if (k < 0)
+                                log_warning_errno(k, "Failed to remove the network namespace %s of %s: %m",
+                                                  rec.netns, rec.vm_id);
                 }
                 /* The record stays until its SandboxRemoved is on the bus
                  * (manager_announce_restart()): a forkd killed again before that

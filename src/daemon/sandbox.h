@@ -31,6 +31,12 @@ struct Sandbox {
         char *vm_id;
         char *snapshot_tag;
         char *netns;          /* NULL: none */
+        /* A namespace forkd made for it (netns.c; the snapshot has a NIC):
+         * removed when the sandbox goes. */
+        bool netns_owned;
+        unsigned netns_index; /* its index, reserved by netns_pick_free() */
+        char *host_addr;      /* the host end of its veth; NULL: no NIC */
+        char *inside_addr;    /* the address the host dials to reach its guest */
         char *guest_addr;
         uint32_t pid;
         uint64_t created_at;  /* unix seconds */
@@ -75,6 +81,9 @@ struct Sandbox {
 
 struct sandbox_params {
         const char *id, *snapshot_tag, *netns;
+        bool netns_owned;     /* netns is forkd's (forkd-child-<i>), removed at the end */
+        const char *host_addr, *inside_addr; /* with netns_owned */
+        bool agent_tcp;       /* guest_addr is inside_addr:AGENT_TCP_PORT */
         const char *vm_id;    /* NULL: id */
         uint32_t pid;
         uint64_t created_at;
@@ -114,5 +123,13 @@ int sandbox_object_path(const char *id, char **ret);
 
 /* The record state_dir/sandboxes/<id>.json (for the next start's cleanup). */
 int sandbox_record_format(const struct sandbox_params *p, char **ret);
+/* The guest_addr of a sandbox: "<inside_addr>:<AGENT_TCP_PORT>" for a
+ * snapshot made with agent_tcp, else "agent:<id>". */
+int sandbox_guest_addr(const char *id, const char *inside_addr, bool agent_tcp, char **ret);
+
+/* Remove a namespace forkd made (netns_child_destroy(), in a worker unless
+ * the daemon stops) and release its index. */
+void sandbox_netns_destroy(Manager *m, const char *name, unsigned index);
+
 /* At start: remove what the records of a previous daemon name. */
 int sandbox_cleanup_records(Manager *m);
