@@ -1,4 +1,5 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <sys/random.h>
@@ -18,6 +19,9 @@
 
 #define PING_TIMEOUT_USEC (60 * 1000000ull)
 #define SPAWN_EVENTS_MAX 8192u
+/* Threads that make a fork's network namespaces side by side (each is mostly
+ * waiting for the kernel: ~40 ms of netlink and nftables work). */
+#define NETNS_THREADS_MAX 4u
 
 static int fork_run(ForkOp *f);
 
@@ -74,6 +78,16 @@ ForkOp *fork_op_free(ForkOp *f) {
         if (f->control_fds)
                 for (unsigned i = 0; i < f->n; i++)
                         safe_close(f->control_fds[i]);
+        for (unsigned i = 0; i < f->n_net_picked; i++) {
+                netns_child_done(&f->net[i]);
+                if (f->net_made[i])
+                        sandbox_netns_destroy(f->manager, f->net[i].name, f->net_index[i]);
+                else if (f->net_index[i] > 0)
+                        netns_release(f->net_index[i]);
+        }
+        free(f->net);
+        free(f->net_made);
+        free(f->net_index);
         free(f->agent_fds);
         free(f->control_fds);
         free(f->pids);
@@ -107,6 +121,12 @@ static void cleanup_unowned(ForkOp *f) {
                 if (f->has_cgroup[i]) {
                         (void) cgroup_remove(m->cgroups, f->ids[i]);
                         f->has_cgroup[i] = false;
+                }
+                if (i < f->n_net_picked && f->net_made[i]) {
+                        netns_child_done(&f->net[i]);
+                        sandbox_netns_destroy(m, f->net[i].name, f->net_index[i]);
+                        f->net_made[i] = false;
+                        f->net_index[i] = 0;
                 }
         }
 }
@@ -249,10 +269,102 @@ static int fork_work_error(ForkOp *f, int r, const char *what) {
         return r;
 }
 
+struct netns_job {
+        ForkOp *op;
+        pthread_mutex_t lock;
+        unsigned next;      /* the next child to make */
+        int error;          /* the first failure */
+        unsigned failed_child;
+        const char *failed_step;
+};
+
+static void *netns_thread(void *userdata) {
+        struct netns_job *j = userdata;
+        ForkOp *f = j->op;
+
+        for (;;) {
+                const char *step = NULL;
+                unsigned i;
+                int r;
+
+                pthread_mutex_lock(&j->lock);
+                i = j->error < 0 ? f->n : j->next++;
+                pthread_mutex_unlock(&j->lock);
+                if (i >= f->n)
+                        return NULL;
+                r = netns_child_create(&f->net_prefix, f->net_index[i], f->opts.net_policy, &f->net[i], &step);
+                if (r >= 0) {
+                        f->netns[i] = strdup(f->net[i].name);
+                        f->net_made[i] = true; /* the name is in f->net[i] whatever happens to strdup() */
+                        if (!f->netns[i])
+                                r = -ENOMEM;
+                }
+                if (r < 0) {
+                        pthread_mutex_lock(&j->lock);
+                        if (j->error == 0) {
+                                j->error = r;
+                                j->failed_child = i;
+                                j->failed_step = step;
+                        }
+                        pthread_mutex_unlock(&j->lock);
+                }
+        }
+}
+
+/* opts.net: a namespace per child, NETNS_THREADS_MAX at a time. On failure
+ * what was made stays in f->net (net_made[]) for cleanup_unowned(). */
+static int fork_make_namespaces(ForkOp *f) {
+        struct netns_job j = { .op = f, .lock = PTHREAD_MUTEX_INITIALIZER };
+        pthread_t threads[NETNS_THREADS_MAX];
+        unsigned n_threads = 0, want = MIN(f->n, NETNS_THREADS_MAX);
+        uint64_t start = now_usec();
+        int r;
+
+        r = netns_pick_free(&f->net_prefix, f->n, f->net_index);
+        if (r < 0) {
+                free(f->error);
+                if (asprintf(&f->error, "No free network namespace index for %u children in %s (%s)", f->n,
+                             NETNS_DEFAULT_PREFIX, strerror(-r)) < 0)
+                        f->error = NULL;
+                return r;
+        }
+        f->n_net_picked = f->n;
+        for (; n_threads < want; n_threads++)
+                if (pthread_create(&threads[n_threads], NULL, netns_thread, &j) != 0)
+                        break;
+        if (n_threads == 0)
+                (void) netns_thread(&j); /* no thread to spare: this one does it all */
+        for (unsigned k = 0; k < n_threads; k++)
+                (void) pthread_join(threads[k], NULL);
+        if (j.error < 0) {
+                free(f->error);
+                if (asprintf(&f->error, "Failed to create the network namespace of %s (%s%s%s)",
+                             f->ids[j.failed_child], j.failed_step ?: "", j.failed_step ? ": " : "",
+                             strerror(-j.error)) < 0)
+                        f->error = NULL;
+                return j.error;
+        }
+        log_info("Made %u network namespace(s) with %u thread(s) in %" PRIu64 " ms.", f->n, MAX(n_threads, 1u),
+                 (now_usec() - start) / 1000);
+        return 0;
+}
+
 static int fork_work(void *userdata) {
         ForkOp *f = userdata;
         VmTemplate *t = f->template;
+        _cleanup_free_ int *taps = NULL;
         int r;
+
+        if (f->opts.net) {
+                r = fork_make_namespaces(f);
+                if (r < 0)
+                        return r;
+                taps = calloc(f->n, sizeof(int));
+                if (!taps)
+                        return fork_work_error(f, -ENOMEM, "Failed to hand over the taps");
+                for (unsigned i = 0; i < f->n; i++)
+                        taps[i] = f->net[i].tap_fd;
+        }
 
         /* Records first: if the daemon dies from here on, the next start knows what to clean. */
         for (unsigned i = 0; i < f->n; i++) {
@@ -260,6 +372,7 @@ static int fork_work(void *userdata) {
                         .id = f->ids[i], .snapshot_tag = t->tag, .created_at = f->created_at,
                         .memory_limit_mib = f->opts.memory_limit_mib, .has_cgroup = f->has_cgroup[i],
                         .live_fork = f->opts.live_fork, .owner_uid = f->opts.owner_uid,
+                        .netns = f->opts.net ? f->netns[i] : NULL, .netns_owned = f->opts.net,
                 };
                 _cleanup_free_ char *json = NULL, *name = NULL;
 
@@ -306,6 +419,7 @@ static int fork_work(void *userdata) {
                 struct vmm_spawn_options so = {
                         .cgroup_parent = parent,
                         .netns = f->netns ? (const char *const *) f->netns + start : NULL,
+                        .tap_fds = taps ? taps + start : NULL,
                 };
 
                 while (end < f->n && ((!parent && !f->cgroup_parents[end]) ||
@@ -322,6 +436,9 @@ static int fork_work(void *userdata) {
         }
         t->vt.on_event = NULL;
         t->vt.event_userdata = NULL;
+        /* The children have their taps (or never will): forkd's copies go. */
+        for (unsigned i = 0; i < f->n_net_picked; i++)
+                netns_child_done(&f->net[i]);
         if (r < 0)
                 return fork_work_error(f, r, "The template failed to spawn children");
         return 0;
@@ -340,6 +457,10 @@ static void fork_work_done(int r, void *userdata) {
                                 .created_at = f->created_at, .memory_limit_mib = f->opts.memory_limit_mib,
                                 .has_cgroup = f->has_cgroup[i], .live_fork = f->opts.live_fork,
                                 .owner_uid = f->opts.owner_uid,
+                                .netns_owned = f->opts.net,
+                                .host_addr = f->opts.net ? f->net[i].host_addr : NULL,
+                                .inside_addr = f->opts.net ? f->net[i].inside_addr : NULL,
+                                .agent_tcp = f->opts.agent_tcp,
                         };
                         Sandbox *s;
                         int k;
@@ -356,8 +477,12 @@ static void fork_work_done(int r, void *userdata) {
                                 (void) kill(f->pids[i], SIGKILL);
                                 continue;
                         }
-                        /* Owned by the sandbox now. */
+                        /* Owned by the sandbox now, its namespace included. */
                         s->control_fd = TAKE_FD(f->control_fds[i]);
+                        if (f->opts.net) {
+                                f->net_made[i] = false;
+                                f->net_index[i] = 0;
+                        }
                         f->has_cgroup[i] = false;
                         s->fork_op = f;
                         vm_template_add_sandbox(t, s);
@@ -500,6 +625,30 @@ static void on_cgroup_ready(int r, const char *id, const char *parent, void *use
 static int fork_op_start_full(Manager *m, Image *i, VmTemplate *t, unsigned n, const struct fork_options *o,
                               fork_done_t done, void *userdata, ForkOp **ret);
 
+int fork_options_resolve_network(struct fork_options *o, bool has_nic, bool agent_tcp, const char **ret_why) {
+        if (!has_nic) {
+                if (o->net_policy_given) {
+                        *ret_why = "the snapshot has no NIC, so a network policy has nothing to apply to: "
+                                   "create the snapshot with network (option network, REST \"network\": true) "
+                                   "or leave network out";
+                        return -EINVAL;
+                }
+                o->net = o->agent_tcp = false;
+                return 0;
+        }
+        if (o->per_child_netns) {
+                *ret_why = "the snapshot has a NIC: forkd makes each child's namespace itself, with its tap, "
+                           "while per_child_netns's pre-made namespaces hold no tap for it; leave "
+                           "per_child_netns out and choose the policy with network (none or egress)";
+                return -EINVAL;
+        }
+        if (!o->net_policy_given)
+                o->net_policy = NETNS_POLICY_NONE; /* the default: nothing leaves */
+        o->net = true;
+        o->agent_tcp = agent_tcp;
+        return 0;
+}
+
 int fork_op_start(Manager *m, Image *i, unsigned n, const struct fork_options *o, fork_done_t done, void *userdata,
                   ForkOp **ret) {
         return fork_op_start_full(m, i, NULL, n, o, done, userdata, ret);
@@ -575,10 +724,23 @@ static int fork_op_start_full(Manager *m, Image *i, VmTemplate *t, unsigned n, c
                         r = -ENOMEM;
                         goto fail;
                 }
+        if (o->net) {
+                f->net_prefix = m->netns_prefix;
+                f->netns = calloc(n, sizeof(char *));
+                f->net = calloc(n, sizeof(NetnsChild));
+                f->net_made = calloc(n, sizeof(bool));
+                f->net_index = calloc(n, sizeof(unsigned));
+                if (!f->netns || !f->net || !f->net_made || !f->net_index) {
+                        r = -ENOMEM;
+                        goto fail;
+                }
+                for (unsigned k = 0; k < n; k++)
+                        f->net[k].tap_fd = -EBADF;
+        }
         /* per_child_netns: the i-th child of this call (from 1, as the ids count from
          * 0000) goes into the pre-provisioned namespace forkd-child-<i>, whose
          * existence the caller checked. */
-        if (o->per_child_netns) {
+        if (o->per_child_netns && !o->net) {
                 f->netns = calloc(n, sizeof(char *));
                 if (!f->netns) {
                         r = -ENOMEM;

@@ -16,13 +16,25 @@
 #include <sys/types.h>
 
 #include "manager.h"
+#include "netns.h"
 
 struct fork_options {
         bool per_child_netns;
+        /* The snapshot has a NIC: every child gets a namespace of its own,
+         * made by forkd with this policy, and its tap (netns.c). */
+        bool net;
+        NetnsPolicy net_policy;
+        bool net_policy_given;     /* the caller named one (refused for a snapshot without NIC) */
+        bool agent_tcp;            /* guest_addr: inside address and AGENT_TCP_PORT */
         uint32_t memory_limit_mib; /* 0: none */
         bool live_fork;
         uid_t owner_uid;           /* the caller: owner of every child */
 };
+
+/* The network part of a fork of a snapshot with (has_nic) or without a NIC:
+ * fills o->net and o->agent_tcp, or returns -EINVAL with *ret_why saying what
+ * to change (a policy for a snapshot without NIC; per_child_netns with one). */
+int fork_options_resolve_network(struct fork_options *o, bool has_nic, bool agent_tcp, const char **ret_why);
 
 /* r >= 0: every child answered; the sandboxes are f->ids[0..n) in the
  * manager, running and announced. r < 0: error_name/error_message say why. */
@@ -42,7 +54,14 @@ struct ForkOp {
         uint64_t created_at;
         char **ids;
         char **cgroup_parents;     /* per child; NULL: none */
-        char **netns;              /* per child (per_child_netns); NULL: none */
+        char **netns;              /* per child (per_child_netns, net); NULL: none */
+        /* opts.net: per child, what netns_child_create() made (tap_fd -1 once
+         * sent), whether it made it, and the index it reserved. */
+        NetnsChild *net;
+        bool *net_made;
+        unsigned *net_index;
+        unsigned n_net_picked;     /* indices reserved: net_index[0..n) */
+        NetnsPrefix net_prefix;
         bool *has_cgroup;
         unsigned n_cgroups_pending;
         int cgroup_error;

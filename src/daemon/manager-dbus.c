@@ -499,10 +499,12 @@ static int parse_fork_options(sd_bus_message *message, struct fork_options *o, s
                         type = "b";
                 else if (strcmp(key, "memory_limit_mib") == 0)
                         type = "u";
+                else if (strcmp(key, "network") == 0)
+                        type = "s";
                 else
                         return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
                                                  "Unknown fork option \"%.64s\" (known: per_child_netns, "
-                                                 "memory_limit_mib, live_fork).", key);
+                                                 "memory_limit_mib, live_fork, network).", key);
                 r = sd_bus_message_enter_container(message, 'v', type);
                 if (r < 0)
                         return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "Fork option %s must be of type %s.",
@@ -516,6 +518,18 @@ static int parse_fork_options(sd_bus_message *message, struct fork_options *o, s
                                 o->per_child_netns = b;
                         else
                                 o->live_fork = b;
+                } else if (type[0] == 's') {
+                        const char *policy;
+
+                        r = sd_bus_message_read(message, "s", &policy);
+                        if (r < 0)
+                                return r;
+                        o->net_policy = netns_policy_from_string(policy);
+                        if (o->net_policy < 0)
+                                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
+                                                         "network must be \"none\" or \"egress\", not \"%.64s\".",
+                                                         policy);
+                        o->net_policy_given = true;
                 } else {
                         r = sd_bus_message_read(message, "u", &o->memory_limit_mib);
                         if (r < 0)
@@ -563,7 +577,7 @@ static void fork_done(ForkOp *f, int r, const char *error_name, const char *erro
 static int method_fork(sd_bus_message *message, void *userdata, sd_bus_error *error) {
         struct fork_options opts = {};
         Manager *m = userdata;
-        const char *tag;
+        const char *tag, *why = NULL;
         Operation *o = NULL;
         uint32_t n;
         Image *i = NULL;
@@ -608,6 +622,9 @@ static int method_fork(sd_bus_message *message, void *userdata, sd_bus_error *er
         r = chain_check_restorable(m, i, error);
         if (r < 0)
                 return r;
+        r = fork_options_resolve_network(&opts, i->meta.network, i->meta.agent_tcp, &why);
+        if (r < 0)
+                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "Cannot fork %s: %s.", tag, why);
 
         r = bus_verify_polkit_async(message, "org.forkd.fork",
                                     (const char *[]) { "snapshot", tag, "verb", "fork", NULL }, &m->polkit_registry,
@@ -636,7 +653,8 @@ static int method_fork(sd_bus_message *message, void *userdata, sd_bus_error *er
                         return sd_bus_error_setf(error, FORKD_ERROR_NOT_SUPPORTED, "Memory limits are not available.");
                 return sd_bus_error_set_errnof(error, r, "Failed to start the fork: %m");
         }
-        log_info("Forking %u sandbox(es) of %s.", n, tag);
+        log_info("Forking %u sandbox(es) of %s%s%s.", n, tag, opts.net ? ", network " : "",
+                 opts.net ? netns_policy_to_string(opts.net_policy) : "");
         return 1;
 }
 

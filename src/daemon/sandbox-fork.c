@@ -24,6 +24,9 @@ typedef struct SandboxFork {
         unsigned n;
         uint32_t memory_limit_mib;
         bool source_has_cgroup;
+        /* The source has a NIC (a namespace forkd made): so has every copy,
+         * each in a namespace of its own with policy none. */
+        bool net, agent_tcp;
         int tpl_fd;
         pid_t pid;
         uint64_t pause_us;
@@ -100,7 +103,8 @@ static void on_fork_done(ForkOp *op, int r, const char *error_name, const char *
  * spawn like any other event, is not waited for: a copy that fails to become
  * one closes the socket, and the spawn says so). */
 static void start_fork(SandboxFork *f) {
-        struct fork_options opts = { .memory_limit_mib = f->memory_limit_mib, .owner_uid = f->operation->owner_uid };
+        struct fork_options opts = { .memory_limit_mib = f->memory_limit_mib, .owner_uid = f->operation->owner_uid,
+                                     .net = f->net, .net_policy = NETNS_POLICY_NONE, .agent_tcp = f->agent_tcp };
         Manager *m = f->manager;
         VmTemplate *t = NULL;
         int r;
@@ -193,6 +197,8 @@ int bus_sandbox_method_fork(sd_bus_message *message, void *userdata, sd_bus_erro
         f->tpl_fd = -EBADF;
         f->memory_limit_mib = s->memory_limit_mib;
         f->source_has_cgroup = s->has_cgroup;
+        f->net = s->netns_owned;
+        f->agent_tcp = s->netns_owned && strncmp(s->guest_addr, "agent:", 6) != 0;
         f->waiter.reply = on_control_reply;
         f->source_id = strdup(s->id);
         f->tag = strdup(s->snapshot_tag);
