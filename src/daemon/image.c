@@ -7,6 +7,7 @@
 #include <json-c/json.h>
 
 #include "agent-proto.h"
+#include "agent-tcp.h"
 #include "console-tail.h"
 #include "fs-util.h"
 #include "confine.h"
@@ -127,6 +128,10 @@ refuse:
 }
 
 int image_write_owner(const char *dir, uid_t owner_uid) {
+        return image_write_meta(dir, owner_uid, false);
+}
+
+int image_write_meta(const char *dir, uid_t owner_uid, bool agent_tcp) {
         _cleanup_free_ char *path = NULL, *json = NULL;
         struct snapshot_meta meta;
         int r;
@@ -138,9 +143,12 @@ int image_write_owner(const char *dir, uid_t owner_uid) {
         r = snapshot_meta_read_file(path, &meta, NULL);
         if (r < 0)
                 return r;
-        if (meta.owner_uid == owner_uid)
+        if (agent_tcp && !meta.network)
+                return -EINVAL;
+        if (meta.owner_uid == owner_uid && meta.agent_tcp == agent_tcp)
                 return 0;
         meta.owner_uid = (uint32_t) owner_uid;
+        meta.agent_tcp = agent_tcp;
         r = snapshot_meta_format(&meta, &json);
         if (r < 0)
                 return r;
@@ -356,6 +364,8 @@ int image_create_work(void *userdata) {
         struct vmm_proc p = { .pid = 0, .control_fd = -EBADF, .agent_fd = -EBADF };
         _cleanup_free_ char *reply = NULL;
         struct json_object *req = NULL, *o = NULL, *e;
+        NetnsChild net = { .tap_fd = -EBADF };
+        unsigned net_index = 0;
         uint16_t type = 0;
         int r;
 
@@ -372,9 +382,31 @@ int image_create_work(void *userdata) {
         a.kernel = kernel;
         a.disk = disk;
 
+        if (c->network) {
+                const char *step = NULL;
+
+                /* A namespace of its own for the boot VM's tap, as a child would have. */
+                r = netns_pick_free(&c->netns_prefix, 1, &net_index);
+                if (r < 0)
+                        return set_error(c, r, "No free network namespace for the boot VM: %s", strerror(-r));
+                r = netns_child_create(&c->netns_prefix, net_index, NETNS_POLICY_NONE, &net, &step);
+                if (r < 0) {
+                        netns_release(net_index);
+                        return set_error(c, r, "Cannot create the boot VM's network namespace (%s): %s",
+                                         step ?: "?", strerror(-r));
+                }
+                a.with_net = true;
+                a.net_tap_fd = net.tap_fd;
+        }
+        if (c->agent_tcp)
+                a.cmdline = VMM_LINUX_CMDLINE_DEFAULT " " AGENT_TCP_CMDLINE_SWITCH;
+
         r = vmm_client_boot(&a, &p);
-        if (r < 0)
-                return set_error(c, r, "Failed to start %s: %s", c->vmm_path, strerror(-r));
+        netns_child_done(&net); /* the VMM has its own copy */
+        if (r < 0) {
+                set_error(c, r, "Failed to start %s: %s", c->vmm_path, strerror(-r));
+                goto finish;
+        }
 
         r = fka_wait_ready(p.agent_fd, (uint64_t) c->boot_wait_secs * 1000000u, &type);
         if (r == -ETIMEDOUT) {
@@ -420,5 +452,12 @@ finish:
         json_object_put(o);
         vmm_proc_stop(&p, 2 * 1000000ull);
         (void) rm_rf(c->staging); /* the snapshot holds its own copy of the disk */
+        if (net_index > 0) {
+                /* The snapshot is written or the boot failed: the namespace goes. */
+                int k = netns_child_destroy(net.name);
+                if (k < 0)
+                        log_warning_errno(k, "Failed to remove the boot VM's network namespace %s: %m", net.name);
+                netns_release(net_index);
+        }
         return r;
 }

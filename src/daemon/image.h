@@ -25,6 +25,9 @@ int image_load(Manager *m, const char *tag, Image **ret, const char **ret_reason
  * snapshot is registered; nothing is written when it says so already (root:
  * absent). Also drops the owner an unpacked bundle brought along. */
 int image_write_owner(const char *dir, uid_t owner_uid);
+/* The same, and agent_tcp (which needs the NIC forkd-vmm recorded: -EINVAL
+ * without). */
+int image_write_meta(const char *dir, uid_t owner_uid, bool agent_tcp);
 static inline uid_t image_owner(const Image *i) {
         return (uid_t) i->meta.owner_uid;
 }
@@ -62,6 +65,11 @@ typedef struct ImageCreate {
         uint64_t kernel_size, initrd_size, rootfs_size;
         uint64_t mem_mib;
         unsigned boot_wait_secs;
+        /* network: boot with a NIC, its tap in a throwaway namespace made for
+         * the boot (netns.c, policy none) and removed after; agent_tcp: and
+         * with AGENT_TCP_CMDLINE_SWITCH on the kernel command line. */
+        bool network, agent_tcp;
+        NetnsPrefix netns_prefix;
         char *error; /* out: what went wrong, for the caller */
 } ImageCreate;
 

@@ -146,9 +146,10 @@ static void create_done(int r, void *userdata) {
         Image *i = NULL;
 
         if (r >= 0) {
-                r = image_write_owner(o->create->dir, o->owner_uid);
+                r = image_write_meta(o->create->dir, o->owner_uid, o->create->agent_tcp);
                 if (r < 0)
-                        reason = "cannot record its owner in snapshot.json";
+                        reason = r == -EINVAL ? "forkd-vmm recorded no NIC for agent_tcp" :
+                                                "cannot record its owner in snapshot.json";
                 else
                         r = image_load(m, o->tag, &i, &reason);
                 if (r < 0) {
@@ -230,6 +231,7 @@ static int create_snapshot_start(Manager *m, sd_bus_message *message, const char
                 return r;
         }
         o->create = c;
+        c->netns_prefix = m->netns_prefix;
         c->mem_mib = mem_mib;
         c->boot_wait_secs = boot_wait;
         c->vmm_path = strdup(m->vmm_path);
@@ -324,7 +326,7 @@ static int method_create_snapshot(sd_bus_message *message, void *userdata, sd_bu
 static int method_create_snapshot_from_fds(sd_bus_message *message, void *userdata, sd_bus_error *error) {
         Manager *m = userdata;
         const char *tag;
-        int kernel_fd, rootfs_fd, initrd_fd = -EBADF;
+        int kernel_fd, rootfs_fd, initrd_fd = -EBADF, network = false, agent_tcp = false;
         uint32_t mem_mib, boot_wait;
         ImageCreate *c = NULL;
         int r;
@@ -349,9 +351,30 @@ static int method_create_snapshot_from_fds(sd_bus_message *message, void *userda
                 r = sd_bus_message_read(message, "s", &key);
                 if (r < 0)
                         return r;
+                if (strcmp(key, "network") == 0 || strcmp(key, "agent_tcp") == 0) {
+                        int b;
+
+                        r = sd_bus_message_enter_container(message, 'v', "b");
+                        if (r < 0)
+                                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
+                                                         "Option %s must be of type b.", key);
+                        r = sd_bus_message_read(message, "b", &b);
+                        if (r < 0)
+                                return r;
+                        if (key[0] == 'n')
+                                network = b;
+                        else
+                                agent_tcp = b;
+                        r = sd_bus_message_exit_container(message);
+                        if (r >= 0)
+                                r = sd_bus_message_exit_container(message);
+                        if (r < 0)
+                                return r;
+                        continue;
+                }
                 if (strcmp(key, "initrd") != 0)
                         return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
-                                                 "Unknown option \"%.64s\" (known: initrd).", key);
+                                                 "Unknown option \"%.64s\" (known: initrd, network, agent_tcp).", key);
                 r = sd_bus_message_enter_container(message, 'v', "h");
                 if (r < 0)
                         return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
@@ -368,6 +391,10 @@ static int method_create_snapshot_from_fds(sd_bus_message *message, void *userda
         r = sd_bus_message_exit_container(message);
         if (r < 0)
                 return r;
+        if (agent_tcp && !network)
+                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
+                                         "Option agent_tcp needs network: the guest agent's TCP port is reached "
+                                         "through the NIC.");
         r = verify_create(m, message, tag, mem_mib, boot_wait, error);
         if (r <= 0)
                 return r < 0 ? r : 1; /* 0: polkit answers later and dispatches it again */
@@ -375,6 +402,8 @@ static int method_create_snapshot_from_fds(sd_bus_message *message, void *userda
         c = image_create_new();
         if (!c)
                 return -ENOMEM;
+        c->network = network;
+        c->agent_tcp = agent_tcp;
         r = take_boot_fd("kernel", kernel_fd, BOOT_KERNEL_SIZE_MAX, &c->kernel_fd, &c->kernel_size, error);
         if (r >= 0)
                 r = take_boot_fd("rootfs", rootfs_fd, BOOT_ROOTFS_SIZE_MAX, &c->rootfs_fd, &c->rootfs_size, error);
