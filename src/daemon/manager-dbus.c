@@ -829,6 +829,10 @@ static int method_write_file(sd_bus_message *message, void *userdata, sd_bus_err
         return forward_to_sandbox(message, userdata, bus_sandbox_method_write_file, error);
 }
 
+static int method_expose_port(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        return forward_to_sandbox(message, userdata, bus_sandbox_method_expose_port, error);
+}
+
 static int method_read_file(sd_bus_message *message, void *userdata, sd_bus_error *error) {
         return forward_to_sandbox(message, userdata, bus_sandbox_method_read_file, error);
 }
@@ -892,6 +896,8 @@ const sd_bus_vtable manager_vtable[] = {
                                 SD_BUS_RESULT("t", size), method_write_file, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("ReadFile", SD_BUS_ARGS("s", id, "s", path), SD_BUS_RESULT("ay", data),
                                 method_read_file, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("ExposePort", SD_BUS_ARGS("s", id, "q", port), SD_BUS_RESULT("s", host_addr),
+                                method_expose_port, SD_BUS_VTABLE_UNPRIVILEGED),
 
         SD_BUS_SIGNAL_WITH_ARGS("SnapshotNew", SD_BUS_ARGS("s", tag, "o", object), 0),
         SD_BUS_SIGNAL_WITH_ARGS("SnapshotRemoved", SD_BUS_ARGS("s", tag, "o", object), 0),

@@ -94,6 +94,11 @@ int sandbox_append_info(sd_bus_message *reply, Sandbox *s) {
                 if (r < 0)
                         return r;
         }
+        if (s->host_addr) {
+                r = sd_bus_message_append(reply, "{sv}", "host_addr", "s", s->host_addr);
+                if (r < 0)
+                        return r;
+        }
         if (s->memory_limit_mib > 0) {
                 r = sd_bus_message_append(reply, "{sv}", "memory_limit_mib", "u", s->memory_limit_mib);
                 if (r < 0)
@@ -692,6 +697,33 @@ int bus_sandbox_method_diff(sd_bus_message *message, void *userdata, sd_bus_erro
         return 1;
 }
 
+int bus_sandbox_method_expose_port(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        _cleanup_free_ char *addr = NULL;
+        Sandbox *s = userdata;
+        uint16_t port;
+        int r;
+
+        r = sd_bus_message_read(message, "q", &port);
+        if (r < 0)
+                return r;
+        if (port == 0)
+                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "port must be from 1 to 65535.");
+        r = sandbox_verify(message, s, "org.forkd.run-code", "expose-port", error);
+        if (r < 0)
+                return r;
+        if (r == 0)
+                return 1;
+        if (!s->netns_owned || !s->inside_addr)
+                return sd_bus_error_setf(error, FORKD_ERROR_NO_NETWORK,
+                                         "Sandbox %s has no NIC: fork it from a snapshot created with network.",
+                                         s->id);
+        /* The namespace's DNAT forwards every TCP port of the inside address
+         * to the guest (netns.c): there is nothing to set up, only to say where. */
+        if (asprintf(&addr, "%s:%u", s->inside_addr, (unsigned) port) < 0)
+                return -ENOMEM;
+        return sd_bus_reply_method_return(message, "s", addr);
+}
+
 /* Object-path entry points. A message may be dispatched twice (polkit
  * re-queues it once answered): start reading from its beginning each time.
  * The Manager's forwarders call the bus_sandbox_method_*() directly, after
@@ -714,6 +746,7 @@ OBJECT_METHOD(merge)
 OBJECT_METHOD(diff)
 OBJECT_METHOD(write_file)
 OBJECT_METHOD(read_file)
+OBJECT_METHOD(expose_port)
 
 const sd_bus_vtable sandbox_vtable[] = {
         SD_BUS_VTABLE_START(0),
@@ -747,6 +780,8 @@ const sd_bus_vtable sandbox_vtable[] = {
                                 SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("WriteFile", SD_BUS_ARGS("s", path, "ay", data, "u", mode), SD_BUS_RESULT("t", size),
                                 object_write_file, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("ExposePort", SD_BUS_ARGS("q", port), SD_BUS_RESULT("s", host_addr),
+                                object_expose_port, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("ReadFile", SD_BUS_ARGS("s", path), SD_BUS_RESULT("ay", data), object_read_file,
                                 SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_VTABLE_END,

@@ -36,3 +36,4 @@ int bus_sandbox_method_diff(sd_bus_message *message, void *userdata, sd_bus_erro
 /* sandbox-files.c */
 int bus_sandbox_method_write_file(sd_bus_message *message, void *userdata, sd_bus_error *error);
 int bus_sandbox_method_read_file(sd_bus_message *message, void *userdata, sd_bus_error *error);
+int bus_sandbox_method_expose_port(sd_bus_message *message, void *userdata, sd_bus_error *error);

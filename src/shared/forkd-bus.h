@@ -21,6 +21,8 @@
 #define FORKD_ERROR_TIMEOUT "org.forkd.Error.Timeout"
 #define FORKD_ERROR_FAILED "org.forkd.Error.Failed"
 #define FORKD_ERROR_NOT_READY "org.forkd.Error.NotReady"
+/* The sandbox has no NIC (its snapshot was made without network). */
+#define FORKD_ERROR_NO_NETWORK "org.forkd.Error.NoNetwork"
 /* WriteFile/ReadFile: what the guest said about the file (sandbox-files.c) */
 #define FORKD_ERROR_NO_SUCH_FILE "org.forkd.Error.NoSuchFile"
 #define FORKD_ERROR_NOT_REGULAR_FILE "org.forkd.Error.NotRegularFile"
