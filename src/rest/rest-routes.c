@@ -332,8 +332,33 @@ struct snapshot_create_args {
         int64_t boot_wait_secs;
         int64_t mem_mib;
         bool rw;
-        char tap[64];
+        bool network;   /* "network": true, or the spec's "tap" */
+        bool agent_tcp;
 };
+
+/* The spec's "tap" (a host tap as the guest's eth0 there): any non-empty
+ * string, or true, asks for a NIC, as "network": true does; null, false or ""
+ * do not. Other types are refused. */
+static int parse_tap(struct json_object *v, void *field, const char **ret_error) {
+        bool *network = field;
+
+        if (!v)
+                return 0;
+        if (json_object_is_type(v, json_type_boolean)) {
+                *network = *network || json_object_get_boolean(v);
+                return 0;
+        }
+        if (json_object_is_type(v, json_type_string)) {
+                if (json_object_get_string_len(v) >= 64) {
+                        *ret_error = "tap must be shorter than 64 bytes";
+                        return -ENAMETOOLONG;
+                }
+                *network = *network || json_object_get_string_len(v) > 0;
+                return 0;
+        }
+        *ret_error = "tap must be a string, a boolean or null";
+        return -EINVAL;
+}
 
 static int route_snapshots_create(RestRequest *req) {
         static const struct json_dispatch table[] = {
@@ -345,12 +370,15 @@ static int route_snapshots_create(RestRequest *req) {
                   JSON_FIELD_SIZE(struct snapshot_create_args, rootfs), JSON_MANDATORY },
                 { "boot_wait_secs", JSON_KIND_INT64, NULL, offsetof(struct snapshot_create_args, boot_wait_secs), 0, 0 },
                 { "mem_mib", JSON_KIND_INT64, NULL, offsetof(struct snapshot_create_args, mem_mib), 0, JSON_NULLABLE },
-                /* accepted for compatibility; forkd has no tap or rw switch here */
+                /* accepted for compatibility; forkd has no rw switch here */
                 { "rw", JSON_KIND_BOOL, NULL, offsetof(struct snapshot_create_args, rw), 0, JSON_NULLABLE },
-                { "tap", JSON_KIND_STRING, NULL, offsetof(struct snapshot_create_args, tap),
-                  JSON_FIELD_SIZE(struct snapshot_create_args, tap), JSON_NULLABLE },
+                { "network", JSON_KIND_BOOL, NULL, offsetof(struct snapshot_create_args, network), 0, 0 },
+                { "agent_tcp", JSON_KIND_BOOL, NULL, offsetof(struct snapshot_create_args, agent_tcp), 0, 0 },
+                /* after network: it only ever adds a NIC */
+                { "tap", JSON_KIND_ANY, parse_tap, offsetof(struct snapshot_create_args, network), 0, JSON_NULLABLE },
                 {}
         };
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *m = NULL;
         _cleanup_json_ struct json_object *o = NULL;
         struct snapshot_create_args a = { .boot_wait_secs = BOOT_WAIT_DEFAULT };
         _cleanup_close_ int kernel_fd = -EBADF, rootfs_fd = -EBADF, initrd_fd = -EBADF;
@@ -380,13 +408,32 @@ static int route_snapshots_create(RestRequest *req) {
                 if (r <= 0)
                         return r;
         }
-        if (initrd_fd >= 0)
-                return call_manager(req, "CreateSnapshotFromFds", (uint64_t) (a.boot_wait_secs + 120) * USEC_PER_SEC,
-                                    on_reply_snapshot_created, "shhuua{sv}", a.tag, kernel_fd, rootfs_fd,
-                                    (uint32_t) a.mem_mib, (uint32_t) a.boot_wait_secs, 1, "initrd", "h", initrd_fd);
-        return call_manager(req, "CreateSnapshotFromFds", (uint64_t) (a.boot_wait_secs + 120) * USEC_PER_SEC,
-                            on_reply_snapshot_created, "shhuua{sv}", a.tag, kernel_fd, rootfs_fd, (uint32_t) a.mem_mib,
-                            (uint32_t) a.boot_wait_secs, 0);
+        if (a.agent_tcp && !a.network)
+                return rest_reply_error(req, 400, "agent_tcp needs network: true (the guest agent's TCP port is "
+                                                  "reached through the NIC)");
+
+        r = rest_new_manager_call(req, "CreateSnapshotFromFds", &m);
+        if (r < 0)
+                return reply_call_failed(req, r);
+        r = sd_bus_message_append(m, "shhuu", a.tag, kernel_fd, rootfs_fd, (uint32_t) a.mem_mib,
+                                  (uint32_t) a.boot_wait_secs);
+        if (r >= 0)
+                r = sd_bus_message_open_container(m, 'a', "{sv}");
+        if (r >= 0 && initrd_fd >= 0)
+                r = sd_bus_message_append(m, "{sv}", "initrd", "h", initrd_fd);
+        /* Only when asked: a forkd of before networking knows neither. */
+        if (r >= 0 && a.network)
+                r = sd_bus_message_append(m, "{sv}", "network", "b", 1);
+        if (r >= 0 && a.agent_tcp)
+                r = sd_bus_message_append(m, "{sv}", "agent_tcp", "b", 1);
+        if (r >= 0)
+                r = sd_bus_message_close_container(m);
+        if (r < 0)
+                return rest_reply_error(req, 500, "cannot build D-Bus call: %s", strerror(-r));
+        r = rest_call(req, m, (uint64_t) (a.boot_wait_secs + 120) * USEC_PER_SEC, on_reply_snapshot_created);
+        if (r < 0)
+                return reply_call_failed(req, r);
+        return 0;
 }
 
 static int route_snapshots_list(RestRequest *req) {
@@ -482,6 +529,7 @@ struct fork_args {
         bool live_fork;
         bool prewarm;
         bool hugepages;
+        char network[16]; /* "": not given */
 };
 
 static int route_sandboxes_create(RestRequest *req) {
@@ -501,6 +549,9 @@ static int route_sandboxes_create(RestRequest *req) {
                 { "prewarm", JSON_KIND_BOOL, NULL, offsetof(struct fork_args, prewarm), 0, 0 },
                 /* forkd's: back the child's RAM with 2 MiB huge pages. Refused when true, below. */
                 { "hugepages", JSON_KIND_BOOL, NULL, offsetof(struct fork_args, hugepages), 0, 0 },
+                /* "none" or "egress", for snapshots made with a NIC; forkd says what is wrong */
+                { "network", JSON_KIND_STRING, NULL, offsetof(struct fork_args, network),
+                  JSON_FIELD_SIZE(struct fork_args, network), JSON_NULLABLE },
                 {}
         };
         _cleanup_(sd_bus_message_unrefp) sd_bus_message *m = NULL;
@@ -540,6 +591,8 @@ static int route_sandboxes_create(RestRequest *req) {
                 r = sd_bus_message_append(m, "{sv}", "memory_limit_mib", "u", (uint32_t) a.memory_limit_mib);
         if (r >= 0)
                 r = sd_bus_message_append(m, "{sv}", "live_fork", "b", a.live_fork);
+        if (r >= 0 && a.network[0])
+                r = sd_bus_message_append(m, "{sv}", "network", "s", a.network);
         if (r >= 0)
                 r = sd_bus_message_close_container(m);
         if (r < 0)
@@ -781,6 +834,50 @@ static int route_sandbox_merge(RestRequest *req) {
         if (!strcmp(a.winner, id))
                 return rest_reply_error(req, 400, "winner must be another sandbox than '%s' itself", id);
         return call_manager(req, "MergeSandbox", CALL_TIMEOUT_SHORT, on_reply_dict_200, "ss", id, a.winner);
+}
+
+static int on_reply_port(RestRequest *req, sd_bus_message *reply) {
+        _cleanup_json_ struct json_object *o = NULL;
+        const char *addr;
+        int r;
+
+        r = reply_bus_result(req, reply, 0);
+        if (r <= 0)
+                return r;
+        r = sd_bus_message_read_basic(reply, 's', &addr);
+        if (r < 0)
+                return rest_reply_error(req, 500, "unexpected reply from the daemon: %s", strerror(-r));
+        o = json_object_new_object();
+        if (!o || json_object_object_add(o, "host_addr", json_object_new_string(addr)) < 0)
+                return rest_reply_error(req, 500, "out of memory");
+        return rest_reply_json(req, 200, o);
+}
+
+struct port_args {
+        int64_t port;
+};
+
+/* POST /v1/sandboxes/:id/ports {"port": P}: where the host dials the guest's
+ * TCP port P. 409 for a sandbox without NIC. */
+static int route_sandbox_ports(RestRequest *req) {
+        static const struct json_dispatch table[] = {
+                { "port", JSON_KIND_INT64, NULL, offsetof(struct port_args, port), 0, JSON_MANDATORY },
+                {}
+        };
+        _cleanup_json_ struct json_object *o = NULL;
+        struct port_args a = {};
+        const char *id;
+        int r;
+
+        id = param_or_reply(req, "sandbox id");
+        if (!id)
+                return 0;
+        r = parse_body(req, false, table, &a, NULL, &o);
+        if (r <= 0)
+                return r;
+        if (a.port < 1 || a.port > 65535)
+                return rest_reply_error(req, 400, "port must be an integer between 1 and 65535");
+        return call_manager(req, "ExposePort", CALL_TIMEOUT_SHORT, on_reply_port, "sq", id, (uint16_t) a.port);
 }
 
 static int on_reply_diff(RestRequest *req, sd_bus_message *reply) {
@@ -1086,6 +1183,7 @@ const RestRoute rest_routes[] = {
         { "/v1/sandboxes/%/diff", false, { { "POST", route_sandbox_diff } }, "POST" },
         { "/v1/sandboxes/%/branch", false, { { "POST", route_sandbox_branch } }, "POST" },
         { "/v1/sandboxes/%/fork", false, { { "POST", route_sandbox_fork } }, "POST" },
+        { "/v1/sandboxes/%/ports", false, { { "POST", route_sandbox_ports } }, "POST" },
         { "/v1/sandboxes/%/files/write", false, { { "POST", rest_route_sandbox_files_write } }, "POST" },
         { "/v1/sandboxes/%/files/read", false, { { "POST", rest_route_sandbox_files_read } }, "POST" },
 };

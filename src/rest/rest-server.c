@@ -31,7 +31,7 @@ static const unsigned metric_codes[] = { 200, 201, 204, 400, 401, 403, 404, 405,
 static const double latency_buckets[] = { 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
                                           0.05,   0.1,     0.25,   0.5,   1,      2.5,   5,    10,  30, 60 };
 #define BUCKETS ELEMENTSOF(latency_buckets)
-#define ROUTES_MAX 24
+#define ROUTES_MAX 32
 
 typedef struct RestConn RestConn;
 
