@@ -50,6 +50,8 @@ static uint32_t arg_n = 1;
 static uint32_t arg_memory_limit_mib = 0;
 static bool arg_memory_limit_set = false;
 static bool arg_per_child_netns = false, arg_live_fork = false;
+static const char *arg_network = NULL; /* fork --network none|egress */
+static bool arg_agent_tcp = false;    /* snapshot create --network --agent-tcp */
 static uint32_t arg_timeout = 0;
 static const char *arg_tag = "", *arg_mode = "";
 static bool arg_no_wait = false;
@@ -86,7 +88,9 @@ enum {
         OPT_STATE_DIR = 1u << 20,
         OPT_PREFIX = 1u << 21,
         OPT_TOKEN_FILE = 1u << 22,
-        OPT_LAST = OPT_TOKEN_FILE,
+        OPT_NETWORK = 1u << 23,
+        OPT_AGENT_TCP = 1u << 24,
+        OPT_LAST = OPT_AGENT_TCP,
 };
 static unsigned arg_given = 0;
 
@@ -109,8 +113,10 @@ static void help(void) {
                "\n"
                "Snapshots:\n"
                "  snapshot create TAG --kernel K --rootfs R [--mem-mib M] [--boot-wait S]\n"
+               "                  [--network [--agent-tcp]]\n"
                "                          Boot kernel K with root disk R, wait until its agent\n"
-               "                          answers (at most S seconds, 1..600), snapshot it as TAG\n"
+               "                          answers (at most S seconds, 1..600), snapshot it as TAG;\n"
+               "                          --network: with a NIC, --agent-tcp: and the agent on TCP\n"
                "  snapshot ls             List snapshots\n"
                "  snapshot info TAG       Show everything about one snapshot\n"
                "  snapshot rm TAG [--cascade|--force]\n"
@@ -124,7 +130,9 @@ static void help(void) {
                "                          take a diff branch T of it, remove the sandbox\n"
                "Sandboxes:\n"
                "  fork TAG [-n N] [--memory-limit-mib M] [--per-child-netns] [--live-fork]\n"
-               "                          Fork N (1..1000, default 1) sandboxes of snapshot TAG\n"
+               "           [--network none|egress]\n"
+               "                          Fork N (1..1000, default 1) sandboxes of snapshot TAG;\n"
+               "                          --network: a snapshot with a NIC's policy (default none)\n"
                "  ls                      List running sandboxes\n"
                "  kill ID...              Terminate sandboxes\n"
                "  ping ID                 Ask a sandbox's agent whether it is alive\n"
@@ -146,6 +154,8 @@ static void help(void) {
                "                          512 KiB; M is octal, default 644\n"
                "  read-file ID PATH       Write the file PATH of a sandbox (at most 512 KiB) to\n"
                "                          standard output, as it is\n"
+               "  ports ID PORT           Print HOST:PORT where this host reaches TCP port PORT\n"
+               "                          (1..65535) of a sandbox's guest (it needs a NIC)\n"
                "  branch ID [--tag T] [--mode full|diff|live] [--no-wait]\n"
                "                          Branch a running sandbox into a new snapshot (default\n"
                "                          tag branch-ID-<unix time>); --no-wait (live only)\n"
@@ -517,6 +527,12 @@ static int verb_snapshot_create(sd_bus *bus, char **args, size_t n_args) {
         char initrd[PATH_MAX];
         int r;
 
+        if (arg_network)
+                return usage_error("snapshot create --network takes no value (the policy is fork's: fork --network %s)",
+                                   arg_network);
+        if (arg_agent_tcp && !(arg_given & OPT_NETWORK))
+                return usage_error("--agent-tcp needs --network: the agent's TCP port is reached through the NIC");
+
         /* Opened here, with our own credentials: forkd reads only what we could. */
         r = open_boot_file("kernel", arg_kernel, &kernel_fd);
         if (r >= 0)
@@ -531,8 +547,15 @@ static int verb_snapshot_create(sd_bus *bus, char **args, size_t n_args) {
                 return -1;
         r = sd_bus_message_append(m, "shhuu", args[0], kernel_fd, rootfs_fd, arg_mem_mib, arg_boot_wait);
         if (r >= 0)
-                r = initrd_fd >= 0 ? sd_bus_message_append(m, "a{sv}", 1, "initrd", "h", initrd_fd) :
-                                     sd_bus_message_append(m, "a{sv}", 0);
+                r = sd_bus_message_open_container(m, 'a', "{sv}");
+        if (r >= 0 && initrd_fd >= 0)
+                r = sd_bus_message_append(m, "{sv}", "initrd", "h", initrd_fd);
+        if (r >= 0 && (arg_given & OPT_NETWORK))
+                r = sd_bus_message_append(m, "{sv}", "network", "b", 1);
+        if (r >= 0 && arg_agent_tcp)
+                r = sd_bus_message_append(m, "{sv}", "agent_tcp", "b", 1);
+        if (r >= 0)
+                r = sd_bus_message_close_container(m);
         if (r < 0)
                 return report_error(NULL, r, &ctx);
 
@@ -756,6 +779,8 @@ static int verb_fork(sd_bus *bus, char **args, size_t n_args) {
         uint64_t start = now_usec();
         int r;
 
+        if ((arg_given & OPT_NETWORK) && !arg_network)
+                return usage_error("fork --network wants none or egress");
         r = new_call(bus, "Fork", &m);
         if (r < 0)
                 return -1;
@@ -768,6 +793,8 @@ static int verb_fork(sd_bus *bus, char **args, size_t n_args) {
                 r = sd_bus_message_append(m, "{sv}", "memory_limit_mib", "u", arg_memory_limit_mib);
         if (r >= 0 && (arg_given & OPT_LIVE_FORK))
                 r = sd_bus_message_append(m, "{sv}", "live_fork", "b", (int) arg_live_fork);
+        if (r >= 0 && arg_network)
+                r = sd_bus_message_append(m, "{sv}", "network", "s", arg_network);
         if (r >= 0)
                 r = sd_bus_message_close_container(m);
         if (r < 0)
@@ -913,6 +940,34 @@ static int agent_result(sd_bus_message *reply, const struct error_context *ctx, 
                         return -code;
         }
         return print_json(j);
+}
+
+static int verb_ports(sd_bus *bus, char **args, size_t n_args) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
+        _cleanup_(sd_bus_error_free) sd_bus_error error = SD_BUS_ERROR_NULL;
+        struct error_context ctx = { .verb = "ports", .id = args[0] };
+        const char *addr;
+        uint32_t port;
+        int r;
+
+        if (parse_u32(args[1], 1, 65535, &port) < 0)
+                return usage_error("ports wants a TCP port in 1..65535, not '%s'", args[1]);
+        r = sd_bus_call_method(bus, BUS_NAME, BUS_PATH, BUS_INTERFACE, "ExposePort", &error, &reply, "sq", args[0],
+                               (uint16_t) port);
+        if (r < 0)
+                return report_error(&error, r, &ctx);
+        r = sd_bus_message_read(reply, "s", &addr);
+        if (r < 0)
+                return report_error(NULL, r, &ctx);
+        if (arg_json) {
+                _cleanup_json_ struct json_object *doc = json_object_new_object();
+
+                if (!doc || json_object_object_add(doc, "host_addr", json_object_new_string(addr)) < 0)
+                        return -1;
+                return print_json(doc);
+        }
+        printf("%s\n", addr);
+        return 0;
 }
 
 static int verb_ping(sd_bus *bus, char **args, size_t n_args) {
@@ -1362,7 +1417,7 @@ static int verb_read_file(sd_bus *bus, char **args, size_t n_args) {
 }
 
 static const struct verb verbs[] = {
-        { "snapshot", "create", 1, 1, OPT_KERNEL | OPT_ROOTFS | OPT_MEM_MIB | OPT_BOOT_WAIT,
+        { "snapshot", "create", 1, 1, OPT_KERNEL | OPT_ROOTFS | OPT_MEM_MIB | OPT_BOOT_WAIT | OPT_NETWORK | OPT_AGENT_TCP,
           "snapshot create TAG --kernel K --rootfs R [--mem-mib M] [--boot-wait S]", verb_snapshot_create },
         { "snapshot", "ls", 0, 0, 0, "snapshot ls", verb_snapshot_ls },
         { "snapshot", "list", 0, 0, 0, "snapshot ls", verb_snapshot_ls },
@@ -1371,8 +1426,9 @@ static const struct verb verbs[] = {
         { "snapshot", "compact", 1, 1, OPT_TO, "snapshot compact TAG --to T", verb_snapshot_compact },
         { "snapshot", "diff", 0, 0, OPT_FROM | OPT_TAG | OPT_EXEC | OPT_EXEC_TIMEOUT,
           "snapshot diff --from BASE --tag T --exec CMD [--exec-timeout-secs N]", verb_snapshot_diff },
-        { NULL, "fork", 1, 1, OPT_COUNT | OPT_MEMORY_LIMIT | OPT_PER_CHILD_NETNS | OPT_LIVE_FORK,
-          "fork TAG [-n N] [--memory-limit-mib M] [--per-child-netns] [--live-fork]", verb_fork },
+        { NULL, "fork", 1, 1, OPT_COUNT | OPT_MEMORY_LIMIT | OPT_PER_CHILD_NETNS | OPT_LIVE_FORK | OPT_NETWORK,
+          "fork TAG [-n N] [--memory-limit-mib M] [--per-child-netns] [--live-fork] [--network none|egress]",
+          verb_fork },
         { NULL, "ls", 0, 0, 0, "ls", verb_ls },
         { NULL, "list", 0, 0, 0, "ls", verb_ls },
         { NULL, "kill", 1, SIZE_MAX, 0, "kill ID...", verb_kill },
@@ -1385,6 +1441,7 @@ static const struct verb verbs[] = {
         { NULL, "fork-sandbox", 1, 1, OPT_COUNT, "fork-sandbox ID [-n N]", verb_fork_sandbox },
         { NULL, "write-file", 2, 3, OPT_FILE_MODE, "write-file ID PATH [LOCAL|-] [--file-mode M]", verb_write_file },
         { NULL, "read-file", 2, 2, 0, "read-file ID PATH", verb_read_file },
+        { NULL, "ports", 2, 2, 0, "ports ID PORT", verb_ports },
         { NULL, "branch", 1, 1, OPT_TAG | OPT_MODE | OPT_NO_WAIT, "branch ID [--tag T] [--mode M] [--no-wait]",
           verb_branch },
         { NULL, "pack", 0, 0, OPT_TAG | OPT_OUT, "pack --tag T --out F", verb_pack },
@@ -1419,6 +1476,8 @@ static const char *option_name(unsigned bit) {
         case OPT_STATE_DIR: return "--state-dir";
         case OPT_PREFIX: return "--prefix";
         case OPT_TOKEN_FILE: return "--token-file";
+        case OPT_NETWORK: return "--network";
+        case OPT_AGENT_TCP: return "--agent-tcp";
         default: return "?";
         }
 }
@@ -1456,6 +1515,8 @@ enum {
         ARG_STATE_DIR,
         ARG_PREFIX,
         ARG_TOKEN_FILE,
+        ARG_NETWORK,
+        ARG_AGENT_TCP,
 };
 
 static int parse_argv(int argc, char *argv[]) {
@@ -1488,6 +1549,9 @@ static int parse_argv(int argc, char *argv[]) {
                 { "state-dir", required_argument, NULL, ARG_STATE_DIR },
                 { "prefix", required_argument, NULL, ARG_PREFIX },
                 { "token-file", required_argument, NULL, ARG_TOKEN_FILE },
+                /* optional: "snapshot create --network" has none, "fork --network P" one */
+                { "network", optional_argument, NULL, ARG_NETWORK },
+                { "agent-tcp", no_argument, NULL, ARG_AGENT_TCP },
                 {}
         };
         int c, r;
@@ -1592,6 +1656,19 @@ static int parse_argv(int argc, char *argv[]) {
                                 return usage_error("--token-file wants a path");
                         arg_token_file = optarg;
                         arg_given |= OPT_TOKEN_FILE;
+                        break;
+                case ARG_NETWORK:
+                        if (!optarg && optind < argc && (strcmp(argv[optind], "none") == 0 ||
+                                                         strcmp(argv[optind], "egress") == 0))
+                                optarg = argv[optind++];
+                        if (optarg && strcmp(optarg, "none") != 0 && strcmp(optarg, "egress") != 0)
+                                return usage_error("--network wants none or egress, not '%s'", optarg);
+                        arg_network = optarg;
+                        arg_given |= OPT_NETWORK;
+                        break;
+                case ARG_AGENT_TCP:
+                        arg_agent_tcp = true;
+                        arg_given |= OPT_AGENT_TCP;
                         break;
                 case ARG_NO_WAIT:
                         arg_no_wait = true;
