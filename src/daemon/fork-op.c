@@ -1,5 +1,4 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
-#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <sys/random.h>
@@ -11,6 +10,7 @@
 #include "fs-util.h"
 #include "image.h"
 #include "macro.h"
+#include "netns-batch.h"
 #include "sandbox-dbus.h"
 #include "sandbox.h"
 #include "vm-template.h"
@@ -19,9 +19,6 @@
 
 #define PING_TIMEOUT_USEC (60 * 1000000ull)
 #define SPAWN_EVENTS_MAX 8192u
-/* Threads that make a fork's network namespaces side by side (each is mostly
- * waiting for the kernel: ~40 ms of netlink and nftables work). */
-#define NETNS_THREADS_MAX 4u
 
 static int fork_run(ForkOp *f);
 
@@ -269,55 +266,12 @@ static int fork_work_error(ForkOp *f, int r, const char *what) {
         return r;
 }
 
-struct netns_job {
-        ForkOp *op;
-        pthread_mutex_t lock;
-        unsigned next;      /* the next child to make */
-        int error;          /* the first failure */
-        unsigned failed_child;
-        const char *failed_step;
-};
-
-static void *netns_thread(void *userdata) {
-        struct netns_job *j = userdata;
-        ForkOp *f = j->op;
-
-        for (;;) {
-                const char *step = NULL;
-                unsigned i;
-                int r;
-
-                pthread_mutex_lock(&j->lock);
-                i = j->error < 0 ? f->n : j->next++;
-                pthread_mutex_unlock(&j->lock);
-                if (i >= f->n)
-                        return NULL;
-                r = netns_child_create(&f->net_prefix, f->net_index[i], f->opts.net_policy, &f->net[i], &step);
-                if (r >= 0) {
-                        f->netns[i] = strdup(f->net[i].name);
-                        f->net_made[i] = true; /* the name is in f->net[i] whatever happens to strdup() */
-                        if (!f->netns[i])
-                                r = -ENOMEM;
-                }
-                if (r < 0) {
-                        pthread_mutex_lock(&j->lock);
-                        if (j->error == 0) {
-                                j->error = r;
-                                j->failed_child = i;
-                                j->failed_step = step;
-                        }
-                        pthread_mutex_unlock(&j->lock);
-                }
-        }
-}
-
-/* opts.net: a namespace per child, NETNS_THREADS_MAX at a time. On failure
- * what was made stays in f->net (net_made[]) for cleanup_unowned(). */
+/* opts.net: a namespace per child, a few at a time. On failure what was made
+ * stays in f->net (net_made[]) for cleanup_unowned(). */
 static int fork_make_namespaces(ForkOp *f) {
-        struct netns_job j = { .op = f, .lock = PTHREAD_MUTEX_INITIALIZER };
-        pthread_t threads[NETNS_THREADS_MAX];
-        unsigned n_threads = 0, want = MIN(f->n, NETNS_THREADS_MAX);
+        const char *step = NULL;
         uint64_t start = now_usec();
+        unsigned failed = 0;
         int r;
 
         r = netns_pick_free(&f->net_prefix, f->n, f->net_index);
@@ -329,23 +283,21 @@ static int fork_make_namespaces(ForkOp *f) {
                 return r;
         }
         f->n_net_picked = f->n;
-        for (; n_threads < want; n_threads++)
-                if (pthread_create(&threads[n_threads], NULL, netns_thread, &j) != 0)
-                        break;
-        if (n_threads == 0)
-                (void) netns_thread(&j); /* no thread to spare: this one does it all */
-        for (unsigned k = 0; k < n_threads; k++)
-                (void) pthread_join(threads[k], NULL);
-        if (j.error < 0) {
-                free(f->error);
-                if (asprintf(&f->error, "Failed to create the network namespace of %s (%s%s%s)",
-                             f->ids[j.failed_child], j.failed_step ?: "", j.failed_step ? ": " : "",
-                             strerror(-j.error)) < 0)
-                        f->error = NULL;
-                return j.error;
+        r = netns_children_create(&f->net_prefix, f->net_index, f->n, f->opts.net_policy, NETNS_BATCH_THREADS_MAX,
+                                  f->net, f->net_made, &failed, &step);
+        for (unsigned i = 0; r >= 0 && i < f->n; i++) {
+                f->netns[i] = strdup(f->net[i].name);
+                if (!f->netns[i])
+                        r = -ENOMEM;
         }
-        log_info("Made %u network namespace(s) with %u thread(s) in %" PRIu64 " ms.", f->n, MAX(n_threads, 1u),
-                 (now_usec() - start) / 1000);
+        if (r < 0) {
+                free(f->error);
+                if (asprintf(&f->error, "Failed to create the network namespace of %s (%s%s%s)", f->ids[failed],
+                             step ?: "", step ? ": " : "", strerror(-r)) < 0)
+                        f->error = NULL;
+                return r;
+        }
+        log_info("Made %u network namespace(s) in %" PRIu64 " ms.", f->n, (now_usec() - start) / 1000);
         return 0;
 }
 

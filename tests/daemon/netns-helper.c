@@ -11,6 +11,11 @@
  *   netns-helper down NAME     netns_child_destroy(NAME)
  *   netns-helper cleanup       netns_cleanup_leftovers(); prints how many
  *   netns-helper pick N        netns_pick_free(N) twice: both sets printed, disjoint
+ *   netns-helper batch N THREADS none|egress
+ *                              netns_children_create() of N (1..100) free indices
+ *                              with THREADS threads, as a fork makes them; prints
+ *                              {"n":N,"threads":T,"ms":M,"names":[...]}, then
+ *                              destroys them all (the time is the creation's)
  *   netns-helper nft CMDS      CMDS through libnftables, as an operator's nft(8) would
  *   netns-helper selftest      the pure parts: prefixes, names, addresses,
  *                              refusals leave outputs untouched (TAP lines)
@@ -26,7 +31,9 @@
 #include <poll.h>
 #include <sched.h>
 #include <sys/ioctl.h>
+#include <time.h>
 
+#include "netns-batch.h"
 #include "netns.h"
 
 #define FAILSAFE_SEC 240
@@ -158,6 +165,48 @@ static int cmd_pick(int argc, char **argv) {
         return 0;
 }
 
+static int cmd_batch(int argc, char **argv) {
+        unsigned idx[100], n, threads, failed = 0;
+        NetnsChild kids[100];
+        bool made[100];
+        const char *step = NULL;
+        NetnsPrefix prefix;
+        NetnsPolicy policy;
+        struct timespec a, b;
+        int r, k;
+
+        if (argc != 5 || (n = (unsigned) atoi(argv[2])) == 0 || n > 100 || (threads = (unsigned) atoi(argv[3])) == 0 ||
+            (policy = netns_policy_from_string(argv[4])) < 0)
+                return log_error_errno(EINVAL, "usage: batch N (1..100) THREADS none|egress");
+        (void) netns_prefix_parse(NETNS_DEFAULT_PREFIX, &prefix);
+        r = netns_pick_free(&prefix, n, idx);
+        if (r < 0)
+                return log_error_errno(r, "pick: %m");
+        clock_gettime(CLOCK_MONOTONIC, &a);
+        r = netns_children_create(&prefix, idx, n, policy, threads, kids, made, &failed, &step);
+        clock_gettime(CLOCK_MONOTONIC, &b);
+        if (r < 0)
+                log_error_errno(r, "child %u: %s: %m", idx[failed], step ?: "?");
+        else {
+                printf("{\"n\":%u,\"threads\":%u,\"ms\":%.1f,\"names\":[", n, threads,
+                       (double) (b.tv_sec - a.tv_sec) * 1e3 + (double) (b.tv_nsec - a.tv_nsec) / 1e6);
+                for (unsigned i = 0; i < n; i++)
+                        printf("%s\"%s\"", i ? "," : "", kids[i].name);
+                printf("]}\n");
+                fflush(stdout);
+        }
+        for (unsigned i = 0; i < n; i++) {
+                if (made[i]) {
+                        netns_child_done(&kids[i]);
+                        k = netns_child_destroy(kids[i].name);
+                        if (k < 0 && r >= 0)
+                                r = log_error_errno(k, "destroy %s: %m", kids[i].name);
+                }
+                netns_release(idx[i]);
+        }
+        return r < 0 ? r : 0;
+}
+
 /* What an operator does with nft(8), which the test host need not have. */
 static int cmd_nft(const char *cmds) {
         struct nft_ctx *ctx = nft_ctx_new(NFT_CTX_DEFAULT);
@@ -273,6 +322,8 @@ int main(int argc, char **argv) {
                         printf("%d\n", r);
         } else if (strcmp(argv[1], "pick") == 0)
                 r = cmd_pick(argc, argv);
+        else if (strcmp(argv[1], "batch") == 0)
+                r = cmd_batch(argc, argv);
         else if (strcmp(argv[1], "nft") == 0 && argc == 3)
                 r = cmd_nft(argv[2]);
         else if (strcmp(argv[1], "selftest") == 0 && argc == 2)

@@ -275,6 +275,16 @@ def tests(cleanup):
     ok(r.returncode == 0 and r.stdout.split("\n")[:2] == ["1 2 3", "4 5 6"],
        "pick_free: the lowest free indices, two calls never share one", r.stdout + r.stderr)
 
+    # A fork's namespaces, made side by side (netns_children_create()), then removed.
+    r = helper("batch", "6", "3", "egress")
+    try:
+        d = json.loads(r.stdout)
+    except ValueError:
+        d = {}
+    ok(r.returncode == 0 and sorted(d.get("names", [])) == sorted(f"forkd-child-{i}" for i in range(1, 7)) and
+       not leftovers(), f"a batch of 6 with 3 threads: made ({d.get('ms')} ms) and removed, nothing left",
+       r.stdout + r.stderr + repr(leftovers()))
+
     # The host's other side: another address, and the
     # "outside": a namespace behind a veth.
     run(["ip", "addr", "add", f"{OTHER_HOST_ADDR}/32", "dev", "lo"])
