@@ -1,0 +1,213 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""forkd's networking arguments, refused before any VM is needed (no /dev/kvm).
+
+A private dbus-daemon and the real forkd over a state directory holding two
+hand-written snapshots, "plain" (no NIC) and "nic" (snapshot.json network and
+agent_tcp true; the files are sparse, nothing restores them): SnapshotInfo
+shows network and agent_tcp; Fork refuses a network policy on a snapshot
+without NIC, per_child_netns on one with a NIC, an unknown policy and a wrong
+type; CreateSnapshotFromFds refuses agent_tcp without network; ExposePort is on
+the Manager and answers NoSuchSandbox for an unknown id; a sandbox record of a
+killed forkd naming a namespace is cleaned at start without harm. As root it
+runs in a mount and network namespace of its own (forkd cleans namespaces).
+
+Environment: FORKD, FORKD_VMM (the built forkd and forkd-vmm; the latter never runs). TAP output."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from dbusmini import Bus, DBusError  # noqa: E402
+
+FORKD = os.environ.get("FORKD", "")
+VMM = os.environ.get("FORKD_VMM", "")
+DEST, PATH, IFACE = "org.forkd.Manager", "/org/forkd/Manager", "org.forkd.Manager"
+INVALID = "org.freedesktop.DBus.Error.InvalidArgs"
+n_tests = n_failed = 0
+
+
+def ok(cond, what, detail=""):
+    global n_tests, n_failed
+    n_tests += 1
+    if not cond:
+        n_failed += 1
+    print(f"{'ok' if cond else 'not ok'} {n_tests} - {what}", flush=True)
+    if not cond and detail:
+        for line in str(detail).splitlines()[-20:]:
+            print(f"# {line}")
+
+
+def skip_all(why):
+    print(f"1..0 # SKIP {why}")
+    sys.exit(77)
+
+
+def write_snapshot(snapdir, tag, network, agent_tcp):
+    d = os.path.join(snapdir, tag)
+    os.makedirs(d)
+    mem, disk = 2 << 20, 1 << 20
+    meta = {
+        "format": 1, "tag": tag, "created_at_unix": 1700000000, "mem_size": mem, "vcpus": 1,
+        "generation": 0, "memory_file": "memory.bin", "vmstate_file": "vmstate.bin", "disk_file": "disk.img",
+        "disk_size": disk, "kernel": "/boot/vmlinuz", "guest": "linux", "parent_tag": None,
+        "parent_content_hash": None,
+    }
+    if network:
+        meta["network"] = True
+    if agent_tcp:
+        meta["agent_tcp"] = True
+    with open(os.path.join(d, "snapshot.json"), "w") as f:
+        json.dump(meta, f)
+    for name, size in (("memory.bin", mem), ("vmstate.bin", 64), ("disk.img", disk)):
+        with open(os.path.join(d, name), "wb") as f:
+            f.truncate(size)
+
+
+def expect_error(bus, name, member, sig, args, text=""):
+    try:
+        bus.call(DEST, PATH, IFACE, member, sig, args)
+    except DBusError as e:
+        return e.name == name and text in e.message, f"{e.name}: {e.message}"
+    return False, "succeeded"
+
+
+def main():
+    if not FORKD or not os.access(FORKD, os.X_OK) or not VMM or not os.access(VMM, os.X_OK):
+        skip_all("FORKD and FORKD_VMM are not set to the built forkd and forkd-vmm")
+    if shutil.which("dbus-daemon") is None:
+        skip_all("dbus-daemon not installed")
+    tmp = tempfile.mkdtemp(prefix="forkd-net-args-")
+    os.chmod(tmp, 0o755)
+    state = os.path.join(tmp, "state")
+    os.makedirs(os.path.join(state, "snapshots"))
+    os.makedirs(os.path.join(state, "sandboxes"))
+    write_snapshot(os.path.join(state, "snapshots"), "plain", False, False)
+    write_snapshot(os.path.join(state, "snapshots"), "nic", True, True)
+    # A record a killed forkd left, naming a namespace of its own that is gone.
+    with open(os.path.join(state, "sandboxes", "sb-abcdef-0000.json"), "w") as f:
+        json.dump({"id": "sb-abcdef-0000", "snapshot_tag": "nic", "created_at_unix": 1700000000,
+                   "memory_limit_mib": 0, "owner_uid": 0, "cgroup": False, "netns": "forkd-child-4093"}, f)
+
+    sock = os.path.join(tmp, "bus.sock")
+    conf = os.path.join(tmp, "bus.conf")
+    with open(conf, "w") as f:
+        f.write(f"""<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
+ "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
+<busconfig>
+  <type>system</type>
+  <listen>unix:path={sock}</listen>
+  <auth>EXTERNAL</auth>
+  <policy context="default">
+    <allow user="*"/>
+    <allow own="*"/>
+    <allow send_destination="*" eavesdrop="true"/>
+    <allow receive_sender="*"/>
+  </policy>
+</busconfig>
+""")
+    busd = subprocess.Popen(["dbus-daemon", "--config-file=" + conf, "--nofork", "--nopidfile", "--print-address=1"],
+                            stdout=subprocess.PIPE, text=True)
+    forkd = None
+    log = os.path.join(tmp, "forkd.log")
+    try:
+        address = busd.stdout.readline().strip()
+        bus = Bus(address)
+        bus.add_match(f"type='signal',sender='{DEST}',interface='{IFACE}'")
+        with open(log, "w") as lf:
+            forkd = subprocess.Popen([FORKD, "--bus-address", address, "--state-dir", state, "--no-confine",
+                                      "--vmm", VMM], stdout=lf, stderr=lf)
+        deadline = time.monotonic() + 20
+        while not bus.call("org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus", "NameHasOwner",
+                           "s", [DEST])[0]:
+            if forkd.poll() is not None or time.monotonic() > deadline:
+                with open(log) as f:
+                    ok(False, "forkd starts without /dev/kvm", f.read())
+                return
+            time.sleep(0.05)
+        ok(True, "forkd starts over the hand-written snapshots")
+
+        plain = bus.call(DEST, PATH, IFACE, "GetSnapshotInfo", "s", ["plain"])[0]
+        nic = bus.call(DEST, PATH, IFACE, "GetSnapshotInfo", "s", ["nic"])[0]
+        ok(plain.get("network") is False and plain.get("agent_tcp") is False,
+           "SnapshotInfo of a snapshot without NIC: network false, agent_tcp false", plain)
+        ok(nic.get("network") is True and nic.get("agent_tcp") is True,
+           "SnapshotInfo of a snapshot made with network and agent_tcp: both true", nic)
+
+        good, why = expect_error(bus, INVALID, "Fork", "sua{sv}", ["plain", 1, {"network": ("s", "egress")}],
+                                 "has no NIC")
+        ok(good, "Fork: a network policy on a snapshot without NIC is InvalidArgs naming the fix", why)
+        good, why = expect_error(bus, INVALID, "Fork", "sua{sv}", ["plain", 1, {"network": ("s", "none")}],
+                                 "network")
+        ok(good, "Fork: network none on a snapshot without NIC too", why)
+        good, why = expect_error(bus, INVALID, "Fork", "sua{sv}", ["nic", 1, {"per_child_netns": ("b", False),
+                                                                            "network": ("s", "sideways")}],
+                                 "none")
+        ok(good, "Fork: an unknown policy is InvalidArgs", why)
+        good, why = expect_error(bus, INVALID, "Fork", "sua{sv}", ["nic", 1, {"network": ("b", True)}], "type s")
+        ok(good, "Fork: network of type b is InvalidArgs", why)
+        good, why = expect_error(bus, INVALID, "Fork", "sua{sv}", ["nic", 1, {"per_child_netns": ("b", True)}],
+                                 "per_child_netns")
+        ok(good, "Fork: per_child_netns with a NIC snapshot is InvalidArgs, saying why", why)
+
+        try:
+            fdbus = Bus(address, unix_fds=True)
+            with open("/dev/null", "rb") as k, open("/dev/null", "rb") as r:
+                try:
+                    fdbus.call(DEST, PATH, IFACE, "CreateSnapshotFromFds", "shhuua{sv}",
+                               ["t1", 0, 1, 0, 30, {"agent_tcp": ("b", True)}], fds=[k.fileno(), r.fileno()])
+                    good, why = False, "succeeded"
+                except DBusError as e:
+                    good, why = e.name == INVALID and "needs network" in e.message, f"{e.name}: {e.message}"
+            fdbus.close()
+        except (OSError, RuntimeError) as e:
+            good, why = False, repr(e)
+        ok(good, "CreateSnapshotFromFds: agent_tcp without network is InvalidArgs", why)
+
+        good, why = expect_error(bus, "org.forkd.Error.NoSuchSandbox", "ExposePort", "sq", ["sb-nope-0000", 8080])
+        ok(good, "ExposePort on the Manager: an unknown sandbox is NoSuchSandbox", why)
+
+        intro = bus.call(DEST, PATH, "org.freedesktop.DBus.Introspectable", "Introspect")[0]
+        ok('<method name="ExposePort">' in intro and 'name="port"' in intro, "the Manager introspects ExposePort",
+           intro[-400:])
+
+        left = os.listdir(os.path.join(state, "sandboxes"))
+        ok(forkd.poll() is None and "sb-abcdef-0000.json" not in left,
+           "a record naming a namespace is cleaned at start, forkd still runs", left)
+    finally:
+        if forkd and forkd.poll() is None:
+            forkd.terminate()
+            try:
+                forkd.wait(20)
+            except subprocess.TimeoutExpired:
+                forkd.kill()
+                forkd.wait()
+        busd.terminate()
+        busd.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"1..{n_tests}", flush=True)
+    return 1 if n_failed else 0
+
+
+def outer():
+    """As root, forkd removes the namespaces and fkd* links a previous forkd
+    left (netns_cleanup_leftovers()): so it runs in a mount and network
+    namespace of its own, with a tmpfs on /run, and touches nothing of the host."""
+    if os.geteuid() != 0 or os.environ.get("NET_ARGS_INNER") == "1":
+        if os.geteuid() == 0:
+            subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=0755", "tmpfs", "/run"], check=True)
+        return main()
+    if shutil.which("unshare") is None:
+        skip_all("needs unshare(1) to keep forkd's namespace cleanup off the host")
+    os.environ["NET_ARGS_INNER"] = "1"
+    os.execvp("unshare", ["unshare", "-m", "-n", "--propagation", "private", "--", sys.executable,
+                          os.path.abspath(__file__)])
+
+
+if __name__ == "__main__":
+    sys.exit(outer())
