@@ -394,6 +394,9 @@ static int route_snapshots_create(RestRequest *req) {
                 return rest_reply_error(req, 400, "boot_wait_secs must be between 1 and %d", BOOT_WAIT_MAX);
         if (a.mem_mib < 0 || a.mem_mib > 1024 * 1024)
                 return rest_reply_error(req, 400, "mem_mib out of range");
+        if (a.agent_tcp && !a.network)
+                return rest_reply_error(req, 400, "agent_tcp needs network: true (the guest agent's TCP port is "
+                                                  "reached through the NIC)");
 
         /* Opened here, with forkd-rest's own credentials, and handed to forkd as
          * descriptors: forkd never opens a path for the bridge. */
@@ -408,9 +411,6 @@ static int route_snapshots_create(RestRequest *req) {
                 if (r <= 0)
                         return r;
         }
-        if (a.agent_tcp && !a.network)
-                return rest_reply_error(req, 400, "agent_tcp needs network: true (the guest agent's TCP port is "
-                                                  "reached through the NIC)");
 
         r = rest_new_manager_call(req, "CreateSnapshotFromFds", &m);
         if (r < 0)

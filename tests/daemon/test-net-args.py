@@ -16,6 +16,9 @@ Environment: FORKD, FORKD_VMM (the built forkd and forkd-vmm; the latter never r
 
 import json
 import os
+import socket
+import urllib.error
+import urllib.request
 import shutil
 import subprocess
 import sys
@@ -27,6 +30,7 @@ from dbusmini import Bus, DBusError  # noqa: E402
 
 FORKD = os.environ.get("FORKD", "")
 VMM = os.environ.get("FORKD_VMM", "")
+REST = os.environ.get("FORKD_REST", "")
 DEST, PATH, IFACE = "org.forkd.Manager", "/org/forkd/Manager", "org.forkd.Manager"
 INVALID = "org.freedesktop.DBus.Error.InvalidArgs"
 n_tests = n_failed = 0
@@ -67,6 +71,66 @@ def write_snapshot(snapdir, tag, network, agent_tcp):
     for name, size in (("memory.bin", mem), ("vmstate.bin", 64), ("disk.img", disk)):
         with open(os.path.join(d, name), "wb") as f:
             f.truncate(size)
+
+
+def http(port, method, path, body):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method,
+                                 data=json.dumps(body).encode() if body is not None else None,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=20) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def rest_checks(tmp, address):
+    """forkd-rest's side: the ports route and the new body fields."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = open(os.path.join(tmp, "rest.log"), "w")
+    rest = subprocess.Popen([REST, "--listen", f"127.0.0.1:{port}", "--bus-address", address, "--no-direct"],
+                            stdout=log, stderr=log)
+    log.close()
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if rest.poll() is not None or time.monotonic() > deadline:
+                    ok(False, "forkd-rest starts")
+                    return
+                time.sleep(0.05)
+        for bad in (0, 65536, -1, "80", None, 1.5):
+            st, text = http(port, "POST", "/v1/sandboxes/sb-nope-0000/ports", {"port": bad})
+            ok(st == 400, f"REST ports: port {bad!r} is 400", f"{st} {text}")
+        st, text = http(port, "POST", "/v1/sandboxes/sb-nope-0000/ports", {"port": 8080})
+        ok(st == 404, "REST ports: an unknown sandbox is 404", f"{st} {text}")
+        st, text = http(port, "POST", "/v1/sandboxes", {"snapshot_tag": "plain", "n": 1, "network": "egress"})
+        ok(st == 400 and "no NIC" in text, "REST fork: network on a snapshot without NIC is 400", f"{st} {text}")
+        st, text = http(port, "POST", "/v1/sandboxes", {"snapshot_tag": "nic", "n": 1, "network": 7})
+        ok(st == 400, "REST fork: a network that is not a string is 400", f"{st} {text}")
+        base = {"tag": "t2", "kernel": "/dev/null", "rootfs": "/dev/null"}
+        st, text = http(port, "POST", "/v1/snapshots", dict(base, agent_tcp=True))
+        ok(st == 400 and "agent_tcp" in text, "REST snapshot create: agent_tcp without network is 400",
+           f"{st} {text}")
+        for tap in (5, [], {}):
+            st, text = http(port, "POST", "/v1/snapshots", dict(base, tap=tap))
+            ok(st == 400 and "tap" in text, f"REST snapshot create: tap {tap!r} is 400", f"{st} {text}")
+        st, text = http(port, "POST", "/v1/snapshots", dict(base, tap="x" * 64))
+        ok(st == 400 and "tap" in text, "REST snapshot create: a tap of 64 bytes is 400", f"{st} {text}")
+        # "tap" as the spec's string, and true, mean network: agent_tcp is then no longer refused by
+        # forkd-rest (the boot files, /dev/null, are refused next).
+        for tap in ("tap0", True):
+            st, text = http(port, "POST", "/v1/snapshots", dict(base, tap=tap, agent_tcp=True))
+            ok(st == 400 and "agent_tcp" not in text, f"REST snapshot create: tap {tap!r} counts as network",
+               f"{st} {text}")
+    finally:
+        rest.terminate()
+        rest.wait()
 
 
 def expect_error(bus, name, member, sig, args, text=""):
@@ -176,6 +240,9 @@ def main():
         ok('<method name="ExposePort">' in intro and 'name="port"' in intro, "the Manager introspects ExposePort",
            intro[-400:])
 
+        if REST and os.access(REST, os.X_OK):
+            rest_checks(tmp, address)
+
         left = os.listdir(os.path.join(state, "sandboxes"))
         ok(forkd.poll() is None and "sb-abcdef-0000.json" not in left,
            "a record naming a namespace is cleaned at start, forkd still runs", left)
@@ -201,6 +268,7 @@ def outer():
     if os.geteuid() != 0 or os.environ.get("NET_ARGS_INNER") == "1":
         if os.geteuid() == 0:
             subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=0755", "tmpfs", "/run"], check=True)
+            subprocess.run(["ip", "link", "set", "lo", "up"], check=False)
         return main()
     if shutil.which("unshare") is None:
         skip_all("needs unshare(1) to keep forkd's namespace cleanup off the host")
