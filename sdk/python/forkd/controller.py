@@ -335,6 +335,12 @@ class Controller:
             raise ProtocolError(f"fork: the answer has no list of child ids: {str(r)[:200]}")
         return r
 
+    def expose_port(self, sandbox_id, port):
+        """POST /v1/sandboxes/:id/ports: "host:port" where this host reaches the
+        guest's TCP port (a sandbox of a snapshot made with network)."""
+        body = {"port": _check_int(port, "port", 1, 65535)}
+        return self._call("POST", f"/v1/sandboxes/{_check_name(sandbox_id, 'sandbox id')}/ports", body)["host_addr"]
+
     def ping_sandbox(self, sandbox_id):
         """POST /v1/sandboxes/:id/ping: the guest agent's answer."""
         return self._call("POST", f"/v1/sandboxes/{_check_name(sandbox_id, 'sandbox id')}/ping")
