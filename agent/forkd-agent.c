@@ -14,6 +14,7 @@
 #include <sys/wait.h>
 
 #include "agent-init.h"
+#include "agent-net.h"
 #include "agent-python.h"
 #include "agent.h"
 #include "macro.h"
@@ -160,8 +161,11 @@ int main(int argc, char *argv[]) {
         if (r < 0)
                 log_error_errno(r, "Failed to set up signal handlers: %m");
 
-        if (config.pid1)
+        if (config.pid1) {
                 pid1_modprobe(arg_modules, arg_n_modules);
+                /* the NIC, before the channel opens (and says ready); never fatal */
+                agent_net_setup();
+        }
 
         if (config.python)
                 (void) agent_python_init(); /* logs; eval and run_code answer errors without it */
