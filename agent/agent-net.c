@@ -174,8 +174,57 @@ static int default_route_add(int fd, int ifindex, struct in_addr gw, uint32_t se
         return nl_call(fd, &r, RTM_NEWROUTE, NLM_F_CREATE | NLM_F_REPLACE, seq);
 }
 
+/* Dump (NLM_F_DUMP) with the request in r, calling cb for each message of the answer. */
+static int nl_dump(int fd, NlReq *r, uint16_t type, uint32_t seq,
+                   void (*cb)(const struct nlmsghdr *h, void *userdata), void *userdata) {
+        _cleanup_free_ uint8_t *buf = NULL;
+        unsigned seen = 0;
+        int ret;
+
+        buf = malloc(NL_RECV_SIZE);
+        if (!buf)
+                return -ENOMEM;
+        ret = nl_send(fd, r, type, NLM_F_DUMP, seq);
+        if (ret < 0)
+                return ret;
+
+        for (;;) {
+                ssize_t k = nl_recv(fd, buf, NL_RECV_SIZE);
+                size_t left;
+
+                if (k < 0)
+                        return (int) k;
+                if (k == 0)
+                        return -EBADMSG;
+                left = (size_t) k;
+                for (struct nlmsghdr *h = (struct nlmsghdr *) buf; NLMSG_OK(h, left); h = NLMSG_NEXT(h, left)) {
+                        if (h->nlmsg_seq != seq)
+                                continue;
+                        if (h->nlmsg_type == NLMSG_DONE)
+                                return 0;
+                        if (h->nlmsg_type == NLMSG_ERROR) {
+                                const struct nlmsgerr *e = NLMSG_DATA(h);
+
+                                if (h->nlmsg_len < NLMSG_LENGTH(sizeof *e))
+                                        return -EBADMSG;
+                                return e->error < 0 ? e->error : -EBADMSG;
+                        }
+                        if (++seen > NL_DUMP_MAX_MESSAGES)
+                                return -E2BIG;
+                        cb(h, userdata);
+                }
+        }
+}
+
+typedef struct Pick {
+        bool have_preferred;
+        int best_index;
+        char best[IF_NAMESIZE];
+} Pick;
+
 /* One RTM_NEWLINK message of the dump: note eth0, or a better fallback. */
-static void pick_consider(const struct nlmsghdr *h, bool *have_preferred, int *best_index, char best[IF_NAMESIZE]) {
+static void pick_consider(const struct nlmsghdr *h, void *userdata) {
+        Pick *p = userdata;
         const struct ifinfomsg *ifi;
         const struct rtattr *a;
         const char *name = NULL;
@@ -193,74 +242,67 @@ static void pick_consider(const struct nlmsghdr *h, bool *have_preferred, int *b
         if (!name || nlen == 0 || nlen >= IF_NAMESIZE)
                 return;
 
-        if (strncmp(name, AGENT_NET_IFNAME, nlen) == 0 && nlen == strlen(AGENT_NET_IFNAME)) {
-                *have_preferred = true;
-                memcpy(best, name, nlen);
-                best[nlen] = 0;
+        if (nlen == strlen(AGENT_NET_IFNAME) && strncmp(name, AGENT_NET_IFNAME, nlen) == 0) {
+                p->have_preferred = true;
+                memcpy(p->best, name, nlen);
+                p->best[nlen] = 0;
                 return;
         }
-        if (*have_preferred || ifi->ifi_type != ARPHRD_ETHER || (ifi->ifi_flags & IFF_LOOPBACK))
+        if (p->have_preferred || ifi->ifi_type != ARPHRD_ETHER || (ifi->ifi_flags & IFF_LOOPBACK))
                 return;
-        if (*best_index > 0 && ifi->ifi_index >= *best_index)
+        if (p->best_index > 0 && ifi->ifi_index >= p->best_index)
                 return;
-        *best_index = ifi->ifi_index;
-        memcpy(best, name, nlen);
-        best[nlen] = 0;
+        p->best_index = ifi->ifi_index;
+        memcpy(p->best, name, nlen);
+        p->best[nlen] = 0;
 }
 
 int agent_net_pick(char ret[static IF_NAMESIZE]) {
         _cleanup_close_ int fd = -EBADF;
-        _cleanup_free_ uint8_t *buf = NULL;
-        char best[IF_NAMESIZE] = {};
-        bool have_preferred = false;
-        unsigned seen = 0;
-        int best_index = 0, r;
+        Pick p = {};
         NlReq req = {};
         struct ifinfomsg *ifi = nl_body(&req, sizeof *ifi);
-        const uint32_t seq = 1;
+        int r;
 
         ifi->ifi_family = AF_UNSPEC;
         fd = nl_open();
         if (fd < 0)
                 return fd;
-        buf = malloc(NL_RECV_SIZE);
-        if (!buf)
-                return -ENOMEM;
-        r = nl_send(fd, &req, RTM_GETLINK, NLM_F_DUMP, seq);
+        r = nl_dump(fd, &req, RTM_GETLINK, 1, pick_consider, &p);
         if (r < 0)
                 return r;
-
-        for (;;) {
-                ssize_t k = nl_recv(fd, buf, NL_RECV_SIZE);
-                size_t left;
-
-                if (k < 0)
-                        return (int) k;
-                if (k == 0)
-                        return -EBADMSG;
-                left = (size_t) k;
-                for (struct nlmsghdr *h = (struct nlmsghdr *) buf; NLMSG_OK(h, left); h = NLMSG_NEXT(h, left)) {
-                        if (h->nlmsg_seq != seq)
-                                continue;
-                        if (h->nlmsg_type == NLMSG_DONE)
-                                goto done;
-                        if (h->nlmsg_type == NLMSG_ERROR) {
-                                const struct nlmsgerr *e = NLMSG_DATA(h);
-
-                                if (h->nlmsg_len < NLMSG_LENGTH(sizeof *e))
-                                        return -EBADMSG;
-                                return e->error < 0 ? e->error : -EBADMSG;
-                        }
-                        if (++seen > NL_DUMP_MAX_MESSAGES)
-                                return -E2BIG;
-                        pick_consider(h, &have_preferred, &best_index, best);
-                }
-        }
-done:
-        if (!have_preferred && best_index <= 0)
+        if (!p.have_preferred && p.best_index <= 0)
                 return -ENODEV;
-        memcpy(ret, best, IF_NAMESIZE);
+        memcpy(ret, p.best, IF_NAMESIZE);
         return 0;
+}
+
+static void default_route_seen(const struct nlmsghdr *h, void *userdata) {
+        const struct rtmsg *rtm;
+
+        if (h->nlmsg_type != RTM_NEWROUTE || h->nlmsg_len < NLMSG_LENGTH(sizeof *rtm))
+                return;
+        rtm = NLMSG_DATA(h);
+        if (rtm->rtm_family == AF_INET && rtm->rtm_dst_len == 0 && rtm->rtm_table == RT_TABLE_MAIN &&
+            rtm->rtm_type == RTN_UNICAST)
+                *(bool *) userdata = true;
+}
+
+int agent_net_has_default_route(void) {
+        _cleanup_close_ int fd = -EBADF;
+        NlReq req = {};
+        struct rtmsg *rtm = nl_body(&req, sizeof *rtm);
+        bool found = false;
+        int r;
+
+        rtm->rtm_family = AF_INET;
+        fd = nl_open();
+        if (fd < 0)
+                return fd;
+        r = nl_dump(fd, &req, RTM_GETROUTE, 1, default_route_seen, &found);
+        if (r < 0)
+                return r;
+        return found;
 }
 
 int agent_net_configure(const char *ifname) {
@@ -303,6 +345,17 @@ int agent_net_configure(const char *ifname) {
 void agent_net_setup(void) {
         char ifname[IF_NAMESIZE];
         int r;
+
+        /* a guest at boot has no default route; a PID 1 of a container on a host
+         * (the tests) has its host's: leave that network alone */
+        r = agent_net_has_default_route();
+        if (r != 0) {
+                if (r < 0)
+                        log_warning_errno(r, "Failed to list routes, leaving the network alone: %m");
+                else
+                        log_info("A default route exists already; leaving the network alone.");
+                return;
+        }
 
         r = agent_net_pick(ifname);
         if (r == -ENODEV) {

@@ -26,6 +26,11 @@ int agent_net_pick(char ret[static IF_NAMESIZE]);
  * Returns 0 or a negative errno (-ENODEV: no such interface). Does not log. */
 int agent_net_configure(const char *ifname);
 
+/* 1 if the main table has an IPv4 default route, 0 if not, or a negative errno. */
+int agent_net_has_default_route(void);
+
 /* At start, as PID 1: pick and configure, logging a failure to the console.
- * Without an ethernet link it only brings lo up, silently. */
+ * Without an ethernet link it only brings lo up, silently. With an IPv4
+ * default route already there (not a fresh guest: PID 1 of a container on
+ * some host) it touches nothing. */
 void agent_net_setup(void);

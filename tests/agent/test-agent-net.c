@@ -200,8 +200,26 @@ int main(void) {
         check(r == 0, "configure again is harmless (r=%d)", r);
         check_configured("eth0", "again");
 
-        /* what PID 1 runs: lo down first, to see it brought up */
+        /* what PID 1 runs: with a default route there, nothing is touched */
+        check(agent_net_has_default_route() == 1, "the default route is seen");
+        (void) sh("ip addr flush dev eth0"); /* takes the default route via eth0 along */
+        if (sh("ip link set peer7 up && ip addr add 10.9.0.2/24 dev peer7 && ip route add default via 10.9.0.1") != 0) {
+                printf("Bail out! cannot set up a host-like default route\n");
+                return 1;
+        }
         (void) sh("ip link set lo down");
+        agent_net_setup();
+        {
+                char addrs[256];
+
+                inet_of("eth0", addrs, sizeof addrs);
+                check(addrs[0] == 0 && !link_is_up("lo"), "setup with a default route in place touches nothing (eth0 has '%s')",
+                      addrs);
+        }
+
+        /* a fresh network (no default route, lo down, eth0 down and bare): setup configures it */
+        (void) sh("ip link set eth0 down; ip route del default; ip link set peer7 down");
+        check(agent_net_has_default_route() == 0, "no default route is seen once it is deleted");
         agent_net_setup();
         check_configured("eth0", "setup");
 
