@@ -9,14 +9,20 @@ the JSON-line protocol on a listening socket on 127.0.0.1 that this test binds
 to an ephemeral port and hands over with --tcp=fd:N. The client below sends
 what forkd's Python Sandbox sends: one connection per request, the JSON object
 and a newline, a half-close, then everything up to end of stream is the reply.
-Traffic stays on loopback.
+TestPid1Guest runs the agent as PID 1 in PID, mount and network namespaces of
+its own, with a veth named eth0 and forkd.agent_tcp=1 in a bind-mounted
+/proc/cmdline, and its client inside that namespace. Traffic stays on
+loopback or inside the namespaces this test makes.
 """
 import importlib.util
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 import unittest
 
@@ -206,7 +212,6 @@ class TestActions(TcpTest):
         self.alive()
 
     def test_concurrent_execs(self):
-        import threading
         out = {}
 
         def run(i):
@@ -408,6 +413,90 @@ class TestSwitch(unittest.TestCase):
                     self.assertEqual(listening_sockets_of(a.p.pid), [])
                 finally:
                     self.assertEqual(a.close(), 0)
+
+
+# A client that runs inside the agent's namespace (through the channel's exec): what
+# forkd's Sandbox sends, to ADDR:8888; prints the reply.
+IN_GUEST_CLIENT = """
+import json, socket, sys
+with socket.create_connection((sys.argv[1], 8888), timeout=5) as s:
+    s.settimeout(20)
+    s.sendall((sys.argv[2] + "\\n").encode())
+    s.shutdown(socket.SHUT_WR)
+    buf = b""
+    while True:
+        c = s.recv(65536)
+        if not c:
+            break
+        buf += c
+sys.stdout.write(buf.decode())
+"""
+
+
+class TestPid1Guest(unittest.TestCase):
+    """PID 1 in new PID, mount and network namespaces made here, as in a guest at boot:
+    a veth named eth0 stands for the virtio NIC, and /proc/cmdline (a bind mount)
+    carries the switch. Checks the NIC configuration and the listener on port 8888,
+    from inside that namespace."""
+
+    def start(self, cmdline, nic=True):
+        if not ta.can_unshare():
+            self.skipTest("needs root and unshare(1) for PID and network namespaces")
+        self.cmdline = os.path.join(self.tmp, "cmdline")
+        with open(self.cmdline, "w") as f:
+            f.write(cmdline + "\n")
+        setup = "ip link add eth0 type veth peer name eth0-peer && ip link set eth0-peer up && " if nic else ""
+        self.a = ta.Agent(wrapper=("unshare", "--pid", "--net", "--fork", "--mount", "--propagation", "private",
+                                   "--mount-proc", "--kill-child", "sh", "-c",
+                                   setup + 'mount --bind "$0" /proc/cmdline && exec "$@"', self.cmdline))
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="test-agent-tcp.")
+        self.a = None
+
+    def tearDown(self):
+        if self.a and self.a.p.poll() is None:
+            self.a.p.kill()
+            self.a.p.wait()
+        if self.a:
+            self.a.s.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def client(self, addr, msg):
+        r = self.a.ok("exec", args=["/usr/bin/python3", "-c", IN_GUEST_CLIENT, addr, json.dumps(msg)])
+        self.assertEqual(r["exit_code"], 0, r)
+        return check_reply(r["stdout"].encode())
+
+    def test_nic_and_switch(self):
+        self.start("console=ttyS0 reboot=k forkd.agent_tcp=1 quiet")
+        self.assertEqual(self.a.ok("ping")["pid"], 1)
+        r = self.a.ok("exec", args=["ip", "-o", "-4", "addr", "show", "dev", "eth0"])
+        self.assertEqual([ln.split()[3] for ln in r["stdout"].splitlines()], ["172.16.0.2/30"], r)
+        r = self.a.ok("exec", args=["ip", "-4", "route", "show", "default"])
+        self.assertEqual(r["stdout"].split()[:5], ["default", "via", "172.16.0.1", "dev", "eth0"], r)
+        r = self.a.ok("exec", args=["ip", "-o", "link", "show", "lo"])
+        self.assertIn(",UP", r["stdout"])
+        # forkd's protocol on 0.0.0.0:8888: by loopback and by the NIC's address
+        for addr in ("127.0.0.1", "172.16.0.2"):
+            r = self.client(addr, {"action": "ping"})
+            self.assertEqual((r["pong"], r["pid"]), (True, 1))
+        r = self.client("127.0.0.1", {"action": "exec", "args": ["/bin/sh", "-c", "echo hi"],
+                                      "timeout": 10})
+        self.assertEqual((r["stdout"], r["exit_code"]), ("hi\n", 0))
+        self.assertEqual(self.client("127.0.0.1", {"action": "eval", "code": "6 * 7"})["result"], "42")
+
+    def test_switch_off(self):
+        for cmdline in ("console=ttyS0 quiet", "forkd.agent_tcp=0", "forkd.agent_tcp=1 forkd.agent_tcp=0",
+                        "forkd.agent_tcp=maybe"):
+            with self.subTest(cmdline=cmdline):
+                self.start(cmdline, nic=False)
+                self.assertEqual(self.a.ok("ping")["pid"], 1)
+                r = self.a.ok("exec", args=["sh", "-c", "cat /proc/net/tcp /proc/net/tcp6 2>/dev/null"])
+                self.assertNotIn(" 0A ", r["stdout"], r["stdout"])  # no socket in state LISTEN
+                self.assertEqual(self.a.ok("shutdown"), {"ok": True})
+                self.a.p.wait(timeout=20)
+                self.a.s.close()
+                self.a = None
 
 
 if __name__ == "__main__":
