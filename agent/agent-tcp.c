@@ -348,77 +348,128 @@ int agent_tcp_reply(Agent *a, uint64_t serial, uint16_t type, struct json_object
 
 /* ---- requests ---- */
 
-/* forkd's "timeout" (seconds; absent: 30; null: none, here the maximum) as timeout_secs */
-static int exec_timeout(struct json_object *req, uint32_t *ret) {
-        struct json_object *v;
+/* forkd's requests: unknown keys are ignored, as forkd's agent ignores them */
+
+typedef struct TcpArgs {
+        char action[16];
+        struct json_object *args;       /* borrowed from the request */
+        struct json_object *code;       /* borrowed */
+        uint32_t timeout_secs;
+} TcpArgs;
+
+static int dispatch_ignore(struct json_object *v, void *field, const char **ret_error) {
+        return 0;
+}
+
+static int dispatch_borrow(struct json_object *v, void *field, const char **ret_error) {
+        *(struct json_object **) field = v;
+        return 0;
+}
+
+static int dispatch_action(struct json_object *v, void *field, const char **ret_error) {
+        /* a name too long for the buffer is an unknown action, not a type error */
+        if (json_string_to_buf(v, field, JSON_FIELD_SIZE(TcpArgs, action), ret_error) == -ENAMETOOLONG)
+                strcpy(field, "?");
+        return 0;
+}
+
+/* "timeout": seconds, a fraction rounds up; null is forkd's "none", here the maximum */
+static int dispatch_timeout(struct json_object *v, void *field, const char **ret_error) {
+        uint32_t *t = field;
         double d;
 
-        if (!json_object_object_get_ex(req, "timeout", &v)) {
-                *ret = AGENT_TIMEOUT_DEFAULT_SECS;
-                return 0;
-        }
         if (!v) {
-                *ret = AGENT_TIMEOUT_MAX_SECS;
+                *t = AGENT_TIMEOUT_MAX_SECS;
                 return 0;
         }
-        if (json_object_is_type(v, json_type_int)) {
-                int64_t i = json_object_get_int64(v);
-
-                if (i < 1 || i > AGENT_TIMEOUT_MAX_SECS)
-                        return -ERANGE;
-                *ret = (uint32_t) i;
-                return 0;
-        }
-        if (json_object_is_type(v, json_type_double)) {
+        if (json_object_is_type(v, json_type_int))
+                d = (double) json_object_get_int64(v);
+        else if (json_object_is_type(v, json_type_double))
                 d = json_object_get_double(v);
-                if (!(d > 0) || d > AGENT_TIMEOUT_MAX_SECS)
-                        return -ERANGE;
-                *ret = (uint32_t) MAX(ceil(d), 1.0);
-                return 0;
+        else {
+                *ret_error = "expected a number of seconds";
+                return -EINVAL;
         }
-        return -EINVAL;
+        if (!(d > 0) || d > AGENT_TIMEOUT_MAX_SECS) {
+                *ret_error = "must be more than 0 and at most 3600 seconds";
+                return -ERANGE;
+        }
+        *t = (uint32_t) MAX(ceil(d), 1.0);
+        return 0;
 }
+
+static const struct json_dispatch action_table[] = {
+        { "action", JSON_KIND_STRING, dispatch_action, offsetof(TcpArgs, action), 0, JSON_MANDATORY },
+        {}
+};
+
+static const struct json_dispatch exec_table[] = {
+        { "action", JSON_KIND_STRING, dispatch_ignore, 0, 0, JSON_MANDATORY },
+        { "args", JSON_KIND_ARRAY, dispatch_borrow, offsetof(TcpArgs, args), 0, JSON_MANDATORY },
+        { "timeout", JSON_KIND_ANY, dispatch_timeout, offsetof(TcpArgs, timeout_secs), 0, JSON_NULLABLE },
+        {}
+};
+
+static const struct json_dispatch eval_table[] = {
+        { "action", JSON_KIND_STRING, dispatch_ignore, 0, 0, JSON_MANDATORY },
+        { "code", JSON_KIND_STRING, dispatch_borrow, offsetof(TcpArgs, code), 0, JSON_MANDATORY },
+        {}
+};
+
+static const struct {
+        const char *name;
+        TcpAction action;
+        const struct json_dispatch *table;
+} actions[] = {
+        { "ping", TCP_ACTION_PING, NULL },
+        { "exec", TCP_ACTION_EXEC, exec_table },
+        { "eval", TCP_ACTION_EVAL, eval_table },
+};
 
 /* Build the agent's own request for a forkd one. On a refusal the reply is queued and *ret stays NULL. */
 static int tcp_translate(TcpConn *c, struct json_object *req, struct json_object **ret) {
         _cleanup_json_ struct json_object *op = NULL;
-        struct json_object *actv, *v;
-        const char *action;
-        uint32_t timeout;
+        TcpArgs args = { .timeout_secs = AGENT_TIMEOUT_DEFAULT_SECS };
+        const char *field = NULL, *err = NULL;
+        size_t i;
         int r;
 
-        if (!json_object_object_get_ex(req, "action", &actv) || !json_object_is_type(actv, json_type_string))
-                return tcp_error(c, "bad request: missing or non-string action");
-        action = json_object_get_string(actv);
+        r = json_dispatch_full(req, action_table, 0, &args, &field, &err);
+        if (r < 0)
+                return tcp_error(c, "bad request: '%s': %s", field ?: "action", err ?: strerror(-r));
+        for (i = 0; i < ELEMENTSOF(actions); i++)
+                if (streq(args.action, actions[i].name))
+                        break;
+        if (i >= ELEMENTSOF(actions))
+                return tcp_error(c, "unknown action: %s", args.action);
+        c->action = actions[i].action;
+        if (actions[i].table) {
+                r = json_dispatch_full(req, actions[i].table, 0, &args, &field, &err);
+                if (r == -ENOMEM)
+                        return r;
+                if (r < 0)
+                        return tcp_error(c, "bad request: '%s': %s", field ?: "?", err ?: strerror(-r));
+        }
 
         op = json_object_new_object();
-        if (!op)
+        if (!op || json_object_object_add(op, "op", json_object_new_string(actions[i].name)) < 0)
                 return -ENOMEM;
-
-        if (streq(action, "ping")) {
-                c->action = TCP_ACTION_PING;
-                json_object_object_add(op, "op", json_object_new_string("ping"));
-        } else if (streq(action, "exec")) {
-                c->action = TCP_ACTION_EXEC;
-                if (!json_object_object_get_ex(req, "args", &v) || !json_object_is_type(v, json_type_array))
-                        return tcp_error(c, "bad request: args must be a list of strings");
-                r = exec_timeout(req, &timeout);
-                if (r < 0)
-                        return tcp_error(c, "bad request: timeout must be a number of seconds, 0 < timeout <= %u",
-                                         AGENT_TIMEOUT_MAX_SECS);
-                json_object_object_add(op, "op", json_object_new_string("exec"));
-                json_object_object_add(op, "args", json_object_get(v));
-                json_object_object_add(op, "timeout_secs", json_object_new_int64(timeout));
-        } else if (streq(action, "eval")) {
-                c->action = TCP_ACTION_EVAL;
-                if (!json_object_object_get_ex(req, "code", &v) || !json_object_is_type(v, json_type_string))
-                        return tcp_error(c, "bad request: code must be a string");
-                json_object_object_add(op, "op", json_object_new_string("eval"));
-                json_object_object_add(op, "code", json_object_get(v));
-                json_object_object_add(op, "timeout_secs", json_object_new_int64(AGENT_TIMEOUT_DEFAULT_SECS));
-        } else
-                return tcp_error(c, "unknown action: %s", action);
-
+        switch (c->action) {
+        case TCP_ACTION_EXEC:
+                /* the channel's exec checks args further (1..256 strings, 64 KiB) */
+                if (json_object_object_add(op, "args", json_object_get(args.args)) < 0 ||
+                    json_object_object_add(op, "timeout_secs", json_object_new_int64(args.timeout_secs)) < 0)
+                        return -ENOMEM;
+                break;
+        case TCP_ACTION_EVAL:
+                /* forkd's eval has no timeout; its client waits 35 s */
+                if (json_object_object_add(op, "code", json_object_get(args.code)) < 0 ||
+                    json_object_object_add(op, "timeout_secs", json_object_new_int64(AGENT_TIMEOUT_DEFAULT_SECS)) < 0)
+                        return -ENOMEM;
+                break;
+        default:
+                break;
+        }
         *ret = TAKE_PTR(op);
         return 0;
 }
@@ -472,7 +523,7 @@ static bool tcp_read(Agent *a, TcpConn *c) {
                         if (want <= c->in_cap) {
                                 /* full and no newline: more than a line may hold */
                                 (void) tcp_error(c, "bad request: the line exceeds %u bytes", AGENT_TCP_MAX_LINE);
-                                return true;
+                                return c->state != TCP_READING;
                         }
                         b = realloc(c->in, want);
                         if (!b) {
@@ -495,7 +546,7 @@ static bool tcp_read(Agent *a, TcpConn *c) {
                         if (c->in_len == 0)
                                 return false;
                         tcp_request(a, c, c->in, c->in_len);
-                        return true;
+                        return c->state != TCP_READING; /* not even an error could be queued: give up */
                 }
                 scan_from = c->in_len;
                 c->in_len += (size_t) k;
@@ -503,7 +554,7 @@ static bool tcp_read(Agent *a, TcpConn *c) {
                 if (nl) {
                         /* one request per connection: anything after the newline is ignored */
                         tcp_request(a, c, c->in, (size_t) (nl - c->in));
-                        return true;
+                        return c->state != TCP_READING;
                 }
         }
 }
