@@ -35,6 +35,7 @@ typedef struct Capture {
 struct ExecJob {
         uint32_t id;
         uint64_t conn_gen;
+        uint64_t tcp_conn;       /* asked on a TCP connection (agent-tcp.c); 0: on the channel */
         pid_t pid;
         bool exited;
         int status;
@@ -167,12 +168,9 @@ static struct json_object *exec_reply(const ExecJob *j, size_t out_len, size_t e
 
 /* Shrink the captures until the reply fits the payload limit (escaping can
  * make the JSON up to six times the raw bytes). */
-static void exec_job_answer(Agent *a, ExecJob *j) {
+static void exec_job_answer_now(Agent *a, ExecJob *j) {
         size_t out_len = j->out.len, err_len = j->err.len;
         bool truncated = j->out.truncated || j->err.truncated;
-
-        if (j->conn_gen != a->conn_gen)
-                return; /* asked on a connection that is gone */
 
         for (unsigned attempt = 0; attempt < 16; attempt++) {
                 struct json_object *o = exec_reply(j, out_len, err_len, truncated);
@@ -198,6 +196,17 @@ static void exec_job_answer(Agent *a, ExecJob *j) {
                 truncated = true;
         }
         (void) agent_send_error(a, j->id, "reply too large");
+}
+
+static void exec_job_answer(Agent *a, ExecJob *j) {
+        uint64_t saved = a->reply_tcp;
+
+        if (j->tcp_conn == 0 && j->conn_gen != a->conn_gen)
+                return; /* asked on a connection that is gone */
+
+        a->reply_tcp = j->tcp_conn; /* a TCP connection that is gone drops it */
+        exec_job_answer_now(a, j);
+        a->reply_tcp = saved;
 }
 
 /* ---- start ---- */
@@ -239,6 +248,7 @@ int agent_exec_start(Agent *a, uint32_t id, struct json_object *req) {
         j->out.fd = j->err.fd = -EBADF;
         j->id = id;
         j->conn_gen = a->conn_gen;
+        j->tcp_conn = a->reply_tcp;
 
         if (pipe2(out_p, O_CLOEXEC) < 0)
                 return -errno;

@@ -47,16 +47,6 @@ static int dispatch_id(struct json_object *v, void *field, const char **ret_erro
         return 0;
 }
 
-static int unhex(char c) {
-        if (c >= '0' && c <= '9')
-                return c - '0';
-        if (c >= 'a' && c <= 'f')
-                return c - 'a' + 10;
-        if (c >= 'A' && c <= 'F')
-                return c - 'A' + 10;
-        return -1;
-}
-
 static int dispatch_seed(struct json_object *v, void *field, const char **ret_error) {
         uint8_t *seed = field, tmp[32];
         const char *s;
@@ -67,7 +57,7 @@ static int dispatch_seed(struct json_object *v, void *field, const char **ret_er
         }
         s = json_object_get_string(v);
         for (size_t i = 0; i < 32; i++) {
-                int hi = unhex(s[2 * i]), lo = unhex(s[2 * i + 1]);
+                int hi = unhexchar(s[2 * i]), lo = unhexchar(s[2 * i + 1]);
 
                 if (hi < 0 || lo < 0) {
                         *ret_error = "seed must be 64 hex digits";

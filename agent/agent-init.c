@@ -140,6 +140,73 @@ void pid1_modprobe(char *const *modules, unsigned n) {
                 log_warning("modprobe failed for some modules.");
 }
 
+int cmdline_get_bool(const char *cmdline, const char *key) {
+        size_t klen = strlen(key);
+        const char *p = cmdline;
+        int ret = -ENOENT;
+
+        while (*p) {
+                size_t wlen;
+
+                p += strspn(p, " \t\n");
+                wlen = strcspn(p, " \t\n");
+                if (wlen == 0)
+                        break;
+                if (wlen >= klen && strncmp(p, key, klen) == 0) {
+                        const char *v = p + klen;
+                        size_t vlen = wlen - klen;
+
+                        if (vlen == 0)
+                                ret = 1;
+                        else if (*v == '=') {
+                                static const char *const yes[] = { "1", "yes", "true", "on" };
+                                static const char *const no[] = { "0", "no", "false", "off" };
+
+                                v++;
+                                vlen--;
+                                ret = -EINVAL;
+                                for (size_t i = 0; i < ELEMENTSOF(yes); i++) {
+                                        if (strlen(yes[i]) == vlen && strncmp(v, yes[i], vlen) == 0)
+                                                ret = 1;
+                                        if (strlen(no[i]) == vlen && strncmp(v, no[i], vlen) == 0)
+                                                ret = 0;
+                                }
+                        }
+                        /* else a longer key with this one as prefix: not ours */
+                }
+                p += wlen;
+        }
+        return ret;
+}
+
+int proc_cmdline_read(char **ret) {
+        _cleanup_close_ int fd = -EBADF;
+        _cleanup_free_ char *buf = NULL;
+        size_t n = 0;
+        const size_t max = 4096;
+
+        fd = open("/proc/cmdline", O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+                return -errno;
+        buf = malloc(max + 1);
+        if (!buf)
+                return -ENOMEM;
+        while (n < max) {
+                ssize_t k = read(fd, buf + n, max - n);
+
+                if (k < 0 && errno == EINTR)
+                        continue;
+                if (k < 0)
+                        return -errno;
+                if (k == 0)
+                        break;
+                n += (size_t) k;
+        }
+        buf[n] = 0;
+        *ret = TAKE_PTR(buf);
+        return 0;
+}
+
 static int sigchld_pipe_fd = -1;
 
 static void on_sigchld(int sig) {

@@ -21,3 +21,11 @@ int signals_setup(int pipe_fd, bool pid1);
 
 /* sync, then power off (PID 1) or exit(0). Does not return. */
 _Noreturn void agent_poweroff(bool pid1);
+
+/* A boolean switch of the kernel command line: 1 for "key", "key=1|yes|true|on",
+ * 0 for "key=0|no|false|off", -ENOENT when absent, -EINVAL for another value.
+ * The last occurrence counts, as the kernel's own parameters. */
+int cmdline_get_bool(const char *cmdline, const char *key);
+
+/* /proc/cmdline (at most 4 KiB), NUL-terminated. */
+int proc_cmdline_read(char **ret);

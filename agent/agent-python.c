@@ -74,6 +74,7 @@ static struct {
         bool ready;
         PyThreadState *ts;          /* saved while the loop runs without the GIL */
         PyObject *globals;          /* __main__.__dict__ */
+        PyObject *numpy;            /* the module, or NULL */
         PyObject *capped;           /* class Capped */
         PyObject *describe;
         PyObject *reseed;
@@ -184,7 +185,7 @@ static int python_setup(void) {
                 Py_XDECREF(v);
                 (void) PyDict_SetItemString(py.globals, "numpy", np);
                 (void) PyDict_SetItemString(py.globals, "np", np);
-                Py_DECREF(np);
+                py.numpy = np; /* the reference is kept */
         } else
                 log_info("numpy is not importable; continuing without it.");
         PyErr_Clear();
@@ -405,11 +406,33 @@ static void py_handle_exception(PyOutcome *o, PyObject *err_cap, unsigned timeou
         PyErr_Clear();
 }
 
-static int py_run(const char *code, bool is_eval, unsigned timeout_secs, PyOutcome *o) {
-        PyObject *out_cap = NULL, *err_cap = NULL, *old_out, *old_err, *co, *v = NULL, *rep = NULL;
+/* forkd's eval namespace: a new dict of builtins, numpy and np, per call */
+static PyObject *fresh_globals(void) {
+        PyObject *g = PyDict_New();
+
+        if (!g)
+                return NULL;
+        if (PyDict_SetItemString(g, "__builtins__", PyEval_GetBuiltins()) < 0 ||
+            (py.numpy && (PyDict_SetItemString(g, "numpy", py.numpy) < 0 ||
+                          PyDict_SetItemString(g, "np", py.numpy) < 0))) {
+                Py_DECREF(g);
+                return NULL;
+        }
+        return g;
+}
+
+static int py_run(const char *code, bool is_eval, bool fresh, unsigned timeout_secs, PyOutcome *o) {
+        PyObject *out_cap = NULL, *err_cap = NULL, *old_out, *old_err, *co, *v = NULL, *rep = NULL, *g = NULL;
         int r = 0;
 
         PyEval_RestoreThread(py.ts);
+
+        g = fresh ? fresh_globals() : (Py_INCREF(py.globals), py.globals);
+        if (!g) {
+                PyErr_Clear();
+                r = -ENOMEM;
+                goto finish;
+        }
 
         out_cap = PyObject_CallFunction(py.capped, "n", (Py_ssize_t) AGENT_PY_OUTPUT_CAP);
         err_cap = PyObject_CallFunction(py.capped, "n", (Py_ssize_t) AGENT_PY_OUTPUT_CAP);
@@ -429,7 +452,7 @@ static int py_run(const char *code, bool is_eval, unsigned timeout_secs, PyOutco
         timer_arm(timeout_secs);
         co = Py_CompileString(code, is_eval ? "<eval>" : "<run_code>", is_eval ? Py_eval_input : Py_file_input);
         if (co) {
-                v = PyEval_EvalCode(co, py.globals, py.globals);
+                v = PyEval_EvalCode(co, g, g);
                 Py_DECREF(co);
         }
         if (v && is_eval)
@@ -461,6 +484,7 @@ static int py_run(const char *code, bool is_eval, unsigned timeout_secs, PyOutco
         capture_take(err_cap, &o->err, &o->err_len, &o->truncated);
 
 finish:
+        Py_XDECREF(g);
         Py_XDECREF(out_cap);
         Py_XDECREF(err_cap);
         PyErr_Clear();
@@ -523,7 +547,7 @@ static struct json_object *py_reply(const PyOutcome *o, bool is_eval, size_t out
         return j;
 }
 
-static int py_op(Agent *a, uint32_t id, struct json_object *req, bool is_eval) {
+static int py_op(Agent *a, uint32_t id, struct json_object *req, bool is_eval, bool fresh) {
         CodeArgs args = { .timeout_secs = AGENT_TIMEOUT_DEFAULT_SECS };
         const char *field = NULL, *err = NULL;
         _cleanup_(py_outcome_done) PyOutcome o = {};
@@ -542,7 +566,7 @@ static int py_op(Agent *a, uint32_t id, struct json_object *req, bool is_eval) {
         if (!py.ready)
                 return agent_send_error(a, id, "Python is not available in this guest"), 0;
 
-        r = py_run(code, is_eval, args.timeout_secs, &o);
+        r = py_run(code, is_eval, fresh, args.timeout_secs, &o);
         if (getpid() != a->self_pid)
                 _exit(o.exit_code); /* the code forked and this is the child: never a second agent */
         if (r < 0)
@@ -576,9 +600,13 @@ static int py_op(Agent *a, uint32_t id, struct json_object *req, bool is_eval) {
 }
 
 int agent_op_eval(Agent *a, uint32_t id, struct json_object *req) {
-        return py_op(a, id, req, true);
+        return py_op(a, id, req, true, false);
+}
+
+int agent_op_eval_fresh(Agent *a, uint32_t id, struct json_object *req) {
+        return py_op(a, id, req, true, true);
 }
 
 int agent_op_run_code(Agent *a, uint32_t id, struct json_object *req) {
-        return py_op(a, id, req, false);
+        return py_op(a, id, req, false, false);
 }

@@ -28,6 +28,10 @@ const char *agent_python_numpy_version(void);
 
 int agent_op_eval(Agent *a, uint32_t id, struct json_object *req);
 int agent_op_run_code(Agent *a, uint32_t id, struct json_object *req);
+/* eval as forkd's own agent does it (the JSON-line protocol, agent-tcp.c): in a
+ * new namespace of builtins, numpy and np on every call, so nothing persists
+ * between calls. Same arguments and reply as eval. */
+int agent_op_eval_fresh(Agent *a, uint32_t id, struct json_object *req);
 
 /* After the kernel RNG was reseeded: reseed random, numpy.random and
  * tempfile's name sequence, where loaded. */

@@ -12,13 +12,14 @@
 
 #include "agent-init.h"
 #include "agent-python.h"
+#include "agent-tcp.h"
 #include "agent.h"
 #include "json-util.h"
 #include "macro.h"
 
 #define READ_CHUNK (64u * 1024u)
 #define TTY_REOPEN_USEC (100u * 1000u)
-#define POLL_MAX (3u + 2u * AGENT_EXEC_MAX_IN_FLIGHT)
+#define POLL_MAX (3u + 2u * AGENT_EXEC_MAX_IN_FLIGHT + 1u + AGENT_TCP_MAX_CONNECTIONS)
 
 /* ---- output queue ---- */
 
@@ -93,6 +94,8 @@ static int agent_send_errorv(Agent *a, uint32_t id, int err, const char *fmt, va
         name = err > 0 ? strerrorname_np(err) : NULL;
         if (name && json_object_object_add(o, "errno", json_object_new_string(name)) < 0)
                 return -ENOMEM;
+        if (a->reply_tcp)
+                return agent_tcp_reply(a, a->reply_tcp, FKA_ERROR, o);
         s = json_plain(o, &len);
         if (!s)
                 return -ENOMEM;
@@ -134,6 +137,8 @@ int agent_send_json(Agent *a, uint16_t type, uint32_t id, struct json_object *pa
                 return agent_send_error(a, id, "out of memory");
         if (len > AGENT_MAX_PAYLOAD)
                 return agent_send_error(a, id, "reply too large (%zu bytes)", len);
+        if (a->reply_tcp)
+                return agent_tcp_reply(a, a->reply_tcp, type, o);
         r = agent_send_raw(a, type, id, s, len);
         if (r < 0)
                 log_error_errno(r, "Failed to queue the reply to request %" PRIu32 ": %m", id);
@@ -231,8 +236,7 @@ static const struct {
 
 static void handle_request(Agent *a, uint32_t id, const char *payload, size_t len) {
         _cleanup_json_ struct json_object *req = NULL;
-        struct json_object *opv;
-        const char *op, *err = NULL;
+        const char *err = NULL;
         int r;
 
         if (id == 0) {
@@ -245,6 +249,14 @@ static void handle_request(Agent *a, uint32_t id, const char *payload, size_t le
                 (void) agent_send_error(a, id, "payload is not a JSON object: %s", err ?: strerror(-r));
                 return;
         }
+        agent_dispatch_op(a, id, req);
+}
+
+void agent_dispatch_op(Agent *a, uint32_t id, struct json_object *req) {
+        struct json_object *opv;
+        const char *op;
+        int r;
+
         if (!json_object_object_get_ex(req, "op", &opv) || !json_object_is_type(opv, json_type_string)) {
                 (void) agent_send_error(a, id, "missing or non-string op");
                 return;
@@ -538,7 +550,7 @@ int agent_run(Agent *a) {
         while (!a->quit) {
                 struct pollfd fds[POLL_MAX];
                 ExecJob *owners[POLL_MAX];
-                size_t n = 0, chan = SIZE_MAX, lst = SIZE_MAX, sig, first_job;
+                size_t n = 0, chan = SIZE_MAX, lst = SIZE_MAX, sig, first_job, first_tcp, n_tcp;
                 uint64_t deadline, now;
                 int timeout, r;
 
@@ -565,8 +577,11 @@ int agent_run(Agent *a) {
                 fds[n++] = (struct pollfd) { .fd = a->sigchld_pipe[0], .events = POLLIN };
                 first_job = n;
                 n += agent_exec_pollfds(a, fds + n, owners + n, POLL_MAX - n);
+                first_tcp = n;
+                n_tcp = agent_tcp_pollfds(a, fds + n, POLL_MAX - n);
+                n += n_tcp;
 
-                deadline = agent_exec_next_deadline(a);
+                deadline = MIN(agent_exec_next_deadline(a), agent_tcp_next_deadline(a));
                 if (a->reopen_usec > 0)
                         deadline = MIN(deadline, a->reopen_usec);
                 if (a->fd >= 0 && a->in_start < a->in_end && outq_size(&a->out) < AGENT_OUTQ_HIGH)
@@ -597,7 +612,7 @@ int agent_run(Agent *a) {
                 /* reap on every turn: cheap, and covers a signal that raced the pipe */
                 agent_reap(a);
 
-                for (size_t i = first_job; i < n; i++)
+                for (size_t i = first_job; i < first_tcp; i++)
                         if (fds[i].revents)
                                 agent_exec_io(a, owners[i], fds[i].fd, fds[i].revents);
 
@@ -613,9 +628,11 @@ int agent_run(Agent *a) {
                 }
                 if (lst != SIZE_MAX && (fds[lst].revents & POLLIN))
                         agent_accept(a);
+                agent_tcp_io(a, fds + first_tcp, n_tcp);
 
                 now = now_usec();
                 agent_exec_tick(a, now);
+                agent_tcp_tick(a, now);
 
                 if (a->kind == CHANNEL_TTY && a->fd < 0 && a->reopen_usec > 0 && now >= a->reopen_usec) {
                         if (open_tty(a) < 0)
@@ -689,6 +706,7 @@ Agent *agent_free(Agent *a) {
         agent_exec_kill_all(a);
         for (unsigned i = 0; i < a->n_jobs; i++)
                 exec_job_free(a->jobs[i]);
+        agent_tcp_free(a->tcp);
         a->fd = safe_close(a->fd);
         a->listen_fd = safe_close(a->listen_fd);
         if (a->kind == CHANNEL_UNIX && a->path)

@@ -66,6 +66,7 @@ typedef struct Identity {
 
 typedef struct ExecJob ExecJob;
 typedef struct Agent Agent;
+typedef struct AgentTcp AgentTcp;
 
 typedef struct OutQueue {
         uint8_t *buf;
@@ -94,6 +95,9 @@ struct Agent {
 
         Identity identity;
 
+        AgentTcp *tcp;          /* forkd's JSON-line protocol (agent-tcp.c); NULL unless enabled */
+        uint64_t reply_tcp;     /* non-zero: replies go to this TCP connection, not the channel */
+
         bool quit;              /* leave the loop (not PID 1, end of stream or shutdown) */
 };
 
@@ -116,7 +120,12 @@ int agent_run(Agent *a);
  * replies are queued in a->out. Exposed for tests. */
 void agent_feed(Agent *a, const void *data, size_t size);
 
-/* Queue a frame; payload is a JSON object (taken over: the reference is put). */
+/* Run the op that req names ("op"), answering through agent_send_json() and
+ * agent_send_error(): unknown ops and failures are answered with an error. */
+void agent_dispatch_op(Agent *a, uint32_t id, struct json_object *req);
+
+/* Queue a frame; payload is a JSON object (taken over: the reference is put).
+ * While a->reply_tcp is set, the reply goes to that TCP connection instead. */
 int agent_send_json(Agent *a, uint16_t type, uint32_t id, struct json_object *payload);
 int agent_send_error(Agent *a, uint32_t id, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* The same with "errno": the symbolic name of err (strerrorname_np()), for a refusal that an errno says. */

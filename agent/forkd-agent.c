@@ -14,7 +14,9 @@
 #include <sys/wait.h>
 
 #include "agent-init.h"
+#include "agent-net.h"
 #include "agent-python.h"
+#include "agent-tcp.h"
 #include "agent.h"
 #include "macro.h"
 
@@ -25,6 +27,7 @@ static int arg_clock = -1; /* -1: when PID 1 */
 static bool arg_python = true;
 static char *arg_modules[MODPROBE_MAX];
 static unsigned arg_n_modules;
+static const char *arg_tcp; /* forkd's JSON-line protocol: off unless given */
 
 static void help(void) {
         printf("forkd-agent [OPTIONS...]\n\n"
@@ -37,6 +40,10 @@ static void help(void) {
                "                         Set the wall clock from identity events (default: when PID 1)\n"
                "     --no-python         Do not start the embedded interpreter\n"
                "     --modprobe=MODULE   Load a kernel module first (PID 1 only; repeatable)\n"
+               "     --tcp=[ADDR:]PORT | fd:N\n"
+               "                         Also serve forkd's JSON-line protocol on TCP (no\n"
+               "                         authentication; as PID 1 also forkd.agent_tcp=1 on the\n"
+               "                         kernel command line, for 0.0.0.0:8888)\n"
                "     --log-level=LEVEL   err, warning, info or debug (default: warning)\n");
 }
 
@@ -49,6 +56,7 @@ static int parse_argv(int argc, char *argv[]) {
                 ARG_NO_PYTHON,
                 ARG_MODPROBE,
                 ARG_LOG_LEVEL,
+                ARG_TCP,
         };
         static const struct option options[] = {
                 { "help", no_argument, NULL, 'h' },
@@ -59,6 +67,7 @@ static int parse_argv(int argc, char *argv[]) {
                 { "no-python", no_argument, NULL, ARG_NO_PYTHON },
                 { "modprobe", required_argument, NULL, ARG_MODPROBE },
                 { "log-level", required_argument, NULL, ARG_LOG_LEVEL },
+                { "tcp", required_argument, NULL, ARG_TCP },
                 {}
         };
         int c;
@@ -100,6 +109,9 @@ static int parse_argv(int argc, char *argv[]) {
                         else
                                 return log_error_errno(EINVAL, "Unknown log level: %s", optarg);
                         break;
+                case ARG_TCP:
+                        arg_tcp = optarg;
+                        break;
                 case '?':
                         return -EINVAL;
                 default:
@@ -108,6 +120,27 @@ static int parse_argv(int argc, char *argv[]) {
         if (optind < argc)
                 return log_error_errno(EINVAL, "Unexpected argument: %s", argv[optind]);
         return 1;
+}
+
+/* forkd's switch: forkd.agent_tcp=1 on the kernel command line (PID 1 only:
+ * outside a guest the command line is the host's). */
+static void pid1_tcp_switch(void) {
+        _cleanup_free_ char *cmdline = NULL;
+        static char spec[16];
+        int r;
+
+        if (arg_tcp)
+                return;
+        r = proc_cmdline_read(&cmdline);
+        if (r < 0)
+                return (void) log_warning_errno(r, "Failed to read /proc/cmdline: %m");
+        r = cmdline_get_bool(cmdline, "forkd.agent_tcp");
+        if (r == -EINVAL)
+                log_warning("forkd.agent_tcp= takes 0 or 1; leaving TCP off.");
+        if (r <= 0)
+                return;
+        (void) snprintf(spec, sizeof spec, "%u", AGENT_TCP_PORT);
+        arg_tcp = spec;
 }
 
 /* PID 1 must never exit: the kernel panics. Log and keep reaping. */
@@ -160,8 +193,19 @@ int main(int argc, char *argv[]) {
         if (r < 0)
                 log_error_errno(r, "Failed to set up signal handlers: %m");
 
-        if (config.pid1)
+        if (config.pid1) {
                 pid1_modprobe(arg_modules, arg_n_modules);
+                /* the NIC, before the channel opens (and says ready); never fatal */
+                agent_net_setup();
+                pid1_tcp_switch();
+        }
+
+        if (arg_tcp) {
+                /* not fatal either: the channel is what forkd itself needs */
+                r = agent_tcp_listen(a, arg_tcp);
+                if (r < 0)
+                        log_error_errno(r, "Failed to serve the JSON-line protocol on '%s': %m", arg_tcp);
+        }
 
         if (config.python)
                 (void) agent_python_init(); /* logs; eval and run_code answer errors without it */

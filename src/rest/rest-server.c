@@ -1019,16 +1019,6 @@ static int dispatch_deadlines(sd_event_source *es, uint64_t usec, void *userdata
         return sd_event_source_set_enabled(es, SD_EVENT_ONESHOT);
 }
 
-static int unhex(char c) {
-        if (c >= '0' && c <= '9')
-                return c - '0';
-        if (c >= 'a' && c <= 'f')
-                return c - 'a' + 10;
-        if (c >= 'A' && c <= 'F')
-                return c - 'A' + 10;
-        return -1;
-}
-
 /* %HH decoding of the path and query, except that %00 stays as it is: a NUL
  * would silently cut the path short ("/v1/snapshots/x%00/info" must not
  * become "/v1/snapshots/x"); left encoded, validation refuses it. */
@@ -1038,7 +1028,7 @@ static size_t unescape_uri(void *cls, struct MHD_Connection *c, char *uri) {
         for (const char *r = uri; *r;) {
                 int hi, lo;
 
-                if (r[0] == '%' && (hi = unhex(r[1])) >= 0 && (lo = unhex(r[2])) >= 0 && (hi | lo) != 0) {
+                if (r[0] == '%' && (hi = unhexchar(r[1])) >= 0 && (lo = unhexchar(r[2])) >= 0 && (hi | lo) != 0) {
                         *w++ = (char) (hi << 4 | lo);
                         r += 3;
                 } else

@@ -82,15 +82,9 @@ static int parse_u_escape(const char *p, size_t n) {
                 return -1;
         for (size_t i = 1; i < 5; i++) {
                 char c = p[i];
-                int d;
+                int d = unhexchar(c);
 
-                if (c >= '0' && c <= '9')
-                        d = c - '0';
-                else if (c >= 'a' && c <= 'f')
-                        d = c - 'a' + 10;
-                else if (c >= 'A' && c <= 'F')
-                        d = c - 'A' + 10;
-                else
+                if (d < 0)
                         return -1;
                 v = v * 16 + d;
         }

@@ -85,3 +85,14 @@ int log_internal(int level, int error, const char *file, int line, const char *f
 static inline int negative_errno(void) {
         return errno > 0 ? -errno : -EIO;
 }
+
+/* The value of one hexadecimal digit, either case, or -1. */
+static inline int unhexchar(char c) {
+        if (c >= '0' && c <= '9')
+                return c - '0';
+        if (c >= 'a' && c <= 'f')
+                return c - 'a' + 10;
+        if (c >= 'A' && c <= 'F')
+                return c - 'A' + 10;
+        return -1;
+}

@@ -16,6 +16,7 @@
 #include <json-c/json.h>
 #include <stdlib.h>
 
+#include "agent-init.h"
 #include "agent-proto.h"
 #include "agent.h"
 #include "json-util.h"
@@ -303,6 +304,28 @@ static uint32_t rnd(void) {
         return (uint32_t) (rng_state >> 11);
 }
 
+static void test_cmdline_get_bool(void **state) {
+        const char *key = "forkd.agent_tcp";
+
+        assert_int_equal(cmdline_get_bool("", key), -ENOENT);
+        assert_int_equal(cmdline_get_bool("console=ttyS0 quiet", key), -ENOENT);
+        assert_int_equal(cmdline_get_bool("forkd.agent_tcp", key), 1);
+        assert_int_equal(cmdline_get_bool("quiet forkd.agent_tcp=1\n", key), 1);
+        assert_int_equal(cmdline_get_bool("forkd.agent_tcp=yes", key), 1);
+        assert_int_equal(cmdline_get_bool("forkd.agent_tcp=on rw", key), 1);
+        assert_int_equal(cmdline_get_bool("forkd.agent_tcp=0", key), 0);
+        assert_int_equal(cmdline_get_bool("forkd.agent_tcp=off", key), 0);
+        assert_int_equal(cmdline_get_bool("forkd.agent_tcp=2", key), -EINVAL);
+        assert_int_equal(cmdline_get_bool("forkd.agent_tcp=", key), -EINVAL);
+        assert_int_equal(cmdline_get_bool("forkd.agent_tcp=10", key), -EINVAL);
+        /* the last one counts */
+        assert_int_equal(cmdline_get_bool("forkd.agent_tcp=1 forkd.agent_tcp=0", key), 0);
+        assert_int_equal(cmdline_get_bool("forkd.agent_tcp=0\tforkd.agent_tcp", key), 1);
+        /* other keys that start alike, or contain it, are not it */
+        assert_int_equal(cmdline_get_bool("forkd.agent_tcpx=1 forkd.agent_tcp_port=1", key), -ENOENT);
+        assert_int_equal(cmdline_get_bool("xforkd.agent_tcp=1 forkd.agent_args=forkd.agent_tcp=1", key), -ENOENT);
+}
+
 static void test_fuzz(void **state) {
         static const char *const templates[] = {
                 "{\"op\":\"ping\"}",
@@ -387,6 +410,7 @@ int main(void) {
                 cmocka_unit_test(test_exec_argument_limits),
                 cmocka_unit_test(test_identity),
                 cmocka_unit_test(test_sanitized_strings),
+                cmocka_unit_test(test_cmdline_get_bool),
                 cmocka_unit_test(test_fuzz),
         };
 

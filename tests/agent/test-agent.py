@@ -813,18 +813,19 @@ class TestLifecycle(unittest.TestCase):
 def can_unshare():
     if os.geteuid() != 0 or not shutil.which("unshare"):
         return False
-    return subprocess.run(["unshare", "--pid", "--fork", "--mount", "--mount-proc", "true"],
+    return subprocess.run(["unshare", "--pid", "--net", "--fork", "--mount", "--mount-proc", "true"],
                           capture_output=True).returncode == 0
 
 
 class TestPid1(unittest.TestCase):
-    """PID 1 of a new PID and mount namespace, as in the guest: mounts, reaping,
-    power-off. --no-clock keeps the host's clock alone (it is root here)."""
+    """PID 1 of a new PID, mount and network namespace, as in the guest: mounts,
+    reaping, power-off, lo. --no-clock keeps the host's clock alone (it is root
+    here); the network namespace keeps the host's network out of its reach."""
 
     def setUp(self):
         if not can_unshare():
-            self.skipTest("needs root and unshare(1) for a PID namespace")
-        self.a = Agent(wrapper=("unshare", "--pid", "--fork", "--mount", "--propagation", "private",
+            self.skipTest("needs root and unshare(1) for PID and network namespaces")
+        self.a = Agent(wrapper=("unshare", "--pid", "--net", "--fork", "--mount", "--propagation", "private",
                                 "--mount-proc", "--kill-child"))
 
     def tearDown(self):
@@ -840,6 +841,13 @@ class TestPid1(unittest.TestCase):
         for want in ["/tmp tmpfs", "/run tmpfs", "/proc proc"]:
             self.assertIn(want, mounts)
         self.assertIn("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", mounts)
+        # no NIC in this namespace: lo is brought up, nothing else is there to configure
+        if shutil.which("ip"):
+            r = self.a.ok("exec", args=["ip", "-o", "-4", "addr", "show"])
+            self.assertEqual(r["exit_code"], 0, r)
+            self.assertEqual([ln.split()[1] for ln in r["stdout"].splitlines()], ["lo"], r["stdout"])
+            r = self.a.ok("exec", args=["ip", "-4", "route", "show", "default"])
+            self.assertEqual(r["stdout"], "")
         # orphans are reaped by PID 1: no zombie left behind
         r = self.a.ok("exec", args=["sh", "-c", "(sleep 0.2 &); (sleep 0.2 &); sleep 0.6; "
                                                 "grep -l '^State:.*Z' /proc/[0-9]*/status || true"])

@@ -66,23 +66,13 @@ bool virtio_net_mac_is_valid(const uint8_t mac[VIRTIO_NET_MAC_LEN]) {
         return mac && !(mac[0] & 1) && memcmp(mac, zero, VIRTIO_NET_MAC_LEN) != 0;
 }
 
-static int hexval(char c) {
-        if (c >= '0' && c <= '9')
-                return c - '0';
-        if (c >= 'a' && c <= 'f')
-                return c - 'a' + 10;
-        if (c >= 'A' && c <= 'F')
-                return c - 'A' + 10;
-        return -1;
-}
-
 int virtio_net_parse_mac(const char *s, uint8_t ret_mac[VIRTIO_NET_MAC_LEN]) {
         uint8_t mac[VIRTIO_NET_MAC_LEN];
 
         if (!s || !ret_mac || strlen(s) != VIRTIO_NET_MAC_STRING_MAX - 1)
                 return -EINVAL;
         for (unsigned i = 0; i < VIRTIO_NET_MAC_LEN; i++) {
-                int hi = hexval(s[3 * i]), lo = hexval(s[3 * i + 1]);
+                int hi = unhexchar(s[3 * i]), lo = unhexchar(s[3 * i + 1]);
 
                 if (hi < 0 || lo < 0 || (i + 1 < VIRTIO_NET_MAC_LEN && s[3 * i + 2] != ':'))
                         return -EINVAL;
