@@ -13,7 +13,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define AGENT_TCP_PORT 8888u                          /* forkd's agent port */
+#include "agent-net.h" /* AGENT_TCP_PORT, shared with forkd */
+
 #define AGENT_TCP_MAX_CONNECTIONS 16u                 /* more wait in the listen backlog */
 #define AGENT_TCP_BACKLOG 16
 #define AGENT_TCP_MAX_LINE (1024u * 1024u)            /* a request line, newline excluded */
