@@ -13,7 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "agent-net.h" /* AGENT_TCP_PORT, shared with forkd */
+#include "agent-tcp-port.h" /* AGENT_TCP_PORT, shared with forkd */
 
 #define AGENT_TCP_MAX_CONNECTIONS 16u                 /* more wait in the listen backlog */
 #define AGENT_TCP_BACKLOG 16

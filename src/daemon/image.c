@@ -7,7 +7,7 @@
 #include <json-c/json.h>
 
 #include "agent-proto.h"
-#include "agent-net.h"
+#include "agent-tcp-port.h"
 #include "console-tail.h"
 #include "fs-util.h"
 #include "confine.h"

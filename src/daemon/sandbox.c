@@ -6,7 +6,7 @@
 #include <json-c/json.h>
 
 #include "agent-proto.h"
-#include "agent-net.h"
+#include "agent-tcp-port.h"
 #include "branch.h"
 #include "cgroup.h"
 #include "fork-op.h"

@@ -35,7 +35,7 @@
  *                        (virtio-net) when it was snapshotted; written by forkd-vmm
  *   agent_tcp            optional boolean (absent: false), only with network: the
  *                        guest was booted with forkd.agent_tcp=1 and its agent
- *                        answers on AGENT_TCP_PORT (agent-net.h); written by forkd
+ *                        answers on AGENT_TCP_PORT (agent-tcp-port.h); written by forkd
  *
  * A plain file name is 1..64 bytes, not "." or "..", without '/' and
  * without control characters.

@@ -826,7 +826,7 @@ if __name__ == "__main__":
 
 NET_TAG = "py-net"
 NET_PORT = 8000            # the guest's http.server, exposed
-AGENT_TCP_PORT = 8888      # src/shared/agent-net.h
+AGENT_TCP_PORT = 8888      # src/shared/agent-tcp-port.h
 NET_TIMEOUT = 10           # every connection attempt, guest or host side
 
 
