@@ -164,7 +164,7 @@ static void branch_written(BranchOp *b) {
         Image *i = NULL;
         int r;
 
-        r = image_write_owner(b->dir, b->owner_uid);
+        r = image_write_meta(b->dir, b->owner_uid, b->source_agent_tcp ? 1 : -1);
         if (r < 0)
                 reason = "cannot record its owner in snapshot.json";
         else
@@ -577,6 +577,7 @@ int bus_sandbox_method_branch(sd_bus_message *message, void *userdata, sd_bus_er
         b->tag = strdup(tag);
         b->source_id = strdup(s->id);
         b->source_has_cgroup = s->has_cgroup;
+        b->source_agent_tcp = s->netns_owned && strncmp(s->guest_addr, "agent:", 6) != 0;
         b->parent_tag = strdup(s->snapshot_tag);
         if (!b->parent_tag || asprintf(&b->parent_dir, "%s/%s", m->snapshots_dir, s->snapshot_tag) < 0)
                 b->parent_dir = NULL;

@@ -57,6 +57,7 @@ struct BranchOp {
         bool wait;
         uid_t owner_uid;           /* the caller: it owns the new snapshot (0 for one adopted after a restart) */
         bool source_has_cgroup;    /* the frozen copy leaves the source's cgroup */
+        bool source_agent_tcp;     /* its guest answers on AGENT_TCP_PORT: so does the branch's */
         int result_fd;
         sd_event_source *result_source;
         pid_t copy_pid;

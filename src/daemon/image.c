@@ -128,10 +128,10 @@ refuse:
 }
 
 int image_write_owner(const char *dir, uid_t owner_uid) {
-        return image_write_meta(dir, owner_uid, false);
+        return image_write_meta(dir, owner_uid, -1);
 }
 
-int image_write_meta(const char *dir, uid_t owner_uid, bool agent_tcp) {
+int image_write_meta(const char *dir, uid_t owner_uid, int agent_tcp) {
         _cleanup_free_ char *path = NULL, *json = NULL;
         struct snapshot_meta meta;
         int r;
@@ -143,12 +143,14 @@ int image_write_meta(const char *dir, uid_t owner_uid, bool agent_tcp) {
         r = snapshot_meta_read_file(path, &meta, NULL);
         if (r < 0)
                 return r;
+        if (agent_tcp < 0)
+                agent_tcp = meta.agent_tcp;
         if (agent_tcp && !meta.network)
                 return -EINVAL;
-        if (meta.owner_uid == owner_uid && meta.agent_tcp == agent_tcp)
+        if (meta.owner_uid == owner_uid && meta.agent_tcp == (agent_tcp > 0))
                 return 0;
         meta.owner_uid = (uint32_t) owner_uid;
-        meta.agent_tcp = agent_tcp;
+        meta.agent_tcp = agent_tcp > 0;
         r = snapshot_meta_format(&meta, &json);
         if (r < 0)
                 return r;

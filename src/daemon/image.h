@@ -25,9 +25,10 @@ int image_load(Manager *m, const char *tag, Image **ret, const char **ret_reason
  * snapshot is registered; nothing is written when it says so already (root:
  * absent). Also drops the owner an unpacked bundle brought along. */
 int image_write_owner(const char *dir, uid_t owner_uid);
-/* The same, and agent_tcp (which needs the NIC forkd-vmm recorded: -EINVAL
- * without). */
-int image_write_meta(const char *dir, uid_t owner_uid, bool agent_tcp);
+/* The same, and agent_tcp (1 or 0; -1 keeps what forkd-vmm wrote, which is
+ * its parent's for a diff snapshot). agent_tcp 1 needs the NIC forkd-vmm
+ * recorded: -EINVAL without. */
+int image_write_meta(const char *dir, uid_t owner_uid, int agent_tcp);
 static inline uid_t image_owner(const Image *i) {
         return (uid_t) i->meta.owner_uid;
 }

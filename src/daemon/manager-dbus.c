@@ -146,7 +146,7 @@ static void create_done(int r, void *userdata) {
         Image *i = NULL;
 
         if (r >= 0) {
-                r = image_write_meta(o->create->dir, o->owner_uid, o->create->agent_tcp);
+                r = image_write_meta(o->create->dir, o->owner_uid, o->create->agent_tcp ? 1 : 0);
                 if (r < 0)
                         reason = r == -EINVAL ? "forkd-vmm recorded no NIC for agent_tcp" :
                                                 "cannot record its owner in snapshot.json";
