@@ -254,6 +254,10 @@ def main():
             except subprocess.TimeoutExpired:
                 forkd.kill()
                 forkd.wait()
+            with open(log, errors="replace") as f:
+                text = f.read()
+            ok(forkd.returncode == 0 and "Sanitizer" not in text and "runtime error" not in text,
+               f"forkd stops cleanly (exit {forkd.returncode}), no sanitizer report", text[-3000:])
         busd.terminate()
         busd.wait()
         shutil.rmtree(tmp, ignore_errors=True)
