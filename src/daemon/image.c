@@ -12,6 +12,7 @@
 #include "fs-util.h"
 #include "confine.h"
 #include "image.h"
+#include "netns-batch.h"
 #include "macro.h"
 #include "vm-template.h"
 #include "vmm-client.h"
@@ -386,12 +387,15 @@ int image_create_work(void *userdata) {
 
         if (c->network) {
                 const char *step = NULL;
+                bool made = false;
 
                 /* A namespace of its own for the boot VM's tap, as a child would have. */
                 r = netns_pick_free(&c->netns_prefix, 1, &net_index);
                 if (r < 0)
                         return set_error(c, r, "No free network namespace for the boot VM: %s", strerror(-r));
-                r = netns_child_create(&c->netns_prefix, net_index, NETNS_POLICY_NONE, &net, &step);
+                /* One of a batch: another index when someone made this one meanwhile. */
+                r = netns_children_create(&c->netns_prefix, &net_index, 1, NETNS_POLICY_NONE, 1, &net, &made, NULL,
+                                          &step);
                 if (r < 0) {
                         netns_release(net_index);
                         return set_error(c, r, "Cannot create the boot VM's network namespace (%s): %s",

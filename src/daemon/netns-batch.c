@@ -6,7 +6,7 @@
 
 struct batch {
         const NetnsPrefix *prefix;
-        const unsigned *indices;
+        unsigned *indices;
         unsigned n;
         NetnsPolicy policy;
         NetnsChild *out;
@@ -33,6 +33,16 @@ static void *batch_thread(void *userdata) {
                 if (i >= b->n)
                         return NULL;
                 r = netns_child_create(b->prefix, b->indices[i], b->policy, &b->out[i], &step);
+                for (unsigned k = 0; r == -EEXIST && k < NETNS_BATCH_EEXIST_RETRIES; k++) {
+                        unsigned other;
+
+                        /* Made by someone else since the pick: this position takes another. */
+                        if (netns_pick_free(b->prefix, 1, &other) < 0)
+                                break;
+                        netns_release(b->indices[i]);
+                        b->indices[i] = other;
+                        r = netns_child_create(b->prefix, other, b->policy, &b->out[i], &step);
+                }
                 if (r >= 0) {
                         b->made[i] = true;
                         continue;
@@ -47,7 +57,7 @@ static void *batch_thread(void *userdata) {
         }
 }
 
-int netns_children_create(const NetnsPrefix *prefix, const unsigned *indices, unsigned n, NetnsPolicy policy,
+int netns_children_create(const NetnsPrefix *prefix, unsigned *indices, unsigned n, NetnsPolicy policy,
                           unsigned threads, NetnsChild *ret, bool *ret_made, unsigned *ret_failed,
                           const char **ret_failed_step) {
         struct batch b = { .prefix = prefix, .indices = indices, .n = n, .policy = policy, .out = ret,
