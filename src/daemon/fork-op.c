@@ -272,6 +272,7 @@ static int fork_make_namespaces(ForkOp *f) {
         const char *step = NULL;
         uint64_t start = now_usec();
         unsigned failed = 0;
+        long ncpu;
         int r;
 
         r = netns_pick_free(&f->net_prefix, f->n, f->net_index);
@@ -283,8 +284,11 @@ static int fork_make_namespaces(ForkOp *f) {
                 return r;
         }
         f->n_net_picked = f->n;
-        r = netns_children_create(&f->net_prefix, f->net_index, f->n, f->opts.net_policy, NETNS_BATCH_THREADS_MAX,
-                                  f->net, f->net_made, &failed, &step);
+        /* No more threads than CPUs: on 2 CPUs, 4 threads made 10 namespaces slower than 2. */
+        ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+        r = netns_children_create(&f->net_prefix, f->net_index, f->n, f->opts.net_policy,
+                                  (unsigned) MIN(MAX(ncpu, 1L), (long) NETNS_BATCH_THREADS_MAX), f->net, f->net_made,
+                                  &failed, &step);
         for (unsigned i = 0; r >= 0 && i < f->n; i++) {
                 f->netns[i] = strdup(f->net[i].name);
                 if (!f->netns[i])
