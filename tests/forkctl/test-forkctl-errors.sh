@@ -58,7 +58,7 @@ expect() {
         fi
 }
 
-echo "1..35"
+echo "1..43"
 notrunning="forkd is not running; start it with 'systemctl start forkd' or 'tools/forkd-stack up'"
 expect 5 "$notrunning" "ls without forkd" -- --bus-address "$bus" ls
 expect 5 "$notrunning" "ls --json without forkd" -- --bus-address "$bus" ls --json
@@ -97,10 +97,20 @@ expect 2 "--exec wants a command line" "snapshot diff --exec ''" -- snapshot dif
 expect 2 "--exec-timeout-secs wants a whole number in 1..3600" "--exec-timeout-secs 3601" -- snapshot diff --from a --tag t --exec true --exec-timeout-secs 3601
 expect 2 "--tag must name a new snapshot" "snapshot diff --tag BASE" -- snapshot diff --from a --tag a --exec true
 expect 2 "option --exec does not apply here" "branch --exec" -- branch sb-1 --exec true
+expect 2 "--network wants none or egress, not 'sideways'" "fork --network=sideways" -- fork base --network=sideways
+expect 2 "fork --network wants none or egress" "fork --network without a policy" -- --bus-address "$bus" fork base --network
+expect 2 "--agent-tcp needs --network" "snapshot create --agent-tcp without --network" \
+        -- --bus-address "$bus" snapshot create t --kernel "$0" --rootfs "$0" --agent-tcp
+expect 2 "snapshot create --network takes no value" "snapshot create --network egress" \
+        -- --bus-address "$bus" snapshot create t --kernel "$0" --rootfs "$0" --network egress
+expect 2 "ports wants a TCP port in 1..65535, not '0'" "ports 0" -- --bus-address "$bus" ports sb-1 0
+expect 2 "usage: forkctl ports ID PORT" "ports without a port" -- ports sb-1
+expect 2 "option --network does not apply here" "ls --network" -- ls --network none
+expect 5 "$notrunning" "ports without forkd" -- --bus-address "$bus" ports sb-1 8080
 
 "$forkctl" --help >"$T/out" 2>&1; rc=$?
 missing=""
-for v in "snapshot create" "snapshot ls" "snapshot info" "snapshot rm" "snapshot compact TAG --to T" "snapshot diff --from BASE --tag T --exec CMD" "--exec-timeout-secs" "--cascade" "--force" "fork TAG" " ls " "kill ID" "ping ID" "exec ID" "eval ID" "run ID" "merge ID WINNER" "diff ID OTHER" "--json" "--bus-address" "FORKD_BUS_ADDRESS"; do
+for v in "snapshot create" "snapshot ls" "snapshot info" "snapshot rm" "snapshot compact TAG --to T" "snapshot diff --from BASE --tag T --exec CMD" "--exec-timeout-secs" "--cascade" "--force" "fork TAG" " ls " "kill ID" "ping ID" "exec ID" "eval ID" "run ID" "merge ID WINNER" "diff ID OTHER" "ports ID PORT" "--network" "--agent-tcp" "--json" "--bus-address" "FORKD_BUS_ADDRESS"; do
         grep -qF -- "$v" "$T/out" || missing="$missing [$v]"
 done
 [ "$rc" = 0 ] && [ -z "$missing" ] && ok "--help names every verb and option" || not_ok "--help: rc=$rc missing:$missing"
