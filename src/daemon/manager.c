@@ -231,8 +231,9 @@ int manager_startup(Manager *m) {
         if (r < 0)
                 return r;
 
-        /* The namespaces forkd marked as its own, and fkd* veths: whoever made
-         * them is gone (one daemon per host makes them). Before the records,
+        /* The namespaces forkd marked as its own, and fkd* veths, except those
+         * whose mark names a forkd that is still running (another state
+         * directory's, as tests run them side by side). Before the records,
          * whose namespaces this removes already (their removal below then finds
          * nothing, which is fine). Only root can have made any. */
         if (geteuid() == 0) {

@@ -506,6 +506,39 @@ static int host_end_setup(struct mnl_socket *nl, const char *ifname, struct in_a
         return rtnl_link_up(nl, ifname);
 }
 
+/* A mark holds the pid of the forkd that made its namespace. */
+static int mark_write_owner(const char *marker) {
+        char buf[32];
+        int fd, n, r = 0;
+
+        fd = open(marker, O_WRONLY | O_TRUNC | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY);
+        if (fd < 0)
+                return negative_errno();
+        n = snprintf(buf, sizeof buf, "%d\n", (int) getpid());
+        if (write(fd, buf, n) != n)
+                r = -EIO;
+        safe_close(fd);
+        return r;
+}
+
+/* True when the mark names another process that is alive: another forkd on
+ * this host (a test's, with a state directory of its own) still uses that
+ * namespace. An empty or unreadable mark, our own pid, or a dead pid: false. */
+static bool mark_held_by_other(const char *marker) {
+        char buf[32] = {};
+        int fd, pid;
+        ssize_t k;
+
+        fd = open(marker, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY);
+        if (fd < 0)
+                return false;
+        k = read(fd, buf, sizeof buf - 1);
+        safe_close(fd);
+        if (k <= 0 || sscanf(buf, "%d", &pid) != 1 || pid <= 0 || pid == (int) getpid())
+                return false;
+        return kill(pid, 0) == 0 || errno == EPERM;
+}
+
 int netns_child_create(const NetnsPrefix *prefix, unsigned index, NetnsPolicy policy,
                        NetnsChild *ret, const char **ret_failed_step) {
         _cleanup_rtnl_ struct mnl_socket *nl = NULL;
@@ -550,6 +583,13 @@ int netns_child_create(const NetnsPrefix *prefix, unsigned index, NetnsPolicy po
                 return fail(ret_failed_step, "forkd's mark", negative_errno());
         bool marked_now = fd >= 0;
         fd = safe_close(fd);
+        /* Whose it is: another forkd's netns_cleanup_leftovers() leaves it alone while we live. */
+        r = mark_write_owner(marker);
+        if (r < 0) {
+                if (marked_now)
+                        (void) unlink(marker);
+                return fail(ret_failed_step, "forkd's mark", r);
+        }
 
         fd = open(path, O_RDONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY, 0444);
         if (fd < 0) {
@@ -636,6 +676,7 @@ int netns_child_destroy(const char *name) {
 }
 
 int netns_cleanup_leftovers(void) {
+        uint8_t spared[NETNS_INDEX_MAX / 8 + 1] = {}; /* indices kept for a live forkd */
         _cleanup_rtnl_ struct mnl_socket *nl = NULL;
         _cleanup_free_ unsigned *found = NULL;
         char **links = NULL;
@@ -663,9 +704,14 @@ int netns_cleanup_leftovers(void) {
                 closedir(d);
         }
         for (size_t k = 0; k < n; k++) {
-                char name[NETNS_NAME_MAX];
+                char name[NETNS_NAME_MAX], marker[PATH_MAX];
 
                 (void) netns_child_name(found[k], name);
+                if (path_in(NETNS_MARKER_DIR, name, marker, sizeof marker) >= 0 && mark_held_by_other(marker)) {
+                        log_debug("netns: %s belongs to a forkd that is still running, left alone", name);
+                        spared[found[k] / 8] |= (uint8_t) (1u << (found[k] % 8));
+                        continue;
+                }
                 r = netns_child_destroy(name);
                 if (r < 0)
                         return r;
@@ -682,7 +728,7 @@ int netns_cleanup_leftovers(void) {
         for (char **l = links; *l; l++) {
                 unsigned i;
 
-                if (host_ifname_index(*l, &i) < 0)
+                if (host_ifname_index(*l, &i) < 0 || (i <= NETNS_INDEX_MAX && (spared[i / 8] & (1u << (i % 8)))))
                         continue;
                 r = rtnl_link_delete(nl, *l);
                 if (r < 0) {

@@ -435,6 +435,10 @@ def tests(cleanup):
     c4 = Child(4, "egress")
     cleanup.append(c4.stop)
     ino4 = ns_inode("/run/netns/forkd-child-4")
+    # While its maker lives (another forkd, say a test's beside ours), a cleanup leaves it alone.
+    r = helper("cleanup")
+    ok(r.returncode == 0 and r.stdout.strip() == "0" and ns_alive(ino4) and "fkd4" in host_links(),
+       "netns_cleanup_leftovers() leaves a namespace whose maker is alive (its pid in the mark)", r.stdout + r.stderr)
     c4.stop(kill=True)
     # A namespace made as tools/netns-setup makes it (ip netns add, lo up), no mark.
     run(["ip", "netns", "add", "forkd-child-5"])
