@@ -826,9 +826,6 @@ def files_linux(t, stack, sid):
     return kids
 
 
-if __name__ == "__main__":
-    main()
-
 
 # ---- networking (issue 14) ----
 
@@ -1046,3 +1043,7 @@ def networking(t, fc, stack, restart, state):
         for page in pages:
             page.close()
         rest(stack, "DELETE", f"/v1/snapshots/{NET_TAG}")
+
+
+if __name__ == "__main__":
+    main()
