@@ -339,8 +339,9 @@ struct snapshot_create_args {
 /* The spec's "tap" (a host tap as the guest's eth0 there): a string under 64
  * bytes, a boolean or null is accepted, other types are refused. It does not
  * give the snapshot a NIC yet: our own tests send the spec's request, with
- * "tap", everywhere, and the NIC path has not been proven end to end in the
- * test host (issue 14). Ask for one with "network": true. */
+ * "tap", everywhere, and every fork of those snapshots would then make a
+ * namespace per child and refuse per_child_netns (issue 14's follow-up).
+ * Ask for a NIC with "network": true. */
 static int parse_tap(struct json_object *v, void *field, const char **ret_error) {
         if (!v || json_object_is_type(v, json_type_boolean))
                 return 0;
