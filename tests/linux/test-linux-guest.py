@@ -1047,8 +1047,18 @@ def networking(t, fc, stack, restart, state):
         t.ok(status == 201 and len(net_leftovers()) >= 2, "fork 2 again: their namespaces exist",
              f"{status} {net_leftovers()}")
         with open(os.path.join(state, "forkd.pid")) as f:
-            os.kill(int(f.read().split()[0]), signal.SIGKILL)
-        time.sleep(2)
+            pid = int(f.read().split()[0])
+        os.kill(pid, signal.SIGKILL)
+        # Restart once the killed forkd is gone (or a zombie), not after a fixed pause.
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                        break
+            except (OSError, IndexError):
+                break
+            time.sleep(0.1)
         stack.update(restart({}))
         deadline = time.monotonic() + 30
         while net_leftovers() and time.monotonic() < deadline:
