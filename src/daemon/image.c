@@ -375,9 +375,14 @@ int image_create_work(void *userdata) {
         if (c->console_log)
                 (void) unlink(c->console_log); /* forkd-vmm appends */
 
+        /* Every return before the boot removes the staging directory itself: the
+         * caller is answered before image_create_free() runs, and must find
+         * nothing half-written (test-faults' full disk). */
         r = stage_boot_files(c, &kernel, &disk);
-        if (r < 0)
+        if (r < 0) {
+                (void) rm_rf(c->staging);
                 return c->error ? r : set_error(c, r, "Cannot stage the boot files: %s", strerror(-r));
+        }
         /* The caller's descriptors are done with. */
         c->kernel_fd = safe_close(c->kernel_fd);
         c->initrd_fd = safe_close(c->initrd_fd);
@@ -391,13 +396,16 @@ int image_create_work(void *userdata) {
 
                 /* A namespace of its own for the boot VM's tap, as a child would have. */
                 r = netns_pick_free(&c->netns_prefix, 1, &net_index);
-                if (r < 0)
+                if (r < 0) {
+                        (void) rm_rf(c->staging);
                         return set_error(c, r, "No free network namespace for the boot VM: %s", strerror(-r));
+                }
                 /* One of a batch: another index when someone made this one meanwhile. */
                 r = netns_children_create(&c->netns_prefix, &net_index, 1, NETNS_POLICY_NONE, 1, &net, &made, NULL,
                                           &step);
                 if (r < 0) {
                         netns_release(net_index);
+                        (void) rm_rf(c->staging);
                         return set_error(c, r, "Cannot create the boot VM's network namespace (%s): %s",
                                          step ?: "?", strerror(-r));
                 }

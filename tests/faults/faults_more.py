@@ -211,30 +211,65 @@ def full_disk(h, scale):
     def full():
         # Two fill levels: nothing free, and about half a snapshot free.
         for k, leave in enumerate((0, ctx["snap_bytes"] // 2)):
-            p = h.fork("a", 1)[0]
-            tb.poke(p["pid"], b"x" * 65536)
-            fill(leave)
-            msg = expect_enospc("create", lambda: h.m("CreateSnapshot", "sssuu", [f"x{k}", tf.GUEST, disk,
-                                                                                  MEM_MIB, 30], timeout=120))
-            print(f"# create, {leave >> 10} KiB free: {msg.splitlines()[0]}")
-            nothing_half_written(["a"], forks=False)
-            msg = expect_enospc("branch", lambda: h.m("BranchSandbox", "sssb", [p["id"], f"y{k}", "full", True],
-                                                      timeout=120))
-            print(f"# branch, {leave >> 10} KiB free: {msg.splitlines()[0]}")
-            nothing_half_written(["a"], forks=False)
-            msg = expect_enospc("unpack", lambda: unpack(f"z{k}"))
-            print(f"# unpack, {leave >> 10} KiB free: {msg.splitlines()[-1]}")
-            nothing_half_written(["a"], forks=False)
-            assert h.forkd.poll() is None
-            os.unlink(filler)
-            ping(h, p["id"])
-            h.m("TerminateSandbox", "s", [p["id"]])
-            h.wait_removed(p["id"])
-            nothing_half_written(["a"])
+            try:
+                full_once(k, leave)
+            finally:
+                # A failure here must not leave the disk full for the next check.
+                if os.path.exists(filler):
+                    os.unlink(filler)
+
+    def full_once(k, leave):
+        p = h.fork("a", 1)[0]
+        tb.poke(p["pid"], b"x" * 65536)
+        fill(leave)
+        msg = expect_enospc("create", lambda: h.m("CreateSnapshot", "sssuu", [f"x{k}", tf.GUEST, disk,
+                                                                              MEM_MIB, 30], timeout=120))
+        print(f"# create, {leave >> 10} KiB free: {msg.splitlines()[0]}")
+        nothing_half_written(["a"], forks=False)
+        msg = expect_enospc("branch", lambda: h.m("BranchSandbox", "sssb", [p["id"], f"y{k}", "full", True],
+                                                  timeout=120))
+        print(f"# branch, {leave >> 10} KiB free: {msg.splitlines()[0]}")
+        nothing_half_written(["a"], forks=False)
+        msg = expect_enospc("unpack", lambda: unpack(f"z{k}"))
+        print(f"# unpack, {leave >> 10} KiB free: {msg.splitlines()[-1]}")
+        nothing_half_written(["a"], forks=False)
+        assert h.forkd.poll() is None
+        os.unlink(filler)
+        ping(h, p["id"])
+        h.m("TerminateSandbox", "s", [p["id"]])
+        h.wait_removed(p["id"])
+        nothing_half_written(["a"])
     h.check("disk: create, branch and unpack on a full tmpfs fail naming ENOSPC and leave nothing behind", full)
 
+    def holders():
+        """What holds space on the tmpfs: its files, and open files of it (deleted ones too)."""
+        out = [f"{free_bytes() >> 10} KiB free"]
+        for dirpath, _, files in os.walk(root):
+            for f in files:
+                path = os.path.join(dirpath, f)
+                try:
+                    out.append(f"{os.stat(path).st_blocks >> 1} KiB {path[len(root):]}")
+                except OSError:
+                    pass
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                for fd in os.listdir(f"/proc/{pid}/fd"):
+                    t = os.readlink(f"/proc/{pid}/fd/{fd}")
+                    if t.startswith(h.state + "/") and (t.endswith(" (deleted)") or "/." in t):
+                        with open(f"/proc/{pid}/comm") as c:
+                            comm = c.read().strip()
+                        out.append(f"pid {pid} ({comm}) fd {fd}: {t}")
+            except OSError:
+                pass
+        return out
+
     def freed():
-        h.m("CreateSnapshot", "sssuu", ["x", tf.GUEST, disk, MEM_MIB, 30], timeout=120)
+        try:
+            h.m("CreateSnapshot", "sssuu", ["x", tf.GUEST, disk, MEM_MIB, 30], timeout=120)
+        except DBusError:
+            for line in holders():
+                print(f"# tmpfs: {line}")
+            raise
         p = h.fork("a", 1)[0]
         h.m("BranchSandbox", "sssb", [p["id"], "y", "diff", True], timeout=120)
         h.m("TerminateSandbox", "s", [p["id"]])
