@@ -21,8 +21,9 @@ static const char *arg_vmm, *arg_guest, *arg_workdir;
 static unsigned arg_n = 100, arg_mem_mib = 64, arg_rounds = 3;
 static bool arg_json, arg_confine, arg_emulated;
 
-/* How long the children may settle (first answers, page faults) before the
- * whole host's memory is read again. */
+/* How long memory may settle before the whole host's memory is read: after the
+ * boot VM's exit (its teardown frees late) and after the children answered
+ * (first page faults). */
 #define SETTLE_USEC (1000 * 1000)
 
 struct run {
@@ -266,6 +267,7 @@ static int fork_round(const char *snap, const char *dir, struct result *res) {
                 }
         }
 
+        (void) usleep(SETTLE_USEC);
         r = read_meminfo(&mem_before);
         if (r < 0) {
                 log_error_errno(r, "Failed to read /proc/meminfo: %m");

@@ -28,7 +28,8 @@ its clock starts.
 
 Every fork measurement also gives host_kib_per_child: the drop in MemAvailable
 plus the growth of Slab and PageTables (/proc/meminfo), read before the fork
-and 1 s after it answered, divided by N. forkd_cpu_ms_per_child: forkd's
+and after it answered, each time once memory has settled (at least 1 s, then
+until MemAvailable stops moving), divided by N. forkd_cpu_ms_per_child: forkd's
 utime+stime (/proc/PID/stat) across the dbus Fork calls, per child.
 
 With --json the last line of stdout is one JSON object. Needs root and a
@@ -59,7 +60,7 @@ from dbusmini import Bus, DBusError  # noqa: E402
 
 DEST, PATH, IFACE = "org.forkd.Manager", "/org/forkd/Manager", "org.forkd.Manager"
 TAG, NET_TAG = "bench", "bench-net"
-SETTLE_S = 1.0          # as fork-bench.c's SETTLE_USEC
+SETTLE_S = 1.0          # as fork-bench.c's SETTLE_USEC, before either reading of /proc/meminfo
 FORK_TIMEOUT_S = 300    # one Fork of up to 1000 children, under TCG too
 EXIT_TIMEOUT_S = 120    # terminate: every VMM gone
 REST_CONNECTIONS = 16
@@ -86,6 +87,20 @@ def meminfo():
             if k[0] in want:
                 out[want[k[0]]] = int(k[1])
     return out
+
+
+def settled_meminfo(timeout=10.0):
+    """meminfo() once memory has settled: SETTLE_S from now, then until MemAvailable moved by less
+    than 256 KiB in 0.5 s (what a teardown frees comes back late: KVM, namespaces), at most timeout s."""
+    time.sleep(SETTLE_S)
+    last, deadline = meminfo(), time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        cur = meminfo()
+        if abs(cur["avail"] - last["avail"]) < 256:
+            return cur
+        last = cur
+    return last
 
 
 def host_memory(before, after, n):
@@ -178,10 +193,18 @@ class Stack:
             self.token = f.read().strip()
         return self
 
+    def log(self):
+        with open(os.path.join(self.state, "forkd.log"), errors="replace") as f:
+            return f.read()
+
+    def netns_ms(self):
+        """How long forkd took to make the namespaces of its last fork, as it logged it."""
+        made = re.findall(r"Made \d+ network namespace\(s\) in (\d+) ms", self.log())
+        return int(made[-1]) if made else None
+
     def cgroup_backend(self):
         """What forkd said at start: "Memory limits: cgroupfs v2 under ...", "... systemd-scope (...)"."""
-        with open(os.path.join(self.state, "forkd.log"), errors="replace") as f:
-            log = f.read()
+        log = self.log()
         m = re.search(r"Memory limits: (cgroupfs|systemd-scope|none)", log)
         return m.group(1) if m else ("none" if "Memory limits are not available" in log else "unknown")
 
@@ -314,7 +337,7 @@ class Bench:
     # ---- one measurement
 
     def measure(self, fork, terminate, check=None):
-        before = meminfo()
+        before = settled_meminfo()
         t0 = time.monotonic()
         kids = fork()
         ready = (time.monotonic() - t0) * 1000
@@ -322,13 +345,20 @@ class Bench:
             raise RuntimeError(f"asked for {self.n} children, got {len(kids)}")
         if check:
             check(kids)
-        time.sleep(SETTLE_S)
-        host, parts = host_memory(before, meminfo(), self.n)
+        host, parts = host_memory(before, settled_meminfo(), self.n)
         t0 = time.monotonic()
         terminate(kids)
         term = (time.monotonic() - t0) * 1000
         self.settle(kids)
         return {"ready_ms": ready, "terminate_ms": term, "host_kib_per_child": host, "parts": parts}
+
+    def measure_net(self):
+        def has_netns(kids):
+            assert all(k.get("netns") for k in kids), f"a child without namespace: {kids[0]}"
+        r = self.measure(lambda: self.fork_dbus(NET_TAG, {"network": ("s", "egress")}), self.terminate_dbus,
+                         has_netns)
+        r["netns_ms"] = self.stack.netns_ms()
+        return r
 
     def run(self, mode):
         if mode == "engine":
@@ -338,10 +368,7 @@ class Bench:
         if mode == "rest":
             return self.measure(self.fork_rest, self.terminate_rest)
         if mode == "net":
-            def has_netns(kids):
-                assert all(k.get("netns") for k in kids), f"a child without namespace: {kids[0]}"
-            return self.measure(lambda: self.fork_dbus(NET_TAG, {"network": ("s", "egress")}), self.terminate_dbus,
-                                has_netns)
+            return self.measure_net()
         limit = self.args.memory_limit_mib
 
         def limited(kids):
@@ -379,6 +406,7 @@ def report(args, modes, rounds, bench, backend):
                                               / bench.forkd_children, 3)
     if args.network:
         doc["net_ratio"] = ratio(doc["net_ready_ms"], doc["nonet_ready_ms"])
+        doc["net_namespaces_ms"] = median([r["netns_ms"] for r in rounds["net"] if r["netns_ms"] is not None])
     if args.memory_limit_mib:
         doc["limit_ratio"] = ratio(doc["limit_ready_ms"], doc["nolimit_ready_ms"])
     if backend:
@@ -399,6 +427,7 @@ def report(args, modes, rounds, bench, backend):
               + " ".join(f"{x:.1f}" for x in doc["rounds_ready_ms"][m]))
     for key, label in (("dbus_ratio", "D-Bus / engine, time to ready"), ("rest_ratio", "REST / engine, time to ready"),
                        ("net_ratio", "namespace / none, time to ready (target <= 1.5)"),
+                       ("net_namespaces_ms", "of which forkd making the namespaces (ms, its log)"),
                        ("limit_ratio", "limit / none, time to ready"),
                        ("forkd_cpu_ms_per_child", "forkd CPU per forked child (ms)"),
                        ("per_child_kib", "engine: VMM's own memory per child (KiB)"),
