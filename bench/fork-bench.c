@@ -9,7 +9,9 @@
 #include <getopt.h>
 #include <limits.h>
 #include <signal.h>
+#include <sched.h>
 #include <sys/epoll.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 
@@ -25,6 +27,8 @@ static bool arg_json, arg_confine, arg_emulated;
  * boot VM's exit (its teardown frees late) and after the children answered
  * (first page faults). */
 #define SETTLE_USEC (1000 * 1000)
+/* What prime_page_lists() touches and frees on each CPU. */
+#define PRIME_BYTES (64u << 20)
 
 struct run {
         unsigned n;
@@ -192,11 +196,42 @@ struct meminfo {
         long available, slab, page_tables;
 };
 
+/* The kernel keeps freed pages in per-CPU lists (tens of MiB in the test host)
+ * that MemFree, and so MemAvailable, does not count, and serves allocations from
+ * them first: children fed from what a teardown left there would look free.
+ * Touching and freeing PRIME_BYTES on every CPU we may run on fills those lists
+ * before each reading, so that they hold about the same each time. */
+static void prime_page_lists(void) {
+        cpu_set_t all, one;
+
+        if (sched_getaffinity(0, sizeof(all), &all) < 0)
+                return;
+        for (int cpu = 0; cpu < CPU_SETSIZE; cpu++) {
+                void *p;
+
+                if (!CPU_ISSET(cpu, &all))
+                        continue;
+                CPU_ZERO(&one);
+                CPU_SET(cpu, &one);
+                if (sched_setaffinity(0, sizeof(one), &one) < 0)
+                        continue;
+                p = mmap(NULL, PRIME_BYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+                if (p == MAP_FAILED)
+                        continue;
+                (void) madvise(p, PRIME_BYTES, MADV_NOHUGEPAGE); /* 4 KiB pages, the lists a fork draws on */
+                memset(p, 1, PRIME_BYTES);
+                (void) munmap(p, PRIME_BYTES);
+        }
+        (void) sched_setaffinity(0, sizeof(all), &all);
+}
+
 static int read_meminfo(struct meminfo *ret) {
-        _cleanup_(fclosep) FILE *f = fopen("/proc/meminfo", "re");
+        _cleanup_(fclosep) FILE *f = NULL;
         struct meminfo m = { -1, -1, -1 };
         char line[256];
 
+        prime_page_lists();
+        f = fopen("/proc/meminfo", "re");
         if (!f)
                 return -errno;
         while (fgets(line, sizeof(line), f))

@@ -40,6 +40,7 @@ is none.
 import argparse
 import importlib.util
 import json
+import mmap
 import os
 import re
 import resource
@@ -60,6 +61,7 @@ from dbusmini import Bus, DBusError  # noqa: E402
 
 DEST, PATH, IFACE = "org.forkd.Manager", "/org/forkd/Manager", "org.forkd.Manager"
 TAG, NET_TAG = "bench", "bench-net"
+PRIME_MIB = 64          # as fork-bench.c's PRIME_BYTES
 SETTLE_S = 1.0          # as fork-bench.c's SETTLE_USEC, before either reading of /proc/meminfo
 FORK_TIMEOUT_S = 300    # one Fork of up to 1000 children, under TCG too
 EXIT_TIMEOUT_S = 120    # terminate: every VMM gone
@@ -78,7 +80,26 @@ def load(name, path):
 soak = load("soak_bench", os.path.join(TOP, "bench/soak-bench.py"))
 
 
+def prime_page_lists():
+    """Fill the free page lists of every CPU we may run on: PRIME_MIB touched and freed on each.
+    The kernel keeps freed pages in per-CPU lists (tens of MiB in the test host) that MemFree,
+    and so MemAvailable, does not count, and serves allocations from them first: a fork fed
+    from what the last teardown left there would look free. Filled before each reading, the
+    lists hold about the same each time. As fork-bench.c's prime_page_lists()."""
+    cpus = os.sched_getaffinity(0)
+    try:
+        for cpu in sorted(cpus):
+            os.sched_setaffinity(0, {cpu})
+            with mmap.mmap(-1, PRIME_MIB << 20) as m:
+                m.madvise(mmap.MADV_NOHUGEPAGE)  # 4 KiB pages, the lists a fork draws on
+                for off in range(0, len(m), mmap.PAGESIZE):
+                    m[off] = 1
+    finally:
+        os.sched_setaffinity(0, cpus)
+
+
 def meminfo():
+    prime_page_lists()
     want = {"MemAvailable:": "avail", "Slab:": "slab", "PageTables:": "pagetables"}
     out = {}
     with open("/proc/meminfo") as f:
