@@ -28,8 +28,8 @@ its clock starts.
 
 Every fork measurement also gives host_kib_per_child: the drop in MemAvailable
 plus the growth of Slab and PageTables (/proc/meminfo), read before the fork
-and after it answered, each time once memory has settled (at least 1 s, then
-until MemAvailable stops moving), divided by N. forkd_cpu_ms_per_child: forkd's
+and after it answered, each time 1 s later and with every CPU's free page
+lists filled first (prime_page_lists()), divided by N. forkd_cpu_ms_per_child: forkd's
 utime+stime (/proc/PID/stat) across the dbus Fork calls, per child.
 
 With --json the last line of stdout is one JSON object. Needs root and a
@@ -110,18 +110,11 @@ def meminfo():
     return out
 
 
-def settled_meminfo(timeout=10.0):
-    """meminfo() once memory has settled: SETTLE_S from now, then until MemAvailable moved by less
-    than 256 KiB in 0.5 s (what a teardown frees comes back late: KVM, namespaces), at most timeout s."""
+def settled_meminfo():
+    """meminfo() once memory has settled: SETTLE_S from now (a teardown frees late; children
+    fault in their first pages after they answered), as fork-bench.c does."""
     time.sleep(SETTLE_S)
-    last, deadline = meminfo(), time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        time.sleep(0.5)
-        cur = meminfo()
-        if abs(cur["avail"] - last["avail"]) < 256:
-            return cur
-        last = cur
-    return last
+    return meminfo()
 
 
 def host_memory(before, after, n):
