@@ -429,6 +429,7 @@ def report(args, modes, rounds, bench, backend):
         m: {k: round(median([r["parts"][k] for r in rounds[m]]), 1) for k in ("avail_drop", "slab", "pagetables")}
         for m in modes if m != "engine"}
     doc["rounds_ready_ms"] = {m: [round(r["ready_ms"], 2) for r in rounds[m]] for m in modes}
+    doc["rounds_host_kib_per_child"] = {m: [round(r["host_kib_per_child"], 1) for r in rounds[m]] for m in modes}
 
     what = {"engine": "engine (forkd-vmm alone)", "dbus": "D-Bus Fork (" + ", ".join(plain_names) + ")",
             "rest": "REST POST /v1/sandboxes", "net": "D-Bus Fork, NIC, egress",
