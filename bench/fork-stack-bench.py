@@ -171,6 +171,23 @@ def median(xs):
     return statistics.median(xs) if xs else None
 
 
+class DeferSignals:
+    """Hold SIGINT, SIGTERM and SIGHUP while the stack starts or stops, and act on them
+    afterwards: tools/forkd-stack killed halfway would leave what it started unrecorded."""
+
+    def __enter__(self):
+        self.got = []
+        self.old = {sig: signal.signal(sig, lambda n, _: self.got.append(n))
+                    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+
+    def __exit__(self, *exc):
+        for sig, handler in self.old.items():
+            signal.signal(sig, handler)
+        if self.got:
+            signal.raise_signal(self.got[0])
+        return False
+
+
 class Stack:
     """tools/forkd-stack up in a temporary state directory; down (and a check that
     nothing of it is left) on exit, whatever ends the run."""
@@ -183,6 +200,16 @@ class Stack:
         self.netns_before = netns_names()
 
     def __enter__(self):
+        try:
+            with DeferSignals():
+                self.up()
+            return self
+        except BaseException:
+            # A failed or interrupted up: stop whatever it started, as on exit.
+            self.__exit__(*sys.exc_info())
+            raise
+
+    def up(self):
         # In the test host (thrown away afterwards), install the bus policy as a
         # package would, so that forkd owns its name on the real system bus, next to
         # systemd: its scope backend for memory limits talks to systemd there.
@@ -223,6 +250,11 @@ class Stack:
         return m.group(1) if m else ("none" if "Memory limits are not available" in log else "unknown")
 
     def __exit__(self, *exc):
+        with DeferSignals():
+            self.down(exc[0] is None)
+        return False
+
+    def down(self, clean):
         subprocess.run([os.path.join(TOP, "tools/forkd-stack"), "down", "--state-dir", self.state], env=self.env,
                        capture_output=True, timeout=120)
         if self.policy_installed:
@@ -236,9 +268,8 @@ class Stack:
         except TimeoutError:
             print(f"bench/fork: left behind after the stack stopped: {soak.vmm_processes(vmm)} forkd-vmm processes, "
                   f"namespaces {sorted(netns_names() - self.netns_before)}", file=sys.stderr)
-            if exc[0] is None:
+            if clean:
                 raise RuntimeError("the stack left processes or namespaces behind")
-        return False
 
 
 def engine(args):
