@@ -2,13 +2,16 @@
 /*
  * bench/fork: fork N children of the test guest from one snapshot and measure
  * time-to-ready (every child has answered ping) and host memory per idle
- * child; cold-boot the same guest in the same run for the ratio.
+ * child (the VMMs' own pages, and the whole host's: /proc/meminfo); cold-boot
+ * the same guest in the same run for the ratio.
  */
 #include <fcntl.h>
 #include <getopt.h>
 #include <limits.h>
 #include <signal.h>
+#include <sched.h>
 #include <sys/epoll.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 
@@ -18,7 +21,14 @@
 
 static const char *arg_vmm, *arg_guest, *arg_workdir;
 static unsigned arg_n = 100, arg_mem_mib = 64, arg_rounds = 3;
-static bool arg_json, arg_confine;
+static bool arg_json, arg_confine, arg_emulated;
+
+/* How long memory may settle before the whole host's memory is read: after the
+ * boot VM's exit (its teardown frees late) and after the children answered
+ * (first page faults). */
+#define SETTLE_USEC (1000 * 1000)
+/* What prime_page_lists() touches and frees on each CPU. */
+#define PRIME_BYTES (64u << 20)
 
 struct run {
         unsigned n;
@@ -33,13 +43,15 @@ struct run {
 
 static void help(void) {
         printf("Usage: fork-bench --vmm PATH --guest ELF [--n N] [--mem-mib M] [--work-dir DIR] [--json]\n"
-               "                  [--confine [--rounds R]]\n"
+               "                  [--confine [--rounds R]] [--emulated]\n"
                "Forks N (1..1000, default 100) children of the test guest from one snapshot, measures\n"
                "time until all have answered ping and host memory per idle child, and cold-boots\n"
                "the same guest for comparison. --json prints one JSON object on the last line.\n"
                "--confine: in the same run, R rounds (default 3, 1..20) each of an unconfined and a\n"
                "confined template (forkd-vmm --confine, as forkd starts them; uid %u), taking turns;\n"
-               "prints the medians of both and their ratio (root only).\n", VMM_USER_DEFAULT_UID);
+               "prints the medians of both and their ratio (root only).\n"
+               "--emulated: say that the figures come from the QEMU test host (bench/in-test-host.sh).\n",
+               VMM_USER_DEFAULT_UID);
 }
 
 static int parse_uint(const char *s, unsigned lo, unsigned hi, unsigned *ret) {
@@ -60,7 +72,8 @@ static int parse_argv(int argc, char *argv[]) {
                 { "n", required_argument, NULL, 'n' },     { "mem-mib", required_argument, NULL, 'm' },
                 { "work-dir", required_argument, NULL, 'w' }, { "json", no_argument, NULL, 'j' },
                 { "confine", no_argument, NULL, 'c' },     { "rounds", required_argument, NULL, 'r' },
-                { "help", no_argument, NULL, 'h' },        {}
+                { "emulated", no_argument, NULL, 'e' },    { "help", no_argument, NULL, 'h' },
+                {}
         };
         int c;
 
@@ -71,6 +84,7 @@ static int parse_argv(int argc, char *argv[]) {
                 case 'w': arg_workdir = optarg; break;
                 case 'j': arg_json = true; break;
                 case 'c': arg_confine = true; break;
+                case 'e': arg_emulated = true; break;
                 case 'r':
                         if (parse_uint(optarg, 1, 20, &arg_rounds) < 0)
                                 return log_error_errno(EINVAL, "--rounds must be 1..20");
@@ -177,6 +191,64 @@ static long long task_cpu_ns(pid_t pid) {
         return ns;
 }
 
+/* What the whole host has given up, from /proc/meminfo (KiB). */
+struct meminfo {
+        long available, slab, page_tables;
+};
+
+/* The kernel keeps freed pages in per-CPU lists (tens of MiB in the test host)
+ * that MemFree, and so MemAvailable, does not count, and serves allocations from
+ * them first: children fed from what a teardown left there would look free.
+ * Touching and freeing PRIME_BYTES on every CPU we may run on fills those lists
+ * before each reading, so that they hold about the same each time. */
+static void prime_page_lists(void) {
+        cpu_set_t all, one;
+
+        if (sched_getaffinity(0, sizeof(all), &all) < 0)
+                return;
+        for (int cpu = 0; cpu < CPU_SETSIZE; cpu++) {
+                void *p;
+
+                if (!CPU_ISSET(cpu, &all))
+                        continue;
+                CPU_ZERO(&one);
+                CPU_SET(cpu, &one);
+                if (sched_setaffinity(0, sizeof(one), &one) < 0)
+                        continue;
+                p = mmap(NULL, PRIME_BYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+                if (p == MAP_FAILED)
+                        continue;
+                (void) madvise(p, PRIME_BYTES, MADV_NOHUGEPAGE); /* 4 KiB pages, the lists a fork draws on */
+                memset(p, 1, PRIME_BYTES);
+                (void) munmap(p, PRIME_BYTES);
+        }
+        (void) sched_setaffinity(0, sizeof(all), &all);
+}
+
+static int read_meminfo(struct meminfo *ret) {
+        _cleanup_(fclosep) FILE *f = NULL;
+        struct meminfo m = { -1, -1, -1 };
+        char line[256];
+
+        prime_page_lists();
+        f = fopen("/proc/meminfo", "re");
+        if (!f)
+                return -errno;
+        while (fgets(line, sizeof(line), f))
+                if (sscanf(line, "MemAvailable: %ld kB", &m.available) != 1 && sscanf(line, "Slab: %ld kB", &m.slab) != 1)
+                        (void) sscanf(line, "PageTables: %ld kB", &m.page_tables);
+        if (m.available < 0 || m.slab < 0 || m.page_tables < 0)
+                return -EIO;
+        *ret = m;
+        return 0;
+}
+
+/* Drop in MemAvailable plus growth of Slab and PageTables, per child (KiB). */
+static double host_kib_per_child(const struct meminfo *before, const struct meminfo *after, unsigned n) {
+        return (double) ((before->available - after->available) + (after->slab - before->slab) +
+                         (after->page_tables - before->page_tables)) / n;
+}
+
 static int make_disk(const char *path) {
         _cleanup_close_ int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
         if (fd < 0 || ftruncate(fd, 16u << 20) < 0)
@@ -188,13 +260,14 @@ static int make_disk(const char *path) {
 struct result {
         unsigned ready;
         uint64_t template_start_us, spawn_us, ready_us;
-        double per_child_kib, cpu_per_child_ms, template_cpu_ms;
+        double per_child_kib, host_kib_per_child, cpu_per_child_ms, template_cpu_ms;
 };
 
 /* One template of snap, n children of it until all answered, torn down again. */
 static int fork_round(const char *snap, const char *dir, struct result *res) {
         struct vmm_template t = { .control_fd = -1 };
         struct run run = { .ep = -1 };
+        struct meminfo mem_before, mem_after;
         _cleanup_free_ char *err = NULL;
         char **ids = NULL;
         long kib_sum = 0, kib_n = 0;
@@ -229,6 +302,12 @@ static int fork_round(const char *snap, const char *dir, struct result *res) {
                 }
         }
 
+        (void) usleep(SETTLE_USEC);
+        r = read_meminfo(&mem_before);
+        if (r < 0) {
+                log_error_errno(r, "Failed to read /proc/meminfo: %m");
+                goto finish;
+        }
         run.t0 = now_usec();
         r = vmm_client_template_spawn(&t, (const char *const *) ids, arg_n, NULL, NULL, run.agent_fds, NULL, run.pids,
                                       send_pings, &run);
@@ -260,6 +339,13 @@ static int fork_round(const char *snap, const char *dir, struct result *res) {
         res->per_child_kib = kib_n ? (double) kib_sum / kib_n : -1;
         res->cpu_per_child_ms = cpu_n ? cpu_ns_sum / 1e6 / cpu_n : -1.0;
         res->template_cpu_ms = task_cpu_ns(t.pid) / 1e6;
+        (void) usleep(SETTLE_USEC);
+        r = read_meminfo(&mem_after);
+        if (r < 0) {
+                log_error_errno(r, "Failed to read /proc/meminfo: %m");
+                goto finish;
+        }
+        res->host_kib_per_child = host_kib_per_child(&mem_before, &mem_after, arg_n);
         r = run.ready == arg_n ? 0 : -EIO;
 finish:
         if (t.pid > 0)
@@ -313,6 +399,7 @@ static void print_result(const char *what, const struct result *res, uint64_t co
         printf("  %-34s %12.1f\n", "cold boot to first ping (ms)", cold_boot_us / 1000.0);
         printf("  %-34s %12.1f\n", "cold boot / amortised fork", cold_boot_us / ((double) res->ready_us / arg_n));
         printf("  %-34s %12.1f\n", "host memory per idle child (KiB)", res->per_child_kib);
+        printf("  %-34s %12.1f\n", "whole host per child (KiB)", res->host_kib_per_child);
         printf("  %-34s %12.3f\n", "CPU per child until ready (ms)", res->cpu_per_child_ms);
         printf("  %-34s %12.1f\n", "template start (ms)", res->template_start_us / 1000.0);
         printf("  %-34s %12.1f\n", "template CPU (ms)", res->template_cpu_ms);
@@ -333,6 +420,8 @@ int main(int argc, char *argv[]) {
         if (r <= 0)
                 return r < 0 ? 2 : 0;
         signal(SIGPIPE, SIG_IGN);
+        if (arg_emulated)
+                printf("bench/fork: EMULATED: in the QEMU test host (TCG, nested SVM): these are not forkd's speeds\n");
 
         dir = arg_workdir;
         if (!dir) {
@@ -376,9 +465,9 @@ int main(int argc, char *argv[]) {
                 print_result("unconfined", &plain[0], cold_boot_us);
                 if (arg_json)
                         printf("{\"n\": %u, \"ready\": %u, \"ready_ms\": %.2f, \"per_child_kib\": %.1f, "
-                               "\"cold_boot_ms\": %.2f}\n",
+                               "\"host_kib_per_child\": %.1f, \"cold_boot_ms\": %.2f, \"emulated\": %s}\n",
                                arg_n, plain[0].ready, plain[0].ready_us / 1000.0, plain[0].per_child_kib,
-                               cold_boot_us / 1000.0);
+                               plain[0].host_kib_per_child, cold_boot_us / 1000.0, arg_emulated ? "true" : "false");
                 goto finish;
         }
 
@@ -423,11 +512,13 @@ int main(int argc, char *argv[]) {
                 printf("\n");
                 if (arg_json)
                         printf("{\"n\": %u, \"rounds\": %u, \"ready\": %u, \"ready_ms\": %.2f, \"per_child_kib\": %.1f, "
-                               "\"cold_boot_ms\": %.2f, \"template_start_ms\": %.2f, "
+                               "\"host_kib_per_child\": %.1f, \"cold_boot_ms\": %.2f, \"template_start_ms\": %.2f, "
                                "\"confined\": {\"ready\": %u, \"ready_ms\": %.2f, \"per_child_kib\": %.1f, "
-                               "\"template_start_ms\": %.2f}, \"confined_ratio\": %.3f}\n",
-                               arg_n, arg_rounds, pm.ready, p / 1000.0, pm.per_child_kib, cold_boot_us / 1000.0,
-                               ps / 1000.0, jm.ready, j / 1000.0, jm.per_child_kib, js / 1000.0, (double) j / p);
+                               "\"host_kib_per_child\": %.1f, \"template_start_ms\": %.2f}, \"confined_ratio\": %.3f, "
+                               "\"emulated\": %s}\n",
+                               arg_n, arg_rounds, pm.ready, p / 1000.0, pm.per_child_kib, pm.host_kib_per_child,
+                               cold_boot_us / 1000.0, ps / 1000.0, jm.ready, j / 1000.0, jm.per_child_kib,
+                               jm.host_kib_per_child, js / 1000.0, (double) j / p, arg_emulated ? "true" : "false");
         }
 
 finish:

@@ -1,14 +1,21 @@
 # SPDX-License-Identifier: LGPL-2.1-or-later
-# Sourced by bench/branch and bench/chain once $top and $build are set.
-# bench_exec NAME SCRIPT ARGS...: python3 SCRIPT ARGS here where /dev/kvm is usable
+# Sourced by bench/branch, bench/chain and bench/fork once $top and $build are set.
+# bench_exec NAME SCRIPT ARGS...: python3 SCRIPT ARGS, as bench_exec_cmd runs a command.
+# bench_exec_cmd NAME CMD ARGS...: CMD ARGS here where /dev/kvm is usable
 # (tools/kvm-check: real KVM or PVM), else inside the real-KVM test host
 # (tests/host-vm/run) with --emulated added: the figures are then QEMU's, not ours.
 bench_exec() {
         name=$1 script=$2
         shift 2
+        bench_exec_cmd "$name" python3 "$script" "$@"
+}
+
+bench_exec_cmd() {
+        name=$1
+        shift
         kvm=$("$top/tools/kvm-check" 2>/dev/null) || true
         if [ "$kvm" = real ] || [ "$kvm" = pvm ]; then
-                exec python3 "$script" "$@"
+                exec "$@"
         fi
         case $build/ in
         "$top"/*) rel=${build#"$top"/} ;;
@@ -16,5 +23,5 @@ bench_exec() {
         esac
         echo "$name: no usable /dev/kvm here: running in the test host (QEMU TCG, nested SVM); the figures are emulated" >&2
         FORKD_HOST_VM_BUILD=0 FORKD_HOST_VM_BUILDDIR=$rel FORKD_HOST_VM_STDIN=none \
-                exec "$top/tests/host-vm/run" -- python3 "$script" "$@" --emulated
+                exec "$top/tests/host-vm/run" -- "$@" --emulated
 }

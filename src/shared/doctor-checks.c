@@ -313,7 +313,8 @@ static int open_tmpfile(const char *dir) {
         fd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
         if (fd >= 0 || (errno != EOPNOTSUPP && errno != EISDIR))
                 return fd >= 0 ? fd : -errno;
-        snprintf(path, sizeof(path), "%s/.forkd-doctor-XXXXXX", dir);
+        if ((size_t) snprintf(path, sizeof(path), "%s/.forkd-doctor-XXXXXX", dir) >= sizeof(path))
+                return -ENAMETOOLONG;
         fd = mkostemp(path, O_CLOEXEC);
         if (fd < 0)
                 return -errno;

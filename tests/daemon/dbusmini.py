@@ -256,6 +256,23 @@ class Bus:
             raise DBusError(m["fields"].get(4), m["body"][0] if m["body"] else "")
         return m["body"]
 
+    def wait_replies(self, serials, timeout=60.0):
+        """The replies to several calls sent with send(), in whatever order they come:
+        {serial: body, or the DBusError of an error reply}."""
+        want, got = set(serials), {}
+
+        def take(m):
+            serial = m["fields"].get(5)
+            if m["type"] in (METHOD_RETURN, ERROR) and serial in want:
+                want.discard(serial)
+                got[serial] = (DBusError(m["fields"].get(4), m["body"][0] if m["body"] else "")
+                               if m["type"] == ERROR else m["body"])
+            return not want
+
+        if want:
+            self._dispatch_until(take, timeout)
+        return got
+
     def call(self, dest, path, iface, member, sig="", args=(), timeout=60.0, fds=()):
         return self.wait_reply(self.send(dest, path, iface, member, sig, args, fds=fds), timeout)
 

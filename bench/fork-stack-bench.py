@@ -1,0 +1,547 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""
+bench/fork on the product path: fork N children of the test guest through the
+stack a user talks to, against the engine alone, in one run, taking turns
+(--rounds R, default 3, the order rotated each round); medians over rounds.
+
+  engine   forkd-vmm alone: bench/fork-bench --json, a process per round
+           (its own cold boot and snapshot; the template's start is not timed)
+  dbus     forkd's Fork(tag, N, {}) over the bus: the reply comes once every
+           child's agent answered; then TerminateSandbox for every id, sent at
+           once on one connection, until every VMM process has exited
+  rest     forkd-rest's POST /v1/sandboxes {snapshot_tag, n}, answered once every
+           child answered; then DELETE /v1/sandboxes/:id, 16 connections at once,
+           until every VMM process has exited
+  net      (--network) Fork of a snapshot made with a NIC, network "egress": forkd
+           makes a namespace per child with its tap, veth and nft rules; against
+           the dbus fork of the same guest without NIC (no namespace), "nonet"
+  limit    (--memory-limit-mib M) Fork with memory_limit_mib M: a cgroup (or a
+           systemd scope) per child; against the dbus fork without, "nolimit"
+
+nonet and nolimit are the dbus measurement (the same call), run once a round.
+The stack is its own: tools/forkd-stack up (FORKD_STACK_GUEST=test) in a
+temporary state directory, stopped on exit, error and signal. Every snapshot
+boots the test guest with --mem-mib (as the engine's), and each is forked once
+before the rounds so that its template is running, as the engine's is when
+its clock starts.
+
+Every fork measurement also gives host_kib_per_child: the drop in MemAvailable
+plus the growth of Slab and PageTables (/proc/meminfo), read before the fork
+and after it answered, each time 1 s later and with every CPU's free page
+lists filled first (prime_page_lists()), divided by N. forkd_cpu_ms_per_child: forkd's
+utime+stime (/proc/PID/stat) across the dbus Fork calls, per child.
+
+With --json the last line of stdout is one JSON object. Needs root and a
+usable /dev/kvm; bench/fork runs it in the test host (--emulated) where there
+is none.
+"""
+
+import argparse
+import importlib.util
+import json
+import mmap
+import os
+import re
+import resource
+import select
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+TOP = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(TOP, "tests/daemon"))
+from dbusmini import Bus, DBusError  # noqa: E402
+
+DEST, PATH, IFACE = "org.forkd.Manager", "/org/forkd/Manager", "org.forkd.Manager"
+TAG, NET_TAG = "bench", "bench-net"
+PRIME_MIB = 64          # as fork-bench.c's PRIME_BYTES
+SETTLE_S = 1.0          # as fork-bench.c's SETTLE_USEC, before either reading of /proc/meminfo
+FORK_TIMEOUT_S = 300    # one Fork of up to 1000 children, under TCG too
+EXIT_TIMEOUT_S = 120    # terminate: every VMM gone
+REST_CONNECTIONS = 16
+NETNS_DIRS = ("/run/netns", "/run/forkd/netns")
+POLICY = "/etc/dbus-1/system.d/org.forkd.Manager.conf"
+
+
+def load(name, path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+soak = load("soak_bench", os.path.join(TOP, "bench/soak-bench.py"))
+
+
+def prime_page_lists():
+    """Fill the free page lists of every CPU we may run on: PRIME_MIB touched and freed on each.
+    The kernel keeps freed pages in per-CPU lists (tens of MiB in the test host) that MemFree,
+    and so MemAvailable, does not count, and serves allocations from them first: a fork fed
+    from what the last teardown left there would look free. Filled before each reading, the
+    lists hold about the same each time. As fork-bench.c's prime_page_lists()."""
+    cpus = os.sched_getaffinity(0)
+    try:
+        for cpu in sorted(cpus):
+            os.sched_setaffinity(0, {cpu})
+            with mmap.mmap(-1, PRIME_MIB << 20) as m:
+                m.madvise(mmap.MADV_NOHUGEPAGE)  # 4 KiB pages, the lists a fork draws on
+                for off in range(0, len(m), mmap.PAGESIZE):
+                    m[off] = 1
+    finally:
+        os.sched_setaffinity(0, cpus)
+
+
+def meminfo():
+    prime_page_lists()
+    want = {"MemAvailable:": "avail", "Slab:": "slab", "PageTables:": "pagetables"}
+    out = {}
+    with open("/proc/meminfo") as f:
+        for line in f:
+            k = line.split()
+            if k[0] in want:
+                out[want[k[0]]] = int(k[1])
+    return out
+
+
+def settled_meminfo():
+    """meminfo() once memory has settled: SETTLE_S from now (a teardown frees late; children
+    fault in their first pages after they answered), as fork-bench.c does."""
+    time.sleep(SETTLE_S)
+    return meminfo()
+
+
+def host_memory(before, after, n):
+    """KiB per child: the drop in MemAvailable plus the growth of Slab and PageTables, and the three parts."""
+    parts = {"avail_drop": (before["avail"] - after["avail"]) / n, "slab": (after["slab"] - before["slab"]) / n,
+             "pagetables": (after["pagetables"] - before["pagetables"]) / n}
+    return sum(parts.values()), parts
+
+
+def cpu_ticks(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
+
+
+def await_exit(pids, timeout):
+    """Wait until every process in pids has exited (a zombie has): pidfds, bounded."""
+    poll, fds = select.poll(), {}
+    try:
+        for pid in pids:
+            try:
+                fd = os.pidfd_open(pid)
+            except ProcessLookupError:
+                continue
+            fds[fd] = pid
+            poll.register(fd, select.POLLIN)
+        deadline = time.monotonic() + timeout
+        while fds:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"{len(fds)} VMM processes still run after {timeout} s: {sorted(fds.values())}")
+            for fd, _ in poll.poll(left * 1000):
+                poll.unregister(fd)
+                os.close(fd)
+                del fds[fd]
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def netns_names():
+    return {f"{d}/{x}" for d in NETNS_DIRS if os.path.isdir(d) for x in os.listdir(d) if x.startswith("forkd-child-")}
+
+
+def wait_for(pred, timeout, what):
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.02)
+
+
+def median(xs):
+    return statistics.median(xs) if xs else None
+
+
+class DeferSignals:
+    """Hold SIGINT, SIGTERM and SIGHUP while the stack starts or stops, and act on them
+    afterwards: tools/forkd-stack killed halfway would leave what it started unrecorded."""
+
+    def __enter__(self):
+        self.got = []
+        self.old = {sig: signal.signal(sig, lambda n, _: self.got.append(n))
+                    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+
+    def __exit__(self, *exc):
+        for sig, handler in self.old.items():
+            signal.signal(sig, handler)
+        if self.got:
+            signal.raise_signal(self.got[0])
+        return False
+
+
+class Stack:
+    """tools/forkd-stack up in a temporary state directory; down (and a check that
+    nothing of it is left) on exit, whatever ends the run."""
+
+    def __init__(self, build, emulated):
+        self.build, self.emulated = build, emulated
+        self.state = tempfile.mkdtemp(prefix="forkd-bench-fork-")
+        self.env = dict(os.environ, FORKD_BUILD_DIR=build, FORKD_STACK_NO_BUILD="1", FORKD_STACK_GUEST="test")
+        self.policy_installed = False
+        self.netns_before = netns_names()
+
+    def __enter__(self):
+        try:
+            with DeferSignals():
+                self.up()
+            return self
+        except BaseException:
+            # A failed or interrupted up: stop whatever it started, as on exit.
+            self.__exit__(*sys.exc_info())
+            raise
+
+    def up(self):
+        # In the test host (thrown away afterwards), install the bus policy as a
+        # package would, so that forkd owns its name on the real system bus, next to
+        # systemd: its scope backend for memory limits talks to systemd there.
+        if self.emulated and os.path.isdir("/run/systemd/system") and not os.path.exists(POLICY):
+            shutil.copy(os.path.join(TOP, "dbus/org.forkd.Manager.conf"), POLICY)
+            self.policy_installed = True
+            subprocess.run(["busctl", "call", "org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus",
+                            "ReloadConfig"], capture_output=True, timeout=30)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        up = subprocess.run([os.path.join(TOP, "tools/forkd-stack"), "up", "--state-dir", self.state, "--port",
+                             str(port)], env=self.env, capture_output=True, text=True, timeout=180)
+        if up.returncode != 0:
+            raise RuntimeError(f"tools/forkd-stack up failed: {up.stderr[-2000:]}")
+        self.vars = dict(line.split("=", 1) for line in up.stdout.splitlines() if "=" in line)
+        if not self.vars.get("FORKD_URL"):
+            raise RuntimeError("the stack has no forkd-rest (FORKD_URL is empty)")
+        with open(os.path.join(self.state, "forkd.pid")) as f:
+            self.forkd_pid = int(f.read().split()[0])
+        with open(self.vars["FORKD_TOKEN_FILE"]) as f:
+            self.token = f.read().strip()
+        return self
+
+    def log(self):
+        with open(os.path.join(self.state, "forkd.log"), errors="replace") as f:
+            return f.read()
+
+    def netns_ms(self):
+        """How long forkd took to make the namespaces of its last fork, as it logged it."""
+        made = re.findall(r"Made \d+ network namespace\(s\) in (\d+) ms", self.log())
+        return int(made[-1]) if made else None
+
+    def cgroup_backend(self):
+        """What forkd said at start: "Memory limits: cgroupfs v2 under ...", "... systemd-scope (...)"."""
+        log = self.log()
+        m = re.search(r"Memory limits: (cgroupfs|systemd-scope|none)", log)
+        return m.group(1) if m else ("none" if "Memory limits are not available" in log else "unknown")
+
+    def __exit__(self, *exc):
+        with DeferSignals():
+            self.down(exc[0] is None)
+        return False
+
+    def down(self, clean):
+        subprocess.run([os.path.join(TOP, "tools/forkd-stack"), "down", "--state-dir", self.state], env=self.env,
+                       capture_output=True, timeout=120)
+        if self.policy_installed:
+            os.unlink(POLICY)
+        shutil.rmtree(self.state, ignore_errors=True)
+        # forkd's stop ends every sandbox and removes their namespaces: check it did.
+        vmm = os.path.join(self.build, "src/vmm/forkd-vmm")
+        try:
+            wait_for(lambda: not soak.vmm_processes(vmm) and not netns_names() - self.netns_before, 30,
+                     "the VMMs and namespaces of the stack to go")
+        except TimeoutError:
+            print(f"bench/fork: left behind after the stack stopped: {soak.vmm_processes(vmm)} forkd-vmm processes, "
+                  f"namespaces {sorted(netns_names() - self.netns_before)}", file=sys.stderr)
+            if clean:
+                raise RuntimeError("the stack left processes or namespaces behind")
+
+
+def engine(args):
+    """One round on forkd-vmm alone: bench/fork-bench --json in a process of its own."""
+    b = args.build
+    cmd = [f"{b}/bench/fork-bench", "--vmm", f"{b}/src/vmm/forkd-vmm", "--guest", f"{b}/tests/guest/forkd-test-guest.elf",
+           "--n", str(args.n), "--mem-mib", str(args.mem_mib), "--json"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if p.returncode != 0:
+        raise RuntimeError(f"fork-bench failed ({p.returncode}): {p.stdout[-1000:]} {p.stderr[-1000:]}")
+    doc = json.loads(p.stdout.strip().splitlines()[-1])
+    return {"ready_ms": doc["ready_ms"], "host_kib_per_child": doc["host_kib_per_child"],
+            "per_child_kib": doc["per_child_kib"]}
+
+
+class Bench:
+    def __init__(self, args, stack):
+        self.args, self.stack, self.n = args, stack, args.n
+        self.bus = Bus(stack.vars["FORKD_BUS_ADDRESS"], unix_fds=True)
+        self.local = threading.local()
+        self.api = self.rest_api()
+        self.forkd_ticks = 0  # forkd's CPU across the dbus forks
+        self.forkd_children = 0
+
+    def rest_api(self):
+        return soak.Api(self.stack.vars["FORKD_URL"], self.stack.token, timeout=FORK_TIMEOUT_S)
+
+    def m(self, member, sig="", args=(), timeout=60, fds=()):
+        return self.bus.call(DEST, PATH, IFACE, member, sig, args, timeout=timeout, fds=fds)
+
+    # ---- snapshots and their templates
+
+    def snapshots(self, network):
+        kernel, rootfs = self.stack.vars["FORKD_GUEST_KERNEL"], self.stack.vars["FORKD_GUEST_ROOTFS"]
+        self.m("CreateSnapshot", "sssuu", [TAG, kernel, rootfs, self.args.mem_mib, 60], timeout=FORK_TIMEOUT_S)
+        if network:
+            fds = [os.open(kernel, os.O_RDONLY | os.O_CLOEXEC), os.open(rootfs, os.O_RDONLY | os.O_CLOEXEC)]
+            try:
+                info = self.m("CreateSnapshotFromFds", "shhuua{sv}",
+                              [NET_TAG, 0, 1, self.args.mem_mib, 60, {"network": ("b", True)}],
+                              timeout=FORK_TIMEOUT_S, fds=fds)[0]
+            finally:
+                for fd in fds:
+                    os.close(fd)
+            assert info.get("network") is True, info
+
+    def warm(self, tag, options):
+        """Fork one child of tag and end it: forkd starts the snapshot's template, which stays."""
+        kids = self.m("Fork", "sua{sv}", [tag, 1, options], timeout=FORK_TIMEOUT_S)[0]
+        self.terminate_dbus(kids)
+        self.settle(kids)
+
+    # ---- the paths: fork N (returns the SandboxInfos), terminate them
+
+    def fork_dbus(self, tag, options):
+        return self.m("Fork", "sua{sv}", [tag, self.n, options], timeout=FORK_TIMEOUT_S)[0]
+
+    def fork_plain(self):
+        t0 = cpu_ticks(self.stack.forkd_pid)
+        kids = self.fork_dbus(TAG, {})
+        self.forkd_ticks += cpu_ticks(self.stack.forkd_pid) - t0
+        self.forkd_children += len(kids)
+        return kids
+
+    def fork_rest(self):
+        status, kids = self.api.request("POST", "/v1/sandboxes", {"snapshot_tag": TAG, "n": self.n})
+        if status != 201:
+            raise RuntimeError(f"POST /v1/sandboxes: HTTP {status}: {kids}")
+        return kids
+
+    def terminate_dbus(self, kids):
+        serials = [self.bus.send(DEST, PATH, IFACE, "TerminateSandbox", "s", [k["id"]]) for k in kids]
+        for serial, r in self.bus.wait_replies(serials, EXIT_TIMEOUT_S).items():
+            if isinstance(r, DBusError):
+                raise RuntimeError(f"TerminateSandbox: {r.name}: {r.message}")
+        await_exit([k["pid"] for k in kids], EXIT_TIMEOUT_S)
+
+    def terminate_rest(self, kids):
+        errors = []
+
+        def delete(share):
+            api = self.rest_api()
+            try:
+                for k in share:
+                    status, r = api.request("DELETE", f"/v1/sandboxes/{k['id']}")
+                    if status != 204:
+                        errors.append(f"DELETE {k['id']}: HTTP {status}: {r}")
+            except Exception as e:  # noqa: BLE001 - reported below
+                errors.append(repr(e))
+            finally:
+                api.close()
+
+        threads = [threading.Thread(target=delete, args=(kids[i::REST_CONNECTIONS],))
+                   for i in range(min(REST_CONNECTIONS, len(kids)))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(EXIT_TIMEOUT_S)
+        if errors or any(t.is_alive() for t in threads):
+            raise RuntimeError(f"REST terminate: {errors[:3] or 'a DELETE did not answer'}")
+        await_exit([k["pid"] for k in kids], EXIT_TIMEOUT_S)
+
+    def settle(self, kids):
+        """Until forkd has forgotten the children and their namespaces are gone."""
+        ids = {k["id"] for k in kids}
+        wait_for(lambda: not ids & {s["id"] for s in self.m("ListSandboxes")[0]}, 60, "forkd to drop the sandboxes")
+        netns = {f"{d}/{k['netns']}" for k in kids if "netns" in k for d in NETNS_DIRS}
+        wait_for(lambda: not any(os.path.exists(p) for p in netns), 60, "the namespaces to go")
+
+    # ---- one measurement
+
+    def measure(self, fork, terminate, check=None):
+        before = settled_meminfo()
+        t0 = time.monotonic()
+        kids = fork()
+        ready = (time.monotonic() - t0) * 1000
+        if len(kids) != self.n:
+            raise RuntimeError(f"asked for {self.n} children, got {len(kids)}")
+        if check:
+            check(kids)
+        host, parts = host_memory(before, settled_meminfo(), self.n)
+        t0 = time.monotonic()
+        terminate(kids)
+        term = (time.monotonic() - t0) * 1000
+        self.settle(kids)
+        return {"ready_ms": ready, "terminate_ms": term, "host_kib_per_child": host, "parts": parts}
+
+    def measure_net(self):
+        def has_netns(kids):
+            assert all(k.get("netns") for k in kids), f"a child without namespace: {kids[0]}"
+        r = self.measure(lambda: self.fork_dbus(NET_TAG, {"network": ("s", "egress")}), self.terminate_dbus,
+                         has_netns)
+        r["netns_ms"] = self.stack.netns_ms()
+        return r
+
+    def run(self, mode):
+        if mode == "engine":
+            return engine(self.args)
+        if mode == "dbus":
+            return self.measure(self.fork_plain, self.terminate_dbus)
+        if mode == "rest":
+            return self.measure(self.fork_rest, self.terminate_rest)
+        if mode == "net":
+            return self.measure_net()
+        limit = self.args.memory_limit_mib
+
+        def limited(kids):
+            assert all(k.get("memory_limit_mib") == limit for k in kids), f"a child without limit: {kids[0]}"
+        return self.measure(lambda: self.fork_dbus(TAG, {"memory_limit_mib": ("u", limit)}), self.terminate_dbus,
+                            limited)
+
+
+def report(args, modes, rounds, bench, backend):
+    def med(mode, key):
+        v = median([r[key] for r in rounds[mode]]) if mode in rounds else None
+        return round(v, 2) if v is not None else None
+
+    def ratio(a, b):
+        return round(a / b, 3) if a is not None and b else None
+
+    doc = {"n": args.n, "rounds": args.rounds, "mem_mib": args.mem_mib, "paths": args.path,
+           "network": args.network, "memory_limit_mib": args.memory_limit_mib, "emulated": args.emulated}
+    plain_names = [x for x, on in (("dbus", "dbus" in args.path), ("nonet", args.network),
+                                   ("nolimit", bool(args.memory_limit_mib))) if on]
+    for mode in modes:
+        for name in (plain_names if mode == "dbus" else [mode]):
+            doc[f"{name}_ready_ms"] = med(mode, "ready_ms")
+            doc[f"{name}_host_kib_per_child"] = med(mode, "host_kib_per_child")
+            if mode != "engine":
+                doc[f"{name}_terminate_ms"] = med(mode, "terminate_ms")
+    if "engine" in modes:
+        doc["per_child_kib"] = med("engine", "per_child_kib")
+        doc["host_kib_per_child"] = doc["engine_host_kib_per_child"]
+    for name in ("dbus", "rest"):
+        if name in args.path:
+            doc[f"{name}_ratio"] = ratio(doc[f"{name}_ready_ms"], doc.get("engine_ready_ms"))
+    if "dbus" in args.path:
+        doc["forkd_cpu_ms_per_child"] = round(bench.forkd_ticks * 1000 / os.sysconf("SC_CLK_TCK")
+                                              / bench.forkd_children, 3)
+    if args.network:
+        doc["net_ratio"] = ratio(doc["net_ready_ms"], doc["nonet_ready_ms"])
+        doc["net_namespaces_ms"] = median([r["netns_ms"] for r in rounds["net"] if r["netns_ms"] is not None])
+    if args.memory_limit_mib:
+        doc["limit_ratio"] = ratio(doc["limit_ready_ms"], doc["nolimit_ready_ms"])
+    if backend:
+        doc["cgroup_backend"] = backend
+    doc["host_memory_parts_kib_per_child"] = {
+        m: {k: round(median([r["parts"][k] for r in rounds[m]]), 1) for k in ("avail_drop", "slab", "pagetables")}
+        for m in modes if m != "engine"}
+    doc["rounds_ready_ms"] = {m: [round(r["ready_ms"], 2) for r in rounds[m]] for m in modes}
+    doc["rounds_host_kib_per_child"] = {m: [round(r["host_kib_per_child"], 1) for r in rounds[m]] for m in modes}
+
+    what = {"engine": "engine (forkd-vmm alone)", "dbus": "D-Bus Fork (" + ", ".join(plain_names) + ")",
+            "rest": "REST POST /v1/sandboxes", "net": "D-Bus Fork, NIC, egress",
+            "limit": f"D-Bus Fork, memory_limit_mib {args.memory_limit_mib}"}
+    print(f"bench/fork: n={args.n}, mem {args.mem_mib} MiB, {args.rounds} rounds taking turns, medians")
+    print(f"{'':40} {'ready ms':>10} {'term. ms':>10} {'host KiB/child':>15}  rounds (ready ms)")
+    for m in modes:
+        term = "" if m == "engine" else f"{med(m, 'terminate_ms'):10.1f}"
+        print(f"{what[m]:40} {med(m, 'ready_ms'):10.1f} {term:>10} {med(m, 'host_kib_per_child'):15.1f}  "
+              + " ".join(f"{x:.1f}" for x in doc["rounds_ready_ms"][m]))
+    for key, label in (("dbus_ratio", "D-Bus / engine, time to ready"), ("rest_ratio", "REST / engine, time to ready"),
+                       ("net_ratio", "namespace / none, time to ready (target <= 1.5)"),
+                       ("net_namespaces_ms", "of which forkd making the namespaces (ms, its log)"),
+                       ("limit_ratio", "limit / none, time to ready"),
+                       ("forkd_cpu_ms_per_child", "forkd CPU per forked child (ms)"),
+                       ("per_child_kib", "engine: VMM's own memory per child (KiB)"),
+                       ("cgroup_backend", "forkd's memory limit backend")):
+        if doc.get(key) is not None:
+            print(f"{label:48} {doc[key]}")
+    if args.json:
+        print(json.dumps(doc, separators=(",", ":")))
+
+
+def main():
+    ap = argparse.ArgumentParser(description="bench/fork on the product path")
+    ap.add_argument("--build", required=True)
+    ap.add_argument("--n", type=int, default=100)
+    ap.add_argument("--mem-mib", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--path", type=lambda s: s.split(","), default=["engine"])
+    ap.add_argument("--network", action="store_true")
+    ap.add_argument("--memory-limit-mib", type=int, default=0)
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--emulated", action="store_true", help="the figures come from the QEMU test host")
+    ap.add_argument("--confine", action="store_true")
+    args = ap.parse_args()
+    if set(args.path) - {"engine", "dbus", "rest"} or len(set(args.path)) != len(args.path):
+        ap.error("--path takes a comma list of engine, dbus, rest, each at most once")
+    if not 1 <= args.n <= 1000 or not 1 <= args.rounds <= 20 or args.memory_limit_mib < 0:
+        ap.error("--n must be 1..1000, --rounds 1..20, --memory-limit-mib positive")
+    if args.confine:
+        ap.error("--confine runs on the engine alone: leave out --path, --network and --memory-limit-mib")
+    if os.geteuid() != 0:
+        sys.exit("bench/fork: the product path needs root (a stack of its own, the VMMs' pidfds)")
+    if args.emulated:
+        print("bench/fork: EMULATED: in the QEMU test host (TCG, nested SVM): these are not forkd's speeds")
+    # forkd keeps two fds per sandbox, this driver a pidfd per child while terminating.
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGHUP, lambda *_: sys.exit(129))
+
+    modes = [m for m, on in (("engine", "engine" in args.path),
+                             ("dbus", "dbus" in args.path or args.network or args.memory_limit_mib),
+                             ("rest", "rest" in args.path), ("net", args.network),
+                             ("limit", args.memory_limit_mib)) if on]
+    rounds = {m: [] for m in modes}
+    backend = None
+    try:
+        if modes == ["engine"]:
+            bench = None
+            for _ in range(args.rounds):
+                rounds["engine"].append(engine(args))
+        else:
+            with Stack(args.build, args.emulated) as stack:
+                backend = stack.cgroup_backend()
+                bench = Bench(args, stack)
+                bench.snapshots(args.network)
+                bench.warm(TAG, {})
+                if args.network:
+                    bench.warm(NET_TAG, {"network": ("s", "egress")})
+                for r in range(args.rounds):
+                    k = r % len(modes)
+                    for mode in modes[k:] + modes[:k]:
+                        rounds[mode].append(bench.run(mode))
+                bench.bus.close()
+                bench.api.close()
+    except (RuntimeError, AssertionError, TimeoutError, DBusError, OSError, subprocess.SubprocessError) as e:
+        sys.exit(f"bench/fork: {e.name + ': ' + e.message if isinstance(e, DBusError) else e}")
+    report(args, modes, rounds, bench, backend)
+
+
+if __name__ == "__main__":
+    main()
