@@ -306,9 +306,10 @@ static const int syscalls_vmm[] = {
         SCMP_SYS(openat), SCMP_SYS(mkdirat), SCMP_SYS(unlinkat), SCMP_SYS(renameat), SCMP_SYS(renameat2),
         SCMP_SYS(linkat), SCMP_SYS(faccessat), SCMP_SYS(faccessat2), SCMP_SYS(access), SCMP_SYS(open),
         SCMP_SYS(mkdir), SCMP_SYS(unlink), SCMP_SYS(rename), SCMP_SYS(link), SCMP_SYS(rmdir),
-        /* memory */
+        /* memory; memfd_create: the frozen template of a running sandbox's fork copies
+         * each disk layer's map into one (virtio_blk_open_layers()) */
         SCMP_SYS(mmap), SCMP_SYS(munmap), SCMP_SYS(mprotect), SCMP_SYS(mremap), SCMP_SYS(madvise),
-        SCMP_SYS(brk),
+        SCMP_SYS(brk), SCMP_SYS(memfd_create),
         /* sockets: agent and control channels, fds received with SCM_RIGHTS */
         SCMP_SYS(sendmsg), SCMP_SYS(recvmsg), SCMP_SYS(sendto), SCMP_SYS(recvfrom), SCMP_SYS(poll),
         SCMP_SYS(ppoll), SCMP_SYS(accept4), SCMP_SYS(pipe2), SCMP_SYS(shutdown),

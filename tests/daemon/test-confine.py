@@ -129,6 +129,10 @@ def run(h):
         # A branch is written by a fork of a confined VMM, into snapshots/ (the VMM user's)
         sid = ctx["ids"][1]
         h.m("RunCode", "ssu", [sid, "write /x.txt hello", 10])
+        # and a disk layer: the frozen copies (the branch's writer, the fork's template)
+        # copy its map under the VMM's filter (memfd_create)
+        out = json.loads(h.m("RunCode", "ssu", [sid, "disk_write", 10])[0])
+        assert "disk written" in json.dumps(out), out
         h.m("BranchSandbox", "sssb", [sid, "b1", "diff", True], timeout=120)
         infos = h.fork("b1", 1, opts)
         out = json.loads(h.m("RunCode", "ssu", [infos[0]["id"], "cat /x.txt", 10])[0])

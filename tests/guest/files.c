@@ -360,6 +360,17 @@ static int statement(const u8 *s, u32 n)
                 print("hostile mode set\n", 17);
                 return 0;
         }
+        /* "disk_write": dirties the disk's last block, so that the VMM has a disk
+         * overlay (a branch or a fork of the running sandbox then has a layer). */
+        if (span_eq(s, wl, "disk_write", 10) && i == n) {
+                if (!boot.have_blk || !boot.blk_blocks)
+                        return fail("disk_write: no disk", NULL, 0);
+                memset(blk_data, 0x5a, sizeof(blk_data));
+                if (blk_rw(1, boot.blk_blocks - 1, blk_data) < 0)
+                        return fail("disk_write: the write failed", NULL, 0);
+                print("disk written\n", 13);
+                return 0;
+        }
         /* Asks the VMM for a syscall its seccomp filter forbids (JAIL_TEST_HOOK_PORT in
          * src/vmm/jail.h); only a VMM started with FORKD_VMM_TEST_HOOKS=1 obeys. */
         if (span_eq(s, wl, "forbidden_call", 14)) {
