@@ -294,6 +294,12 @@ static int fork_make_namespaces(ForkOp *f) {
                 if (!f->netns[i])
                         r = -ENOMEM;
         }
+        if (r >= 0) {
+                /* Only the owner (and root) may dial the guests from the host. */
+                r = netns_children_allow(f->net, f->n, f->opts.owner_uid);
+                failed = 0;
+                step = "who may dial the guests (nftables chain ip forkd dial)";
+        }
         if (r < 0) {
                 free(f->error);
                 if (asprintf(&f->error, "Failed to create the network namespace of %s (%s%s%s)", f->ids[failed],

@@ -409,6 +409,15 @@ int image_create_work(void *userdata) {
                         return set_error(c, r, "Cannot create the boot VM's network namespace (%s): %s",
                                          step ?: "?", strerror(-r));
                 }
+                /* Root only dials it (an earlier child of the index may have allowed more). */
+                r = netns_children_allow(&net, 1, 0);
+                if (r < 0) {
+                        netns_child_done(&net);
+                        (void) netns_child_destroy(net.name);
+                        netns_release(net_index);
+                        (void) rm_rf(c->staging);
+                        return set_error(c, r, "Cannot set who may dial the boot VM (nftables): %s", strerror(-r));
+                }
                 a.with_net = true;
                 a.net_tap_fd = net.tap_fd;
         }

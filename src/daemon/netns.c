@@ -244,6 +244,81 @@ static int host_table_ensure(const NetnsPrefix *prefix) {
         return r;
 }
 
+/* Who may dial a child from the host: a new connection out of a fkd<i> link
+ * from a local socket passes when the socket is root's, or when the map
+ * dialers sends fkd<i> to a chain dial-fkd<i> that accepts its uid (the
+ * sandbox's owner, netns_children_allow()); anything else is rejected. So
+ * another user of the host cannot reach a guest's ports, the agent's TCP port
+ * included. Added to a table made before it existed too. */
+static int host_dial_ensure(void) {
+        int r;
+
+        if (nft_run("list chain ip forkd dial", true) == 0)
+                return 0;
+        r = nft_run("add map ip forkd dialers { type ifname : verdict; }\n"
+                    "create chain ip forkd dial { type filter hook output priority filter; policy accept; }\n"
+                    "add rule ip forkd dial oifname \"" NETNS_HOST_IFNAME_PREFIX "*\" ct state new meta skuid 0 accept\n"
+                    "add rule ip forkd dial oifname \"" NETNS_HOST_IFNAME_PREFIX "*\" ct state new oifname vmap @dialers\n"
+                    "add rule ip forkd dial oifname \"" NETNS_HOST_IFNAME_PREFIX "*\" ct state new reject\n",
+                    false);
+        if (r < 0 && nft_run("list chain ip forkd dial", true) == 0)
+                return 0; /* made by someone else meanwhile */
+        return r;
+}
+
+/* Forgets who may dial through link ifname (nothing to forget is fine). */
+static void dial_forget(const char *ifname) {
+        char cmds[256];
+
+        (void) snprintf(cmds, sizeof cmds,
+                        "delete element ip forkd dialers { \"%s\" }\n"
+                        "delete chain ip forkd dial-%s\n", ifname, ifname);
+        if (nft_run(cmds, true) >= 0)
+                return;
+        /* The transaction fails as a whole without the element: the chain alone. */
+        (void) snprintf(cmds, sizeof cmds, "delete chain ip forkd dial-%s\n", ifname);
+        (void) nft_run(cmds, true);
+}
+
+int netns_children_allow(const NetnsChild *children, unsigned n, uid_t owner) {
+        _cleanup_free_ char *cmds = NULL;
+        size_t size, len = 0;
+
+        if (!children || n == 0 || n > NETNS_PICK_MAX || owner == (uid_t) -1)
+                return -EINVAL;
+        /* For root too: a chain left by an earlier child of the same index is emptied. */
+        size = (size_t) n * 256 + 1;
+        cmds = malloc(size);
+        if (!cmds)
+                return -ENOMEM;
+        for (unsigned i = 0; i < n; i++) {
+                const char *ifn = children[i].host_ifname;
+                int k;
+
+                if (strncmp(ifn, NETNS_HOST_IFNAME_PREFIX, strlen(NETNS_HOST_IFNAME_PREFIX)) != 0 ||
+                    strlen(ifn) >= 16)
+                        return -EINVAL;
+                k = snprintf(cmds + len, size - len,
+                             "add chain ip forkd dial-%s\n"
+                             "flush chain ip forkd dial-%s\n",
+                             ifn, ifn);
+                if (k >= 0 && (size_t) k < size - len && owner != 0) {
+                        len += (size_t) k;
+                        k = snprintf(cmds + len, size - len, "add rule ip forkd dial-%s meta skuid %u accept\n",
+                                     ifn, (unsigned) owner);
+                }
+                if (k >= 0 && (size_t) k < size - len) {
+                        len += (size_t) k;
+                        k = snprintf(cmds + len, size - len,
+                                     "add element ip forkd dialers { \"%s\" : jump dial-%s }\n", ifn, ifn);
+                }
+                if (k < 0 || (size_t) k >= size - len)
+                        return -ENOBUFS;
+                len += (size_t) k;
+        }
+        return nft_run(cmds, false);
+}
+
 static int child_rules(char *buf, size_t size, NetnsPolicy policy, const char *inside) {
         int n;
 
@@ -472,6 +547,10 @@ static int shared_setup(const NetnsPrefix *prefix, NetnsPolicy policy, const cha
         r = host_table_ensure(prefix);
         if (r < 0)
                 return r;
+        *ret_step = "host nftables chain ip forkd dial";
+        r = host_dial_ensure();
+        if (r < 0)
+                return r;
         /* Egress needs the host to forward, replies from its uplinks included:
          * the global switch. Without egress the host forwards nothing of a child's. */
         if (policy == NETNS_POLICY_EGRESS) {
@@ -658,6 +737,7 @@ int netns_child_destroy(const char *name) {
         r = rtnl_link_delete(nl, ifname);
         if (r < 0)
                 return log_debug_errno(r, "netns: %s: delete %s: %m", name, ifname);
+        dial_forget(ifname);
 
         if (access(marker, F_OK) < 0) {
                 if (errno != ENOENT)

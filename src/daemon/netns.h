@@ -26,6 +26,7 @@
 #include <netinet/in.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "macro.h"
 
@@ -90,6 +91,13 @@ typedef struct NetnsChild {
         int tap_fd;                          /* tap0, IFF_TAP|IFF_NO_PI|IFF_VNET_HDR, blocking; owned */
 } NetnsChild;
 
+/* Lets uid owner (and root) dial the guests of these children from the host,
+ * any port, and nobody else: the host's chain ip forkd dial rejects a new
+ * connection into a fkd<i> link from any other local socket. Call it after
+ * netns_child_create(), before the guest runs, for root-owned children too
+ * (it empties what an earlier child of the same index allowed). One nft
+ * transaction. netns_child_destroy() forgets it. */
+int netns_children_allow(const NetnsChild *children, unsigned n, uid_t owner);
 /* Closes the tap fd (the namespace stays until netns_child_destroy()). */
 void netns_child_done(NetnsChild *c);
 

@@ -16,6 +16,8 @@
  *                              with THREADS threads, as a fork makes them; prints
  *                              {"n":N,"threads":T,"ms":M,"names":[...]}, then
  *                              destroys them all (the time is the creation's)
+ *   netns-helper allow NAME UID
+ *                              netns_children_allow(): UID (and root) may dial NAME's guest
  *   netns-helper nft CMDS      CMDS through libnftables, as an operator's nft(8) would
  *   netns-helper selftest      the pure parts: prefixes, names, addresses,
  *                              refusals leave outputs untouched (TAP lines)
@@ -298,6 +300,28 @@ static int cmd_selftest(void) {
         return tests_failed ? -EIO : 0;
 }
 
+/* allow NAME UID: netns_children_allow() for the child called NAME. */
+static int cmd_allow(const char *name, const char *uid_s) {
+        NetnsChild c = { .tap_fd = -EBADF };
+        unsigned index;
+        char *end;
+        unsigned long uid;
+        int r;
+
+        errno = 0;
+        uid = strtoul(uid_s, &end, 10);
+        if (errno != 0 || end == uid_s || *end || uid >= (uid_t) -1)
+                return log_error_errno(EINVAL, "allow: bad uid '%s'", uid_s);
+        r = netns_child_index_from_name(name, &index);
+        if (r < 0)
+                return log_error_errno(r, "allow: bad name '%s'", name);
+        (void) snprintf(c.host_ifname, sizeof c.host_ifname, NETNS_HOST_IFNAME_PREFIX "%u", index);
+        r = netns_children_allow(&c, 1, (uid_t) uid);
+        if (r < 0)
+                return log_error_errno(r, "netns_children_allow(%s, %lu): %m", name, uid);
+        return 0;
+}
+
 int main(int argc, char **argv) {
         int r;
 
@@ -324,6 +348,8 @@ int main(int argc, char **argv) {
                 r = cmd_pick(argc, argv);
         else if (strcmp(argv[1], "batch") == 0)
                 r = cmd_batch(argc, argv);
+        else if (strcmp(argv[1], "allow") == 0 && argc == 4)
+                r = cmd_allow(argv[2], argv[3]);
         else if (strcmp(argv[1], "nft") == 0 && argc == 3)
                 r = cmd_nft(argv[2]);
         else if (strcmp(argv[1], "selftest") == 0 && argc == 2)

@@ -51,6 +51,9 @@ HTTP_PORT, GUEST_PORT, WAN_PORT = 8080, 9000, 8081
 # A refusal is a connection that gets nowhere within CONNECT_TIMEOUT; what
 # must work gets REACH_TIMEOUT, for loaded machines.
 CONNECT_TIMEOUT = 2.0
+# Two unprivileged uids of no account: a sandbox's owner, and someone else on the host.
+OWNER_UID = 4242
+OTHER_UID = 4243
 REACH_TIMEOUT = 10.0
 
 n_tests = 0
@@ -129,9 +132,12 @@ def nsenter(ns, cmd):
     return ["nsenter", f"--net={ns}", "--"] + cmd
 
 
-def client(ns, host, port, timeout=CONNECT_TIMEOUT):
-    """(success, output) of a TCP fetch from namespace ns (None: this one)."""
+def client(ns, host, port, timeout=CONNECT_TIMEOUT, uid=None):
+    """(success, output) of a TCP fetch from namespace ns (None: this one), as
+    uid (None: this process's; else the system's python3 under setpriv)."""
     cmd = [sys.executable, "-c", CLIENT, host, str(port), str(timeout)]
+    if uid is not None:
+        cmd = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "/usr/bin/python3", *cmd[1:]]
     if ns:
         cmd = nsenter(ns, cmd)
     try:
@@ -370,6 +376,24 @@ def tests(cleanup):
         good, out = client(None, c.inside_addr, GUEST_PORT, timeout=REACH_TIMEOUT)
         ok(good and f"guest of child {c.index} peer={c.host_addr}" in out,
            f"the host dials {c.inside_addr}:{GUEST_PORT} and reaches child {c.index}'s guest ({c.policy})", out)
+
+    # 4b. From the host, only root and the owner dial a guest (the host's chain ip forkd dial):
+    # another local user must not reach a sandbox's ports, its agent's included.
+    good, out = client(None, c1.inside_addr, GUEST_PORT, uid=OTHER_UID)
+    ok(not good, f"uid {OTHER_UID} cannot dial {c1.inside_addr}:{GUEST_PORT} (no owner allowed yet)", out)
+    r = helper("allow", c1.name, str(OWNER_UID))
+    ok(r.returncode == 0, f"netns_children_allow({c1.name}, {OWNER_UID})", r.stderr)
+    good, out = client(None, c1.inside_addr, GUEST_PORT, timeout=REACH_TIMEOUT, uid=OWNER_UID)
+    ok(good and f"guest of child {c1.index}" in out, f"its owner, uid {OWNER_UID}, dials child 1's guest", out)
+    good, out = client(None, c2.inside_addr, GUEST_PORT, uid=OWNER_UID)
+    ok(not good, f"uid {OWNER_UID} cannot dial child 2's guest, which is not its", out)
+    good, out = client(None, c1.inside_addr, GUEST_PORT, uid=OTHER_UID)
+    ok(not good, f"uid {OTHER_UID} still cannot dial child 1's guest", out)
+    good, out = client(None, c1.inside_addr, GUEST_PORT, timeout=REACH_TIMEOUT)
+    ok(good, "root still dials child 1's guest", out)
+    r = helper("allow", c1.name, "0")
+    good, out = client(None, c1.inside_addr, GUEST_PORT, uid=OWNER_UID)
+    ok(r.returncode == 0 and not good, f"allowed again for root only: uid {OWNER_UID} no longer dials child 1", out)
 
     # 3. isolation: never another child, its host end, or another host address.
     for a, b in ((c1, c2), (c2, c1), (c1, c3), (c3, c1)):
