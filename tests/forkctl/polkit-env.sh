@@ -1,0 +1,96 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
+# shellcheck shell=bash
+#
+# The private polkit world of the polkit tests (test-polkit.sh, test-ownership.sh,
+# test-bridge.sh), sourced by them once they run in their own mount namespace
+# (unshare -m): nothing outside it changes. They set before sourcing:
+#   T           their scratch directory (mode 0755)
+#   polkit_dir  our polkit/ sources (org.forkd.policy, org.forkd.rules)
+#   POLKITD     the polkitd binary
+#   pids        an array; every process started here is appended to it
+#
+# polkit_env_users GID_FORKD NAME:UID[:forkd]...
+#       bind-mounts copies of /etc/passwd and /etc/group holding these users (each
+#       with a group of its own, the same number as its uid; ":forkd" makes it a
+#       member of the group forkd, GID_FORKD), our policy and rules where polkitd
+#       reads them, and an empty /etc/polkit-1/rules.d.
+# polkit_env_bus [NAME...]
+#       starts dbus-daemon (a system bus on $T/system_bus_socket where root may own
+#       org.freedesktop.PolicyKit1 and the NAMEs), exports DBUS_SYSTEM_BUS_ADDRESS
+#       and sets bus to it.
+# polkit_env_polkitd
+#       starts polkitd on it (polkitd_pid); returns 1 if it does not take its name.
+
+polkit_env_users() {
+        local gid_forkd=$1 names=forkd members="" u name uid
+        shift
+        for u in "$@"; do names+="|${u%%:*}"; done
+        mkdir -p "$T/actions" "$T/rules" "$T/etc-rules"
+        cp "$polkit_dir/org.forkd.policy" "$T/actions/"
+        cp "$polkit_dir/org.forkd.rules" "$T/rules/50-org.forkd.rules"
+        grep -v -E "^($names):" /etc/passwd > "$T/passwd"
+        grep -v -E "^($names):" /etc/group > "$T/group"
+        for u in "$@"; do
+                name=${u%%:*}; uid=${u#*:}; uid=${uid%%:*}
+                echo "$name:x:$uid:$uid::/nonexistent:/usr/sbin/nologin" >> "$T/passwd"
+                echo "$name:x:$uid:" >> "$T/group"
+                case "$u" in *:forkd) members+="${members:+,}$name" ;; esac
+        done
+        echo "forkd:x:$gid_forkd:$members" >> "$T/group"
+        chmod 644 "$T/passwd" "$T/group"
+        mount --bind "$T/passwd" /etc/passwd
+        mount --bind "$T/group" /etc/group
+        mount --bind "$T/actions" /usr/share/polkit-1/actions
+        mount --bind "$T/rules" /usr/share/polkit-1/rules.d
+        mkdir -p /etc/polkit-1/rules.d 2>/dev/null
+        mount --bind "$T/etc-rules" /etc/polkit-1/rules.d
+}
+
+polkit_env_bus() {
+        local owns="" name
+        for name in "$@"; do owns+="    <allow own=\"$name\"/>"$'\n'; done
+        cat > "$T/bus.conf" <<XML
+<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-BUS Bus Configuration 1.0//EN"
+ "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
+<busconfig>
+  <type>system</type>
+  <listen>unix:path=$T/system_bus_socket</listen>
+  <auth>EXTERNAL</auth>
+  <policy context="default">
+    <allow user="*"/>
+    <deny own="*"/>
+    <allow send_type="method_call"/>
+    <allow send_destination="org.freedesktop.DBus"/>
+    <allow send_requested_reply="true" send_type="method_return"/>
+    <allow send_requested_reply="true" send_type="error"/>
+    <allow send_type="signal"/>
+    <allow receive_type="method_call"/>
+    <allow receive_type="method_return"/>
+    <allow receive_type="error"/>
+    <allow receive_type="signal"/>
+  </policy>
+  <policy user="polkitd">
+    <allow own="org.freedesktop.PolicyKit1"/>
+  </policy>
+  <policy user="root">
+    <allow own="org.freedesktop.PolicyKit1"/>
+$owns  </policy>
+</busconfig>
+XML
+        dbus-daemon --config-file="$T/bus.conf" --nofork --nopidfile 2>"$T/dbus.log" &
+        pids+=($!)
+        export DBUS_SYSTEM_BUS_ADDRESS="unix:path=$T/system_bus_socket"
+        bus=$DBUS_SYSTEM_BUS_ADDRESS
+        for _ in $(seq 100); do [ -S "$T/system_bus_socket" ] && break; sleep 0.05; done
+}
+
+polkit_env_polkitd() {
+        "$POLKITD" --no-debug >>"$T/polkitd.log" 2>&1 &
+        polkitd_pid=$!
+        pids+=($polkitd_pid)
+        for _ in $(seq 100); do
+                timeout 5 busctl --address="$bus" status org.freedesktop.PolicyKit1 >/dev/null 2>&1 && return 0
+                sleep 0.1
+        done
+        return 1
+}
