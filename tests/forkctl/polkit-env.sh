@@ -20,6 +20,12 @@
 #       and sets bus to it.
 # polkit_env_polkitd
 #       starts polkitd on it (polkitd_pid); returns 1 if it does not take its name.
+# polkit_env_forkd SOCK BRIDGE_UID FORKD ARGS...
+#       starts FORKD ARGS... socket-activated on SOCK as units/forkd.socket passes its
+#       socket (the file BRIDGE_UID's, mode 0600, in a directory of mode 0711), with
+#       systemd-socket-activate(1), which passes on only FORKD_VMM and the sanitizer
+#       and debug settings; a first connection starts it (forkd_pid, output appended
+#       to $T/forkd.log); returns 1 if it does not own org.forkd.Manager on $bus.
 
 polkit_env_users() {
         local gid_forkd=$1 names=forkd members="" u name uid
@@ -90,6 +96,29 @@ polkit_env_polkitd() {
         pids+=($polkitd_pid)
         for _ in $(seq 100); do
                 timeout 5 busctl --address="$bus" status org.freedesktop.PolicyKit1 >/dev/null 2>&1 && return 0
+                sleep 0.1
+        done
+        return 1
+}
+
+polkit_env_forkd() {
+        local sock=$1 uid=$2 keep=() k
+        shift 2
+        for k in FORKD_VMM ASAN_OPTIONS UBSAN_OPTIONS LSAN_OPTIONS FORKD_LOG_DEBUG FORKD_NO_CONFINE; do
+                if [ -n "${!k:-}" ]; then keep+=(-E "$k=${!k}"); fi
+        done
+        mkdir -p "$(dirname "$sock")"
+        chmod 711 "$(dirname "$sock")"
+        rm -f "$sock"
+        systemd-socket-activate -l "$sock" "${keep[@]}" "$@" >>"$T/forkd.log" 2>&1 &
+        forkd_pid=$!
+        pids+=($forkd_pid)
+        for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
+        chown "$uid" "$sock"
+        chmod 600 "$sock"
+        /usr/bin/python3 -c 'import socket, sys; socket.socket(socket.AF_UNIX).connect(sys.argv[1])' "$sock"
+        for _ in $(seq 100); do
+                timeout 5 busctl --address="$bus" status org.forkd.Manager >/dev/null 2>&1 && return 0
                 sleep 0.1
         done
         return 1

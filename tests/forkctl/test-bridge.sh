@@ -123,26 +123,9 @@ PY
 export DBUSMINI_DIR=$HERE/../daemon
 PY=/usr/bin/python3; [ -x "$PY" ] || PY=$(command -v python3)
 
-# start_forkd ARGS...: forkd socket-activated on $SOCK as forkd.socket passes it (the
-# file the bridge user's, mode 0600, in a 0711 directory), started by a first
-# connection from root, as systemd-socket-activate(1) passes only what -E names.
+# start_forkd ARGS...: forkd on a socket passed as forkd.socket passes it (polkit-env.sh)
 SOCK=$T/run/forkd/bus.sock
-mkdir -p "$T/run/forkd"; chmod 711 "$T/run/forkd"
-start_forkd() {
-        local keep=(-E "FORKD_VMM=$FORKD_VMM") k
-        for k in ASAN_OPTIONS UBSAN_OPTIONS LSAN_OPTIONS FORKD_LOG_DEBUG; do
-                [ -n "${!k:-}" ] && keep+=(-E "$k=${!k}")
-        done
-        rm -f "$SOCK"
-        systemd-socket-activate -l "$SOCK" "${keep[@]}" "$FORKD_DAEMON" --bus-address "$bus" \
-                --state-dir "$T/state" "$@" >>"$T/forkd.log" 2>&1 &
-        forkd_pid=$!
-        pids+=($forkd_pid)
-        for _ in $(seq 100); do [ -S "$SOCK" ] && break; sleep 0.05; done
-        chown $UID_BR "$SOCK"; chmod 600 "$SOCK"
-        direct 0 ListSnapshots "" '[]' >/dev/null
-        for _ in $(seq 100); do timeout 5 busctl --address="$bus" status org.forkd.Manager >/dev/null 2>&1 && break; sleep 0.1; done
-}
+start_forkd() { polkit_env_forkd "$SOCK" $UID_BR "$FORKD_DAEMON" --bus-address "$bus" --state-dir "$T/state" "$@"; }
 stop_forkd() { kill "$forkd_pid"; wait "$forkd_pid" 2>/dev/null; }
 start_forkd --trusted-bridge-user forkd-rest
 MGR=(--address="$bus" --timeout=30 call org.forkd.Manager /org/forkd/Manager org.forkd.Manager)
