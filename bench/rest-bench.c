@@ -621,11 +621,30 @@ static int json_escape(const char *s, char *buf, size_t size) {
         return n < 0 || (size_t) n >= size ? -E2BIG : 0;
 }
 
+/* POST /v1/sandboxes with body; the new sandbox's id into id. */
+static int post_sandbox(struct http *h, const char *body, char *id, size_t size) {
+        _cleanup_free_ char *resp = NULL;
+        struct json_object *o, *e;
+        unsigned status = 0;
+        int r;
+
+        r = http_request(h, "POST", "/v1/sandboxes", body, &status, &resp);
+        o = r >= 0 && status == 201 ? json_tokener_parse(resp) : NULL;
+        if (o && json_object_is_type(o, json_type_array) && (e = json_object_array_get_idx(o, 0)) &&
+            json_object_object_get_ex(e, "id", &e))
+                snprintf(id, size, "%s", json_object_get_string(e));
+        json_object_put(o);
+        if (!id[0])
+                return log_error_errno(EIO, "POST /v1/sandboxes on %s:%u: %u %s",
+                                       inet_ntoa(h->addr->sin_addr), (unsigned) ntohs(h->addr->sin_port), status,
+                                       resp ?: "");
+        return 0;
+}
+
 static int run(int argc, char *argv[]) {
         _cleanup_(sd_bus_flush_close_unrefp) sd_bus *bus = NULL, *direct = NULL;
         _cleanup_free_ uint64_t *vs = NULL;
         _cleanup_free_ char *resp = NULL;
-        struct json_object *o = NULL, *e;
         struct http h = { .addr = &server_addr, .fd = -EBADF }, hb = { .addr = &server_addr_bus, .fd = -EBADF };
         struct http hi = { .addr = &server_addr_inst, .fd = -EBADF }, hib = { .addr = &server_addr_inst_bus, .fd = -EBADF };
         struct raw_vm vm = { .fd = -EBADF };
@@ -639,23 +658,16 @@ static int run(int argc, char *argv[]) {
         r = parse_argv(argc, argv);
         if (r <= 0)
                 return r;
-        r = parse_url(arg_url, &server_addr);
-        if (r < 0)
-                return r;
-        if (arg_url_bus) {
-                r = parse_url(arg_url_bus, &server_addr_bus);
-                if (r < 0)
-                        return r;
-        }
-        if (arg_url_installed) {
-                r = parse_url(arg_url_installed, &server_addr_inst);
-                if (r < 0)
-                        return r;
-        }
-        if (arg_url_installed_bus) {
-                r = parse_url(arg_url_installed_bus, &server_addr_inst_bus);
-                if (r < 0)
-                        return r;
+        {
+                const struct {
+                        const char *url;
+                        struct sockaddr_in *addr;
+                } urls[] = { { arg_url, &server_addr }, { arg_url_bus, &server_addr_bus },
+                             { arg_url_installed, &server_addr_inst }, { arg_url_installed_bus, &server_addr_inst_bus } };
+
+                for (size_t i = 0; i < ELEMENTSOF(urls); i++)
+                        if (urls[i].url && (r = parse_url(urls[i].url, urls[i].addr)) < 0)
+                                return r;
         }
         r = read_token();
         if (r < 0)
@@ -686,32 +698,14 @@ static int run(int argc, char *argv[]) {
         resp = NULL;
 
         snprintf(body, sizeof body, "{\"snapshot_tag\":\"%s\",\"n\":1}", tag);
-        r = http_request(&h, "POST", "/v1/sandboxes", body, &status, &resp);
-        if (r >= 0 && status == 201 && (o = json_tokener_parse(resp)) && json_object_is_type(o, json_type_array) &&
-            (e = json_object_array_get_idx(o, 0)) && json_object_object_get_ex(e, "id", &e))
-                snprintf(id, sizeof id, "%s", json_object_get_string(e));
-        json_object_put(o);
-        o = NULL;
-        if (!id[0]) {
-                log_error("POST /v1/sandboxes: %u %s", status, resp ?: "");
-                r = -EIO;
+        r = post_sandbox(&h, body, id, sizeof id);
+        if (r < 0)
                 goto cleanup;
-        }
+        /* The bridge user's own sandbox: root's is not its to eval (org.forkd.manage-all). */
         if (arg_url_installed) {
-                /* The bridge user's own sandbox: root's is not its to eval (org.forkd.manage-all). */
-                free(resp);
-                resp = NULL;
-                r = http_request(&hi, "POST", "/v1/sandboxes", body, &status, &resp);
-                if (r >= 0 && status == 201 && (o = json_tokener_parse(resp)) &&
-                    json_object_is_type(o, json_type_array) && (e = json_object_array_get_idx(o, 0)) &&
-                    json_object_object_get_ex(e, "id", &e))
-                        snprintf(id_inst, sizeof id_inst, "%s", json_object_get_string(e));
-                json_object_put(o);
-                if (!id_inst[0]) {
-                        log_error("POST /v1/sandboxes as the bridge user: %u %s", status, resp ?: "");
-                        r = -EIO;
+                r = post_sandbox(&hi, body, id_inst, sizeof id_inst);
+                if (r < 0)
                         goto cleanup;
-                }
         }
 
         {

@@ -223,10 +223,17 @@ static int polkit_query_reply(sd_bus_message *reply, void *userdata, sd_bus_erro
         return 0;
 }
 
-/* Takes the reference to creds. */
-static int creds_take_euid(sd_bus_creds *creds, uid_t *ret) {
+/* The effective uid of m's sender as the bus daemon knows it, or with peer, of the
+ * other end of m's connection as the kernel saw it connect (SO_PEERCRED). */
+static int creds_euid(sd_bus_message *m, bool peer, uid_t *ret) {
+        sd_bus_creds *creds = NULL;
         uid_t uid;
         int r;
+
+        r = peer ? sd_bus_get_owner_creds(sd_bus_message_get_bus(m), SD_BUS_CREDS_EUID, &creds)
+                 : sd_bus_query_sender_creds(m, SD_BUS_CREDS_EUID, &creds);
+        if (r < 0)
+                return r;
 
         r = sd_bus_creds_get_euid(creds, &uid);
         sd_bus_creds_unref(creds);
@@ -235,27 +242,6 @@ static int creds_take_euid(sd_bus_creds *creds, uid_t *ret) {
 
         *ret = uid;
         return 0;
-}
-
-static int sender_euid_query(sd_bus_message *m, uid_t *ret) {
-        sd_bus_creds *creds = NULL;
-        int r;
-
-        r = sd_bus_query_sender_creds(m, SD_BUS_CREDS_EUID, &creds);
-        if (r < 0)
-                return r;
-        return creds_take_euid(creds, ret);
-}
-
-/* The peer of a direct connection, as the kernel saw it connect (SO_PEERCRED). */
-static int peer_euid(sd_bus *bus, uid_t *ret) {
-        sd_bus_creds *creds = NULL;
-        int r;
-
-        r = sd_bus_get_owner_creds(bus, SD_BUS_CREDS_EUID, &creds);
-        if (r < 0)
-                return r;
-        return creds_take_euid(creds, ret);
 }
 
 /* The sender's effective uid, from the cache when this bus daemon told us
@@ -272,10 +258,10 @@ static int sender_euid(sd_bus_message *m, struct polkit_registry *registry, uid_
         /* A direct connection: a sender field there is whatever the peer wrote, so
          * only the socket's peer counts. */
         if (sd_bus_is_bus_client(bus) <= 0)
-                return peer_euid(bus, ret);
+                return creds_euid(m, true, ret);
         if (!registry || !sender || sender[0] != ':' || strlen(sender) >= UID_CACHE_NAME_MAX ||
             sd_bus_get_bus_id(bus, &bus_id) < 0)
-                return sender_euid_query(m, ret);
+                return creds_euid(m, false, ret);
 
         for (unsigned i = 0; i < UID_CACHE_SIZE; i++) {
                 e = &registry->uids[i];
@@ -285,7 +271,7 @@ static int sender_euid(sd_bus_message *m, struct polkit_registry *registry, uid_
                 }
         }
 
-        r = sender_euid_query(m, &uid);
+        r = creds_euid(m, false, &uid);
         if (r < 0)
                 return r;
 

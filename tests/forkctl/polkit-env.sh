@@ -1,14 +1,19 @@
 # SPDX-License-Identifier: LGPL-2.1-or-later
 # shellcheck shell=bash
 #
-# The private polkit world of the polkit tests (test-polkit.sh, test-ownership.sh,
-# test-bridge.sh), sourced by them once they run in their own mount namespace
-# (unshare -m): nothing outside it changes. They set before sourcing:
-#   T           their scratch directory (mode 0755)
+# The private bus and polkit world of the tests that need one (test-polkit.sh,
+# test-ownership.sh, test-bridge.sh, test-doctor.sh, test-forkctl-errors.sh and
+# bench/rest --installed), sourced by them. What bind-mounts runs only in their
+# own mount namespace (unshare -m): nothing outside it changes. They set before
+# calling what follows:
 #   polkit_dir  our polkit/ sources (org.forkd.policy, org.forkd.rules)
 #   POLKITD     the polkitd binary
-#   pids        an array; every process started here is appended to it
+# Sourcing it defines the TAP helpers ok, not_ok (counting n and failed), check
+# WHAT CMD... and diag (stdin as TAP comments).
 #
+# polkit_env_scratch PREFIX
+#       makes T, the scratch directory (/tmp/PREFIX.XXXXXX, mode 0755), and pids, the
+#       processes started here; on exit every one of them is killed and T removed.
 # polkit_env_users GID_FORKD NAME:UID[:forkd]...
 #       bind-mounts copies of /etc/passwd and /etc/group holding these users (each
 #       with a group of its own, the same number as its uid; ":forkd" makes it a
@@ -26,6 +31,26 @@
 #       systemd-socket-activate(1), which passes on only FORKD_VMM and the sanitizer
 #       and debug settings; a first connection starts it (forkd_pid, output appended
 #       to $T/forkd.log); returns 1 if it does not own org.forkd.Manager on $bus.
+
+n=0; failed=0
+ok()     { n=$((n + 1)); echo "ok $n - $*"; }
+not_ok() { n=$((n + 1)); failed=$((failed + 1)); echo "not ok $n - $*"; }
+check()  { local what=$1; shift; if "$@"; then ok "$what"; else not_ok "$what"; fi; }
+diag()   { sed 's/^/# /'; }
+
+polkit_env_cleanup() {
+        local p
+        for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
+        for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done
+        rm -rf "$T"
+}
+
+polkit_env_scratch() {
+        T=$(mktemp -d "/tmp/$1.XXXXXX")
+        chmod 755 "$T"
+        pids=()
+        trap polkit_env_cleanup EXIT
+}
 
 polkit_env_users() {
         local gid_forkd=$1 names=forkd members="" u name uid

@@ -50,21 +50,7 @@ fi
 # ---- inside the private mount namespace ----
 . "$HERE/polkit-env.sh"
 polkit_dir=$(realpath "$polkit_dir")
-T=$(mktemp -d /tmp/forkd-bridge-test.XXXXXX)
-chmod 755 "$T"
-pids=()
-cleanup() {
-        for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
-        for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done
-        rm -rf "$T"
-}
-trap cleanup EXIT
-
-n=0; failed=0
-ok()     { n=$((n + 1)); echo "ok $n - $*"; }
-not_ok() { n=$((n + 1)); failed=$((failed + 1)); echo "not ok $n - $*"; }
-check()  { local what=$1; shift; if "$@"; then ok "$what"; else not_ok "$what"; fi; }
-diag()   { sed 's/^/# /'; }
+polkit_env_scratch forkd-bridge-test
 
 # The bridge is named as the packaged user, so our rules (subject.user ==
 # "forkd-rest") allow it on the bus, as on an installed host.

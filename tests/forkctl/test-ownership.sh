@@ -59,21 +59,7 @@ fi
 . "$(dirname "$(realpath "$0")")/polkit-env.sh"
 forkctl=$(realpath "$forkctl")
 polkit_dir=$(realpath "$polkit_dir")
-T=$(mktemp -d /tmp/forkd-ownership-test.XXXXXX)
-chmod 755 "$T"
-pids=()
-cleanup() {
-        for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
-        for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done
-        rm -rf "$T"
-}
-trap cleanup EXIT
-
-n=0; failed=0
-ok()     { n=$((n + 1)); echo "ok $n - $*"; }
-not_ok() { n=$((n + 1)); failed=$((failed + 1)); echo "not ok $n - $*"; }
-check()  { local what=$1; shift; if "$@"; then ok "$what"; else not_ok "$what"; fi; }
-diag()   { sed 's/^/# /'; }
+polkit_env_scratch forkd-ownership-test
 
 UID_A=61781; UID_B=61782; GID_FORKD=61780
 polkit_env_users $GID_FORKD forkd-own-a:$UID_A:forkd forkd-own-b:$UID_B:forkd

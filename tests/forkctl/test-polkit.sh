@@ -46,19 +46,7 @@ fi
 . "$(dirname "$(realpath "$0")")/polkit-env.sh"
 service=$(realpath "$service")
 polkit_dir=$(realpath "$polkit_dir")
-T=$(mktemp -d /tmp/forkd-polkit-test.XXXXXX)
-chmod 755 "$T"
-pids=()
-cleanup() {
-        for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
-        for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done
-        rm -rf "$T"
-}
-trap cleanup EXIT
-
-n=0; failed=0
-ok()     { n=$((n + 1)); echo "ok $n - $*"; }
-not_ok() { n=$((n + 1)); failed=$((failed + 1)); echo "not ok $n - $*"; }
+polkit_env_scratch forkd-polkit-test
 
 UID_IN=61771; UID_OUT=61772; GID_FORKD=61770
 polkit_env_users $GID_FORKD forkd-pk-in:$UID_IN:forkd forkd-pk-out:$UID_OUT
