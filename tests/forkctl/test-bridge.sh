@@ -59,7 +59,7 @@ polkit_env_users $GID_FORKD forkd-rest:$UID_BR forkd-br-out:$UID_OUT
 polkit_env_bus org.forkd.Manager
 polkit_env_polkitd || { echo "Bail out! polkitd did not start"; diag <"$T/polkitd.log"; exit 1; }
 
-echo "1..21"
+echo "1..22"
 
 # ---- the option's value, at the boundary ----
 bad=""
@@ -219,6 +219,12 @@ for _ in $(seq 100); do [ "$(stat -c %u "$T/state/bus.sock" 2>/dev/null)" = 0 ] 
 check "without the option it is root's ($(stat -c '%a %u' "$T/state/bus.sock"))" \
         [ "$(stat -c '%a %u' "$T/state/bus.sock")" = "600 0" ]
 stop_forkd
+
+for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
+for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done
+pids=()
+san=$(grep -h -E 'ERROR: (Address|Leak)Sanitizer|runtime error' "$T/forkd.log" "$T/rest.log" | head -n 3)
+check "no sanitizer report from forkd or forkd-rest (an ASan build)${san:+: $san}" [ -z "$san" ]
 
 [ "$failed" = 0 ] || { echo "# $failed failed; forkd log:"; tail -20 "$T/forkd.log" | diag; grep -i -E "direct|error" "$T/rest.log" | tail -20 | diag; exit 1; }
 exit 0
