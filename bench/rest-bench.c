@@ -12,7 +12,12 @@
  *  - D-Bus straight from here, through the bus daemon and (when forkd offers
  *    one, see its DirectSocket property) on forkd's direct socket;
  *  - with --vmm, ping on the raw agent socket of a forkd-vmm that this
- *    program boots itself: the VMM and guest part of every figure above.
+ *    program boots itself: the VMM and guest part of every figure above;
+ *  - with --url-installed (and --url-installed-bus), eval through forkd-rest
+ *    running as the unprivileged bridge user, as installed: on forkd's direct
+ *    socket as the trusted bridge (and with --no-direct, through the bus and
+ *    polkitd). That user forks a sandbox of its own first through its
+ *    forkd-rest (what root made is not its to eval) and evaluates in it.
  *
  * The test guest does not implement eval: its agent answers an error, which
  * forkd returns as org.forkd.Error.GuestError and forkd-rest as a 500 with
@@ -35,12 +40,13 @@
 #include "macro.h"
 
 static const char *arg_url, *arg_token_file, *arg_bus_address, *arg_kernel, *arg_rootfs, *arg_url_bus, *arg_vmm;
+static const char *arg_url_installed, *arg_url_installed_bus;
 static const char *arg_wrk = "wrk";
 static unsigned arg_iterations = 2000, arg_wrk_secs = 5, arg_wrk_conns = 64, arg_wrk_threads = 2;
 static bool arg_json;
 
 static char token[512];
-static struct sockaddr_in server_addr, server_addr_bus;
+static struct sockaddr_in server_addr, server_addr_bus, server_addr_inst, server_addr_inst_bus;
 
 static uint64_t now_ns(void) {
         struct timespec ts;
@@ -170,6 +176,8 @@ enum {
         ROW_EVAL_REST_BUS,
         ROW_EVAL_DBUS,
         ROW_EVAL_DBUS_DIRECT,
+        ROW_EVAL_REST_INSTALLED,
+        ROW_EVAL_REST_INSTALLED_BUS,
         ROW_HEALTHZ,
         ROW_PING_RAW,
         ROW_MAX,
@@ -342,6 +350,10 @@ static int path_call(struct path *p) {
                 r = http_request(p->http, p->method, p->url, p->body, &status, NULL);
                 if (r < 0)
                         return log_error_errno(r, "%s: %m", p->name);
+                /* A refusal (403: the bridge not trusted, polkit saying no) is no round trip of
+                 * the call: stop rather than time it. */
+                if (status != 200 && status != 500)
+                        return log_error_errno(EPROTO, "%s: HTTP %u", p->name, status);
                 if (!p->status)
                         p->status = status;
                 else if (status != p->status)
@@ -472,11 +484,14 @@ static int run_wrk(struct wrk_result *ret) {
 static void help(void) {
         printf("Usage: rest-bench --url http://127.0.0.1:PORT --token-file F --bus-address ADDR\n"
                "                  --kernel K --rootfs R [--url-bus URL] [--vmm PATH] [--iterations N]\n"
+               "                  [--url-installed URL [--url-installed-bus URL]]\n"
                "                  [--wrk PATH] [--wrk-secs S] [--wrk-connections C] [--json]\n"
                "Ping and eval round trips over REST and over D-Bus (p50, p99), and GET /healthz\n"
                "throughput with wrk, against a running stack (see bench/rest). --url-bus: a forkd-rest\n"
                "started with --no-direct, measured too; --vmm: boot a VM of our own and measure ping\n"
-               "on its raw agent socket.\n");
+               "on its raw agent socket; --url-installed: a forkd-rest running as the trusted bridge\n"
+               "user (forkd --trusted-bridge-user), eval measured in a sandbox it forks itself;\n"
+               "--url-installed-bus: the same user with --no-direct (through the bus and polkit).\n");
 }
 
 static int parse_uint(const char *s, unsigned lo, unsigned hi, unsigned *ret) {
@@ -499,6 +514,8 @@ static int parse_argv(int argc, char *argv[]) {
                 { "wrk", required_argument, NULL, 'w' },        { "wrk-secs", required_argument, NULL, 's' },
                 { "wrk-connections", required_argument, NULL, 'c' },
                 { "url-bus", required_argument, NULL, 'U' },    { "vmm", required_argument, NULL, 'v' },
+                { "url-installed", required_argument, NULL, 'I' },
+                { "url-installed-bus", required_argument, NULL, 'B' },
                 { "json", no_argument, NULL, 'j' },             { "help", no_argument, NULL, 'h' },
                 {}
         };
@@ -514,6 +531,8 @@ static int parse_argv(int argc, char *argv[]) {
                 case 'w': arg_wrk = optarg; break;
                 case 'U': arg_url_bus = optarg; break;
                 case 'v': arg_vmm = optarg; break;
+                case 'I': arg_url_installed = optarg; break;
+                case 'B': arg_url_installed_bus = optarg; break;
                 case 'j': arg_json = true; break;
                 case 'n':
                         if (parse_uint(optarg, 100, 1000000, &arg_iterations) < 0)
@@ -532,6 +551,8 @@ static int parse_argv(int argc, char *argv[]) {
                 }
         if (!arg_url || !arg_token_file || !arg_bus_address || !arg_kernel || !arg_rootfs)
                 return log_error_errno(EINVAL, "--url, --token-file, --bus-address, --kernel and --rootfs are required");
+        if (arg_url_installed_bus && !arg_url_installed)
+                return log_error_errno(EINVAL, "--url-installed-bus needs --url-installed (whose sandbox it uses)");
         return 1;
 }
 
@@ -600,16 +621,36 @@ static int json_escape(const char *s, char *buf, size_t size) {
         return n < 0 || (size_t) n >= size ? -E2BIG : 0;
 }
 
+/* POST /v1/sandboxes with body; the new sandbox's id into id. */
+static int post_sandbox(struct http *h, const char *body, char *id, size_t size) {
+        _cleanup_free_ char *resp = NULL;
+        struct json_object *o, *e;
+        unsigned status = 0;
+        int r;
+
+        r = http_request(h, "POST", "/v1/sandboxes", body, &status, &resp);
+        o = r >= 0 && status == 201 ? json_tokener_parse(resp) : NULL;
+        if (o && json_object_is_type(o, json_type_array) && (e = json_object_array_get_idx(o, 0)) &&
+            json_object_object_get_ex(e, "id", &e))
+                snprintf(id, size, "%s", json_object_get_string(e));
+        json_object_put(o);
+        if (!id[0])
+                return log_error_errno(EIO, "POST /v1/sandboxes on %s:%u: %u %s",
+                                       inet_ntoa(h->addr->sin_addr), (unsigned) ntohs(h->addr->sin_port), status,
+                                       resp ?: "");
+        return 0;
+}
+
 static int run(int argc, char *argv[]) {
         _cleanup_(sd_bus_flush_close_unrefp) sd_bus *bus = NULL, *direct = NULL;
         _cleanup_free_ uint64_t *vs = NULL;
         _cleanup_free_ char *resp = NULL;
-        struct json_object *o = NULL, *e;
         struct http h = { .addr = &server_addr, .fd = -EBADF }, hb = { .addr = &server_addr_bus, .fd = -EBADF };
+        struct http hi = { .addr = &server_addr_inst, .fd = -EBADF }, hib = { .addr = &server_addr_inst_bus, .fd = -EBADF };
         struct raw_vm vm = { .fd = -EBADF };
         struct stat_row rows[ROW_MAX] = {};
         struct wrk_result w = {};
-        char tag[64], id[128] = "", path[256], body[9000], k[4200], rf[4200];
+        char tag[64], id[128] = "", id_inst[128] = "", path[256], body[9000], k[4200], rf[4200];
         unsigned status;
         int r;
 
@@ -617,13 +658,16 @@ static int run(int argc, char *argv[]) {
         r = parse_argv(argc, argv);
         if (r <= 0)
                 return r;
-        r = parse_url(arg_url, &server_addr);
-        if (r < 0)
-                return r;
-        if (arg_url_bus) {
-                r = parse_url(arg_url_bus, &server_addr_bus);
-                if (r < 0)
-                        return r;
+        {
+                const struct {
+                        const char *url;
+                        struct sockaddr_in *addr;
+                } urls[] = { { arg_url, &server_addr }, { arg_url_bus, &server_addr_bus },
+                             { arg_url_installed, &server_addr_inst }, { arg_url_installed_bus, &server_addr_inst_bus } };
+
+                for (size_t i = 0; i < ELEMENTSOF(urls); i++)
+                        if (urls[i].url && (r = parse_url(urls[i].url, urls[i].addr)) < 0)
+                                return r;
         }
         r = read_token();
         if (r < 0)
@@ -654,24 +698,24 @@ static int run(int argc, char *argv[]) {
         resp = NULL;
 
         snprintf(body, sizeof body, "{\"snapshot_tag\":\"%s\",\"n\":1}", tag);
-        r = http_request(&h, "POST", "/v1/sandboxes", body, &status, &resp);
-        if (r >= 0 && status == 201 && (o = json_tokener_parse(resp)) && json_object_is_type(o, json_type_array) &&
-            (e = json_object_array_get_idx(o, 0)) && json_object_object_get_ex(e, "id", &e))
-                snprintf(id, sizeof id, "%s", json_object_get_string(e));
-        json_object_put(o);
-        if (!id[0]) {
-                log_error("POST /v1/sandboxes: %u %s", status, resp ?: "");
-                r = -EIO;
+        r = post_sandbox(&h, body, id, sizeof id);
+        if (r < 0)
                 goto cleanup;
+        /* The bridge user's own sandbox: root's is not its to eval (org.forkd.manage-all). */
+        if (arg_url_installed) {
+                r = post_sandbox(&hi, body, id_inst, sizeof id_inst);
+                if (r < 0)
+                        goto cleanup;
         }
 
         {
-                char ping_url[256], eval_url[256];
+                char ping_url[256], eval_url[256], eval_url_inst[256];
                 struct path paths[ROW_MAX];
                 unsigned n = 0;
 
                 snprintf(ping_url, sizeof ping_url, "/v1/sandboxes/%s/ping", id);
                 snprintf(eval_url, sizeof eval_url, "/v1/sandboxes/%s/eval", id);
+                snprintf(eval_url_inst, sizeof eval_url_inst, "/v1/sandboxes/%s/eval", id_inst);
 #define REST(row_, name_, h_, method_, url_, body_) \
         paths[n++] = (struct path) { .name = name_, .kind = PATH_REST, .http = h_, .method = method_, .url = url_, \
                                      .body = body_, .row = &rows[row_] }
@@ -690,6 +734,12 @@ static int run(int argc, char *argv[]) {
                 DBUS(ROW_EVAL_DBUS, "eval  D-Bus", bus, "Eval", "1+1");
                 if (direct)
                         DBUS(ROW_EVAL_DBUS_DIRECT, "eval  D-Bus direct", direct, "Eval", "1+1");
+                if (arg_url_installed)
+                        REST(ROW_EVAL_REST_INSTALLED, "eval  REST installed", &hi, "POST", eval_url_inst,
+                             "{\"code\":\"1+1\"}");
+                if (arg_url_installed_bus)
+                        REST(ROW_EVAL_REST_INSTALLED_BUS, "eval  REST inst. via bus", &hib, "POST", eval_url_inst,
+                             "{\"code\":\"1+1\"}");
                 REST(ROW_HEALTHZ, "healthz REST (1 conn)", &h, "GET", "/healthz", NULL);
 #undef REST
 #undef DBUS
@@ -716,6 +766,10 @@ static int run(int argc, char *argv[]) {
         r = run_wrk(&w);
 
 cleanup:
+        if (id_inst[0]) {
+                snprintf(path, sizeof path, "/v1/sandboxes/%s", id_inst);
+                (void) http_request(&hi, "DELETE", path, NULL, &status, NULL);
+        }
         if (id[0]) {
                 snprintf(path, sizeof path, "/v1/sandboxes/%s", id);
                 (void) http_request(&h, "DELETE", path, NULL, &status, NULL);
@@ -724,6 +778,8 @@ cleanup:
         (void) http_request(&h, "DELETE", path, NULL, &status, NULL);
         safe_close(h.fd);
         safe_close(hb.fd);
+        safe_close(hi.fd);
+        safe_close(hib.fd);
         raw_stop(&vm);
         if (r < 0)
                 return r;
@@ -736,6 +792,12 @@ cleanup:
         printf("bridge cost (REST - D-Bus, p50): ping %.1f us, eval %.1f us\n",
                rows[ROW_PING_REST].p50_us - rows[ROW_PING_DBUS].p50_us,
                rows[ROW_EVAL_REST].p50_us - rows[ROW_EVAL_DBUS].p50_us);
+        if (rows[ROW_EVAL_REST_INSTALLED].name)
+                printf("installed forkd-rest (bridge user, direct socket) - root's, eval p50: %.1f us\n",
+                       rows[ROW_EVAL_REST_INSTALLED].p50_us - rows[ROW_EVAL_REST].p50_us);
+        if (rows[ROW_EVAL_REST_INSTALLED_BUS].name)
+                printf("installed forkd-rest through the bus and polkit - direct, eval p50: %.1f us\n",
+                       rows[ROW_EVAL_REST_INSTALLED_BUS].p50_us - rows[ROW_EVAL_REST_INSTALLED].p50_us);
         if (direct)
                 printf("bridge cost (REST - D-Bus direct, p50): ping %.1f us, eval %.1f us\n",
                        rows[ROW_PING_REST].p50_us - rows[ROW_PING_DBUS_DIRECT].p50_us,
@@ -784,6 +846,16 @@ cleanup:
                 if (rows[ROW_PING_RAW].name)
                         printf(",\"ping_agent_raw_p50_us\":%.1f,\"ping_agent_raw_p99_us\":%.1f",
                                rows[ROW_PING_RAW].p50_us, rows[ROW_PING_RAW].p99_us);
+                if (rows[ROW_EVAL_REST_INSTALLED].name)
+                        printf(",\"eval_rest_installed_p50_us\":%.1f,\"eval_rest_installed_p99_us\":%.1f,"
+                               "\"eval_rest_installed_status\":%u",
+                               rows[ROW_EVAL_REST_INSTALLED].p50_us, rows[ROW_EVAL_REST_INSTALLED].p99_us,
+                               rows[ROW_EVAL_REST_INSTALLED].status);
+                if (rows[ROW_EVAL_REST_INSTALLED_BUS].name)
+                        printf(",\"eval_rest_installed_bus_p50_us\":%.1f,\"eval_rest_installed_bus_p99_us\":%.1f,"
+                               "\"eval_rest_installed_bus_status\":%u",
+                               rows[ROW_EVAL_REST_INSTALLED_BUS].p50_us, rows[ROW_EVAL_REST_INSTALLED_BUS].p99_us,
+                               rows[ROW_EVAL_REST_INSTALLED_BUS].status);
                 printf("}\n");
         }
         return 0;

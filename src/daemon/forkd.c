@@ -4,6 +4,7 @@
  * the registry is manager.c, the bus faces are *-dbus.c.
  */
 #include <getopt.h>
+#include <pwd.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <systemd/sd-daemon.h>
@@ -14,6 +15,7 @@
 #include "macro.h"
 #include "manager-dbus.h"
 #include "manager.h"
+#include "polkit.h"
 #include "worker.h"
 
 #ifndef FORKD_VMM_DEFAULT
@@ -32,6 +34,7 @@ static unsigned arg_control_timeout_sec = CONTROL_TIMEOUT_DEFAULT_SEC;
 static bool arg_confine = true;
 static uid_t arg_vmm_uid = VMM_USER_DEFAULT_UID;
 static gid_t arg_vmm_gid = VMM_USER_DEFAULT_GID;
+static const char *arg_bridge_user = NULL; /* --trusted-bridge-user, resolved in run() */
 
 static void help(void) {
         printf("Usage: forkd [OPTIONS]\n"
@@ -58,7 +61,12 @@ static void help(void) {
                "                          in no /etc/passwd; see forkd-vmm(8), CONFINEMENT)\n"
                "     --no-confine         Run VMMs as forkd itself, without their jail, seccomp\n"
                "                          filter or user (for measurements and debugging;\n"
-               "                          also FORKD_NO_CONFINE=1)\n",
+               "                          also FORKD_NO_CONFINE=1)\n"
+               "     --trusted-bridge-user NAME|UID\n"
+               "                          Trust this user (forkd-rest's, not root, not the VMM user) on\n"
+               "                          the direct socket: its calls there need no polkit check,\n"
+               "                          except org.forkd.manage-all (default: none; an empty\n"
+               "                          value: none; see forkd(8), THE REST BRIDGE)\n",
                FORKD_VMM_DEFAULT, OPERATIONS_MAX_LIMIT, OPERATIONS_MAX_DEFAULT, BRANCHES_MAX_LIMIT,
                BRANCHES_MAX_DEFAULT, CONTROL_TIMEOUT_MAX_SEC, CONTROL_TIMEOUT_DEFAULT_SEC, VMM_USER_DEFAULT_UID,
                VMM_USER_DEFAULT_GID);
@@ -66,7 +74,8 @@ static void help(void) {
 
 static int parse_argv(int argc, char *argv[]) {
         enum { ARG_VERSION = 0x100, ARG_STATE_DIR, ARG_VMM, ARG_BUS_ADDRESS, ARG_CGROUP_ROOT, ARG_MAX_OPERATIONS,
-               ARG_MAX_BRANCHES, ARG_CONTROL_TIMEOUT, ARG_VMM_USER, ARG_NO_CONFINE };
+               ARG_MAX_BRANCHES, ARG_CONTROL_TIMEOUT, ARG_VMM_USER, ARG_NO_CONFINE,
+               ARG_TRUSTED_BRIDGE_USER };
         static const struct option options[] = {
                 { "help", no_argument, NULL, 'h' },
                 { "version", no_argument, NULL, ARG_VERSION },
@@ -79,6 +88,7 @@ static int parse_argv(int argc, char *argv[]) {
                 { "control-timeout-sec", required_argument, NULL, ARG_CONTROL_TIMEOUT },
                 { "vmm-user", required_argument, NULL, ARG_VMM_USER },
                 { "no-confine", no_argument, NULL, ARG_NO_CONFINE },
+                { "trusted-bridge-user", required_argument, NULL, ARG_TRUSTED_BRIDGE_USER },
                 {},
         };
         int c;
@@ -150,6 +160,9 @@ static int parse_argv(int argc, char *argv[]) {
                 case ARG_NO_CONFINE:
                         arg_confine = false;
                         break;
+                case ARG_TRUSTED_BRIDGE_USER:
+                        arg_bridge_user = optarg;
+                        break;
                 case '?':
                         return -EINVAL;
                 default:
@@ -161,6 +174,46 @@ static int parse_argv(int argc, char *argv[]) {
                 return log_error_errno(EINVAL, "forkd takes no positional arguments.");
         }
         return 1;
+}
+
+/* --trusted-bridge-user: a decimal uid, or a user name looked up in the user
+ * database. "" is none (OWNER_UID_INVALID). -EINVAL for anything malformed, root
+ * or (uid_t) -1; -ENOENT for a well-formed name with no such user. */
+static int resolve_bridge_user(const char *s, uid_t *ret) {
+        struct passwd pw, *found = NULL;
+        char buf[4096];
+        int r;
+
+        if (!*s) {
+                *ret = OWNER_UID_INVALID;
+                return 0;
+        }
+        if (strlen(s) > 64)
+                return -EINVAL;
+        if (s[0] >= '0' && s[0] <= '9') {
+                unsigned long long v;
+                char *end;
+
+                errno = 0;
+                v = strtoull(s, &end, 10);
+                if (errno || *end || v == 0 || v >= UINT32_MAX)
+                        return -EINVAL;
+                *ret = (uid_t) v;
+                return 0;
+        }
+        /* POSIX's portable user name characters only: no '/', ':', spaces or control
+         * bytes reach the lookup or the log. */
+        if (s[0] == '-' || s[strspn(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")] != '\0')
+                return -EINVAL;
+        r = getpwnam_r(s, &pw, buf, sizeof buf, &found);
+        if (r != 0)
+                return -r;
+        if (!found)
+                return -ENOENT;
+        if (found->pw_uid == 0 || found->pw_uid == OWNER_UID_INVALID)
+                return -EINVAL;
+        *ret = found->pw_uid;
+        return 0;
 }
 
 static int on_exit_timer(sd_event_source *s, uint64_t usec, void *userdata) {
@@ -250,6 +303,28 @@ static int run(int argc, char *argv[]) {
         m->confine = arg_confine && !(getenv("FORKD_NO_CONFINE") && strcmp(getenv("FORKD_NO_CONFINE"), "1") == 0);
         m->vmm_uid = arg_vmm_uid;
         m->vmm_gid = arg_vmm_gid;
+        if (arg_bridge_user) {
+                uid_t uid;
+
+                r = resolve_bridge_user(arg_bridge_user, &uid);
+                if (r == -ENOENT)
+                        /* Fail closed but keep serving: the bridge goes through the bus and polkit. */
+                        log_warning("--trusted-bridge-user: no user %s; no bridge is trusted.", arg_bridge_user);
+                else if (r < 0)
+                        return log_error_errno(r, "--trusted-bridge-user takes a user name or a uid, not root "
+                                               "(or an empty value for none).");
+                else if (uid != OWNER_UID_INVALID) {
+                        r = manager_trust_bridge(m, uid);
+                        if (r == -EEXIST)
+                                return log_error_errno(r, "--trusted-bridge-user: uid %u is the VMM user "
+                                                       "(--vmm-user); a confined VMM must not pass for the bridge.",
+                                                       (unsigned) uid);
+                        if (r < 0)
+                                return log_error_errno(r, "Cannot trust the bridge uid %u: %m", (unsigned) uid);
+                        log_info("Trusting uid %u (%s) as the REST bridge on the direct socket.", (unsigned) uid,
+                                 arg_bridge_user);
+                }
+        }
         m->state_dir = strdup(arg_state_dir);
         m->vmm_path = strdup(arg_vmm ?: getenv("FORKD_VMM") ?: FORKD_VMM_DEFAULT);
         if (!m->state_dir || !m->vmm_path)

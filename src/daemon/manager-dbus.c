@@ -938,11 +938,30 @@ int manager_add_bus_objects(Manager *m) {
  * A caller on the bus pays two passes through the bus daemon per call (call
  * and reply), each a wakeup of another process. A direct connection is the
  * same D-Bus objects on a private socket, as systemd's PID 1 offers on
- * /run/systemd/private. Authorization stays what it is on the bus: the peer
- * must be root (SO_PEERCRED, checked before anything is read), and every
- * method still calls bus_verify_polkit_async(), which admits root and
- * refuses anyone else on a direct connection. forkd-rest finds the socket
- * through the DirectSocket property. */
+ * /run/systemd/private. The peer must be root or the trusted REST bridge
+ * (forkd --trusted-bridge-user; SO_PEERCRED, checked before anything is
+ * read), and every method still calls bus_verify_polkit_async(), which
+ * admits root, admits the bridge for all but org.forkd.manage-all without
+ * asking polkit (its bearer token already authenticated the HTTP caller,
+ * and the shipped rules allow it the rest on the bus anyway), and refuses
+ * anyone else on a direct connection. forkd-rest finds the socket through
+ * the DirectSocket property. */
+
+int manager_trust_bridge(Manager *m, uid_t uid) {
+        int r;
+
+        if (uid == 0 || uid == OWNER_UID_INVALID)
+                return -EINVAL;
+        /* A confined VMM runs as vmm_uid and sees the state directory, where the
+         * socket may be: it must never pass for the bridge. */
+        if (uid == m->vmm_uid)
+                return -EEXIST;
+        r = polkit_registry_trust_bridge(&m->polkit_registry, uid);
+        if (r < 0)
+                return r;
+        m->bridge_uid = uid;
+        return 0;
+}
 
 static void direct_drop(Manager *m, sd_bus *bus) {
         for (unsigned i = 0; i < m->n_direct; i++)
@@ -1004,7 +1023,8 @@ static int on_direct_kick(sd_event_source *s, void *userdata) {
         return 0;
 }
 
-static int direct_peer_is_root(int fd) {
+/* Root, or the trusted bridge: 1; anyone else: 0. */
+static int direct_peer_admitted(Manager *m, int fd, uid_t *ret_uid) {
         struct ucred uc;
         socklen_t n = sizeof uc;
 
@@ -1012,12 +1032,14 @@ static int direct_peer_is_root(int fd) {
                 return -errno;
         if (n != sizeof uc)
                 return -EIO;
-        return uc.uid == 0;
+        *ret_uid = uc.uid;
+        return uc.uid == 0 || (m->bridge_uid != OWNER_UID_INVALID && uc.uid == m->bridge_uid);
 }
 
 static int on_direct_connection(sd_event_source *es, int fd, uint32_t revents, void *userdata) {
         _cleanup_(sd_bus_unrefp) sd_bus *bus = NULL;
         Manager *m = userdata;
+        uid_t peer = OWNER_UID_INVALID;
         sd_id128_t id;
         int cfd, r;
 
@@ -1027,9 +1049,11 @@ static int on_direct_connection(sd_event_source *es, int fd, uint32_t revents, v
                         log_warning_errno(errno, "Failed to accept a direct D-Bus connection: %m");
                 return 0;
         }
-        r = direct_peer_is_root(cfd);
+        r = direct_peer_admitted(m, cfd, &peer);
         if (r <= 0) {
-                log_debug("Refusing a direct D-Bus connection from a peer that is not root.");
+                if (r == 0)
+                        log_debug("Refusing a direct D-Bus connection from uid %u: neither root nor the "
+                                  "trusted bridge.", (unsigned) peer);
                 safe_close(cfd);
                 return 0;
         }
@@ -1137,8 +1161,12 @@ static int watch_direct(Manager *m) {
         if (r < 0)
                 return log_warning_errno(r, "Cannot watch %s: %m", m->direct_path);
         (void) sd_event_source_set_description(m->direct_source, "direct-bus");
-        log_debug("Direct D-Bus connections for root on %s%s.", m->direct_path,
-                  m->direct_activated ? " (socket-activated)" : "");
+        if (m->bridge_uid != OWNER_UID_INVALID)
+                log_debug("Direct D-Bus connections for root and the bridge (uid %u) on %s%s.",
+                          (unsigned) m->bridge_uid, m->direct_path, m->direct_activated ? " (socket-activated)" : "");
+        else
+                log_debug("Direct D-Bus connections for root on %s%s.", m->direct_path,
+                          m->direct_activated ? " (socket-activated)" : "");
         return 0;
 }
 
@@ -1171,10 +1199,14 @@ int manager_listen_direct(Manager *m) {
                 safe_close(fd);
                 return r;
         }
-        /* Only root may connect; the peer check on accept says so again. */
+        /* Only root (and the bridge: the file is its own) may connect; the peer check
+         * on accept says so again. The bridge reaches it only where the directories
+         * above let it through (forkd.socket's /run/forkd is 0711). */
         mode_t old = umask(0077);
         r = bind(fd, &sa.sa, sizeof sa.un);
         umask(old);
+        if (r >= 0 && m->bridge_uid != OWNER_UID_INVALID)
+                r = chown(path, m->bridge_uid, (gid_t) -1);
         if (r < 0 || chmod(path, 0600) < 0 || listen(fd, SOMAXCONN) < 0) {
                 r = log_warning_errno(errno, "Cannot listen on %s: %m", path);
                 safe_close(fd);

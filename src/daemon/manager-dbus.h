@@ -13,8 +13,15 @@ int manager_add_bus_objects(Manager *m);
  * other passed fd is closed with a warning. */
 int manager_take_activated_direct(Manager *m);
 
-/* Listen on the passed socket, or else on state_dir/bus.sock for direct D-Bus connections (root only; only
- * when forkd itself runs as root). Failure leaves the bus as the only way in. */
+/* Trust uid, the REST bridge's user (forkd --trusted-bridge-user), on direct
+ * connections: admitted, and authorized without polkit for all but
+ * org.forkd.manage-all. Call before manager_listen_direct(). -EINVAL for 0
+ * or OWNER_UID_INVALID, -EEXIST for the VMM user. */
+int manager_trust_bridge(Manager *m, uid_t uid);
+
+/* Listen on the passed socket, or else on state_dir/bus.sock for direct D-Bus connections (root and the
+ * trusted bridge, which then owns the file; only when forkd itself runs as root). Failure leaves the bus as
+ * the only way in. */
 int manager_listen_direct(Manager *m);
 
 /* Close every direct connection and the listening socket. */

@@ -45,6 +45,7 @@ int manager_new(Manager **ret) {
                 return -ENOMEM;
         m->lock_fd = -EBADF;
         m->direct_fd = -EBADF;
+        m->bridge_uid = OWNER_UID_INVALID;
         m->snapshots_watch_fd = -EBADF;
         m->max_operations = OPERATIONS_MAX_DEFAULT;
         m->max_branches = BRANCHES_MAX_DEFAULT;

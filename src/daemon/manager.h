@@ -89,8 +89,10 @@ struct Manager {
          * snapshots with a NIC come from here (NETNS_DEFAULT_PREFIX). */
         NetnsPrefix netns_prefix;
 
-        /* Direct (peer-to-peer) D-Bus connections from root, without the bus
-         * daemon in between: state_dir/bus.sock (manager-dbus.c). */
+        /* Direct (peer-to-peer) D-Bus connections from root and the trusted REST
+         * bridge, without the bus daemon in between: state_dir/bus.sock
+         * (manager-dbus.c). bridge_uid: OWNER_UID_INVALID when none is trusted. */
+        uid_t bridge_uid;
         int direct_fd;
         char *direct_path;
         bool direct_activated;  /* direct_fd came from forkd.socket: systemd owns the path */

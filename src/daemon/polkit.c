@@ -63,6 +63,7 @@ struct uid_cache_entry {
 struct polkit_registry {
         struct polkit_query *queries;
         unsigned n_queries;
+        uid_t bridge_uid; /* trusted on direct connections; OWNER_UID_INVALID: none */
         struct uid_cache_entry uids[UID_CACHE_SIZE];
         unsigned uid_next; /* the slot to replace next */
 };
@@ -98,6 +99,28 @@ struct polkit_registry *polkit_registry_free(struct polkit_registry *registry) {
 
         free(registry);
         return NULL;
+}
+
+static int polkit_registry_ensure(struct polkit_registry **registry) {
+        if (*registry)
+                return 0;
+        *registry = calloc(1, sizeof(struct polkit_registry));
+        if (!*registry)
+                return -ENOMEM;
+        (*registry)->bridge_uid = OWNER_UID_INVALID;
+        return 0;
+}
+
+int polkit_registry_trust_bridge(struct polkit_registry **registry, uid_t uid) {
+        int r;
+
+        if (!registry || uid == 0 || uid == OWNER_UID_INVALID)
+                return -EINVAL;
+        r = polkit_registry_ensure(registry);
+        if (r < 0)
+                return r;
+        (*registry)->bridge_uid = uid;
+        return 0;
 }
 
 unsigned polkit_registry_size(const struct polkit_registry *registry) {
@@ -200,12 +223,15 @@ static int polkit_query_reply(sd_bus_message *reply, void *userdata, sd_bus_erro
         return 0;
 }
 
-static int sender_euid_query(sd_bus_message *m, uid_t *ret) {
+/* The effective uid of m's sender as the bus daemon knows it, or with peer, of the
+ * other end of m's connection as the kernel saw it connect (SO_PEERCRED). */
+static int creds_euid(sd_bus_message *m, bool peer, uid_t *ret) {
         sd_bus_creds *creds = NULL;
         uid_t uid;
         int r;
 
-        r = sd_bus_query_sender_creds(m, SD_BUS_CREDS_EUID, &creds);
+        r = peer ? sd_bus_get_owner_creds(sd_bus_message_get_bus(m), SD_BUS_CREDS_EUID, &creds)
+                 : sd_bus_query_sender_creds(m, SD_BUS_CREDS_EUID, &creds);
         if (r < 0)
                 return r;
 
@@ -229,9 +255,13 @@ static int sender_euid(sd_bus_message *m, struct polkit_registry *registry, uid_
         uid_t uid;
         int r;
 
+        /* A direct connection: a sender field there is whatever the peer wrote, so
+         * only the socket's peer counts. */
+        if (sd_bus_is_bus_client(bus) <= 0)
+                return creds_euid(m, true, ret);
         if (!registry || !sender || sender[0] != ':' || strlen(sender) >= UID_CACHE_NAME_MAX ||
-            sd_bus_is_bus_client(bus) <= 0 || sd_bus_get_bus_id(bus, &bus_id) < 0)
-                return sender_euid_query(m, ret);
+            sd_bus_get_bus_id(bus, &bus_id) < 0)
+                return creds_euid(m, false, ret);
 
         for (unsigned i = 0; i < UID_CACHE_SIZE; i++) {
                 e = &registry->uids[i];
@@ -241,7 +271,7 @@ static int sender_euid(sd_bus_message *m, struct polkit_registry *registry, uid_
                 }
         }
 
-        r = sender_euid_query(m, &uid);
+        r = creds_euid(m, false, &uid);
         if (r < 0)
                 return r;
 
@@ -327,11 +357,9 @@ int bus_verify_polkit_async(sd_bus_message *m, const char *action, const char **
                 return r;
         }
 
-        if (!*registry) {
-                *registry = calloc(1, sizeof(struct polkit_registry));
-                if (!*registry)
-                        return -ENOMEM;
-        }
+        r = polkit_registry_ensure(registry);
+        if (r < 0)
+                return r;
 
         r = sender_euid(m, *registry, &uid);
         if (r < 0)
@@ -342,12 +370,20 @@ int bus_verify_polkit_async(sd_bus_message *m, const char *action, const char **
                 return 1;
 
         sender = sd_bus_message_get_sender(m);
-        if (!sender || sd_bus_is_bus_client(sd_bus_message_get_bus(m)) <= 0)
-                /* A direct (peer-to-peer) connection: there is no bus to ask polkit on. */
+        if (sd_bus_is_bus_client(sd_bus_message_get_bus(m)) <= 0) {
+                /* A direct (peer-to-peer) connection: there is no bus to ask polkit on. uid
+                 * is the socket's peer (sender_euid()). The bridge is trusted with what the
+                 * shipped rules give it on the bus: everything but acting on others' work. */
+                if (uid == (*registry)->bridge_uid && strcmp(action, POLKIT_ACTION_MANAGE_ALL) != 0)
+                        return 1;
                 return sd_bus_error_setf(error, SD_BUS_ERROR_ACCESS_DENIED,
                                          "Access denied: uid %u is not root and polkit cannot be asked "
                                          "on a direct connection (action '%s')",
                                          (unsigned) uid, action);
+        }
+        if (!sender)
+                return sd_bus_error_setf(error, SD_BUS_ERROR_ACCESS_DENIED,
+                                         "Access denied: a message without a sender (action '%s')", action);
         if ((*registry)->n_queries >= POLKIT_QUERIES_MAX)
                 return sd_bus_error_setf(error, SD_BUS_ERROR_LIMITS_EXCEEDED,
                                          "Too many authorization requests in flight; retry later");
@@ -382,13 +418,13 @@ int bus_verify_polkit_async(sd_bus_message *m, const char *action, const char **
 }
 
 int bus_message_sender_uid(sd_bus_message *m, struct polkit_registry **registry, uid_t *ret) {
+        int r;
+
         if (!m || !registry || !ret)
                 return -EINVAL;
-        if (!*registry) {
-                *registry = calloc(1, sizeof(struct polkit_registry));
-                if (!*registry)
-                        return -ENOMEM;
-        }
+        r = polkit_registry_ensure(registry);
+        if (r < 0)
+                return r;
         return sender_euid(m, *registry, ret);
 }
 

@@ -33,6 +33,12 @@
  *
  * If polkitd is not on the bus, non-root callers are refused with
  * AccessDenied ("polkit is not available"), never left waiting.
+ *
+ * On a direct (peer-to-peer) connection there is no bus to ask polkit on:
+ * the caller is the socket's peer (SO_PEERCRED, never a sender field the
+ * peer wrote), root is allowed, and so is the one trusted bridge uid, if
+ * polkit_registry_trust_bridge() named one, for every action but
+ * org.forkd.manage-all. Anyone else there is refused.
  */
 
 #include <sys/types.h>
@@ -63,6 +69,14 @@ int bus_verify_owner_async(sd_bus_message *m, uid_t owner, const char *what, con
 
 /* The sender's effective uid (cached per bus and unique name, as for the checks). */
 int bus_message_sender_uid(sd_bus_message *m, struct polkit_registry **registry, uid_t *ret);
+
+/*
+ * Trusts `uid` on direct connections as the REST bridge (see above): its
+ * calls there are authorized without asking polkit, as the shipped rules
+ * would answer for it on the bus, org.forkd.manage-all excepted. 0 and
+ * OWNER_UID_INVALID are refused (-EINVAL). Allocates *registry if needed.
+ */
+int polkit_registry_trust_bridge(struct polkit_registry **registry, uid_t uid);
 
 /* Cancels the pending queries and frees everything. Accepts NULL, returns NULL. */
 struct polkit_registry *polkit_registry_free(struct polkit_registry *registry);

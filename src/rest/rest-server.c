@@ -158,12 +158,13 @@ static int bus_ensure(RestServer *s) {
  *
  * Each call through the bus passes the bus daemon twice (call and reply),
  * each time a wakeup of another process. forkd also serves its objects on a
- * socket of its own (DirectSocket), to root only: its accept checks the
- * peer's uid and its methods authorize as they do on the bus. So this is
- * tried only when we run as root (the shipped unit's user forkd-rest never
- * does: it keeps using the bus and polkit), and only to a peer that is root.
- * The path comes from the owner of org.forkd.Manager, a name that the bus
- * policy lets only root own. Any failure leaves the bus as it was. */
+ * socket of its own (DirectSocket), to root and to the one user it trusts as
+ * the bridge (forkd --trusted-bridge-user; the shipped units trust
+ * forkd-rest): its accept checks the peer's uid, and there the bridge needs
+ * no polkit round trip. Anyone else is refused (by the file's mode, or by
+ * forkd closing the connection), and calls stay on the bus. The path comes
+ * from the owner of org.forkd.Manager, a name that the bus policy lets only
+ * root own, and the peer must be root. Any failure leaves the bus as it was. */
 
 static int direct_connect(RestServer *s, const char *path) {
         _cleanup_(sd_bus_unrefp) sd_bus *bus = NULL;
@@ -1063,7 +1064,7 @@ int rest_server_new(sd_event *event, const RestConfig *config, RestServer **ret)
         s->timeout_secs = config->timeout_secs ?: REST_TIMEOUT_SECS_DEFAULT;
         s->body_max = config->body_max ?: REST_BODY_MAX_DEFAULT;
         s->calls_max = config->calls_max ?: REST_CALLS_MAX_DEFAULT;
-        s->no_direct = config->no_direct || geteuid() != 0; /* forkd admits root only */
+        s->no_direct = config->no_direct;
         if (config->bus_address && !(s->bus_address = strdup(config->bus_address))) {
                 safe_close(fd);
                 return -ENOMEM;

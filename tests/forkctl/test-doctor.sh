@@ -27,6 +27,7 @@ if [ "$(id -u)" = 0 ] && [ -z "${FORKD_DOCTOR_INNER:-}" ] && unshare -m --propag
 fi
 root=false
 [ "$(id -u)" = 0 ] && [ -n "${FORKD_DOCTOR_INNER:-}" ] && root=true
+. "$(dirname "$(realpath "$0")")/polkit-env.sh"
 
 T=$(mktemp -d /tmp/forkd-doctor-test.XXXXXX)
 chmod 755 "$T"
@@ -275,38 +276,9 @@ else
         for d in /etc/polkit-1/rules.d /etc/dbus-1/system.d; do
                 [ -d "$d" ] && mount --bind "$T/empty" "$d"
         done
-        cat >"$T/bus.conf" <<XML
-<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-BUS Bus Configuration 1.0//EN"
- "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
-<busconfig>
-  <type>system</type>
-  <listen>unix:path=$T/system_bus_socket</listen>
-  <auth>EXTERNAL</auth>
-  <policy context="default">
-    <allow user="*"/>
-    <allow own="*"/>
-    <allow send_type="method_call"/>
-    <allow send_requested_reply="true" send_type="method_return"/>
-    <allow send_requested_reply="true" send_type="error"/>
-    <allow send_type="signal"/>
-    <allow receive_type="method_call"/>
-    <allow receive_type="method_return"/>
-    <allow receive_type="error"/>
-    <allow receive_type="signal"/>
-  </policy>
-</busconfig>
-XML
-        dbus-daemon --config-file="$T/bus.conf" --nofork --nopidfile 2>"$T/dbus.log" &
-        pids+=($!)
-        export DBUS_SYSTEM_BUS_ADDRESS="unix:path=$T/system_bus_socket"
-        for _ in $(seq 100); do [ -S "$T/system_bus_socket" ] && break; sleep 0.05; done
-        "$POLKITD" --no-debug >"$T/polkitd.log" 2>&1 &
-        polkitd_pid=$!
-        pids+=($polkitd_pid)
-        for _ in $(seq 100); do
-                timeout 5 busctl --address="$DBUS_SYSTEM_BUS_ADDRESS" status org.freedesktop.PolicyKit1 >/dev/null 2>&1 && break
-                sleep 0.1
-        done
+        # A private system bus and polkitd on it (polkit-env.sh).
+        polkit_env_bus
+        polkit_env_polkitd
         printf 'doctor-test-token\n' >"$T/token"
         chmod 0600 "$T/token"
 

@@ -9,37 +9,11 @@ set -u
 forkctl=${1:?usage: test-forkctl-errors.sh FORKCTL}
 command -v dbus-daemon >/dev/null || { echo "1..0 # SKIP dbus-daemon not installed"; exit 77; }
 
-T=$(mktemp -d /tmp/forkctl-errors.XXXXXX)
-chmod 755 "$T"
-cat > "$T/bus.conf" <<XML
-<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-BUS Bus Configuration 1.0//EN"
- "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
-<busconfig>
-  <type>system</type>
-  <listen>unix:path=$T/bus</listen>
-  <auth>EXTERNAL</auth>
-  <policy context="default">
-    <allow user="*"/>
-    <allow send_type="method_call"/>
-    <allow send_type="signal"/>
-    <allow send_requested_reply="true" send_type="method_return"/>
-    <allow send_requested_reply="true" send_type="error"/>
-    <allow receive_type="method_call"/>
-    <allow receive_type="method_return"/>
-    <allow receive_type="error"/>
-    <allow receive_type="signal"/>
-  </policy>
-</busconfig>
-XML
-dbus-daemon --config-file="$T/bus.conf" --nofork --nopidfile 2>"$T/dbus.log" &
-dbus_pid=$!
-trap 'kill $dbus_pid 2>/dev/null; wait $dbus_pid 2>/dev/null; rm -rf "$T"' EXIT
-for _ in $(seq 100); do [ -S "$T/bus" ] && break; sleep 0.05; done
-bus="unix:path=$T/bus"
-
-n=0; failed=0
-ok()     { n=$((n + 1)); echo "ok $n - $*"; }
-not_ok() { n=$((n + 1)); failed=$((failed + 1)); echo "not ok $n - $*"; }
+# A scratch directory and a private bus (polkit-env.sh; no polkitd needed here).
+. "$(dirname "$(realpath "$0")")/polkit-env.sh"
+polkit_env_scratch forkctl-errors
+polkit_env_bus
+unset DBUS_SYSTEM_BUS_ADDRESS # forkctl is always given --bus-address here
 
 # expect EXIT STDERR-SUBSTRING DESCRIPTION -- ARGS...: runs forkctl, checks exit code,
 # that stderr contains the text and that stdout stays empty.

@@ -56,84 +56,15 @@ if [ -z "${FORKD_OWN_INNER:-}" ]; then
 fi
 
 # ---- inside the private mount namespace ----
+. "$(dirname "$(realpath "$0")")/polkit-env.sh"
 forkctl=$(realpath "$forkctl")
 polkit_dir=$(realpath "$polkit_dir")
-T=$(mktemp -d /tmp/forkd-ownership-test.XXXXXX)
-chmod 755 "$T"
-pids=()
-cleanup() {
-        for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
-        for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done
-        rm -rf "$T"
-}
-trap cleanup EXIT
-
-n=0; failed=0
-ok()     { n=$((n + 1)); echo "ok $n - $*"; }
-not_ok() { n=$((n + 1)); failed=$((failed + 1)); echo "not ok $n - $*"; }
-check()  { local what=$1; shift; if "$@"; then ok "$what"; else not_ok "$what"; fi; }
-diag()   { sed 's/^/# /'; }
+polkit_env_scratch forkd-ownership-test
 
 UID_A=61781; UID_B=61782; GID_FORKD=61780
-mkdir -p "$T/actions" "$T/rules" "$T/etc-rules"
-cp "$polkit_dir/org.forkd.policy" "$T/actions/"
-cp "$polkit_dir/org.forkd.rules" "$T/rules/50-org.forkd.rules"
-grep -v -E '^(forkd|forkd-own-a|forkd-own-b):' /etc/passwd > "$T/passwd"
-grep -v -E '^(forkd|forkd-own-a|forkd-own-b):' /etc/group > "$T/group"
-echo "forkd-own-a:x:$UID_A:$UID_A::/nonexistent:/usr/sbin/nologin" >> "$T/passwd"
-echo "forkd-own-b:x:$UID_B:$UID_B::/nonexistent:/usr/sbin/nologin" >> "$T/passwd"
-echo "forkd-own-a:x:$UID_A:" >> "$T/group"
-echo "forkd-own-b:x:$UID_B:" >> "$T/group"
-echo "forkd:x:$GID_FORKD:forkd-own-a,forkd-own-b" >> "$T/group"
-chmod 644 "$T/passwd" "$T/group"
-mount --bind "$T/passwd" /etc/passwd
-mount --bind "$T/group" /etc/group
-mount --bind "$T/actions" /usr/share/polkit-1/actions
-mount --bind "$T/rules" /usr/share/polkit-1/rules.d
-mkdir -p /etc/polkit-1/rules.d 2>/dev/null
-mount --bind "$T/etc-rules" /etc/polkit-1/rules.d
-
-cat > "$T/bus.conf" <<XML
-<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-BUS Bus Configuration 1.0//EN"
- "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
-<busconfig>
-  <type>system</type>
-  <listen>unix:path=$T/system_bus_socket</listen>
-  <auth>EXTERNAL</auth>
-  <policy context="default">
-    <allow user="*"/>
-    <deny own="*"/>
-    <allow send_type="method_call"/>
-    <allow send_destination="org.freedesktop.DBus"/>
-    <allow send_requested_reply="true" send_type="method_return"/>
-    <allow send_requested_reply="true" send_type="error"/>
-    <allow send_type="signal"/>
-    <allow receive_type="method_call"/>
-    <allow receive_type="method_return"/>
-    <allow receive_type="error"/>
-    <allow receive_type="signal"/>
-  </policy>
-  <policy user="polkitd">
-    <allow own="org.freedesktop.PolicyKit1"/>
-  </policy>
-  <policy user="root">
-    <allow own="org.freedesktop.PolicyKit1"/>
-    <allow own="org.forkd.Manager"/>
-  </policy>
-</busconfig>
-XML
-
-dbus-daemon --config-file="$T/bus.conf" --nofork --nopidfile 2>"$T/dbus.log" &
-pids+=($!)
-export DBUS_SYSTEM_BUS_ADDRESS="unix:path=$T/system_bus_socket"
-bus=$DBUS_SYSTEM_BUS_ADDRESS
-for _ in $(seq 100); do [ -S "$T/system_bus_socket" ] && break; sleep 0.05; done
-"$POLKITD" --no-debug >"$T/polkitd.log" 2>&1 &
-pids+=($!)
-for _ in $(seq 100); do
-        timeout 5 busctl --address="$bus" status org.freedesktop.PolicyKit1 >/dev/null 2>&1 && break
-        sleep 0.1
-done
+polkit_env_users $GID_FORKD forkd-own-a:$UID_A:forkd forkd-own-b:$UID_B:forkd
+polkit_env_bus org.forkd.Manager
+polkit_env_polkitd
 # A boot staging directory that a killed forkd left behind: removed at start.
 mkdir -p "$T/state/snapshots/.boot-stale" && echo x > "$T/state/snapshots/.boot-stale/vmlinuz"
 "$FORKD_DAEMON" --state-dir "$T/state" >"$T/forkd.log" 2>&1 &

@@ -43,85 +43,15 @@ if [ -z "${FORKD_PK_INNER:-}" ]; then
 fi
 
 # ---- inside the private mount namespace ----
+. "$(dirname "$(realpath "$0")")/polkit-env.sh"
 service=$(realpath "$service")
 polkit_dir=$(realpath "$polkit_dir")
-T=$(mktemp -d /tmp/forkd-polkit-test.XXXXXX)
-chmod 755 "$T"
-pids=()
-cleanup() {
-        for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
-        for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done
-        rm -rf "$T"
-}
-trap cleanup EXIT
-
-n=0; failed=0
-ok()     { n=$((n + 1)); echo "ok $n - $*"; }
-not_ok() { n=$((n + 1)); failed=$((failed + 1)); echo "not ok $n - $*"; }
+polkit_env_scratch forkd-polkit-test
 
 UID_IN=61771; UID_OUT=61772; GID_FORKD=61770
-mkdir -p "$T/actions" "$T/rules" "$T/etc-rules"
-cp "$polkit_dir/org.forkd.policy" "$T/actions/"
-cp "$polkit_dir/org.forkd.rules" "$T/rules/50-org.forkd.rules"
-grep -v -E '^(forkd|forkd-pk-in|forkd-pk-out):' /etc/passwd > "$T/passwd"
-grep -v -E '^(forkd|forkd-pk-in|forkd-pk-out):' /etc/group > "$T/group"
-echo "forkd-pk-in:x:$UID_IN:$UID_IN::/nonexistent:/usr/sbin/nologin" >> "$T/passwd"
-echo "forkd-pk-out:x:$UID_OUT:$UID_OUT::/nonexistent:/usr/sbin/nologin" >> "$T/passwd"
-echo "forkd-pk-in:x:$UID_IN:" >> "$T/group"
-echo "forkd-pk-out:x:$UID_OUT:" >> "$T/group"
-echo "forkd:x:$GID_FORKD:forkd-pk-in" >> "$T/group"
-chmod 644 "$T/passwd" "$T/group"
-mount --bind "$T/passwd" /etc/passwd
-mount --bind "$T/group" /etc/group
-mount --bind "$T/actions" /usr/share/polkit-1/actions
-mount --bind "$T/rules" /usr/share/polkit-1/rules.d
-mkdir -p /etc/polkit-1/rules.d 2>/dev/null
-mount --bind "$T/etc-rules" /etc/polkit-1/rules.d
-
-cat > "$T/bus.conf" <<XML
-<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-BUS Bus Configuration 1.0//EN"
- "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
-<busconfig>
-  <type>system</type>
-  <listen>unix:path=$T/system_bus_socket</listen>
-  <auth>EXTERNAL</auth>
-  <policy context="default">
-    <allow user="*"/>
-    <deny own="*"/>
-    <allow send_type="method_call"/>
-    <allow send_destination="org.freedesktop.DBus"/>
-    <allow send_requested_reply="true" send_type="method_return"/>
-    <allow send_requested_reply="true" send_type="error"/>
-    <allow send_type="signal"/>
-    <allow receive_type="method_call"/>
-    <allow receive_type="method_return"/>
-    <allow receive_type="error"/>
-    <allow receive_type="signal"/>
-  </policy>
-  <policy user="polkitd">
-    <allow own="org.freedesktop.PolicyKit1"/>
-  </policy>
-  <policy user="root">
-    <allow own="org.freedesktop.PolicyKit1"/>
-    <allow own="org.forkd.PolkitTest"/>
-    <allow own="org.forkd.Manager"/>
-  </policy>
-</busconfig>
-XML
-
-dbus-daemon --config-file="$T/bus.conf" --nofork --nopidfile 2>"$T/dbus.log" &
-pids+=($!)
-export DBUS_SYSTEM_BUS_ADDRESS="unix:path=$T/system_bus_socket"
-bus=$DBUS_SYSTEM_BUS_ADDRESS
-for _ in $(seq 100); do [ -S "$T/system_bus_socket" ] && break; sleep 0.05; done
-
-"$POLKITD" --no-debug >"$T/polkitd.log" 2>&1 &
-polkitd_pid=$!
-pids+=($polkitd_pid)
-for _ in $(seq 100); do
-        timeout 5 busctl --address="$bus" status org.freedesktop.PolicyKit1 >/dev/null 2>&1 && break
-        sleep 0.1
-done
+polkit_env_users $GID_FORKD forkd-pk-in:$UID_IN:forkd forkd-pk-out:$UID_OUT
+polkit_env_bus org.forkd.PolkitTest org.forkd.Manager
+polkit_env_polkitd
 
 echo "1..21"
 if timeout 5 busctl --address="$bus" status org.freedesktop.PolicyKit1 >/dev/null 2>&1; then
@@ -200,10 +130,7 @@ res=$(fork_as 0 0 0)
 [ "$res" = '0 s "authorized"' ] && ok "without polkitd, root is still allowed" || not_ok "root without polkitd: $res"
 
 # A query still pending at exit: polkitd stopped (SIGSTOP) while a member asks.
-"$POLKITD" --no-debug >>"$T/polkitd.log" 2>&1 &
-polkitd_pid=$!
-pids+=($polkitd_pid)
-for _ in $(seq 100); do timeout 5 busctl --address="$bus" status org.freedesktop.PolicyKit1 >/dev/null 2>&1 && break; sleep 0.1; done
+polkit_env_polkitd
 kill -STOP "$polkitd_pid"
 (fork_as $UID_IN $UID_IN $GID_FORKD >/dev/null 2>&1) &
 caller=$!

@@ -235,8 +235,12 @@ check "forkd.socket is enabled (sockets.target wants it)" [ "$(systemctl is-enab
 systemctl start forkd.socket || bail "cannot start forkd.socket"
 check "forkd.socket listening, forkd.service not running" \
         [ "$(systemctl is-active forkd.socket)/$(systemctl is-active forkd.service)" = active/inactive ]
-check "$SOCK is a socket, mode 0600, owned by root ($(stat -c '%A %U' $SOCK 2>&1))" \
-        [ "$(stat -c '%F %a %u' $SOCK 2>/dev/null)" = "socket 600 0" ]
+# The file is the trusted bridge's (forkd.service: --trusted-bridge-user=forkd-rest),
+# its directory lets that user reach it by name.
+check "$SOCK is a socket, mode 0600, owned by forkd-rest ($(stat -c '%A %U' $SOCK 2>&1))" \
+        [ "$(stat -c '%F %a %U' $SOCK 2>/dev/null)" = "socket 600 forkd-rest" ]
+check "/run/forkd is root's, mode 0711 ($(stat -c '%a %U' /run/forkd 2>&1))" \
+        [ "$(stat -c '%a %u' /run/forkd 2>/dev/null)" = "711 0" ]
 out=$(direct ListSnapshots "" '[]' 2>&1); rc=$?
 { [ $rc = 0 ] && [ "$out" = '[[]]' ]; }; result $? "a direct connection to $SOCK socket-activates forkd and is served (ListSnapshots: $out)"
 check "forkd.service is active after it" [ "$(systemctl is-active forkd.service)" = active ]
