@@ -464,7 +464,7 @@ class Bench:
 
 def vmm_kib_per_child(kids):
     """per_child_kib: the mean over the children's VMM processes of Private_Dirty + page tables."""
-    return statistics.mean(branch.child_kib(k["pid"]) for k in kids)
+    return statistics.fmean(branch.child_kib(k["pid"]) for k in kids)
 
 
 class AgentOnFd(agent_check.Agent):
