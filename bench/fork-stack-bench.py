@@ -32,6 +32,25 @@ and after it answered, each time 1 s later and with every CPU's free page
 lists filled first (prime_page_lists()), divided by N. forkd_cpu_ms_per_child: forkd's
 utime+stime (/proc/PID/stat) across the dbus Fork calls, per child.
 
+--guest linux (--image DIR, the tools/mkimage Linux guest: python3 and numpy,
+forkd-agent as PID 1) measures the D-Bus path with that guest instead, R rounds
+(default 2) taking turns between:
+
+  dbus     Fork(tag, N) as above (default N = 10), then per_child_kib, each
+           child VMM's Private_Dirty + page tables (as fork-bench.c), and
+           host_kib_per_child; then Eval "numpy.arange(1000).sum()" in every
+           child at once (each answer checked: 499500) and both figures again
+           (*_after_eval; the host figure still from the reading before the
+           fork); then TerminateSandbox for every child
+  boot     a cold boot: forkd-vmm boot of the same kernel, initramfs, root disk
+           and memory as CreateSnapshot boots (its default command line, the
+           agent on a socket pair, unconfined), timed from the process's start
+           until the agent answered ping (after its "ready" event, as forkd
+           waits), then killed
+
+and reports ready_ratio_to_cold_boot, ready_ms / cold_boot_ms. Its stack takes
+the image as its default guest (FORKD_GUEST_IMAGE), which needs real KVM.
+
 With --json the last line of stdout is one JSON object. Needs root and a
 usable /dev/kvm; bench/fork runs it in the test host (--emulated) where there
 is none.
@@ -64,6 +83,9 @@ TAG, NET_TAG = "bench", "bench-net"
 PRIME_MIB = 64          # as fork-bench.c's PRIME_BYTES
 SETTLE_S = 1.0          # as fork-bench.c's SETTLE_USEC, before either reading of /proc/meminfo
 FORK_TIMEOUT_S = 300    # one Fork of up to 1000 children, under TCG too
+BOOT_WAIT_S = {"test": 60, "linux": 300}  # CreateSnapshot's boot_wait_secs (Linux under TCG: tens of seconds)
+EVAL_CODE, EVAL_RESULT = "numpy.arange(1000).sum()", "499500"  # --guest linux, in every child
+EVAL_TIMEOUT_S = 120
 EXIT_TIMEOUT_S = 120    # terminate: every VMM gone
 REST_CONNECTIONS = 16
 NETNS_DIRS = ("/run/netns", "/run/forkd/netns")
@@ -78,6 +100,8 @@ def load(name, path):
 
 
 soak = load("soak_bench", os.path.join(TOP, "bench/soak-bench.py"))
+branch = load("branch_bench", os.path.join(TOP, "bench/branch-bench.py"))  # child_kib(), as fork-bench.c's
+agent_check = load("agent_check", os.path.join(TOP, "tests/guest/agent-check.py"))
 
 
 def prime_page_lists():
@@ -192,10 +216,16 @@ class Stack:
     """tools/forkd-stack up in a temporary state directory; down (and a check that
     nothing of it is left) on exit, whatever ends the run."""
 
-    def __init__(self, build, emulated):
-        self.build, self.emulated = build, emulated
+    def __init__(self, build, emulated, image=None):
+        """image: the Linux guest's directory, the stack's default guest; else the test guest."""
+        self.build, self.emulated, self.image = build, emulated, image
         self.state = tempfile.mkdtemp(prefix="forkd-bench-fork-")
-        self.env = dict(os.environ, FORKD_BUILD_DIR=build, FORKD_STACK_NO_BUILD="1", FORKD_STACK_GUEST="test")
+        self.env = dict(os.environ, FORKD_BUILD_DIR=build, FORKD_STACK_NO_BUILD="1")
+        if image:
+            self.env.pop("FORKD_STACK_GUEST", None)
+            self.env["FORKD_GUEST_IMAGE"] = image
+        else:
+            self.env["FORKD_STACK_GUEST"] = "test"
         self.policy_installed = False
         self.netns_before = netns_names()
 
@@ -228,6 +258,9 @@ class Stack:
         self.vars = dict(line.split("=", 1) for line in up.stdout.splitlines() if "=" in line)
         if not self.vars.get("FORKD_URL"):
             raise RuntimeError("the stack has no forkd-rest (FORKD_URL is empty)")
+        if self.image and self.vars.get("FORKD_GUEST_KERNEL") != os.path.join(self.image, "vmlinuz"):
+            raise RuntimeError(f"the stack's guest is {self.vars.get('FORKD_GUEST_KERNEL')}, not the Linux image "
+                               f"{self.image} (the Linux guest needs real KVM, not PVM)")
         with open(os.path.join(self.state, "forkd.pid")) as f:
             self.forkd_pid = int(f.read().split()[0])
         with open(self.vars["FORKD_TOKEN_FILE"]) as f:
@@ -304,7 +337,10 @@ class Bench:
 
     def snapshots(self, network):
         kernel, rootfs = self.stack.vars["FORKD_GUEST_KERNEL"], self.stack.vars["FORKD_GUEST_ROOTFS"]
-        self.m("CreateSnapshot", "sssuu", [TAG, kernel, rootfs, self.args.mem_mib, 60], timeout=FORK_TIMEOUT_S)
+        wait = BOOT_WAIT_S[self.args.guest]
+        t0 = time.monotonic()
+        self.m("CreateSnapshot", "sssuu", [TAG, kernel, rootfs, self.args.mem_mib, wait], timeout=wait + FORK_TIMEOUT_S)
+        self.snapshot_ms = (time.monotonic() - t0) * 1000
         if network:
             fds = [os.open(kernel, os.O_RDONLY | os.O_CLOEXEC), os.open(rootfs, os.O_RDONLY | os.O_CLOEXEC)]
             try:
@@ -381,7 +417,8 @@ class Bench:
 
     # ---- one measurement
 
-    def measure(self, fork, terminate, check=None):
+    def measure(self, fork, terminate, check=None, more=None):
+        """more(kids, before): further figures (a dict) once host_kib_per_child is read."""
         before = settled_meminfo()
         t0 = time.monotonic()
         kids = fork()
@@ -391,11 +428,14 @@ class Bench:
         if check:
             check(kids)
         host, parts = host_memory(before, settled_meminfo(), self.n)
+        r = {"ready_ms": ready, "host_kib_per_child": host, "parts": parts}
+        if more:
+            r.update(more(kids, before))
         t0 = time.monotonic()
         terminate(kids)
-        term = (time.monotonic() - t0) * 1000
+        r["terminate_ms"] = (time.monotonic() - t0) * 1000
         self.settle(kids)
-        return {"ready_ms": ready, "terminate_ms": term, "host_kib_per_child": host, "parts": parts}
+        return r
 
     def measure_net(self):
         def has_netns(kids):
@@ -420,6 +460,140 @@ class Bench:
             assert all(k.get("memory_limit_mib") == limit for k in kids), f"a child without limit: {kids[0]}"
         return self.measure(lambda: self.fork_dbus(TAG, {"memory_limit_mib": ("u", limit)}), self.terminate_dbus,
                             limited)
+
+
+def vmm_kib_per_child(kids):
+    """per_child_kib: the mean over the children's VMM processes of Private_Dirty + page tables."""
+    return statistics.fmean(branch.child_kib(k["pid"]) for k in kids)
+
+
+class AgentOnFd(agent_check.Agent):
+    """agent-check.py's client on a socket we already hold (a VMM's --agent-fd)."""
+
+    def __init__(self, sock):
+        self.s, self.next_id, self.buf = sock, 1, b""
+
+
+def wait_agent_ready(sock, deadline):
+    """Until the agent answered ping, as forkd's fka_wait_ready(): the guest's agent drops what came
+    before it opened its port and then sends a "ready" event, after which the ping goes again."""
+    agent = AgentOnFd(sock)
+
+    def ping():
+        agent.send_raw(agent.frame(agent_check.REQ, agent.next_id, b'{"op":"ping"}'))
+        agent.next_id += 1
+        return agent.next_id - 1
+
+    newest = ping()
+    while True:
+        sock.settimeout(max(deadline - time.monotonic(), 0.001))
+        ftype, fid, obj = agent.recv_frame()
+        if ftype == agent_check.EVENT and obj.get("op") == "ready":
+            newest = ping()
+        elif ftype != agent_check.EVENT and fid == newest:
+            if ftype != agent_check.RESP:
+                raise RuntimeError(f"the cold-booted agent refused ping: {obj}")
+            return
+
+
+class LinuxBench(Bench):
+    """--guest linux: the D-Bus fork of the Linux guest with a ping and an Eval, and a cold boot."""
+
+    def ping_and_eval(self, kids, before):
+        """Fork's reply came once every child answered ping: the VMMs' own memory now; then Eval in
+        every child at once, each answer checked, and the memory figures again."""
+        r = {"per_child_kib": vmm_kib_per_child(kids)}
+        t0 = time.monotonic()
+        serials = {self.bus.send(DEST, PATH, IFACE, "Eval", "ss", [k["id"], EVAL_CODE]): k["id"] for k in kids}
+        replies = self.bus.wait_replies(list(serials), EVAL_TIMEOUT_S)
+        r["eval_ms"] = (time.monotonic() - t0) * 1000
+        for serial, sid in serials.items():
+            reply = replies[serial]
+            if isinstance(reply, DBusError):
+                raise RuntimeError(f"Eval in {sid}: {reply.name}: {reply.message}")
+            answer = json.loads(reply[0])
+            if answer.get("result") != EVAL_RESULT:
+                raise RuntimeError(f"Eval {EVAL_CODE} in {sid} answered {answer}, not {EVAL_RESULT}")
+        host, parts = host_memory(before, settled_meminfo(), self.n)
+        r.update(per_child_kib_after_eval=vmm_kib_per_child(kids), host_kib_per_child_after_eval=host,
+                 parts_after_eval=parts)
+        return r
+
+    def cold_boot(self):
+        """ms from forkd-vmm's start until the agent answered ping, booting what CreateSnapshot boots."""
+        kernel, rootfs = self.stack.vars["FORKD_GUEST_KERNEL"], self.stack.vars["FORKD_GUEST_ROOTFS"]
+        work = tempfile.mkdtemp(prefix="cold-boot-", dir=self.stack.state)
+        console = os.path.join(work, "console.log")
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        cmd = [os.path.join(self.args.build, "src/vmm/forkd-vmm"), "boot", "--kernel", kernel, "--disk", rootfs,
+               "--mem-mib", str(self.args.mem_mib), f"--agent-fd={theirs.fileno()}", "--id", "bench-cold-boot",
+               "--console-log", console, "--overlay-dir", work]
+        vmm = None
+        try:
+            t0 = time.monotonic()
+            vmm = subprocess.Popen(cmd, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            theirs.close()
+            try:
+                wait_agent_ready(ours, t0 + BOOT_WAIT_S["linux"])
+            except (OSError, EOFError) as e:
+                with open(console, errors="replace") as f:
+                    tail = f.read()[-1500:]
+                raise RuntimeError(f"the cold boot's agent did not answer ping ({e!r}); its console: {tail}")
+            return (time.monotonic() - t0) * 1000
+        finally:
+            theirs.close()
+            ours.close()
+            if vmm:
+                vmm.kill()
+                vmm.wait(timeout=30)
+            shutil.rmtree(work, ignore_errors=True)
+
+    def run(self, mode):
+        if mode == "boot":
+            return {"cold_boot_ms": self.cold_boot()}
+        return self.measure(self.fork_plain, self.terminate_dbus, more=self.ping_and_eval)
+
+
+def report_linux(args, rounds, bench):
+    def med(mode, key):
+        return round(median([r[key] for r in rounds[mode]]), 2)
+
+    fork = rounds["dbus"]
+    doc = {"guest": "linux", "n": args.n, "rounds": args.rounds, "mem_mib": args.mem_mib, "emulated": args.emulated,
+           "ready_ms": med("dbus", "ready_ms"), "cold_boot_ms": med("boot", "cold_boot_ms")}
+    doc["ready_ratio_to_cold_boot"] = round(doc["ready_ms"] / doc["cold_boot_ms"], 3)
+    for key in ("per_child_kib", "host_kib_per_child", "per_child_kib_after_eval", "host_kib_per_child_after_eval",
+                "eval_ms", "terminate_ms"):
+        doc[key] = med("dbus", key)
+    doc.update(eval=EVAL_CODE, eval_result=EVAL_RESULT, snapshot_create_ms=round(bench.snapshot_ms, 1),
+               first_fork_ms=round(bench.first_fork_ms, 1),
+               cold_boot="forkd-vmm boot of the snapshot's kernel, initramfs, disk and memory, unconfined: "
+                         "from its start until the agent answered ping")
+    doc["host_memory_parts_kib_per_child"] = {
+        when: {k: round(median([r[key][k] for r in fork]), 1) for k in ("avail_drop", "slab", "pagetables")}
+        for when, key in (("after_ping", "parts"), ("after_eval", "parts_after_eval"))}
+    for key in ("ready_ms", "host_kib_per_child", "host_kib_per_child_after_eval", "per_child_kib"):
+        doc[f"rounds_{key}"] = [round(r[key], 1) for r in fork]
+    doc["rounds_cold_boot_ms"] = [round(r["cold_boot_ms"], 1) for r in rounds["boot"]]
+
+    print(f"bench/fork --guest linux: n={args.n}, mem {args.mem_mib} MiB, {args.rounds} rounds taking turns, medians")
+    for key, label in (("ready_ms", f"D-Bus Fork of {args.n}, every child answered ping (ms)"),
+                       ("cold_boot_ms", "cold boot to the agent's first answer (ms)"),
+                       ("ready_ratio_to_cold_boot", "fork of N / cold boot"),
+                       ("per_child_kib", "VMM's own memory per child after ping (KiB)"),
+                       ("host_kib_per_child", "whole host per child after ping (KiB)"),
+                       ("eval_ms", f"Eval {EVAL_CODE} in every child (ms)"),
+                       ("per_child_kib_after_eval", "VMM's own memory per child after eval (KiB)"),
+                       ("host_kib_per_child_after_eval", "whole host per child after eval (KiB)"),
+                       ("terminate_ms", "terminate N, every VMM gone (ms)"),
+                       ("snapshot_create_ms", "CreateSnapshot: copy, boot, snapshot (ms)"),
+                       ("first_fork_ms", "first fork of 1, starting the template (ms)")):
+        print(f"{label:56} {doc[key]}")
+    print(f"{'rounds: fork ready (ms)':56} {doc['rounds_ready_ms']}")
+    print(f"{'rounds: cold boot (ms)':56} {doc['rounds_cold_boot_ms']}")
+    if args.json:
+        print(json.dumps(doc, separators=(",", ":")))
 
 
 def report(args, modes, rounds, bench, backend):
@@ -485,24 +659,40 @@ def report(args, modes, rounds, bench, backend):
 
 
 def main():
-    ap = argparse.ArgumentParser(description="bench/fork on the product path")
+    ap = argparse.ArgumentParser(prog="bench/fork", description="bench/fork on the product path")
     ap.add_argument("--build", required=True)
-    ap.add_argument("--n", type=int, default=100)
-    ap.add_argument("--mem-mib", type=int, default=64)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--path", type=lambda s: s.split(","), default=["engine"])
+    ap.add_argument("--guest", choices=("test", "linux"), default="test")
+    ap.add_argument("--image", help="the Linux guest's directory (tools/mkimage), for --guest linux")
+    ap.add_argument("--n", type=int, help="default 100, 10 with --guest linux")
+    ap.add_argument("--mem-mib", type=int, help="default 64, 256 with --guest linux (forkd's default)")
+    ap.add_argument("--rounds", type=int, help="default 3, 2 with --guest linux")
+    ap.add_argument("--path", type=lambda s: s.split(","))
     ap.add_argument("--network", action="store_true")
     ap.add_argument("--memory-limit-mib", type=int, default=0)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--emulated", action="store_true", help="the figures come from the QEMU test host")
     ap.add_argument("--confine", action="store_true")
+    ap.add_argument("--check-args", action="store_true", help="check the arguments and exit (bench/fork, before "
+                    "it starts the test host)")
     args = ap.parse_args()
+    linux = args.guest == "linux"
+    if linux and (args.path or args.network or args.memory_limit_mib or args.confine):
+        ap.error("--guest linux measures the D-Bus fork only: leave out --path, --network, --memory-limit-mib "
+                 "and --confine")
+    if linux and not args.image:
+        ap.error("--guest linux needs --image DIR (tools/mkimage's output)")
+    defaults = {"n": (100, 10), "mem_mib": (64, 256), "rounds": (3, 2), "path": (["engine"], ["dbus"])}
+    for key, values in defaults.items():
+        if getattr(args, key) is None:
+            setattr(args, key, values[linux])
     if set(args.path) - {"engine", "dbus", "rest"} or len(set(args.path)) != len(args.path):
         ap.error("--path takes a comma list of engine, dbus, rest, each at most once")
     if not 1 <= args.n <= 1000 or not 1 <= args.rounds <= 20 or args.memory_limit_mib < 0:
         ap.error("--n must be 1..1000, --rounds 1..20, --memory-limit-mib positive")
     if args.confine:
         ap.error("--confine runs on the engine alone: leave out --path, --network and --memory-limit-mib")
+    if args.check_args:
+        return
     if os.geteuid() != 0:
         sys.exit("bench/fork: the product path needs root (a stack of its own, the VMMs' pidfds)")
     if args.emulated:
@@ -516,7 +706,7 @@ def main():
     modes = [m for m, on in (("engine", "engine" in args.path),
                              ("dbus", "dbus" in args.path or args.network or args.memory_limit_mib),
                              ("rest", "rest" in args.path), ("net", args.network),
-                             ("limit", args.memory_limit_mib)) if on]
+                             ("limit", args.memory_limit_mib), ("boot", linux)) if on]
     rounds = {m: [] for m in modes}
     backend = None
     try:
@@ -525,11 +715,13 @@ def main():
             for _ in range(args.rounds):
                 rounds["engine"].append(engine(args))
         else:
-            with Stack(args.build, args.emulated) as stack:
+            with Stack(args.build, args.emulated, args.image if linux else None) as stack:
                 backend = stack.cgroup_backend()
-                bench = Bench(args, stack)
+                bench = (LinuxBench if linux else Bench)(args, stack)
                 bench.snapshots(args.network)
+                t0 = time.monotonic()
                 bench.warm(TAG, {})
+                bench.first_fork_ms = (time.monotonic() - t0) * 1000
                 if args.network:
                     bench.warm(NET_TAG, {"network": ("s", "egress")})
                 for r in range(args.rounds):
@@ -540,7 +732,10 @@ def main():
                 bench.api.close()
     except (RuntimeError, AssertionError, TimeoutError, DBusError, OSError, subprocess.SubprocessError) as e:
         sys.exit(f"bench/fork: {e.name + ': ' + e.message if isinstance(e, DBusError) else e}")
-    report(args, modes, rounds, bench, backend)
+    if linux:
+        report_linux(args, rounds, bench)
+    else:
+        report(args, modes, rounds, bench, backend)
 
 
 if __name__ == "__main__":

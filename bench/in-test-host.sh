@@ -2,8 +2,10 @@
 # Sourced by bench/branch, bench/chain and bench/fork once $top and $build are set.
 # bench_exec NAME SCRIPT ARGS...: python3 SCRIPT ARGS, as bench_exec_cmd runs a command.
 # bench_exec_cmd NAME CMD ARGS...: CMD ARGS here where /dev/kvm is usable
-# (tools/kvm-check: real KVM or PVM), else inside the real-KVM test host
-# (tests/host-vm/run) with --emulated added: the figures are then QEMU's, not ours.
+# (tools/kvm-check: real KVM or PVM; real KVM only when bench_no_pvm is set, for
+# the Linux guest), else inside the real-KVM test host (tests/host-vm/run) with
+# --emulated added: the figures are then QEMU's, not ours. $FORKD_HOST_VM_CARRY,
+# if set, names directories outside the checkout to carry in.
 bench_exec() {
         name=$1 script=$2
         shift 2
@@ -14,14 +16,18 @@ bench_exec_cmd() {
         name=$1
         shift
         kvm=$("$top/tools/kvm-check" 2>/dev/null) || true
-        if [ "$kvm" = real ] || [ "$kvm" = pvm ]; then
+        if [ "$kvm" = real ] || { [ "$kvm" = pvm ] && [ -z "${bench_no_pvm:-}" ]; }; then
                 exec "$@"
         fi
         case $build/ in
         "$top"/*) rel=${build#"$top"/} ;;
         *) echo "$name: FORKD_BENCH_BUILD must lie inside $top to be carried into the test host" >&2; exit 2 ;;
         esac
-        echo "$name: no usable /dev/kvm here: running in the test host (QEMU TCG, nested SVM); the figures are emulated" >&2
+        why="no usable /dev/kvm here"
+        if [ "$kvm" = pvm ]; then
+                why="/dev/kvm here is PVM, which cannot boot Linux"
+        fi
+        echo "$name: $why: running in the test host (QEMU TCG, nested SVM); the figures are emulated" >&2
         FORKD_HOST_VM_BUILD=0 FORKD_HOST_VM_BUILDDIR=$rel FORKD_HOST_VM_STDIN=none \
                 exec "$top/tests/host-vm/run" -- "$@" --emulated
 }
