@@ -255,6 +255,12 @@ static void handle_request(u32 id, const u8 *p, u32 n)
 {
         struct jfield op = { .key = "op" };
 
+        /*
+         * A request that came in the same receive pass as `hostile MODE` (the
+         * host can send the next one as soon as the reply has left, before
+         * the idle loop calls hostile_start()) meets the guest hostile too.
+         */
+        hostile_start();
         if (hostile_answer(id))
                 return;
         if (json_fields(p, n, &op, 1) < 0) {
