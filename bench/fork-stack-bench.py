@@ -276,6 +276,16 @@ class Stack:
         made = re.findall(r"Made \d+ network namespace\(s\) in (\d+) ms", self.log())
         return int(made[-1]) if made else None
 
+    def fork_stages(self):
+        """forkd's own breakdown of its last answered fork, as it logged it: {stage: ms}, "total" too."""
+        lines = re.findall(r"Forked \d+ sandbox\(es\) of .* in ([\d.]+) ms:(.*) \(ms[;)]", self.log())
+        if not lines:
+            return None
+        total, parts = lines[-1]
+        stages = {name.strip(): float(ms) for name, ms in (p.strip().rsplit(" ", 1) for p in parts.split(","))}
+        stages["total"] = float(total)
+        return stages
+
     def cgroup_backend(self):
         """What forkd said at start: "Memory limits: cgroupfs v2 under ...", "... systemd-scope (...)"."""
         log = self.log()
@@ -423,12 +433,13 @@ class Bench:
         t0 = time.monotonic()
         kids = fork()
         ready = (time.monotonic() - t0) * 1000
+        stages = self.stack.fork_stages()
         if len(kids) != self.n:
             raise RuntimeError(f"asked for {self.n} children, got {len(kids)}")
         if check:
             check(kids)
         host, parts = host_memory(before, settled_meminfo(), self.n)
-        r = {"ready_ms": ready, "host_kib_per_child": host, "parts": parts}
+        r = {"ready_ms": ready, "host_kib_per_child": host, "parts": parts, "stages": stages}
         if more:
             r.update(more(kids, before))
         t0 = time.monotonic()
@@ -633,6 +644,11 @@ def report(args, modes, rounds, bench, backend):
     doc["host_memory_parts_kib_per_child"] = {
         m: {k: round(median([r["parts"][k] for r in rounds[m]]), 1) for k in ("avail_drop", "slab", "pagetables")}
         for m in modes if m != "engine"}
+    # forkd's own breakdown (its log): per stage, the median over the rounds
+    for m in modes:
+        have = [r["stages"] for r in rounds[m] if r.get("stages")]
+        if have:
+            doc[f"{m}_stages_ms"] = {k: round(median([st.get(k, 0.0) for st in have]), 2) for k in have[0]}
     doc["rounds_ready_ms"] = {m: [round(r["ready_ms"], 2) for r in rounds[m]] for m in modes}
     doc["rounds_host_kib_per_child"] = {m: [round(r["host_kib_per_child"], 1) for r in rounds[m]] for m in modes}
 
@@ -654,6 +670,10 @@ def report(args, modes, rounds, bench, backend):
                        ("cgroup_backend", "forkd's memory limit backend")):
         if doc.get(key) is not None:
             print(f"{label:48} {doc[key]}")
+    for m in modes:
+        if doc.get(f"{m}_stages_ms"):
+            print(f"forkd's stages, {what[m]} (ms, its log):")
+            print("  " + ", ".join(f"{k} {v}" for k, v in doc[f"{m}_stages_ms"].items()))
     if args.json:
         print(json.dumps(doc, separators=(",", ":")))
 

@@ -40,6 +40,20 @@ int fork_options_resolve_network(struct fork_options *o, bool has_nic, bool agen
  * manager, running and announced. r < 0: error_name/error_message say why. */
 typedef void (*fork_done_t)(ForkOp *f, int r, const char *error_name, const char *error_message, void *userdata);
 
+/* The stages of a fork, in order; each timestamp marks the end of its stage. */
+enum {
+        FORK_T_START,      /* the request was taken (D-Bus parsed, polkit answered) */
+        FORK_T_QUEUED,     /* cgroups ready, template free: the worker gets it */
+        FORK_T_RECORDS,    /* worker: sandbox records written, directory synced */
+        FORK_T_TEMPLATE,   /* worker: template started (when it was not running) */
+        FORK_T_SPAWNED,    /* worker: the template forked every child */
+        FORK_T_REGISTERED, /* main loop: sandboxes registered, pings sent */
+        FORK_T_ANSWERED,   /* every agent answered ping */
+        FORK_T_ANNOUNCED,  /* sandboxes running, their signals queued */
+        FORK_T_REPLIED,    /* done() returned: the caller's reply is sent */
+        FORK_T_MAX,
+};
+
 struct ping_slot {
         ForkOp *op;
         unsigned index;
@@ -82,6 +96,10 @@ struct ForkOp {
         struct ping_slot *slots;
         unsigned n_answered, n_failed;
         char *ping_error;
+
+        /* When each stage ended (now_usec(), 0: not reached), for the breakdown
+         * that forkd logs once a fork is answered (fork_op_log_stages()). */
+        uint64_t t[FORK_T_MAX];
 
         enum { FORK_CGROUPS, FORK_WAITING, FORK_SPAWNING, FORK_PINGING, FORK_DONE } state;
         ForkOp *next_waiter;

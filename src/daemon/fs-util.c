@@ -36,7 +36,7 @@ int fsync_path(const char *path) {
         return 0;
 }
 
-int write_file_atomic(const char *dir, const char *name, const char *content, size_t len, bool sync_dir) {
+int write_file_atomic(const char *dir, const char *name, const char *content, size_t len, unsigned flags) {
         _cleanup_close_ int dfd = -EBADF, fd = -EBADF;
         char tmp[128];
         size_t done = 0;
@@ -61,7 +61,7 @@ int write_file_atomic(const char *dir, const char *name, const char *content, si
                 }
                 done += (size_t) k;
         }
-        if (fsync(fd) < 0) {
+        if ((flags & WRITE_SYNC_DATA) && fsync(fd) < 0) {
                 r = -errno;
                 goto fail;
         }
@@ -69,7 +69,7 @@ int write_file_atomic(const char *dir, const char *name, const char *content, si
                 r = -errno;
                 goto fail;
         }
-        if (sync_dir && fsync(dfd) < 0)
+        if ((flags & WRITE_SYNC_DIR) && fsync(dfd) < 0)
                 return -errno;
         return 0;
 fail:

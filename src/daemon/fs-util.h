@@ -9,10 +9,16 @@
 /* mkdir -p with mode for the missing components; existing directories are fine. */
 int mkdir_parents_and_self(const char *path, mode_t mode);
 
-/* Write content to dir/name atomically: a temporary file in dir, fsync,
- * rename over name, fsync of the directory (skipped if sync_dir is false:
- * for batches, the caller fsyncs the directory once). */
-int write_file_atomic(const char *dir, const char *name, const char *content, size_t len, bool sync_dir);
+/* Write content to dir/name atomically: a temporary file in dir, renamed
+ * over name. WRITE_SYNC_DATA fsyncs the file before the rename,
+ * WRITE_SYNC_DIR the directory after it. Without either the file survives a
+ * killed process (the page cache has it), not a power loss: for records that
+ * only a crash of forkd needs, whose readers ignore a broken one. */
+enum {
+        WRITE_SYNC_DATA = 1 << 0,
+        WRITE_SYNC_DIR = 1 << 1,
+};
+int write_file_atomic(const char *dir, const char *name, const char *content, size_t len, unsigned flags);
 
 int fsync_path(const char *path);
 

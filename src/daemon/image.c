@@ -155,7 +155,7 @@ int image_write_meta(const char *dir, uid_t owner_uid, int agent_tcp) {
         r = snapshot_meta_format(&meta, &json);
         if (r < 0)
                 return r;
-        return write_file_atomic(dir, "snapshot.json", json, strlen(json), true);
+        return write_file_atomic(dir, "snapshot.json", json, strlen(json), WRITE_SYNC_DATA | WRITE_SYNC_DIR);
 }
 
 Image *image_free(Image *i) {

@@ -465,7 +465,7 @@ int sandbox_merge(Sandbox *p, Sandbox *w, char **ret_old_id) {
         r = sandbox_record_format(&rec, &json);
         if (r < 0)
                 return r;
-        r = write_file_atomic(m->sandboxes_dir, name, json, strlen(json), false);
+        r = write_file_atomic(m->sandboxes_dir, name, json, strlen(json), 0);
         if (r < 0)
                 return r;
 
