@@ -21,7 +21,8 @@ stack a user talks to, against the engine alone, in one run, taking turns
 
 nonet and nolimit are the dbus measurement (the same call), run once a round.
 The stack is its own: tools/forkd-stack up (FORKD_STACK_GUEST=test) in a
-temporary state directory, stopped on exit, error and signal. Every snapshot
+temporary state directory (its sandbox records on a tmpfs, as the unit's are in
+/run/forkd), stopped on exit, error and signal. Every snapshot
 boots the test guest with --mem-mib (as the engine's), and each is forked once
 before the rounds so that its template is running, as the engine's is when
 its clock starts.

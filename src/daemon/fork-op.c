@@ -70,6 +70,11 @@ ForkOp *fork_op_free(ForkOp *f) {
                 f->manager->n_sandboxes_reserved -= f->n;
         if (f->image)
                 f->image->n_users--;
+        if (f->early)
+                for (unsigned i = 0; i < f->n; i++)
+                        sandbox_early_free(f->early[i]);
+        free(f->early);
+        free(f->pinged);
         if (f->agent_fds)
                 for (unsigned i = 0; i < f->n; i++)
                         safe_close(f->agent_fds[i]);
@@ -234,6 +239,10 @@ static void on_ping(int r, uint16_t type, const char *json, struct json_object *
         ForkOp *f = slot->op;
         Sandbox *s = hashmap_get(f->manager->sandboxes, f->ids[slot->index]);
 
+        if (f->state != FORK_PINGING)
+                /* An early ping (fork_on_batch()) failed as its sandbox went, while
+                 * fork_work_done() still registers: its loop counts the child then. */
+                return;
         if (r >= 0 && type == FKA_RESPONSE) {
                 f->n_answered++;
                 /* The sandbox owns the cgroup by now (fork_work_done cleared has_cgroup[]);
@@ -405,6 +414,28 @@ static void *fork_write_records(void *userdata) {
         return NULL;
 }
 
+struct spawn_batch {
+        ForkOp *f;
+        unsigned base; /* index in f of the spawn request's first child */
+};
+
+/* A batch of spawn requests left: ping those children now (the engine's way,
+ * bench/fork-bench.c), so that they answer while the template forks the rest
+ * and forkd registers them. A ping that cannot go now goes after registering. */
+static void fork_on_batch(size_t first, size_t k, void *userdata) {
+        struct spawn_batch *b = userdata;
+        ForkOp *f = b->f;
+
+        for (size_t j = first; j < first + k; j++) {
+                unsigned i = b->base + (unsigned) j;
+
+                f->slots[i] = (struct ping_slot) { .op = f, .index = i };
+                if (sandbox_early_call(f->agent_fds[i], "{\"op\":\"ping\"}", PING_TIMEOUT_USEC, on_ping, &f->slots[i],
+                                       &f->early[i]) < 0)
+                        f->early[i] = NULL;
+        }
+}
+
 /* Start the template if it is not running, and have it fork the children. */
 static int fork_spawn(ForkOp *f, const int *taps) {
         VmTemplate *t = f->template;
@@ -443,9 +474,11 @@ static int fork_spawn(ForkOp *f, const int *taps) {
                 while (end < f->n && ((!parent && !f->cgroup_parents[end]) ||
                                       (parent && f->cgroup_parents[end] && strcmp(parent, f->cgroup_parents[end]) == 0)))
                         end++;
+                struct spawn_batch batch = { .f = f, .base = start };
+
                 r = vmm_client_template_spawn_with(&t->vt, (const char *const *) f->ids + start, end - start, &so,
                                                    f->agent_fds + start, f->control_fds + start, f->pids + start,
-                                                   NULL, NULL);
+                                                   fork_on_batch, &batch);
                 if (r < 0) {
                         f->spawn_failed = true;
                         break;
@@ -530,11 +563,16 @@ static void fork_work_done(int r, void *userdata) {
 
                         if (f->pids[i] <= 0) {
                                 /* The template could not fork this one. */
+                                f->early[i] = sandbox_early_free(f->early[i]);
                                 f->agent_fds[i] = safe_close(f->agent_fds[i]);
                                 f->control_fds[i] = safe_close(f->control_fds[i]);
                                 continue;
                         }
-                        k = sandbox_new(m, &p, TAKE_FD(f->agent_fds[i]), &s);
+                        if (f->early[i]) {
+                                k = sandbox_new_early(m, &p, TAKE_FD(f->agent_fds[i]), TAKE_PTR(f->early[i]), &s);
+                                f->pinged[i] = k >= 0;
+                        } else
+                                k = sandbox_new(m, &p, TAKE_FD(f->agent_fds[i]), &s);
                         if (k < 0) {
                                 log_warning_errno(k, "Failed to register sandbox %s: %m", f->ids[i]);
                                 (void) kill(f->pids[i], SIGKILL);
@@ -595,6 +633,8 @@ static void fork_work_done(int r, void *userdata) {
                                 set_ping_error(f, "%s: the VM exited before it answered", f->ids[i]);
                         continue;
                 }
+                if (f->pinged[i])
+                        continue; /* sent as its spawn batch left (fork_on_batch()) */
                 f->slots[i] = (struct ping_slot) { .op = f, .index = i };
                 k = sandbox_call(s, "{\"op\":\"ping\"}", PING_TIMEOUT_USEC, on_ping, &f->slots[i]);
                 if (k < 0) {
@@ -760,10 +800,12 @@ static int fork_op_start_full(Manager *m, Image *i, VmTemplate *t, unsigned n, c
         f->control_fds = calloc(n, sizeof(int));
         f->pids = calloc(n, sizeof(pid_t));
         f->slots = calloc(n, sizeof(struct ping_slot));
+        f->early = calloc(n, sizeof(SandboxEarly *));
+        f->pinged = calloc(n, sizeof(bool));
         f->vmm_path = strdup(m->vmm_path);
         f->overlay_dir = strdup(m->overlay_dir);
         f->sandboxes_dir = strdup(m->sandboxes_dir);
-        if (!f->ids || !f->cgroup_parents || !f->has_cgroup || !f->agent_fds || !f->control_fds || !f->pids || !f->slots ||
+        if (!f->ids || !f->cgroup_parents || !f->has_cgroup || !f->agent_fds || !f->control_fds || !f->pids || !f->slots || !f->early || !f->pinged ||
             !f->vmm_path || !f->overlay_dir || !f->sandboxes_dir) {
                 r = -ENOMEM;
                 goto fail;

@@ -17,6 +17,7 @@
 
 #include "manager.h"
 #include "netns.h"
+#include "sandbox.h"
 
 struct fork_options {
         bool per_child_netns;
@@ -94,6 +95,10 @@ struct ForkOp {
         char *error;
 
         struct ping_slot *slots;
+        /* Pings sent from the worker as each spawn batch left (sandbox_early_call()),
+         * until sandbox_new_early() takes them; pinged[i]: child i's ping is out. */
+        SandboxEarly **early;
+        bool *pinged;
         unsigned n_answered, n_failed;
         char *ping_error;
 

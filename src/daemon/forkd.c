@@ -25,6 +25,7 @@
 #define EXIT_GRACE_USEC (20 * 1000000ull)
 
 static const char *arg_state_dir = "/var/lib/forkd";
+static const char *arg_runtime_dir = NULL; /* --runtime-dir; NULL: the state directory */
 static const char *arg_vmm = NULL;
 static const char *arg_bus_address = NULL;
 static const char *arg_cgroup_root = NULL;
@@ -45,6 +46,10 @@ static void help(void) {
                "  -h --help               Show this help\n"
                "     --version            Show the version\n"
                "     --state-dir DIR      Registry location (default /var/lib/forkd)\n"
+               "     --runtime-dir DIR    Where the records of live sandboxes go, DIR/sandboxes\n"
+               "                          (default: the state directory); a tmpfs such as\n"
+               "                          /run/forkd (the unit's) spares a file system write\n"
+               "                          per forked child\n"
                "     --vmm PATH           forkd-vmm binary (default $FORKD_VMM, else %s)\n"
                "     --bus-address ADDR   Connect to this bus instead of the system bus\n"
                "     --cgroup-root DIR    Use cgroupfs under DIR for memory limits\n"
@@ -73,13 +78,14 @@ static void help(void) {
 }
 
 static int parse_argv(int argc, char *argv[]) {
-        enum { ARG_VERSION = 0x100, ARG_STATE_DIR, ARG_VMM, ARG_BUS_ADDRESS, ARG_CGROUP_ROOT, ARG_MAX_OPERATIONS,
+        enum { ARG_VERSION = 0x100, ARG_STATE_DIR, ARG_RUNTIME_DIR, ARG_VMM, ARG_BUS_ADDRESS, ARG_CGROUP_ROOT, ARG_MAX_OPERATIONS,
                ARG_MAX_BRANCHES, ARG_CONTROL_TIMEOUT, ARG_VMM_USER, ARG_NO_CONFINE,
                ARG_TRUSTED_BRIDGE_USER };
         static const struct option options[] = {
                 { "help", no_argument, NULL, 'h' },
                 { "version", no_argument, NULL, ARG_VERSION },
                 { "state-dir", required_argument, NULL, ARG_STATE_DIR },
+                { "runtime-dir", required_argument, NULL, ARG_RUNTIME_DIR },
                 { "vmm", required_argument, NULL, ARG_VMM },
                 { "bus-address", required_argument, NULL, ARG_BUS_ADDRESS },
                 { "cgroup-root", required_argument, NULL, ARG_CGROUP_ROOT },
@@ -105,6 +111,11 @@ static int parse_argv(int argc, char *argv[]) {
                         if (optarg[0] != '/' || strlen(optarg) > 1024)
                                 return log_error_errno(EINVAL, "--state-dir needs an absolute path of at most 1024 bytes.");
                         arg_state_dir = optarg;
+                        break;
+                case ARG_RUNTIME_DIR:
+                        if (optarg[0] != '/' || strlen(optarg) > 1024)
+                                return log_error_errno(EINVAL, "--runtime-dir needs an absolute path of at most 1024 bytes.");
+                        arg_runtime_dir = optarg;
                         break;
                 case ARG_VMM:
                         arg_vmm = optarg;
@@ -326,6 +337,8 @@ static int run(int argc, char *argv[]) {
                 }
         }
         m->state_dir = strdup(arg_state_dir);
+        if (arg_runtime_dir && !(m->runtime_dir = strdup(arg_runtime_dir)))
+                return log_oom();
         m->vmm_path = strdup(arg_vmm ?: getenv("FORKD_VMM") ?: FORKD_VMM_DEFAULT);
         if (!m->state_dir || !m->vmm_path)
                 return log_oom();

@@ -44,6 +44,7 @@ int manager_new(Manager **ret) {
         if (!m)
                 return -ENOMEM;
         m->lock_fd = -EBADF;
+        m->runtime_lock_fd = -EBADF;
         m->direct_fd = -EBADF;
         m->bridge_uid = OWNER_UID_INVALID;
         m->snapshots_watch_fd = -EBADF;
@@ -115,6 +116,8 @@ Manager *manager_free(Manager *m) {
         free(m->state_dir);
         free(m->snapshots_dir);
         free(m->sandboxes_dir);
+        free(m->runtime_dir);
+        safe_close(m->runtime_lock_fd);
         free(m->overlay_dir);
         free(m->log_dir);
         free(m->vmm_path);
@@ -210,7 +213,7 @@ int manager_startup(Manager *m) {
         int r;
 
         if (asprintf(&m->snapshots_dir, "%s/snapshots", m->state_dir) < 0 ||
-            asprintf(&m->sandboxes_dir, "%s/sandboxes", m->state_dir) < 0 ||
+            asprintf(&m->sandboxes_dir, "%s/sandboxes", m->runtime_dir ?: m->state_dir) < 0 ||
             asprintf(&m->overlay_dir, "%s/overlays", m->state_dir) < 0 ||
             asprintf(&m->log_dir, "%s/logs", m->state_dir) < 0 || asprintf(&lock, "%s/.lock", m->state_dir) < 0)
                 return log_oom();
@@ -223,6 +226,23 @@ int manager_startup(Manager *m) {
                 return log_error_errno(errno, "Failed to open %s: %m", lock);
         if (flock(m->lock_fd, LOCK_EX | LOCK_NB) < 0)
                 return log_error_errno(errno, "Another forkd uses %s (%m).", m->state_dir);
+        if (m->runtime_dir) {
+                /* The records of live sandboxes: on a tmpfs (the unit's /run/forkd), no
+                 * file system write per child, and a reboot ends them with their VMMs. */
+                _cleanup_free_ char *rlock = NULL;
+
+                r = mkdir_parents_and_self(m->runtime_dir, 0711);
+                if (r < 0)
+                        return log_error_errno(r, "Failed to create %s: %m", m->runtime_dir);
+                if (asprintf(&rlock, "%s/sandboxes.lock", m->runtime_dir) < 0)
+                        return log_oom();
+                m->runtime_lock_fd = open(rlock, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+                if (m->runtime_lock_fd < 0)
+                        return log_error_errno(errno, "Failed to open %s: %m", rlock);
+                if (flock(m->runtime_lock_fd, LOCK_EX | LOCK_NB) < 0)
+                        return log_error_errno(errno, "Another forkd uses the runtime directory %s (%m).",
+                                               m->runtime_dir);
+        }
 
         const char *dirs[] = { m->snapshots_dir, m->sandboxes_dir, m->overlay_dir, m->log_dir };
         for (size_t i = 0; i < ELEMENTSOF(dirs); i++)

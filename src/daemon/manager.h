@@ -59,7 +59,9 @@ struct Manager {
 
         char *state_dir;
         char *snapshots_dir;  /* state_dir/snapshots */
-        char *sandboxes_dir;  /* state_dir/sandboxes: one record per live sandbox */
+        char *runtime_dir;    /* --runtime-dir; NULL: state_dir */
+        char *sandboxes_dir;  /* (runtime_dir or state_dir)/sandboxes: one record per live sandbox */
+        int runtime_lock_fd;  /* flock on runtime_dir/sandboxes.lock, with a runtime_dir */
         char *overlay_dir;    /* state_dir/overlays: unlinked copy-on-write disk files */
         char *log_dir;        /* state_dir/logs: boot consoles */
         char *vmm_path;

@@ -61,15 +61,94 @@ static void fail_all_calls(Sandbox *s, int error) {
         }
 }
 
+static int on_agent_io(sd_event_source *es, int fd, uint32_t revents, void *userdata);
+static void update_io(Sandbox *s);
+
+struct SandboxEarly {
+        fka_client *client;
+        struct agent_call *call;
+};
+
+int sandbox_early_call(int agent_fd, const char *json, uint64_t timeout_usec, agent_reply_t cb, void *userdata,
+                       SandboxEarly **ret) {
+        SandboxEarly *e;
+        int r;
+
+        e = calloc(1, sizeof(*e));
+        if (!e)
+                return -ENOMEM;
+        e->call = calloc(1, sizeof(*e->call));
+        r = e->call ? fka_client_new(agent_fd, AGENT_CALLS_MAX, &e->client) : -ENOMEM;
+        if (r >= 0) {
+                *e->call = (struct agent_call) { .cb = cb, .userdata = userdata }; /* .sandbox: once it exists */
+                r = fka_client_send(e->client, json, SIZE_MAX, fka_now_usec() + timeout_usec, e->call);
+        }
+        if (r < 0) {
+                sandbox_early_free(e);
+                return r;
+        }
+        *ret = e;
+        return 0;
+}
+
+SandboxEarly *sandbox_early_free(SandboxEarly *e) {
+        if (!e)
+                return NULL;
+        fka_client_free(e->client);
+        free(e->call);
+        free(e);
+        return NULL;
+}
+
+static int sandbox_new_full(Manager *m, const struct sandbox_params *p, int agent_fd, fka_client *client,
+                            Sandbox **ret);
+
 int sandbox_new(Manager *m, const struct sandbox_params *p, int agent_fd, Sandbox **ret) {
+        return sandbox_new_full(m, p, agent_fd, NULL, ret);
+}
+
+int sandbox_new_early(Manager *m, const struct sandbox_params *p, int agent_fd, SandboxEarly *e, Sandbox **ret) {
+        struct agent_call *c = e->call;
+        Sandbox *s;
+        int r;
+
+        r = sandbox_new_full(m, p, agent_fd, TAKE_PTR(e->client), &s);
+        if (r < 0) {
+                sandbox_early_free(e);
+                return r;
+        }
+        e->call = NULL;
+        free(e);
+        c->sandbox = s;
+        c->next = s->calls;
+        s->calls = c;
+        r = sd_event_add_io(m->event, &s->io_source, s->agent_fd, EPOLLIN, on_agent_io, s);
+        if (r < 0) {
+                /* Nothing would read the answer: the VMM goes, and its exit fails
+                 * the call (-ECONNRESET), as for a VM that died. */
+                log_warning_errno(r, "Failed to watch the agent of %s, killing it: %m", s->id);
+                (void) sandbox_kill(s);
+        } else {
+                (void) sd_event_source_set_description(s->io_source, "agent");
+                update_io(s);
+        }
+        *ret = s;
+        return 0;
+}
+
+/* client: made already (sandbox_new_early()), owned from here on; NULL: made here. */
+static int sandbox_new_full(Manager *m, const struct sandbox_params *p, int agent_fd, fka_client *client,
+                            Sandbox **ret) {
         Sandbox *s;
         int r;
 
         s = calloc(1, sizeof(*s));
         if (!s) {
+                fka_client_free(client);
                 safe_close(agent_fd);
                 return -ENOMEM;
         }
+        s->client = client;
         s->manager = m;
         s->agent_fd = agent_fd;
         s->control_fd = -EBADF;
@@ -94,9 +173,11 @@ int sandbox_new(Manager *m, const struct sandbox_params *p, int agent_fd, Sandbo
         }
         if (p->netns_owned && netns_child_index_from_name(p->netns, &s->netns_index) >= 0)
                 s->netns_owned = true;
-        r = fka_client_new(agent_fd, AGENT_CALLS_MAX, &s->client);
-        if (r < 0)
-                goto fail;
+        if (!s->client) {
+                r = fka_client_new(agent_fd, AGENT_CALLS_MAX, &s->client);
+                if (r < 0)
+                        goto fail;
+        }
         r = hashmap_put(m->vms, s->vm_id, s);
         if (r < 0)
                 goto fail;
@@ -303,7 +384,6 @@ int sandbox_kill(Sandbox *s) {
 
 /* ---- agent channel ---- */
 
-static void update_io(Sandbox *s);
 
 static void pump(Sandbox *s, bool hangup);
 

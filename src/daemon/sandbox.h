@@ -94,6 +94,24 @@ struct sandbox_params {
 
 /* Takes agent_fd (closed on failure too). Registers the sandbox in the manager. */
 int sandbox_new(Manager *m, const struct sandbox_params *p, int agent_fd, Sandbox **ret);
+
+/*
+ * A request sent before its sandbox exists: a fork pings each child as soon as
+ * the template has its spawn request, from the fork's worker thread (touches
+ * nothing of the manager), so the answer is on its way while forkd registers
+ * the sandboxes. sandbox_new_early() then takes the client, and the call is
+ * answered through cb like sandbox_call()'s, from the event loop.
+ */
+typedef void (*agent_reply_t)(int r, uint16_t type, const char *json, struct json_object *obj, void *userdata);
+typedef struct SandboxEarly SandboxEarly;
+int sandbox_early_call(int agent_fd, const char *json, uint64_t timeout_usec, agent_reply_t cb, void *userdata,
+                       SandboxEarly **ret);
+/* Free an early call never handed to sandbox_new_early() (cb is not called);
+ * the agent fd stays the caller's. Accepts NULL, returns NULL. */
+SandboxEarly *sandbox_early_free(SandboxEarly *e);
+/* sandbox_new() with e's client and its call in flight; takes agent_fd and e
+ * (both freed on failure, cb not called). */
+int sandbox_new_early(Manager *m, const struct sandbox_params *p, int agent_fd, SandboxEarly *e, Sandbox **ret);
 /* Unregister and free. Calls in flight fail with -ECONNRESET. Unless the
  * daemon is exiting, the record and the cgroup are removed. No signal. */
 Sandbox *sandbox_free(Sandbox *s);
@@ -109,7 +127,6 @@ int sandbox_kill(Sandbox *s);
  * when the sandbox goes away first (-ECONNRESET). r < 0: no answer; else
  * type is FKA_RESPONSE or FKA_ERROR with the payload (json, obj). cb must not
  * free the sandbox. -EBUSY when AGENT_CALLS_MAX requests are in flight. */
-typedef void (*agent_reply_t)(int r, uint16_t type, const char *json, struct json_object *obj, void *userdata);
 int sandbox_call(Sandbox *s, const char *json, uint64_t timeout_usec, agent_reply_t cb, void *userdata);
 
 /* Merge: the public id of p moves to w's VM (w's own id is dropped), p's VM

@@ -613,6 +613,40 @@ def run(h):
         wait_for(lambda: not h.cgroup_children(), 20, "the cgroups of terminated sandboxes to go")
     h.check("kill -9 during a fork of 50: registry intact, no VMM or cgroup orphaned", kill9)
 
+    def runtime_dir():
+        # --runtime-dir (the unit's /run/forkd): the records of live sandboxes go to
+        # DIR/sandboxes, the registry stays; a kill -9 leaves them there for the next
+        # start, which announces the sandboxes as gone and removes them.
+        run = os.path.join(h.tmp, "run")
+        recs, state_recs = os.path.join(run, "sandboxes"), os.path.join(h.state, "sandboxes")
+        assert h.stop_forkd() == 0
+        h.start_forkd(["--runtime-dir", run])
+        ids = sorted(i["id"] for i in h.fork("t1", 3))
+        assert sorted(os.listdir(recs)) == [i + ".json" for i in ids], os.listdir(recs)
+        assert not os.listdir(state_recs), os.listdir(state_recs)
+        # One forkd a runtime directory, whatever its state directory.
+        log = os.path.join(h.tmp, "second-forkd.log")
+        with open(log, "w") as f:
+            rc = subprocess.run([FORKD, "--bus-address", h.address, "--state-dir", os.path.join(h.tmp, "state2"),
+                                 "--runtime-dir", run], stdout=f, stderr=f, env=dict(os.environ, FORKD_VMM=VMM),
+                                timeout=30).returncode
+        with open(log) as f:
+            text = f.read()
+        assert rc != 0 and "Another forkd uses the runtime directory" in text, (rc, text[-2000:])
+        h.stop_forkd(signal.SIGKILL)
+        wait_for(lambda: not vmm_processes(h.tmp), 20, "every forkd-vmm to die with forkd")
+        assert sorted(os.listdir(recs)) == [i + ".json" for i in ids], os.listdir(recs)
+        h.start_forkd(["--runtime-dir", run])
+        for sid in ids:
+            assert h.wait_removed(sid) == "daemon-restart", sid
+        wait_for(lambda: not os.listdir(recs), 10, "the records to go")
+        assert not h.sandboxes()
+        # back to the state directory's records for the checks that follow
+        assert h.stop_forkd() == 0
+        h.start_forkd()
+    h.check("--runtime-dir: records there, one forkd a runtime directory, kill -9 then restart "
+            "announces them (daemon-restart)", runtime_dir)
+
     def delete():
         for tag in [s["tag"] for s in h.m("ListSnapshots")[0]]:
             h.m("DeleteSnapshot", "sbb", [tag, False, False])

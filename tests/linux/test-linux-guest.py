@@ -598,9 +598,14 @@ def chains(t, fc, stack):
     links = ["lx-c1", "lx-c2", "lx-c3"]
     show = ("import os\nprint(a, b, c, ''.join(open(f'/root/l{i}').read() for i in (1, 2, 3)))")
 
+    fork_errors = []
+
     def fork_one(tag):
         status, sbs = rest(stack, "POST", "/v1/sandboxes", {"snapshot_tag": tag, "n": 1})
-        return sbs[0]["id"] if status == 201 and isinstance(sbs, list) and len(sbs) == 1 else None
+        if status == 201 and isinstance(sbs, list) and len(sbs) == 1:
+            return sbs[0]["id"]
+        fork_errors.append(f"fork of {tag}: {status} {sbs}")  # said in the failing check's details
+        return None
 
     def run_in(sid, code):
         status, r = rest(stack, "POST", f"/v1/sandboxes/{sid}/run_code", {"code": code})
@@ -626,7 +631,7 @@ def chains(t, fc, stack):
         ok = (r.get("exit_code") == 0 and status == 201 and isinstance(info, dict)
               and info.get("parent_tag") == parent)
         made &= t.ok(ok, f"link {i}: a step ({var} = {i}, /root/l{i}) and a diff branch {tag} of {parent}",
-                     f"{r} {status} {info}")
+                     f"{r} {status} {info} {fork_errors[-1:] if not sid else ''}")
         if sid:
             rest(stack, "DELETE", f"/v1/sandboxes/{sid}")
         parent = tag
