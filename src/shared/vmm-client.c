@@ -16,6 +16,7 @@
 #define CONTROL_REPLY_MAX (64u << 10)
 #define SPAWN_BATCH 100
 #define SPAWN_FDS_MAX 253 /* SCM_MAX_FD: the fds of one spawn message */
+#define TEMPLATE_START_TIMEOUT_USEC (300 * 1000000ull)
 
 int vmm_parse_user(const char *s, uid_t *ret_uid, gid_t *ret_gid) {
         unsigned long long u, g;
@@ -325,13 +326,17 @@ int vmm_client_template_start(const char *vmm_path, const char *snapshot_dir, co
                 return r;
         }
 
-        /* The template says "ready" once the snapshot is parsed, or exits. */
-        r = recv_json(ctl[0], now_usec() + 30 * 1000000ull, &o);
+        /* The template says "ready" once the snapshot is parsed, or exits. Loading a
+         * diff chain hashes every parent's memory file (SHA-256, parent_content_hash):
+         * 256 MiB a link took 8-17 s in the emulated test host, so a chain of two
+         * outlasted the 30 s this wait once had. */
+        r = recv_json(ctl[0], now_usec() + TEMPLATE_START_TIMEOUT_USEC, &o);
         if (r < 0 || !json_object_object_get_ex(o, "event", &ev) ||
             strcmp(json_object_get_string(ev), "ready") != 0) {
                 struct json_object *e, *en;
 
-                if (r >= 0 && strcmp(json_object_get_string(ev), "refused") == 0 &&
+                if (r >= 0 && json_object_object_get_ex(o, "event", &ev) &&
+                    strcmp(json_object_get_string(ev) ?: "", "refused") == 0 &&
                     json_object_object_get_ex(o, "error", &e) && json_object_is_type(e, json_type_string)) {
                         /* forkd-vmm's own words, and its errno: -ESTALE, -ENOLINK for a broken chain */
                         if (ret_error)
@@ -341,9 +346,22 @@ int vmm_client_template_start(const char *vmm_path, const char *snapshot_dir, co
                                 r = -json_object_get_int(en);
                         else
                                 r = -EBADMSG;
-                } else if (ret_error)
-                        *ret_error = strdup("the template did not start: the snapshot was refused "
-                                            "(see forkd-vmm's error output)");
+                } else if (ret_error) {
+                        int k;
+
+                        if (r == -ETIMEDOUT)
+                                k = asprintf(ret_error, "the template did not say it was ready within %llu s "
+                                                "(it checks the hash of every parent of a diff chain at start)",
+                                                (unsigned long long) (TEMPLATE_START_TIMEOUT_USEC / 1000000ull));
+                        else if (r < 0)
+                                k = asprintf(ret_error, "the template exited before it was ready (%s; see "
+                                                "forkd-vmm's error output)", strerror(-r));
+                        else
+                                k = asprintf(ret_error, "the template did not start: it sent something other "
+                                             "than ready or refused (see forkd-vmm's error output)");
+                        if (k < 0)
+                                *ret_error = NULL;
+                }
                 json_object_put(o);
                 safe_close(ctl[0]);
                 reap_with_grace(pid, 1000000);
