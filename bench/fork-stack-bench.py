@@ -83,6 +83,7 @@ DEST, PATH, IFACE = "org.forkd.Manager", "/org/forkd/Manager", "org.forkd.Manage
 TAG, NET_TAG = "bench", "bench-net"
 PRIME_MIB = 64          # as fork-bench.c's PRIME_BYTES
 SETTLE_S = 1.0          # as fork-bench.c's SETTLE_USEC, before either reading of /proc/meminfo
+DBUS_PENDING = 100       # TerminateSandbox calls in flight on one connection
 FORK_TIMEOUT_S = 300    # one Fork of up to 1000 children, under TCG too
 BOOT_WAIT_S = {"test": 60, "linux": 300}  # CreateSnapshot's boot_wait_secs (Linux under TCG: tens of seconds)
 EVAL_CODE, EVAL_RESULT = "numpy.arange(1000).sum()", "499500"  # --guest linux, in every child
@@ -388,10 +389,15 @@ class Bench:
         return kids
 
     def terminate_dbus(self, kids):
-        serials = [self.bus.send(DEST, PATH, IFACE, "TerminateSandbox", "s", [k["id"]]) for k in kids]
-        for serial, r in self.bus.wait_replies(serials, EXIT_TIMEOUT_S).items():
-            if isinstance(r, DBusError):
-                raise RuntimeError(f"TerminateSandbox: {r.name}: {r.message}")
+        # At most DBUS_PENDING calls in flight: the bus refuses more pending replies
+        # on one connection (dbus-daemon's max_replies_per_connection, 128 on the
+        # system bus).
+        for i in range(0, len(kids), DBUS_PENDING):
+            serials = [self.bus.send(DEST, PATH, IFACE, "TerminateSandbox", "s", [k["id"]])
+                       for k in kids[i:i + DBUS_PENDING]]
+            for serial, r in self.bus.wait_replies(serials, EXIT_TIMEOUT_S).items():
+                if isinstance(r, DBusError):
+                    raise RuntimeError(f"TerminateSandbox: {r.name}: {r.message}")
         await_exit([k["pid"] for k in kids], EXIT_TIMEOUT_S)
 
     def terminate_rest(self, kids):
