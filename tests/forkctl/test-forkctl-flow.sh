@@ -51,7 +51,7 @@ ok()     { n=$((n + 1)); echo "ok $n - $*"; }
 not_ok() { n=$((n + 1)); failed=$((failed + 1)); echo "not ok $n - $*"; }
 fc() { "$forkctl" --no-progress "$@" 2>"$state/err"; }
 
-echo "1..23"
+echo "1..24"
 tag=flow-$$
 if fc snapshot create "$tag" --kernel "$FORKD_GUEST_KERNEL" --rootfs "$FORKD_GUEST_ROOTFS" --boot-wait 240 --json >"$state/out" && jsonok <"$state/out"; then
         ok "snapshot create $tag (--json parses)"
@@ -111,7 +111,14 @@ fi
 fc fork-sandbox "${ids[0]:-none}" -n 33; rc=$?
 [ $rc = 2 ] && ok "fork-sandbox -n 33: usage error" || not_ok "fork-sandbox -n 33: rc=$rc $(cat "$state/err")"
 
-fc kill "${ids[@]}" && ok "kill ${ids[*]}" || not_ok "kill: $(cat "$state/err")"
+# kill of many ids at once (sent together): an unknown one among them is named, in the
+# order given, and does not keep the others alive
+fc kill "${ids[2]:-none}" sb-000000-9999 --json >"$state/kill.json"; rc=$?
+[ $rc = 3 ] && pyq "j['terminated'] == ['${ids[2]:-none}'] and [f['id'] for f in j['failed']] == ['sb-000000-9999']" \
+        "$state/kill.json" >/dev/null && grep -q "sb-000000-9999" "$state/err" \
+        && ok "kill of a live and an unknown id: exit 3, the live one gone, the unknown one named" \
+        || not_ok "kill live + unknown: rc=$rc $(cat "$state/kill.json" "$state/err")"
+fc kill "${ids[0]:-none}" "${ids[1]:-none}" && ok "kill ${ids[0]:-none} ${ids[1]:-none}" || not_ok "kill: $(cat "$state/err")"
 [ "$(fc ls --json | pyq "len(j['sandboxes'])")" = 0 ] && ok "no sandboxes left" || not_ok "sandboxes left after kill"
 
 fc ping "${ids[0]:-none}"; rc=$?
