@@ -103,7 +103,7 @@ struct ForkOp {
         char *ping_error;
 
         /* When each stage ended (now_usec(), 0: not reached), for the breakdown
-         * that forkd logs once a fork is answered (fork_op_log_stages()). */
+         * that forkd logs once a fork is answered (fork_log_stages()). */
         uint64_t t[FORK_T_MAX];
 
         enum { FORK_CGROUPS, FORK_WAITING, FORK_SPAWNING, FORK_PINGING, FORK_DONE } state;

@@ -52,6 +52,15 @@ static void call_unlink(Sandbox *s, struct agent_call *c) {
         c->next = c->prev = NULL;
 }
 
+static void call_link(Sandbox *s, struct agent_call *c) {
+        c->sandbox = s;
+        c->prev = NULL;
+        c->next = s->calls;
+        if (s->calls)
+                s->calls->prev = c;
+        s->calls = c;
+}
+
 static void fail_all_calls(Sandbox *s, int error) {
         while (s->calls) {
                 struct agent_call *c = s->calls;
@@ -63,6 +72,15 @@ static void fail_all_calls(Sandbox *s, int error) {
 
 static int on_agent_io(sd_event_source *es, int fd, uint32_t revents, void *userdata);
 static void update_io(Sandbox *s);
+
+/* Watch the agent channel of s in the event loop. */
+static int watch_agent(Sandbox *s) {
+        int r = sd_event_add_io(s->manager->event, &s->io_source, s->agent_fd, EPOLLIN, on_agent_io, s);
+
+        if (r >= 0)
+                (void) sd_event_source_set_description(s->io_source, "agent");
+        return r;
+}
 
 struct SandboxEarly {
         fka_client *client;
@@ -119,19 +137,15 @@ int sandbox_new_early(Manager *m, const struct sandbox_params *p, int agent_fd, 
         }
         e->call = NULL;
         free(e);
-        c->sandbox = s;
-        c->next = s->calls;
-        s->calls = c;
-        r = sd_event_add_io(m->event, &s->io_source, s->agent_fd, EPOLLIN, on_agent_io, s);
+        call_link(s, c);
+        r = watch_agent(s);
         if (r < 0) {
                 /* Nothing would read the answer: the VMM goes, and its exit fails
                  * the call (-ECONNRESET), as for a VM that died. */
                 log_warning_errno(r, "Failed to watch the agent of %s, killing it: %m", s->id);
                 (void) sandbox_kill(s);
-        } else {
-                (void) sd_event_source_set_description(s->io_source, "agent");
+        } else
                 update_io(s);
-        }
         *ret = s;
         return 0;
 }
@@ -384,7 +398,6 @@ int sandbox_kill(Sandbox *s) {
 
 /* ---- agent channel ---- */
 
-
 static void pump(Sandbox *s, bool hangup);
 
 static int on_agent_timer(sd_event_source *es, uint64_t usec, void *userdata) {
@@ -483,10 +496,9 @@ int sandbox_call(Sandbox *s, const char *json, uint64_t timeout_usec, agent_repl
         int r;
 
         if (!s->io_source) {
-                r = sd_event_add_io(s->manager->event, &s->io_source, s->agent_fd, EPOLLIN, on_agent_io, s);
+                r = watch_agent(s);
                 if (r < 0)
                         return r;
-                (void) sd_event_source_set_description(s->io_source, "agent");
         } else if (sd_event_source_get_enabled(s->io_source, NULL) <= 0)
                 /* the channel broke: the VM is gone or going (-ECONNRESET), or the
                  * guest sent what no agent sends (-EBADMSG, -EPROTO) */
@@ -495,16 +507,13 @@ int sandbox_call(Sandbox *s, const char *json, uint64_t timeout_usec, agent_repl
         c = calloc(1, sizeof(*c));
         if (!c)
                 return -ENOMEM;
-        *c = (struct agent_call) { .sandbox = s, .cb = cb, .userdata = userdata };
+        *c = (struct agent_call) { .cb = cb, .userdata = userdata };
         r = fka_client_send(s->client, json, SIZE_MAX, fka_now_usec() + timeout_usec, c);
         if (r < 0) {
                 free(c);
                 return r;
         }
-        c->next = s->calls;
-        if (s->calls)
-                s->calls->prev = c;
-        s->calls = c;
+        call_link(s, c);
         /* Completions come out of the loop, never from here. */
         update_io(s);
         return 0;

@@ -908,15 +908,12 @@ static int verb_kill(sd_bus *bus, char **args, size_t n_args) {
                 }
         }
 
-        for (size_t i = 0; i < n_args; i++) {
+        for (size_t i = 0; i < sent; i++) { /* the rest were not sent: forkd was gone */
                 struct error_context ctx = { .verb = "kill", .id = args[i] };
                 int r = calls[i].r;
 
-                slots[i] = sd_bus_slot_unref(slots[i]);
-                if (r == 0 && i < sent)
+                if (r == 0)
                         r = lost < 0 ? lost : -ECONNRESET; /* never answered */
-                if (i >= sent)
-                        break; /* not sent: forkd was gone */
                 if (r < 0) {
                         int k = report_error(&calls[i].error, r, &ctx);
                         struct json_object *f = json_object_new_object();
@@ -932,14 +929,13 @@ static int verb_kill(sd_bus *bus, char **args, size_t n_args) {
                                                        json_object_new_string(calls[i].error.message ?: strerror(-r)));
                                 json_object_array_add(failed, f);
                         }
-                        sd_bus_error_free(&calls[i].error);
                         if (k == -5) /* forkd is gone: the others failed the same way */
                                 break;
                         continue;
                 }
                 json_object_array_add(done, json_object_new_string(args[i]));
         }
-        for (size_t i = 0; i < n_args; i++) {
+        for (size_t i = 0; i < sent; i++) {
                 slots[i] = sd_bus_slot_unref(slots[i]);
                 sd_bus_error_free(&calls[i].error);
         }

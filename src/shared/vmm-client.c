@@ -300,7 +300,7 @@ int vmm_client_template_start(const char *vmm_path, const char *snapshot_dir, co
                               struct vmm_template *ret, char **ret_error) {
         int ctl[2] = { -1, -1 };
         const char *argv[20];
-        struct json_object *o = NULL, *ev, *g;
+        struct json_object *o = NULL, *ev = NULL, *g;
         unsigned n = 0;
         pid_t pid = 0;
         int r;
@@ -335,8 +335,7 @@ int vmm_client_template_start(const char *vmm_path, const char *snapshot_dir, co
             strcmp(json_object_get_string(ev), "ready") != 0) {
                 struct json_object *e, *en;
 
-                if (r >= 0 && json_object_object_get_ex(o, "event", &ev) &&
-                    strcmp(json_object_get_string(ev) ?: "", "refused") == 0 &&
+                if (r >= 0 && ev && strcmp(json_object_get_string(ev) ?: "", "refused") == 0 &&
                     json_object_object_get_ex(o, "error", &e) && json_object_is_type(e, json_type_string)) {
                         /* forkd-vmm's own words, and its errno: -ESTALE, -ENOLINK for a broken chain */
                         if (ret_error)
