@@ -2,6 +2,9 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <stddef.h>
+#include <linux/nsfs.h>
+#include <sched.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -630,13 +633,21 @@ static int method_fork(sd_bus_message *message, void *userdata, sd_bus_error *er
                                          FORK_N_MAX, n);
         if (opts.per_child_netns)
                 for (uint32_t k = 1; k <= n; k++) {
+                        _cleanup_close_ int fd = -EBADF;
                         char path[64];
+
                         snprintf(path, sizeof(path), "/run/netns/forkd-child-%u", k);
-                        if (access(path, F_OK) < 0)
+                        fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+                        if (fd < 0)
                                 return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
                                                          "per_child_netns needs the network namespaces forkd-child-1 "
-                                                         "to forkd-child-%u under /run/netns; %s is missing.",
-                                                         n, path);
+                                                         "to forkd-child-%u under /run/netns; %s %s.", n, path,
+                                                         errno == ENOENT ? "is missing" : strerror(errno));
+                        /* Checked here, before anything runs: a confined child never opens it. */
+                        if (ioctl(fd, NS_GET_NSTYPE) != CLONE_NEWNET)
+                                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
+                                                         "per_child_netns: %s is not a network namespace "
+                                                         "(see tools/netns-setup).", path);
                 }
         if (opts.memory_limit_mib > 0 && !cgroup_manager_supported(m->cgroups))
                 return sd_bus_error_setf(error, FORKD_ERROR_NOT_SUPPORTED,

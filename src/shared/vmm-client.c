@@ -433,9 +433,12 @@ int vmm_client_template_spawn_with(struct vmm_template *t, const char *const *id
                                    const struct vmm_spawn_options *opts, int *agent_fds, int *control_fds, pid_t *pids,
                                    vmm_batch_sent_t on_batch, void *userdata) {
         bool with_control = control_fds != NULL;
+        /* A confined child has no right to enter a namespace, and no need: its NIC is
+         * the tap, opened in its namespace, and it may open no socket (jail.c). */
+        const char *const *netns = confine.enabled ? NULL : opts->netns;
         /* At most 5 fds a child (agent, control, cgroup, netns, tap), SCM_MAX_FD a message. */
         size_t sent = 0, got = 0,
-               batch = vmm_spawn_batch_size(with_control, opts->cgroup_parent, opts->netns, opts->tap_fds);
+               batch = vmm_spawn_batch_size(with_control, opts->cgroup_parent, netns, opts->tap_fds);
         int r = 0;
 
         for (size_t i = 0; i < n; i++) {
@@ -451,7 +454,7 @@ int vmm_client_template_spawn_with(struct vmm_template *t, const char *const *id
                 unsigned n_fds = 0;
 
                 for (size_t i = 0; i < k; i++) {
-                        const char *ns = opts->netns ? opts->netns[sent + i] : NULL;
+                        const char *ns = netns ? netns[sent + i] : NULL;
                         int a[2], c[2];
 
                         if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, a) < 0) {
@@ -510,7 +513,7 @@ int vmm_client_template_spawn_with(struct vmm_template *t, const char *const *id
                         }
                 }
                 r = send_batch(t, ids + sent, k, opts->console_dir, opts->cgroup_parent,
-                               opts->netns ? opts->netns + sent : NULL,
+                               netns ? netns + sent : NULL,
                                fds, n_fds, with_control, opts->tap_fds);
         close_batch:
                 for (unsigned i = 0; i < n_fds; i++)

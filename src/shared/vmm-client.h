@@ -114,7 +114,10 @@ struct vmm_spawn_options {
         /* NULL, or one entry per id: child i enters the network namespace
          * /run/netns/<netns[i]> (NULL entry: stays in the template's) before it
          * restores anything; the caller opens it and sends the fd. Names must pass the template's check (1 to 64 of
-         * [A-Za-z0-9_.-], no leading '.', no ".."); a bad one fails the spawn. */
+         * [A-Za-z0-9_.-], no leading '.', no ".."); a bad one fails the spawn.
+         * Ignored when VMMs are confined (vmm_client_set_confine()): a confined
+         * child has no right to enter a namespace and stays in its template's
+         * empty one; its NIC is its tap, opened in its namespace. */
         const char *const *netns;
         /* NULL, or one tap fd per id (a snapshot with a NIC needs them, one
          * without refuses them; forkd-vmm(8), NETWORK): sent after the netns

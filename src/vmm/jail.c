@@ -19,26 +19,23 @@
  *    one mount. Then a new network namespace with nothing but a down lo: a
  *    child that must have a network enters its own with setns() on an fd
  *    forkd sends.
- * 3. The template (jail_restrict_template()) stays uid 0 but keeps only the
- *    capabilities its children use before they drop everything:
- *      CAP_SETUID, CAP_SETGID  the child's setresuid()/setresgid()/setgroups()
- *      CAP_SETPCAP             the child empties its bounding set
- *      CAP_SYS_ADMIN           the child's setns() into its network namespace
- *      CAP_DAC_READ_SEARCH     reading snapshot files that belong to the VMM user
- *      CAP_KILL                killing its children (another uid now) when its controller
- *                              goes, and their parent-death signal when it dies: the
- *                              kernel checks the dying parent's right to signal them
- *    Its bounding set is emptied (nothing here execs); no_new_privs; its own seccomp
- *    allow-list (JAIL_PROFILE_TEMPLATE). It never runs guest code.
- * 4. A process that runs a guest (a template's child, and "boot"): after it
- *    has joined its cgroup (an fd forkd opened) and its netns, and restored
- *    its VM, jail_confine_vmm(): no supplementary groups, the VMM's gid and
- *    uid, an empty bounding set, no capabilities in any set (ambient
- *    included), no_new_privs, then the VMM allow-list (JAIL_PROFILE_VMM) right
- *    before the first KVM_RUN: a template's child by stacking a small filter
- *    on the template's (jail_prepare_vmm_filter()), "boot" the whole list. Branch copies and the frozen templates of a
- *    running sandbox's fork are fork()s of such a process: they inherit all
- *    of it and need nothing more.
+ * 3. Then, before it reads anything of the snapshot, every process drops
+ *    everything (jail_drop_privileges()): no supplementary groups, the VMM's
+ *    gid and uid, an empty bounding set, no capabilities in any set (ambient
+ *    included), no_new_privs. The template does this too, so it and its
+ *    children share one uid: it may kill them, and the kernel lets its death
+ *    signal them, without CAP_KILL. A child needs no privilege of its own:
+ *    it joins its cgroup by writing to a cgroup.procs fd that forkd opened
+ *    (the kernel checks the opener's rights) and its NIC is a tap fd that
+ *    forkd opened in the sandbox's namespace. So a confined child never
+ *    enters a network namespace (setns() needs CAP_SYS_ADMIN): it stays in
+ *    its template's empty one, and it may not make a socket anyway.
+ * 4. The VMM seccomp allow-list (jail_apply_seccomp()): the template loads it
+ *    once, before it parses the snapshot, and its children inherit it, so a
+ *    child is filtered from its first instruction and loads nothing itself;
+ *    "boot" loads it right before its first KVM_RUN (jail_confine_vmm()).
+ *    Branch copies and the frozen templates of a running sandbox's fork are
+ *    fork()s of a confined process: they inherit all of it.
  *
  * The allow-lists kill the whole process on anything else
  * (SCMP_ACT_KILL_PROCESS); forkd sees a VMM killed by SIGSYS and reports its
@@ -48,16 +45,14 @@
  *
  * What this does not do: every VMM shares one uid, so a VMM that escapes its
  * guest and then its filter could read other snapshots in the state
- * directory; a uid per template would close that. "compact" runs no guest and
- * is not confined.
+ * directory; a uid per template would close that. "compact" and "check" run
+ * no guest and are not confined.
  */
 #include <fcntl.h>
-#include <linux/audit.h>
 #include <linux/capability.h>
 #include <linux/fs.h>
 #include <linux/if_tun.h>
 #include <linux/kvm.h>
-#include <linux/filter.h>
 #include <linux/sched.h>
 #include <linux/seccomp.h>
 #include <sys/mman.h>
@@ -71,9 +66,7 @@
 #include <termios.h>
 #include <unistd.h>
 #include <grp.h>
-#include <assert.h>
 #include <limits.h>
-#include <stddef.h>
 
 #include "jail.h"
 #include "macro.h"
@@ -226,40 +219,6 @@ static int bounding_set_keep(uint64_t keep) {
         return 0;
 }
 
-#define CAP(c) (UINT64_C(1) << (c))
-
-static uint64_t caps_permitted(void) {
-        struct __user_cap_header_struct h = { .version = _LINUX_CAPABILITY_VERSION_3, .pid = 0 };
-        struct __user_cap_data_struct d[2] = {};
-
-        if (syscall(SYS_capget, &h, d) < 0)
-                return 0;
-        return (uint64_t) d[0].permitted | (uint64_t) d[1].permitted << 32;
-}
-
-int jail_restrict_template(void) {
-        /* Of these, what we have: a forkd with a narrower bounding set passes fewer on. */
-        const uint64_t keep = (CAP(CAP_SETUID) | CAP(CAP_SETGID) | CAP(CAP_SETPCAP) | CAP(CAP_SYS_ADMIN) |
-                               CAP(CAP_DAC_READ_SEARCH) | CAP(CAP_KILL)) & caps_permitted();
-        int r;
-
-        if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) < 0 && errno != EINVAL)
-                return log_error_errno(errno, "jail: clearing the ambient set failed: %m");
-        /* The bounding set only limits what an execve() could gain, and neither the
-         * template nor its children exec: empty it here, once, rather than in
-         * every child (41 PR_CAPBSET_DROPs, each a new set of credentials). */
-        r = bounding_set_keep(0);
-        if (r < 0)
-                return log_error_errno(r, "jail: emptying the bounding set failed: %m");
-        jail.bounding_empty = true;
-        r = caps_set(keep);
-        if (r < 0)
-                return log_error_errno(r, "jail: capset failed: %m");
-        if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
-                return log_error_errno(errno, "jail: no_new_privs failed: %m");
-        return 0;
-}
-
 int jail_drop_privileges(void) {
         pid_t parent = getppid();
         int pdeath = 0, r;
@@ -268,7 +227,8 @@ int jail_drop_privileges(void) {
                 return 0;
         /* A change of uid clears the parent-death signal: note it, to set it again below. */
         (void) prctl(PR_GET_PDEATHSIG, &pdeath, 0, 0, 0);
-        r = jail.bounding_empty ? 0 : bounding_set_keep(0); /* a template's child: done */
+        /* The bounding set only limits what an execve() could gain; nothing here execs. */
+        r = bounding_set_keep(0);
         if (r < 0)
                 return log_error_errno(r, "jail: emptying the bounding set failed: %m");
         if (setgroups(1, &jail.gid) < 0 || setresgid(jail.gid, jail.gid, jail.gid) < 0 ||
@@ -333,12 +293,6 @@ static const int syscalls_vmm[] = {
 #endif
 };
 
-/* The template also makes children and confines them (jail_drop_privileges()). */
-static const int syscalls_template[] = {
-        SCMP_SYS(setns), SCMP_SYS(setgroups), SCMP_SYS(setresuid), SCMP_SYS(setresgid), SCMP_SYS(capget),
-        SCMP_SYS(capset), SCMP_SYS(seccomp),
-};
-
 /* The ioctls: KVM's, for creating and restoring a VM, running it and saving its state. */
 static const unsigned long ioctls_kvm[] = {
         KVM_GET_API_VERSION, KVM_CREATE_VM, KVM_GET_VCPU_MMAP_SIZE, KVM_GET_SUPPORTED_CPUID,
@@ -375,7 +329,7 @@ static int add_all(scmp_filter_ctx ctx, const int *nrs, size_t n) {
         return 0;
 }
 
-static int build_filter(enum jail_profile profile, scmp_filter_ctx *ret) {
+static int build_filter(scmp_filter_ctx *ret) {
         scmp_filter_ctx ctx;
         int r;
 
@@ -385,19 +339,12 @@ static int build_filter(enum jail_profile profile, scmp_filter_ctx *ret) {
         /* A binary tree of syscall numbers rather than a list: fewer BPF steps per syscall. */
         (void) seccomp_attr_set(ctx, SCMP_FLTATR_CTL_OPTIMIZE, 2);
         r = add_all(ctx, syscalls_vmm, ELEMENTSOF(syscalls_vmm));
-        if (r >= 0 && profile == JAIL_PROFILE_TEMPLATE)
-                r = add_all(ctx, syscalls_template, ELEMENTSOF(syscalls_template));
         for (size_t i = 0; r >= 0 && i < ELEMENTSOF(ioctls_kvm); i++)
                 r = seccomp_rule_add(ctx, SCMP_ACT_ALLOW, SCMP_SYS(ioctl), 1,
                                      SCMP_A1(SCMP_CMP_MASKED_EQ, 0xffffffffu, ioctls_kvm[i] & 0xffffffffu));
-        if (profile == JAIL_PROFILE_TEMPLATE) {
-                /* The template's children set no_new_privs and install their own filter. */
-                if (r >= 0)
-                        r = seccomp_rule_add(ctx, SCMP_ACT_ALLOW, SCMP_SYS(prctl), 0);
-        } else
-                for (size_t i = 0; r >= 0 && i < ELEMENTSOF(prctls_vmm); i++)
-                        r = seccomp_rule_add(ctx, SCMP_ACT_ALLOW, SCMP_SYS(prctl), 1,
-                                             SCMP_A0(SCMP_CMP_EQ, (scmp_datum_t) prctls_vmm[i], 0));
+        for (size_t i = 0; r >= 0 && i < ELEMENTSOF(prctls_vmm); i++)
+                r = seccomp_rule_add(ctx, SCMP_ACT_ALLOW, SCMP_SYS(prctl), 1,
+                                     SCMP_A0(SCMP_CMP_EQ, (scmp_datum_t) prctls_vmm[i], 0));
         if (r < 0) {
                 seccomp_release(ctx);
                 return r;
@@ -406,108 +353,20 @@ static int build_filter(enum jail_profile profile, scmp_filter_ctx *ret) {
         return 0;
 }
 
-int jail_apply_seccomp(enum jail_profile profile) {
+int jail_apply_seccomp(void) {
         scmp_filter_ctx ctx;
         int r;
 
-        r = build_filter(profile, &ctx);
+        if (jail.filtered)
+                return 0;
+        r = build_filter(&ctx);
         if (r >= 0) {
                 r = seccomp_load(ctx);
                 seccomp_release(ctx);
         }
         if (r < 0)
                 return log_error_errno(r, "jail: loading the seccomp filter failed: %m");
-        return 0;
-}
-
-/* A template's child does not load the whole VMM allow-list: it already runs
- * under the template's filter, which it inherited and which differs from the
- * VMM profile only in what build_filter() adds for JAIL_PROFILE_TEMPLATE
- * (syscalls_template[] and prctl() with any option). Stacked filters all apply,
- * the strictest answer wins, so the child adds a small filter that kills
- * exactly those, and template filter + this one allow what the VMM profile
- * allows. It is made once by the template (jail_prepare_vmm_filter()) and
- * loaded with one seccomp(2) per child: about 20 BPF instructions to check and
- * to JIT, instead of the whole list a second time (bench/fork --confine: about
- * 0.08 ms of CPU and 20 KiB per child). A "boot" VMM has no template filter and
- * loads the whole VMM profile (jail_apply_seccomp()). */
-#define NARROW_MAX (8 + ELEMENTSOF(syscalls_template) + 2 * ELEMENTSOF(prctls_vmm))
-static struct sock_filter narrow_bpf[NARROW_MAX];
-static size_t narrow_len;
-
-int jail_prepare_vmm_filter(void) {
-        struct sock_filter *f = narrow_bpf;
-        size_t n = 0, n_kill_jumps = 0, kill_at, allow_at;
-        size_t kill_jump[ELEMENTSOF(syscalls_template) + 4], allow_jump[ELEMENTSOF(prctls_vmm) + 2];
-        size_t n_allow_jumps = 0;
-
-#define EMIT(insn) (f[n] = (struct sock_filter) insn, n++)
-        EMIT(BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)));
-        kill_jump[n_kill_jumps++] = n; /* arch != native: kill (jf patched below) */
-        EMIT(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 0, 0));
-        EMIT(BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)));
-        for (size_t i = 0; i < ELEMENTSOF(syscalls_template); i++) {
-                if (syscalls_template[i] < 0)
-                        continue;
-                kill_jump[n_kill_jumps++] = n | (size_t) 1 << 62; /* jt: kill */
-                EMIT(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t) syscalls_template[i], 0, 0));
-        }
-#ifndef __SANITIZE_ADDRESS__
-        /* prctl(): only the VMM profile's options (the sanitizer profile allows all). */
-        allow_jump[n_allow_jumps++] = n | (size_t) 1 << 62; /* not prctl: allow (jf) */
-        EMIT(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SCMP_SYS(prctl), 0, 0));
-        EMIT(BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[0]) + 4));
-        kill_jump[n_kill_jumps++] = n; /* high word of the option != 0: kill (jf) */
-        EMIT(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 0, 0, 0));
-        EMIT(BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[0])));
-        for (size_t i = 0; i < ELEMENTSOF(prctls_vmm); i++) {
-                allow_jump[n_allow_jumps++] = n; /* jt: allow */
-                EMIT(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t) prctls_vmm[i], 0, 0));
-        }
-#else
-        allow_jump[n_allow_jumps++] = n; /* jt: allow */
-        EMIT(BPF_JUMP(BPF_JMP | BPF_JA, 0, 0, 0));
-#endif
-        kill_at = n;
-        EMIT(BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS));
-        allow_at = n;
-        EMIT(BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW));
-#undef EMIT
-        assert(n <= NARROW_MAX);
-
-        /* Jumps are relative to the next instruction. A mark in bit 62 means "on a
-         * match" (jt), none means "on no match" (jf); BPF_JA jumps by k. */
-        for (size_t i = 0; i < n_kill_jumps; i++) {
-                size_t at = kill_jump[i] & ~((size_t) 1 << 62);
-                uint8_t off = (uint8_t) (kill_at - at - 1);
-
-                if (kill_jump[i] >> 62)
-                        f[at].jt = off;
-                else
-                        f[at].jf = off;
-        }
-        for (size_t i = 0; i < n_allow_jumps; i++) {
-                size_t at = allow_jump[i] & ~((size_t) 1 << 62);
-                uint8_t off = (uint8_t) (allow_at - at - 1);
-
-                if (f[at].code == (BPF_JMP | BPF_JA))
-                        f[at].k = off;
-                else if (allow_jump[i] >> 62)
-                        f[at].jf = off;
-                else
-                        f[at].jt = off;
-        }
-        narrow_len = n;
-        return 0;
-}
-
-static int load_vmm_filter(void) {
-        struct sock_fprog prog = { .len = (unsigned short) narrow_len, .filter = narrow_bpf };
-
-        if (narrow_len == 0)
-                return jail_apply_seccomp(JAIL_PROFILE_VMM);
-        if (syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog) < 0)
-                return log_error_errno(errno, "jail: loading the seccomp filter failed: %m");
+        jail.filtered = true;
         return 0;
 }
 
@@ -519,7 +378,7 @@ int jail_confine_vmm(void) {
         r = jail_drop_privileges();
         if (r < 0)
                 return r;
-        r = load_vmm_filter();
+        r = jail_apply_seccomp(); /* a template's child: inherited, nothing to do */
         if (r < 0)
                 return r;
         jail.confined = true;
@@ -530,13 +389,13 @@ void jail_test_hook(uint8_t what) {
         if (!jail.test_hooks)
                 return;
         switch (what) {
-        case JAIL_TEST_TEMPLATE_SYSCALL:
-                /* The template's filter allows it; a child's own filter must not. */
-                log_info("test hook: calling setresuid(-1, -1, -1), which only the template's allow-list has");
+        case JAIL_TEST_SETRESUID:
+                /* The template's filter had it once, when the template switched its children's uid. */
+                log_info("test hook: calling setresuid(-1, -1, -1), which the allow-list does not have");
                 (void) setresuid((uid_t) -1, (uid_t) -1, (uid_t) -1);
                 break;
-        case JAIL_TEST_TEMPLATE_PRCTL:
-                log_info("test hook: calling prctl(PR_GET_KEEPCAPS), an option only the template's allow-list has");
+        case JAIL_TEST_PRCTL:
+                log_info("test hook: calling prctl(PR_GET_KEEPCAPS), an option the allow-list does not have");
                 (void) prctl(PR_GET_KEEPCAPS, 0, 0, 0, 0);
                 break;
         default:

@@ -21,9 +21,9 @@ struct jail {
         const char *binds[JAIL_BINDS_MAX]; /* bound read-write at the same path */
         unsigned n_binds;
         bool test_hooks;  /* FORKD_VMM_TEST_HOOKS=1 */
-        bool bounding_empty; /* the template emptied the bounding set; its children inherit that */
         bool dropped;     /* this process already runs as the VMM's user, without capabilities */
-        bool confined;    /* ... and under the VMM's seccomp filter */
+        bool filtered;    /* ... under the VMM's seccomp filter (a template's child: inherited) */
+        bool confined;    /* jail_confine_vmm() is done */
 };
 
 /* The one configuration of this process (main.c fills it from argv). A fork
@@ -36,35 +36,25 @@ extern struct jail jail;
  * network namespace. Files opened before (/dev/kvm...) stay usable. */
 int jail_enter(void);
 
-/* The template: keeps uid 0 but only the capabilities its children need
- * before they drop everything (see jail.c), with no_new_privs. */
-int jail_restrict_template(void);
-
-/* A process that runs a guest: the VMM's user and group, no supplementary
- * groups, no capabilities in any set, an empty bounding set, no_new_privs.
- * A no-op in a process that is already confined (a fork of one). */
+/* Every confined process, the template included, before it reads the
+ * snapshot: the VMM's user and group, no supplementary groups, no
+ * capabilities in any set, an empty bounding set, no_new_privs. A no-op in a
+ * process that did it already (a fork of one). */
 int jail_drop_privileges(void);
 
-/* The seccomp allow-lists; anything else kills the process. */
-enum jail_profile {
-        JAIL_PROFILE_TEMPLATE, /* forkd-vmm template: forks and confines children */
-        JAIL_PROFILE_VMM,      /* a process that runs a guest, and what it forks */
-};
-int jail_apply_seccomp(enum jail_profile profile);
+/* The VMM's seccomp allow-list; anything else kills the process. The template
+ * loads it for itself and its children; a no-op once loaded (jail.filtered). */
+int jail_apply_seccomp(void);
 
-/* The template, before its own filter: builds once the small filter that each
- * child stacks on the inherited template filter in jail_confine_vmm(), so that
- * together they allow exactly the VMM profile (jail.c). */
-int jail_prepare_vmm_filter(void);
-
-/* Everything a child does before its first KVM_RUN: jail_drop_privileges()
- * and the VMM profile. Sets jail.confined. No-op when not enabled. */
+/* Everything a process that runs a guest does before its first KVM_RUN:
+ * jail_drop_privileges() and jail_apply_seccomp(), each a no-op if done (a
+ * template's child). Sets jail.confined. No-op when not enabled. */
 int jail_confine_vmm(void);
 
 /* Called by the run loop on a guest's write to JAIL_TEST_HOOK_PORT. */
 enum {
         JAIL_TEST_FORBIDDEN = 1,        /* a syscall in no allow-list */
-        JAIL_TEST_TEMPLATE_SYSCALL = 2, /* one only the template's list has */
-        JAIL_TEST_TEMPLATE_PRCTL = 3,   /* a prctl() option only the template's list has */
+        JAIL_TEST_SETRESUID = 2,        /* setresuid(), which no confined process may call */
+        JAIL_TEST_PRCTL = 3,            /* a prctl() option beyond the allow-list's */
 };
 void jail_test_hook(uint8_t what);

@@ -481,14 +481,13 @@ int main(int argc, char *argv[]) {
         if (!arg_snapshot || arg_control_fd < 0)
                 return log_error_errno(EINVAL, "template needs --snapshot and --control-fd"), 2;
         if (jail.enabled) {
-                /* Before the snapshot is parsed: the template runs no guest, but reads files. */
+                /* Before the snapshot is parsed: the template runs no guest, but
+                 * reads files, and its children inherit all of this. */
                 r = jail_enter();
                 if (r >= 0)
-                        r = jail_restrict_template();
+                        r = jail_drop_privileges();
                 if (r >= 0)
-                        r = jail_prepare_vmm_filter();
-                if (r >= 0)
-                        r = jail_apply_seccomp(JAIL_PROFILE_TEMPLATE);
+                        r = jail_apply_seccomp();
                 if (r < 0)
                         return 1;
         }

@@ -23,7 +23,9 @@
  *      anything, and exits with status 4 (VMM_CHILD_EXIT_NETNS) rather than
  *      run outside it. Names are 1 to 64 characters of [A-Za-z0-9_.-], not
  *      starting with '.' and without ".."; a request with any other name is
- *      refused whole. The template itself never changes namespace.
+ *      refused whole. The template itself never changes namespace. A
+ *      confined template (--confine) refuses any name: its children have no
+ *      capability to enter a namespace, and stay in its own, empty one.
  *      with_tap: each child gets a tap fd for its NIC (virtio-net.h: a tap
  *      with IFF_TAP|IFF_NO_PI|IFF_VNET_HDR and a vnet header size of 12,
  *      typically opened in the child's namespace). It must be true exactly
@@ -152,10 +154,6 @@ static _Noreturn void child_main(struct template *t, const char *id, const struc
                 snprintf(log_path, sizeof(log_path), "%s/%s.log", console_dir, id);
                 cfg.console_log = log_path;
         }
-        /* Before anything of the snapshot is restored: the VMM's user, no capabilities. */
-        if (jail.enabled && jail_drop_privileges() < 0)
-                _exit(VMM_CHILD_EXIT_FAILED);
-
         if (fds->tap >= 0)
                 cfg.net = &net;
         r = machine_restore(t->kvm_fd, t->snap, t->mem, &cfg, &vmm);
@@ -167,7 +165,7 @@ static _Noreturn void child_main(struct template *t, const char *id, const struc
         r = vmm_install_signals();
         if (r < 0)
                 _exit(VMM_CHILD_EXIT_FAILED);
-        /* The seccomp filter, right before the first KVM_RUN. */
+        /* Confined, the template's uid, no capabilities and filter are ours already. */
         if (jail_confine_vmm() < 0)
                 _exit(VMM_CHILD_EXIT_FAILED);
         r = vmm_run(vmm, &host);
@@ -266,6 +264,13 @@ static void handle_spawn(struct template *t, struct json_object *req, int *fds, 
                 }
                 netns = o;
         }
+        for (size_t i = 0; netns && jail.enabled && i < n; i++)
+                if (!json_object_is_type(json_object_array_get_idx(netns, i), json_type_null)) {
+                        /* setns() needs CAP_SYS_ADMIN, which no confined process has. */
+                        send_error(t, "spawn: a confined template cannot put its children into a network "
+                                      "namespace; its children stay in its own, empty one");
+                        goto fail;
+                }
         want = n * (with_control ? 2 : 1) + (cgroup_parent ? n : 0) + (with_tap ? n : 0);
         for (size_t i = 0; netns && i < n; i++)
                 if (!json_object_is_type(json_object_array_get_idx(netns, i), json_type_null))

@@ -3,10 +3,12 @@
 """
 per_child_netns for real: network namespaces forkd-child-1..3 made by
 tools/netns-setup, the real forkd on a private bus, the real forkd-vmm on
-/dev/kvm. Each child's VMM must run in /run/netns/forkd-child-<i> (same nsfs
-inode), siblings apart, the daemon and the template in their own; a missing
-namespace is refused before anything runs, and a child that cannot enter its
-namespace fails the fork and leaves nothing behind. The template's spawn
+/dev/kvm. Confined (the default), each sandbox records forkd-child-<i> and its
+VMM stays in its template's empty namespace (it may enter none and open no
+socket); with forkd --no-confine each child's VMM runs in
+/run/netns/forkd-child-<i> (same nsfs inode), siblings apart. A missing
+namespace, or a file that is none, is refused before anything runs, and a
+template's child that cannot enter its namespace exits with status 4. The template's spawn
 protocol is also driven directly: bad names refused, children fail closed.
 
 The spec fixes the names (forkd-child-<i>), so they cannot be unique to this
@@ -172,26 +174,22 @@ def run(h, ns):
     h.check("tools/netns-setup: usage errors, creates forkd-child-1..3, idempotent", netns_setup_tool)
 
     def fork_in_namespaces():
-        inodes = ctx["inodes"]
+        # Confined (the default), a VMM has no capability to enter a namespace and may open
+        # no socket: every child stays in its template's empty namespace, and the sandbox
+        # records forkd-child-<i> (forkd-vmm(8), CONFINEMENT).
         infos = h.fork("t1", 3, {"per_child_netns": ("b", True)})
         assert len(infos) == 3
-        vmm_ns = []
-        for k, i in enumerate(infos):
-            assert i["netns"] == f"forkd-child-{k + 1}", i
-            assert i["id"].endswith(f"-{k:04d}"), i
-            got = ns_inode(f"/proc/{i['pid']}/ns/net")
-            assert got == inodes[k], f"{i['id']} (pid {i['pid']}) is in net ns {got}, not forkd-child-{k + 1} {inodes[k]}"
-            vmm_ns.append(got)
-        assert len(set(vmm_ns)) == 3 and daemon_ns not in vmm_ns, vmm_ns
-        # The template forked them; confined, it sits in a network namespace of its own with
-        # nothing in it (forkd-vmm(8), CONFINEMENT), and the daemon stays where it was.
         tpl = {parent_of(i["pid"]) for i in infos}
         assert len(tpl) == 1, tpl
         ctx["template"] = tpl.pop()
         ctx["template_ns"] = ns_inode(f"/proc/{ctx['template']}/ns/net")
-        assert ctx["template_ns"] != daemon_ns and ctx["template_ns"] not in vmm_ns
+        assert ctx["template_ns"] != daemon_ns and ctx["template_ns"] not in ctx["inodes"]
         with open(f"/proc/{ctx['template']}/net/dev") as f:
             assert [line.split(":")[0].strip() for line in f.readlines()[2:]] == ["lo"]
+        for k, i in enumerate(infos):
+            assert i["netns"] == f"forkd-child-{k + 1}", i
+            assert i["id"].endswith(f"-{k:04d}"), i
+            assert ns_inode(f"/proc/{i['pid']}/ns/net") == ctx["template_ns"], i
         assert ns_inode(f"/proc/{h.forkd.pid}/ns/net") == daemon_ns
         for k, i in enumerate(infos):
             assert json.loads(h.m("Ping", "s", [i["id"]])[0])["pong"] is True, i
@@ -201,7 +199,7 @@ def run(h, ns):
         listed = h.sandboxes()
         assert sorted(listed) == sorted(i["id"] for i in infos)
         assert all(listed[i["id"]]["netns"] == i["netns"] for i in infos)
-        # Without the option, a child stays in its template's (empty) namespace and has no netns.
+        # Without the option, the sandbox has no netns.
         plain = h.fork("t1", 1)[0]
         assert "netns" not in plain, plain
         assert ns_inode(f"/proc/{plain['pid']}/ns/net") == ctx["template_ns"]
@@ -209,7 +207,31 @@ def run(h, ns):
                           "Get", "ss", ["org.forkd.Sandbox", "NetNS"])[0] == ""
         h.terminate_all()
         tf.wait_for(lambda: not vmm_children(ctx["template"]), 20, "the children to exit")
-    h.check("fork 3 with per_child_netns: each VMM in forkd-child-<i>, apart, answering", fork_in_namespaces)
+    h.check("fork 3 with per_child_netns, confined: forkd-child-<i> recorded, every VMM in its template's empty "
+            "namespace, answering", fork_in_namespaces)
+
+    def fork_in_namespaces_unconfined():
+        # forkd --no-confine: the template is root, and each child enters its namespace.
+        assert h.stop_forkd() == 0
+        h.start_forkd(["--no-confine"])
+        inodes = ctx["inodes"]
+        infos = h.fork("t1", 3, {"per_child_netns": ("b", True)})
+        vmm_ns = []
+        for k, i in enumerate(infos):
+            assert i["netns"] == f"forkd-child-{k + 1}", i
+            got = ns_inode(f"/proc/{i['pid']}/ns/net")
+            assert got == inodes[k], f"{i['id']} (pid {i['pid']}) is in net ns {got}, not forkd-child-{k + 1} {inodes[k]}"
+            vmm_ns.append(got)
+            assert json.loads(h.m("Ping", "s", [i["id"]])[0])["pong"] is True, i
+        assert len(set(vmm_ns)) == 3 and daemon_ns not in vmm_ns, vmm_ns
+        tpl = {parent_of(i["pid"]) for i in infos}
+        assert len(tpl) == 1, tpl
+        ctx["template"] = tpl.pop()
+        assert ns_inode(f"/proc/{ctx['template']}/ns/net") == daemon_ns
+        h.terminate_all()
+        tf.wait_for(lambda: not vmm_children(ctx["template"]), 20, "the children to exit")
+    h.check("forkd --no-confine: fork 3 with per_child_netns, each VMM in forkd-child-<i>, apart, answering",
+            fork_in_namespaces_unconfined)
 
     def records():
         return sorted(os.listdir(os.path.join(h.state, "sandboxes")))
@@ -225,26 +247,24 @@ def run(h, ns):
     h.check("per_child_netns with forkd-child-4 missing: InvalidArgs naming it, nothing runs", missing_namespace)
 
     def not_a_namespace():
-        # Exists, so the daemon's check passes; the 4th child cannot setns() into it and must
-        # not run outside it: the whole fork fails, nothing is kept.
+        # Exists, but is a plain file: refused before anything runs, confined or not.
         ns.plain_file(NAMES[3])
         try:
-            msg = h.expect_error(FAILED, "Fork", "sua{sv}", ["t1", 4, {"per_child_netns": ("b", True)}])
+            for args in ([], ["--no-confine"]):
+                assert h.stop_forkd() == 0
+                h.start_forkd(args)
+                before = h.sandboxes()
+                msg = h.expect_error(tf.INVALID_ARGS, "Fork", "sua{sv}", ["t1", 4, {"per_child_netns": ("b", True)}])
+                assert "/run/netns/forkd-child-4 is not a network namespace" in msg, (args, msg)
+                assert h.sandboxes() == before and not records()
         finally:
             ns.remove_plain_files()
-        assert "could not enter its network namespace forkd-child-4" in msg, msg
-        assert "none was kept" in msg, msg
-        assert not h.sandboxes()
-        tf.wait_for(lambda: not vmm_children(ctx["template"]), 20, "the siblings to be killed")
-        tf.wait_for(lambda: not records(), 10, "the records to go")
-        with open(h.logs[-1]) as f:
-            log = f.read()
-        assert "Failed to enter the network namespace /run/netns/forkd-child-4" in log, log[-2000:]
-        # forkd still works, with and without the option.
+        # forkd still works with the option.
         infos = h.fork("t1", 3, {"per_child_netns": ("b", True)})
         assert [ns_inode(f"/proc/{i['pid']}/ns/net") for i in infos] == ctx["inodes"]
         h.terminate_all()
-    h.check("a child that cannot enter its namespace fails the fork, closed, and leaves nothing", not_a_namespace)
+    h.check("per_child_netns with forkd-child-4 no namespace: InvalidArgs, nothing runs, confined or not",
+            not_a_namespace)
 
     def template_protocol():
         snap = os.path.join(h.state, "snapshots", "t1")

@@ -375,8 +375,8 @@ static int statement(const u8 *s, u32 n)
          * src/vmm/jail.h); only a VMM started with FORKD_VMM_TEST_HOOKS=1 obeys. */
         if (span_eq(s, wl, "forbidden_call", 14)) {
                 /* "forbidden_call": a syscall in no allow-list; "forbidden_call setresuid"
-                 * and "forbidden_call prctl": calls only the template's list allows, which
-                 * a child's own filter must forbid (JAIL_TEST_* in src/vmm/jail.h). */
+                 * and "forbidden_call prctl": calls a root VMM would make, which no
+                 * confined VMM may (JAIL_TEST_* in src/vmm/jail.h). */
                 u8 what = 1;
 
                 if (span_eq(s + i, n - i, "setresuid", 9))
