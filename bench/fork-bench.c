@@ -5,6 +5,7 @@
  * child (the VMMs' own pages, and the whole host's: /proc/meminfo); cold-boot
  * the same guest in the same run for the ratio.
  */
+#include <dirent.h>
 #include <fcntl.h>
 #include <getopt.h>
 #include <limits.h>
@@ -263,6 +264,35 @@ struct result {
         double per_child_kib, host_kib_per_child, cpu_per_child_ms, template_cpu_ms;
 };
 
+/* dir, and what is in it and in its directories, to uid:gid. */
+static int chown_tree(const char *dir, uid_t uid, gid_t gid) {
+        _cleanup_close_ int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+        struct dirent *de;
+        DIR *d;
+        int r = 0;
+
+        if (fd < 0 || fchown(fd, uid, gid) < 0)
+                return -errno;
+        d = fdopendir(fd);
+        if (!d)
+                return -errno;
+        TAKE_FD(fd);
+        while (r >= 0 && (de = readdir(d))) {
+                char path[PATH_MAX];
+
+                if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
+                        continue;
+                if (snprintf(path, sizeof(path), "%s/%s", dir, de->d_name) >= (int) sizeof(path))
+                        r = -ENAMETOOLONG;
+                else if (de->d_type == DT_DIR)
+                        r = chown_tree(path, uid, gid);
+                else if (lchown(path, uid, gid) < 0)
+                        r = -errno;
+        }
+        closedir(d);
+        return r;
+}
+
 /* One template of snap, n children of it until all answered, torn down again. */
 static int fork_round(const char *snap, const char *dir, struct result *res) {
         struct vmm_template t = { .control_fd = -1 };
@@ -474,8 +504,10 @@ int main(int argc, char *argv[]) {
         /* As forkd sets it up (src/daemon/confine.c): the VMM user writes the overlays here. */
         struct vmm_confine c = { .uid = VMM_USER_DEFAULT_UID, .gid = VMM_USER_DEFAULT_GID, .binds = { dir },
                                  .n_binds = 1 };
-        if (chown(dir, VMM_USER_DEFAULT_UID, VMM_USER_DEFAULT_GID) < 0) {
-                r = log_error_errno(errno, "Failed to hand %s to the VMM user: %m", dir);
+        /* ... and the template, the VMM user too, reads the snapshot (confine_adopt_snapshot()). */
+        r = chown_tree(dir, VMM_USER_DEFAULT_UID, VMM_USER_DEFAULT_GID);
+        if (r < 0) {
+                log_error_errno(r, "Failed to hand %s to the VMM user: %m", dir);
                 goto finish;
         }
         for (unsigned i = 0; i < arg_rounds; i++) {
