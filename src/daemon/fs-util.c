@@ -36,10 +36,57 @@ int fsync_path(const char *path) {
         return 0;
 }
 
+static int write_all(int fd, const char *content, size_t len) {
+        for (size_t done = 0; done < len;) {
+                ssize_t k = write(fd, content + done, len - done);
+
+                if (k < 0) {
+                        if (errno == EINTR)
+                                continue;
+                        return -errno;
+                }
+                done += (size_t) k;
+        }
+        return 0;
+}
+
+int write_file_new_at(int dfd, const char *name, const char *content, size_t len) {
+        _cleanup_close_ int fd = -EBADF;
+        char proc[64], tmp[128];
+        int r;
+
+        if (strlen(name) > 80 || strchr(name, '/'))
+                return -EINVAL;
+        fd = openat(dfd, ".", O_TMPFILE | O_WRONLY | O_CLOEXEC, 0640);
+        if (fd >= 0) {
+                r = write_all(fd, content, len);
+                if (r < 0)
+                        return r;
+                /* Through /proc rather than AT_EMPTY_PATH, which needs CAP_DAC_READ_SEARCH. */
+                snprintf(proc, sizeof(proc), "/proc/self/fd/%d", fd);
+                if (linkat(AT_FDCWD, proc, dfd, name, AT_SYMLINK_FOLLOW) >= 0)
+                        return 0;
+                if (errno == EEXIST || errno == ENOSPC || errno == EDQUOT)
+                        return -errno;
+                fd = safe_close(fd); /* no /proc: the long way below */
+        } else if (errno != EOPNOTSUPP && errno != EISDIR && errno != EINVAL)
+                return -errno;
+
+        snprintf(tmp, sizeof(tmp), ".#%s.%d", name, (int) gettid());
+        fd = openat(dfd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0640);
+        if (fd < 0)
+                return -errno;
+        r = write_all(fd, content, len);
+        if (r >= 0 && renameat2(dfd, tmp, dfd, name, RENAME_NOREPLACE) < 0)
+                r = -errno;
+        if (r < 0)
+                (void) unlinkat(dfd, tmp, 0);
+        return r;
+}
+
 int write_file_atomic(const char *dir, const char *name, const char *content, size_t len, unsigned flags) {
         _cleanup_close_ int dfd = -EBADF, fd = -EBADF;
         char tmp[128];
-        size_t done = 0;
         int r;
 
         if (strlen(name) > 80 || strchr(name, '/'))
@@ -51,16 +98,9 @@ int write_file_atomic(const char *dir, const char *name, const char *content, si
         fd = openat(dfd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0640);
         if (fd < 0)
                 return -errno;
-        while (done < len) {
-                ssize_t k = write(fd, content + done, len - done);
-                if (k < 0) {
-                        if (errno == EINTR)
-                                continue;
-                        r = -errno;
-                        goto fail;
-                }
-                done += (size_t) k;
-        }
+        r = write_all(fd, content, len);
+        if (r < 0)
+                goto fail;
         if ((flags & WRITE_SYNC_DATA) && fsync(fd) < 0) {
                 r = -errno;
                 goto fail;

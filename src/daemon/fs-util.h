@@ -20,6 +20,12 @@ enum {
 };
 int write_file_atomic(const char *dir, const char *name, const char *content, size_t len, unsigned flags);
 
+/* A new file name in the directory dfd with content, whole or not at all:
+ * written as an unnamed O_TMPFILE and linked in once complete (one directory
+ * operation rather than create and rename), or, where the file system has no
+ * O_TMPFILE, through a temporary name. -EEXIST if name exists. Not synced. */
+int write_file_new_at(int dfd, const char *name, const char *content, size_t len);
+
 int fsync_path(const char *path);
 
 /* Remove path and everything below it. Never follows symlinks, never leaves

@@ -5,6 +5,7 @@
  * Debian initramfs beside its kernel, and forkd's sparse copy into the
  * staging directory (copy_file_sparse(), src/daemon/fs-util.c).
  */
+#include <dirent.h>
 #include <fcntl.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -183,6 +184,48 @@ static void test_copy_cross_fs(void **state) {
         assert_memory_equal(x, y, size);
 }
 
+static unsigned dir_entries(const char *path) {
+        DIR *d = opendir(path);
+        struct dirent *de;
+        unsigned n = 0;
+
+        assert_non_null(d);
+        while ((de = readdir(d)))
+                if (strcmp(de->d_name, ".") != 0 && strcmp(de->d_name, "..") != 0)
+                        n++;
+        closedir(d);
+        return n;
+}
+
+/* write_file_new_at(), which writes the sandbox records: whole or not at all,
+ * never over an existing file, nothing else left in the directory. */
+static void test_write_new(void **state) {
+        _cleanup_free_ char *sub = path_of("records"), *p = path_of("records/a.json");
+        _cleanup_close_ int dfd = -EBADF;
+        char buf[64] = {};
+        int fd;
+
+        assert_int_equal(mkdir(sub, 0755), 0);
+        dfd = open(sub, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        assert_true(dfd >= 0);
+        assert_int_equal(write_file_new_at(dfd, "a.json", "{\"x\":1}", 7), 0);
+        fd = open(p, O_RDONLY | O_CLOEXEC);
+        assert_true(fd >= 0);
+        assert_int_equal(read(fd, buf, sizeof(buf)), 7);
+        close(fd);
+        assert_string_equal(buf, "{\"x\":1}");
+        assert_int_equal(write_file_new_at(dfd, "a.json", "other", 5), -EEXIST);
+        memset(buf, 0, sizeof(buf));
+        fd = open(p, O_RDONLY | O_CLOEXEC);
+        assert_int_equal(read(fd, buf, sizeof(buf)), 7);
+        close(fd);
+        assert_string_equal(buf, "{\"x\":1}");
+        assert_int_equal(write_file_new_at(dfd, "../escape", "x", 1), -EINVAL);
+        assert_int_equal(write_file_new_at(dfd, "", "x", 1) < 0, true);
+        assert_int_equal(write_file_new_at(dfd, "b.json", "", 0), 0);
+        assert_int_equal(dir_entries(sub), 2); /* a.json, b.json: no temporary left */
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_open),
@@ -190,6 +233,7 @@ int main(void) {
                 cmocka_unit_test(test_initrd_beside),
                 cmocka_unit_test(test_copy_sparse),
                 cmocka_unit_test(test_copy_cross_fs),
+                cmocka_unit_test(test_write_new),
         };
         return cmocka_run_group_tests(tests, setup, teardown);
 }
