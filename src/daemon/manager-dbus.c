@@ -804,6 +804,118 @@ static int method_terminate_sandbox(sd_bus_message *message, void *userdata, sd_
         return forward_to_sandbox(message, userdata, bus_sandbox_method_terminate, error);
 }
 
+/* TerminateSandboxes(as ids) -> (as unknown): every sandbox named, at once.
+ * The caller must be allowed to terminate each of them (one polkit check:
+ * their common owner's, or manage-all when they have several), else nothing
+ * is killed. Ids that name no sandbox (gone already) come back in unknown.
+ * Answered once every VMM killed here has exited, as TerminateSandbox is. */
+static int method_terminate_sandboxes(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        _cleanup_free_ Sandbox **found = NULL;
+        _cleanup_free_ char **ids = NULL;
+        TerminateGroup *g = NULL;
+        Manager *m = userdata;
+        size_t n = 0, n_found = 0, n_unknown = 0;
+        uid_t owner = OWNER_UID_INVALID;
+        char what[96];
+        int r;
+
+        r = sd_bus_message_rewind(message, true); /* polkit may dispatch it twice */
+        if (r < 0)
+                return r;
+        r = sd_bus_message_enter_container(message, 'a', "s");
+        if (r < 0)
+                return r;
+        ids = calloc(FORK_N_MAX + 1, sizeof(char *));
+        found = calloc(FORK_N_MAX, sizeof(Sandbox *));
+        if (!ids || !found)
+                return -ENOMEM;
+        for (;;) {
+                const char *id;
+
+                r = sd_bus_message_read(message, "s", &id);
+                if (r < 0)
+                        return r;
+                if (r == 0)
+                        break;
+                if (n >= FORK_N_MAX)
+                        return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
+                                                 "TerminateSandboxes takes 1 to %u ids.", FORK_N_MAX);
+                if (!snapshot_tag_is_valid(id))
+                        return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "Invalid sandbox id \"%.64s\".",
+                                                 id);
+                for (size_t k = 0; k < n; k++)
+                        if (strcmp(ids[k], id) == 0)
+                                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
+                                                         "Sandbox id %s is named twice.", id);
+                ids[n++] = (char *) id;
+        }
+        if (n == 0)
+                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "TerminateSandboxes takes 1 to %u ids.",
+                                         FORK_N_MAX);
+
+        for (size_t k = 0; k < n; k++) {
+                Sandbox *s = hashmap_get(m->sandboxes, ids[k]);
+
+                if (!s || !sandbox_is_visible(s)) {
+                        /* unknown: moved to the front, kept in order */
+                        ids[n_unknown++] = ids[k];
+                        continue;
+                }
+                if (n_found == 0)
+                        owner = s->owner_uid;
+                else if (owner != s->owner_uid)
+                        owner = OWNER_UID_INVALID;
+                found[n_found++] = s;
+        }
+        ids[n_unknown] = NULL;
+        if (n_found > 0) {
+                const char *details[] = { "sandbox", found[0]->id, "verb", "terminate", NULL };
+
+                if (n_found == 1)
+                        snprintf(what, sizeof(what), "sandbox %s", found[0]->id);
+                else
+                        snprintf(what, sizeof(what), "%zu sandboxes", n_found);
+                r = bus_verify_owner_async(message, owner, what, "org.forkd.terminate", details, &m->polkit_registry,
+                                           error);
+                if (r < 0)
+                        return r;
+                if (r == 0)
+                        return 1; /* polkit answers later; we run again then */
+        }
+
+        g = calloc(1, sizeof(*g));
+        if (!g)
+                return -ENOMEM;
+        g->message = sd_bus_message_ref(message);
+        g->pending = 1; /* this call's own, dropped below once every sandbox is counted */
+        g->unknown = calloc(n_unknown + 1, sizeof(char *));
+        if (!g->unknown) {
+                terminate_group_free(g);
+                return -ENOMEM;
+        }
+        for (size_t k = 0; k < n_unknown; k++) {
+                g->unknown[k] = strdup(ids[k]);
+                if (!g->unknown[k]) {
+                        terminate_group_free(g);
+                        return -ENOMEM;
+                }
+        }
+        for (size_t k = 0; k < n_found; k++) {
+                Sandbox *s = found[k];
+
+                r = sandbox_kill(s);
+                if (r < 0)
+                        log_warning_errno(r, "Failed to kill sandbox %s: %m", s->id);
+                if (s->n_terminate_groups < ELEMENTSOF(s->terminate_groups)) {
+                        s->terminate_groups[s->n_terminate_groups++] = g;
+                        g->pending++;
+                }
+        }
+        log_info("TerminateSandboxes: %zu sandbox(es) killed, %zu unknown.", n_found, n_unknown);
+        terminate_group_done(g); /* answers now if nothing was left to wait for */
+        return 1;
+}
+
 static int method_ping(sd_bus_message *message, void *userdata, sd_bus_error *error) {
         return forward_to_sandbox(message, userdata, bus_sandbox_method_ping, error);
 }
@@ -885,6 +997,8 @@ const sd_bus_vtable manager_vtable[] = {
                                 SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("TerminateSandbox", SD_BUS_ARGS("s", id), SD_BUS_NO_RESULT, method_terminate_sandbox,
                                 SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("TerminateSandboxes", SD_BUS_ARGS("as", ids), SD_BUS_RESULT("as", unknown),
+                                method_terminate_sandboxes, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("Ping", SD_BUS_ARGS("s", id), SD_BUS_RESULT("s", result_json), method_ping,
                                 SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("Exec", SD_BUS_ARGS("s", id, "as", args, "u", timeout_secs),

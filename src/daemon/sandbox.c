@@ -1,4 +1,5 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
+#include <assert.h>
 #include <dirent.h>
 #include <poll.h>
 #include <signal.h>
@@ -308,6 +309,9 @@ Sandbox *sandbox_free(Sandbox *s) {
                 sd_bus_message_unref(s->terminate_waiters[i]);
         }
         s->n_terminate_waiters = 0;
+        for (unsigned i = 0; i < s->n_terminate_groups; i++)
+                terminate_group_done(s->terminate_groups[i]);
+        s->n_terminate_groups = 0;
         if (s->merge_reply) {
                 /* The merge that retired it: answered now that its VM is gone. */
                 (void) sd_bus_send(NULL, s->merge_reply, NULL);
@@ -378,6 +382,30 @@ void sandbox_exited(Sandbox *s, int code, int sig) {
         if (t)
                 vm_template_maybe_gc(t);
         manager_check_idle_exit(m);
+}
+
+void terminate_group_free(TerminateGroup *g) {
+        if (!g)
+                return;
+        sd_bus_message_unref(g->message);
+        for (char **p = g->unknown; p && *p; p++)
+                free(*p);
+        free(g->unknown);
+        free(g);
+}
+
+void terminate_group_done(TerminateGroup *g) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
+
+        assert(g->pending > 0);
+        if (--g->pending > 0)
+                return;
+        if (sd_bus_message_new_method_return(g->message, &reply) >= 0 &&
+            sd_bus_message_append_strv(reply, g->unknown) >= 0)
+                (void) sd_bus_send(NULL, reply, NULL);
+        else
+                (void) sd_bus_reply_method_errno(g->message, ENOMEM, NULL);
+        terminate_group_free(g);
 }
 
 int sandbox_kill(Sandbox *s) {

@@ -21,6 +21,16 @@ typedef enum SandboxState {
         _SANDBOX_STATE_MAX,
 } SandboxState;
 
+/* One TerminateSandboxes call: answered once every sandbox it killed is gone
+ * (terminate_group_done() from sandbox_free()). */
+typedef struct TerminateGroup {
+        sd_bus_message *message;
+        unsigned pending;  /* sandboxes still to go */
+        char **unknown;    /* the ids that named no sandbox, for the reply */
+} TerminateGroup;
+
+#define SANDBOX_TERMINATE_GROUPS_MAX 4u
+
 struct Sandbox {
         Manager *manager;
         char *id;             /* public: the bus object, the REST path; key of manager->sandboxes */
@@ -54,6 +64,8 @@ struct Sandbox {
          * that sees the reply never finds the sandbox listed any more. */
         sd_bus_message *terminate_waiters[16];
         unsigned n_terminate_waiters;
+        TerminateGroup *terminate_groups[SANDBOX_TERMINATE_GROUPS_MAX];
+        unsigned n_terminate_groups;
         SandboxState state;
 
         int agent_fd;
@@ -122,6 +134,9 @@ void sandbox_exited(Sandbox *s, int code, int sig);
 
 /* SIGKILL the VMM; teardown and the exit event follow. Idempotent. */
 int sandbox_kill(Sandbox *s);
+/* One sandbox of g gone (or never waited for): g answered and freed at the last. */
+void terminate_group_done(TerminateGroup *g);
+void terminate_group_free(TerminateGroup *g);
 
 /* Send one agent request. cb runs exactly once, from the event loop, also
  * when the sandbox goes away first (-ECONNRESET). r < 0: no answer; else

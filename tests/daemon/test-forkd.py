@@ -518,6 +518,35 @@ def run(h):
         assert os.path.exists(os.path.join(h.state, "sandboxes", ids[2] + ".json"))
     h.check("fork 3, ping each, terminate, signals", fork_ping_terminate)
 
+    def terminate_many():
+        infos = h.fork("t1", 3)
+        ids = [i["id"] for i in infos]
+        pids = [i["pid"] for i in infos]
+        # Bad lists: refused whole, nothing killed.
+        h.expect_error(INVALID_ARGS, "TerminateSandboxes", "as", [[]])
+        h.expect_error(INVALID_ARGS, "TerminateSandboxes", "as", [[ids[0], ids[0]]])
+        h.expect_error(INVALID_ARGS, "TerminateSandboxes", "as", [[ids[0], "../x"]])
+        h.expect_error(INVALID_ARGS, "TerminateSandboxes", "as", [[f"sb-none-{k}" for k in range(1001)]])
+        assert all(sid in h.sandboxes() for sid in ids)
+        # Two live ones and two unknown: the unknown come back, in order; the reply
+        # comes once both VMMs have exited; the third sandbox lives on.
+        gone = "sb-gone-0000"
+        unknown = h.m("TerminateSandboxes", "as", [[gone, ids[0], "sb-never-1", ids[1]]])[0]
+        assert unknown == [gone, "sb-never-1"], unknown
+        for pid in pids[:2]:
+            assert not os.path.exists(f"/proc/{pid}"), f"VMM {pid} still there after the reply"
+        listed = h.sandboxes()
+        assert ids[0] not in listed and ids[1] not in listed and ids[2] in listed, sorted(listed)
+        for sid in ids[:2]:
+            assert not os.path.exists(os.path.join(h.state, "sandboxes", sid + ".json"))
+        assert json.loads(h.m("Ping", "s", [ids[2]])[0])["pong"]
+        # Only unknown ids: answered at once.
+        assert h.m("TerminateSandboxes", "as", [[ids[0]]])[0] == [ids[0]]
+        assert h.m("TerminateSandboxes", "as", [[ids[2]]])[0] == []
+        assert ids[2] not in h.sandboxes() and not os.path.exists(f"/proc/{pids[2]}")
+    h.check("TerminateSandboxes: many at once, unknown ids returned, answered once the VMMs are gone; bad lists "
+            "refused whole", terminate_many)
+
     def memory_limit():
         if not h.cgroot:
             raise AssertionError("no cgroup memory controller on this host")

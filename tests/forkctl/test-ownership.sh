@@ -191,6 +191,7 @@ for call in "GetSandbox string:${SA:-x}" "Ping string:${SA:-x}" "Exec string:${S
             "ReadFile string:${SA:-x} string:/tmp/a" \
             "BranchSandbox string:${SA:-x} string:stolen string:full boolean:true" \
             "ForkSandbox string:${SA:-x} uint32:1" "TerminateSandbox string:${SA:-x}" \
+            "TerminateSandboxes array:string:${SA:-x}" "TerminateSandboxes array:string:${SB:-y},${SA:-x}" \
             "MergeSandbox string:${SB:-y} string:${SA:-x}" "MergeSandbox string:${SA:-x} string:${SB:-y}" \
             "GetSnapshotInfo string:asnap" "DeleteSnapshot string:asnap boolean:false boolean:false"; do
         # shellcheck disable=SC2086
@@ -231,8 +232,9 @@ check "B forks its own running sandbox ($SB2)" [ -n "$SB2" ]
 [ -n "$SB2" ] || echo "# $out"
 out=$(bjson $UID_B GetSandbox s "${SB2:-z}")
 check "... the child is B's (owner_uid $UID_B)" eval '[ "$(field owner_uid <<<"$out")" = $UID_B ]'
-out=$(bjson $UID_B TerminateSandbox s "${SB2:-z}")
-check "... and B terminates it" eval '[ -z "$out" ]'
+out=$(bjson $UID_B TerminateSandboxes as 2 "${SB2:-z}" sb-none-0)
+check "... and B terminates it with TerminateSandboxes, told which id named none ($out)" \
+        eval 'grep -q "\"data\":\[\[\"sb-none-0\"\]\]" <<<"$out" && [ -z "$(bjson 0 GetSandbox s "${SB2:-z}" | field id)" ]'
 
 # Root does everything.
 list_root=$(bjson 0 ListSandboxes | ids)
