@@ -714,6 +714,77 @@ static int fork_run(ForkOp *f) {
         return 0;
 }
 
+typedef struct TemplateWarm {
+        VmTemplate *t;
+        char *vmm_path, *overlay_dir, *error;
+} TemplateWarm;
+
+static int warm_work(void *userdata) {
+        TemplateWarm *w = userdata;
+        VmTemplate *t = w->t;
+        int r;
+
+        r = vmm_client_template_start(w->vmm_path, t->snapshot_dir, w->overlay_dir, &t->vt, &w->error);
+        if (r < 0) {
+                t->vt.pid = 0;
+                t->vt.control_fd = -EBADF;
+        }
+        return r;
+}
+
+static void warm_done(int r, void *userdata) {
+        TemplateWarm *w = userdata;
+        VmTemplate *t = w->t;
+
+        if (r < 0)
+                log_warning("The template of %s did not start ahead of its first fork (%s); that fork starts it.",
+                            t->tag, w->error ?: strerror(-r));
+        else
+                log_info("Template of %s started ahead of its first fork (pid %d).", t->tag, (int) t->vt.pid);
+        vm_template_end_work(t);
+        fork_op_run_next(t);
+        vm_template_maybe_gc(t);
+        free(w->vmm_path);
+        free(w->overlay_dir);
+        free(w->error);
+        free(w);
+}
+
+int fork_op_warm_template(Manager *m, Image *i) {
+        TemplateWarm *w;
+        VmTemplate *t;
+        int r;
+
+        r = vm_template_get(i, &t);
+        if (r < 0)
+                return r;
+        if (t->vt.pid != 0 || t->busy)
+                return 0;
+        w = calloc(1, sizeof(*w));
+        if (!w)
+                return -ENOMEM;
+        w->t = t;
+        w->vmm_path = strdup(m->vmm_path);
+        w->overlay_dir = strdup(m->overlay_dir);
+        if (!w->vmm_path || !w->overlay_dir) {
+                r = -ENOMEM;
+                goto fail;
+        }
+        vm_template_begin_work(t);
+        r = worker_pool_submit(m->workers, warm_work, warm_done, w);
+        if (r < 0) {
+                vm_template_end_work(t);
+                goto fail;
+        }
+        return 0;
+fail:
+        free(w->vmm_path);
+        free(w->overlay_dir);
+        free(w);
+        vm_template_maybe_gc(t);
+        return r;
+}
+
 void fork_op_run_next(VmTemplate *t) {
         ForkOp *f = t->waiters;
         int r;

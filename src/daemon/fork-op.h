@@ -133,3 +133,9 @@ void fork_op_child_gone(ForkOp *f);
 
 /* The template became free: run the next waiting fork. */
 void fork_op_run_next(VmTemplate *t);
+
+/* Starts the template of i on a worker, ahead of its first fork, so that the
+ * first fork costs what the next ones do; a fork that comes meanwhile waits
+ * for it as for another fork. Nothing if it runs already. A template that does
+ * not start is logged and tried again by the first fork. */
+int fork_op_warm_template(Manager *m, Image *i);

@@ -173,6 +173,9 @@ static void create_done(int r, void *userdata) {
 
         log_info("Snapshot %s created.", i->tag);
         image_send_signal(m, i->tag, true);
+        r = fork_op_warm_template(m, i);
+        if (r < 0)
+                log_warning_errno(r, "Could not start the template of %s ahead of its first fork: %m", i->tag);
         r = sd_bus_message_new_method_return(o->message, &reply);
         if (r >= 0)
                 r = image_append_info(reply, i, false);
