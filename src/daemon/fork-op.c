@@ -371,26 +371,27 @@ static int fork_make_namespaces(ForkOp *f) {
 /* The sandbox records: one file per child, then one fsync of the directory.
  * Not synced one by one: a killed forkd needs no fsync (the page cache keeps
  * them), and a power loss ends the VMMs, cgroups and namespaces they name
- * anyway; a record a power loss broke is ignored at the next start. A fork of
- * many writes them on up to RECORDS_THREADS threads, RECORDS_PER_THREAD or
- * more each (bench/fork --path dbus --n 1000: they were a fork's longest
- * stage on 16 cores, written one after the other). */
-#define RECORDS_THREADS 4u
-#define RECORDS_PER_THREAD 128u
-
+ * anyway; a record a power loss broke is ignored at the next start. On the
+ * tmpfs of the unit's /run/forkd one costs about 0.02 ms (on ext4, after many
+ * files were deleted, up to a millisecond: ext4 scans for recently freed
+ * inodes; hence --runtime-dir). */
 struct records_job {
         ForkOp *f;
-        int dfd;
-        unsigned first, end; /* the children [first, end) */
         int r;
         const char *what; /* why r < 0 */
 };
 
-static void *fork_write_records_part(void *userdata) {
+static void *fork_write_records(void *userdata) {
         struct records_job *j = userdata;
         ForkOp *f = j->f;
+        _cleanup_close_ int dfd = open(f->sandboxes_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 
-        for (unsigned i = j->first; i < j->end; i++) {
+        if (dfd < 0) {
+                j->r = -errno;
+                j->what = "Failed to open the sandbox records' directory";
+                return NULL;
+        }
+        for (unsigned i = 0; i < f->n; i++) {
                 struct sandbox_params p = {
                         .id = f->ids[i], .snapshot_tag = f->template->tag, .created_at = f->created_at,
                         .memory_limit_mib = f->opts.memory_limit_mib, .has_cgroup = f->has_cgroup[i],
@@ -406,51 +407,15 @@ static void *fork_write_records_part(void *userdata) {
                         return NULL;
                 }
                 j->r = snprintf(name, sizeof(name), "%s.json", f->ids[i]) < (int) sizeof(name) ?
-                               write_file_new_at(j->dfd, name, json, strlen(json)) : -ENAMETOOLONG;
+                               write_file_new_at(dfd, name, json, strlen(json)) : -ENAMETOOLONG;
                 if (j->r < 0) {
                         j->what = "Failed to write a sandbox record";
                         return NULL;
                 }
         }
-        return NULL;
-}
-
-static void *fork_write_records(void *userdata) {
-        struct records_job *j = userdata, part[RECORDS_THREADS];
-        ForkOp *f = j->f;
-        _cleanup_close_ int dfd = open(f->sandboxes_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        pthread_t threads[RECORDS_THREADS];
-        bool started[RECORDS_THREADS] = {};
-        unsigned n_parts = MAX(1u, MIN(RECORDS_THREADS, f->n / RECORDS_PER_THREAD)), each;
-
-        if (dfd < 0) {
-                j->r = -errno;
-                j->what = "Failed to open the sandbox records' directory";
-                return NULL;
-        }
-        each = (f->n + n_parts - 1) / n_parts;
-        for (unsigned k = 0; k < n_parts; k++) {
-                part[k] = (struct records_job) { .f = f, .dfd = dfd, .first = MIN(f->n, k * each),
-                                                 .end = MIN(f->n, (k + 1) * each) };
-                /* This thread writes the first part; the others are helpers. */
-                started[k] = k > 0 && pthread_create(&threads[k], NULL, fork_write_records_part, &part[k]) == 0;
-        }
-        for (unsigned k = 0; k < n_parts; k++)
-                if (!started[k])
-                        (void) fork_write_records_part(&part[k]);
-        j->r = 0;
-        for (unsigned k = 0; k < n_parts; k++) {
-                if (started[k])
-                        (void) pthread_join(threads[k], NULL);
-                if (part[k].r < 0 && j->r >= 0) {
-                        j->r = part[k].r;
-                        j->what = part[k].what;
-                }
-        }
-        if (j->r >= 0 && fsync(dfd) < 0) {
-                j->r = -errno;
+        j->r = fsync(dfd) < 0 ? -errno : 0;
+        if (j->r < 0)
                 j->what = "Failed to sync the sandbox records";
-        }
         f->t[FORK_T_RECORDS] = now_usec();
         return NULL;
 }
