@@ -50,6 +50,24 @@ static int write_all(int fd, const char *content, size_t len) {
         return 0;
 }
 
+/* content in a new file .#NAME.TID of dfd (its name in tmp), to be renamed
+ * over name; the file's fd, or -errno with nothing left behind. */
+static int write_tmp_at(int dfd, const char *name, const char *content, size_t len, char tmp[static 128]) {
+        int fd, r;
+
+        snprintf(tmp, 128, ".#%s.%d", name, (int) gettid());
+        fd = openat(dfd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0640);
+        if (fd < 0)
+                return -errno;
+        r = write_all(fd, content, len);
+        if (r < 0) {
+                (void) unlinkat(dfd, tmp, 0);
+                safe_close(fd);
+                return r;
+        }
+        return fd;
+}
+
 int write_file_new_at(int dfd, const char *name, const char *content, size_t len) {
         _cleanup_close_ int fd = -EBADF;
         char proc[64], tmp[128];
@@ -72,16 +90,15 @@ int write_file_new_at(int dfd, const char *name, const char *content, size_t len
         } else if (errno != EOPNOTSUPP && errno != EISDIR && errno != EINVAL)
                 return -errno;
 
-        snprintf(tmp, sizeof(tmp), ".#%s.%d", name, (int) gettid());
-        fd = openat(dfd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0640);
+        fd = write_tmp_at(dfd, name, content, len, tmp);
         if (fd < 0)
-                return -errno;
-        r = write_all(fd, content, len);
-        if (r >= 0 && renameat2(dfd, tmp, dfd, name, RENAME_NOREPLACE) < 0)
+                return fd;
+        if (renameat2(dfd, tmp, dfd, name, RENAME_NOREPLACE) < 0) {
                 r = -errno;
-        if (r < 0)
                 (void) unlinkat(dfd, tmp, 0);
-        return r;
+                return r;
+        }
+        return 0;
 }
 
 int write_file_atomic(const char *dir, const char *name, const char *content, size_t len, unsigned flags) {
@@ -94,13 +111,9 @@ int write_file_atomic(const char *dir, const char *name, const char *content, si
         dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
         if (dfd < 0)
                 return -errno;
-        snprintf(tmp, sizeof(tmp), ".#%s.%d", name, (int) gettid());
-        fd = openat(dfd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0640);
+        fd = write_tmp_at(dfd, name, content, len, tmp);
         if (fd < 0)
-                return -errno;
-        r = write_all(fd, content, len);
-        if (r < 0)
-                goto fail;
+                return fd;
         if ((flags & WRITE_SYNC_DATA) && fsync(fd) < 0) {
                 r = -errno;
                 goto fail;
