@@ -21,6 +21,8 @@ import importlib.util
 import json
 import os
 import re
+import socket
+import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -152,6 +154,44 @@ def run(h):
                 h.m("TerminateSandbox", "s", [sb["id"]])
                 h.wait_removed(sb["id"])
     h.check("a diff branch of a confined sandbox, and a fork from it", branch_and_fork_confined)
+
+    def confined_template_refuses_netns():
+        # forkd sends a confined template no namespace (vmm-client.c); one that gets a name
+        # anyway refuses the request whole: its children could not enter it.
+        snap = os.path.join(h.state, "snapshots", "t1")
+        a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        p = subprocess.Popen([tf.VMM, "template", "--snapshot", snap, "--control-fd", str(b.fileno()),
+                              "--overlay-dir", os.path.join(h.state, "overlays"), "--confine",
+                              f"{VMM_UID}:{VMM_UID}", "--jail-bind", h.state],
+                             pass_fds=[b.fileno()], stderr=subprocess.PIPE)
+        b.close()
+        a.settimeout(30)
+        try:
+            assert json.loads(a.recv(65536))["event"] == "ready"
+            s = status(p.pid)
+            assert s["Uid"].split()[0] == str(VMM_UID) and s["CapEff"] == "0000000000000000", s
+            x, y = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            ns = os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                socket.send_fds(a, [json.dumps({"op": "spawn", "ids": ["c1"], "netns": ["forkd-child-1"]}).encode()],
+                                [y.fileno(), ns])
+            finally:
+                os.close(ns)
+                y.close()
+            o = json.loads(a.recv(65536))
+            assert o["ok"] is False and "confined template cannot put its children into a network namespace" \
+                in o["error"], o
+            x.close()
+        finally:
+            a.close()
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+            p.stderr.close()
+        assert p.returncode == 0, p.returncode
+    h.check("a confined template refuses to put children into a network namespace", confined_template_refuses_netns)
 
     def forbidden_syscall_kills():
         victim, other = ctx["ids"]
