@@ -791,6 +791,12 @@ static enum MHD_Result handle_access(void *cls, struct MHD_Connection *connectio
                                 w += (size_t) k;
                         }
                         req->body_len += n;
+                        if (req->conn && req->conn->deadline > 0) {
+                                uint64_t d = req->start + s->timeout_secs * USEC_PER_SEC +
+                                             req->body_len * USEC_PER_SEC / REST_UPLOAD_MIN_RATE;
+
+                                req->conn->deadline = MAX(req->conn->deadline, d);
+                        }
                         return MHD_YES;
                 }
                 if (n > s->body_max - req->body_len) {

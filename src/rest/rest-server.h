@@ -61,6 +61,10 @@ size_t rest_method_body_fd_max(const struct rest_method *m);
 
 /* Bundles (POST /v1/snapshots/unpack): the body cap. */
 #define REST_BUNDLE_MAX (UINT64_C(1) << 30)
+/* A bundle takes longer to arrive than timeout_secs allows a request: its
+ * deadline grows by a second for each REST_UPLOAD_MIN_RATE bytes that arrive,
+ * so a client that keeps up this rate is never cut, and a slower one still is. */
+#define REST_UPLOAD_MIN_RATE (1024u * 1024u)
 
 typedef struct RestRoute {
         const char *pattern;    /* "/v1/snapshots/%/info": '%' matches one segment */

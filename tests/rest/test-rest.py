@@ -557,6 +557,38 @@ def t_slow_client(c):
     check(cut and int(cut[0].split()[1]) >= 1, cut)
 
 
+def t_bundle_upload_rate(c):
+    """A bundle upload (POST /v1/snapshots/unpack, its body spooled to a file) that
+    outlasts --timeout while it keeps up 1 MiB/s is answered; one slower than that
+    is still cut. The daemon is absent here: an upload that arrives whole is 503."""
+    def upload(total, chunk, gap):
+        s = socket.create_connection(("127.0.0.1", c.port), timeout=30)
+        head = (f"POST /v1/snapshots/unpack HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {TOKEN}\r\n"
+                f"Content-Type: application/zstd\r\nContent-Length: {total}\r\n\r\n").encode()
+        sent, t0 = 0, time.monotonic()
+        try:
+            s.sendall(head)
+            while sent < total:
+                s.sendall(b"\0" * min(chunk, total - sent))
+                sent += min(chunk, total - sent)
+                time.sleep(gap)
+            reply = s.recv(200)
+            return ("answered" if reply else "cut"), sent, reply, time.monotonic() - t0
+        except OSError as e:
+            return "cut", sent, str(e), time.monotonic() - t0
+        finally:
+            s.close()
+
+    # 8 MiB at about 2 MiB/s: about 4 s, past the 3 s --timeout, within 3 + 8 s.
+    state, sent, reply, took = upload(8 << 20, 128 << 10, 0.06)
+    check(state == "answered" and reply.startswith(b"HTTP/1.1 503") and took > REQUEST_TIMEOUT,
+          f"an upload at 2 MiB/s was not answered: {state} {sent} {reply!r} {took:.1f} s")
+    # 8 MiB at 128 KiB/s: cut a little after 3 s, long before the end.
+    state, sent, reply, took = upload(8 << 20, 64 << 10, 0.5)
+    check(state == "cut" and sent < 2 << 20 and took < REQUEST_TIMEOUT + 5,
+          f"an upload at 128 KiB/s was not cut: {state} {sent} {reply!r} {took:.1f} s")
+
+
 def t_connection_flood(c):
     socks = []
     try:
@@ -1182,6 +1214,7 @@ def main():
         tap.run("body cap: 413 from Content-Length and while streaming", t_body_cap, c)
         tap.run("header cap", t_header_cap, c)
         tap.run("slow clients are cut off while another is served", t_slow_client, c)
+        tap.run("a bundle upload outlasts --timeout at 1 MiB/s or more, and is cut below", t_bundle_upload_rate, c)
         tap.run("connection flood", t_connection_flood, c)
         tap.run("token file: empty, world-readable, bad characters refused", t_token_file_checks, stack)
         tap.run("HTTPS with a generated certificate", t_https, stack)
