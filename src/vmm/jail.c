@@ -16,9 +16,8 @@
  *    mount, so that the snapshot, its chain parents, the overlays, the console
  *    logs and a branch's new snapshot are all reachable under the paths forkd
  *    already sends, and linkat() of a frozen overlay into a snapshot stays on
- *    one mount. Then a new network namespace with nothing but a down lo: a
- *    child that must have a network enters its own with setns() on an fd
- *    forkd sends.
+ *    one mount. Then a new network namespace with nothing but a down lo,
+ *    which a template's children share (step 3).
  * 3. Then, before it reads anything of the snapshot, every process drops
  *    everything (jail_drop_privileges()): no supplementary groups, the VMM's
  *    gid and uid, an empty bounding set, no capabilities in any set (ambient
