@@ -335,7 +335,17 @@ def tests(cleanup):
     ok("10.200.0.1/30" in r.stdout and "inet6" not in r.stdout, "host end fkd1: 10.200.0.1/30, no IPv6", r.stdout)
     r = run(["ip", "netns", "exec", "forkd-child-1", "cat", "/proc/sys/net/ipv4/ip_forward",
              "/proc/sys/net/ipv4/conf/tap0/forwarding", "/proc/sys/net/ipv4/conf/veth0/forwarding"])
-    ok(r.stdout.split() == ["0", "1", "1"], "inside: forwarding on tap0 and veth0 only, set over netlink", r.stdout)
+    # ip_forward (all/forwarding) is the host's, inherited (forkd cannot write /proc/sys
+    # under ProtectKernelTunables=); tap0 and veth0 forward because forkd set them.
+    inherit = "0"
+    try:
+        with open("/proc/sys/net/core/devconf_inherit_init_net") as f:
+            inherit = f.read().strip()
+    except OSError:
+        pass
+    want = os.environ.get("FORKD_TEST_HOST_IP_FORWARD", "0") if inherit in ("0", "1") else "0"
+    ok(r.stdout.split() == [want, "1", "1"], f"inside: forwarding on tap0 and veth0, set over netlink (ip_forward "
+       f"{want}, the host's)", r.stdout)
 
     servers = [http_server(c.host_addr) for c in (c1, c2, c3)]
     cleanup.extend(s.shutdown for s in servers)
@@ -529,6 +539,11 @@ def outer():
         skip_all("unshare -m -n timed out")
     if r.returncode != 0:
         skip_all(f"cannot make mount and network namespaces: {r.stderr.strip()}")
+    # A new namespace takes its IPv4 settings, ip_forward included, from the host's
+    # (net.core.devconf_inherit_init_net 0 or 1), so the children's ip_forward is
+    # the host's: note it for the check below, before leaving the host's namespace.
+    with open("/proc/sys/net/ipv4/ip_forward") as f:
+        os.environ["FORKD_TEST_HOST_IP_FORWARD"] = f.read().strip()
     sys.stdout.flush()
     os.execvp("unshare", ["unshare", "-m", "-n", "--propagation", "private", "--",
                           sys.executable, os.path.abspath(__file__), INNER])
