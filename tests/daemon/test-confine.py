@@ -22,7 +22,6 @@ import json
 import os
 import re
 import socket
-import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -159,14 +158,8 @@ def run(h):
         # forkd sends a confined template no namespace (vmm-client.c); one that gets a name
         # anyway refuses the request whole: its children could not enter it.
         snap = os.path.join(h.state, "snapshots", "t1")
-        a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        p = subprocess.Popen([tf.VMM, "template", "--snapshot", snap, "--control-fd", str(b.fileno()),
-                              "--overlay-dir", os.path.join(h.state, "overlays"), "--confine",
-                              f"{VMM_UID}:{VMM_UID}", "--jail-bind", h.state],
-                             pass_fds=[b.fileno()], stderr=subprocess.PIPE)
-        b.close()
-        a.settimeout(30)
-        try:
+        with tf.template_process(snap, os.path.join(h.state, "overlays"),
+                                 ["--confine", f"{VMM_UID}:{VMM_UID}", "--jail-bind", h.state]) as (p, a):
             assert json.loads(a.recv(65536))["event"] == "ready"
             s = status(p.pid)
             assert s["Uid"].split()[0] == str(VMM_UID) and s["CapEff"] == "0000000000000000", s
@@ -182,15 +175,7 @@ def run(h):
             assert o["ok"] is False and "confined template cannot put its children into a network namespace" \
                 in o["error"], o
             x.close()
-        finally:
-            a.close()
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-            p.stderr.close()
-        assert p.returncode == 0, p.returncode
+        assert p.returncode == 0, (p.returncode, p.err[-2000:])
     h.check("a confined template refuses to put children into a network namespace", confined_template_refuses_netns)
 
     def forbidden_syscall_kills():

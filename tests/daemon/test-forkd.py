@@ -8,12 +8,14 @@ test guest, and real cgroups. TAP output; a TAP skip when /dev/kvm is unusable.
 Environment: FORKD (the daemon), FORKD_VMM, FORKD_TEST_GUEST.
 """
 
+import contextlib
 import fcntl
 import glob
 import json
 import os
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -86,6 +88,30 @@ def vmm_processes(marker):
         if "forkd-vmm" in cmd and marker in cmd and state not in "ZX":
             out.append(int(os.path.basename(d)))
     return out
+
+
+@contextlib.contextmanager
+def template_process(snap, overlay_dir, extra=()):
+    """forkd-vmm template of snap, started by hand and driven over its control socket
+    as forkd drives it (forkd-vmm(8), TEMPLATE PROTOCOL): yields (process, socket).
+    On the way out the socket closes (the template kills its children and ends), the
+    process is reaped (killed after 20 s) and its error output left in process.err."""
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    p = subprocess.Popen([VMM, "template", "--snapshot", snap, "--control-fd", str(b.fileno()),
+                          "--overlay-dir", overlay_dir, *extra], pass_fds=[b.fileno()], stderr=subprocess.PIPE)
+    b.close()
+    a.settimeout(30)
+    try:
+        yield p, a
+    finally:
+        a.close()
+        try:
+            p.wait(20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+        p.err = p.stderr.read().decode(errors="replace")
+        p.stderr.close()
 
 
 class Harness:

@@ -268,89 +268,77 @@ def run(h, ns):
 
     def template_protocol():
         snap = os.path.join(h.state, "snapshots", "t1")
-        a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        p = subprocess.Popen([tf.VMM, "template", "--snapshot", snap, "--control-fd", str(b.fileno()),
-                              "--overlay-dir", h.tmp], pass_fds=[b.fileno()], stderr=subprocess.PIPE)
-        b.close()
-        a.settimeout(30)
         ours = []
         try:
-            assert json.loads(a.recv(65536))["event"] == "ready"
+            with tf.template_process(snap, h.tmp) as (p, a):
+                assert json.loads(a.recv(65536))["event"] == "ready"
 
-            def spawn(req, n_fds, netns_fds=None):
-                # per child its agent socket, then (with a name) the namespace's fd, which the
-                # controller opens (forkd-vmm(8), TEMPLATE PROTOCOL)
-                pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(n_fds)]
-                fds = []
-                for k, x in enumerate(pairs):
-                    fds.append(x[1].fileno())
-                    if netns_fds and netns_fds[k] is not None:
-                        fds.append(netns_fds[k])
-                socket.send_fds(a, [json.dumps(req).encode()], fds)
-                for x in pairs:
-                    x[1].close()
-                    ours.append(x[0])  # the agent channels stay open while the children run
-                while True:
-                    o = json.loads(a.recv(65536))
-                    if "event" not in o:
-                        return o
+                def spawn(req, n_fds, netns_fds=None):
+                    # per child its agent socket, then (with a name) the namespace's fd, which the
+                    # controller opens (forkd-vmm(8), TEMPLATE PROTOCOL)
+                    pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(n_fds)]
+                    fds = []
+                    for k, x in enumerate(pairs):
+                        fds.append(x[1].fileno())
+                        if netns_fds and netns_fds[k] is not None:
+                            fds.append(netns_fds[k])
+                    socket.send_fds(a, [json.dumps(req).encode()], fds)
+                    for x in pairs:
+                        x[1].close()
+                        ours.append(x[0])  # the agent channels stay open while the children run
+                    while True:
+                        o = json.loads(a.recv(65536))
+                        if "event" not in o:
+                            return o
 
-            bad = ["../x", "a/b", "", ".", "..", "x" * 65, 3, True, {"a": 1}, "a b", "/run/netns/forkd-child-1"]
-            for name in bad:
-                o = spawn({"op": "spawn", "ids": ["c1"], "netns": [name]}, 1)
-                assert o["ok"] is False and "netns" in o["error"], (name, o)
-            # An escaped NUL never reaches the name check: the strict JSON parser refuses it.
-            o = spawn({"op": "spawn", "ids": ["c1"], "netns": ["forkd-child-1\u0000/../x"]}, 1)
-            assert o["ok"] is False, o
-            for netns in ("forkd-child-1", [], ["forkd-child-1", "forkd-child-2"], {"c1": "x"}):
-                o = spawn({"op": "spawn", "ids": ["c1"], "netns": netns}, 1)
-                assert o["ok"] is False and "netns" in o["error"], (netns, o)
-            assert not vmm_children(p.pid), "a refused request forked"
-            # A name whose fd is no network namespace: the child exits with 4 (VMM_CHILD_EXIT_NETNS).
-            absent = f"forkd-test-absent-{os.getpid()}"
-            assert not os.path.exists(os.path.join(NETNS_DIR, absent))
-            # with a name but no fd for it: refused whole
-            o = spawn({"op": "spawn", "ids": ["c1", "c2"], "netns": [absent, None]}, 2)
-            assert o["ok"] is False and "file descriptors" in o["error"], o
-            not_ns = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                o = spawn({"op": "spawn", "ids": ["c1", "c2"], "netns": [absent, None]}, 2, [not_ns, None])
-            finally:
-                os.close(not_ns)
-            assert o["ok"] is True and len(o["pids"]) == 2, o
-            exits = {}
-            deadline = time.monotonic() + 20
-            while "c1" not in exits and time.monotonic() < deadline:
-                ev = json.loads(a.recv(65536))
-                if ev.get("event") == "exit":
-                    exits[ev["id"]] = ev
-            assert exits["c1"]["code"] == 4 and exits["c1"]["signal"] == 0, exits
-            # Its sibling without a namespace runs, in the template's.
-            assert "c2" not in exits
-            assert ns_inode(f"/proc/{o['pids'][1]}/ns/net") == ns_inode(f"/proc/{p.pid}/ns/net") == daemon_ns
-            ns2 = os.open(os.path.join(NETNS_DIR, "forkd-child-2"), os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                o = spawn({"op": "spawn", "ids": ["c3"], "netns": ["forkd-child-2"]}, 1, [ns2])
-            finally:
-                os.close(ns2)
-            assert o["ok"] is True
-            # The reply comes as soon as it is forked; it enters the namespace right after.
-            tf.wait_for(lambda: ns_inode(f"/proc/{o['pids'][0]}/ns/net") == ctx["inodes"][1], 10,
-                        "c3 to enter forkd-child-2")
-            assert ns_inode(f"/proc/{p.pid}/ns/net") == daemon_ns
+                bad = ["../x", "a/b", "", ".", "..", "x" * 65, 3, True, {"a": 1}, "a b", "/run/netns/forkd-child-1"]
+                for name in bad:
+                    o = spawn({"op": "spawn", "ids": ["c1"], "netns": [name]}, 1)
+                    assert o["ok"] is False and "netns" in o["error"], (name, o)
+                # An escaped NUL never reaches the name check: the strict JSON parser refuses it.
+                o = spawn({"op": "spawn", "ids": ["c1"], "netns": ["forkd-child-1\u0000/../x"]}, 1)
+                assert o["ok"] is False, o
+                for netns in ("forkd-child-1", [], ["forkd-child-1", "forkd-child-2"], {"c1": "x"}):
+                    o = spawn({"op": "spawn", "ids": ["c1"], "netns": netns}, 1)
+                    assert o["ok"] is False and "netns" in o["error"], (netns, o)
+                assert not vmm_children(p.pid), "a refused request forked"
+                # A name whose fd is no network namespace: the child exits with 4 (VMM_CHILD_EXIT_NETNS).
+                absent = f"forkd-test-absent-{os.getpid()}"
+                assert not os.path.exists(os.path.join(NETNS_DIR, absent))
+                # with a name but no fd for it: refused whole
+                o = spawn({"op": "spawn", "ids": ["c1", "c2"], "netns": [absent, None]}, 2)
+                assert o["ok"] is False and "file descriptors" in o["error"], o
+                not_ns = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
+                try:
+                    o = spawn({"op": "spawn", "ids": ["c1", "c2"], "netns": [absent, None]}, 2, [not_ns, None])
+                finally:
+                    os.close(not_ns)
+                assert o["ok"] is True and len(o["pids"]) == 2, o
+                exits = {}
+                deadline = time.monotonic() + 20
+                while "c1" not in exits and time.monotonic() < deadline:
+                    ev = json.loads(a.recv(65536))
+                    if ev.get("event") == "exit":
+                        exits[ev["id"]] = ev
+                assert exits["c1"]["code"] == 4 and exits["c1"]["signal"] == 0, exits
+                # Its sibling without a namespace runs, in the template's.
+                assert "c2" not in exits
+                assert ns_inode(f"/proc/{o['pids'][1]}/ns/net") == ns_inode(f"/proc/{p.pid}/ns/net") == daemon_ns
+                ns2 = os.open(os.path.join(NETNS_DIR, "forkd-child-2"), os.O_RDONLY | os.O_CLOEXEC)
+                try:
+                    o = spawn({"op": "spawn", "ids": ["c3"], "netns": ["forkd-child-2"]}, 1, [ns2])
+                finally:
+                    os.close(ns2)
+                assert o["ok"] is True
+                # The reply comes as soon as it is forked; it enters the namespace right after.
+                tf.wait_for(lambda: ns_inode(f"/proc/{o['pids'][0]}/ns/net") == ctx["inodes"][1], 10,
+                            "c3 to enter forkd-child-2")
+                assert ns_inode(f"/proc/{p.pid}/ns/net") == daemon_ns
         finally:
-            a.close()  # EOF: the template kills its children and ends
-            for x in ours:
+            for x in ours:  # the agent channels, once the template and its children are gone
                 x.close()
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-            err = p.stderr.read().decode(errors="replace")
-            p.stderr.close()
-        assert p.returncode == 0, (p.returncode, err[-2000:])
-        assert f"/run/netns/{absent}" in err, err[-2000:]
+        assert p.returncode == 0, (p.returncode, p.err[-2000:])
+        assert f"/run/netns/{absent}" in p.err, p.err[-2000:]
     h.check("forkd-vmm template: bad netns names refused whole, a child fails closed with status 4",
             template_protocol)
 
