@@ -450,10 +450,8 @@ static int fork_spawn(ForkOp *f, const int *taps) {
         if (f->need_start) {
                 _cleanup_free_ char *err = NULL;
 
-                r = vmm_client_template_start(f->vmm_path, t->snapshot_dir, f->overlay_dir, &t->vt, &err);
+                r = vm_template_start(t, f->vmm_path, f->overlay_dir, &err);
                 if (r < 0) {
-                        t->vt.pid = 0;
-                        t->vt.control_fd = -EBADF;
                         free(f->error);
                         if ((r == -ESTALE || r == -ENOLINK) && err)
                                 f->error = TAKE_PTR(err); /* a broken chain: forkd-vmm's words (seed 003) */
@@ -686,15 +684,8 @@ typedef struct TemplateWarm {
 
 static int warm_work(void *userdata) {
         TemplateWarm *w = userdata;
-        VmTemplate *t = w->t;
-        int r;
 
-        r = vmm_client_template_start(w->vmm_path, t->snapshot_dir, w->overlay_dir, &t->vt, &w->error);
-        if (r < 0) {
-                t->vt.pid = 0;
-                t->vt.control_fd = -EBADF;
-        }
-        return r;
+        return vm_template_start(w->t, w->vmm_path, w->overlay_dir, &w->error);
 }
 
 static void warm_done(int r, void *userdata) {

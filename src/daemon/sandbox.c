@@ -12,6 +12,7 @@
 #include "cgroup.h"
 #include "fork-op.h"
 #include "fs-util.h"
+#include "image.h"
 #include "json-util.h"
 #include "macro.h"
 #include "sandbox-dbus.h"
@@ -388,9 +389,7 @@ void terminate_group_free(TerminateGroup *g) {
         if (!g)
                 return;
         sd_bus_message_unref(g->message);
-        for (char **p = g->unknown; p && *p; p++)
-                free(*p);
-        free(g->unknown);
+        strv_free(g->unknown);
         free(g);
 }
 

@@ -259,6 +259,16 @@ static int attach(VmTemplate *t) {
         return 0;
 }
 
+int vm_template_start(VmTemplate *t, const char *vmm_path, const char *overlay_dir, char **ret_error) {
+        int r = vmm_client_template_start(vmm_path, t->snapshot_dir, overlay_dir, &t->vt, ret_error);
+
+        if (r < 0) {
+                t->vt.pid = 0;
+                t->vt.control_fd = -EBADF;
+        }
+        return r;
+}
+
 void vm_template_begin_work(VmTemplate *t) {
         t->busy = true;
         if (t->io_source)

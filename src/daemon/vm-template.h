@@ -51,6 +51,11 @@ void vm_template_detach_image(VmTemplate *t);
 void vm_template_begin_work(VmTemplate *t);
 void vm_template_end_work(VmTemplate *t);
 
+/* From a worker (between begin and end work): starts forkd-vmm template for
+ * t's snapshot and waits for it to be ready; on failure t is left not running
+ * and *ret_error says why (forkd-vmm's words when it gave them). */
+int vm_template_start(VmTemplate *t, const char *vmm_path, const char *overlay_dir, char **ret_error);
+
 /* A template event (JSON text) from the socket or collected by a worker. */
 void vm_template_handle_event(VmTemplate *t, const char *json);
 
