@@ -13,9 +13,14 @@ stack a user talks to, against the engine alone, in one run, taking turns
   rest     forkd-rest's POST /v1/sandboxes {snapshot_tag, n}, answered once every
            child answered; then DELETE /v1/sandboxes/:id, 16 connections at once,
            until every VMM process has exited
-  net      (--network) Fork of a snapshot made with a NIC, network "egress": forkd
-           makes a namespace per child with its tap, veth and nft rules; against
-           the dbus fork of the same guest without NIC (no namespace), "nonet"
+  net      (--network) Fork of a snapshot made with a NIC, network "egress": a
+           namespace per child with its tap, veth and nft rules, taken from
+           forkd's pool (forkd --netns-pool P, --netns-pool, default N; 0: no
+           pool, forkd makes them in the fork); against the dbus fork of the same
+           guest without NIC (no namespace), "nonet". With a pool, every round
+           starts once it is full (so that no refill overlaps a timed fork), and
+           the net round reads its memory once it is full again: the N namespaces
+           made to replace those the fork took count as the fork's
   limit    (--memory-limit-mib M) Fork with memory_limit_mib M: a cgroup (or a
            systemd scope) per child; against the dbus fork without, "nolimit"
 
@@ -218,11 +223,13 @@ class Stack:
     """tools/forkd-stack up in a temporary state directory; down (and a check that
     nothing of it is left) on exit, whatever ends the run."""
 
-    def __init__(self, build, emulated, image=None):
+    def __init__(self, build, emulated, image=None, forkd_args=()):
         """image: the Linux guest's directory, the stack's default guest; else the test guest."""
         self.build, self.emulated, self.image = build, emulated, image
         self.state = tempfile.mkdtemp(prefix="forkd-bench-fork-")
         self.env = dict(os.environ, FORKD_BUILD_DIR=build, FORKD_STACK_NO_BUILD="1")
+        if forkd_args:
+            self.env["FORKD_STACK_FORKD_ARGS"] = " ".join(forkd_args)
         if image:
             self.env.pop("FORKD_STACK_GUEST", None)
             self.env["FORKD_GUEST_IMAGE"] = image
@@ -274,9 +281,10 @@ class Stack:
             return f.read()
 
     def netns_ms(self):
-        """How long forkd took to make the namespaces of its last fork, as it logged it."""
-        made = re.findall(r"Made \d+ network namespace\(s\) in (\d+) ms", self.log())
-        return int(made[-1]) if made else None
+        """How long forkd took to have the namespaces of its last fork, and how many of them it took
+        from its pool, as it logged it: (ms, taken)."""
+        made = re.findall(r"Made \d+ network namespace\(s\) in (\d+) ms(?:, (\d+) of them taken)?", self.log())
+        return (int(made[-1][0]), int(made[-1][1] or 0)) if made else (None, None)
 
     def fork_stages(self):
         """forkd's own breakdown of its last answered fork, as it logged it: {stage: ms}, "total" too."""
@@ -426,16 +434,35 @@ class Bench:
         await_exit([k["pid"] for k in kids], EXIT_TIMEOUT_S)
 
     def settle(self, kids):
-        """Until forkd has forgotten the children and their namespaces are gone."""
+        """Until forkd has forgotten the children and their namespaces are gone. With a pool, which may
+        have made the same names again since, until forkd has no namespace but the pool's, and that full."""
         ids = {k["id"] for k in kids}
         wait_for(lambda: not ids & {s["id"] for s in self.m("ListSandboxes")[0]}, 60, "forkd to drop the sandboxes")
+        if self.args.netns_pool and any(k.get("netns") for k in kids):
+            def only_pool():
+                return (self.pool_ready() == self.args.netns_pool
+                        and len(netns_names() - self.stack.netns_before) == 2 * self.args.netns_pool)
+            wait_for(only_pool, 60, "the namespaces to go (forkd to have only its full pool)")
+            return
         netns = {f"{d}/{k['netns']}" for k in kids if "netns" in k for d in NETNS_DIRS}
         wait_for(lambda: not any(os.path.exists(p) for p in netns), 60, "the namespaces to go")
 
     # ---- one measurement
 
-    def measure(self, fork, terminate, check=None, more=None):
-        """more(kids, before): further figures (a dict) once host_kib_per_child is read."""
+    def pool_ready(self):
+        """forkd's egress namespaces ready in its pool (forkd --netns-pool)."""
+        pool = self.bus.call(DEST, PATH, "org.freedesktop.DBus.Properties", "Get", "ss", [IFACE, "NetnsPool"])[0]
+        return pool.get("egress", 0)
+
+    def pool_full(self):
+        """With forkd --netns-pool: until its egress pool is full (no refill running)."""
+        if self.args.netns_pool:
+            wait_for(lambda: self.pool_ready() == self.args.netns_pool, 120, "forkd's namespace pool to be full")
+
+    def measure(self, fork, terminate, check=None, more=None, refill=False):
+        """more(kids, before): further figures (a dict) once host_kib_per_child is read.
+        refill: the fork took from the namespace pool; read the memory once it is full again."""
+        self.pool_full()
         before = settled_meminfo()
         t0 = time.monotonic()
         kids = fork()
@@ -445,6 +472,8 @@ class Bench:
             raise RuntimeError(f"asked for {self.n} children, got {len(kids)}")
         if check:
             check(kids)
+        if refill:
+            self.pool_full()
         host, parts = host_memory(before, settled_meminfo(), self.n)
         r = {"ready_ms": ready, "host_kib_per_child": host, "parts": parts, "stages": stages}
         if more:
@@ -459,8 +488,8 @@ class Bench:
         def has_netns(kids):
             assert all(k.get("netns") for k in kids), f"a child without namespace: {kids[0]}"
         r = self.measure(lambda: self.fork_dbus(NET_TAG, {"network": ("s", "egress")}), self.terminate_dbus,
-                         has_netns)
-        r["netns_ms"] = self.stack.netns_ms()
+                         has_netns, refill=True)
+        r["netns_ms"], r["netns_pooled"] = self.stack.netns_ms()
         return r
 
     def run(self, mode):
@@ -644,6 +673,9 @@ def report(args, modes, rounds, bench, backend):
     if args.network:
         doc["net_ratio"] = ratio(doc["net_ready_ms"], doc["nonet_ready_ms"])
         doc["net_namespaces_ms"] = median([r["netns_ms"] for r in rounds["net"] if r["netns_ms"] is not None])
+        doc["net_pool"] = args.netns_pool
+        doc["net_pooled_per_fork"] = median([r["netns_pooled"] for r in rounds["net"]
+                                             if r["netns_pooled"] is not None])
     if args.memory_limit_mib:
         doc["limit_ratio"] = ratio(doc["limit_ready_ms"], doc["nolimit_ready_ms"])
     if backend:
@@ -670,7 +702,9 @@ def report(args, modes, rounds, bench, backend):
               + " ".join(f"{x:.1f}" for x in doc["rounds_ready_ms"][m]))
     for key, label in (("dbus_ratio", "D-Bus / engine, time to ready"), ("rest_ratio", "REST / engine, time to ready"),
                        ("net_ratio", "namespace / none, time to ready (target <= 1.5)"),
-                       ("net_namespaces_ms", "of which forkd making the namespaces (ms, its log)"),
+                       ("net_namespaces_ms", "of which forkd having the namespaces (ms, its log)"),
+                       ("net_pool", "forkd --netns-pool"),
+                       ("net_pooled_per_fork", "namespaces a fork took from the pool (median)"),
                        ("limit_ratio", "limit / none, time to ready"),
                        ("forkd_cpu_ms_per_child", "forkd CPU per forked child (ms)"),
                        ("per_child_kib", "engine: VMM's own memory per child (KiB)"),
@@ -696,6 +730,7 @@ def main():
     ap.add_argument("--path", type=lambda s: s.split(","))
     ap.add_argument("--network", action="store_true")
     ap.add_argument("--memory-limit-mib", type=int, default=0)
+    ap.add_argument("--netns-pool", type=int, help="with --network: forkd --netns-pool P (default N; 0: none)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--emulated", action="store_true", help="the figures come from the QEMU test host")
     ap.add_argument("--confine", action="store_true")
@@ -716,6 +751,12 @@ def main():
         ap.error("--path takes a comma list of engine, dbus, rest, each at most once")
     if not 1 <= args.n <= 1000 or not 1 <= args.rounds <= 20 or args.memory_limit_mib < 0:
         ap.error("--n must be 1..1000, --rounds 1..20, --memory-limit-mib positive")
+    if args.netns_pool is not None and not args.network:
+        ap.error("--netns-pool goes with --network")
+    if args.network and args.netns_pool is None:
+        args.netns_pool = args.n
+    if args.netns_pool is not None and not 0 <= args.netns_pool <= 1000:
+        ap.error("--netns-pool must be 0..1000")
     if args.confine:
         ap.error("--confine runs on the engine alone: leave out --path, --network and --memory-limit-mib")
     if args.check_args:
@@ -742,7 +783,8 @@ def main():
             for _ in range(args.rounds):
                 rounds["engine"].append(engine(args))
         else:
-            with Stack(args.build, args.emulated, args.image if linux else None) as stack:
+            forkd_args = ["--netns-pool", str(args.netns_pool)] if args.netns_pool else []
+            with Stack(args.build, args.emulated, args.image if linux else None, forkd_args) as stack:
                 backend = stack.cgroup_backend()
                 bench = (LinuxBench if linux else Bench)(args, stack)
                 bench.snapshots(args.network)

@@ -328,24 +328,35 @@ static int fork_work_error(ForkOp *f, int r, const char *what) {
 static int fork_make_namespaces(ForkOp *f) {
         const char *step = NULL;
         uint64_t start = now_usec();
-        unsigned failed = 0;
+        unsigned failed = 0, pooled, rest;
         long ncpu;
-        int r;
+        int r = 0;
 
-        r = netns_pick_free(&f->net_prefix, f->n, f->net_index);
-        if (r < 0) {
-                free(f->error);
-                if (asprintf(&f->error, "No free network namespace index for %u children in %s (%s)", f->n,
-                             NETNS_DEFAULT_PREFIX, strerror(-r)) < 0)
-                        f->error = NULL;
-                return r;
+        /* What the pool has ready first: those are the fork's as if it had made them. */
+        pooled = netns_pool_take(f->manager->netns_pool, f->opts.net_policy, f->net, f->n);
+        for (unsigned i = 0; i < pooled; i++) {
+                f->net_index[i] = f->net[i].index;
+                f->net_made[i] = true;
         }
-        f->n_net_picked = f->n;
-        /* No more threads than CPUs: on 2 CPUs, 4 threads made 10 namespaces slower than 2. */
-        ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-        r = netns_children_create(&f->net_prefix, f->net_index, f->n, f->opts.net_policy,
-                                  (unsigned) MIN(MAX(ncpu, 1L), (long) NETNS_BATCH_THREADS_MAX), f->net, f->net_made,
-                                  &failed, &step);
+        f->n_net_picked = pooled;
+        rest = f->n - pooled;
+        if (rest > 0) {
+                r = netns_pick_free(&f->net_prefix, rest, f->net_index + pooled);
+                if (r < 0) {
+                        free(f->error);
+                        if (asprintf(&f->error, "No free network namespace index for %u children in %s (%s)",
+                                     rest, NETNS_DEFAULT_PREFIX, strerror(-r)) < 0)
+                                f->error = NULL;
+                        return r;
+                }
+                f->n_net_picked = f->n;
+                /* No more threads than CPUs: on 2 CPUs, 4 threads made 10 namespaces slower than 2. */
+                ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+                r = netns_children_create(&f->net_prefix, f->net_index + pooled, rest, f->opts.net_policy,
+                                          (unsigned) MIN(MAX(ncpu, 1L), (long) NETNS_BATCH_THREADS_MAX),
+                                          f->net + pooled, f->net_made + pooled, &failed, &step);
+                failed += pooled;
+        }
         for (unsigned i = 0; r >= 0 && i < f->n; i++) {
                 f->netns[i] = strdup(f->net[i].name);
                 if (!f->netns[i])
@@ -364,7 +375,8 @@ static int fork_make_namespaces(ForkOp *f) {
                         f->error = NULL;
                 return r;
         }
-        log_info("Made %u network namespace(s) in %" PRIu64 " ms.", f->n, (now_usec() - start) / 1000);
+        log_info("Made %u network namespace(s) in %" PRIu64 " ms, %u of them taken from the pool.", f->n,
+                 (now_usec() - start) / 1000, pooled);
         return 0;
 }
 

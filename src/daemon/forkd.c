@@ -32,6 +32,7 @@ static const char *arg_cgroup_root = NULL;
 static unsigned arg_max_operations = OPERATIONS_MAX_DEFAULT;
 static unsigned arg_max_branches = BRANCHES_MAX_DEFAULT;
 static unsigned arg_control_timeout_sec = CONTROL_TIMEOUT_DEFAULT_SEC;
+static unsigned arg_netns_pool = 0;
 static bool arg_confine = true;
 static uid_t arg_vmm_uid = VMM_USER_DEFAULT_UID;
 static gid_t arg_vmm_gid = VMM_USER_DEFAULT_GID;
@@ -62,6 +63,10 @@ static void help(void) {
                "                          How long a VMM may take to answer a branch or a fork,\n"
                "                          1..%u s (default %u); past it the call fails and the\n"
                "                          sandbox is killed\n"
+               "     --netns-pool N       Keep N network namespaces ready per network policy\n"
+               "                          (none, egress) that forks asked for, made ahead of\n"
+               "                          time, so a fork with a NIC does not wait for them;\n"
+               "                          0..%u (default 0: each fork makes its own)\n"
                "     --vmm-user UID[:GID] The user (and group) confined VMMs run as (default %u:%u,\n"
                "                          in no /etc/passwd; see forkd-vmm(8), CONFINEMENT)\n"
                "     --no-confine         Run VMMs as forkd itself, without their jail, seccomp\n"
@@ -73,14 +78,29 @@ static void help(void) {
                "                          except org.forkd.manage-all (default: none; an empty\n"
                "                          value: none; see forkd(8), THE REST BRIDGE)\n",
                FORKD_VMM_DEFAULT, OPERATIONS_MAX_LIMIT, OPERATIONS_MAX_DEFAULT, BRANCHES_MAX_LIMIT,
-               BRANCHES_MAX_DEFAULT, CONTROL_TIMEOUT_MAX_SEC, CONTROL_TIMEOUT_DEFAULT_SEC, VMM_USER_DEFAULT_UID,
+               BRANCHES_MAX_DEFAULT, CONTROL_TIMEOUT_MAX_SEC, CONTROL_TIMEOUT_DEFAULT_SEC, NETNS_POOL_MAX, VMM_USER_DEFAULT_UID,
                VMM_USER_DEFAULT_GID);
+}
+
+/* A decimal number from min to max, digits only. */
+static int parse_bounded(const char *s, unsigned min, unsigned max, unsigned *ret) {
+        unsigned long v;
+        char *end;
+
+        if (!(*s >= '0' && *s <= '9'))
+                return -EINVAL;
+        errno = 0;
+        v = strtoul(s, &end, 10);
+        if (errno != 0 || *end || v < min || v > max)
+                return -EINVAL;
+        *ret = (unsigned) v;
+        return 0;
 }
 
 static int parse_argv(int argc, char *argv[]) {
         enum { ARG_VERSION = 0x100, ARG_STATE_DIR, ARG_RUNTIME_DIR, ARG_VMM, ARG_BUS_ADDRESS, ARG_CGROUP_ROOT, ARG_MAX_OPERATIONS,
                ARG_MAX_BRANCHES, ARG_CONTROL_TIMEOUT, ARG_VMM_USER, ARG_NO_CONFINE,
-               ARG_TRUSTED_BRIDGE_USER };
+               ARG_TRUSTED_BRIDGE_USER, ARG_NETNS_POOL };
         static const struct option options[] = {
                 { "help", no_argument, NULL, 'h' },
                 { "version", no_argument, NULL, ARG_VERSION },
@@ -95,6 +115,7 @@ static int parse_argv(int argc, char *argv[]) {
                 { "vmm-user", required_argument, NULL, ARG_VMM_USER },
                 { "no-confine", no_argument, NULL, ARG_NO_CONFINE },
                 { "trusted-bridge-user", required_argument, NULL, ARG_TRUSTED_BRIDGE_USER },
+                { "netns-pool", required_argument, NULL, ARG_NETNS_POOL },
                 {},
         };
         int c;
@@ -128,42 +149,26 @@ static int parse_argv(int argc, char *argv[]) {
                                 return log_error_errno(EINVAL, "--cgroup-root needs an absolute path of at most 1024 bytes.");
                         arg_cgroup_root = optarg;
                         break;
-                case ARG_MAX_OPERATIONS: {
-                        char *end;
-                        unsigned long v;
-
-                        errno = 0;
-                        v = strtoul(optarg, &end, 10);
-                        if (errno != 0 || *end || end == optarg || v < 1 || v > OPERATIONS_MAX_LIMIT)
+                case ARG_MAX_OPERATIONS:
+                        if (parse_bounded(optarg, 1, OPERATIONS_MAX_LIMIT, &arg_max_operations) < 0)
                                 return log_error_errno(EINVAL, "--max-operations takes a number from 1 to %u.",
                                                        OPERATIONS_MAX_LIMIT);
-                        arg_max_operations = (unsigned) v;
                         break;
-                }
-                case ARG_MAX_BRANCHES: {
-                        char *end;
-                        unsigned long v;
-
-                        errno = 0;
-                        v = strtoul(optarg, &end, 10);
-                        if (errno != 0 || *end || end == optarg || v < 1 || v > BRANCHES_MAX_LIMIT)
+                case ARG_MAX_BRANCHES:
+                        if (parse_bounded(optarg, 1, BRANCHES_MAX_LIMIT, &arg_max_branches) < 0)
                                 return log_error_errno(EINVAL, "--max-branches takes a number from 1 to %u.",
                                                        BRANCHES_MAX_LIMIT);
-                        arg_max_branches = (unsigned) v;
                         break;
-                }
-                case ARG_CONTROL_TIMEOUT: {
-                        char *end;
-                        unsigned long v;
-
-                        errno = 0;
-                        v = strtoul(optarg, &end, 10);
-                        if (errno != 0 || *end || end == optarg || v < 1 || v > CONTROL_TIMEOUT_MAX_SEC)
+                case ARG_CONTROL_TIMEOUT:
+                        if (parse_bounded(optarg, 1, CONTROL_TIMEOUT_MAX_SEC, &arg_control_timeout_sec) < 0)
                                 return log_error_errno(EINVAL, "--control-timeout-sec takes a number from 1 to %u.",
                                                        CONTROL_TIMEOUT_MAX_SEC);
-                        arg_control_timeout_sec = (unsigned) v;
                         break;
-                }
+                case ARG_NETNS_POOL:
+                        if (parse_bounded(optarg, 0, NETNS_POOL_MAX, &arg_netns_pool) < 0)
+                                return log_error_errno(EINVAL, "--netns-pool takes a number from 0 to %u.",
+                                                       NETNS_POOL_MAX);
+                        break;
                 case ARG_VMM_USER:
                         if (vmm_parse_user(optarg, &arg_vmm_uid, &arg_vmm_gid) < 0)
                                 return log_error_errno(EINVAL, "--vmm-user takes UID[:GID], numbers other than 0.");
@@ -311,6 +316,7 @@ static int run(int argc, char *argv[]) {
         m->max_operations = arg_max_operations;
         m->max_branches = arg_max_branches;
         m->control_timeout_usec = arg_control_timeout_sec * 1000000ull;
+        m->netns_pool_size = arg_netns_pool;
         m->confine = arg_confine && !(getenv("FORKD_NO_CONFINE") && strcmp(getenv("FORKD_NO_CONFINE"), "1") == 0);
         m->vmm_uid = arg_vmm_uid;
         m->vmm_gid = arg_vmm_gid;
@@ -389,6 +395,8 @@ static int run(int argc, char *argv[]) {
         if (worker_pool_pending(m->workers) > 0) {
                 /* A worker is blocked in a long boot; its VMM dies with us (PR_SET_PDEATHSIG). */
                 log_warning("Exiting with operations still running.");
+                /* The pool's thread is no worker's: its namespaces go now, not at the next start. */
+                m->netns_pool = netns_pool_free(m->netns_pool);
                 fflush(stderr);
                 _exit(EXIT_SUCCESS);
         }

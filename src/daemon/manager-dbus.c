@@ -62,6 +62,32 @@ static int property_get_sandbox_count(sd_bus *bus, const char *path, const char 
         return sd_bus_message_append(reply, "u", (uint32_t) manager_n_visible_sandboxes(m));
 }
 
+/* The namespace pool (--netns-pool): policy -> namespaces ready now, for the
+ * policies a fork asked for; empty without a pool. */
+static int property_get_netns_pool(sd_bus *bus, const char *path, const char *interface, const char *property,
+                                   sd_bus_message *reply, void *userdata, sd_bus_error *error) {
+        Manager *m = userdata;
+        int r;
+
+        r = sd_bus_message_open_container(reply, 'a', "{su}");
+        for (int k = 0; r >= 0 && m->netns_pool && k < _NETNS_POLICY_MAX; k++) {
+                bool wanted;
+                unsigned n = netns_pool_ready(m->netns_pool, (NetnsPolicy) k, &wanted);
+
+                if (wanted)
+                        r = sd_bus_message_append(reply, "{su}", netns_policy_to_string((NetnsPolicy) k),
+                                                  (uint32_t) n);
+        }
+        return r < 0 ? r : sd_bus_message_close_container(reply);
+}
+
+static int property_get_netns_pool_size(sd_bus *bus, const char *path, const char *interface,
+                                        const char *property, sd_bus_message *reply, void *userdata,
+                                        sd_bus_error *error) {
+        Manager *m = userdata;
+        return sd_bus_message_append(reply, "u", (uint32_t) netns_pool_size(m->netns_pool));
+}
+
 /* ---- lookups with precise errors ---- */
 
 static int get_image(Manager *m, const char *tag, Image **ret, sd_bus_error *error) {
@@ -970,6 +996,8 @@ const sd_bus_vtable manager_vtable[] = {
         SD_BUS_PROPERTY("DirectSocket", "s", property_get_direct_socket, 0, SD_BUS_VTABLE_PROPERTY_CONST),
         SD_BUS_PROPERTY("SnapshotCount", "u", property_get_snapshot_count, 0, 0),
         SD_BUS_PROPERTY("SandboxCount", "u", property_get_sandbox_count, 0, 0),
+        SD_BUS_PROPERTY("NetnsPoolSize", "u", property_get_netns_pool_size, 0, SD_BUS_VTABLE_PROPERTY_CONST),
+        SD_BUS_PROPERTY("NetnsPool", "a{su}", property_get_netns_pool, 0, 0),
 
         SD_BUS_METHOD_WITH_ARGS("CreateSnapshot",
                                 SD_BUS_ARGS("s", tag, "s", kernel, "s", rootfs, "u", mem_mib, "u", boot_wait_secs),

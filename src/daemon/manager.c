@@ -79,6 +79,8 @@ Manager *manager_free(Manager *m) {
 
         /* Workers first: after this nobody else touches templates. */
         m->workers = worker_pool_free(m->workers);
+        /* After the workers (forks take from it), before the namespaces' users go. */
+        m->netns_pool = netns_pool_free(m->netns_pool);
         m->polkit_registry = polkit_registry_free(m->polkit_registry);
 
         /* Sandboxes before operations: a fork waits for their answers. */
@@ -263,7 +265,14 @@ int manager_startup(Manager *m) {
                         log_warning_errno(r, "Failed to remove the network namespaces of a previous forkd: %m");
                 else if (r > 0)
                         log_info("Removed %d network namespace(s) a previous forkd left.", r);
-        }
+                if (m->netns_pool_size > 0) {
+                        r = netns_pool_new(&m->netns_prefix, m->netns_pool_size, &m->netns_pool);
+                        if (r < 0)
+                                log_warning_errno(r, "Failed to start the network namespace pool, forks make "
+                                                  "their own: %m");
+                }
+        } else if (m->netns_pool_size > 0)
+                log_warning("--netns-pool needs root, as networking does; no pool.");
 
         /* What a killed predecessor left: its VMMs died with it (PR_SET_PDEATHSIG),
          * so its sandboxes are gone; their records and cgroups go now. */
@@ -354,7 +363,8 @@ void manager_check_idle_exit(Manager *m) {
                 }
                 return; /* sandbox_exited() calls again */
         }
-        if (cgroup_pending_removals(m->cgroups) > 0) {
+        /* Cgroups still emptying, and the workers' last jobs (a sandbox's namespace removal). */
+        if (cgroup_pending_removals(m->cgroups) > 0 || worker_pool_pending(m->workers) > 0) {
                 if (!m->exit_poll)
                         (void) sd_event_add_time_relative(m->event, &m->exit_poll, CLOCK_MONOTONIC, 20 * 1000, 0,
                                                           on_exit_poll, m);

@@ -13,7 +13,7 @@
 
 #include "forkd-bus.h"
 #include "hashmap.h"
-#include "netns.h"
+#include "netns-pool.h"
 
 
 /* Limits on what callers control */
@@ -90,6 +90,10 @@ struct Manager {
         /* Per-child network namespaces (netns.c): the /30s of the children of
          * snapshots with a NIC come from here (NETNS_DEFAULT_PREFIX). */
         NetnsPrefix netns_prefix;
+        /* --netns-pool: namespaces made ahead of time per policy (netns-pool.c);
+         * NULL when the size is 0 or forkd is not root. */
+        unsigned netns_pool_size;
+        NetnsPool *netns_pool;
 
         /* Direct (peer-to-peer) D-Bus connections from root and the trusted REST
          * bridge, without the bus daemon in between: state_dir/bus.sock
