@@ -36,6 +36,8 @@ static BranchOp *branch_op_free(BranchOp *b) {
                 (void) sd_bus_reply_method_errorf(b->message, FORKD_ERROR_FAILED, "forkd is shutting down.");
                 sd_bus_message_unref(b->message);
         }
+        if (b->done)
+                b->done(b->manager, -ESHUTDOWN, NULL, 0, "forkd is shutting down.", b->userdata);
         free(b->source_id);
         free(b->tag);
         free(b->dir);
@@ -72,6 +74,15 @@ static void branch_fail(BranchOp *b, const char *fmt, ...) {
                 _cleanup_free_ char *staging = NULL;
                 if (asprintf(&staging, "%s.tmp.%d", b->dir, (int) b->copy_pid) >= 0)
                         (void) rm_rf(staging);
+        }
+        if (b->done) {
+                branch_done_t done = TAKE_PTR(b->done);
+                void *userdata = b->userdata;
+                Manager *m = b->manager;
+
+                branch_op_free(b);
+                done(m, -EIO, NULL, 0, msg ?: "Out of memory", userdata);
+                return;
         }
         if (b->message) {
                 (void) sd_bus_reply_method_errorf(b->message, FORKD_ERROR_FAILED, "%s", msg ?: "Out of memory");
@@ -176,6 +187,16 @@ static void branch_written(BranchOp *b) {
         }
         log_info("Branched %s into snapshot %s (mode %s, paused %llu us).", b->source_id, b->tag, b->mode,
                  (unsigned long long) b->pause_us);
+        if (b->done) {
+                /* Not announced: the caller's (a pause's snapshot is forkd's own). */
+                branch_done_t done = TAKE_PTR(b->done);
+                void *userdata = b->userdata;
+                uint64_t pause_us = b->pause_us;
+
+                branch_op_free(b);
+                done(m, 0, i, pause_us, NULL, userdata);
+                return;
+        }
         image_send_signal(m, i->tag, true);
         reply_info(b, i);
         branch_op_free(b);
@@ -345,8 +366,8 @@ int branch_append_in_flight(sd_bus_message *reply, Manager *m) {
         while (hashmap_iterate(m->branching, &it, &v)) {
                 BranchOp *b = v;
 
-                if (b->state == BRANCH_PAUSING)
-                        continue;
+                if (b->state == BRANCH_PAUSING || b->done)
+                        continue; /* a pause's: forkd's own */
                 r = append_writing_info(reply, b);
                 if (r < 0)
                         return r;
@@ -514,17 +535,14 @@ int bus_sandbox_method_branch(sd_bus_message *message, void *userdata, sd_bus_er
         const char *tag, *mode;
         char auto_tag[SNAPSHOT_TAG_MAX + 1];
         uid_t owner = 0;
-        int wait, r, sv[2];
-        BranchOp *b;
-        struct stat st;
+        int wait, r;
 
         r = sd_bus_message_read(message, "ssb", &tag, &mode, &wait);
         if (r < 0)
                 return r;
-        if (tag[0] && !snapshot_tag_is_valid(tag))
-                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
-                                         "Invalid snapshot tag \"%.64s\": it must match ^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$.",
-                                         tag);
+        r = tag[0] ? bus_check_tag(tag, "snapshot tag", error) : 0;
+        if (r < 0)
+                return r;
         if (!mode[0])
                 mode = "full";
         if (strcmp(mode, "full") != 0 && strcmp(mode, "diff") != 0 && strcmp(mode, "live") != 0)
@@ -548,6 +566,17 @@ int bus_sandbox_method_branch(sd_bus_message *message, void *userdata, sd_bus_er
                         return sd_bus_error_setf(error, FORKD_ERROR_FAILED, "Cannot make a tag from %s.", s->id);
                 tag = auto_tag;
         }
+        r = branch_start(s, tag, mode, wait, owner, message, NULL, NULL, error);
+        return r < 0 ? r : 1;
+}
+
+int branch_start(Sandbox *s, const char *tag, const char *mode, bool wait, uid_t owner, sd_bus_message *message,
+                 branch_done_t done, void *userdata, sd_bus_error *error) {
+        Manager *m = s->manager;
+        BranchOp *b;
+        struct stat st;
+        int r, sv[2];
+
         if (m->exiting)
                 return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "forkd is shutting down.");
         if (branch_in_flight(m, tag))
@@ -609,10 +638,12 @@ int bus_sandbox_method_branch(sd_bus_message *message, void *userdata, sd_bus_er
                 branch_op_free(b);
                 return sd_bus_error_set_errnof(error, r, "Failed to ask the VMM of %s for a branch: %m", s->id);
         }
-        b->message = sd_bus_message_ref(message);
+        b->message = done ? NULL : sd_bus_message_ref(message);
+        b->done = done;
+        b->userdata = userdata;
         b->sandbox = s;
         log_info("Branching %s into %s (mode %s).", s->id, b->tag, b->mode);
-        return 1;
+        return 0;
 }
 
 static int on_snapshots_event(sd_event_source *es, int fd, uint32_t revents, void *userdata) {

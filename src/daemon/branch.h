@@ -46,6 +46,10 @@ int sandbox_control_send(Sandbox *s, const char *request, int fd, ControlWaiter 
 int control_pause_reply_parse(struct json_object *o, uint64_t *ret_pause_us, pid_t *ret_pid,
                               const char **ret_reason);
 
+/* An internal branch's end (a pause): r 0 with the registered, unannounced
+ * snapshot i, else r < 0 and why. Runs once; the BranchOp is gone by then. */
+typedef void (*branch_done_t)(Manager *m, int r, Image *i, uint64_t pause_us, const char *why, void *userdata);
+
 struct BranchOp {
         ControlWaiter waiter;      /* first: the source's FIFO of requests awaiting a control reply */
         Manager *manager;
@@ -64,7 +68,18 @@ struct BranchOp {
         uint64_t pause_us, started_at;
         enum { BRANCH_PAUSING, BRANCH_WRITING, BRANCH_FAILED } state;
         char *error;               /* failed: why */
+        branch_done_t done;        /* set: no message; done() instead of the reply */
+        void *userdata;
 };
+
+/* Branch s into tag (mode "full", "diff" or "live"; wait false only with
+ * live), owned by owner: checks what BranchSandbox checks after its
+ * authorization (SnapshotExists, Busy, ...) into error. message (may be NULL
+ * with done) is answered with the snapshot's info once it is registered;
+ * with done, done() is called instead and message is left alone. 0 when the
+ * request is on its way. */
+int branch_start(Sandbox *s, const char *tag, const char *mode, bool wait, uid_t owner, sd_bus_message *message,
+                 branch_done_t done, void *userdata, sd_bus_error *error);
 
 /* Sandbox method Branch and the tail of Manager.BranchSandbox (after the id):
  * reads (s tag, s mode, b wait). */

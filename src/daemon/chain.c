@@ -365,14 +365,12 @@ int method_compact_snapshot(sd_bus_message *message, void *userdata, sd_bus_erro
         r = sd_bus_message_read(message, "ss", &tag, &to);
         if (r < 0)
                 return r;
-        if (!snapshot_tag_is_valid(tag))
-                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
-                                         "Invalid snapshot tag \"%.64s\": it must match ^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$.",
-                                         tag);
-        if (!snapshot_tag_is_valid(to))
-                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
-                                         "Invalid target tag \"%.64s\": \"to\" must match ^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$.",
-                                         to);
+        r = bus_check_tag(tag, "snapshot tag", error);
+        if (r < 0)
+                return r;
+        r = bus_check_tag(to, "target tag", error);
+        if (r < 0)
+                return r;
         if (strcmp(tag, to) == 0)
                 return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
                                          "\"to\" must differ from the snapshot compacted (%s).", tag);

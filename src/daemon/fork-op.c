@@ -569,7 +569,7 @@ static void fork_work_done(int r, void *userdata) {
                                 .created_at = f->created_at, .memory_limit_mib = f->opts.memory_limit_mib,
                                 .has_cgroup = f->has_cgroup[i], .live_fork = f->opts.live_fork,
                                 .owner_uid = f->opts.owner_uid,
-                                .netns_owned = f->opts.net,
+                                .netns_owned = f->opts.net, .net_policy = f->opts.net_policy,
                                 .host_addr = f->opts.net ? f->net[i].host_addr : NULL,
                                 .inside_addr = f->opts.net ? f->net[i].inside_addr : NULL,
                                 .agent_tcp = f->opts.agent_tcp,
@@ -865,7 +865,7 @@ static int fork_op_start_full(Manager *m, Image *i, VmTemplate *t, unsigned n, c
         f->opts = *o;
         f->done = done;
         f->userdata = userdata;
-        f->created_at = (uint64_t) time(NULL);
+        f->created_at = o->created_at > 0 ? o->created_at : (uint64_t) time(NULL);
         f->t[FORK_T_START] = now_usec();
         f->image = i;
         if (i)
@@ -893,20 +893,32 @@ static int fork_op_start_full(Manager *m, Image *i, VmTemplate *t, unsigned n, c
         for (unsigned k = 0; k < n; k++)
                 f->agent_fds[k] = f->control_fds[k] = -EBADF;
 
-        /* sb-<6 hex>-<4 digits>: one random prefix per fork, unused by any live sandbox. */
-        for (unsigned attempt = 0;; attempt++) {
+        /* A resume: the paused sandbox's own id. */
+        if (o->id) {
+                if (n != 1 || hashmap_get(m->sandboxes, o->id) || hashmap_get(m->vms, o->id)) {
+                        r = -EEXIST;
+                        goto fail;
+                }
+                f->ids[0] = strdup(o->id);
+                if (!f->ids[0]) {
+                        r = -ENOMEM;
+                        goto fail;
+                }
+        }
+        /* sb-<6 hex>-<4 digits>: one random prefix per fork, unused by any live or paused sandbox. */
+        for (unsigned attempt = 0; !o->id; attempt++) {
                 char probe[32];
 
                 random_hex(prefix, 6);
                 snprintf(probe, sizeof(probe), "sb-%s-0000", prefix);
-                if (!hashmap_get(m->sandboxes, probe) && !hashmap_get(m->vms, probe))
+                if (!hashmap_get(m->sandboxes, probe) && !hashmap_get(m->vms, probe) && !hashmap_get(m->paused, probe))
                         break;
                 if (attempt > 16) {
                         r = -EADDRINUSE;
                         goto fail;
                 }
         }
-        for (unsigned k = 0; k < n; k++)
+        for (unsigned k = 0; k < n && !o->id; k++)
                 if (asprintf(&f->ids[k], "sb-%s-%04u", prefix, k) < 0) {
                         f->ids[k] = NULL;
                         r = -ENOMEM;

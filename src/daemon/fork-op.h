@@ -30,6 +30,8 @@ struct fork_options {
         uint32_t memory_limit_mib; /* 0: none */
         bool live_fork;
         uid_t owner_uid;           /* the caller: owner of every child */
+        const char *id;            /* n 1: this id, not a new one (a resume); borrowed until done() */
+        uint64_t created_at;       /* with id: the sandbox's first creation (unix s); 0: now */
 };
 
 /* The network part of a fork of a snapshot with (has_nic) or without a NIC:

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 #include "chain.h"
 #include "image-dbus.h"
+#include "paused.h"
 #include "image.h"
 #include "macro.h"
 #include "polkit.h"
@@ -153,6 +154,18 @@ int image_append_info_fields(sd_bus_message *reply, Image *i, bool details) {
         return 0;
 }
 
+int bus_check_tag(const char *tag, const char *what, sd_bus_error *error) {
+        if (!snapshot_tag_is_valid(tag))
+                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
+                                         "Invalid %s \"%.64s\": it must match ^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$.", what,
+                                         tag);
+        if (snapshot_tag_is_forkds(tag))
+                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
+                                         "Invalid %s \"%.64s\": tags beginning with \"" PAUSED_TAG_PREFIX
+                                         "\" are forkd's own (paused sandboxes).", what, tag);
+        return 0;
+}
+
 int image_object_find(sd_bus *bus, const char *path, const char *interface, void *userdata, void **found,
                       sd_bus_error *error) {
         _cleanup_free_ char *tag = NULL;
@@ -164,7 +177,7 @@ int image_object_find(sd_bus *bus, const char *path, const char *interface, void
         if (r <= 0)
                 return 0;
         i = hashmap_get(m->images, tag);
-        if (!i)
+        if (!i || snapshot_tag_is_forkds(i->tag))
                 return 0;
         *found = i;
         return 1;
@@ -181,6 +194,8 @@ int image_node_enumerator(sd_bus *bus, const char *path, void *userdata, char **
         if (!l)
                 return -ENOMEM;
         while (hashmap_iterate(m->images, &it, &v)) {
+                if (snapshot_tag_is_forkds(((Image *) v)->tag))
+                        continue;
                 if (image_object_path(((Image *) v)->tag, &l[n]) < 0) {
                         strv_free(l);
                         return -ENOMEM;
@@ -194,7 +209,7 @@ int image_node_enumerator(sd_bus *bus, const char *path, void *userdata, char **
 void image_send_signal(Manager *m, const char *tag, bool new) {
         _cleanup_free_ char *p = NULL;
 
-        if (!m->bus || image_object_path(tag, &p) < 0)
+        if (!m->bus || snapshot_tag_is_forkds(tag) || image_object_path(tag, &p) < 0)
                 return;
         (void) sd_bus_emit_signal(m->bus, FORKD_MANAGER_PATH, FORKD_BUS_NAME, new ? "SnapshotNew" : "SnapshotRemoved",
                                   "so", tag, p);

@@ -12,6 +12,10 @@ int image_object_find(sd_bus *bus, const char *path, const char *interface, void
                       sd_bus_error *error);
 int image_node_enumerator(sd_bus *bus, const char *path, void *userdata, char ***nodes, sd_bus_error *error);
 
+/* A snapshot tag a caller names (what: "snapshot tag", "target tag"): valid
+ * and not one of forkd's own (paused.h); else InvalidArgs into error. */
+int bus_check_tag(const char *tag, const char *what, sd_bus_error *error);
+
 /* SnapshotInfo, or SnapshotDetails with details. */
 int image_append_info(sd_bus_message *reply, Image *i, bool details);
 /* The same entries, into a dictionary the caller has opened (and adds to). */

@@ -23,6 +23,7 @@
 #include "manager-dbus.h"
 #include "operation.h"
 #include "pack-op.h"
+#include "paused.h"
 #include "polkit.h"
 #include "branch.h"
 #include "sandbox-fork.h"
@@ -92,11 +93,10 @@ static int property_get_netns_pool_size(sd_bus *bus, const char *path, const cha
 
 static int get_image(Manager *m, const char *tag, Image **ret, sd_bus_error *error) {
         Image *i = NULL;
+        int r = bus_check_tag(tag, "snapshot tag", error);
 
-        if (!snapshot_tag_is_valid(tag))
-                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
-                                         "Invalid snapshot tag \"%.64s\": it must match ^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$.",
-                                         tag);
+        if (r < 0)
+                return r;
         i = hashmap_get(m->images, tag);
         if (!i)
                 return sd_bus_error_setf(error, FORKD_ERROR_NO_SUCH_SNAPSHOT, "No snapshot with tag %s.", tag);
@@ -110,9 +110,27 @@ static int get_sandbox(Manager *m, const char *id, Sandbox **ret, sd_bus_error *
         if (!snapshot_tag_is_valid(id))
                 return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "Invalid sandbox id \"%.64s\".", id);
         s = hashmap_get(m->sandboxes, id);
+        if ((!s || !sandbox_is_visible(s)) && hashmap_get(m->paused, id))
+                return sd_bus_error_setf(error, FORKD_ERROR_PAUSED, "sandbox %s is paused", id);
         if (!s || !sandbox_is_visible(s))
                 return sd_bus_error_setf(error, FORKD_ERROR_NO_SUCH_SANDBOX, "No sandbox with id %s.", id);
+        if (s->pausing)
+                return sd_bus_error_setf(error, FORKD_ERROR_PAUSED, "sandbox %s is being paused", id);
         *ret = s;
+        return 0;
+}
+
+/* The sandbox id, running (pausing included) or paused: one of *ret_s, *ret_p is set. */
+static int get_sandbox_or_paused(Manager *m, const char *id, Sandbox **ret_s, Paused **ret_p, sd_bus_error *error) {
+        Sandbox *s;
+
+        if (!snapshot_tag_is_valid(id))
+                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "Invalid sandbox id \"%.64s\".", id);
+        s = hashmap_get(m->sandboxes, id);
+        *ret_s = s && sandbox_is_visible(s) ? s : NULL;
+        *ret_p = *ret_s ? NULL : hashmap_get(m->paused, id);
+        if (!*ret_s && !*ret_p)
+                return sd_bus_error_setf(error, FORKD_ERROR_NO_SUCH_SANDBOX, "No sandbox with id %s.", id);
         return 0;
 }
 
@@ -214,10 +232,10 @@ static void create_done(int r, void *userdata) {
 
 /* The checks of CreateSnapshot and CreateSnapshotFromFds that come before polkit. */
 static int check_create_args(const char *tag, uint32_t mem_mib, uint32_t boot_wait, sd_bus_error *error) {
-        if (!snapshot_tag_is_valid(tag))
-                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
-                                         "Invalid snapshot tag \"%.64s\": it must match ^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$.",
-                                         tag);
+        int r = bus_check_tag(tag, "snapshot tag", error);
+
+        if (r < 0)
+                return r;
         if (mem_mib != 0 && (mem_mib < 16 || mem_mib > MEM_MIB_MAX || mem_mib % 2 != 0))
                 return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
                                          "mem_mib must be 0 (default) or an even number from 16 to %u.", MEM_MIB_MAX);
@@ -462,6 +480,8 @@ static int method_list_snapshots(sd_bus_message *message, void *userdata, sd_bus
         if (r < 0)
                 return r;
         while (hashmap_iterate(m->images, &it, &v)) {
+                if (snapshot_tag_is_forkds(((Image *) v)->tag))
+                        continue; /* a paused sandbox's state */
                 r = image_append_info(reply, v, false);
                 if (r < 0)
                         return r;
@@ -653,10 +673,9 @@ static int method_fork(sd_bus_message *message, void *userdata, sd_bus_error *er
         r = parse_fork_options(message, &opts, error);
         if (r < 0)
                 return r;
-        if (!snapshot_tag_is_valid(tag))
-                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
-                                         "Invalid snapshot tag \"%.64s\": it must match ^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$.",
-                                         tag);
+        r = bus_check_tag(tag, "snapshot tag", error);
+        if (r < 0)
+                return r;
         if (n < 1 || n > FORK_N_MAX)
                 return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "n must be from 1 to %u, not %u.",
                                          FORK_N_MAX, n);
@@ -772,6 +791,16 @@ static int method_list_sandboxes(sd_bus_message *message, void *userdata, sd_bus
                 if (r < 0)
                         return r;
         }
+        it = (HashmapIter) {};
+        while (hashmap_iterate(m->paused, &it, &v)) {
+                Paused *p = v;
+
+                if ((!all && p->owner_uid != uid) || hashmap_get(m->sandboxes, p->id))
+                        continue; /* a resume's new VM, until it answers, is the paused one */
+                r = paused_append_info(reply, p);
+                if (r < 0)
+                        return r;
+        }
         r = sd_bus_message_close_container(reply);
         if (r < 0)
                 return r;
@@ -783,6 +812,7 @@ static int method_get_sandbox(sd_bus_message *message, void *userdata, sd_bus_er
         Manager *m = userdata;
         const char *id;
         Sandbox *s = NULL;
+        Paused *p = NULL;
         int r;
 
         r = sd_bus_message_rewind(message, true); /* polkit may dispatch it twice */
@@ -791,11 +821,11 @@ static int method_get_sandbox(sd_bus_message *message, void *userdata, sd_bus_er
         r = sd_bus_message_read(message, "s", &id);
         if (r < 0)
                 return r;
-        r = get_sandbox(m, id, &s, error);
+        r = get_sandbox_or_paused(m, id, &s, &p, error);
         if (r < 0)
                 return r;
         /* Its owner needs nothing more; anyone else org.forkd.manage-all. */
-        r = sandbox_verify(message, s, NULL, "get", error);
+        r = s ? sandbox_verify(message, s, NULL, "get", error) : paused_verify(message, p, NULL, "get", error);
         if (r < 0)
                 return r;
         if (r == 0)
@@ -803,7 +833,7 @@ static int method_get_sandbox(sd_bus_message *message, void *userdata, sd_bus_er
         r = sd_bus_message_new_method_return(message, &reply);
         if (r < 0)
                 return r;
-        r = sandbox_append_info(reply, s);
+        r = s ? sandbox_append_info(reply, s) : paused_append_info(reply, p);
         if (r < 0)
                 return r;
         return sd_bus_send(NULL, reply, NULL);
@@ -829,8 +859,41 @@ static int forward_to_sandbox(sd_bus_message *message, Manager *m, sd_bus_messag
         return handler(message, s, error);
 }
 
+/* The same for verbs that also take a paused sandbox: paused() gets the Paused
+ * (NULL: the verb refuses one, NotPaused for running() NULL). */
+static int forward_to_either(sd_bus_message *message, Manager *m, sd_bus_message_handler_t running,
+                             sd_bus_message_handler_t paused, sd_bus_error *error) {
+        const char *id;
+        Sandbox *s = NULL;
+        Paused *p = NULL;
+        int r;
+
+        r = sd_bus_message_rewind(message, true); /* polkit may dispatch it twice */
+        if (r < 0)
+                return r;
+        r = sd_bus_message_read(message, "s", &id);
+        if (r < 0)
+                return r;
+        r = get_sandbox_or_paused(m, id, &s, &p, error);
+        if (r < 0)
+                return r;
+        if (s && !running)
+                return sd_bus_error_setf(error, FORKD_ERROR_NOT_PAUSED, "sandbox %s is not paused", id);
+        if (s && s->pausing)
+                return sd_bus_error_setf(error, FORKD_ERROR_PAUSED, "sandbox %s is being paused", id);
+        return s ? running(message, s, error) : paused(message, p, error);
+}
+
 static int method_terminate_sandbox(sd_bus_message *message, void *userdata, sd_bus_error *error) {
-        return forward_to_sandbox(message, userdata, bus_sandbox_method_terminate, error);
+        return forward_to_either(message, userdata, bus_sandbox_method_terminate, bus_paused_method_terminate, error);
+}
+
+static int method_pause_sandbox(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        return forward_to_sandbox(message, userdata, bus_sandbox_method_pause, error);
+}
+
+static int method_resume_sandbox(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        return forward_to_either(message, userdata, NULL, bus_paused_method_resume, error);
 }
 
 /* TerminateSandboxes(as ids) -> (as unknown): every sandbox named, at once.
@@ -966,7 +1029,7 @@ static int method_branch_sandbox(sd_bus_message *message, void *userdata, sd_bus
 }
 
 static int method_fork_sandbox(sd_bus_message *message, void *userdata, sd_bus_error *error) {
-        return forward_to_sandbox(message, userdata, bus_sandbox_method_fork, error);
+        return forward_to_either(message, userdata, bus_sandbox_method_fork, bus_paused_method_fork, error);
 }
 
 static int method_merge_sandbox(sd_bus_message *message, void *userdata, sd_bus_error *error) {
@@ -1040,6 +1103,10 @@ const sd_bus_vtable manager_vtable[] = {
                                 SD_BUS_RESULT("s", result_json), method_run_code, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("BranchSandbox", SD_BUS_ARGS("s", id, "s", tag, "s", mode, "b", wait),
                                 SD_BUS_RESULT("a{sv}", info), method_branch_sandbox, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("PauseSandbox", SD_BUS_ARGS("s", id), SD_BUS_RESULT("a{sv}", info),
+                                method_pause_sandbox, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("ResumeSandbox", SD_BUS_ARGS("s", id), SD_BUS_RESULT("a{sv}", info),
+                                method_resume_sandbox, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("ForkSandbox", SD_BUS_ARGS("s", id, "u", n),
                                 SD_BUS_RESULT("aa{sv}", sandboxes, "t", pause_us), method_fork_sandbox,
                                 SD_BUS_VTABLE_UNPRIVILEGED),

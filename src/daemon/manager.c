@@ -20,6 +20,7 @@
 #include "sandbox-dbus.h"
 #include "sandbox.h"
 #include "vm-template.h"
+#include "paused.h"
 #include "worker.h"
 
 void random_hex(char *buf, size_t n_digits) {
@@ -63,6 +64,8 @@ int manager_new(Manager **ret) {
         if (r >= 0)
                 r = hashmap_new(&m->vms);
         if (r >= 0)
+                r = hashmap_new(&m->paused);
+        if (r >= 0)
                 r = sd_event_default(&m->event);
         if (r < 0) {
                 manager_free(m);
@@ -91,6 +94,8 @@ Manager *manager_free(Manager *m) {
                 operation_free(m->operations);
         while (m->templates)
                 vm_template_free(m->templates);
+        while (hashmap_size(m->paused) > 0)
+                paused_free(hashmap_first(m->paused));
         while (hashmap_size(m->images) > 0)
                 image_free(hashmap_first(m->images));
 
@@ -100,6 +105,7 @@ Manager *manager_free(Manager *m) {
         m->branching = hashmap_free(m->branching);
         m->sandboxes = hashmap_free(m->sandboxes);
         m->vms = hashmap_free(m->vms);
+        m->paused = hashmap_free(m->paused);
         for (unsigned i = 0; i < m->n_stale_ids; i++) {
                 free(m->stale_ids[i]);
                 free(m->stale_records[i]);
@@ -288,7 +294,13 @@ int manager_startup(Manager *m) {
         if (r < 0)
                 log_warning_errno(r, "Failed to watch %s; branches written across a restart are registered at "
                                   "the next start only: %m", m->snapshots_dir);
-        return load_snapshots(m);
+        r = load_snapshots(m);
+        if (r < 0)
+                return r;
+        r = paused_load_all(m);
+        if (r < 0)
+                log_warning_errno(r, "Failed to load the paused sandboxes: %m");
+        return 0;
 }
 
 void manager_announce_restart(Manager *m) {
@@ -334,7 +346,7 @@ unsigned manager_n_visible_sandboxes(const Manager *m) {
         while (hashmap_iterate(m->sandboxes, &it, &v))
                 if (sandbox_is_visible(v))
                         n++;
-        return n;
+        return n + hashmap_size(m->paused);
 }
 
 static int on_exit_poll(sd_event_source *s, uint64_t usec, void *userdata) {

@@ -77,6 +77,7 @@ struct Manager {
         uint64_t control_timeout_usec; /* a VMM's control reply; past it the sandbox is killed */
         Hashmap *sandboxes;   /* id -> Sandbox, starting ones included */
         Hashmap *vms;         /* vm_id -> Sandbox: every sandbox, retired ones (merged away) too */
+        Hashmap *paused;      /* id -> Paused (paused.c): sandboxes without a VM, kept across restarts */
         unsigned n_sandboxes_reserved; /* by forks in progress, not yet in the map */
         VmTemplate *templates;
 

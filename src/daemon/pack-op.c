@@ -123,10 +123,9 @@ int bus_manager_method_pack_snapshot(sd_bus_message *message, void *userdata, sd
         r = sd_bus_message_read(message, "sh", &tag, &fd);
         if (r < 0)
                 return r;
-        if (!snapshot_tag_is_valid(tag))
-                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
-                                         "Invalid snapshot tag \"%.64s\": it must match ^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$.",
-                                         tag);
+        r = bus_check_tag(tag, "snapshot tag", error);
+        if (r < 0)
+                return r;
         r = bus_verify_polkit_async(message, "org.forkd.manage-snapshots",
                                     (const char *[]) { "snapshot", tag, "verb", "pack", NULL }, &m->polkit_registry,
                                     error);
@@ -405,10 +404,9 @@ int bus_manager_method_unpack_snapshot(sd_bus_message *message, void *userdata, 
         r = sd_bus_message_read(message, "hs", &fd, &new_tag);
         if (r < 0)
                 return r;
-        if (new_tag[0] && !snapshot_tag_is_valid(new_tag))
-                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
-                                         "Invalid snapshot tag \"%.64s\": it must match ^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$.",
-                                         new_tag);
+        r = new_tag[0] ? bus_check_tag(new_tag, "snapshot tag", error) : 0;
+        if (r < 0)
+                return r;
         r = bus_verify_polkit_async(message, "org.forkd.manage-snapshots",
                                     (const char *[]) { "snapshot", new_tag, "verb", "unpack", NULL },
                                     &m->polkit_registry, error);

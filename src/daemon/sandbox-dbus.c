@@ -79,14 +79,15 @@ int sandbox_append_info(sd_bus_message *reply, Sandbox *s) {
         r = sd_bus_message_open_container(reply, 'a', "{sv}");
         if (r < 0)
                 return r;
-        r = sd_bus_message_append(reply, "{sv}{sv}{sv}{sv}{sv}{sv}{sv}",
+        r = sd_bus_message_append(reply, "{sv}{sv}{sv}{sv}{sv}{sv}{sv}{sv}",
                                   "id", "s", s->id,
                                   "owner_uid", "u", (uint32_t) s->owner_uid,
-                                  "snapshot_tag", "s", s->snapshot_tag,
+                                  "snapshot_tag", "s", s->origin_tag ?: s->snapshot_tag,
                                   "guest_addr", "s", s->guest_addr,
                                   "created_at_unix", "t", s->created_at,
                                   "pid", "u", s->pid,
-                                  "state", "s", sandbox_state_to_string(s->state));
+                                  "state", "s", sandbox_state_to_string(s->state),
+                                  "status", "s", sandbox_state_to_string(s->state));
         if (r < 0)
                 return r;
         if (s->netns) {
@@ -476,7 +477,7 @@ int bus_sandbox_method_merge(sd_bus_message *message, void *userdata, sd_bus_err
         if (!s->killed || s->pid == 0)
                 return sd_bus_send(NULL, reply, NULL);
         /* Answered once the old VM is gone (sandbox_free()). */
-        s->merge_reply = TAKE_PTR(reply);
+        s->retire_reply = TAKE_PTR(reply);
         return 1;
 }
 

@@ -15,6 +15,7 @@
 #include "image.h"
 #include "json-util.h"
 #include "macro.h"
+#include "paused.h"
 #include "sandbox-dbus.h"
 #include "sandbox.h"
 #include "snapshot-meta.h"
@@ -174,6 +175,7 @@ static int sandbox_new_full(Manager *m, const struct sandbox_params *p, int agen
         s->owner_uid = p->owner_uid;
         s->has_cgroup = p->has_cgroup;
         s->live_fork = p->live_fork;
+        s->net_policy = p->net_policy;
         s->state = SANDBOX_STARTING;
         s->id = strdup(p->id);
         s->vm_id = strdup(p->vm_id ?: p->id);
@@ -213,6 +215,7 @@ fail:
         free(s->id);
         free(s->vm_id);
         free(s->snapshot_tag);
+        free(s->origin_tag);
         free(s->netns);
         free(s->host_addr);
         free(s->inside_addr);
@@ -313,10 +316,10 @@ Sandbox *sandbox_free(Sandbox *s) {
         for (unsigned i = 0; i < s->n_terminate_groups; i++)
                 terminate_group_done(s->terminate_groups[i]);
         s->n_terminate_groups = 0;
-        if (s->merge_reply) {
-                /* The merge that retired it: answered now that its VM is gone. */
-                (void) sd_bus_send(NULL, s->merge_reply, NULL);
-                s->merge_reply = sd_bus_message_unref(s->merge_reply);
+        if (s->retire_reply) {
+                /* The merge or pause that retired it: answered now that its VM is gone. */
+                (void) sd_bus_send(NULL, s->retire_reply, NULL);
+                s->retire_reply = sd_bus_message_unref(s->retire_reply);
         }
         fail_all_calls(s, -ECONNRESET);
         branch_sandbox_gone(s);
@@ -377,7 +380,10 @@ void sandbox_exited(Sandbox *s, int code, int sig) {
                 log_info("Sandbox %s removed: %s (code %d, signal %d).", s->id, reason, code, sig);
                 sandbox_send_removed_signal(s, reason);
         }
+        _cleanup_free_ char *forkds_tag = snapshot_tag_is_forkds(s->snapshot_tag) ? strdup(s->snapshot_tag) : NULL;
         sandbox_free(s);
+        if (forkds_tag)
+                paused_snapshot_gc(m, forkds_tag);
         if (f)
                 fork_op_child_gone(f);
         if (t)

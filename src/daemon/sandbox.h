@@ -59,7 +59,11 @@ struct Sandbox {
         /* Replaced by a merge: off the bus and out of manager->sandboxes, its VM
          * killed; no signal when it goes. merge_reply is sent once it is gone. */
         bool retired;
-        sd_bus_message *merge_reply;
+        /* The call that retired it (a merge, a pause): sent once its VM is gone. */
+        sd_bus_message *retire_reply;
+        bool pausing;         /* a pause is in flight (paused.c) */
+        char *origin_tag;     /* NULL: snapshot_tag; else what it is shown to come from (a resume) */
+        int net_policy;       /* with netns_owned: its NetnsPolicy */
         /* Terminate calls answered once the VMM is gone, so that a caller
          * that sees the reply never finds the sandbox listed any more. */
         sd_bus_message *terminate_waiters[16];
@@ -102,6 +106,7 @@ struct sandbox_params {
         uint32_t memory_limit_mib;
         uid_t owner_uid;
         bool has_cgroup, live_fork;
+        int net_policy;       /* with netns_owned */
 };
 
 /* Takes agent_fd (closed on failure too). Registers the sandbox in the manager. */

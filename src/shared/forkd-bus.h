@@ -12,6 +12,10 @@
 
 #define FORKD_ERROR_NO_SUCH_SNAPSHOT "org.forkd.Error.NoSuchSnapshot"
 #define FORKD_ERROR_NO_SUCH_SANDBOX "org.forkd.Error.NoSuchSandbox"
+/* The sandbox is paused (or being paused): resume it first. */
+#define FORKD_ERROR_PAUSED "org.forkd.Error.Paused"
+/* ResumeSandbox of a sandbox that runs. */
+#define FORKD_ERROR_NOT_PAUSED "org.forkd.Error.NotPaused"
 #define FORKD_ERROR_SNAPSHOT_EXISTS "org.forkd.Error.SnapshotExists"
 #define FORKD_ERROR_HAS_DEPENDENTS "org.forkd.Error.HasDependents"
 #define FORKD_ERROR_CHAIN_BROKEN "org.forkd.Error.ChainBroken"

@@ -1,0 +1,683 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+/* Paused sandboxes: see paused.h. */
+#include <dirent.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <json-c/json.h>
+
+#include "branch.h"
+#include "cgroup.h"
+#include "chain.h"
+#include "forkd-bus.h"
+#include "fork-op.h"
+#include "fs-util.h"
+#include "hashmap.h"
+#include "image.h"
+#include "json-util.h"
+#include "macro.h"
+#include "operation.h"
+#include "paused.h"
+#include "polkit.h"
+#include "sandbox-dbus.h"
+#include "sandbox.h"
+#include "snapshot-meta.h"
+
+/* A record is a few hundred bytes; anything larger is not one of ours. */
+#define RECORD_MAX 4096
+
+bool snapshot_tag_is_forkds(const char *tag) {
+        return tag && strncmp(tag, PAUSED_TAG_PREFIX, strlen(PAUSED_TAG_PREFIX)) == 0;
+}
+
+static int paused_dir(Manager *m, char **ret) {
+        return asprintf(ret, "%s/" PAUSED_DIR, m->state_dir) < 0 ? -ENOMEM : 0;
+}
+
+Paused *paused_free(Paused *p) {
+        if (!p)
+                return NULL;
+        if (p->id && hashmap_get(p->manager->paused, p->id) == p)
+                hashmap_remove(p->manager->paused, p->id);
+        free(p->id);
+        free(p->tag);
+        free(p->origin_tag);
+        free(p);
+        return NULL;
+}
+
+/* ---- the record ---- */
+
+static int record_format(const Paused *p, char **ret) {
+        _cleanup_json_ struct json_object *o = json_object_new_object();
+        char *s;
+
+        if (!o)
+                return -ENOMEM;
+        json_object_object_add(o, "id", json_object_new_string(p->id));
+        json_object_object_add(o, "tag", json_object_new_string(p->tag));
+        json_object_object_add(o, "origin_tag", json_object_new_string(p->origin_tag));
+        json_object_object_add(o, "owner_uid", json_object_new_int64(p->owner_uid));
+        json_object_object_add(o, "created_at", json_object_new_int64((int64_t) p->created_at));
+        json_object_object_add(o, "paused_at", json_object_new_int64((int64_t) p->paused_at));
+        json_object_object_add(o, "memory_limit_mib", json_object_new_int64(p->memory_limit_mib));
+        if (p->net_policy >= 0)
+                json_object_object_add(o, "network",
+                                       json_object_new_string(netns_policy_to_string((NetnsPolicy) p->net_policy)));
+        s = strdup(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN));
+        if (!s)
+                return -ENOMEM;
+        *ret = s;
+        return 0;
+}
+
+static const char *get_string(struct json_object *o, const char *key) {
+        struct json_object *v;
+
+        return json_object_object_get_ex(o, key, &v) && json_object_is_type(v, json_type_string) ?
+                       json_object_get_string(v) :
+                       NULL;
+}
+
+static bool get_uint(struct json_object *o, const char *key, uint64_t max, uint64_t *ret) {
+        struct json_object *v;
+        int64_t x;
+
+        if (!json_object_object_get_ex(o, key, &v) || !json_object_is_type(v, json_type_int))
+                return false;
+        x = json_object_get_int64(v);
+        if (x < 0 || (uint64_t) x > max)
+                return false;
+        *ret = (uint64_t) x;
+        return true;
+}
+
+/* The record in text, for the file called name ("<id>.json"): checked field
+ * by field; *ret_why says what is wrong with a refused one. */
+static int record_parse(Manager *m, const char *name, const char *text, size_t len, Paused **ret,
+                        const char **ret_why) {
+        _cleanup_json_ struct json_object *o = NULL;
+        const char *id, *tag, *origin, *net, *perr = NULL;
+        uint64_t owner, created, paused, mem;
+        size_t idlen;
+        Paused *p;
+
+        if (json_parse_strict(text, len, RECORD_MAX, 2, &o, &perr) < 0) {
+                *ret_why = "not a JSON object";
+                return -EBADMSG;
+        }
+        id = get_string(o, "id");
+        tag = get_string(o, "tag");
+        origin = get_string(o, "origin_tag");
+        net = get_string(o, "network");
+        idlen = id ? strlen(id) : 0;
+        if (!id || !snapshot_tag_is_valid(id) || snapshot_tag_is_forkds(id) || strncmp(name, id, idlen) != 0 ||
+            strcmp(name + idlen, ".json") != 0)
+                *ret_why = "its id is missing, invalid, or not its file's name";
+        else if (!tag || !snapshot_tag_is_valid(tag) || !snapshot_tag_is_forkds(tag) ||
+                 strncmp(tag + strlen(PAUSED_TAG_PREFIX), id, idlen) != 0 || tag[strlen(PAUSED_TAG_PREFIX) + idlen] != '.')
+                *ret_why = "its snapshot tag is not paused.<id>.*";
+        else if (!origin || !snapshot_tag_is_valid(origin))
+                *ret_why = "its origin_tag is missing or invalid";
+        else if (!get_uint(o, "owner_uid", UINT32_MAX - 1, &owner) || !get_uint(o, "created_at", INT64_MAX, &created) ||
+                 !get_uint(o, "paused_at", INT64_MAX, &paused) ||
+                 !get_uint(o, "memory_limit_mib", MEMORY_LIMIT_MIB_MAX, &mem))
+                *ret_why = "owner_uid, created_at, paused_at or memory_limit_mib is missing or out of range";
+        else if (net && netns_policy_from_string(net) < 0)
+                *ret_why = "its network policy is unknown";
+        else
+                *ret_why = NULL;
+        if (*ret_why)
+                return -EBADMSG;
+
+        p = calloc(1, sizeof(*p));
+        if (!p)
+                return -ENOMEM;
+        p->manager = m;
+        p->id = strdup(id);
+        p->tag = strdup(tag);
+        p->origin_tag = strdup(origin);
+        p->owner_uid = (uid_t) owner;
+        p->created_at = created;
+        p->paused_at = paused;
+        p->memory_limit_mib = (uint32_t) mem;
+        p->net_policy = net ? (int) netns_policy_from_string(net) : -1;
+        if (!p->id || !p->tag || !p->origin_tag) {
+                paused_free(p);
+                return -ENOMEM;
+        }
+        *ret = p;
+        return 0;
+}
+
+static int record_write(Paused *p) {
+        _cleanup_free_ char *dir = NULL, *json = NULL, *name = NULL;
+        int r;
+
+        r = paused_dir(p->manager, &dir);
+        if (r < 0)
+                return r;
+        if (mkdir(dir, 0700) < 0 && errno != EEXIST)
+                return -errno;
+        r = record_format(p, &json);
+        if (r < 0)
+                return r;
+        if (asprintf(&name, "%s.json", p->id) < 0)
+                return -ENOMEM;
+        /* Synced: the record is what says, after any crash, that the sandbox is paused. */
+        return write_file_atomic(dir, name, json, strlen(json), WRITE_SYNC_DATA | WRITE_SYNC_DIR);
+}
+
+static int record_remove(Manager *m, const char *id) {
+        _cleanup_free_ char *dir = NULL, *path = NULL;
+
+        if (paused_dir(m, &dir) < 0 || asprintf(&path, "%s/%s.json", dir, id) < 0)
+                return -ENOMEM;
+        if (unlink(path) < 0 && errno != ENOENT)
+                return -errno;
+        (void) fsync_path(dir);
+        return 0;
+}
+
+/* ---- forkd's snapshots ---- */
+
+static bool snapshot_needed(Manager *m, const char *tag) {
+        _cleanup_(strv_freep) char **deps = NULL;
+        HashmapIter it = {};
+        Image *i = hashmap_get(m->images, tag);
+        void *v;
+
+        if (!i || i->n_users > 0)
+                return true;
+        while (hashmap_iterate(m->paused, &it, &v))
+                if (strcmp(((Paused *) v)->tag, tag) == 0)
+                        return true;
+        it = (HashmapIter) {};
+        while (hashmap_iterate(m->vms, &it, &v))
+                if (strcmp(((Sandbox *) v)->snapshot_tag, tag) == 0)
+                        return true;
+        return image_dependents(m, tag, &deps) != 0; /* an error keeps it too */
+}
+
+void paused_snapshot_gc(Manager *m, const char *tag) {
+        char parent[SNAPSHOT_TAG_MAX + 1], current[SNAPSHOT_TAG_MAX + 1];
+
+        if (!snapshot_tag_is_forkds(tag) || m->freeing)
+                return;
+        snprintf(current, sizeof(current), "%s", tag);
+        for (unsigned depth = 0; depth < 64 && snapshot_tag_is_forkds(current); depth++) {
+                Image *i = hashmap_get(m->images, current);
+                int r;
+
+                if (!i || snapshot_needed(m, current))
+                        return;
+                snprintf(parent, sizeof(parent), "%s", i->meta.parent_tag);
+                r = image_delete(i);
+                if (r < 0) {
+                        log_warning_errno(r, "Failed to remove forkd's snapshot %s: %m", current);
+                        return;
+                }
+                log_info("Removed forkd's snapshot %s: nothing needs it any more.", current);
+                memcpy(current, parent, sizeof(current));
+        }
+}
+
+int paused_load_all(Manager *m) {
+        _cleanup_free_ char *dir = NULL;
+        _cleanup_(strv_freep) char **forkds = NULL;
+        HashmapIter it = {};
+        size_t n_forkds = 0;
+        struct dirent *de;
+        unsigned loaded = 0;
+        DIR *d;
+        void *v;
+        int r;
+
+        r = paused_dir(m, &dir);
+        if (r < 0)
+                return r;
+        if (mkdir(dir, 0700) < 0 && errno != EEXIST)
+                return -errno;
+        d = opendir(dir);
+        if (!d)
+                return -errno;
+        while ((de = readdir(d))) {
+                _cleanup_free_ char *path = NULL, *text = NULL;
+                const char *why = NULL;
+                Paused *p = NULL;
+                size_t len = 0;
+
+                if (de->d_name[0] == '.')
+                        continue;
+                if (asprintf(&path, "%s/%s", dir, de->d_name) < 0) {
+                        closedir(d);
+                        return -ENOMEM;
+                }
+                if (!strstr(de->d_name, ".json")) {
+                        /* A temporary file of a write that a kill cut short. */
+                        (void) unlink(path);
+                        continue;
+                }
+                r = read_small_file(path, RECORD_MAX, &text, &len);
+                if (r >= 0)
+                        r = record_parse(m, de->d_name, text, len, &p, &why);
+                else
+                        why = strerror(-r);
+                if (r >= 0 && !hashmap_get(m->images, p->tag)) {
+                        why = "its snapshot is missing";
+                        r = -ENOENT;
+                }
+                if (r >= 0 && (hashmap_get(m->paused, p->id) || (r = hashmap_put(m->paused, p->id, p)) < 0))
+                        why = "its id is taken";
+                if (r < 0 || why) {
+                        log_warning("Dropping the paused sandbox record %s: %s.", path, why ?: strerror(-r));
+                        if (p && hashmap_get(m->paused, p->id) != p)
+                                paused_free(p);
+                        (void) unlink(path);
+                        continue;
+                }
+                loaded++;
+        }
+        closedir(d);
+        if (loaded > 0)
+                log_info("Loaded %u paused sandbox(es).", loaded);
+
+        /* forkd's snapshots that no record names: a pause that a kill cut short, a resumed
+         * sandbox that ended with forkd. Collected first: the removal changes the map. */
+        forkds = calloc(hashmap_size(m->images) + 1, sizeof(char *));
+        if (!forkds)
+                return -ENOMEM;
+        while (hashmap_iterate(m->images, &it, &v))
+                if (snapshot_tag_is_forkds(((Image *) v)->tag)) {
+                        forkds[n_forkds] = strdup(((Image *) v)->tag);
+                        if (!forkds[n_forkds])
+                                return -ENOMEM;
+                        n_forkds++;
+                }
+        for (size_t k = 0; k < n_forkds; k++)
+                paused_snapshot_gc(m, forkds[k]);
+        return 0;
+}
+
+/* ---- D-Bus ---- */
+
+int paused_append_info(sd_bus_message *reply, Paused *p) {
+        int r;
+
+        r = sd_bus_message_open_container(reply, 'a', "{sv}");
+        if (r < 0)
+                return r;
+        r = sd_bus_message_append(reply, "{sv}{sv}{sv}{sv}{sv}{sv}{sv}{sv}{sv}",
+                                  "id", "s", p->id,
+                                  "owner_uid", "u", (uint32_t) p->owner_uid,
+                                  "snapshot_tag", "s", p->origin_tag,
+                                  "guest_addr", "s", "",
+                                  "created_at_unix", "t", p->created_at,
+                                  "paused_at_unix", "t", p->paused_at,
+                                  "pid", "u", (uint32_t) 0,
+                                  "state", "s", "paused",
+                                  "status", "s", "paused");
+        if (r >= 0 && p->memory_limit_mib > 0)
+                r = sd_bus_message_append(reply, "{sv}", "memory_limit_mib", "u", p->memory_limit_mib);
+        if (r >= 0 && p->net_policy >= 0)
+                r = sd_bus_message_append(reply, "{sv}", "network", "s",
+                                          netns_policy_to_string((NetnsPolicy) p->net_policy));
+        if (r < 0)
+                return r;
+        return sd_bus_message_close_container(reply);
+}
+
+int paused_verify(sd_bus_message *message, Paused *p, const char *action, const char *verb, sd_bus_error *error) {
+        const char *details[] = { "sandbox", p->id, "snapshot", p->origin_tag, "verb", verb, NULL };
+        char what[SNAPSHOT_TAG_MAX + 32];
+
+        snprintf(what, sizeof(what), "paused sandbox %s", p->id);
+        return bus_verify_owner_async(message, p->owner_uid, what, action, details, &p->manager->polkit_registry,
+                                      error);
+}
+
+static int reply_info(sd_bus_message *call, Paused *p, Sandbox *s, sd_bus_message **ret) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
+        int r;
+
+        r = sd_bus_message_new_method_return(call, &reply);
+        if (r >= 0)
+                r = p ? paused_append_info(reply, p) : sandbox_append_info(reply, s);
+        if (r < 0)
+                return r;
+        *ret = TAKE_PTR(reply);
+        return 0;
+}
+
+/* -- pause -- */
+
+typedef struct PauseOp {
+        Manager *manager;
+        sd_bus_message *message;
+        char *id, *vm_id, *origin_tag;
+} PauseOp;
+
+static void pause_op_free(PauseOp *op) {
+        sd_bus_message_unref(op->message);
+        free(op->id);
+        free(op->vm_id);
+        free(op->origin_tag);
+        free(op);
+}
+
+static void pause_branch_done(Manager *m, int r, Image *i, uint64_t pause_us, const char *why, void *userdata) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
+        PauseOp *op = userdata;
+        Sandbox *s = hashmap_get(m->sandboxes, op->id);
+        Paused *p = NULL;
+
+        if (s && strcmp(s->vm_id, op->vm_id) != 0)
+                s = NULL; /* another VM took the id meanwhile */
+        if (s)
+                s->pausing = false;
+        if (r < 0) {
+                (void) sd_bus_reply_method_errorf(op->message, FORKD_ERROR_FAILED, "Failed to pause sandbox %s: %s",
+                                                  op->id, why ?: strerror(-r));
+                goto finish;
+        }
+        if (!s || s->killed || s->state != SANDBOX_RUNNING) {
+                (void) image_delete(i);
+                (void) sd_bus_reply_method_errorf(op->message, FORKD_ERROR_NO_SUCH_SANDBOX,
+                                                  "Sandbox %s ended during its pause.", op->id);
+                goto finish;
+        }
+
+        p = calloc(1, sizeof(*p));
+        if (p) {
+                *p = (Paused) {
+                        .manager = m, .id = strdup(s->id), .tag = strdup(i->tag), .origin_tag = strdup(op->origin_tag),
+                        .owner_uid = s->owner_uid, .created_at = s->created_at, .paused_at = (uint64_t) time(NULL),
+                        .memory_limit_mib = s->memory_limit_mib, .net_policy = s->netns_owned ? s->net_policy : -1,
+                };
+                r = p->id && p->tag && p->origin_tag ? 0 : -ENOMEM;
+        } else
+                r = -ENOMEM;
+        if (r >= 0)
+                r = record_write(p);
+        if (r >= 0)
+                r = hashmap_put(m->paused, p->id, p);
+        if (r >= 0)
+                r = reply_info(op->message, p, NULL, &reply);
+        if (r < 0) {
+                if (p)
+                        (void) record_remove(m, p->id);
+                paused_free(p);
+                (void) image_delete(i);
+                (void) sd_bus_reply_method_errorf(op->message, FORKD_ERROR_FAILED,
+                                                  "Failed to record the pause of sandbox %s: %s", op->id,
+                                                  strerror(-r));
+                goto finish;
+        }
+
+        /* Paused from now on, after any crash too: the VM goes, silently (the id lives on),
+         * and the caller hears once it is gone. */
+        hashmap_remove(m->sandboxes, s->id);
+        s->retired = true;
+        s->retire_reply = TAKE_PTR(reply);
+        r = sandbox_kill(s);
+        if (r < 0)
+                log_warning_errno(r, "Failed to kill the VM of the paused sandbox %s: %m", s->id);
+        log_info("Sandbox %s paused into forkd's snapshot %s (guest paused %llu us).", p->id, p->tag,
+                 (unsigned long long) pause_us);
+finish:
+        pause_op_free(op);
+}
+
+int bus_sandbox_method_pause(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        Sandbox *s = userdata;
+        Manager *m = s->manager;
+        char tag[SNAPSHOT_TAG_MAX + 1];
+        const char *mode;
+        PauseOp *op;
+        int r;
+
+        r = sandbox_verify(message, s, "org.forkd.pause", "pause", error);
+        if (r < 0)
+                return r;
+        if (r == 0)
+                return 1;
+        if (s->pausing)
+                return sd_bus_error_setf(error, FORKD_ERROR_PAUSED, "sandbox %s is being paused", s->id);
+        if (s->state != SANDBOX_RUNNING)
+                return sd_bus_error_setf(error, FORKD_ERROR_NO_SUCH_SANDBOX, "Sandbox %s is %s.", s->id,
+                                         sandbox_state_to_string(s->state));
+        for (unsigned k = 0;; k++) {
+                char dir[4096];
+
+                if (k == 0)
+                        snprintf(tag, sizeof(tag), PAUSED_TAG_PREFIX "%s.%lld", s->id, (long long) time(NULL));
+                else
+                        snprintf(tag, sizeof(tag), PAUSED_TAG_PREFIX "%s.%lld-%u", s->id, (long long) time(NULL), k);
+                snprintf(dir, sizeof(dir), "%s/%s", m->snapshots_dir, tag);
+                if (!hashmap_get(m->images, tag) && !branch_in_flight(m, tag) && access(dir, F_OK) < 0)
+                        break;
+                if (k >= 16)
+                        return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "No free snapshot tag for the pause of %s.",
+                                                 s->id);
+        }
+        if (!snapshot_tag_is_valid(tag))
+                return sd_bus_error_setf(error, FORKD_ERROR_FAILED, "Cannot make a snapshot tag from %s.", s->id);
+        /* Only what differs from the snapshot it came from, when that is its memory's base. */
+        mode = !s->live_fork && hashmap_get(m->images, s->snapshot_tag) ? "diff" : "full";
+
+        op = calloc(1, sizeof(*op));
+        if (!op)
+                return -ENOMEM;
+        op->manager = m;
+        op->id = strdup(s->id);
+        op->vm_id = strdup(s->vm_id);
+        op->origin_tag = strdup(s->origin_tag ?: s->snapshot_tag);
+        if (!op->id || !op->vm_id || !op->origin_tag) {
+                pause_op_free(op);
+                return -ENOMEM;
+        }
+        r = branch_start(s, tag, mode, true, s->owner_uid, NULL, pause_branch_done, op, error);
+        if (r < 0) {
+                pause_op_free(op);
+                return r;
+        }
+        op->message = sd_bus_message_ref(message);
+        s->pausing = true;
+        log_info("Pausing sandbox %s (a %s branch to %s).", s->id, mode, tag);
+        return 1;
+}
+
+/* -- resume and fork -- */
+
+typedef struct PausedFork {
+        char *id;         /* the paused sandbox */
+        char *origin_tag;
+        bool resume;
+} PausedFork;
+
+static void paused_fork_release(void *userdata) {
+        PausedFork *pf = userdata;
+
+        free(pf->id);
+        free(pf->origin_tag);
+        free(pf);
+}
+
+static void paused_fork_done(ForkOp *f, int r, const char *error_name, const char *error_message, void *userdata) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
+        Operation *o = userdata;
+        PausedFork *pf = o->extra;
+        Manager *m = o->manager;
+        Paused *p = hashmap_get(m->paused, pf->id);
+
+        if (pf->resume && p)
+                p->resuming = false;
+        if (r < 0) {
+                (void) sd_bus_reply_method_errorf(o->message, error_name ?: FORKD_ERROR_FAILED, "%s",
+                                                  error_message ?: strerror(-r));
+                goto finish;
+        }
+        /* Shown as what they came from, not as forkd's snapshot. */
+        for (unsigned k = 0; k < f->n; k++) {
+                Sandbox *s = hashmap_get(m->sandboxes, f->ids[k]);
+
+                if (s && !s->origin_tag)
+                        s->origin_tag = strdup(pf->origin_tag);
+        }
+        if (pf->resume) {
+                /* Running again: the record goes (a crash before this finds it paused). */
+                r = record_remove(m, pf->id);
+                if (r < 0)
+                        log_warning_errno(r, "Failed to remove the pause record of %s: %m", pf->id);
+                paused_free(p);
+                log_info("Sandbox %s resumed.", pf->id);
+                r = reply_info(o->message, NULL, hashmap_get(m->sandboxes, pf->id), &reply);
+        } else {
+                r = sd_bus_message_new_method_return(o->message, &reply);
+                if (r >= 0)
+                        r = sd_bus_message_open_container(reply, 'a', "a{sv}");
+                for (unsigned k = 0; r >= 0 && k < f->n; k++)
+                        r = sandbox_append_info(reply, hashmap_get(m->sandboxes, f->ids[k]));
+                if (r >= 0)
+                        r = sd_bus_message_close_container(reply);
+                if (r >= 0)
+                        r = sd_bus_message_append(reply, "t", (uint64_t) 0);
+        }
+        if (r >= 0)
+                r = sd_bus_send(NULL, reply, NULL);
+        if (r < 0)
+                (void) sd_bus_reply_method_errno(o->message, r, NULL);
+finish:
+        operation_free(o);
+}
+
+static int paused_fork_start(sd_bus_message *message, Paused *p, unsigned n, bool resume, sd_bus_error *error) {
+        struct fork_options opts = { .memory_limit_mib = p->memory_limit_mib };
+        Manager *m = p->manager;
+        const char *why = NULL;
+        Operation *o = NULL;
+        PausedFork *pf;
+        Image *i;
+        int r;
+
+        if (m->exiting)
+                return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "forkd is shutting down.");
+        if (p->resuming)
+                return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "Sandbox %s is being resumed.", p->id);
+        if (resume && hashmap_get(m->vms, p->id))
+                return sd_bus_error_setf(error, FORKD_ERROR_BUSY,
+                                         "The VM of sandbox %s is still stopping; retry in a moment.", p->id);
+        i = hashmap_get(m->images, p->tag);
+        if (!i)
+                return sd_bus_error_setf(error, FORKD_ERROR_FAILED, "The state of paused sandbox %s is missing.",
+                                         p->id);
+        r = chain_check_restorable(m, i, error);
+        if (r < 0)
+                return r;
+        if (p->net_policy >= 0) {
+                opts.net_policy = (NetnsPolicy) p->net_policy;
+                opts.net_policy_given = true;
+        }
+        r = fork_options_resolve_network(&opts, i->meta.network, i->meta.agent_tcp, &why);
+        if (r < 0)
+                return sd_bus_error_setf(error, FORKD_ERROR_FAILED, "Cannot fork paused sandbox %s: %s.", p->id, why);
+        if (opts.memory_limit_mib > 0 && !cgroup_manager_supported(m->cgroups))
+                return sd_bus_error_setf(error, FORKD_ERROR_NOT_SUPPORTED,
+                                         "Memory limits are not available on this host, and sandbox %s has one.",
+                                         p->id);
+        r = operation_new(m, message, &o);
+        if (r == -EBUSY)
+                return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "%u operations are running; retry later.",
+                                         m->max_operations);
+        if (r < 0)
+                return r;
+        pf = calloc(1, sizeof(*pf));
+        if (pf) {
+                pf->id = strdup(p->id);
+                pf->origin_tag = strdup(p->origin_tag);
+                pf->resume = resume;
+                o->extra = pf;
+                o->free_extra = paused_fork_release;
+        }
+        if (!pf || !pf->id || !pf->origin_tag) {
+                operation_free(o);
+                return -ENOMEM;
+        }
+        if (resume) {
+                opts.owner_uid = p->owner_uid;
+                opts.id = pf->id;
+                opts.created_at = p->created_at;
+        } else
+                opts.owner_uid = o->owner_uid;
+        r = fork_op_start(m, i, n, &opts, paused_fork_done, o, &o->fork);
+        if (r < 0) {
+                operation_free(o);
+                if (r == -EUSERS)
+                        return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "At most %u sandboxes may exist at once.",
+                                                 SANDBOXES_MAX);
+                return sd_bus_error_set_errnof(error, r, "Failed to start the fork: %m");
+        }
+        if (resume)
+                p->resuming = true;
+        log_info("%s paused sandbox %s%s.", resume ? "Resuming" : "Forking", p->id,
+                 resume ? "" : (n == 1 ? " into 1" : " into several"));
+        return 1;
+}
+
+int bus_paused_method_resume(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        Paused *p = userdata;
+        int r;
+
+        r = paused_verify(message, p, "org.forkd.pause", "resume", error);
+        if (r <= 0)
+                return r < 0 ? r : 1;
+        return paused_fork_start(message, p, 1, true, error);
+}
+
+int bus_paused_method_fork(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        Paused *p = userdata;
+        uint32_t n;
+        int r;
+
+        r = sd_bus_message_read(message, "u", &n);
+        if (r < 0)
+                return r;
+        if (n < 1 || n > FORK_N_MAX)
+                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "n must be from 1 to %u, not %u.",
+                                         FORK_N_MAX, n);
+        r = paused_verify(message, p, "org.forkd.branch", "fork", error);
+        if (r <= 0)
+                return r < 0 ? r : 1;
+        return paused_fork_start(message, p, n, false, error);
+}
+
+int bus_paused_method_terminate(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        _cleanup_free_ char *tag = NULL, *path = NULL;
+        Paused *p = userdata;
+        Manager *m = p->manager;
+        int r;
+
+        r = paused_verify(message, p, "org.forkd.terminate", "terminate", error);
+        if (r <= 0)
+                return r < 0 ? r : 1;
+        if (p->resuming)
+                return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "Sandbox %s is being resumed.", p->id);
+        r = record_remove(m, p->id);
+        if (r < 0)
+                return sd_bus_error_set_errnof(error, r, "Failed to remove the record of paused sandbox %s: %m",
+                                               p->id);
+        tag = strdup(p->tag);
+        if (!tag)
+                return -ENOMEM;
+        if (m->bus && sandbox_object_path(p->id, &path) >= 0)
+                (void) sd_bus_emit_signal(m->bus, FORKD_MANAGER_PATH, FORKD_BUS_NAME, "SandboxRemoved", "sos", p->id,
+                                          path, "terminated");
+        log_info("Paused sandbox %s deleted.", p->id);
+        paused_free(p);
+        paused_snapshot_gc(m, tag);
+        return sd_bus_reply_method_return(message, NULL);
+}

@@ -1,0 +1,76 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#pragma once
+
+/*
+ * Paused sandboxes (issue 17): a sandbox whose VM is gone and whose state is
+ * a snapshot of forkd's own.
+ *
+ *   pause    a branch of the running sandbox (mode diff against the snapshot
+ *            it came from; full for a copy of a running sandbox) into the
+ *            snapshot paused.<id>.<unix time>; once it is registered, the
+ *            record state_dir/paused/<id>.json (atomic, synced), then the VM
+ *            is killed and the id lives on as a Paused; the reply comes once
+ *            the VMM is gone
+ *   resume   a fork of 1 of that snapshot under the same id; the record goes
+ *            once the new VM's agent answered
+ *   fork     a fork of that snapshot; the paused sandbox stays paused
+ *   delete   TerminateSandbox: the record, then the snapshot when nothing
+ *            needs it
+ *
+ * A kill of forkd at any point leaves either the record (paused, its
+ * snapshot complete) or none (the sandbox was running and died with forkd);
+ * paused_load_all() at the next start registers the records and removes
+ * forkd's snapshots that nothing needs. Snapshots named paused.* are forkd's:
+ * not listed, not forkable, not deletable by name, and no caller may pick
+ * such a tag.
+ */
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <systemd/sd-bus.h>
+
+#include "manager.h"
+
+#define PAUSED_TAG_PREFIX "paused."
+#define PAUSED_DIR "paused"
+
+typedef struct Paused {
+        Manager *manager;
+        char *id;
+        char *tag;          /* forkd's snapshot of the paused state */
+        char *origin_tag;   /* the snapshot the sandbox came from, as its owner knows it */
+        uid_t owner_uid;
+        uint64_t created_at, paused_at; /* unix seconds */
+        uint32_t memory_limit_mib;
+        int net_policy;     /* NetnsPolicy, or -1: no NIC */
+        bool resuming;
+} Paused;
+
+/* A tag of forkd's own (PAUSED_TAG_PREFIX): callers may not name one. */
+bool snapshot_tag_is_forkds(const char *tag);
+
+/* At start, after the snapshots are loaded: registers every record of
+ * state_dir/paused/ whose snapshot is there (a broken one is logged and
+ * removed), then removes forkd's snapshots that nothing needs. */
+int paused_load_all(Manager *m);
+/* Unregisters and frees (the files stay). Accepts NULL, returns NULL. */
+Paused *paused_free(Paused *p);
+
+/* forkd's snapshot tag is not needed any more (no record, no sandbox forked
+ * from it, no snapshot chained on it): delete it, and then its parent if that
+ * is forkd's too. */
+void paused_snapshot_gc(Manager *m, const char *tag);
+
+/* A SandboxInfo a{sv} of a paused sandbox ("state" and "status" "paused"). */
+int paused_append_info(sd_bus_message *reply, Paused *p);
+/* Polkit and ownership for verb on p, as sandbox_verify(). */
+int paused_verify(sd_bus_message *message, Paused *p, const char *action, const char *verb, sd_bus_error *error);
+
+/* Manager methods (after the id was looked up):
+ *   PauseSandbox(s id) -> a{sv}: userdata a running Sandbox
+ *   ResumeSandbox(s id) -> a{sv}, TerminateSandbox(s id), ForkSandbox(s id, u n) -> (aa{sv}, t): userdata a Paused */
+int bus_sandbox_method_pause(sd_bus_message *message, void *userdata, sd_bus_error *error);
+int bus_paused_method_resume(sd_bus_message *message, void *userdata, sd_bus_error *error);
+int bus_paused_method_terminate(sd_bus_message *message, void *userdata, sd_bus_error *error);
+int bus_paused_method_fork(sd_bus_message *message, void *userdata, sd_bus_error *error);

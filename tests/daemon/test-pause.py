@@ -1,0 +1,234 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""
+Pause, resume and fork of a paused sandbox (issue 17), end to end on the real
+parts: a private dbus-daemon, forkd, forkd-vmm on /dev/kvm and the test guest
+(the harness of test-forkd.py). The guest's state is a pattern written into its
+RAM through /proc/<pid>/mem of its VMM (as test-branch.py does): a resumed
+sandbox and the children of a paused one must see the pattern of the moment of
+the pause. Also: errors (409 Paused for the verbs a paused sandbox refuses,
+NotPaused, NoSuchSandbox), forkd's snapshots hidden and refused as tags,
+deletion, a restart and a kill -9 of forkd (paused sandboxes survive, forkd's
+unneeded snapshots go), and a kill -9 during a pause (paused or gone, never
+both, nothing half-written).
+
+Environment: FORKD, FORKD_VMM, FORKD_TEST_GUEST.
+"""
+
+import importlib.util
+import json
+import os
+import signal
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+
+def load(name, file):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(HERE, file))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+tf = load("test_forkd", "test-forkd.py")
+tb = load("test_branch", "test-branch.py")
+
+PAUSED = "org.forkd.Error.Paused"
+NOT_PAUSED = "org.forkd.Error.NotPaused"
+NO_SANDBOX = "org.forkd.Error.NoSuchSandbox"
+NO_SNAPSHOT = "org.forkd.Error.NoSuchSnapshot"
+INVALID = tf.INVALID_ARGS
+
+
+def main():
+    if not tf.FORKD or not tf.VMM or not tf.GUEST:
+        print("Bail out! FORKD, FORKD_VMM and FORKD_TEST_GUEST must be set")
+        return 1
+    if not tf.kvm_usable():
+        tf.skip("/dev/kvm is not usable")
+    if os.geteuid() != 0:
+        tf.skip("needs root (the system-bus policy, /proc/<pid>/mem of the VMMs)")
+    h = tf.Harness()
+    try:
+        return run(h)
+    finally:
+        h.cleanup()
+
+
+def run(h):
+    disk = os.path.join(h.tmp, "disk.img")
+    with open(disk, "wb") as f:
+        f.truncate(16 << 20)
+    h.start_bus()
+    h.start_forkd()
+    ctx = {}
+    snapdir = os.path.join(h.state, "snapshots")
+    pauseddir = os.path.join(h.state, "paused")
+
+    def ping(sid):
+        assert json.loads(h.m("Ping", "s", [sid])[0])["pong"], sid
+
+    def forkds():
+        return sorted(d for d in os.listdir(snapdir) if d.startswith("paused."))
+
+    def records():
+        return sorted(os.listdir(pauseddir)) if os.path.isdir(pauseddir) else []
+
+    def alive(pid):
+        try:
+            os.kill(pid, 0)
+            return tb.comm(pid) != ""
+        except OSError:
+            return False
+
+    def setup():
+        h.m("CreateSnapshot", "sssuu", ["base", tf.GUEST, disk, 64, 30])
+        p = h.fork("base", 1)[0]
+        tb.poke(p["pid"], b"state-at-pause")
+        ping(p["id"])
+        ctx["s"] = p
+    h.check("a running sandbox of the test guest, a pattern in its RAM", setup)
+
+    def pause():
+        s = ctx["s"]
+        info = h.m("PauseSandbox", "s", [s["id"]], timeout=120)[0]
+        assert info["id"] == s["id"] and info["state"] == "paused" and info["status"] == "paused", info
+        assert info["snapshot_tag"] == "base" and info["pid"] == 0 and info["paused_at_unix"] > 0, info
+        assert info["created_at_unix"] == s["created_at_unix"], (info, s)
+        # Answered once the VMM is gone.
+        assert not alive(s["pid"]), f"the VMM {s['pid']} still runs after the pause's reply"
+        got = h.m("GetSandbox", "s", [s["id"]])[0]
+        assert got["status"] == "paused", got
+        listed = {x["id"]: x for x in h.m("ListSandboxes")[0]}
+        assert listed[s["id"]]["status"] == "paused", listed
+        assert len(forkds()) == 1 and records() == [s["id"] + ".json"], (forkds(), records())
+        rec = json.load(open(os.path.join(pauseddir, records()[0])))
+        assert rec["id"] == s["id"] and rec["tag"] == forkds()[0] and rec["origin_tag"] == "base", rec
+        # forkd's snapshot: diff against base, not listed, not reachable by name.
+        meta = json.load(open(os.path.join(snapdir, forkds()[0], "snapshot.json")))
+        assert meta.get("parent_tag") == "base", meta
+        assert not [x for x in h.m("ListSnapshots")[0] if x["tag"].startswith("paused.")]
+        h.expect_error(INVALID, "GetSnapshotInfo", "s", [forkds()[0]])
+        h.expect_error(INVALID, "Fork", "sua{sv}", [forkds()[0], 1, {}])
+        h.expect_error(INVALID, "DeleteSnapshot", "sbb", [forkds()[0], False, True])
+        ctx["tag"] = forkds()[0]
+    h.check("PauseSandbox: status paused, the VMM gone before the reply, listed; the state a diff snapshot "
+            "of forkd's, hidden", pause)
+
+    def refusals():
+        sid = ctx["s"]["id"]
+        for member, sig, args in (("Ping", "s", [sid]), ("Exec", "sasu", [sid, ["true"], 5]),
+                                  ("Eval", "ss", [sid, "1"]), ("RunCode", "ssu", [sid, "1", 5]),
+                                  ("BranchSandbox", "sssb", [sid, "b1", "full", True]),
+                                  ("PauseSandbox", "s", [sid]), ("WriteFile", "ssayu", [sid, "/x", b"x", 0o644])):
+            msg = h.expect_error(PAUSED, member, sig, args)
+            assert msg == f"sandbox {sid} is paused", (member, msg)
+        h.expect_error(NO_SANDBOX, "PauseSandbox", "s", ["sb-000000-0000"])
+        h.expect_error(NO_SANDBOX, "ResumeSandbox", "s", ["sb-000000-0000"])
+        h.expect_error(INVALID, "ResumeSandbox", "s", ["../x"])
+        for bad in ("paused.x", "paused.sb-1"):
+            h.expect_error(INVALID, "CreateSnapshot", "sssuu", [bad, tf.GUEST, disk, 64, 30])
+            h.expect_error(INVALID, "CompactSnapshot", "ss", ["base", bad])
+    h.check("a paused sandbox: ping, exec, eval, run_code, branch, pause, write_file are 409 Paused 'sandbox ID is "
+            "paused'; unknown ids; paused.* tags refused", refusals)
+
+    def fork_from_paused():
+        sid = ctx["s"]["id"]
+        for _ in range(2):  # any number of batches
+            kids, pause_us = h.m("ForkSandbox", "su", [sid, 3], timeout=120)
+            assert pause_us == 0 and len(kids) == 3, kids
+            for k in kids:
+                assert k["snapshot_tag"] == "base" and k["status"] == "running", k
+                assert tb.peek(k["pid"], 14) == b"state-at-pause", k
+                ping(k["id"])
+            for k in kids:
+                h.m("TerminateSandbox", "s", [k["id"]])
+                h.wait_removed(k["id"])
+        assert h.m("GetSandbox", "s", [sid])[0]["status"] == "paused"
+        assert forkds() == [ctx["tag"]], forkds()
+    h.check("ForkSandbox of a paused sandbox: children with the paused state, twice; it stays paused", fork_from_paused)
+
+    def restart():
+        sid = ctx["s"]["id"]
+        assert h.stop_forkd() == 0
+        h.start_forkd()
+        assert h.m("GetSandbox", "s", [sid])[0]["status"] == "paused"
+        h.stop_forkd(signal.SIGKILL)
+        h.start_forkd()
+        assert h.m("GetSandbox", "s", [sid])[0]["status"] == "paused"
+        assert forkds() == [ctx["tag"]], forkds()
+    h.check("a paused sandbox survives a restart of forkd and a kill -9", restart)
+
+    def resume():
+        sid = ctx["s"]["id"]
+        info = h.m("ResumeSandbox", "s", [sid], timeout=120)[0]
+        assert info["id"] == sid and info["status"] == "running" and info["pid"] > 0, info
+        assert info["snapshot_tag"] == "base" and info["created_at_unix"] == ctx["s"]["created_at_unix"], info
+        assert tb.peek(info["pid"], 14) == b"state-at-pause"
+        ping(sid)
+        assert records() == [], records()
+        h.expect_error(NOT_PAUSED, "ResumeSandbox", "s", [sid])
+        ctx["s"] = info
+    h.check("ResumeSandbox: the same id runs again with the paused state, answered; its record gone; a second "
+            "resume is NotPaused", resume)
+
+    def pause_again():
+        sid = ctx["s"]["id"]
+        tb.poke(ctx["s"]["pid"], b"second-pause!!")
+        info = h.m("PauseSandbox", "s", [sid], timeout=120)[0]
+        assert info["status"] == "paused" and info["snapshot_tag"] == "base", info
+        # the second state is chained on the first
+        assert len(forkds()) == 2, forkds()
+        info = h.m("ResumeSandbox", "s", [sid], timeout=120)[0]
+        assert tb.peek(info["pid"], 14) == b"second-pause!!"
+        ctx["s"] = info
+    h.check("pause and resume again: the second state, chained on the first", pause_again)
+
+    def delete():
+        sid = ctx["s"]["id"]
+        h.m("PauseSandbox", "s", [sid], timeout=120)
+        h.m("TerminateSandbox", "s", [sid])
+        assert h.wait_removed(sid) == "terminated"
+        h.expect_error(NO_SANDBOX, "GetSandbox", "s", [sid])
+        assert records() == [] and forkds() == [], (records(), forkds())
+    h.check("TerminateSandbox of a paused sandbox: SandboxRemoved, its record and every snapshot of forkd's gone",
+            delete)
+
+    def kill_during_pause():
+        outcomes = set()
+        for delay in (0.0, 0.005, 0.02, 0.06, 0.15, 0.4):
+            s = h.fork("base", 1)[0]
+            h.bus.send(tf.DEST, tf.PATH, tf.IFACE, "PauseSandbox", "s", [s["id"]])
+            time.sleep(delay)
+            h.stop_forkd(signal.SIGKILL)
+            tf.wait_for(lambda: not tf.vmm_processes(h.tmp), 20, "the VMMs to exit")
+            h.start_forkd()
+            try:
+                st = h.m("GetSandbox", "s", [s["id"]])[0]["status"]
+            except tf.DBusError as e:
+                assert e.name == NO_SANDBOX, e
+                st = "gone"
+            outcomes.add(st)
+            assert st in ("paused", "gone"), st
+            if st == "paused":
+                assert records() == [s["id"] + ".json"] and len(forkds()) == 1, (records(), forkds())
+                info = h.m("ResumeSandbox", "s", [s["id"]], timeout=120)[0]
+                ping(info["id"])
+                h.m("TerminateSandbox", "s", [s["id"]])
+                h.wait_removed(s["id"])
+            assert not [d for d in os.listdir(snapdir) if ".tmp." in d], os.listdir(snapdir)
+            assert records() == [] and forkds() == [], (records(), forkds())
+        print(f"# outcomes of a kill -9 during a pause: {sorted(outcomes)}")
+    h.check("kill -9 during a pause: afterwards paused (and resumable) or gone, nothing half-written left",
+            kill_during_pause)
+
+    h.check("no sanitizer report from forkd", h.assert_no_sanitizer_report)
+    print(f"1..{h.n}", flush=True)
+    return 1 if h.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
