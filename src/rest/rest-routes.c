@@ -1157,6 +1157,27 @@ static int route_sandbox_fork(RestRequest *req) {
         return call_manager(req, "ForkSandbox", CALL_TIMEOUT_FORK, on_reply_sandbox_fork, "su", id, (uint32_t) a.n);
 }
 
+/* POST /v1/sandboxes/:id/pause and /resume: a body, if any, must be JSON; its
+ * fields are ignored (none are defined). */
+static int route_sandbox_pause_or_resume(RestRequest *req, const char *member) {
+        _cleanup_json_ struct json_object *o = NULL;
+        const char *id = param_or_reply(req, "sandbox id");
+
+        if (!id)
+                return 0;
+        if (rest_request_parse_json(req, true, &o) < 0)
+                return 0;
+        return call_manager(req, member, CALL_TIMEOUT_FORK, on_reply_dict_200, "s", id);
+}
+
+static int route_sandbox_pause(RestRequest *req) {
+        return route_sandbox_pause_or_resume(req, "PauseSandbox");
+}
+
+static int route_sandbox_resume(RestRequest *req) {
+        return route_sandbox_pause_or_resume(req, "ResumeSandbox");
+}
+
 const RestRoute rest_routes[] = {
         { "/healthz", true, { { "GET", route_healthz } }, "GET" },
         /* forkd answers it with a trailing slash too, and its probes use both */
@@ -1179,6 +1200,8 @@ const RestRoute rest_routes[] = {
         { "/v1/sandboxes/%/diff", false, { { "POST", route_sandbox_diff } }, "POST" },
         { "/v1/sandboxes/%/branch", false, { { "POST", route_sandbox_branch } }, "POST" },
         { "/v1/sandboxes/%/fork", false, { { "POST", route_sandbox_fork } }, "POST" },
+        { "/v1/sandboxes/%/pause", false, { { "POST", route_sandbox_pause } }, "POST" },
+        { "/v1/sandboxes/%/resume", false, { { "POST", route_sandbox_resume } }, "POST" },
         { "/v1/sandboxes/%/ports", false, { { "POST", route_sandbox_ports } }, "POST" },
         { "/v1/sandboxes/%/files/write", false, { { "POST", rest_route_sandbox_files_write } }, "POST" },
         { "/v1/sandboxes/%/files/read", false, { { "POST", rest_route_sandbox_files_read } }, "POST" },

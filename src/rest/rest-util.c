@@ -67,6 +67,8 @@ static const struct {
         { FORKD_ERROR_CHAIN_BROKEN, 409 },
         { FORKD_ERROR_NOT_READY, 409 },
         { FORKD_ERROR_NO_NETWORK, 409 },
+        { FORKD_ERROR_PAUSED, 409 },
+        { FORKD_ERROR_NOT_PAUSED, 409 },
         { FORKD_ERROR_NO_SUCH_FILE, 404 },
         { FORKD_ERROR_NOT_REGULAR_FILE, 409 },
         { FORKD_ERROR_FILE_TOO_LARGE, 413 },

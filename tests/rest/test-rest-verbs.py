@@ -207,6 +207,45 @@ def t_diff_errors(c, stack):
     c.expect(404, "POST", base, {"other": b})
 
 
+def t_pause_resume(c, stack):
+    """Issue 17 over REST: pause frees the VM and keeps globals and files; a paused
+    sandbox is listed, refuses the verbs with 409 and the spec's body, forks (any number
+    of batches) and stays paused; resume brings the same id back with its state; DELETE
+    removes a paused one."""
+    ids, info = fork(c, 1)
+    sid = ids[0]
+    ok(c, sid, "x = 17; write /root/state.txt kept")
+    r = c.expect(200, "POST", f"/v1/sandboxes/{sid}/pause")
+    check(r.json["id"] == sid and r.json["status"] == "paused" and r.json["pid"] == 0, r)
+    check(not vmm_alive(info[sid]["pid"]), "the VMM is gone once the pause is answered")
+    check(c.expect(200, "GET", f"/v1/sandboxes/{sid}").json["status"] == "paused", "GET shows paused")
+    listed = {sb["id"]: sb for sb in c.expect(200, "GET", "/v1/sandboxes").json}
+    check(listed[sid]["status"] == "paused", listed)
+    for verb, body in (("exec", {"args": ["true"]}), ("eval", {"code": "1"}), ("run_code", {"code": "print x"}),
+                       ("branch", {"tag": "from-paused"}), ("pause", None)):
+        r = c.expect(409, "POST", f"/v1/sandboxes/{sid}/{verb}", body)
+        check(r.json == {"error": f"sandbox {sid} is paused"}, f"{verb}: {r}")
+    for _ in range(2):
+        r = c.expect(200, "POST", f"/v1/sandboxes/{sid}/fork", {"n": 2})
+        kids = r.json["children"]
+        check(len(kids) == 2, r)
+        for k in kids:
+            check(ok(c, k, "print x; cat /root/state.txt") == "17\nkept\n", f"{k}: the paused state")
+            c.expect(204, "DELETE", f"/v1/sandboxes/{k}")
+    check(c.expect(200, "GET", f"/v1/sandboxes/{sid}").json["status"] == "paused", "still paused after the forks")
+    r = c.expect(200, "POST", f"/v1/sandboxes/{sid}/resume", {})
+    check(r.json["id"] == sid and r.json["status"] == "running" and r.json["pid"] > 0, r)
+    check(ok(c, sid, "print x; cat /root/state.txt") == "17\nkept\n", "globals and files back")
+    r = c.expect(409, "POST", f"/v1/sandboxes/{sid}/resume")
+    check("not paused" in r.json["error"], r)
+    c.expect(404, "POST", "/v1/sandboxes/sb-nosuch-0000/pause")
+    c.expect(404, "POST", "/v1/sandboxes/sb-nosuch-0000/resume")
+    c.expect(400, "POST", f"/v1/sandboxes/{sid}/pause", raw=b"{not json")
+    c.expect(200, "POST", f"/v1/sandboxes/{sid}/pause")
+    c.expect(204, "DELETE", f"/v1/sandboxes/{sid}")
+    c.expect(404, "GET", f"/v1/sandboxes/{sid}")
+
+
 def records(stack):
     d = os.path.join(stack.tmp, "state", "sandboxes")
     out = {}
@@ -477,6 +516,8 @@ def main():
              t_merge_bus),
             ("forkd killed after a merge: records and cgroups cleaned up", t_merge_restart),
             ("merge then DELETE: no VM, record or cgroup left", t_terminate_after_merge),
+            ("POST /v1/sandboxes/:id/pause and /resume: state kept, 409 on a paused sandbox, fork from paused, "
+             "DELETE", t_pause_resume),
         ]
         for name, fn in tests:
             tap.run(name, fn, c, stack)
