@@ -19,9 +19,10 @@
 
 #define TOKEN_MAX 4096
 #define PEM_MAX (1024 * 1024)
+#define STATE_DIR_DEFAULT "/var/lib/forkd-rest"
 
 static const char *arg_listen = "127.0.0.1:8889";
-static const char *arg_token_file, *arg_tls_cert, *arg_tls_key, *arg_bus_address;
+static const char *arg_token_file, *arg_tls_cert, *arg_tls_key, *arg_bus_address, *arg_state_dir;
 static unsigned arg_connection_limit = REST_CONNECTION_LIMIT_DEFAULT;
 static unsigned arg_timeout = REST_TIMEOUT_SECS_DEFAULT;
 static unsigned arg_calls_max = REST_CALLS_MAX_DEFAULT;
@@ -47,6 +48,8 @@ static void help(void) {
                "  --body-max BYTES         request body cap (default %u)\n"
                "  --memory-limit BYTES     per-connection memory, bounds the headers (default %u)\n"
                "  --max-calls N            D-Bus calls in flight before answering 503 (default %u)\n"
+               "  --state-dir DIR          keep Idempotency-Key records here (default " STATE_DIR_DEFAULT ",\n"
+               "                           made at first use; a directory given here is made at start)\n"
                "  --debug                  log at debug level\n"
                "  --version                print the version\n",
                REST_CONNECTION_LIMIT_DEFAULT, REST_TIMEOUT_SECS_DEFAULT, REST_BODY_MAX_DEFAULT,
@@ -67,7 +70,7 @@ static int parse_ulong(const char *s, unsigned long lo, unsigned long hi, unsign
 
 static int parse_argv(int argc, char *argv[]) {
         enum { ARG_LISTEN = 0x100, ARG_TOKEN, ARG_CERT, ARG_KEY, ARG_BUS, ARG_CONNS, ARG_TIMEOUT,
-               ARG_BODY, ARG_MEM, ARG_CALLS, ARG_DEBUG, ARG_VERSION, ARG_NO_DIRECT };
+               ARG_BODY, ARG_MEM, ARG_CALLS, ARG_DEBUG, ARG_VERSION, ARG_NO_DIRECT, ARG_STATE_DIR };
         static const struct option opts[] = {
                 { "listen", required_argument, NULL, ARG_LISTEN },
                 { "token-file", required_argument, NULL, ARG_TOKEN },
@@ -80,6 +83,7 @@ static int parse_argv(int argc, char *argv[]) {
                 { "body-max", required_argument, NULL, ARG_BODY },
                 { "memory-limit", required_argument, NULL, ARG_MEM },
                 { "max-calls", required_argument, NULL, ARG_CALLS },
+                { "state-dir", required_argument, NULL, ARG_STATE_DIR },
                 { "debug", no_argument, NULL, ARG_DEBUG },
                 { "version", no_argument, NULL, ARG_VERSION },
                 { "help", no_argument, NULL, 'h' },
@@ -120,6 +124,11 @@ static int parse_argv(int argc, char *argv[]) {
                         if (parse_ulong(optarg, 1, 65536, &v) < 0)
                                 return log_error_errno(EINVAL, "--max-calls must be 1..65536");
                         arg_calls_max = (unsigned) v;
+                        break;
+                case ARG_STATE_DIR:
+                        if (optarg[0] != '/')
+                                return log_error_errno(EINVAL, "--state-dir must be an absolute path");
+                        arg_state_dir = optarg;
                         break;
                 case ARG_DEBUG: log_max_level = LOG_LVL_DEBUG; break;
                 case ARG_VERSION: puts(FORKD_VERSION); return 0;
@@ -340,7 +349,11 @@ static int run(int argc, char *argv[]) {
                 .memory_limit = arg_memory_limit,
                 .body_max = arg_body_max,
                 .calls_max = arg_calls_max,
+                .state_dir = arg_state_dir ?: STATE_DIR_DEFAULT,
+                .state_dir_create = arg_state_dir,
         };
+        if (arg_state_dir && mkdir(arg_state_dir, 0700) < 0 && errno != EEXIST)
+                return log_error_errno(errno, "Cannot make the state directory %s: %m", arg_state_dir);
         r = rest_server_new(event, &config, &server);
         if (key)
                 explicit_bzero(key, strlen(key));

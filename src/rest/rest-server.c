@@ -13,18 +13,22 @@
 #include "json-util.h"
 #include "macro.h"
 #include "forkd-bus.h"
+#include "rest-idem.h"
 #include "rest-server.h"
 #include "rest-util.h"
+#include "sha256.h"
 
 #define REST_PARAM_MAX 256
 #define REST_JSON_DEPTH_MAX 32
 #define USEC_PER_SEC 1000000ULL
 #define DIRECT_RETRY_USEC (5 * USEC_PER_SEC)
+#define IDEM_HEADER "Idempotency-Key"
+#define IDEM_REPLAYED_HEADER "Idempotent-Replayed"
 
 enum { METHOD_GET, METHOD_POST, METHOD_DELETE, METHOD_OTHER, _METHOD_MAX };
 static const char *const method_names[_METHOD_MAX] = { "GET", "POST", "DELETE", "OTHER" };
 
-static const unsigned metric_codes[] = { 200, 201, 204, 400, 401, 403, 404, 405, 409, 413, 500, 501, 503, 504 };
+static const unsigned metric_codes[] = { 200, 201, 204, 400, 401, 403, 404, 405, 409, 413, 422, 500, 501, 503, 504 };
 #define CODE_OTHER ELEMENTSOF(metric_codes)
 #define CODES_MAX (ELEMENTSOF(metric_codes) + 1)
 
@@ -75,6 +79,14 @@ struct RestRequest {
         RestRequest *stream_prev, *stream_next;
         void *data;
         void (*free_data)(void *data);
+
+        /* Idempotency-Key (rest-idem.c) */
+        char *idem_key;             /* a valid key on a route that takes one */
+        sha256_ctx idem_hash;       /* of method, path, query and body */
+        RestIdemEntry *idem;        /* the key's first request: this one, to be answered */
+        RestIdemEntry *idem_wait;   /* waiting for the answer of the key's first request ... */
+        RestRequest *idem_next;     /* ... in its list of waiters */
+        bool idem_sent;             /* a call went to forkd: the answer is an outcome to keep */
 };
 
 struct RestServer {
@@ -98,6 +110,8 @@ struct RestServer {
         unsigned conns_active;
         RestRequest *suspended;
         RestRequest *streams;        /* replies being streamed */
+        RestIdem *idem;              /* NULL: no state directory, keys are refused */
+        bool stopping;
 
         /* metrics */
         uint64_t requests[ROUTES_MAX][_METHOD_MAX][CODES_MAX];
@@ -105,6 +119,7 @@ struct RestServer {
         double hist_sum[ROUTES_MAX];
         uint64_t hist_count[ROUTES_MAX];
         uint64_t conns_cut, conns_total, calls_total, calls_direct, calls_rejected;
+        uint64_t idem_replays, idem_waits;
 };
 
 static uint64_t now_usec(void) {
@@ -311,9 +326,125 @@ static int queue_response(RestRequest *req, unsigned status, struct MHD_Response
         return 0;
 }
 
+/* ---------------- Idempotency-Key ----------------
+ *
+ * A request that creates something and carries a valid key hashes its
+ * method, path, query and body as they arrive. Once it is whole, the key is
+ * looked up (rest_idem_begin()): a new key is claimed on disk and the route
+ * runs; a kept answer is replayed; while the key's first request is still in
+ * flight the retry waits, suspended like a D-Bus call, for that answer. The
+ * first request's answer is kept when forkd was asked (idem_sent): before
+ * that nothing was done, and the key is free again. */
+
+static int reply_replay(RestRequest *req, unsigned status, const char *content_type, const char *body, size_t len) {
+        struct MHD_Response *resp;
+
+        resp = MHD_create_response_from_buffer(len, (void *) body, MHD_RESPMEM_MUST_COPY);
+        if (!resp)
+                return -ENOMEM;
+        if (content_type && *content_type)
+                (void) MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);
+        (void) MHD_add_response_header(resp, IDEM_REPLAYED_HEADER, "true");
+        req->server->idem_replays++;
+        return queue_response(req, status, resp);
+}
+
+static int reply_unkept(RestRequest *req, unsigned status, size_t len) {
+        return rest_reply_error(req, 409,
+                                "the first request with this Idempotency-Key was answered %u with a body of %zu bytes, "
+                                "more than forkd-rest keeps; its answer cannot be replayed",
+                                status, len);
+}
+
+static int reply_interrupted(RestRequest *req) {
+        return rest_reply_error(req, 409,
+                                "a request with this Idempotency-Key was interrupted by a restart of forkd-rest; "
+                                "its outcome is unknown");
+}
+
+static void idem_waiter_unlink(RestRequest *req) {
+        RestRequest **w = (RestRequest **) &req->idem_wait->waiters;
+
+        while (*w && *w != req)
+                w = &(*w)->idem_next;
+        if (*w)
+                *w = req->idem_next;
+        req->idem_next = NULL;
+        req->idem_wait = NULL;
+}
+
+/* Every answer passes here before it goes to MHD. body NULL: an answer that
+ * cannot be kept (a file, a stream), of len bytes. */
+static void idem_settle(RestRequest *req, unsigned status, const char *content_type, const char *body, size_t len) {
+        RestServer *s = req->server;
+        RestRequest *waiters;
+        RestIdemEntry *e;
+        int r;
+
+        if (req->idem_wait)
+                idem_waiter_unlink(req); /* its own answer: a replay, or an error */
+        if (!req->idem)
+                return;
+        e = TAKE_PTR(req->idem);
+        waiters = e->waiters;
+        e->waiters = NULL;
+        if (s->stopping)
+                /* The 503 of a shutdown is no outcome: forkd may finish the
+                 * work. The record stays pending. */
+                rest_idem_abandon(s->idem, e, false);
+        else if (!req->idem_sent)
+                rest_idem_abandon(s->idem, e, true);
+        else {
+                r = rest_idem_finish(s->idem, e, status, content_type, body, len);
+                if (r < 0)
+                        log_warning_errno(r, "Cannot keep the answer to a request with an Idempotency-Key: %m");
+        }
+        while (waiters) {
+                RestRequest *w = waiters;
+
+                waiters = w->idem_next;
+                w->idem_next = NULL;
+                w->idem_wait = NULL;
+                if (body)
+                        (void) reply_replay(w, status, content_type, body, len);
+                else
+                        (void) reply_unkept(w, status, len);
+        }
+}
+
+/* The key's first request ends without an answer (its connection failed). */
+static void idem_drop(RestRequest *req) {
+        RestServer *s = req->server;
+        RestRequest *waiters;
+        RestIdemEntry *e;
+        bool sent = req->idem_sent && !s->stopping;
+
+        if (req->idem_wait)
+                idem_waiter_unlink(req);
+        if (!req->idem)
+                return;
+        e = TAKE_PTR(req->idem);
+        waiters = e->waiters;
+        e->waiters = NULL;
+        rest_idem_abandon(s->idem, e, !req->idem_sent);
+        while (waiters) {
+                RestRequest *w = waiters;
+
+                waiters = w->idem_next;
+                w->idem_next = NULL;
+                w->idem_wait = NULL;
+                if (sent)
+                        (void) reply_interrupted(w);
+                else
+                        (void) rest_reply_error(w, 503, "the first request with this Idempotency-Key ended without "
+                                                        "an answer before anything was done; retry");
+        }
+}
+
 int rest_reply_raw(RestRequest *req, unsigned status, const char *content_type, const char *body, size_t len) {
         struct MHD_Response *resp;
 
+        idem_settle(req, status, content_type, body, len);
         resp = MHD_create_response_from_buffer(len, (void *) body, MHD_RESPMEM_MUST_COPY);
         if (!resp)
                 return -ENOMEM;
@@ -329,6 +460,7 @@ int rest_reply_raw(RestRequest *req, unsigned status, const char *content_type, 
 int rest_reply_fd(RestRequest *req, unsigned status, const char *content_type, int fd, uint64_t size) {
         struct MHD_Response *resp;
 
+        idem_settle(req, status, content_type, NULL, (size_t) MIN(size, (uint64_t) SIZE_MAX));
         resp = MHD_create_response_from_fd_at_offset64(size, fd, 0);
         if (!resp) {
                 safe_close(fd);
@@ -445,6 +577,7 @@ int rest_call(RestRequest *req, sd_bus_message *m, uint64_t timeout_usec, rest_r
         s->calls_total++;
         if (sd_bus_message_get_bus(m) == s->direct)
                 s->calls_direct++;
+        req->idem_sent = true;
         req->on_reply = on_reply;
         req->suspended = true;
         req->next = s->suspended;
@@ -481,6 +614,7 @@ int rest_call_detached(RestRequest *req, sd_bus_message *m, uint64_t timeout_use
         s->calls_total++;
         if (sd_bus_message_get_bus(m) == s->direct)
                 s->calls_direct++;
+        req->idem_sent = true;
         req->on_reply = on_reply;
         return 0;
 }
@@ -531,6 +665,7 @@ int rest_reply_stream(RestRequest *req, unsigned status, const char *content_typ
         struct MHD_Response *resp;
         int r;
 
+        idem_settle(req, status, content_type, NULL, 0);
         resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 64 * 1024, stream_reader, req, NULL);
         if (!resp)
                 return -ENOMEM;
@@ -676,6 +811,100 @@ static bool check_auth(RestRequest *req) {
         return rest_secret_equal(h, n, s->token, s->token_len);
 }
 
+static enum MHD_Result count_idem_header(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
+        if (key && !strcasecmp(key, IDEM_HEADER))
+                (*(unsigned *) cls)++;
+        return MHD_YES;
+}
+
+static enum MHD_Result hash_query_arg(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
+        sha256_ctx *c = cls;
+
+        rest_idem_hash_field(c, key ?: "", key ? strlen(key) : 0);
+        rest_idem_hash_field(c, value ? "=" : "", value ? 1 : 0); /* "?a" is not "?a=" */
+        if (value)
+                rest_idem_hash_field(c, value, strlen(value));
+        return MHD_YES;
+}
+
+/* A route that creates something: take its Idempotency-Key, if any, and
+ * start the request's hash. Returns 0, or a queued 400's result. */
+static int idem_request_begin(RestRequest *req, const char *url, const char *method) {
+        const char *key;
+        unsigned n = 0;
+
+        if (!rest_idem_applies(method, url))
+                return 0; /* elsewhere the header means nothing and is ignored */
+        (void) MHD_get_connection_values(req->connection, MHD_HEADER_KIND, count_idem_header, &n);
+        if (n == 0)
+                return 0;
+        if (n > 1)
+                return MIN(rest_reply_error(req, 400, "more than one Idempotency-Key header"), -EINVAL);
+        key = MHD_lookup_connection_value(req->connection, MHD_HEADER_KIND, IDEM_HEADER);
+        if (!key || !rest_idem_key_is_valid(key))
+                return MIN(rest_reply_error(req, 400,
+                                            "invalid Idempotency-Key: it must be 1 to %u printable ASCII characters",
+                                            REST_IDEM_KEY_MAX),
+                           -EINVAL);
+        req->idem_key = strdup(key);
+        if (!req->idem_key)
+                return MIN(rest_reply_error(req, 500, "out of memory"), -ENOMEM);
+        sha256_init(&req->idem_hash);
+        rest_idem_hash_field(&req->idem_hash, method, strlen(method));
+        rest_idem_hash_field(&req->idem_hash, url, strlen(url));
+        (void) MHD_get_connection_values(req->connection, MHD_GET_ARGUMENT_KIND, hash_query_arg, &req->idem_hash);
+        return 0;
+}
+
+/* The whole request is in. Returns 1 when the route is to run (the key is
+ * new and now this request's), 0 when it was answered or waits, or the
+ * failed reply's negative errno. */
+static int idem_request_claim(RestRequest *req) {
+        RestServer *s = req->server;
+        _cleanup_free_ char *buf = NULL;
+        uint8_t hash[SHA256_DIGEST_SIZE];
+        RestIdemEntry *e = NULL;
+        RestIdemRecord rec;
+        int r;
+
+        if (!s->idem)
+                return rest_reply_error(req, 503, "Idempotency-Key is not available: forkd-rest has no state directory");
+        sha256_final(&req->idem_hash, hash);
+        r = rest_idem_begin(s->idem, req->idem_key, hash, &e, &rec, &buf);
+        switch (r) {
+        case REST_IDEM_LOOKUP_NEW:
+                req->idem = e;
+                return 1;
+        case REST_IDEM_LOOKUP_WAIT:
+                req->idem_wait = e;
+                req->idem_next = e->waiters;
+                e->waiters = req;
+                s->idem_waits++;
+                rest_request_wait(req);
+                return 0;
+        case REST_IDEM_LOOKUP_REPLAY:
+                return reply_replay(req, rec.status, rec.content_type, rec.body, rec.body_len);
+        case REST_IDEM_LOOKUP_UNKEPT:
+                return reply_unkept(req, rec.status, rec.body_len);
+        case REST_IDEM_LOOKUP_INTERRUPTED:
+                return reply_interrupted(req);
+        case REST_IDEM_LOOKUP_DAMAGED:
+                return rest_reply_error(req, 409,
+                                        "the record of this Idempotency-Key cannot be read; the outcome of its "
+                                        "request is unknown");
+        case REST_IDEM_LOOKUP_MISMATCH:
+                return rest_reply_error(req, 422,
+                                        "this Idempotency-Key was used with another request (method, path, query "
+                                        "or body differ)");
+        case -ENOBUFS:
+                return rest_reply_error(req, 503, "too many Idempotency-Key records (%u, each kept 24 hours); retry later",
+                                        rest_idem_records(s->idem));
+        default:
+                return rest_reply_error(req, 503, "cannot keep a record of the Idempotency-Key: %s",
+                                        strerror(r < 0 ? -r : EIO));
+        }
+}
+
 /* The first call for a request: headers are in. Route, authenticate, check
  * the announced body size. A response may be queued right here. */
 static enum MHD_Result request_begin(RestRequest *req, const char *url, const char *method) {
@@ -728,7 +957,7 @@ static enum MHD_Result request_begin(RestRequest *req, const char *url, const ch
                         return rest_reply_error(req, 413, "request body larger than %zu bytes", body_max) < 0 ? MHD_NO : MHD_YES;
                 }
         }
-        return MHD_YES;
+        return idem_request_begin(req, url, method) < 0 && !req->queued ? MHD_NO : MHD_YES;
 }
 
 static enum MHD_Result handle_access(void *cls, struct MHD_Connection *connection, const char *url,
@@ -776,6 +1005,8 @@ static enum MHD_Result handle_access(void *cls, struct MHD_Connection *connectio
                         return MHD_YES; /* answered early: discard */
                 if (req->too_large)
                         return MHD_YES; /* discard; the request deadline bounds how long */
+                if (req->idem_key)
+                        sha256_update(&req->idem_hash, upload_data, n);
                 if (req->method && rest_method_body_fd_max(req->method) > 0) {
                         if (n > rest_method_body_fd_max(req->method) - req->body_len) {
                                 req->body_fd = safe_close(req->body_fd);
@@ -841,6 +1072,11 @@ static enum MHD_Result handle_access(void *cls, struct MHD_Connection *connectio
                                      rest_method_body_fd_max(req->method) ?: s->body_max);
                 return r < 0 ? MHD_NO : MHD_YES;
         }
+        if (req->idem_key) {
+                r = idem_request_claim(req);
+                if (r <= 0)
+                        return r < 0 && !req->queued && !req->suspended && !req->pending ? MHD_NO : MHD_YES;
+        }
         r = req->method->handler(req);
         if (!req->queued && !req->suspended && !req->pending) {
                 if (r == -EBUSY)
@@ -893,6 +1129,7 @@ static void handle_completed(void *cls, struct MHD_Connection *connection, void 
         }
         if (req->suspended)
                 suspended_unlink(req);
+        idem_drop(req);
         if (req->streaming) {
                 if (req->stream_prev)
                         req->stream_prev->stream_next = req->stream_next;
@@ -908,6 +1145,7 @@ static void handle_completed(void *cls, struct MHD_Connection *connection, void 
         if (req->conn) /* the next request on this connection has its own deadline */
                 req->conn->deadline = now_usec() + s->timeout_secs * USEC_PER_SEC;
         free(req->body);
+        free(req->idem_key);
         safe_close(req->body_fd);
         free(req);
         *con_cls = NULL;
@@ -1083,6 +1321,13 @@ int rest_server_new(sd_event *event, const RestConfig *config, RestServer **ret)
                 }
                 s->token_len = strlen(s->token);
         }
+        if (config->state_dir) {
+                r = rest_idem_new(event, config->state_dir, config->state_dir_create, config->token, &s->idem);
+                if (r < 0) {
+                        safe_close(fd);
+                        return log_debug_errno(r, "Cannot open the state directory %s: %m", config->state_dir);
+                }
+        }
 
         r = fcntl(fd, F_GETFL);
         if (r < 0 || fcntl(fd, F_SETFL, r | O_NONBLOCK) < 0) {
@@ -1167,6 +1412,7 @@ RestServer *rest_server_free(RestServer *s) {
         if (!s)
                 return NULL;
 
+        s->stopping = true;
         if (s->daemon) {
                 /* Resume whatever waits for the daemon, with a 503, so MHD
                  * can close every connection cleanly. */
@@ -1202,6 +1448,7 @@ RestServer *rest_server_free(RestServer *s) {
         sd_bus_slot_unref(s->direct_query);
         sd_bus_flush_close_unref(s->direct);
         sd_bus_flush_close_unref(s->bus);
+        rest_idem_free(s->idem);
         sd_event_unref(s->event);
         free(s->bus_address);
         if (s->token)
@@ -1279,8 +1526,17 @@ int rest_metrics_format(RestServer *s, FILE *f) {
                 "forkd_rest_connections_total %" PRIu64 "\n"
                 "# HELP forkd_rest_connections_cut_total Connections cut off for not sending a request in time.\n"
                 "# TYPE forkd_rest_connections_cut_total counter\n"
-                "forkd_rest_connections_cut_total %" PRIu64 "\n",
+                "forkd_rest_connections_cut_total %" PRIu64 "\n"
+                "# HELP forkd_rest_idempotency_records Idempotency-Key records kept (answered or in flight).\n"
+                "# TYPE forkd_rest_idempotency_records gauge\n"
+                "forkd_rest_idempotency_records %u\n"
+                "# HELP forkd_rest_idempotency_replays_total Answers replayed for a repeated Idempotency-Key.\n"
+                "# TYPE forkd_rest_idempotency_replays_total counter\n"
+                "forkd_rest_idempotency_replays_total %" PRIu64 "\n"
+                "# HELP forkd_rest_idempotency_waits_total Requests that waited for the first request of their Idempotency-Key.\n"
+                "# TYPE forkd_rest_idempotency_waits_total counter\n"
+                "forkd_rest_idempotency_waits_total %" PRIu64 "\n",
                 s->calls_in_flight, s->calls_total, s->calls_direct, s->calls_rejected, s->conns_active, s->conns_total,
-                s->conns_cut);
+                s->conns_cut, s->idem ? rest_idem_records(s->idem) : 0u, s->idem_replays, s->idem_waits);
         return ferror(f) ? -EIO : 0;
 }

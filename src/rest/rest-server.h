@@ -5,8 +5,8 @@
  * forkd-rest's HTTP side: libmicrohttpd in external-polling epoll mode driven
  * by sd-event (its epoll fd is one io source, its timeout one timer), the
  * request lifecycle (auth, body cap, suspend while a D-Bus call is in flight,
- * resume on the reply), request deadlines and the bridge's own metrics.
- * No threads.
+ * resume on the reply), request deadlines, Idempotency-Key (the store is
+ * rest-idem.c) and the bridge's own metrics. No threads.
  */
 
 #include <json-c/json.h>
@@ -32,6 +32,8 @@ typedef struct RestConfig {
         size_t memory_limit;        /* per-connection pool (headers) */
         size_t body_max;            /* request body cap */
         unsigned calls_max;         /* D-Bus calls in flight */
+        const char *state_dir;      /* Idempotency-Key records (rest-idem.h); NULL: keys are refused */
+        bool state_dir_create;      /* make state_dir now, fail if we cannot; else at first use */
 } RestConfig;
 
 #define REST_CONNECTION_LIMIT_DEFAULT 256u
