@@ -18,6 +18,7 @@
 #include "image.h"
 #include "json-util.h"
 #include "macro.h"
+#include "paused.h"
 #include "polkit.h"
 #include "sandbox-dbus.h"
 #include "sandbox.h"
@@ -199,6 +200,15 @@ static void branch_written(BranchOp *b) {
         }
         image_send_signal(m, i->tag, true);
         reply_info(b, i);
+        if (snapshot_tag_is_forkds(b->tag)) {
+                /* An adopted pause (branch_adopt_staging()): nothing needs it now. */
+                _cleanup_free_ char *tag = strdup(b->tag);
+
+                branch_op_free(b);
+                if (tag)
+                        paused_snapshot_gc(m, tag);
+                return;
+        }
         branch_op_free(b);
 }
 
@@ -675,6 +685,8 @@ static int on_snapshots_event(sd_event_source *es, int fd, uint32_t revents, voi
                         }
                         log_info("Snapshot %s landed (a branch started before forkd restarted).", i->tag);
                         image_send_signal(m, i->tag, true);
+                        /* A pause that forkd's kill cut short: its sandbox is gone, so is this. */
+                        paused_snapshot_gc(m, ev->name);
                 }
         }
 }

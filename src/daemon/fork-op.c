@@ -206,6 +206,10 @@ static void fork_succeed(ForkOp *f) {
                 Sandbox *s = hashmap_get(m->sandboxes, f->ids[i]);
                 s->state = SANDBOX_RUNNING;
                 s->fork_op = NULL;
+                if (f->opts.timeout_secs > 0 &&
+                    sandbox_set_deadline(s, now_realtime_usec() + f->opts.timeout_secs * 1000000ull,
+                                         f->opts.timeout_pause) < 0)
+                        log_warning("Failed to arm the deadline of sandbox %s.", s->id);
                 sandbox_send_new_signal(s);
         }
         f->state = FORK_DONE;

@@ -32,6 +32,9 @@ struct fork_options {
         uid_t owner_uid;           /* the caller: owner of every child */
         const char *id;            /* n 1: this id, not a new one (a resume); borrowed until done() */
         uint64_t created_at;       /* with id: the sandbox's first creation (unix s); 0: now */
+        uint32_t timeout_secs;     /* 0: no deadline; else each child's, from its fork's answer */
+        bool timeout_pause;        /* on_timeout "pause" (default "kill") */
+        bool on_timeout_given;
 };
 
 /* The network part of a fork of a snapshot with (has_nic) or without a NIC:

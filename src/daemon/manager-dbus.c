@@ -559,14 +559,26 @@ static int method_delete_snapshot(sd_bus_message *message, void *userdata, sd_bu
 
 /* ---- sandboxes ---- */
 
-static int parse_fork_options(sd_bus_message *message, struct fork_options *o, sd_bus_error *error) {
+/* Fork's options a{sv} into o; timeout_only (ForkSandboxEx): only timeout_secs
+ * and on_timeout are known. */
+static int parse_fork_options_full(sd_bus_message *message, struct fork_options *o, bool timeout_only,
+                                   sd_bus_error *error) {
+        static const struct {
+                const char *key, *type;
+                bool timeout;
+        } known[] = {
+                { "per_child_netns", "b", false }, { "live_fork", "b", false }, { "memory_limit_mib", "u", false },
+                { "network", "s", false }, { "timeout_secs", "u", true }, { "on_timeout", "s", true },
+        };
         int r;
 
         r = sd_bus_message_enter_container(message, 'a', "{sv}");
         if (r < 0)
                 return r;
         for (;;) {
-                const char *key, *type = NULL;
+                const char *key, *type = NULL, *str = NULL;
+                uint32_t u = 0;
+                int b = 0;
 
                 r = sd_bus_message_enter_container(message, 'e', "sv");
                 if (r < 0)
@@ -576,49 +588,52 @@ static int parse_fork_options(sd_bus_message *message, struct fork_options *o, s
                 r = sd_bus_message_read(message, "s", &key);
                 if (r < 0)
                         return r;
-                if (strcmp(key, "per_child_netns") == 0 || strcmp(key, "live_fork") == 0)
-                        type = "b";
-                else if (strcmp(key, "memory_limit_mib") == 0)
-                        type = "u";
-                else if (strcmp(key, "network") == 0)
-                        type = "s";
-                else
+                for (size_t k = 0; k < ELEMENTSOF(known); k++)
+                        if (strcmp(key, known[k].key) == 0 && (known[k].timeout || !timeout_only))
+                                type = known[k].type;
+                if (!type)
                         return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
-                                                 "Unknown fork option \"%.64s\" (known: per_child_netns, "
-                                                 "memory_limit_mib, live_fork, network).", key);
+                                                 "Unknown fork option \"%.64s\" (known: %s).", key,
+                                                 timeout_only ? "timeout_secs, on_timeout" :
+                                                 "per_child_netns, memory_limit_mib, live_fork, network, "
+                                                 "timeout_secs, on_timeout");
                 r = sd_bus_message_enter_container(message, 'v', type);
                 if (r < 0)
                         return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "Fork option %s must be of type %s.",
                                                  key, type);
-                if (type[0] == 'b') {
-                        int b;
-                        r = sd_bus_message_read(message, "b", &b);
-                        if (r < 0)
-                                return r;
-                        if (key[0] == 'p')
-                                o->per_child_netns = b;
-                        else
-                                o->live_fork = b;
-                } else if (type[0] == 's') {
-                        const char *policy;
-
-                        r = sd_bus_message_read(message, "s", &policy);
-                        if (r < 0)
-                                return r;
-                        o->net_policy = netns_policy_from_string(policy);
+                r = sd_bus_message_read_basic(message, type[0], type[0] == 'b' ? (void *) &b :
+                                                                type[0] == 'u' ? (void *) &u : (void *) &str);
+                if (r < 0)
+                        return r;
+                if (strcmp(key, "per_child_netns") == 0)
+                        o->per_child_netns = b;
+                else if (strcmp(key, "live_fork") == 0)
+                        o->live_fork = b;
+                else if (strcmp(key, "network") == 0) {
+                        o->net_policy = netns_policy_from_string(str);
                         if (o->net_policy < 0)
                                 return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
                                                          "network must be \"none\" or \"egress\", not \"%.64s\".",
-                                                         policy);
+                                                         str);
                         o->net_policy_given = true;
-                } else {
-                        r = sd_bus_message_read(message, "u", &o->memory_limit_mib);
-                        if (r < 0)
-                                return r;
-                        if (o->memory_limit_mib < MEMORY_LIMIT_MIB_MIN || o->memory_limit_mib > MEMORY_LIMIT_MIB_MAX)
+                } else if (strcmp(key, "memory_limit_mib") == 0) {
+                        o->memory_limit_mib = u;
+                        if (u < MEMORY_LIMIT_MIB_MIN || u > MEMORY_LIMIT_MIB_MAX)
                                 return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
                                                          "memory_limit_mib must be from %u to %u.",
                                                          MEMORY_LIMIT_MIB_MIN, MEMORY_LIMIT_MIB_MAX);
+                } else if (strcmp(key, "timeout_secs") == 0) {
+                        o->timeout_secs = u;
+                        if (u < 1 || u > SANDBOX_TIMEOUT_SECS_MAX)
+                                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
+                                                         "timeout_secs must be from 1 to %u.", SANDBOX_TIMEOUT_SECS_MAX);
+                } else {
+                        if (strcmp(str, ON_TIMEOUT_KILL) != 0 && strcmp(str, ON_TIMEOUT_PAUSE) != 0)
+                                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
+                                                         "on_timeout must be \"kill\" or \"pause\", not \"%.64s\".",
+                                                         str);
+                        o->timeout_pause = strcmp(str, ON_TIMEOUT_PAUSE) == 0;
+                        o->on_timeout_given = true;
                 }
                 r = sd_bus_message_exit_container(message);
                 if (r < 0)
@@ -627,7 +642,17 @@ static int parse_fork_options(sd_bus_message *message, struct fork_options *o, s
                 if (r < 0)
                         return r;
         }
+        if (o->on_timeout_given && o->timeout_secs == 0)
+                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "on_timeout needs timeout_secs.");
         return sd_bus_message_exit_container(message);
+}
+
+static int parse_fork_options(sd_bus_message *message, struct fork_options *o, sd_bus_error *error) {
+        return parse_fork_options_full(message, o, false, error);
+}
+
+int bus_read_timeout_options(sd_bus_message *message, struct fork_options *o, sd_bus_error *error) {
+        return parse_fork_options_full(message, o, true, error);
 }
 
 static void fork_done(ForkOp *f, int r, const char *error_name, const char *error_message, void *userdata) {
@@ -892,6 +917,11 @@ static int method_pause_sandbox(sd_bus_message *message, void *userdata, sd_bus_
         return forward_to_sandbox(message, userdata, bus_sandbox_method_pause, error);
 }
 
+static int method_set_sandbox_timeout(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        return forward_to_either(message, userdata, bus_sandbox_method_set_timeout, bus_paused_method_set_timeout,
+                                 error);
+}
+
 static int method_resume_sandbox(sd_bus_message *message, void *userdata, sd_bus_error *error) {
         return forward_to_either(message, userdata, NULL, bus_paused_method_resume, error);
 }
@@ -1107,6 +1137,11 @@ const sd_bus_vtable manager_vtable[] = {
                                 method_pause_sandbox, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("ResumeSandbox", SD_BUS_ARGS("s", id), SD_BUS_RESULT("a{sv}", info),
                                 method_resume_sandbox, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("SetSandboxTimeout", SD_BUS_ARGS("s", id, "u", timeout_secs, "s", on_timeout),
+                                SD_BUS_RESULT("a{sv}", info), method_set_sandbox_timeout, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("ForkSandboxEx", SD_BUS_ARGS("s", id, "u", n, "a{sv}", options),
+                                SD_BUS_RESULT("aa{sv}", sandboxes, "t", pause_us), method_fork_sandbox,
+                                SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("ForkSandbox", SD_BUS_ARGS("s", id, "u", n),
                                 SD_BUS_RESULT("aa{sv}", sandboxes, "t", pause_us), method_fork_sandbox,
                                 SD_BUS_VTABLE_UNPRIVILEGED),

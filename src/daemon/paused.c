@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 /* Paused sandboxes: see paused.h. */
 #include <dirent.h>
+#include <stdarg.h>
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +20,7 @@
 #include "hashmap.h"
 #include "image.h"
 #include "json-util.h"
+#include "manager-dbus.h"
 #include "macro.h"
 #include "operation.h"
 #include "paused.h"
@@ -26,6 +28,7 @@
 #include "sandbox-dbus.h"
 #include "sandbox.h"
 #include "snapshot-meta.h"
+#include "vmm-client.h"
 
 /* A record is a few hundred bytes; anything larger is not one of ours. */
 #define RECORD_MAX 4096
@@ -43,6 +46,7 @@ Paused *paused_free(Paused *p) {
                 return NULL;
         if (p->id && hashmap_get(p->manager->paused, p->id) == p)
                 hashmap_remove(p->manager->paused, p->id);
+        p->deadline_source = sd_event_source_disable_unref(p->deadline_source);
         free(p->id);
         free(p->tag);
         free(p->origin_tag);
@@ -68,6 +72,11 @@ static int record_format(const Paused *p, char **ret) {
         if (p->net_policy >= 0)
                 json_object_object_add(o, "network",
                                        json_object_new_string(netns_policy_to_string((NetnsPolicy) p->net_policy)));
+        if (p->expires_at > 0) {
+                json_object_object_add(o, "expires_at_usec", json_object_new_int64((int64_t) p->expires_at));
+                json_object_object_add(o, "on_timeout",
+                                       json_object_new_string(p->timeout_pause ? ON_TIMEOUT_PAUSE : ON_TIMEOUT_KILL));
+        }
         s = strdup(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN));
         if (!s)
                 return -ENOMEM;
@@ -101,8 +110,8 @@ static bool get_uint(struct json_object *o, const char *key, uint64_t max, uint6
 static int record_parse(Manager *m, const char *name, const char *text, size_t len, Paused **ret,
                         const char **ret_why) {
         _cleanup_json_ struct json_object *o = NULL;
-        const char *id, *tag, *origin, *net, *perr = NULL;
-        uint64_t owner, created, paused, mem;
+        const char *id, *tag, *origin, *net, *on_timeout, *perr = NULL;
+        uint64_t owner, created, paused, mem, expires = 0;
         size_t idlen;
         Paused *p;
 
@@ -114,6 +123,7 @@ static int record_parse(Manager *m, const char *name, const char *text, size_t l
         tag = get_string(o, "tag");
         origin = get_string(o, "origin_tag");
         net = get_string(o, "network");
+        on_timeout = get_string(o, "on_timeout");
         idlen = id ? strlen(id) : 0;
         if (!id || !snapshot_tag_is_valid(id) || snapshot_tag_is_forkds(id) || strncmp(name, id, idlen) != 0 ||
             strcmp(name + idlen, ".json") != 0)
@@ -129,6 +139,10 @@ static int record_parse(Manager *m, const char *name, const char *text, size_t l
                 *ret_why = "owner_uid, created_at, paused_at or memory_limit_mib is missing or out of range";
         else if (net && netns_policy_from_string(net) < 0)
                 *ret_why = "its network policy is unknown";
+        else if (json_object_object_get_ex(o, "expires_at_usec", NULL) &&
+                 (!get_uint(o, "expires_at_usec", INT64_MAX, &expires) || expires == 0 || !on_timeout ||
+                  (strcmp(on_timeout, ON_TIMEOUT_KILL) != 0 && strcmp(on_timeout, ON_TIMEOUT_PAUSE) != 0)))
+                *ret_why = "its deadline (expires_at_usec, on_timeout) is malformed";
         else
                 *ret_why = NULL;
         if (*ret_why)
@@ -146,6 +160,8 @@ static int record_parse(Manager *m, const char *name, const char *text, size_t l
         p->paused_at = paused;
         p->memory_limit_mib = (uint32_t) mem;
         p->net_policy = net ? (int) netns_policy_from_string(net) : -1;
+        p->expires_at = expires;
+        p->timeout_pause = expires > 0 && strcmp(on_timeout, ON_TIMEOUT_PAUSE) == 0;
         if (!p->id || !p->tag || !p->origin_tag) {
                 paused_free(p);
                 return -ENOMEM;
@@ -181,6 +197,54 @@ static int record_remove(Manager *m, const char *id) {
                 return -errno;
         (void) fsync_path(dir);
         return 0;
+}
+
+/* ---- deadlines ---- */
+
+static int paused_delete(Paused *p, const char *reason);
+
+static int on_paused_deadline(sd_event_source *es, uint64_t usec, void *userdata) {
+        Paused *p = userdata;
+        int r;
+
+        p->deadline_source = sd_event_source_disable_unref(p->deadline_source);
+        if (p->timeout_pause || p->resuming)
+                return 0; /* paused already; a resume carries the deadline on */
+        log_info("Paused sandbox %s reached its deadline: deleting it.", p->id);
+        r = paused_delete(p, "timeout");
+        if (r < 0)
+                log_warning_errno(r, "Failed to delete the paused sandbox %s: %m", p->id);
+        return 0;
+}
+
+static int paused_arm(Paused *p) {
+        int r;
+
+        p->deadline_source = sd_event_source_disable_unref(p->deadline_source);
+        if (p->expires_at == 0 || p->timeout_pause)
+                return 0;
+        /* A deadline that passed while forkd was down fires at once. */
+        r = sd_event_add_time(p->manager->event, &p->deadline_source, CLOCK_REALTIME, p->expires_at, 100 * 1000,
+                              on_paused_deadline, p);
+        if (r >= 0)
+                (void) sd_event_source_set_description(p->deadline_source, "paused-deadline");
+        return r;
+}
+
+int paused_set_deadline(Paused *p, uint64_t expires_at, bool pause) {
+        uint64_t old = p->expires_at;
+        bool old_pause = p->timeout_pause;
+        int r;
+
+        p->expires_at = expires_at;
+        p->timeout_pause = pause;
+        r = record_write(p);
+        if (r < 0) {
+                p->expires_at = old;
+                p->timeout_pause = old_pause;
+                return r;
+        }
+        return paused_arm(p);
 }
 
 /* ---- forkd's snapshots ---- */
@@ -273,6 +337,8 @@ int paused_load_all(Manager *m) {
                 }
                 if (r >= 0 && (hashmap_get(m->paused, p->id) || (r = hashmap_put(m->paused, p->id, p)) < 0))
                         why = "its id is taken";
+                if (r >= 0 && !why && (r = paused_arm(p)) < 0)
+                        why = "its deadline cannot be armed";
                 if (r < 0 || why) {
                         log_warning("Dropping the paused sandbox record %s: %s.", path, why ?: strerror(-r));
                         if (p && hashmap_get(m->paused, p->id) != p)
@@ -326,6 +392,8 @@ int paused_append_info(sd_bus_message *reply, Paused *p) {
         if (r >= 0 && p->net_policy >= 0)
                 r = sd_bus_message_append(reply, "{sv}", "network", "s",
                                           netns_policy_to_string((NetnsPolicy) p->net_policy));
+        if (r >= 0)
+                r = sandbox_append_deadline(reply, p->expires_at, p->timeout_pause);
         if (r < 0)
                 return r;
         return sd_bus_message_close_container(reply);
@@ -355,6 +423,23 @@ static int reply_info(sd_bus_message *call, Paused *p, Sandbox *s, sd_bus_messag
 
 /* -- pause -- */
 
+/* sd_bus_reply_method_errorf() for a call that may be none (a deadline's pause). */
+static int reply_error(sd_bus_message *call, const char *name, const char *fmt, ...) _printf_(3, 4);
+static int reply_error(sd_bus_message *call, const char *name, const char *fmt, ...) {
+        _cleanup_free_ char *msg = NULL;
+        va_list ap;
+
+        va_start(ap, fmt);
+        if (vasprintf(&msg, fmt, ap) < 0)
+                msg = NULL;
+        va_end(ap);
+        if (!call) {
+                log_warning("%s", msg ?: name);
+                return 0;
+        }
+        return sd_bus_reply_method_errorf(call, name, "%s", msg ?: "Out of memory");
+}
+
 typedef struct PauseOp {
         Manager *manager;
         sd_bus_message *message;
@@ -380,13 +465,13 @@ static void pause_branch_done(Manager *m, int r, Image *i, uint64_t pause_us, co
         if (s)
                 s->pausing = false;
         if (r < 0) {
-                (void) sd_bus_reply_method_errorf(op->message, FORKD_ERROR_FAILED, "Failed to pause sandbox %s: %s",
+                (void) reply_error(op->message, FORKD_ERROR_FAILED, "Failed to pause sandbox %s: %s",
                                                   op->id, why ?: strerror(-r));
                 goto finish;
         }
         if (!s || s->killed || s->state != SANDBOX_RUNNING) {
                 (void) image_delete(i);
-                (void) sd_bus_reply_method_errorf(op->message, FORKD_ERROR_NO_SUCH_SANDBOX,
+                (void) reply_error(op->message, FORKD_ERROR_NO_SUCH_SANDBOX,
                                                   "Sandbox %s ended during its pause.", op->id);
                 goto finish;
         }
@@ -398,6 +483,11 @@ static void pause_branch_done(Manager *m, int r, Image *i, uint64_t pause_us, co
                         .owner_uid = s->owner_uid, .created_at = s->created_at, .paused_at = (uint64_t) time(NULL),
                         .memory_limit_mib = s->memory_limit_mib, .net_policy = s->netns_owned ? s->net_policy : -1,
                 };
+                /* Its deadline goes with it, unless this pause is what it asked for. */
+                if (s->expires_at > 0 && !(s->timeout_pause && s->expires_at <= now_realtime_usec())) {
+                        p->expires_at = s->expires_at;
+                        p->timeout_pause = s->timeout_pause;
+                }
                 r = p->id && p->tag && p->origin_tag ? 0 : -ENOMEM;
         } else
                 r = -ENOMEM;
@@ -406,13 +496,15 @@ static void pause_branch_done(Manager *m, int r, Image *i, uint64_t pause_us, co
         if (r >= 0)
                 r = hashmap_put(m->paused, p->id, p);
         if (r >= 0)
+                r = paused_arm(p);
+        if (r >= 0 && op->message)
                 r = reply_info(op->message, p, NULL, &reply);
         if (r < 0) {
                 if (p)
                         (void) record_remove(m, p->id);
                 paused_free(p);
                 (void) image_delete(i);
-                (void) sd_bus_reply_method_errorf(op->message, FORKD_ERROR_FAILED,
+                (void) reply_error(op->message, FORKD_ERROR_FAILED,
                                                   "Failed to record the pause of sandbox %s: %s", op->id,
                                                   strerror(-r));
                 goto finish;
@@ -434,10 +526,6 @@ finish:
 
 int bus_sandbox_method_pause(sd_bus_message *message, void *userdata, sd_bus_error *error) {
         Sandbox *s = userdata;
-        Manager *m = s->manager;
-        char tag[SNAPSHOT_TAG_MAX + 1];
-        const char *mode;
-        PauseOp *op;
         int r;
 
         r = sandbox_verify(message, s, "org.forkd.pause", "pause", error);
@@ -445,6 +533,20 @@ int bus_sandbox_method_pause(sd_bus_message *message, void *userdata, sd_bus_err
                 return r;
         if (r == 0)
                 return 1;
+        r = paused_pause(s, message, error);
+        return r < 0 ? r : 1;
+}
+
+int paused_pause(Sandbox *s, sd_bus_message *message, sd_bus_error *error) {
+        _cleanup_(sd_bus_error_free) sd_bus_error local = SD_BUS_ERROR_NULL;
+        Manager *m = s->manager;
+        char tag[SNAPSHOT_TAG_MAX + 1];
+        const char *mode;
+        PauseOp *op;
+        int r;
+
+        if (!error)
+                error = &local;
         if (s->pausing)
                 return sd_bus_error_setf(error, FORKD_ERROR_PAUSED, "sandbox %s is being paused", s->id);
         if (s->state != SANDBOX_RUNNING)
@@ -488,7 +590,7 @@ int bus_sandbox_method_pause(sd_bus_message *message, void *userdata, sd_bus_err
         op->message = sd_bus_message_ref(message);
         s->pausing = true;
         log_info("Pausing sandbox %s (a %s branch to %s).", s->id, mode, tag);
-        return 1;
+        return 0;
 }
 
 /* -- resume and fork -- */
@@ -529,6 +631,10 @@ static void paused_fork_done(ForkOp *f, int r, const char *error_name, const cha
                         s->origin_tag = strdup(pf->origin_tag);
         }
         if (pf->resume) {
+                Sandbox *s = hashmap_get(m->sandboxes, pf->id);
+
+                if (s && p && p->expires_at > 0)
+                        (void) sandbox_set_deadline(s, p->expires_at, p->timeout_pause);
                 /* Running again: the record goes (a crash before this finds it paused). */
                 r = record_remove(m, pf->id);
                 if (r < 0)
@@ -555,8 +661,10 @@ finish:
         operation_free(o);
 }
 
-static int paused_fork_start(sd_bus_message *message, Paused *p, unsigned n, bool resume, sd_bus_error *error) {
+static int paused_fork_start(sd_bus_message *message, Paused *p, unsigned n, const struct fork_options *topts,
+                             sd_bus_error *error) {
         struct fork_options opts = { .memory_limit_mib = p->memory_limit_mib };
+        bool resume = !topts;
         Manager *m = p->manager;
         const char *why = NULL;
         Operation *o = NULL;
@@ -611,8 +719,11 @@ static int paused_fork_start(sd_bus_message *message, Paused *p, unsigned n, boo
                 opts.owner_uid = p->owner_uid;
                 opts.id = pf->id;
                 opts.created_at = p->created_at;
-        } else
+        } else {
                 opts.owner_uid = o->owner_uid;
+                opts.timeout_secs = topts->timeout_secs;
+                opts.timeout_pause = topts->timeout_pause;
+        }
         r = fork_op_start(m, i, n, &opts, paused_fork_done, o, &o->fork);
         if (r < 0) {
                 operation_free(o);
@@ -635,30 +746,55 @@ int bus_paused_method_resume(sd_bus_message *message, void *userdata, sd_bus_err
         r = paused_verify(message, p, "org.forkd.pause", "resume", error);
         if (r <= 0)
                 return r < 0 ? r : 1;
-        return paused_fork_start(message, p, 1, true, error);
+        return paused_fork_start(message, p, 1, NULL, error);
 }
 
 int bus_paused_method_fork(sd_bus_message *message, void *userdata, sd_bus_error *error) {
         Paused *p = userdata;
+        struct fork_options topts = {};
         uint32_t n;
         int r;
 
         r = sd_bus_message_read(message, "u", &n);
         if (r < 0)
                 return r;
+        if (sd_bus_message_has_signature(message, "sua{sv}")) {
+                r = bus_read_timeout_options(message, &topts, error); /* ForkSandboxEx */
+                if (r < 0)
+                        return r;
+        }
         if (n < 1 || n > FORK_N_MAX)
                 return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "n must be from 1 to %u, not %u.",
                                          FORK_N_MAX, n);
         r = paused_verify(message, p, "org.forkd.branch", "fork", error);
         if (r <= 0)
                 return r < 0 ? r : 1;
-        return paused_fork_start(message, p, n, false, error);
+        return paused_fork_start(message, p, n, &topts, error);
+}
+
+/* The record, then the sandbox (SandboxRemoved with reason), then forkd's snapshot if nothing else needs it. */
+static int paused_delete(Paused *p, const char *reason) {
+        _cleanup_free_ char *tag = NULL, *path = NULL;
+        Manager *m = p->manager;
+        int r;
+
+        r = record_remove(m, p->id);
+        if (r < 0)
+                return r;
+        tag = strdup(p->tag);
+        if (!tag)
+                return -ENOMEM;
+        if (m->bus && sandbox_object_path(p->id, &path) >= 0)
+                (void) sd_bus_emit_signal(m->bus, FORKD_MANAGER_PATH, FORKD_BUS_NAME, "SandboxRemoved", "sos", p->id,
+                                          path, reason);
+        log_info("Paused sandbox %s deleted (%s).", p->id, reason);
+        paused_free(p);
+        paused_snapshot_gc(m, tag);
+        return 0;
 }
 
 int bus_paused_method_terminate(sd_bus_message *message, void *userdata, sd_bus_error *error) {
-        _cleanup_free_ char *tag = NULL, *path = NULL;
         Paused *p = userdata;
-        Manager *m = p->manager;
         int r;
 
         r = paused_verify(message, p, "org.forkd.terminate", "terminate", error);
@@ -666,18 +802,78 @@ int bus_paused_method_terminate(sd_bus_message *message, void *userdata, sd_bus_
                 return r < 0 ? r : 1;
         if (p->resuming)
                 return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "Sandbox %s is being resumed.", p->id);
-        r = record_remove(m, p->id);
+        r = paused_delete(p, "terminated");
         if (r < 0)
                 return sd_bus_error_set_errnof(error, r, "Failed to remove the record of paused sandbox %s: %m",
                                                p->id);
-        tag = strdup(p->tag);
-        if (!tag)
-                return -ENOMEM;
-        if (m->bus && sandbox_object_path(p->id, &path) >= 0)
-                (void) sd_bus_emit_signal(m->bus, FORKD_MANAGER_PATH, FORKD_BUS_NAME, "SandboxRemoved", "sos", p->id,
-                                          path, "terminated");
-        log_info("Paused sandbox %s deleted.", p->id);
-        paused_free(p);
-        paused_snapshot_gc(m, tag);
         return sd_bus_reply_method_return(message, NULL);
+}
+
+/* -- deadlines set by the caller -- */
+
+/* SetSandboxTimeout's (u timeout_secs, s on_timeout): the deadline from now and
+ * the action ("" keeps the current one, "kill" without one). */
+static int read_timeout(sd_bus_message *message, bool current_pause, uint64_t *ret_expires, bool *ret_pause,
+                        sd_bus_error *error) {
+        const char *on_timeout;
+        uint32_t secs;
+        int r;
+
+        r = sd_bus_message_read(message, "us", &secs, &on_timeout);
+        if (r < 0)
+                return r;
+        if (secs < 1 || secs > SANDBOX_TIMEOUT_SECS_MAX)
+                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "timeout_secs must be from 1 to %u.",
+                                         SANDBOX_TIMEOUT_SECS_MAX);
+        if (on_timeout[0] && strcmp(on_timeout, ON_TIMEOUT_KILL) != 0 && strcmp(on_timeout, ON_TIMEOUT_PAUSE) != 0)
+                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
+                                         "on_timeout must be \"kill\", \"pause\" or empty, not \"%.64s\".",
+                                         on_timeout);
+        *ret_expires = now_realtime_usec() + secs * 1000000ull;
+        *ret_pause = on_timeout[0] ? strcmp(on_timeout, ON_TIMEOUT_PAUSE) == 0 : current_pause;
+        return 0;
+}
+
+int bus_sandbox_method_set_timeout(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
+        Sandbox *s = userdata;
+        uint64_t expires;
+        bool pause;
+        int r;
+
+        r = read_timeout(message, s->expires_at > 0 && s->timeout_pause, &expires, &pause, error);
+        if (r < 0)
+                return r;
+        r = sandbox_verify(message, s, "org.forkd.pause", "timeout", error);
+        if (r <= 0)
+                return r < 0 ? r : 1;
+        r = sandbox_set_deadline(s, expires, pause);
+        if (r < 0)
+                return sd_bus_error_set_errnof(error, r, "Failed to set the deadline of %s: %m", s->id);
+        r = reply_info(message, NULL, s, &reply);
+        if (r < 0)
+                return r;
+        return sd_bus_send(NULL, reply, NULL);
+}
+
+int bus_paused_method_set_timeout(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
+        Paused *p = userdata;
+        uint64_t expires;
+        bool pause;
+        int r;
+
+        r = read_timeout(message, p->expires_at > 0 && p->timeout_pause, &expires, &pause, error);
+        if (r < 0)
+                return r;
+        r = paused_verify(message, p, "org.forkd.pause", "timeout", error);
+        if (r <= 0)
+                return r < 0 ? r : 1;
+        r = paused_set_deadline(p, expires, pause);
+        if (r < 0)
+                return sd_bus_error_set_errnof(error, r, "Failed to record the deadline of %s: %m", p->id);
+        r = reply_info(message, p, NULL, &reply);
+        if (r < 0)
+                return r;
+        return sd_bus_send(NULL, reply, NULL);
 }

@@ -45,6 +45,11 @@ typedef struct Paused {
         uint32_t memory_limit_mib;
         int net_policy;     /* NetnsPolicy, or -1: no NIC */
         bool resuming;
+        /* Its deadline (CLOCK_REALTIME usec, 0: none), kept from when it ran or set
+         * while paused: past it, on_timeout "kill" deletes it; "pause" has nothing left to do. */
+        uint64_t expires_at;
+        bool timeout_pause;
+        sd_event_source *deadline_source;
 } Paused;
 
 /* A tag of forkd's own (PAUSED_TAG_PREFIX): callers may not name one. */
@@ -67,6 +72,12 @@ int paused_append_info(sd_bus_message *reply, Paused *p);
 /* Polkit and ownership for verb on p, as sandbox_verify(). */
 int paused_verify(sd_bus_message *message, Paused *p, const char *action, const char *verb, sd_bus_error *error);
 
+/* Pause s (PauseSandbox after its checks, or its deadline with message NULL):
+ * message, if any, is answered once the VM is gone. error may be NULL. */
+int paused_pause(Sandbox *s, sd_bus_message *message, sd_bus_error *error);
+/* A new deadline for p, recorded (synced) before it counts. */
+int paused_set_deadline(Paused *p, uint64_t expires_at, bool pause);
+
 /* Manager methods (after the id was looked up):
  *   PauseSandbox(s id) -> a{sv}: userdata a running Sandbox
  *   ResumeSandbox(s id) -> a{sv}, TerminateSandbox(s id), ForkSandbox(s id, u n) -> (aa{sv}, t): userdata a Paused */
@@ -74,3 +85,6 @@ int bus_sandbox_method_pause(sd_bus_message *message, void *userdata, sd_bus_err
 int bus_paused_method_resume(sd_bus_message *message, void *userdata, sd_bus_error *error);
 int bus_paused_method_terminate(sd_bus_message *message, void *userdata, sd_bus_error *error);
 int bus_paused_method_fork(sd_bus_message *message, void *userdata, sd_bus_error *error);
+/* SetSandboxTimeout(s id, u timeout_secs, s on_timeout) -> a{sv}: a Sandbox or a Paused. */
+int bus_sandbox_method_set_timeout(sd_bus_message *message, void *userdata, sd_bus_error *error);
+int bus_paused_method_set_timeout(sd_bus_message *message, void *userdata, sd_bus_error *error);

@@ -105,7 +105,17 @@ int sandbox_append_info(sd_bus_message *reply, Sandbox *s) {
                 if (r < 0)
                         return r;
         }
+        r = sandbox_append_deadline(reply, s->expires_at, s->timeout_pause);
+        if (r < 0)
+                return r;
         return sd_bus_message_close_container(reply);
+}
+
+int sandbox_append_deadline(sd_bus_message *reply, uint64_t expires_at, bool pause) {
+        char buf[64];
+
+        return sd_bus_message_append(reply, "{sv}{sv}", "expires_at", "s", deadline_format(expires_at, buf),
+                                     "on_timeout", "s", pause ? ON_TIMEOUT_PAUSE : ON_TIMEOUT_KILL);
 }
 
 int sandbox_object_find(sd_bus *bus, const char *path, const char *interface, void *userdata, void **found,

@@ -18,6 +18,8 @@ bool sandbox_is_visible(const Sandbox *s);
 int sandbox_verify(sd_bus_message *message, Sandbox *s, const char *action, const char *verb, sd_bus_error *error);
 /* Append a SandboxInfo a{sv}. */
 int sandbox_append_info(sd_bus_message *reply, Sandbox *s);
+/* Its expires_at (RFC 3339, "" for none) and on_timeout, two {sv} entries. */
+int sandbox_append_deadline(sd_bus_message *reply, uint64_t expires_at, bool pause);
 
 void sandbox_send_new_signal(Sandbox *s);
 void sandbox_send_removed_signal(Sandbox *s, const char *reason);

@@ -8,6 +8,7 @@
 #include "cgroup.h"
 #include "fork-op.h"
 #include "json-util.h"
+#include "manager-dbus.h"
 #include "macro.h"
 #include "operation.h"
 #include "polkit.h"
@@ -23,6 +24,8 @@ typedef struct SandboxFork {
         char *source_id, *tag;
         unsigned n;
         uint32_t memory_limit_mib;
+        uint32_t timeout_secs;
+        bool timeout_pause;
         bool source_has_cgroup;
         /* The source has a NIC (a namespace forkd made): so has every copy,
          * each in a namespace of its own with policy none. */
@@ -104,7 +107,8 @@ static void on_fork_done(ForkOp *op, int r, const char *error_name, const char *
  * one closes the socket, and the spawn says so). */
 static void start_fork(SandboxFork *f) {
         struct fork_options opts = { .memory_limit_mib = f->memory_limit_mib, .owner_uid = f->operation->owner_uid,
-                                     .net = f->net, .net_policy = NETNS_POLICY_NONE, .agent_tcp = f->agent_tcp };
+                                     .net = f->net, .net_policy = NETNS_POLICY_NONE, .agent_tcp = f->agent_tcp,
+                                     .timeout_secs = f->timeout_secs, .timeout_pause = f->timeout_pause };
         Manager *m = f->manager;
         VmTemplate *t = NULL;
         int r;
@@ -152,6 +156,7 @@ static void on_control_reply(ControlWaiter *w, struct json_object *o, const char
 int bus_sandbox_method_fork(sd_bus_message *message, void *userdata, sd_bus_error *error) {
         Sandbox *s = userdata;
         Manager *m = s->manager;
+        struct fork_options topts = {};
         SandboxFork *f;
         Operation *o = NULL;
         uint32_t n;
@@ -160,6 +165,11 @@ int bus_sandbox_method_fork(sd_bus_message *message, void *userdata, sd_bus_erro
         r = sd_bus_message_read(message, "u", &n);
         if (r < 0)
                 return r;
+        if (sd_bus_message_has_signature(message, "sua{sv}")) {
+                r = bus_read_timeout_options(message, &topts, error); /* ForkSandboxEx */
+                if (r < 0)
+                        return r;
+        }
         if (n < 1 || n > SANDBOX_FORK_N_MAX)
                 return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "n must be from 1 to %u, not %u.",
                                          SANDBOX_FORK_N_MAX, n);
@@ -196,6 +206,8 @@ int bus_sandbox_method_fork(sd_bus_message *message, void *userdata, sd_bus_erro
         f->n = n;
         f->tpl_fd = -EBADF;
         f->memory_limit_mib = s->memory_limit_mib;
+        f->timeout_secs = topts.timeout_secs;
+        f->timeout_pause = topts.timeout_pause;
         f->source_has_cgroup = s->has_cgroup;
         f->net = s->netns_owned;
         f->agent_tcp = s->netns_owned && strncmp(s->guest_addr, "agent:", 6) != 0;

@@ -124,6 +124,17 @@ SandboxEarly *sandbox_early_free(SandboxEarly *e) {
 static int sandbox_new_full(Manager *m, const struct sandbox_params *p, int agent_fd, fka_client *client,
                             Sandbox **ret);
 
+static void sandbox_free_strings(Sandbox *s) {
+        free(s->id);
+        free(s->vm_id);
+        free(s->snapshot_tag);
+        free(s->origin_tag);
+        free(s->netns);
+        free(s->host_addr);
+        free(s->inside_addr);
+        free(s->guest_addr);
+}
+
 int sandbox_new(Manager *m, const struct sandbox_params *p, int agent_fd, Sandbox **ret) {
         return sandbox_new_full(m, p, agent_fd, NULL, ret);
 }
@@ -212,14 +223,7 @@ fail:
         fka_client_free(s->client);
         s->client = NULL;
         safe_close(s->agent_fd);
-        free(s->id);
-        free(s->vm_id);
-        free(s->snapshot_tag);
-        free(s->origin_tag);
-        free(s->netns);
-        free(s->host_addr);
-        free(s->inside_addr);
-        free(s->guest_addr);
+        sandbox_free_strings(s);
         free(s);
         return r;
 }
@@ -308,6 +312,7 @@ Sandbox *sandbox_free(Sandbox *s) {
 
         s->io_source = sd_event_source_disable_unref(s->io_source);
         s->timer_source = sd_event_source_disable_unref(s->timer_source);
+        s->deadline_source = sd_event_source_disable_unref(s->deadline_source);
         for (unsigned i = 0; i < s->n_terminate_waiters; i++) {
                 (void) sd_bus_reply_method_return(s->terminate_waiters[i], NULL);
                 sd_bus_message_unref(s->terminate_waiters[i]);
@@ -334,13 +339,7 @@ Sandbox *sandbox_free(Sandbox *s) {
         if (s->netns_owned)
                 sandbox_netns_destroy(m, s->netns, s->netns_index);
 
-        free(s->id);
-        free(s->vm_id);
-        free(s->snapshot_tag);
-        free(s->netns);
-        free(s->host_addr);
-        free(s->inside_addr);
-        free(s->guest_addr);
+        sandbox_free_strings(s);
         free(s);
         return NULL;
 }
@@ -357,6 +356,8 @@ void sandbox_exited(Sandbox *s, int code, int sig) {
                 ooms = 0;
         if (s->stopped)
                 reason = "daemon-stop";
+        else if (s->timed_out)
+                reason = "timeout";
         else if (s->killed)
                 reason = "terminated";
         else if (ooms > 0)
@@ -411,6 +412,65 @@ void terminate_group_done(TerminateGroup *g) {
         else
                 (void) sd_bus_reply_method_errno(g->message, ENOMEM, NULL);
         terminate_group_free(g);
+}
+
+const char *deadline_format(uint64_t expires_at, char buf[static 64]) {
+        time_t secs = (time_t) (expires_at / 1000000);
+        struct tm tm;
+
+        if (expires_at == 0 || !gmtime_r(&secs, &tm)) {
+                buf[0] = 0;
+                return buf;
+        }
+        snprintf(buf, 64, "%04d-%02d-%02dT%02d:%02d:%02d.%03uZ", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday,
+                 tm.tm_hour, tm.tm_min, tm.tm_sec, (unsigned) (expires_at % 1000000 / 1000));
+        return buf;
+}
+
+static int on_deadline(sd_event_source *es, uint64_t usec, void *userdata) {
+        Sandbox *s = userdata;
+        int r;
+
+        s->deadline_source = sd_event_source_disable_unref(s->deadline_source);
+        if (s->killed || s->retired)
+                return 0;
+        if (s->timeout_pause) {
+                if (s->pausing)
+                        return 0;
+                r = paused_pause(s, NULL, NULL);
+                if (r >= 0) {
+                        log_info("Sandbox %s reached its deadline: pausing it.", s->id);
+                        return 0;
+                }
+                log_warning_errno(r, "Sandbox %s reached its deadline and cannot be paused, killing it: %m", s->id);
+        } else
+                log_info("Sandbox %s reached its deadline: killing it.", s->id);
+        s->timed_out = true;
+        (void) sandbox_kill(s);
+        return 0;
+}
+
+int sandbox_set_deadline(Sandbox *s, uint64_t expires_at, bool pause) {
+        int r;
+
+        s->expires_at = expires_at;
+        s->timeout_pause = pause;
+        if (expires_at == 0) {
+                s->deadline_source = sd_event_source_disable_unref(s->deadline_source);
+                return 0;
+        }
+        if (s->deadline_source) {
+                r = sd_event_source_set_time(s->deadline_source, expires_at);
+                if (r >= 0)
+                        r = sd_event_source_set_enabled(s->deadline_source, SD_EVENT_ONESHOT);
+                return r;
+        }
+        /* Within 100 ms of the deadline; wall clock, as the caller sees expires_at. */
+        r = sd_event_add_time(s->manager->event, &s->deadline_source, CLOCK_REALTIME, expires_at, 100 * 1000,
+                              on_deadline, s);
+        if (r >= 0)
+                (void) sd_event_source_set_description(s->deadline_source, "sandbox-deadline");
+        return r;
 }
 
 int sandbox_kill(Sandbox *s) {

@@ -64,6 +64,12 @@ struct Sandbox {
         bool pausing;         /* a pause is in flight (paused.c) */
         char *origin_tag;     /* NULL: snapshot_tag; else what it is shown to come from (a resume) */
         int net_policy;       /* with netns_owned: its NetnsPolicy */
+        /* Its deadline (timeout_secs): CLOCK_REALTIME usec, 0: none; past it the
+         * sandbox is killed (reason "timeout") or, timeout_pause, paused. */
+        uint64_t expires_at;
+        bool timeout_pause;
+        bool timed_out;
+        sd_event_source *deadline_source;
         /* Terminate calls answered once the VMM is gone, so that a caller
          * that sees the reply never finds the sandbox listed any more. */
         sd_bus_message *terminate_waiters[16];
@@ -154,6 +160,16 @@ int sandbox_call(Sandbox *s, const char *json, uint64_t timeout_usec, agent_repl
  * *ret_old_id: w's id before (the caller announces its removal). Rewrites
  * w's record first; on failure nothing changed. */
 int sandbox_merge(Sandbox *p, Sandbox *w, char **ret_old_id);
+
+/* The limits of timeout_secs, and its on_timeout actions. */
+#define SANDBOX_TIMEOUT_SECS_MAX 86400u
+#define ON_TIMEOUT_KILL "kill"
+#define ON_TIMEOUT_PAUSE "pause"
+
+/* Arm (expires_at CLOCK_REALTIME usec) or clear (0) s's deadline. */
+int sandbox_set_deadline(Sandbox *s, uint64_t expires_at, bool pause);
+/* expires_at as RFC 3339 UTC with milliseconds into buf (64 bytes); "" for 0. */
+const char *deadline_format(uint64_t expires_at, char buf[static 64]);
 
 const char *sandbox_state_to_string(SandboxState s);
 int sandbox_object_path(const char *id, char **ret);

@@ -152,5 +152,6 @@ enum {
 
 void vmm_template_stop(struct vmm_template *t);
 
-/* Milliseconds/microseconds on CLOCK_MONOTONIC. */
+/* Microseconds on CLOCK_MONOTONIC, and on CLOCK_REALTIME (deadlines). */
 uint64_t now_usec(void);
+uint64_t now_realtime_usec(void);

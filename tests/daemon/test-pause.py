@@ -219,11 +219,62 @@ def run(h):
                 ping(info["id"])
                 h.m("TerminateSandbox", "s", [s["id"]])
                 h.wait_removed(s["id"])
-            assert not [d for d in os.listdir(snapdir) if ".tmp." in d], os.listdir(snapdir)
-            assert records() == [] and forkds() == [], (records(), forkds())
+            # A writer that outlived forkd finishes and lands; forkd then removes what nothing needs.
+            tf.wait_for(lambda: not [d for d in os.listdir(snapdir) if ".tmp." in d] and forkds() == [], 20,
+                        f"forkd's snapshots and staging directories to go: {os.listdir(snapdir)}")
+            assert records() == [], records()
         print(f"# outcomes of a kill -9 during a pause: {sorted(outcomes)}")
     h.check("kill -9 during a pause: afterwards paused (and resumable) or gone, nothing half-written left",
             kill_during_pause)
+
+    def timeouts():
+        import datetime
+        bad = (({"timeout_secs": ("u", 0)}, "timeout_secs"), ({"timeout_secs": ("u", 86401)}, "timeout_secs"),
+               ({"timeout_secs": ("u", 5), "on_timeout": ("s", "later")}, "on_timeout"),
+               ({"on_timeout": ("s", "kill")}, "needs timeout_secs"), ({"timeout_secs": ("s", "5")}, "type u"))
+        for opts, want in bad:
+            msg = h.expect_error(INVALID, "Fork", "sua{sv}", ["base", 1, opts])
+            assert want in msg, (opts, msg)
+        t0 = time.time()
+        kill, pause = h.fork("base", 1, {"timeout_secs": ("u", 1)})[0], \
+            h.fork("base", 1, {"timeout_secs": ("u", 1), "on_timeout": ("s", "pause")})[0]
+        for sb, action in ((kill, "kill"), (pause, "pause")):
+            exp = datetime.datetime.strptime(sb["expires_at"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(
+                tzinfo=datetime.timezone.utc).timestamp()
+            assert t0 + 0.5 < exp < time.time() + 1.5 and sb["on_timeout"] == action, sb
+        plain = h.fork("base", 1)[0]
+        assert plain["expires_at"] == "" and plain["on_timeout"] == "kill", plain
+        assert h.wait_removed(kill["id"], 10) == "timeout"
+        tf.wait_for(lambda: h.m("GetSandbox", "s", [pause["id"]])[0]["status"] == "paused", 10,
+                    "the sandbox to be paused at its deadline")
+        assert h.m("GetSandbox", "s", [pause["id"]])[0]["expires_at"] == "", "the deadline it acted on is gone"
+        # SetSandboxTimeout: on a running sandbox, then on a paused one (recorded), acted on at start-up.
+        info = h.m("SetSandboxTimeout", "sus", [plain["id"], 600, ""])[0]
+        assert info["expires_at"] and info["on_timeout"] == "kill", info
+        h.expect_error(INVALID, "SetSandboxTimeout", "sus", [plain["id"], 0, ""])
+        h.expect_error(INVALID, "SetSandboxTimeout", "sus", [plain["id"], 10, "never"])
+        h.m("TerminateSandbox", "s", [plain["id"]])
+        h.wait_removed(plain["id"])
+        info = h.m("SetSandboxTimeout", "sus", [pause["id"], 1, "kill"])[0]
+        assert info["status"] == "paused" and info["on_timeout"] == "kill" and info["expires_at"], info
+        rec = json.load(open(os.path.join(pauseddir, pause["id"] + ".json")))
+        assert rec["on_timeout"] == "kill" and rec["expires_at_usec"] > 0, rec
+        assert h.stop_forkd() == 0
+        time.sleep(1.5)  # the deadline passes while forkd is down
+        h.start_forkd()
+        tf.wait_for(lambda: not os.path.exists(os.path.join(pauseddir, pause["id"] + ".json")), 10,
+                    "the expired paused sandbox to be deleted at start-up")
+        h.expect_error(NO_SANDBOX, "GetSandbox", "s", [pause["id"]])
+        assert forkds() == [], forkds()
+        # ForkSandboxEx: children of a running sandbox with a deadline.
+        src = h.fork("base", 1)[0]
+        kids, _ = h.m("ForkSandboxEx", "sua{sv}", [src["id"], 2, {"timeout_secs": ("u", 300)}], timeout=120)
+        assert all(k["expires_at"] and k["on_timeout"] == "kill" for k in kids), kids
+        h.expect_error(INVALID, "ForkSandboxEx", "sua{sv}", [src["id"], 1, {"network": ("s", "none")}])
+        h.terminate_all()
+    h.check("timeouts: Fork's timeout_secs and on_timeout checked; kill and pause at the deadline; "
+            "SetSandboxTimeout on running and paused sandboxes; a deadline passed while forkd was down is acted on "
+            "at start-up; ForkSandboxEx", timeouts)
 
     h.check("no sanitizer report from forkd", h.assert_no_sanitizer_report)
     print(f"1..{h.n}", flush=True)
