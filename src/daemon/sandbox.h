@@ -161,8 +161,7 @@ int sandbox_call(Sandbox *s, const char *json, uint64_t timeout_usec, agent_repl
  * w's record first; on failure nothing changed. */
 int sandbox_merge(Sandbox *p, Sandbox *w, char **ret_old_id);
 
-/* The limits of timeout_secs, and its on_timeout actions. */
-#define SANDBOX_TIMEOUT_SECS_MAX 86400u
+/* on_timeout's actions (timeout_secs: 1..SANDBOX_TIMEOUT_SECS_MAX, forkd-bus.h). */
 #define ON_TIMEOUT_KILL "kill"
 #define ON_TIMEOUT_PAUSE "pause"
 

@@ -526,7 +526,45 @@ struct fork_args {
         bool prewarm;
         bool hugepages;
         char network[16]; /* "": not given */
+        int64_t timeout_secs; /* TIMEOUT_UNSET: not given */
+        char on_timeout[8];   /* "": not given */
 };
+
+/* timeout_secs absent (or null): no deadline. */
+#define TIMEOUT_UNSET INT64_MIN
+
+/* timeout_secs and on_timeout of a body (issue 17): 1 when they are fine, else
+ * the 400 is queued and this returns 0 or the reply's errno. */
+static int check_timeout(RestRequest *req, int64_t secs, const char *on_timeout, bool required) {
+        int r;
+
+        if ((secs != TIMEOUT_UNSET || required) && (secs < 1 || secs > SANDBOX_TIMEOUT_SECS_MAX))
+                r = rest_reply_error(req, 400, "timeout_secs must be an integer between 1 and %u",
+                                     SANDBOX_TIMEOUT_SECS_MAX);
+        else if (on_timeout[0] && strcmp(on_timeout, "kill") != 0 && strcmp(on_timeout, "pause") != 0)
+                r = rest_reply_error(req, 400, "on_timeout must be \"kill\" or \"pause\"");
+        else if (on_timeout[0] && secs == TIMEOUT_UNSET)
+                r = rest_reply_error(req, 400, "on_timeout needs timeout_secs");
+        else
+                return 1;
+        return MIN(r, 0);
+}
+
+/* The two timeout options into an open a{sv}, if given. */
+static int append_timeout(sd_bus_message *m, int64_t secs, const char *on_timeout) {
+        int r = 0;
+
+        if (secs != TIMEOUT_UNSET)
+                r = sd_bus_message_append(m, "{sv}", "timeout_secs", "u", (uint32_t) secs);
+        if (r >= 0 && on_timeout[0])
+                r = sd_bus_message_append(m, "{sv}", "on_timeout", "s", on_timeout);
+        return r;
+}
+
+#define TIMEOUT_FIELDS(type)                                                                                     \
+        { "timeout_secs", JSON_KIND_INT64, NULL, offsetof(type, timeout_secs), 0, JSON_NULLABLE },             \
+        { "on_timeout", JSON_KIND_STRING, NULL, offsetof(type, on_timeout), JSON_FIELD_SIZE(type, on_timeout), \
+          JSON_NULLABLE }
 
 static int route_sandboxes_create(RestRequest *req) {
         static const struct json_dispatch table[] = {
@@ -548,11 +586,12 @@ static int route_sandboxes_create(RestRequest *req) {
                 /* "none" or "egress", for snapshots made with a NIC; forkd says what is wrong */
                 { "network", JSON_KIND_STRING, NULL, offsetof(struct fork_args, network),
                   JSON_FIELD_SIZE(struct fork_args, network), JSON_NULLABLE },
+                TIMEOUT_FIELDS(struct fork_args),
                 {}
         };
         _cleanup_(sd_bus_message_unrefp) sd_bus_message *m = NULL;
         _cleanup_json_ struct json_object *o = NULL;
-        struct fork_args a = { .n = 1 };
+        struct fork_args a = { .n = 1, .timeout_secs = TIMEOUT_UNSET };
         int r;
 
         r = parse_body(req, false, table, &a,
@@ -565,6 +604,9 @@ static int route_sandboxes_create(RestRequest *req) {
                 return rest_reply_error(req, 400, "n must be an integer between 1 and %d", FORK_N_MAX);
         if (a.memory_limit_mib < 0 || a.memory_limit_mib > UINT32_MAX)
                 return rest_reply_error(req, 400, "memory_limit_mib out of range");
+        r = check_timeout(req, a.timeout_secs, a.on_timeout, false);
+        if (r <= 0)
+                return r;
         /* A child's RAM is a MAP_PRIVATE mapping of the snapshot's memory.bin, shared
          * with its siblings through the page cache; huge pages could back it only as a
          * private copy of all of RAM per child (hugetlbfs), which is the cost a fork
@@ -589,6 +631,8 @@ static int route_sandboxes_create(RestRequest *req) {
                 r = sd_bus_message_append(m, "{sv}", "live_fork", "b", a.live_fork);
         if (r >= 0 && a.network[0])
                 r = sd_bus_message_append(m, "{sv}", "network", "s", a.network);
+        if (r >= 0)
+                r = append_timeout(m, a.timeout_secs, a.on_timeout);
         if (r >= 0)
                 r = sd_bus_message_close_container(m);
         if (r < 0)
@@ -1129,15 +1173,19 @@ static int route_sandbox_branch(RestRequest *req) {
 
 struct sandbox_fork_args {
         int64_t n;
+        int64_t timeout_secs;
+        char on_timeout[8];
 };
 
 static int route_sandbox_fork(RestRequest *req) {
         static const struct json_dispatch table[] = {
                 { "n", JSON_KIND_INT64, NULL, offsetof(struct sandbox_fork_args, n), 0, 0 },
+                TIMEOUT_FIELDS(struct sandbox_fork_args),
                 {}
         };
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *m = NULL;
         _cleanup_json_ struct json_object *o = NULL;
-        struct sandbox_fork_args a = { .n = 1 };
+        struct sandbox_fork_args a = { .n = 1, .timeout_secs = TIMEOUT_UNSET };
         const char *field = NULL, *reason = NULL, *id;
         int r;
 
@@ -1154,7 +1202,55 @@ static int route_sandbox_fork(RestRequest *req) {
                 return rest_reply_error(req, 400, "n must be an integer between 1 and %d", SANDBOX_FORK_N_MAX);
         if (r < 0)
                 return reply_dispatch_error(req, r, field, reason);
-        return call_manager(req, "ForkSandbox", CALL_TIMEOUT_FORK, on_reply_sandbox_fork, "su", id, (uint32_t) a.n);
+        r = check_timeout(req, a.timeout_secs, a.on_timeout, false);
+        if (r <= 0)
+                return r;
+        if (a.timeout_secs == TIMEOUT_UNSET)
+                return call_manager(req, "ForkSandbox", CALL_TIMEOUT_FORK, on_reply_sandbox_fork, "su", id,
+                                    (uint32_t) a.n);
+        /* With a deadline for the children. */
+        r = rest_new_manager_call(req, "ForkSandboxEx", &m);
+        if (r < 0)
+                return reply_call_failed(req, r);
+        r = sd_bus_message_append(m, "su", id, (uint32_t) a.n);
+        if (r >= 0)
+                r = sd_bus_message_open_container(m, 'a', "{sv}");
+        if (r >= 0)
+                r = append_timeout(m, a.timeout_secs, a.on_timeout);
+        if (r >= 0)
+                r = sd_bus_message_close_container(m);
+        if (r < 0)
+                return rest_reply_error(req, 500, "cannot build D-Bus call: %s", strerror(-r));
+        r = rest_call(req, m, CALL_TIMEOUT_FORK, on_reply_sandbox_fork);
+        return r < 0 ? reply_call_failed(req, r) : 0;
+}
+
+/* POST /v1/sandboxes/:id/timeout {"timeout_secs": N, "on_timeout": ...}: a new deadline from now. */
+struct timeout_args {
+        int64_t timeout_secs;
+        char on_timeout[8];
+};
+
+static int route_sandbox_timeout(RestRequest *req) {
+        static const struct json_dispatch table[] = {
+                TIMEOUT_FIELDS(struct timeout_args),
+                {}
+        };
+        _cleanup_json_ struct json_object *o = NULL;
+        struct timeout_args a = { .timeout_secs = TIMEOUT_UNSET };
+        const char *id = param_or_reply(req, "sandbox id");
+        int r;
+
+        if (!id)
+                return 0;
+        r = parse_body(req, false, table, &a, NULL, &o);
+        if (r <= 0)
+                return r;
+        r = check_timeout(req, a.timeout_secs, a.on_timeout, true);
+        if (r <= 0)
+                return r;
+        return call_manager(req, "SetSandboxTimeout", CALL_TIMEOUT_SHORT, on_reply_dict_200, "sus", id,
+                            (uint32_t) a.timeout_secs, a.on_timeout);
 }
 
 /* POST /v1/sandboxes/:id/pause and /resume: a body, if any, must be JSON; its
@@ -1201,6 +1297,7 @@ const RestRoute rest_routes[] = {
         { "/v1/sandboxes/%/branch", false, { { "POST", route_sandbox_branch } }, "POST" },
         { "/v1/sandboxes/%/fork", false, { { "POST", route_sandbox_fork } }, "POST" },
         { "/v1/sandboxes/%/pause", false, { { "POST", route_sandbox_pause } }, "POST" },
+        { "/v1/sandboxes/%/timeout", false, { { "POST", route_sandbox_timeout } }, "POST" },
         { "/v1/sandboxes/%/resume", false, { { "POST", route_sandbox_resume } }, "POST" },
         { "/v1/sandboxes/%/ports", false, { { "POST", route_sandbox_ports } }, "POST" },
         { "/v1/sandboxes/%/files/write", false, { { "POST", rest_route_sandbox_files_write } }, "POST" },

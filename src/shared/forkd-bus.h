@@ -14,6 +14,8 @@
 #define FORKD_ERROR_NO_SUCH_SANDBOX "org.forkd.Error.NoSuchSandbox"
 /* The sandbox is paused (or being paused): resume it first. */
 #define FORKD_ERROR_PAUSED "org.forkd.Error.Paused"
+/* A sandbox's deadline, timeout_secs: 1 s to a day. */
+#define SANDBOX_TIMEOUT_SECS_MAX 86400u
 /* ResumeSandbox of a sandbox that runs. */
 #define FORKD_ERROR_NOT_PAUSED "org.forkd.Error.NotPaused"
 #define FORKD_ERROR_SNAPSHOT_EXISTS "org.forkd.Error.SnapshotExists"

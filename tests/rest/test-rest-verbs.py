@@ -246,6 +246,49 @@ def t_pause_resume(c, stack):
     c.expect(404, "GET", f"/v1/sandboxes/{sid}")
 
 
+def t_timeouts(c, stack):
+    """timeout_secs and on_timeout on POST /v1/sandboxes and /fork, POST /v1/sandboxes/:id/timeout,
+    expires_at (RFC 3339 or null); kill and pause at the deadline."""
+    for body, want in (({"timeout_secs": 0}, "timeout_secs"), ({"timeout_secs": 86401}, "timeout_secs"),
+                       ({"timeout_secs": "5"}, "timeout_secs"), ({"timeout_secs": 5, "on_timeout": "later"},
+                                                                  "on_timeout"),
+                       ({"on_timeout": "kill"}, "needs timeout_secs")):
+        r = c.expect(400, "POST", "/v1/sandboxes", dict({"snapshot_tag": TAG}, **body))
+        check(want in r.json["error"], f"{body}: {r}")
+    _, plain = fork(c, 1)
+    (pid, p), = plain.items()
+    check(p["expires_at"] is None and p["on_timeout"] == "kill", p)
+    t0 = time.time()
+    ids, info = fork(c, 1, timeout_secs=1)
+    gone = ids[0]
+    check(info[gone]["expires_at"].endswith("Z") and info[gone]["on_timeout"] == "kill", info)
+    ids, info = fork(c, 1, timeout_secs=1, on_timeout="pause")
+    paused = ids[0]
+    deadline = time.time() + 15
+    while time.time() < deadline:
+        if (c.req("GET", f"/v1/sandboxes/{gone}").status == 404 and
+                c.expect(200, "GET", f"/v1/sandboxes/{paused}").json["status"] == "paused"):
+            break
+        time.sleep(0.1)
+    check(time.time() - t0 >= 0.9, "nothing happened before the deadline")
+    c.expect(404, "GET", f"/v1/sandboxes/{gone}")
+    check(c.expect(200, "GET", f"/v1/sandboxes/{paused}").json["status"] == "paused", "paused at the deadline")
+    r = c.expect(200, "POST", f"/v1/sandboxes/{pid}/timeout", {"timeout_secs": 600})
+    check(r.json["expires_at"] and r.json["on_timeout"] == "kill", r)
+    r = c.expect(200, "POST", f"/v1/sandboxes/{paused}/timeout", {"timeout_secs": 600, "on_timeout": "kill"})
+    check(r.json["status"] == "paused" and r.json["expires_at"], r)
+    for body in ({}, {"timeout_secs": 0}, {"timeout_secs": 10, "on_timeout": "x"}):
+        c.expect(400, "POST", f"/v1/sandboxes/{pid}/timeout", body)
+    c.expect(404, "POST", "/v1/sandboxes/sb-nosuch-0000/timeout", {"timeout_secs": 5})
+    r = c.expect(200, "POST", f"/v1/sandboxes/{pid}/fork", {"n": 2, "timeout_secs": 300})
+    for k in r.json["children"]:
+        check(c.expect(200, "GET", f"/v1/sandboxes/{k}").json["expires_at"], f"{k} has a deadline")
+        c.expect(204, "DELETE", f"/v1/sandboxes/{k}")
+    c.expect(400, "POST", f"/v1/sandboxes/{pid}/fork", {"n": 1, "timeout_secs": -1})
+    for k in (pid, paused):
+        c.expect(204, "DELETE", f"/v1/sandboxes/{k}")
+
+
 def records(stack):
     d = os.path.join(stack.tmp, "state", "sandboxes")
     out = {}
@@ -518,6 +561,8 @@ def main():
             ("merge then DELETE: no VM, record or cgroup left", t_terminate_after_merge),
             ("POST /v1/sandboxes/:id/pause and /resume: state kept, 409 on a paused sandbox, fork from paused, "
              "DELETE", t_pause_resume),
+            ("timeout_secs, on_timeout and POST /v1/sandboxes/:id/timeout: expires_at, kill and pause at the "
+             "deadline", t_timeouts),
         ]
         for name, fn in tests:
             tap.run(name, fn, c, stack)
