@@ -15,6 +15,7 @@
 #include "image-dbus.h"
 #include "image.h"
 #include "macro.h"
+#include "paused.h"
 #include "operation.h"
 #include "worker.h"
 #include "polkit.h"
@@ -173,6 +174,12 @@ int chain_delete(Image *i, bool cascade, bool force, sd_bus_message *message, sd
         for (char **t = tree; *t; t++) {
                 Image *d = hashmap_get(m->images, *t);
 
+                /* cascade deletes snapshots, never a sandbox's paused state behind its back. */
+                if (snapshot_tag_is_forkds(*t))
+                        return sd_bus_error_setf(error, FORKD_ERROR_HAS_DEPENDENTS,
+                                                 "snapshot `%s` holds the state of a paused or resumed sandbox "
+                                                 "(%s); delete that sandbox first, or rerun with `?force=true` to "
+                                                 "orphan it (it will fail to resume)", i->tag, *t);
                 if (d && d->n_users > 0)
                         return sd_bus_error_setf(error, FORKD_ERROR_BUSY,
                                                  "A fork or compact of snapshot %s (in the subtree of %s) is in "

@@ -394,6 +394,9 @@ int paused_append_info(sd_bus_message *reply, Paused *p) {
                                           netns_policy_to_string((NetnsPolicy) p->net_policy));
         if (r >= 0)
                 r = sandbox_append_deadline(reply, p->expires_at, p->timeout_pause);
+        if (r >= 0 && p->pause_us > 0)
+                r = sd_bus_message_append(reply, "{sv}{sv}", "pause_us", "t", p->pause_us, "pause_ms", "t",
+                                          (p->pause_us + 500) / 1000);
         if (r < 0)
                 return r;
         return sd_bus_message_close_container(reply);
@@ -483,6 +486,7 @@ static void pause_branch_done(Manager *m, int r, Image *i, uint64_t pause_us, co
                         .owner_uid = s->owner_uid, .created_at = s->created_at, .paused_at = (uint64_t) time(NULL),
                         .memory_limit_mib = s->memory_limit_mib, .net_policy = s->netns_owned ? s->net_policy : -1,
                 };
+                p->pause_us = pause_us;
                 /* Its deadline goes with it, unless this pause is what it asked for. */
                 if (s->expires_at > 0 && !(s->timeout_pause && s->expires_at <= now_realtime_usec())) {
                         p->expires_at = s->expires_at;

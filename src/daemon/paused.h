@@ -45,6 +45,7 @@ typedef struct Paused {
         uint32_t memory_limit_mib;
         int net_policy;     /* NetnsPolicy, or -1: no NIC */
         bool resuming;
+        uint64_t pause_us;  /* how long the guest stood still for the pause (0: not known, after a restart) */
         /* Its deadline (CLOCK_REALTIME usec, 0: none), kept from when it ran or set
          * while paused: past it, on_timeout "kill" deletes it; "pause" has nothing left to do. */
         uint64_t expires_at;

@@ -151,6 +151,14 @@ def run(h):
         assert forkds() == [ctx["tag"]], forkds()
     h.check("ForkSandbox of a paused sandbox: children with the paused state, twice; it stays paused", fork_from_paused)
 
+    def snapshot_needed():
+        for cascade in (False, True):
+            msg = h.expect_error("org.forkd.Error.HasDependents", "DeleteSnapshot", "sbb", ["base", cascade, False])
+            assert ctx["tag"] in msg, msg
+        assert h.m("GetSandbox", "s", [ctx["s"]["id"]])[0]["status"] == "paused"
+    h.check("the snapshot a paused sandbox needs cannot be deleted, with cascade neither (409 HasDependents)",
+            snapshot_needed)
+
     def restart():
         sid = ctx["s"]["id"]
         assert h.stop_forkd() == 0
