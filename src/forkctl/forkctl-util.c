@@ -26,6 +26,20 @@ static bool is(const sd_bus_error *e, const char *name) {
         return e && e->name && strcmp(e->name, name) == 0;
 }
 
+/* The id in forkd's "sandbox ID is paused", or NULL. */
+static char *paused_id(const char *msg) {
+        static const char prefix[] = "sandbox ", suffix[] = " is paused";
+        size_t l;
+
+        if (!msg || strncmp(msg, prefix, strlen(prefix)) != 0)
+                return NULL;
+        msg += strlen(prefix);
+        l = strlen(msg);
+        if (l <= strlen(suffix) || strcmp(msg + l - strlen(suffix), suffix) != 0)
+                return NULL;
+        return strndup(msg, l - strlen(suffix));
+}
+
 char *forkctl_error_message(const sd_bus_error *e, const struct error_context *ctx) {
         static const struct error_context empty = {};
         const char *msg = e && e->message && *e->message ? e->message : NULL;
@@ -50,6 +64,19 @@ char *forkctl_error_message(const sd_bus_error *e, const struct error_context *c
 
         if (is(e, FORKD_ERROR_NO_SUCH_SANDBOX))
                 return xasprintf("no sandbox '%s' (or it is no longer running); list them with 'forkctl ls'", id);
+
+        if (is(e, FORKD_ERROR_PAUSED)) {
+                /* forkd names the paused sandbox ("sandbox ID is paused"): with two ids
+                 * (merge, diff) it may be the other one, so the hint takes its id. */
+                _cleanup_free_ char *paused = paused_id(msg);
+                const char *p = paused ?: id;
+
+                return xasprintf("%s: sandbox '%s' is paused; resume it with 'forkctl resume %s', or fork it as it "
+                                 "is with 'forkctl fork-sandbox %s'", verb, p, p, p);
+        }
+
+        if (is(e, FORKD_ERROR_NOT_PAUSED))
+                return xasprintf("%s: sandbox '%s' is not paused; pause it with 'forkctl pause %s'", verb, id, id);
 
         if (is(e, FORKD_ERROR_SNAPSHOT_EXISTS))
                 return xasprintf("snapshot '%s' already exists; choose another tag, or remove it first with "
@@ -162,4 +189,59 @@ const char *format_unix_time(char *buf, size_t size, uint64_t t) {
             strftime(buf, size, "%Y-%m-%d %H:%M:%S", &tm) == 0)
                 snprintf(buf, size, "-");
         return buf;
+}
+
+/* Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's days_from_civil). */
+static int64_t days_from_civil(int64_t y, unsigned m, unsigned d) {
+        int64_t era;
+        unsigned yoe, doy, doe;
+
+        y -= m <= 2;
+        era = (y >= 0 ? y : y - 399) / 400;
+        yoe = (unsigned) (y - era * 400);
+        doy = (153 * (m > 2 ? m - 3 : m + 9) + 2) / 5 + d - 1;
+        doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+        return era * 146097 + (int64_t) doe - 719468;
+}
+
+static bool digits(const char *s, size_t n, unsigned *ret) {
+        unsigned v = 0;
+
+        for (size_t i = 0; i < n; i++) {
+                if (s[i] < '0' || s[i] > '9')
+                        return false;
+                v = v * 10 + (unsigned) (s[i] - '0');
+        }
+        *ret = v;
+        return true;
+}
+
+int parse_rfc3339_utc(const char *s, uint64_t *ret) {
+        static const unsigned mdays[12] = { 31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31 };
+        unsigned y, mo, d, h, mi, sec;
+        bool leap;
+        int64_t t;
+
+        /* YYYY-MM-DDTHH:MM:SS, then an optional fraction, then Z */
+        if (!s || strlen(s) < 20 || s[4] != '-' || s[7] != '-' || s[10] != 'T' || s[13] != ':' || s[16] != ':' ||
+            !digits(s, 4, &y) || !digits(s + 5, 2, &mo) || !digits(s + 8, 2, &d) || !digits(s + 11, 2, &h) ||
+            !digits(s + 14, 2, &mi) || !digits(s + 17, 2, &sec))
+                return -EINVAL;
+        s += 19;
+        if (*s == '.') {
+                size_t n = strspn(s + 1, "0123456789");
+
+                if (n == 0 || n > 9)
+                        return -EINVAL;
+                s += 1 + n;
+        }
+        if (strcmp(s, "Z") != 0)
+                return -EINVAL;
+        leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
+        if (y < 1970 || mo < 1 || mo > 12 || d < 1 || d > mdays[mo - 1] || (mo == 2 && d == 29 && !leap) || h > 23 ||
+            mi > 59 || sec > 59)
+                return -EINVAL;
+        t = days_from_civil(y, mo, d) * 86400 + h * 3600 + mi * 60 + sec;
+        *ret = (uint64_t) t;
+        return 0;
 }

@@ -30,6 +30,10 @@ int forkctl_error_exit_code(const sd_bus_error *e);
  * bytes, within [min, max]. *ret is untouched on failure (-EINVAL, -ERANGE). */
 int parse_u32(const char *s, uint32_t min, uint32_t max, uint32_t *ret);
 
+/* forkd's expires_at, "2026-05-20T08:08:46.123456Z" (UTC; the fraction optional), in seconds since
+ * the epoch, the fraction dropped. -EINVAL for anything else (a leap second too); *ret untouched then. */
+int parse_rfc3339_utc(const char *s, uint64_t *ret);
+
 /* "64.0M", "1.5G", "512B": buf of at least 16 bytes. */
 const char *format_bytes(char *buf, size_t size, uint64_t bytes);
 /* Local time "2026-05-20 08:08:46", or "-" for 0. buf of at least 32 bytes. */

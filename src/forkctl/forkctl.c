@@ -52,7 +52,10 @@ static bool arg_memory_limit_set = false;
 static bool arg_per_child_netns = false, arg_live_fork = false;
 static const char *arg_network = NULL; /* fork --network none|egress */
 static bool arg_agent_tcp = false;    /* snapshot create --network --agent-tcp */
-static uint32_t arg_timeout = 0;
+static uint32_t arg_timeout = 0;      /* exec, run: 0..3600; fork, fork-sandbox: the deadline, 1..86400 */
+static const char *arg_timeout_str = NULL; /* --timeout as given: its range is the verb's */
+static const char *arg_on_timeout = NULL;  /* --on-timeout kill|pause */
+static uint32_t arg_deadline_secs = 0;     /* timeout ID SECS */
 static const char *arg_tag = "", *arg_mode = "";
 static bool arg_no_wait = false;
 static const char *arg_to = NULL, *arg_from = NULL, *arg_exec = NULL;
@@ -90,7 +93,8 @@ enum {
         OPT_TOKEN_FILE = 1u << 22,
         OPT_NETWORK = 1u << 23,
         OPT_AGENT_TCP = 1u << 24,
-        OPT_LAST = OPT_AGENT_TCP,
+        OPT_ON_TIMEOUT = 1u << 25,
+        OPT_LAST = OPT_ON_TIMEOUT,
 };
 static unsigned arg_given = 0;
 
@@ -130,11 +134,13 @@ static void help(void) {
                "                          take a diff branch T of it, remove the sandbox\n"
                "Sandboxes:\n"
                "  fork TAG [-n N] [--memory-limit-mib M] [--per-child-netns] [--live-fork]\n"
-               "           [--network none|egress]\n"
+               "           [--network none|egress] [--timeout S [--on-timeout kill|pause]]\n"
                "                          Fork N (1..1000, default 1) sandboxes of snapshot TAG;\n"
-               "                          --network: a snapshot with a NIC's policy (default none)\n"
-               "  ls                      List running sandboxes\n"
-               "  kill ID...              Terminate sandboxes\n"
+               "                          --network: a snapshot with a NIC's policy (default none);\n"
+               "                          --timeout: each is killed (or paused) S seconds\n"
+               "                          (1..86400) after the fork\n"
+               "  ls                      List sandboxes, running and paused, with their deadline\n"
+               "  kill ID...              Terminate sandboxes (a paused one is deleted)\n"
                "  ping ID                 Ask a sandbox's agent whether it is alive\n"
                "  exec ID [--timeout S] -- ARGV...\n"
                "                          Run a command in a sandbox (S 0..3600, 0 = forkd's 30)\n"
@@ -146,8 +152,19 @@ static void help(void) {
                "                          WINNER's id is gone)\n"
                "  diff ID OTHER [PATH...] Files added, removed and modified in OTHER compared\n"
                "                          with ID, under PATHs (default /root and /tmp)\n"
-               "  fork-sandbox ID [-n N]  Fork a running sandbox into N (1..32) sandboxes that\n"
-               "                          start from its state now; it runs on\n"
+               "  fork-sandbox ID [-n N] [--timeout S [--on-timeout kill|pause]]\n"
+               "                          Fork a running or paused sandbox into N (1..32)\n"
+               "                          sandboxes that start from its state now; it runs on\n"
+               "                          (or stays paused); --timeout as for fork\n"
+               "  pause ID                Pause a running sandbox: its VM exits, its state is\n"
+               "                          kept; only kill, fork-sandbox, timeout and resume\n"
+               "                          take a paused sandbox\n"
+               "  resume ID               Run a paused sandbox again, under the same ID\n"
+               "  timeout ID S [--on-timeout kill|pause]\n"
+               "                          Set the deadline of a running or paused sandbox to\n"
+               "                          S seconds (1..86400) from now; at it, the sandbox is\n"
+               "                          killed or paused (default: its action so far, kill\n"
+               "                          when it had none)\n"
                "  write-file ID PATH [LOCAL|-] [--file-mode M]\n"
                "                          Create or replace the file PATH in a sandbox with the\n"
                "                          contents of LOCAL (default: standard input), at most\n"
@@ -404,8 +421,26 @@ static int print_snapshot_table(struct json_object *list) {
         return table_print(t, stdout);
 }
 
+/* expires_at (RFC 3339, UTC) in local time as CREATED is shown, with the action:
+ * "2026-05-20 10:08:46 (kill)"; "-" for none. */
+static const char *jexpires(struct json_object *o, char *buf, size_t size) {
+        const char *at = jstr(o, "expires_at"), *action = jstr(o, "on_timeout");
+        char when[64];
+        uint64_t t;
+
+        if (!at || !*at)
+                return NULL;
+        if (parse_rfc3339_utc(at, &t) < 0)
+                snprintf(when, sizeof when, "%s", at); /* shown as forkd wrote it */
+        else
+                format_unix_time(when, sizeof when, t);
+        snprintf(buf, size, "%s (%s)", when, action && *action ? action : "kill");
+        return buf;
+}
+
 static int print_sandbox_table(struct json_object *list, bool empty_hint) {
-        static const char *const headers[] = { "ID", "SNAPSHOT", "STATE", "PID", "MEMLIMIT", "NETNS", "ADDRESS", "CREATED", "OWNER" };
+        static const char *const headers[] = { "ID", "SNAPSHOT", "STATE", "PID", "MEMLIMIT", "NETNS", "ADDRESS", "CREATED",
+                                               "EXPIRES", "OWNER" };
         _cleanup_table_ struct table *t = table_new(ELEMENTSOF(headers), headers);
         size_t n = json_object_array_length(list);
 
@@ -413,15 +448,17 @@ static int print_sandbox_table(struct json_object *list, bool empty_hint) {
                 return -ENOMEM;
         for (size_t i = 0; i < n; i++) {
                 struct json_object *s = json_object_array_get_idx(list, i);
-                char created[64], limit[32] = "", owner[64];
-                uint64_t l;
+                char created[64], limit[32] = "", owner[64], expires[96];
+                uint64_t l, pid;
 
                 if (juint(s, "memory_limit_mib", &l) && l > 0)
                         snprintf(limit, sizeof limit, "%lluM", (unsigned long long) l);
                 const char *cells[] = {
-                        jstr(s, "id"), jstr(s, "snapshot_tag"), jstr(s, "state"), jstr(s, "pid"), limit,
-                        jstr(s, "netns"), jstr(s, "guest_addr"),
-                        jtime(s, "created_at_unix", created, sizeof created), jowner(s, owner, sizeof owner),
+                        jstr(s, "id"), jstr(s, "snapshot_tag"), jstr(s, "state"),
+                        juint(s, "pid", &pid) && pid == 0 ? NULL : jstr(s, "pid"), /* a paused one has no VMM */
+                        limit, jstr(s, "netns"), jstr(s, "guest_addr"),
+                        jtime(s, "created_at_unix", created, sizeof created), jexpires(s, expires, sizeof expires),
+                        jowner(s, owner, sizeof owner),
                 };
                 if (table_add_row(t, cells) < 0)
                         return -ENOMEM;
@@ -771,6 +808,17 @@ static int verb_snapshot_diff(sd_bus *bus, char **args, size_t n_args) {
         return print_info(info, snapshot_keys);
 }
 
+/* fork and fork-sandbox --timeout S [--on-timeout A]: the options timeout_secs and on_timeout. */
+static int append_deadline_options(sd_bus_message *m) {
+        int r = 0;
+
+        if (arg_given & OPT_TIMEOUT)
+                r = sd_bus_message_append(m, "{sv}", "timeout_secs", "u", arg_timeout);
+        if (r >= 0 && arg_on_timeout)
+                r = sd_bus_message_append(m, "{sv}", "on_timeout", "s", arg_on_timeout);
+        return r;
+}
+
 static int verb_fork(sd_bus *bus, char **args, size_t n_args) {
         _cleanup_(sd_bus_message_unrefp) sd_bus_message *m = NULL, *reply = NULL;
         _cleanup_(sd_bus_error_free) sd_bus_error error = SD_BUS_ERROR_NULL;
@@ -796,6 +844,8 @@ static int verb_fork(sd_bus *bus, char **args, size_t n_args) {
                 r = sd_bus_message_append(m, "{sv}", "live_fork", "b", (int) arg_live_fork);
         if (r >= 0 && arg_network)
                 r = sd_bus_message_append(m, "{sv}", "network", "s", arg_network);
+        if (r >= 0)
+                r = append_deadline_options(m);
         if (r >= 0)
                 r = sd_bus_message_close_container(m);
         if (r < 0)
@@ -1245,17 +1295,26 @@ static int verb_fork_sandbox(sd_bus *bus, char **args, size_t n_args) {
         struct error_context ctx = { .verb = "fork-sandbox", .id = args[0] };
         _cleanup_free_ char *what = NULL;
         uint64_t start = now_usec(), pause_us = 0;
+        bool deadline = arg_given & OPT_TIMEOUT;
         int r;
 
         if (arg_n > 32)
                 return usage_error("fork-sandbox takes -n 1..32");
-        r = new_call(bus, "ForkSandbox", &m);
+        /* ForkSandboxEx only with a deadline: ForkSandbox serves a forkd without it. */
+        r = new_call(bus, deadline ? "ForkSandboxEx" : "ForkSandbox", &m);
         if (r < 0)
                 return -1;
         r = sd_bus_message_append(m, "su", args[0], arg_n);
+        if (r >= 0 && deadline) {
+                r = sd_bus_message_open_container(m, 'a', "{sv}");
+                if (r >= 0)
+                        r = append_deadline_options(m);
+                if (r >= 0)
+                        r = sd_bus_message_close_container(m);
+        }
         if (r < 0)
                 return report_error(NULL, r, &ctx);
-        if (asprintf(&what, "Forking the running sandbox '%s' into %u", args[0], arg_n) < 0)
+        if (asprintf(&what, "Forking the sandbox '%s' into %u", args[0], arg_n) < 0)
                 return -1;
         r = call_with_progress(bus, m, what, &error, &reply);
         if (r < 0)
@@ -1266,9 +1325,13 @@ static int verb_fork_sandbox(sd_bus *bus, char **args, size_t n_args) {
         if (r < 0)
                 return report_error(NULL, r, &ctx);
         if (!arg_json) {
-                fprintf(stderr, "Forked '%s' into %zu sandbox%s in %.2fs; it was paused %llu us.\n", args[0],
-                        json_object_array_length(list), json_object_array_length(list) == 1 ? "" : "es",
-                        (double) (now_usec() - start) / USEC_PER_SEC, (unsigned long long) pause_us);
+                /* A paused sandbox is forked from its paused state: no pause (0). */
+                fprintf(stderr, "Forked '%s' into %zu sandbox%s in %.2fs", args[0], json_object_array_length(list),
+                        json_object_array_length(list) == 1 ? "" : "es", (double) (now_usec() - start) / USEC_PER_SEC);
+                if (pause_us > 0)
+                        fprintf(stderr, "; it was paused %llu us.\n", (unsigned long long) pause_us);
+                else
+                        fputs(".\n", stderr);
                 return print_sandbox_table(list, false);
         }
         doc = json_object_new_object();
@@ -1276,6 +1339,80 @@ static int verb_fork_sandbox(sd_bus *bus, char **args, size_t n_args) {
             json_object_object_add(doc, "parent_pause_us", json_object_new_uint64(pause_us)) < 0)
                 return -1;
         return print_json(doc);
+}
+
+/* A SandboxInfo as the one row of the sandbox table, or with --json as it is. */
+static int print_one_sandbox(struct json_object **info) {
+        _cleanup_json_ struct json_object *list = NULL;
+
+        if (arg_json)
+                return print_json(*info);
+        list = json_object_new_array();
+        if (!list || json_object_array_add(list, TAKE_PTR(*info)) < 0)
+                return -1;
+        return print_sandbox_table(list, false);
+}
+
+/* PauseSandbox and ResumeSandbox: id in, SandboxInfo out; each waits for a VM to go or to answer. */
+static int pause_or_resume(sd_bus *bus, const char *id, bool pause) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *m = NULL, *reply = NULL;
+        _cleanup_(sd_bus_error_free) sd_bus_error error = SD_BUS_ERROR_NULL;
+        _cleanup_json_ struct json_object *info = NULL;
+        struct error_context ctx = { .verb = pause ? "pause" : "resume", .id = id };
+        _cleanup_free_ char *what = NULL;
+        int r;
+
+        r = new_call(bus, pause ? "PauseSandbox" : "ResumeSandbox", &m);
+        if (r < 0)
+                return -1;
+        r = sd_bus_message_append(m, "s", id);
+        if (r < 0)
+                return report_error(NULL, r, &ctx);
+        if (asprintf(&what, "%s sandbox '%s'", pause ? "Pausing" : "Resuming", id) < 0)
+                return -1;
+        r = call_with_progress(bus, m, what, &error, &reply);
+        if (r < 0)
+                return report_error(&error, r, &ctx);
+        r = bus_message_read_dict_json(reply, &info);
+        if (r < 0)
+                return report_error(NULL, r, &ctx);
+        if (!arg_json) {
+                if (pause)
+                        fprintf(stderr, "Paused sandbox '%s'; resume it with 'forkctl resume %s'.\n", id, id);
+                else
+                        fprintf(stderr, "Resumed sandbox '%s'.\n", id);
+        }
+        return print_one_sandbox(&info);
+}
+
+static int verb_pause(sd_bus *bus, char **args, size_t n_args) {
+        return pause_or_resume(bus, args[0], true);
+}
+
+static int verb_resume(sd_bus *bus, char **args, size_t n_args) {
+        return pause_or_resume(bus, args[0], false);
+}
+
+static int verb_timeout(sd_bus *bus, char **args, size_t n_args) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
+        _cleanup_(sd_bus_error_free) sd_bus_error error = SD_BUS_ERROR_NULL;
+        _cleanup_json_ struct json_object *info = NULL;
+        struct error_context ctx = { .verb = "timeout", .id = args[0] };
+        char expires[96];
+        int r;
+
+        /* "" keeps the sandbox's action */
+        r = sd_bus_call_method(bus, BUS_NAME, BUS_PATH, BUS_INTERFACE, "SetSandboxTimeout", &error, &reply, "sus",
+                               args[0], arg_deadline_secs, arg_on_timeout ?: "");
+        if (r < 0)
+                return report_error(&error, r, &ctx);
+        r = bus_message_read_dict_json(reply, &info);
+        if (r < 0)
+                return report_error(NULL, r, &ctx);
+        if (!arg_json)
+                fprintf(stderr, "Sandbox '%s' expires at %s.\n", args[0],
+                        jexpires(info, expires, sizeof expires) ?: "?");
+        return print_one_sandbox(&info);
 }
 
 static int verb_pack(sd_bus *bus, char **args, size_t n_args) {
@@ -1489,8 +1626,10 @@ static const struct verb verbs[] = {
         { "snapshot", "compact", 1, 1, OPT_TO, "snapshot compact TAG --to T", verb_snapshot_compact },
         { "snapshot", "diff", 0, 0, OPT_FROM | OPT_TAG | OPT_EXEC | OPT_EXEC_TIMEOUT,
           "snapshot diff --from BASE --tag T --exec CMD [--exec-timeout-secs N]", verb_snapshot_diff },
-        { NULL, "fork", 1, 1, OPT_COUNT | OPT_MEMORY_LIMIT | OPT_PER_CHILD_NETNS | OPT_LIVE_FORK | OPT_NETWORK,
-          "fork TAG [-n N] [--memory-limit-mib M] [--per-child-netns] [--live-fork] [--network none|egress]",
+        { NULL, "fork", 1, 1,
+          OPT_COUNT | OPT_MEMORY_LIMIT | OPT_PER_CHILD_NETNS | OPT_LIVE_FORK | OPT_NETWORK | OPT_TIMEOUT | OPT_ON_TIMEOUT,
+          "fork TAG [-n N] [--memory-limit-mib M] [--per-child-netns] [--live-fork] [--network none|egress] "
+          "[--timeout S [--on-timeout kill|pause]]",
           verb_fork },
         { NULL, "ls", 0, 0, 0, "ls", verb_ls },
         { NULL, "list", 0, 0, 0, "ls", verb_ls },
@@ -1501,7 +1640,11 @@ static const struct verb verbs[] = {
         { NULL, "run", 2, 2, OPT_TIMEOUT, "run ID [--timeout S] CODE", verb_run },
         { NULL, "merge", 2, 2, 0, "merge ID WINNER", verb_merge },
         { NULL, "diff", 2, 2 + 64, 0, "diff ID OTHER [PATH...]", verb_diff },
-        { NULL, "fork-sandbox", 1, 1, OPT_COUNT, "fork-sandbox ID [-n N]", verb_fork_sandbox },
+        { NULL, "fork-sandbox", 1, 1, OPT_COUNT | OPT_TIMEOUT | OPT_ON_TIMEOUT,
+          "fork-sandbox ID [-n N] [--timeout S [--on-timeout kill|pause]]", verb_fork_sandbox },
+        { NULL, "pause", 1, 1, 0, "pause ID", verb_pause },
+        { NULL, "resume", 1, 1, 0, "resume ID", verb_resume },
+        { NULL, "timeout", 2, 2, OPT_ON_TIMEOUT, "timeout ID S [--on-timeout kill|pause]", verb_timeout },
         { NULL, "write-file", 2, 3, OPT_FILE_MODE, "write-file ID PATH [LOCAL|-] [--file-mode M]", verb_write_file },
         { NULL, "read-file", 2, 2, 0, "read-file ID PATH", verb_read_file },
         { NULL, "ports", 2, 2, 0, "ports ID PORT", verb_ports },
@@ -1541,6 +1684,7 @@ static const char *option_name(unsigned bit) {
         case OPT_TOKEN_FILE: return "--token-file";
         case OPT_NETWORK: return "--network";
         case OPT_AGENT_TCP: return "--agent-tcp";
+        case OPT_ON_TIMEOUT: return "--on-timeout";
         default: return "?";
         }
 }
@@ -1580,6 +1724,7 @@ enum {
         ARG_TOKEN_FILE,
         ARG_NETWORK,
         ARG_AGENT_TCP,
+        ARG_ON_TIMEOUT,
 };
 
 static int parse_argv(int argc, char *argv[]) {
@@ -1615,6 +1760,7 @@ static int parse_argv(int argc, char *argv[]) {
                 /* optional: "snapshot create --network" has none, "fork --network P" one */
                 { "network", optional_argument, NULL, ARG_NETWORK },
                 { "agent-tcp", no_argument, NULL, ARG_AGENT_TCP },
+                { "on-timeout", required_argument, NULL, ARG_ON_TIMEOUT },
                 {}
         };
         int c, r;
@@ -1762,10 +1908,15 @@ static int parse_argv(int argc, char *argv[]) {
                         arg_given |= OPT_OUT;
                         break;
                 case ARG_TIMEOUT:
-                        r = parse_number("--timeout", optarg, 0, 3600, &arg_timeout);
-                        if (r < 0)
-                                return r;
+                        /* parsed once the verb is known: exec and run take 0..3600, a fork's deadline 1..86400 */
+                        arg_timeout_str = optarg;
                         arg_given |= OPT_TIMEOUT;
+                        break;
+                case ARG_ON_TIMEOUT:
+                        if (strcmp(optarg, "kill") != 0 && strcmp(optarg, "pause") != 0)
+                                return usage_error("--on-timeout wants kill or pause, not '%s'", optarg);
+                        arg_on_timeout = optarg;
+                        arg_given |= OPT_ON_TIMEOUT;
                         break;
                 case '?':
                         if (optopt)
@@ -1839,6 +1990,20 @@ static int run(int argc, char *argv[]) {
                 if ((arg_given & bit) && !(verb->options & bit))
                         return usage_error("option %s does not apply here; usage: forkctl %s", option_name(bit),
                                            verb->synopsis);
+
+        if (arg_given & OPT_TIMEOUT) {
+                bool deadline = verb->run == verb_fork || verb->run == verb_fork_sandbox;
+
+                r = parse_number("--timeout", arg_timeout_str, deadline ? 1 : 0,
+                                 deadline ? SANDBOX_TIMEOUT_SECS_MAX : 3600, &arg_timeout);
+                if (r < 0)
+                        return r;
+        }
+        if ((arg_given & OPT_ON_TIMEOUT) && verb->run != verb_timeout && !(arg_given & OPT_TIMEOUT))
+                return usage_error("--on-timeout needs --timeout; usage: forkctl %s", verb->synopsis);
+        if (verb->run == verb_timeout && parse_u32(pos[1], 1, SANDBOX_TIMEOUT_SECS_MAX, &arg_deadline_secs) < 0)
+                return usage_error("timeout wants S, a whole number of seconds in 1..%u, not '%s'; usage: forkctl %s",
+                                   SANDBOX_TIMEOUT_SECS_MAX, pos[1], verb->synopsis);
 
         if (verb->run == verb_snapshot_create) {
                 if (!arg_kernel || !*arg_kernel || !arg_rootfs || !*arg_rootfs)

@@ -32,7 +32,7 @@ expect() {
         fi
 }
 
-echo "1..43"
+echo "1..51"
 notrunning="forkd is not running; start it with 'systemctl start forkd' or 'tools/forkd-stack up'"
 expect 5 "$notrunning" "ls without forkd" -- --bus-address "$bus" ls
 expect 5 "$notrunning" "ls --json without forkd" -- --bus-address "$bus" ls --json
@@ -81,10 +81,22 @@ expect 2 "ports wants a TCP port in 1..65535, not '0'" "ports 0" -- --bus-addres
 expect 2 "usage: forkctl ports ID PORT" "ports without a port" -- ports sb-1
 expect 2 "option --network does not apply here" "ls --network" -- ls --network none
 expect 5 "$notrunning" "ports without forkd" -- --bus-address "$bus" ports sb-1 8080
+# pause, resume, timeout and the deadline options: checked before any call
+expect 2 "timeout wants S, a whole number of seconds in 1..86400, not '0'" "timeout 0" -- --bus-address "$bus" timeout sb-1 0
+expect 2 "timeout wants S, a whole number of seconds in 1..86400, not '86401'" "timeout 86401" \
+        -- --bus-address "$bus" timeout sb-1 86401
+expect 2 "--on-timeout wants kill or pause, not 'later'" "timeout --on-timeout later" \
+        -- --bus-address "$bus" timeout sb-1 5 --on-timeout later
+expect 2 "--on-timeout needs --timeout" "fork --on-timeout without --timeout" -- --bus-address "$bus" fork base --on-timeout pause
+expect 2 "--timeout wants a whole number in 1..86400, not '0'" "fork --timeout 0 (a deadline: 1..86400)" \
+        -- --bus-address "$bus" fork base --timeout 0
+expect 2 "usage: forkctl resume ID" "resume without an id" -- resume
+expect 2 "option --timeout does not apply here" "pause --timeout" -- pause sb-1 --timeout 5
+expect 5 "$notrunning" "pause without forkd" -- --bus-address "$bus" pause sb-1
 
 "$forkctl" --help >"$T/out" 2>&1; rc=$?
 missing=""
-for v in "snapshot create" "snapshot ls" "snapshot info" "snapshot rm" "snapshot compact TAG --to T" "snapshot diff --from BASE --tag T --exec CMD" "--exec-timeout-secs" "--cascade" "--force" "fork TAG" " ls " "kill ID" "ping ID" "exec ID" "eval ID" "run ID" "merge ID WINNER" "diff ID OTHER" "ports ID PORT" "--network" "--agent-tcp" "--json" "--bus-address" "FORKD_BUS_ADDRESS"; do
+for v in "snapshot create" "snapshot ls" "snapshot info" "snapshot rm" "snapshot compact TAG --to T" "snapshot diff --from BASE --tag T --exec CMD" "--exec-timeout-secs" "--cascade" "--force" "fork TAG" " ls " "kill ID" "ping ID" "exec ID" "eval ID" "run ID" "merge ID WINNER" "diff ID OTHER" "ports ID PORT" "pause ID" "resume ID" "timeout ID S" "--on-timeout" "--network" "--agent-tcp" "--json" "--bus-address" "FORKD_BUS_ADDRESS"; do
         grep -qF -- "$v" "$T/out" || missing="$missing [$v]"
 done
 [ "$rc" = 0 ] && [ -z "$missing" ] && ok "--help names every verb and option" || not_ok "--help: rc=$rc missing:$missing"

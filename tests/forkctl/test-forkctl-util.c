@@ -73,6 +73,50 @@ static void test_error_messages(void **state) {
         check_message(SD_BUS_ERROR_INVALID_ARGS, "n must be 1..1000", &snap, "invalid argument: n must be 1..1000", 1);
         check_message(FORKD_ERROR_TIMEOUT, "x", &box, "'forkctl ping sb-1'", 1);
         check_message("org.example.Weird", "strange", &snap, "fork failed: strange org.example.Weird", 1);
+        check_message(FORKD_ERROR_PAUSED, "sandbox sb-1 is paused", &box,
+                      "ping: sandbox 'sb-1' is paused; resume it with 'forkctl resume sb-1', or fork it as it is with "
+                      "'forkctl fork-sandbox sb-1'", 1);
+        /* merge, diff: forkd names the paused one, which may be the other id */
+        check_message(FORKD_ERROR_PAUSED, "sandbox sb-2 is paused", &box, "'sb-2' is paused; resume it with "
+                      "'forkctl resume sb-2'", 1);
+        check_message(FORKD_ERROR_PAUSED, "sandbox  is paused", &box, "'sb-1' is paused", 1);
+        check_message(FORKD_ERROR_PAUSED, NULL, &box, "'sb-1' is paused", 1);
+        check_message(FORKD_ERROR_NOT_PAUSED, "sandbox sb-1 is not paused", &box,
+                      "ping: sandbox 'sb-1' is not paused; pause it with 'forkctl pause sb-1'", 1);
+}
+
+static void test_parse_rfc3339_utc(void **state) {
+        uint64_t t = 4242;
+
+        assert_int_equal(parse_rfc3339_utc("1970-01-01T00:00:00Z", &t), 0);
+        assert_true(t == 0);
+        assert_int_equal(parse_rfc3339_utc("2026-05-20T08:08:46.123Z", &t), 0);
+        assert_true(t == 1779264526);
+        assert_int_equal(parse_rfc3339_utc("2024-02-29T23:59:59.123456789Z", &t), 0);
+        assert_true(t == 1709251199);
+        assert_int_equal(parse_rfc3339_utc("2000-03-01T00:00:00Z", &t), 0);
+        assert_true(t == 951868800);
+
+        t = 4242;
+        assert_int_equal(parse_rfc3339_utc("", &t), -EINVAL);
+        assert_int_equal(parse_rfc3339_utc(NULL, &t), -EINVAL);
+        assert_int_equal(parse_rfc3339_utc("2026-05-20T08:08:46", &t), -EINVAL);          /* no zone */
+        assert_int_equal(parse_rfc3339_utc("2026-05-20T08:08:46+02:00", &t), -EINVAL);    /* UTC only */
+        assert_int_equal(parse_rfc3339_utc("2026-05-20T08:08:46.Z", &t), -EINVAL);
+        assert_int_equal(parse_rfc3339_utc("2026-05-20T08:08:46.1234567890Z", &t), -EINVAL);
+        assert_int_equal(parse_rfc3339_utc("2026-05-20T08:08:46ZZ", &t), -EINVAL);
+        assert_int_equal(parse_rfc3339_utc("2026-05-20 08:08:46Z", &t), -EINVAL);
+        assert_int_equal(parse_rfc3339_utc("2026-13-20T08:08:46Z", &t), -EINVAL);
+        assert_int_equal(parse_rfc3339_utc("2025-02-29T08:08:46Z", &t), -EINVAL);          /* not a leap year */
+        assert_int_equal(parse_rfc3339_utc("1900-02-29T08:08:46Z", &t), -EINVAL);
+        assert_int_equal(parse_rfc3339_utc("2026-04-31T08:08:46Z", &t), -EINVAL);
+        assert_int_equal(parse_rfc3339_utc("2026-05-20T24:00:00Z", &t), -EINVAL);
+        assert_int_equal(parse_rfc3339_utc("2026-05-20T08:08:60Z", &t), -EINVAL);          /* leap second */
+        assert_int_equal(parse_rfc3339_utc("1969-12-31T23:59:59Z", &t), -EINVAL);
+        assert_int_equal(parse_rfc3339_utc("2026-0a-20T08:08:46Z", &t), -EINVAL);
+        assert_int_equal(parse_rfc3339_utc("+026-05-20T08:08:46Z", &t), -EINVAL);
+        /* the output parameter is untouched on every failure */
+        assert_true(t == 4242);
 }
 
 static void test_format(void **state) {
@@ -159,6 +203,7 @@ int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_parse_u32),
                 cmocka_unit_test(test_error_messages),
+                cmocka_unit_test(test_parse_rfc3339_utc),
                 cmocka_unit_test(test_format),
                 cmocka_unit_test(test_table),
                 cmocka_unit_test(test_bus_json),
