@@ -841,8 +841,8 @@ static int read_timeout(sd_bus_message *message, bool current_pause, uint64_t *r
 int bus_sandbox_method_set_timeout(sd_bus_message *message, void *userdata, sd_bus_error *error) {
         _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
         Sandbox *s = userdata;
-        uint64_t expires;
-        bool pause;
+        uint64_t expires = 0;
+        bool pause = false;
         int r;
 
         r = read_timeout(message, s->expires_at > 0 && s->timeout_pause, &expires, &pause, error);
@@ -863,8 +863,8 @@ int bus_sandbox_method_set_timeout(sd_bus_message *message, void *userdata, sd_b
 int bus_paused_method_set_timeout(sd_bus_message *message, void *userdata, sd_bus_error *error) {
         _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
         Paused *p = userdata;
-        uint64_t expires;
-        bool pause;
+        uint64_t expires = 0;
+        bool pause = false;
         int r;
 
         r = read_timeout(message, p->expires_at > 0 && p->timeout_pause, &expires, &pause, error);

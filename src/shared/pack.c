@@ -317,6 +317,10 @@ static int link_files(const char *dir, struct pack_link *l, uint8_t *buf, char *
 
                 if (strcmp(name, ".") == 0 || strcmp(name, "..") == 0)
                         continue;
+                /* forkd-vmm's hash caches are this machine's (inode numbers): not part of a bundle. */
+                if (strlen(name) > strlen(SNAPSHOT_HASH_CACHE_SUFFIX) &&
+                    strcmp(name + strlen(name) - strlen(SNAPSHOT_HASH_CACHE_SUFFIX), SNAPSHOT_HASH_CACHE_SUFFIX) == 0)
+                        continue;
                 if (!snapshot_file_name_is_valid(name) || strcmp(name, PACK_MANIFEST_NAME) == 0 ||
                     l->n_files >= PACK_FILES_MAX) {
                         r = pack_set_error(ret_error, -EINVAL, "%s/%s cannot be packed (odd name, or too many files).",

@@ -50,6 +50,8 @@
 #define SNAPSHOT_FILE_NAME_MAX 64
 #define SNAPSHOT_KERNEL_PATH_MAX 1024 /* buffer size, including the NUL */
 #define SNAPSHOT_HASH_LEN 64
+/* forkd-vmm's cache of a file's SHA-256 beside it (chain.h); never packed. */
+#define SNAPSHOT_HASH_CACHE_SUFFIX ".sha256"
 #define SNAPSHOT_DISK_LAYERS_MAX 256u
 #define SNAPSHOT_MEM_ALIGN (UINT64_C(2) << 20)
 #define SNAPSHOT_MEM_MAX (UINT64_C(3) << 30)

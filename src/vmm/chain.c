@@ -162,6 +162,65 @@ out:
         return r;
 }
 
+/* The cache's key: the very file, unchanged (a snapshot's memory never is). */
+static bool cache_matches(const char *line, const struct stat *st, char hash[SNAPSHOT_HASH_LEN + 1]) {
+        unsigned long long dev, ino, size, mtime, ctime;
+        int end = 0;
+
+        if (sscanf(line, "v1 %llu %llu %llu %llu %llu %64[0-9a-f]%n", &dev, &ino, &size, &mtime, &ctime, hash,
+                   &end) != 6 || strlen(hash) != SNAPSHOT_HASH_LEN || (line[end] != '\n' && line[end] != 0))
+                return false;
+        return dev == (unsigned long long) st->st_dev && ino == (unsigned long long) st->st_ino &&
+               size == (unsigned long long) st->st_size &&
+               mtime == (unsigned long long) st->st_mtim.tv_sec * 1000000000ull + (unsigned long long) st->st_mtim.tv_nsec &&
+               ctime == (unsigned long long) st->st_ctim.tv_sec * 1000000000ull + (unsigned long long) st->st_ctim.tv_nsec;
+}
+
+int chain_hash_file_cached(int dfd, const char *name, int fd, char ret[SNAPSHOT_HASH_LEN + 1]) {
+        char cache[SNAPSHOT_FILE_NAME_MAX + 32], tmp[SNAPSHOT_FILE_NAME_MAX + 64], line[256];
+        char hash[SNAPSHOT_HASH_LEN + 1];
+        _cleanup_close_ int cfd = -EBADF;
+        struct stat st;
+        ssize_t n;
+        int r, len;
+
+        if (fstat(fd, &st) < 0)
+                return -errno;
+        if (strlen(name) > SNAPSHOT_FILE_NAME_MAX)
+                return chain_hash_file(fd, ret);
+        snprintf(cache, sizeof(cache), "%s" SNAPSHOT_HASH_CACHE_SUFFIX, name);
+        cfd = openat(dfd, cache, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+        if (cfd >= 0) {
+                n = pread(cfd, line, sizeof(line) - 1, 0);
+                if (n > 0) {
+                        line[n] = 0;
+                        if (cache_matches(line, &st, hash)) {
+                                memcpy(ret, hash, sizeof(hash));
+                                return 0;
+                        }
+                }
+                cfd = safe_close(cfd);
+        }
+        r = chain_hash_file(fd, ret);
+        if (r < 0)
+                return r;
+
+        /* Recorded for the next one, best effort: a directory we may not write, a
+         * full disk, a race with another writer all leave the hash computed. */
+        len = snprintf(line, sizeof(line), "v1 %llu %llu %llu %llu %llu %s\n", (unsigned long long) st.st_dev,
+                       (unsigned long long) st.st_ino, (unsigned long long) st.st_size,
+                       (unsigned long long) st.st_mtim.tv_sec * 1000000000ull + (unsigned long long) st.st_mtim.tv_nsec,
+                       (unsigned long long) st.st_ctim.tv_sec * 1000000000ull + (unsigned long long) st.st_ctim.tv_nsec,
+                       ret);
+        snprintf(tmp, sizeof(tmp), "%s.%d.tmp" SNAPSHOT_HASH_CACHE_SUFFIX, name, (int) getpid());
+        cfd = openat(dfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY, 0644);
+        if (cfd < 0)
+                return 0;
+        if (len <= 0 || write(cfd, line, (size_t) len) != len || renameat(dfd, tmp, dfd, cache) < 0)
+                (void) unlinkat(dfd, tmp, 0);
+        return 0;
+}
+
 static int chain_error(char **ret_error, int r, const char *fmt, ...) _printf_(3, 4);
 static int chain_error(char **ret_error, int r, const char *fmt, ...) {
         va_list ap;
@@ -287,7 +346,7 @@ int chain_load(struct snapshot *snap, char **ret_error) {
                         r = chain_error(ret_error, -EBADMSG, "parent snapshot %s: bad %s", parent_tag, pm.memory_file);
                         goto fail;
                 }
-                r = chain_hash_file(mfd, got_hash);
+                r = chain_hash_file_cached(pdfd, pm.memory_file, mfd, got_hash);
                 if (r < 0) {
                         r = chain_error(ret_error, r, "parent snapshot %s: cannot hash %s", parent_tag,
                                         pm.memory_file);

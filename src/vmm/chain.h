@@ -37,6 +37,16 @@ int chain_write_memory_diff(int dfd, const struct vmm *vmm);
 
 /* SHA-256 of the whole file fd as 64 lowercase hex digits. */
 int chain_hash_file(int fd, char ret[SNAPSHOT_HASH_LEN + 1]);
+/* The same for the file dfd/name (open as fd), from the cache file
+ * dfd/name.sha256 when that was written for this very file (device, inode,
+ * size, modification and change times: a snapshot's memory never changes in
+ * place), else computed and recorded there (best effort; not fsynced, a lost
+ * one is computed again). Hashing the parent's 256 MiB took about 200 ms at
+ * every diff branch and every start of a diff snapshot's template. The cache
+ * is a file the VMM user may write: it saves time, it is not a guard (the
+ * parent_content_hash check finds a parent re-snapshotted under its tag, not
+ * a file altered in place). */
+int chain_hash_file_cached(int dfd, const char *name, int fd, char ret[SNAPSHOT_HASH_LEN + 1]);
 
 /* Load snap's ancestors (snap->meta.parent_tag set): check each link's
  * parent_content_hash, open each link's memory.bin and read its map.

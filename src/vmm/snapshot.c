@@ -251,13 +251,13 @@ int snapshot_write_collected(struct vmm *vmm, const char *dir, const char *tag, 
                         r = -EBADMSG;
                         goto fail;
                 }
-                snprintf(path, sizeof(path), "%s/%s", diff->dir, pm.memory_file);
-                pmem = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+                pdfd = open(diff->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+                pmem = pdfd < 0 ? -EBADF : openat(pdfd, pm.memory_file, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
                 if (pmem < 0) {
                         r = -errno;
                         goto fail;
                 }
-                r = chain_hash_file(pmem, meta.parent_content_hash);
+                r = chain_hash_file_cached(pdfd, pm.memory_file, pmem, meta.parent_content_hash);
                 if (r < 0)
                         goto fail;
                 snprintf(meta.parent_tag, sizeof(meta.parent_tag), "%s", diff->tag);

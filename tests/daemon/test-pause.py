@@ -183,6 +183,27 @@ def run(h):
     h.check("ResumeSandbox: the same id runs again with the paused state, answered; its record gone; a second "
             "resume is NotPaused", resume)
 
+    def hash_cache():
+        """forkd-vmm caches the parent's SHA-256 beside its memory.bin; one written for another file
+        (another inode, size or times) is not believed."""
+        import hashlib
+        base = os.path.join(snapdir, "base")
+        cache = os.path.join(base, "memory.bin.sha256")
+        assert os.path.exists(cache), os.listdir(base)
+        want = hashlib.sha256(open(os.path.join(base, "memory.bin"), "rb").read()).hexdigest()
+        assert open(cache).read().split()[-1] == want
+        with open(cache, "w") as f:
+            f.write("v1 1 2 3 4 5 " + "0" * 64 + "\n")
+        s = h.fork("base", 1)[0]
+        h.m("PauseSandbox", "s", [s["id"]], timeout=120)
+        tag = [d for d in forkds() if d.startswith(f"paused.{s['id']}.")][0]
+        meta = json.load(open(os.path.join(snapdir, tag, "snapshot.json")))
+        assert meta["parent_content_hash"] == want, meta
+        assert open(cache).read().split()[-1] == want, "the stale cache was not replaced"
+        h.m("TerminateSandbox", "s", [s["id"]])
+        h.wait_removed(s["id"])
+    h.check("the parent's hash cache: written beside base/memory.bin, a stale one recomputed", hash_cache)
+
     def pause_again():
         sid = ctx["s"]["id"]
         tb.poke(ctx["s"]["pid"], b"second-pause!!")
