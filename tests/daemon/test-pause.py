@@ -256,6 +256,37 @@ def run(h):
     h.check("kill -9 during a pause: afterwards paused (and resumable) or gone, nothing half-written left",
             kill_during_pause)
 
+    def kill_during_resume():
+        outcomes = set()
+        for delay in (0.0, 0.003, 0.01, 0.03, 0.1):
+            s = h.fork("base", 1)[0]
+            tb.poke(s["pid"], b"resume-pattern")
+            h.m("PauseSandbox", "s", [s["id"]], timeout=120)
+            h.bus.send(tf.DEST, tf.PATH, tf.IFACE, "ResumeSandbox", "s", [s["id"]])
+            time.sleep(delay)
+            h.stop_forkd(signal.SIGKILL)
+            tf.wait_for(lambda: not tf.vmm_processes(h.tmp), 20, "the VMMs to exit")
+            h.start_forkd()
+            try:
+                st = h.m("GetSandbox", "s", [s["id"]])[0]["status"]
+            except tf.DBusError as e:
+                assert e.name == NO_SANDBOX, e
+                st = "gone"
+            outcomes.add(st)
+            # The VM of a resume dies with forkd, as every running one does: paused again, or gone.
+            assert st in ("paused", "gone"), st
+            listed = [x for x in h.m("ListSandboxes")[0] if x["id"] == s["id"]]
+            assert len(listed) == (st == "paused"), listed
+            if st == "paused":
+                info = h.m("ResumeSandbox", "s", [s["id"]], timeout=120)[0]
+                assert tb.peek(info["pid"], 14) == b"resume-pattern", "the paused state, intact"
+                h.m("TerminateSandbox", "s", [s["id"]])
+                h.wait_removed(s["id"])
+            tf.wait_for(lambda: records() == [] and forkds() == [], 20, "records and forkd's snapshots to go")
+        print(f"# outcomes of a kill -9 during a resume: {sorted(outcomes)}")
+        assert "paused" in outcomes, outcomes
+    h.check("kill -9 during a resume: afterwards paused with its state (listed once) or gone", kill_during_resume)
+
     def timeouts():
         import datetime
         bad = (({"timeout_secs": ("u", 0)}, "timeout_secs"), ({"timeout_secs": ("u", 86401)}, "timeout_secs"),

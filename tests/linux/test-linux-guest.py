@@ -348,6 +348,7 @@ def run(t, fc, stack, image, restart):
     t.ok(rc == 0, "kill the children", err)
 
     fork_and_branch_running(t, stack)
+    pause_resume_linux(t, stack, restart)
     branch_and_fork_errors(t, fc, stack, restart)
     chains(t, fc, stack)  # ends with snapshot rm --cascade of TAG
 
@@ -484,6 +485,83 @@ def fork_and_branch_running(t, stack):
     t.ok(status == 204 and status2 == 404, "DELETE the source sandbox: 204, then 404", f"{status} {r}; {status2} {r2}")
     fork_branches("with the source deleted")
     t.ok(all(rest(stack, "DELETE", f"/v1/snapshots/{tag}")[0] == 204 for tag in made), "DELETE the branches")
+
+
+def pause_resume_linux(t, stack, restart):
+    """Issue 17 with the Linux Python guest over REST: a sandbox with REPL globals, a file and
+    a background process is paused (its VMM exits), refuses the verbs with 409, forks twice
+    (it stays paused), survives a restart of the stack, and resumes under its id with all of
+    it and its wall clock set again; a deadline with on_timeout pause pauses a sandbox; DELETE
+    removes a paused one."""
+    def run(sid, code):
+        status, r = rest(stack, "POST", f"/v1/sandboxes/{sid}/run_code", {"code": code})
+        return r.get("stdout") if status == 200 and isinstance(r, dict) and r.get("exit_code") == 0 else (status, r)
+
+    show = ("import os, subprocess, time\n"
+            "print(x, open('/root/s.txt').read(), "
+            "subprocess.run(['pgrep', '-f', 'sleep 4242'], capture_output=True).returncode == 0, "
+            "abs(time.time() - {now}) < 30)")
+    status, sbs = rest(stack, "POST", "/v1/sandboxes", {"snapshot_tag": TAG, "n": 1})
+    sid = sbs[0]["id"] if status == 201 and isinstance(sbs, list) else None
+    pid = sbs[0]["pid"] if sid else 0
+    out = run(sid, "import subprocess\nx = 17\nopen('/root/s.txt', 'w').write('kept')\n"
+                   "subprocess.Popen(['sleep', '4242'], start_new_session=True)") if sid else None
+    if not t.ok(sid and out == "", "pause: a sandbox with x = 17, /root/s.txt and a background sleep", f"{sid} {out}"):
+        return
+    t0 = time.monotonic()
+    status, info = rest(stack, "POST", f"/v1/sandboxes/{sid}/pause")
+    pause_s = time.monotonic() - t0
+    t.ok(status == 200 and isinstance(info, dict) and info.get("status") == "paused" and
+         not os.path.exists(f"/proc/{pid}"), "POST /v1/sandboxes/:id/pause: 200 paused, its VMM gone",
+         f"{status} {info}")
+    t.note(f"pause of the Linux guest: {pause_s * 1000:.0f} ms under TCG")
+    status, listed = rest(stack, "GET", "/v1/sandboxes")
+    t.ok(status == 200 and any(x.get("id") == sid and x.get("status") == "paused" for x in listed),
+         "GET /v1/sandboxes lists it paused", listed)
+    refused = {v: rest(stack, "POST", f"/v1/sandboxes/{sid}/{v}", b) for v, b in
+               (("exec", {"args": ["true"]}), ("eval", {"code": "1"}), ("run_code", {"code": "1"}),
+                ("branch", {"tag": "from-paused"}), ("pause", None))}
+    t.ok(all(st == 409 and r == {"error": f"sandbox {sid} is paused"} for st, r in refused.values()),
+         "exec, eval, run_code, branch and pause of a paused sandbox: 409 with the spec's body", refused)
+    for batch in (1, 2):
+        status, r = rest(stack, "POST", f"/v1/sandboxes/{sid}/fork", {"n": 2})
+        kids = r.get("children", []) if status == 200 and isinstance(r, dict) else []
+        seen = {k: run(k, "print(x, open('/root/s.txt').read())") for k in kids}
+        t.ok(len(kids) == 2 and all(v == "17 kept\n" for v in seen.values()),
+             f"fork of the paused sandbox, batch {batch}: children with its globals and file", f"{status} {seen}")
+        for k in kids:
+            rest(stack, "DELETE", f"/v1/sandboxes/{k}")
+    stack.update(restart({}))
+    status, info = rest(stack, "GET", f"/v1/sandboxes/{sid}")
+    t.ok(status == 200 and info.get("status") == "paused", "still paused after a restart of the stack",
+         f"{status} {info}")
+    time.sleep(2)
+    t0 = time.monotonic()
+    status, info = rest(stack, "POST", f"/v1/sandboxes/{sid}/resume")
+    resume_s = time.monotonic() - t0
+    t.ok(status == 200 and isinstance(info, dict) and info.get("id") == sid and info.get("status") == "running",
+         "POST /v1/sandboxes/:id/resume: 200 running, the same id", f"{status} {info}")
+    t.note(f"resume of the Linux guest to a ready agent: {resume_s * 1000:.0f} ms under TCG")
+    out = run(sid, show.format(now=time.time()))
+    t.ok(out == "17 kept True True\n", "resumed: x, the file and the background process are back, the clock is "
+         "set again", out)
+    status, r = rest(stack, "POST", f"/v1/sandboxes/{sid}/resume")
+    t.ok(status == 409, "resume of a running sandbox: 409", f"{status} {r}")
+    status, sbs = rest(stack, "POST", "/v1/sandboxes",
+                       {"snapshot_tag": TAG, "n": 1, "timeout_secs": 3, "on_timeout": "pause"})
+    dl = sbs[0]["id"] if status == 201 and isinstance(sbs, list) else None
+    t.ok(dl and sbs[0].get("expires_at") and sbs[0].get("on_timeout") == "pause", "a fork with a 3 s deadline, "
+         "on_timeout pause: expires_at set", f"{status} {sbs}")
+    deadline, st = time.monotonic() + 60, None
+    while dl and time.monotonic() < deadline:
+        st = rest(stack, "GET", f"/v1/sandboxes/{dl}")[1].get("status")
+        if st == "paused":
+            break
+        time.sleep(0.5)
+    t.ok(st == "paused", "it is paused at its deadline", st)
+    gone = [rest(stack, "DELETE", f"/v1/sandboxes/{x}")[0] for x in (sid, dl) if x]
+    t.ok(gone == [204, 204] and rest(stack, "GET", f"/v1/sandboxes/{dl}")[0] == 404,
+         "DELETE of a running and of a paused sandbox", gone)
 
 
 def branch_and_fork_errors(t, fc, stack, restart):
