@@ -622,6 +622,8 @@ static void paused_fork_done(ForkOp *f, int r, const char *error_name, const cha
 
         if (pf->resume && p)
                 p->resuming = false;
+        if (r < 0 && pf->resume && p)
+                (void) paused_arm(p); /* a deadline that came during the resume counts again */
         if (r < 0) {
                 (void) sd_bus_reply_method_errorf(o->message, error_name ?: FORKD_ERROR_FAILED, "%s",
                                                   error_message ?: strerror(-r));
