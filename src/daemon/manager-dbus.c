@@ -668,11 +668,7 @@ static void fork_done(ForkOp *f, int r, const char *error_name, const char *erro
         }
         r = sd_bus_message_new_method_return(o->message, &reply);
         if (r >= 0)
-                r = sd_bus_message_open_container(reply, 'a', "a{sv}");
-        for (unsigned i = 0; r >= 0 && i < f->n; i++)
-                r = sandbox_append_info(reply, hashmap_get(m->sandboxes, f->ids[i]));
-        if (r >= 0)
-                r = sd_bus_message_close_container(reply);
+                r = sandbox_append_infos(reply, m, f->ids, f->n);
         if (r >= 0)
                 r = sd_bus_send(NULL, reply, NULL);
         if (r < 0)
@@ -832,6 +828,13 @@ static int method_list_sandboxes(sd_bus_message *message, void *userdata, sd_bus
         return sd_bus_send(NULL, reply, NULL);
 }
 
+/* The id a method starts with, read from the start again: polkit may dispatch a call twice. */
+static int read_leading_id(sd_bus_message *message, const char **ret) {
+        int r = sd_bus_message_rewind(message, true);
+
+        return r < 0 ? r : sd_bus_message_read(message, "s", ret);
+}
+
 static int method_get_sandbox(sd_bus_message *message, void *userdata, sd_bus_error *error) {
         _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
         Manager *m = userdata;
@@ -840,10 +843,7 @@ static int method_get_sandbox(sd_bus_message *message, void *userdata, sd_bus_er
         Paused *p = NULL;
         int r;
 
-        r = sd_bus_message_rewind(message, true); /* polkit may dispatch it twice */
-        if (r < 0)
-                return r;
-        r = sd_bus_message_read(message, "s", &id);
+        r = read_leading_id(message, &id);
         if (r < 0)
                 return r;
         r = get_sandbox_or_paused(m, id, &s, &p, error);
@@ -872,10 +872,7 @@ static int forward_to_sandbox(sd_bus_message *message, Manager *m, sd_bus_messag
         Sandbox *s = NULL;
         int r;
 
-        r = sd_bus_message_rewind(message, true); /* polkit may dispatch it twice */
-        if (r < 0)
-                return r;
-        r = sd_bus_message_read(message, "s", &id);
+        r = read_leading_id(message, &id);
         if (r < 0)
                 return r;
         r = get_sandbox(m, id, &s, error);
@@ -893,10 +890,7 @@ static int forward_to_either(sd_bus_message *message, Manager *m, sd_bus_message
         Paused *p = NULL;
         int r;
 
-        r = sd_bus_message_rewind(message, true); /* polkit may dispatch it twice */
-        if (r < 0)
-                return r;
-        r = sd_bus_message_read(message, "s", &id);
+        r = read_leading_id(message, &id);
         if (r < 0)
                 return r;
         r = get_sandbox_or_paused(m, id, &s, &p, error);

@@ -651,11 +651,7 @@ static void paused_fork_done(ForkOp *f, int r, const char *error_name, const cha
         } else {
                 r = sd_bus_message_new_method_return(o->message, &reply);
                 if (r >= 0)
-                        r = sd_bus_message_open_container(reply, 'a', "a{sv}");
-                for (unsigned k = 0; r >= 0 && k < f->n; k++)
-                        r = sandbox_append_info(reply, hashmap_get(m->sandboxes, f->ids[k]));
-                if (r >= 0)
-                        r = sd_bus_message_close_container(reply);
+                        r = sandbox_append_infos(reply, m, f->ids, f->n);
                 if (r >= 0)
                         r = sd_bus_message_append(reply, "t", (uint64_t) 0);
         }

@@ -111,6 +111,15 @@ int sandbox_append_info(sd_bus_message *reply, Sandbox *s) {
         return sd_bus_message_close_container(reply);
 }
 
+int sandbox_append_infos(sd_bus_message *reply, Manager *m, char *const *vm_ids, unsigned n) {
+        int r;
+
+        r = sd_bus_message_open_container(reply, 'a', "a{sv}");
+        for (unsigned i = 0; r >= 0 && i < n; i++)
+                r = sandbox_append_info(reply, hashmap_get(m->vms, vm_ids[i]));
+        return r < 0 ? r : sd_bus_message_close_container(reply);
+}
+
 int sandbox_append_deadline(sd_bus_message *reply, uint64_t expires_at, bool pause) {
         char buf[64];
 

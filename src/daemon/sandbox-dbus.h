@@ -18,6 +18,9 @@ bool sandbox_is_visible(const Sandbox *s);
 int sandbox_verify(sd_bus_message *message, Sandbox *s, const char *action, const char *verb, sd_bus_error *error);
 /* Append a SandboxInfo a{sv}. */
 int sandbox_append_info(sd_bus_message *reply, Sandbox *s);
+/* An aa{sv} of the SandboxInfos of a fork's children, by the names their VMs were
+ * spawned under (vm_id: the id too, until a merge moves another id onto one). */
+int sandbox_append_infos(sd_bus_message *reply, Manager *m, char *const *vm_ids, unsigned n);
 /* Its expires_at (RFC 3339, "" for none) and on_timeout, two {sv} entries. */
 int sandbox_append_deadline(sd_bus_message *reply, uint64_t expires_at, bool pause);
 

@@ -84,13 +84,7 @@ static void on_fork_done(ForkOp *op, int r, const char *error_name, const char *
         }
         r = sd_bus_message_new_method_return(f->operation->message, &reply);
         if (r >= 0)
-                r = sd_bus_message_open_container(reply, 'a', "a{sv}");
-        /* op->ids name the children's VMs (vm_id, which is also their id
-         * until a merge moves another id onto one of them). */
-        for (unsigned i = 0; r >= 0 && i < op->n; i++)
-                r = sandbox_append_info(reply, hashmap_get(m->vms, op->ids[i]));
-        if (r >= 0)
-                r = sd_bus_message_close_container(reply);
+                r = sandbox_append_infos(reply, m, op->ids, op->n);
         if (r >= 0)
                 r = sd_bus_message_append(reply, "t", f->pause_us);
         if (r >= 0)
