@@ -124,12 +124,16 @@ fc pause sb-000000-9999; rc=$?
 
 # timeout: usage errors before any call, then deadlines on a running and a paused sandbox
 bad=""
-for args in "$s 0" "$s 86401" "$s x" "$s -5" "$s 5 --on-timeout never" "$s" "$s 5 --timeout 5"; do
+# ARGS|what the error says
+for t in "$s 0|timeout wants S, a whole number of seconds in 1..86400, not '0'" "$s x|not 'x'; usage: forkctl timeout ID S" \
+        "$s -5|unknown option '-5'" "$s 5 --on-timeout never|--on-timeout wants kill or pause, not 'never'" \
+        "$s|usage: forkctl timeout ID S [--on-timeout kill|pause]" "$s 5 --timeout 5|option --timeout does not apply here"; do
+        args=${t%%|*}
         # shellcheck disable=SC2086
         fc timeout $args; rc=$?
-        [ $rc = 2 ] && grep -q "Try 'forkctl --help'" "$state/err" || bad="$bad [$args: rc=$rc $(head -1 "$state/err")]"
+        [ $rc = 2 ] && grep -qF -- "${t#*|}" "$state/err" || bad="$bad [$args: rc=$rc $(head -1 "$state/err")]"
 done
-[ -z "$bad" ] && ok "timeout with 0, 86401, x, -5, a bad --on-timeout, no S, --timeout: usage errors" \
+[ -z "$bad" ] && ok "timeout with 0, x, -5, a bad --on-timeout, no S, --timeout: usage errors that say why" \
         || not_ok "timeout usage:$bad"
 fc timeout "$s" 86401; grep -qF "timeout wants S, a whole number of seconds in 1..86400, not '86401'" "$state/err" \
         && ok "timeout 86401: names the range" || not_ok "timeout 86401: $(cat "$state/err")"
