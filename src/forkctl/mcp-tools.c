@@ -333,6 +333,32 @@ static int tool_kill_sandbox(sd_bus *bus, const struct mcp_args *a, struct json_
         return 0;
 }
 
+/* A Manager method that takes the id and answers a SandboxInfo a{sv}. */
+static int sandbox_info_call(sd_bus *bus, const char *member, const char *verb, const struct mcp_args *a,
+                             struct json_object **ret, char **ret_error) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *m = NULL, *reply = NULL;
+        struct error_context ctx = { .verb = verb, .id = a->sandbox_id };
+        int r;
+
+        r = new_call(bus, member, &m);
+        if (r >= 0)
+                r = sd_bus_message_append(m, "s", a->sandbox_id);
+        if (r < 0)
+                return r;
+        r = call(bus, m, 0, &ctx, &reply, ret_error);
+        if (r < 0)
+                return r;
+        return bus_message_read_dict_json(reply, ret);
+}
+
+static int tool_pause_sandbox(sd_bus *bus, const struct mcp_args *a, struct json_object **ret, char **ret_error) {
+        return sandbox_info_call(bus, "PauseSandbox", "pause_sandbox", a, ret, ret_error);
+}
+
+static int tool_resume_sandbox(sd_bus *bus, const struct mcp_args *a, struct json_object **ret, char **ret_error) {
+        return sandbox_info_call(bus, "ResumeSandbox", "resume_sandbox", a, ret, ret_error);
+}
+
 /* ---- the tables ---------------------------------------------------------- */
 
 static const char *const branch_modes[] = { "full", "diff", "live", NULL };
@@ -431,6 +457,16 @@ static const struct mcp_param params_kill_sandbox[] = {
         {}
 };
 
+static const struct mcp_param params_pause_sandbox[] = {
+        P_SANDBOX_ID("The running sandbox to pause"),
+        {}
+};
+
+static const struct mcp_param params_resume_sandbox[] = {
+        P_SANDBOX_ID("The paused sandbox to resume"),
+        {}
+};
+
 static const struct mcp_tool tools[] = {
         { "create_snapshot", "Create a snapshot",
           "Boot a guest kernel with a root disk, wait until its agent answers and snapshot it under a new tag, "
@@ -467,6 +503,15 @@ static const struct mcp_tool tools[] = {
         { "kill_sandbox", "Terminate a sandbox",
           "Terminate a sandbox; its VM and everything in it are gone.",
           params_kill_sandbox, false, true, tool_kill_sandbox },
+        { "pause_sandbox", "Pause a sandbox",
+          "Pause a running sandbox: its state (memory, files, globals, processes) is kept on disk and its VM "
+          "exits. A paused sandbox can be forked with fork_sandbox and resumed with resume_sandbox; other tools "
+          "refuse it. Returns its info, status \"paused\".",
+          params_pause_sandbox, false, false, tool_pause_sandbox },
+        { "resume_sandbox", "Resume a paused sandbox",
+          "Resume a paused sandbox under the same id, with the state it was paused with; returns once its guest "
+          "answers, with its info, status \"running\".",
+          params_resume_sandbox, false, false, tool_resume_sandbox },
 };
 
 int mcp_tools_list(struct json_object **ret) {

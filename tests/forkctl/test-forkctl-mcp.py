@@ -29,7 +29,7 @@ TOP = sys.argv[2] if len(sys.argv) > 2 else ""
 BUILD = os.environ.get("FORKD_BUILD_DIR", "")
 LINE_MAX = 4 * 1024 * 1024
 TOOLS = {"create_snapshot", "list_snapshots", "spawn_sandboxes", "list_sandboxes", "exec", "eval", "run_code",
-         "fork_sandbox", "branch_sandbox", "kill_sandbox"}
+         "fork_sandbox", "branch_sandbox", "kill_sandbox", "pause_sandbox", "resume_sandbox"}
 
 
 def skip_all(why):
@@ -317,6 +317,18 @@ def main():
             ctx["ids"].append(sbs[0]["id"])
             check(s.ok("run_code", {"sandbox_id": sbs[0]["id"], "code": "print x"})["stdout"] == "6\n", "branch state")
 
+        def pause_resume():
+            sb = ctx["ids"][0]
+            info = s.ok("pause_sandbox", {"sandbox_id": sb}, timeout=300)
+            check(info["id"] == sb and info["status"] == "paused", info)
+            s.tool_error("run_code", {"sandbox_id": sb, "code": "print x"}, "paused")
+            s.tool_error("pause_sandbox", {"sandbox_id": sb}, "paused")
+            info = s.ok("resume_sandbox", {"sandbox_id": sb}, timeout=300)
+            check(info["id"] == sb and info["status"] == "running", info)
+            check(s.ok("run_code", {"sandbox_id": sb, "code": "print x"})["stdout"] == "5\n", "state after resume")
+            s.tool_error("resume_sandbox", {"sandbox_id": sb}, "not paused")
+            s.tool_error("resume_sandbox", {}, "missing required argument 'sandbox_id'")
+
         def kill():
             for i in ctx["ids"]:
                 check(s.ok("kill_sandbox", {"sandbox_id": i}) == {"id": i, "killed": True}, "kill")
@@ -508,6 +520,7 @@ def main():
         tap.run("spawn_sandboxes, then run_code: x = 5, print x", spawn_and_run_code)
         tap.run("exec; guest errors (test guest: no eval) are tool errors", exec_and_eval)
         tap.run("fork_sandbox and branch_sandbox keep the sandbox's state", fork_and_branch)
+        tap.run("pause_sandbox and resume_sandbox: the state kept, a paused sandbox refused", pause_resume)
         tap.run("kill_sandbox; forkd's errors are tool errors", kill)
         tap.run("hostile guests (garbage, silence): tool errors, the server serves on", hostile_guests)
         tap.run("bad arguments: types, ranges, required, unknown keys, null", bad_arguments)
