@@ -515,7 +515,7 @@ def main():
         tap.run("calls before initialize are refused, ping is answered", before_initialize)
         tap.run("initialize, notifications/initialized (no reply), a second initialize refused", initialize)
         tap.run("protocol versions: 2024-11-05 and 2025-03-26 echoed, an unknown one gets ours", versions)
-        tap.run("tools/list: the 10 tools, each inputSchema an object schema", tools_list)
+        tap.run("tools/list: the 12 tools, each inputSchema an object schema", tools_list)
         tap.run("create_snapshot from paths (CreateSnapshotFromFds), list_snapshots; its errors", create_snapshot)
         tap.run("spawn_sandboxes, then run_code: x = 5, print x", spawn_and_run_code)
         tap.run("exec; guest errors (test guest: no eval) are tool errors", exec_and_eval)
