@@ -497,10 +497,18 @@ def pause_resume_linux(t, stack, restart):
         status, r = rest(stack, "POST", f"/v1/sandboxes/{sid}/run_code", {"code": code})
         return r.get("stdout") if status == 200 and isinstance(r, dict) and r.get("exit_code") == 0 else (status, r)
 
-    show = ("import os, subprocess, time\n"
-            "print(x, open('/root/s.txt').read(), "
-            "subprocess.run(['pgrep', '-f', 'sleep 4242'], capture_output=True).returncode == 0, "
-            "abs(time.time() - {now}) < 30)")
+    # The image has no pgrep: the background sleep is looked for in /proc.
+    show = ("import os, time\n"
+            "def alive():\n"
+            "    for p in os.listdir('/proc'):\n"
+            "        try:\n"
+            "            if p.isdigit() and open('/proc/' + p + '/cmdline', 'rb').read().split(b'\\0')[:2] == "
+            "[b'sleep', b'4242']:\n"
+            "                return True\n"
+            "        except OSError:\n"
+            "            pass\n"
+            "    return False\n"
+            "print(x, open('/root/s.txt').read(), alive(), abs(time.time() - {now}) < 30)")
     status, sbs = rest(stack, "POST", "/v1/sandboxes", {"snapshot_tag": TAG, "n": 1})
     sid = sbs[0]["id"] if status == 201 and isinstance(sbs, list) else None
     pid = sbs[0]["pid"] if sid else 0
