@@ -134,7 +134,7 @@ def main():
     fc = Forkctl(f"{build}/src/forkctl/forkctl", env)
     try:
         restart = lambda extra_env: restart_stack(top, state, env, extra_env)  # noqa: E731
-        run(t, fc, stack, args.image, restart)
+        run(t, fc, stack, args.image, restart, state)
         networking(t, fc, stack, restart, state)
         sdk_python(t, top, stack, args.image, env)
     except Exception:
@@ -191,10 +191,26 @@ def restart_stack(top, state, env, extra_env):
     return dict(line.split("=", 1) for line in up.stdout.splitlines() if "=" in line)
 
 
-def rest(stack, method, path, body=None, timeout=600, token=True):
+def kill9_forkd(state):
+    """kill -9 the stack's forkd and wait until it is gone (or a zombie), not a fixed pause."""
+    with open(os.path.join(state, "forkd.pid")) as f:
+        pid = int(f.read().split()[0])
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    break
+        except (OSError, IndexError):
+            break
+        time.sleep(0.1)
+
+
+def rest(stack, method, path, body=None, timeout=600, token=True, headers=None, ret_headers=None):
     """One request to forkd-rest with the stack's token (token=False: none); returns
-    (status, parsed JSON or text)."""
-    headers = {"Content-Type": "application/json"}
+    (status, parsed JSON or text). ret_headers, a dict, gets the answer's headers."""
+    headers = dict(headers or {}, **{"Content-Type": "application/json"})
     if token:
         with open(stack["FORKD_TOKEN_FILE"]) as f:
             headers["Authorization"] = "Bearer " + f.read().strip()
@@ -203,8 +219,12 @@ def rest(stack, method, path, body=None, timeout=600, token=True):
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             status, data = r.status, r.read()
+            if ret_headers is not None:
+                ret_headers.update(r.headers)
     except urllib.error.HTTPError as e:
         status, data = e.code, e.read()
+        if ret_headers is not None:
+            ret_headers.update(e.headers)
     try:
         return status, json.loads(data) if data else None
     except ValueError:
@@ -235,7 +255,7 @@ def dump_logs(t, state):
         t.note(out.strip()[-4000:])
 
 
-def run(t, fc, stack, image, restart):
+def run(t, fc, stack, image, restart, state):
     kernel, rootfs = stack["FORKD_GUEST_KERNEL"], stack["FORKD_GUEST_ROOTFS"]
     t.ok(kernel == os.path.join(image, "vmlinuz") and rootfs == os.path.join(image, "rootfs.ext4"),
          "forkd-stack names the Linux image as the default guest on real KVM", stack)
@@ -348,7 +368,7 @@ def run(t, fc, stack, image, restart):
     t.ok(rc == 0, "kill the children", err)
 
     fork_and_branch_running(t, stack)
-    pause_resume_linux(t, stack, restart)
+    pause_resume_linux(t, stack, restart, state)
     branch_and_fork_errors(t, fc, stack, restart)
     chains(t, fc, stack)  # ends with snapshot rm --cascade of TAG
 
@@ -487,7 +507,7 @@ def fork_and_branch_running(t, stack):
     t.ok(all(rest(stack, "DELETE", f"/v1/snapshots/{tag}")[0] == 204 for tag in made), "DELETE the branches")
 
 
-def pause_resume_linux(t, stack, restart):
+def pause_resume_linux(t, stack, restart, state):
     """Issue 17 with the Linux Python guest over REST: a sandbox with REPL globals, a file and
     a background process is paused (its VMM exits), refuses the verbs with 409, forks twice
     (it stays paused), survives a restart of the stack, and resumes under its id with all of
@@ -555,6 +575,40 @@ def pause_resume_linux(t, stack, restart):
          "set again", out)
     status, r = rest(stack, "POST", f"/v1/sandboxes/{sid}/resume")
     t.ok(status == 409, "resume of a running sandbox: 409", f"{status} {r}")
+    status, r = rest(stack, "POST", f"/v1/sandboxes/{sid}/timeout", {"timeout_secs": 600})
+    t.ok(status == 200 and r.get("expires_at") and r.get("on_timeout") == "kill",
+         "POST /v1/sandboxes/:id/timeout: a deadline from now", f"{status} {r}")
+
+    # Idempotency-Key: a retried pause and a retried resume replay the first answer.
+    answers = []
+    for key, verb in (("lx-pause-1", "pause"), ("lx-pause-1", "pause"), ("lx-resume-1", "resume"),
+                      ("lx-resume-1", "resume")):
+        h = {}
+        st, body = rest(stack, "POST", f"/v1/sandboxes/{sid}/{verb}", headers={"Idempotency-Key": key},
+                        ret_headers=h)
+        answers.append((st, body, h.get("Idempotent-Replayed")))
+    t.ok([a[0] for a in answers] == [200] * 4 and answers[0][1] == answers[1][1] and
+         answers[2][1] == answers[3][1] and answers[1][2] == "true" and answers[3][2] == "true" and
+         answers[0][1].get("status") == "paused" and answers[2][1].get("status") == "running",
+         "Idempotency-Key: a retried pause and a retried resume replay the first answer (200 both)", answers)
+
+    # kill -9 of forkd in the middle of a pause (about 1.4 s under TCG): paused with its state, or gone.
+    import threading
+    late = threading.Thread(target=rest, args=(stack, "POST", f"/v1/sandboxes/{sid}/pause"), daemon=True)
+    late.start()
+    time.sleep(0.5)
+    kill9_forkd(state)
+    stack.update(restart({}))
+    st, info = rest(stack, "GET", f"/v1/sandboxes/{sid}")
+    outcome = info.get("status") if st == 200 else st
+    if outcome == "paused":
+        st, info = rest(stack, "POST", f"/v1/sandboxes/{sid}/resume")
+        out = run(sid, "print(x, open('/root/s.txt').read())") if st == 200 else (st, info)
+        t.ok(out == "17 kept\n", "kill -9 during a pause: paused, and it resumes with its state", out)
+        rest(stack, "DELETE", f"/v1/sandboxes/{sid}")
+    else:
+        t.ok(outcome == 404, "kill -9 during a pause: gone with forkd's VMMs (not paused)", f"{st} {info}")
+    t.note(f"kill -9 during the Linux guest's pause: {outcome}")
     status, sbs = rest(stack, "POST", "/v1/sandboxes",
                        {"snapshot_tag": TAG, "n": 1, "timeout_secs": 3, "on_timeout": "pause"})
     dl = sbs[0]["id"] if status == 201 and isinstance(sbs, list) else None
@@ -567,9 +621,8 @@ def pause_resume_linux(t, stack, restart):
             break
         time.sleep(0.5)
     t.ok(st == "paused", "it is paused at its deadline", st)
-    gone = [rest(stack, "DELETE", f"/v1/sandboxes/{x}")[0] for x in (sid, dl) if x]
-    t.ok(gone == [204, 204] and rest(stack, "GET", f"/v1/sandboxes/{dl}")[0] == 404,
-         "DELETE of a running and of a paused sandbox", gone)
+    gone = [rest(stack, "DELETE", f"/v1/sandboxes/{x}")[0] for x in (dl,) if x]
+    t.ok(gone == [204] and rest(stack, "GET", f"/v1/sandboxes/{dl}")[0] == 404, "DELETE of a paused sandbox", gone)
 
 
 def branch_and_fork_errors(t, fc, stack, restart):
@@ -1135,19 +1188,7 @@ def networking(t, fc, stack, restart, state):
         status, kids = rest(stack, "POST", "/v1/sandboxes", {"snapshot_tag": NET_TAG, "n": 2, "network": "egress"})
         t.ok(status == 201 and len(net_leftovers()) >= 2, "fork 2 again: their namespaces exist",
              f"{status} {net_leftovers()}")
-        with open(os.path.join(state, "forkd.pid")) as f:
-            pid = int(f.read().split()[0])
-        os.kill(pid, signal.SIGKILL)
-        # Restart once the killed forkd is gone (or a zombie), not after a fixed pause.
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                with open(f"/proc/{pid}/stat") as f:
-                    if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                        break
-            except (OSError, IndexError):
-                break
-            time.sleep(0.1)
+        kill9_forkd(state)
         stack.update(restart({}))
         deadline = time.monotonic() + 30
         while net_leftovers() and time.monotonic() < deadline:
