@@ -37,6 +37,12 @@ bool snapshot_tag_is_forkds(const char *tag) {
         return tag && strncmp(tag, PAUSED_TAG_PREFIX, strlen(PAUSED_TAG_PREFIX)) == 0;
 }
 
+static bool endswith(const char *s, const char *suffix) {
+        size_t n = strlen(s), k = strlen(suffix);
+
+        return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
 static int paused_dir(Manager *m, char **ret) {
         return asprintf(ret, "%s/" PAUSED_DIR, m->state_dir) < 0 ? -ENOMEM : 0;
 }
@@ -315,14 +321,15 @@ int paused_load_all(Manager *m) {
                 Paused *p = NULL;
                 size_t len = 0;
 
-                if (de->d_name[0] == '.')
+                if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
                         continue;
                 if (asprintf(&path, "%s/%s", dir, de->d_name) < 0) {
                         closedir(d);
                         return -ENOMEM;
                 }
-                if (!strstr(de->d_name, ".json")) {
-                        /* A temporary file of a write that a kill cut short. */
+                if (de->d_name[0] == '.' || !endswith(de->d_name, ".json")) {
+                        /* A temporary file of a write that a kill cut short (write_file_atomic()'s
+                         * ".#NAME.TID"), or nothing of ours. */
                         (void) unlink(path);
                         continue;
                 }
