@@ -165,10 +165,15 @@ def run(h):
         h.start_forkd()
         assert h.m("GetSandbox", "s", [sid])[0]["status"] == "paused"
         h.stop_forkd(signal.SIGKILL)
+        # What a kill in the middle of writing a record leaves: the next start removes it.
+        with open(os.path.join(pauseddir, f".#{sid}.json.4242"), "w") as f:
+            f.write('{"id": "half')
         h.start_forkd()
         assert h.m("GetSandbox", "s", [sid])[0]["status"] == "paused"
         assert forkds() == [ctx["tag"]], forkds()
-    h.check("a paused sandbox survives a restart of forkd and a kill -9", restart)
+        assert records() == [sid + ".json"], records()
+    h.check("a paused sandbox survives a restart of forkd and a kill -9; a half-written record's temporary file "
+            "is removed at start", restart)
 
     def resume():
         sid = ctx["s"]["id"]
