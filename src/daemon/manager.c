@@ -38,6 +38,10 @@ void random_hex(char *buf, size_t n_digits) {
         buf[n_digits] = 0;
 }
 
+/* flock_briefly(): 2 s at most. */
+#define LOCK_WAIT_TRIES 40u
+#define LOCK_WAIT_STEP_USEC (50 * 1000)
+
 int manager_new(Manager **ret) {
         Manager *m = calloc(1, sizeof(*m));
         int r;
@@ -216,6 +220,20 @@ static int load_snapshots(Manager *m) {
         return 0;
 }
 
+/* An exclusive lock, waiting a little: a killed forkd's lock stays held until
+ * the last copy of its descriptor goes, and a child it had just forked holds
+ * one until its exec (closed there, O_CLOEXEC). Another forkd's is not let go:
+ * -1 with errno EWOULDBLOCK after the wait. */
+static int flock_briefly(int fd) {
+        for (unsigned k = 0;; k++) {
+                if (flock(fd, LOCK_EX | LOCK_NB) >= 0)
+                        return 0;
+                if (errno != EWOULDBLOCK || k >= LOCK_WAIT_TRIES)
+                        return -1;
+                (void) usleep(LOCK_WAIT_STEP_USEC);
+        }
+}
+
 int manager_startup(Manager *m) {
         _cleanup_free_ char *lock = NULL;
         int r;
@@ -232,7 +250,7 @@ int manager_startup(Manager *m) {
         m->lock_fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
         if (m->lock_fd < 0)
                 return log_error_errno(errno, "Failed to open %s: %m", lock);
-        if (flock(m->lock_fd, LOCK_EX | LOCK_NB) < 0)
+        if (flock_briefly(m->lock_fd) < 0)
                 return log_error_errno(errno, "Another forkd uses %s (%m).", m->state_dir);
         if (m->runtime_dir) {
                 /* The records of live sandboxes: on a tmpfs (the unit's /run/forkd), no
@@ -247,7 +265,7 @@ int manager_startup(Manager *m) {
                 m->runtime_lock_fd = open(rlock, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
                 if (m->runtime_lock_fd < 0)
                         return log_error_errno(errno, "Failed to open %s: %m", rlock);
-                if (flock(m->runtime_lock_fd, LOCK_EX | LOCK_NB) < 0)
+                if (flock_briefly(m->runtime_lock_fd) < 0)
                         return log_error_errno(errno, "Another forkd uses the runtime directory %s (%m).",
                                                m->runtime_dir);
         }
