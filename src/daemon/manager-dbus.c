@@ -651,8 +651,12 @@ static int parse_fork_options(sd_bus_message *message, struct fork_options *o, s
         return parse_fork_options_full(message, o, false, error);
 }
 
-int bus_read_timeout_options(sd_bus_message *message, struct fork_options *o, sd_bus_error *error) {
-        return parse_fork_options_full(message, o, true, error);
+int bus_read_fork_n(sd_bus_message *message, uint32_t *ret_n, struct fork_options *o, sd_bus_error *error) {
+        int r = sd_bus_message_read(message, "u", ret_n);
+
+        if (r >= 0 && sd_bus_message_has_signature(message, "sua{sv}"))
+                r = parse_fork_options_full(message, o, true, error); /* ForkSandboxEx */
+        return r;
 }
 
 static void fork_done(ForkOp *f, int r, const char *error_name, const char *error_message, void *userdata) {

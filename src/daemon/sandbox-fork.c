@@ -156,14 +156,9 @@ int bus_sandbox_method_fork(sd_bus_message *message, void *userdata, sd_bus_erro
         uint32_t n;
         int r, sv[2];
 
-        r = sd_bus_message_read(message, "u", &n);
+        r = bus_read_fork_n(message, &n, &topts, error);
         if (r < 0)
                 return r;
-        if (sd_bus_message_has_signature(message, "sua{sv}")) {
-                r = bus_read_timeout_options(message, &topts, error); /* ForkSandboxEx */
-                if (r < 0)
-                        return r;
-        }
         if (n < 1 || n > SANDBOX_FORK_N_MAX)
                 return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "n must be from 1 to %u, not %u.",
                                          SANDBOX_FORK_N_MAX, n);
