@@ -62,6 +62,10 @@ void vm_template_handle_event(VmTemplate *t, const char *json);
 /* Close the control socket: the template kills its children and exits. */
 void vm_template_stop(VmTemplate *t);
 
+/* Stop a running template that serves no sandbox and no fork, now: the next
+ * fork of its snapshot starts it again. */
+void vm_template_stop_idle(VmTemplate *t);
+
 /* Stop and free if the snapshot is gone and nothing uses the template. */
 void vm_template_maybe_gc(VmTemplate *t);
 

@@ -341,6 +341,47 @@ def run(h):
             "SetSandboxTimeout on running and paused sandboxes; a deadline passed while forkd was down is acted on "
             "at start-up; ForkSandboxEx", timeouts)
 
+    def templates():
+        """tag -> pid of every forkd-vmm template of a paused sandbox's snapshot."""
+        out = {}
+        for d in os.listdir("/proc"):
+            if not d.isdigit():
+                continue
+            try:
+                argv = open(f"/proc/{d}/cmdline", "rb").read().split(b"\0")
+            except OSError:
+                continue
+            if len(argv) > 3 and argv[1] == b"template" and argv[2] == b"--snapshot":
+                tag = os.path.basename(argv[3].decode())
+                if tag.startswith("paused."):
+                    out[tag] = int(d)
+        return out
+
+    def warm_templates():
+        ids = []
+        for k in range(10):
+            s = h.fork("base", 1)[0]
+            tb.poke(s["pid"], b"warm-%02d" % k)
+            h.m("PauseSandbox", "s", [s["id"]], timeout=120)
+            ids.append(s["id"])
+            tag = [d for d in forkds() if d.startswith(f"paused.{s['id']}.")][0]
+            # Started in the background after the reply: a resume or fork then finds it running.
+            tf.wait_for(lambda: tag in templates(), 30, f"the template of {tag}")
+        tags = {sid: [d for d in forkds() if d.startswith(f"paused.{sid}.")][0] for sid in ids}
+        running = templates()
+        assert len(running) == 8, running
+        assert all(tags[sid] in running for sid in ids[2:]), (running, tags)
+        # The oldest, whose template stopped, still resumes: its template starts again.
+        info = h.m("ResumeSandbox", "s", [ids[0]], timeout=120)[0]
+        assert tb.peek(info["pid"], 7) == b"warm-00", info
+        ping(ids[0])
+        kids, _ = h.m("ForkSandbox", "su", [ids[1], 2], timeout=120)
+        assert all(tb.peek(k["pid"], 7) == b"warm-01" for k in kids), kids
+        h.terminate_all()
+        tf.wait_for(lambda: not templates(), 30, "the paused sandboxes' templates to go")
+    h.check("a pause starts its snapshot's template; at most 8 wait idle, the oldest stop and start again on a "
+            "resume or fork", warm_templates)
+
     h.check("no sanitizer report from forkd", h.assert_no_sanitizer_report)
     print(f"1..{h.n}", flush=True)
     return 1 if h.failed else 0
