@@ -90,6 +90,7 @@ struct Sandbox {
         sd_event_source *io_source, *timer_source;
         int agent_error;  /* why the agent channel broke, once it did */
         bool pump_again; /* completions may be waiting in the client: the timer fires at once */
+        bool hangup_seen; /* the agent channel reported EPOLLHUP/EPOLLERR (once: edge-triggered) */
         struct agent_call *calls;
 
         VmTemplate *template;

@@ -412,6 +412,7 @@ struct fka_client {
 
         uint8_t rbuf[FKA_CLIENT_RBUF];
         size_t rpos, rlen;
+        bool yielded;               /* the last fka_client_next() stopped short of EAGAIN */
 };
 
 int fka_client_new(int fd, unsigned max_in_flight, fka_client **ret) {
@@ -457,6 +458,10 @@ fka_client *fka_client_free(fka_client *c) {
 
 int fka_client_fd(const fka_client *c) {
         return c ? c->fd : -EINVAL;
+}
+
+bool fka_client_yielded(const fka_client *c) {
+        return c && c->yielded;
 }
 
 unsigned fka_client_in_flight(const fka_client *c) {
@@ -731,6 +736,7 @@ int fka_client_next(fka_client *c, fka_completion *ret) {
 
         if (!c || !ret)
                 return -EINVAL;
+        c->yielded = false;
 
         for (;;) {
                 fka_frame f = {};
@@ -758,8 +764,10 @@ int fka_client_next(fka_client *c, fka_completion *ret) {
                          * complete nothing) as fast as we read would keep us here
                          * for ever: yield after a bounded amount. The socket is
                          * still readable, so the caller's poll returns at once. */
-                        if (reads++ >= FKA_CLIENT_READS_PER_CALL)
+                        if (reads++ >= FKA_CLIENT_READS_PER_CALL) {
+                                c->yielded = true;
                                 return 0;
+                        }
 
                         l = recv(c->fd, c->rbuf, want, MSG_DONTWAIT);
                         if (l < 0) {

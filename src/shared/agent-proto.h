@@ -202,8 +202,10 @@ int fka_client_send(fka_client *c, const char *json, size_t len, uint64_t deadli
  * Write queued output, read what the socket has, and return the next
  * completion without blocking:
  *    1  *ret holds a completion (release with fka_completion_done());
- *    0  nothing more for now (or FKA_CLIENT_READS_PER_CALL reads done):
- *       wait for fka_client_events();
+ *    0  nothing more for now, the socket read until EAGAIN; or
+ *       FKA_CLIENT_READS_PER_CALL reads done, fka_client_yielded() true:
+ *       call again soon (an edge-triggered poll may not wake for what is
+ *       left); then wait for fka_client_events();
  *   <0  the connection is broken and every request in flight was returned
  *       (-ECONNRESET end of stream, -EBADMSG/-EPROTO hostile peer, or the
  *       errno of a read or write); *ret untouched.
@@ -222,6 +224,10 @@ short fka_client_events(const fka_client *c);
 
 /* Requests outstanding: in flight, or answered and not yet collected. */
 unsigned fka_client_in_flight(const fka_client *c);
+
+/* The last fka_client_next() returned 0 after its FKA_CLIENT_READS_PER_CALL
+ * reads, not at EAGAIN: bytes may still wait in the socket. */
+bool fka_client_yielded(const fka_client *c);
 
 /*
  * Blocking one-shot: send request_json on fd, wait (poll) up to
