@@ -173,6 +173,8 @@ static int remove_cgroup_dir(CGroupManager *c, const char *path) {
 
 /* ---- cgroupfs (v1 and v2) ---- */
 
+#define TEMPLATE_CGROUP_PREFIX "tpl-"
+
 static int cgroupfs_init(CGroupManager *c) {
         char path[4096];
         int r;
@@ -255,8 +257,13 @@ static int cgroupfs_sweep(CGroupManager *c) {
         while ((de = readdir(d))) {
                 char dir[4096];
 
-                /* Only what looks like ours: sandbox ids are sb-<hex>-<digits>. */
-                if (de->d_type != DT_DIR || strncmp(de->d_name, "sb-", 3) != 0 || !snapshot_tag_is_valid(de->d_name))
+                /* Only what looks like ours: sandbox ids are sb-<hex>-<digits>, templates tpl-<pid>. */
+                if (de->d_type != DT_DIR ||
+                    !((strncmp(de->d_name, "sb-", 3) == 0 && snapshot_tag_is_valid(de->d_name)) ||
+                      (strncmp(de->d_name, TEMPLATE_CGROUP_PREFIX, strlen(TEMPLATE_CGROUP_PREFIX)) == 0 &&
+                       de->d_name[strlen(TEMPLATE_CGROUP_PREFIX)] &&
+                       strspn(de->d_name + strlen(TEMPLATE_CGROUP_PREFIX), "0123456789") ==
+                               strlen(de->d_name + strlen(TEMPLATE_CGROUP_PREFIX)))))
                         continue;
                 snprintf(dir, sizeof(dir), "%s/%s", c->root, de->d_name);
                 log_info("Removing stale cgroup %s.", dir);
@@ -276,6 +283,42 @@ static const CGroupBackend backend_cgroupfs = {
         .remove = cgroupfs_remove,
         .sweep = cgroupfs_sweep,
 };
+
+/* ---- fork templates (cgroupfs) ---- */
+
+static bool is_cgroupfs(const CGroupManager *c) {
+        return c && c->backend == &backend_cgroupfs;
+}
+
+static void template_cgroup_dir(const CGroupManager *c, pid_t pid, char *buf, size_t size) {
+        snprintf(buf, size, "%s/" TEMPLATE_CGROUP_PREFIX "%d", c->root, (int) pid);
+}
+
+int cgroup_template_join(CGroupManager *c, pid_t pid) {
+        char dir[4096], file[4200], value[32];
+        int r;
+
+        if (!is_cgroupfs(c) || pid <= 0)
+                return -EOPNOTSUPP;
+        template_cgroup_dir(c, pid, dir, sizeof(dir));
+        if (mkdir(dir, 0755) < 0 && errno != EEXIST)
+                return -errno;
+        snprintf(file, sizeof(file), "%s/cgroup.procs", dir);
+        snprintf(value, sizeof(value), "%d", (int) pid);
+        r = write_string_file(file, value);
+        if (r < 0)
+                (void) rmdir(dir);
+        return r;
+}
+
+int cgroup_template_remove(CGroupManager *c, pid_t pid) {
+        char dir[4096];
+
+        if (!is_cgroupfs(c) || pid <= 0)
+                return 0;
+        template_cgroup_dir(c, pid, dir, sizeof(dir));
+        return remove_cgroup_dir(c, dir);
+}
 
 /* ---- systemd transient scopes ---- */
 

@@ -708,7 +708,9 @@ static void warm_done(int r, void *userdata) {
         TemplateWarm *w = userdata;
         VmTemplate *t = w->t;
 
-        if (r < 0)
+        if (r < 0 && !t->image)
+                log_debug("The template of %s did not start: its snapshot went meanwhile.", t->tag);
+        else if (r < 0)
                 log_warning("The template of %s did not start ahead of its first fork (%s); that fork starts it.",
                             t->tag, w->error ?: strerror(-r));
         else

@@ -393,6 +393,9 @@ void manager_check_idle_exit(Manager *m) {
                 }
                 return; /* sandbox_exited() calls again */
         }
+        /* The templates, idle now: gone here, so that their cgroups go before forkd does. */
+        for (VmTemplate *t = m->templates; t; t = t->next)
+                vm_template_stop_idle(t);
         /* Cgroups still emptying, and the workers' last jobs (a sandbox's namespace removal). */
         if (cgroup_pending_removals(m->cgroups) > 0 || worker_pool_pending(m->workers) > 0) {
                 if (!m->exit_poll)

@@ -6,6 +6,7 @@
 
 #include <json-c/json.h>
 
+#include "cgroup.h"
 #include "fork-op.h"
 #include "image.h"
 #include "json-util.h"
@@ -17,6 +18,16 @@
 
 static int pidfd_open_(pid_t pid) {
         return (int) syscall(SYS_pidfd_open, pid, 0);
+}
+
+/* The template process is gone: so goes its cgroup, once its children are. */
+static void forget_cgroup(VmTemplate *t) {
+        if (t->cgroup_pid <= 0)
+                return;
+        int r = cgroup_template_remove(t->manager->cgroups, t->cgroup_pid);
+        if (r < 0)
+                log_warning_errno(r, "Failed to remove the cgroup of template %s: %m", t->tag);
+        t->cgroup_pid = 0;
 }
 
 int vm_template_get(Image *i, VmTemplate **ret) {
@@ -93,6 +104,8 @@ VmTemplate *vm_template_free(VmTemplate *t) {
         safe_close(t->pidfd);
         /* EOF on its control socket makes the template kill its children and exit. */
         safe_close(t->vt.control_fd);
+        /* Still running here only at shutdown; the next start sweeps what stays. */
+        forget_cgroup(t);
         if (t->prev)
                 t->prev->next = t->next;
         else if (m->templates == t)
@@ -209,6 +222,7 @@ static void template_died(VmTemplate *t) {
         t->pidfd = safe_close(t->pidfd);
         t->vt.control_fd = safe_close(t->vt.control_fd);
         t->vt.pid = 0;
+        forget_cgroup(t);
         if (t->image || t->n_sandboxes > 0)
                 log_warning("Template of snapshot %s exited; its %u sandbox(es) went with it.", t->tag, t->n_sandboxes);
         /* Its children died with it (PR_SET_PDEATHSIG). */
@@ -265,7 +279,13 @@ int vm_template_start(VmTemplate *t, const char *vmm_path, const char *overlay_d
         if (r < 0) {
                 t->vt.pid = 0;
                 t->vt.control_fd = -EBADF;
+                return r;
         }
+        /* Ready and idle: it forks nothing before the spawn request that follows.
+         * Without a cgroup of its own it stays in forkd's (other backends, or a
+         * failure, which is no reason to refuse the fork). */
+        if (cgroup_template_join(t->manager->cgroups, t->vt.pid) >= 0)
+                t->cgroup_pid = t->vt.pid;
         return r;
 }
 
@@ -303,6 +323,7 @@ void vm_template_stop(VmTemplate *t) {
                 (void) kill(t->vt.pid, SIGKILL);
                 (void) waitpid(t->vt.pid, NULL, 0);
                 t->vt.pid = 0;
+                forget_cgroup(t);
         }
 }
 
@@ -319,6 +340,7 @@ void vm_template_stop_idle(VmTemplate *t) {
         (void) waitpid(t->vt.pid, NULL, 0);
         log_debug("Template of snapshot %s (pid %d) stopped, idle.", t->tag, (int) t->vt.pid);
         t->vt.pid = 0;
+        forget_cgroup(t);
 }
 
 void vm_template_maybe_gc(VmTemplate *t) {

@@ -24,6 +24,7 @@ struct VmTemplate {
         char *snapshot_dir;
 
         struct vmm_template vt;  /* vt.pid == 0: no process */
+        pid_t cgroup_pid;        /* its cgroup is tpl-<this> (cgroup_template_join()); 0: none */
         int pidfd;
         sd_event_source *io_source, *pid_source;
         bool busy;

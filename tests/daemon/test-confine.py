@@ -17,10 +17,12 @@ VMM obeys the test guest's "forbidden_call" statement (RunCode) by calling a
 syscall no allow-list has. TAP output.
 """
 
+import glob
 import importlib.util
 import json
 import os
 import re
+import signal
 import socket
 import sys
 
@@ -121,8 +123,21 @@ def run(h):
             assert s[k] == "0000000000000000", ("template", k, s[k])
         with open(f"/proc/{tpls[0]}/net/dev") as f:
             assert [line.split(":")[0].strip() for line in f.readlines()[2:]] == ["lo"]
+        if h.cgroot:
+            # A cgroup of its own beside its children's (and not forkd's): tpl-<pid>
+            # in forkd's cgroup root; a child without a memory limit stays in it.
+            mine = f"/{os.path.basename(h.cgroot)}/tpl-{tpls[0]}\n"
+            with open(f"/proc/{tpls[0]}/cgroup") as f:
+                assert mine in f.read(), open(f"/proc/{tpls[0]}/cgroup").read()
+            with open(f"/proc/{h.forkd.pid}/cgroup") as f:
+                assert os.path.basename(h.cgroot) not in f.read()
+            kid = h.fork("t1", 1)[0]
+            with open(f"/proc/{kid['pid']}/cgroup") as f:
+                assert mine in f.read(), open(f"/proc/{kid['pid']}/cgroup").read()
+            h.m("TerminateSandbox", "s", [kid["id"]])
+            h.wait_removed(kid["id"])
     h.check("/proc of a sandbox's VMM and its template: Seccomp 2, no capabilities, uid 65533, no_new_privs, "
-            "only the jail, only lo",
+            "only the jail, only lo; the template in a cgroup of its own, with its children that have no limit",
             proc_shows_it)
 
     def branch_and_fork_confined():
@@ -237,6 +252,30 @@ def run(h):
         assert json.loads(h.m("Ping", "s", [sid])[0])["pong"] is True
         h.terminate_all()
     h.check("forkd --no-confine: VMMs as before, and the guest's request kills nothing", no_confine)
+
+    def template_cgroups_go():
+        if not h.cgroot:
+            return
+        tpls = template_pids(h)
+        assert tpls and os.path.isdir(f"{h.cgroot}/tpl-{tpls[0]}"), (tpls, os.listdir(h.cgroot))
+        # A template killed on its own: its cgroup goes once forkd sees it gone.
+        os.kill(tpls[0], signal.SIGKILL)
+        tf.wait_for(lambda: not os.path.isdir(f"{h.cgroot}/tpl-{tpls[0]}"), 10, "the dead template's cgroup to go")
+        h.fork("t1", 1)
+        assert len(glob.glob(h.cgroot + "/tpl-*/")) == 1, os.listdir(h.cgroot)
+        # A stopping forkd stops its templates and removes their cgroups.
+        assert h.stop_forkd() == 0
+        assert glob.glob(h.cgroot + "/tpl-*/") == [], os.listdir(h.cgroot)
+        # A killed one's are the next start's to remove.
+        h.start_forkd()
+        h.fork("t1", 1)
+        assert len(glob.glob(h.cgroot + "/tpl-*/")) == 1, os.listdir(h.cgroot)
+        h.stop_forkd(signal.SIGKILL)
+        tf.wait_for(lambda: not tf.vmm_processes(h.tmp), 10, "the VMMs to die with forkd")
+        h.start_forkd()
+        assert glob.glob(h.cgroot + "/tpl-*/") == [], os.listdir(h.cgroot)
+    h.check("a template's cgroup goes when it dies, when forkd stops, and at the start after a kill -9",
+            template_cgroups_go)
 
     def clean():
         h.assert_no_sanitizer_report()

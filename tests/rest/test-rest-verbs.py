@@ -518,7 +518,9 @@ def t_terminate_after_merge(c, stack):
     check(records(stack) == {}, f"records left: {records(stack)}")
     if stack.cgroot:
         for _ in range(50):
-            left = [d for d in os.listdir(stack.cgroot) if os.path.isdir(os.path.join(stack.cgroot, d))]
+            # (the snapshot's fork template keeps its own, tpl-<pid>, while it runs)
+            left = [d for d in os.listdir(stack.cgroot)
+                    if os.path.isdir(os.path.join(stack.cgroot, d)) and not d.startswith("tpl-")]
             if not left:
                 break
             time.sleep(0.1)
