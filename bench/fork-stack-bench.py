@@ -7,9 +7,11 @@ stack a user talks to, against the engine alone, in one run, taking turns
 
   engine   forkd-vmm alone: bench/fork-bench --json, a process per round
            (its own cold boot and snapshot; the template's start is not timed)
-  dbus     forkd's Fork(tag, N, {}) over the bus: the reply comes once every
-           child's agent answered; then TerminateSandbox for every id, sent at
-           once on one connection, until every VMM process has exited
+  dbus     forkd's Fork(tag, N, {}) over the bus from bench/dbus-fork, a C
+           client (sd-bus) connected first, timed until it read the whole reply,
+           which comes once every child's agent answered; then TerminateSandbox
+           for every id, sent at once on one connection, until every VMM
+           process has exited
   rest     forkd-rest's POST /v1/sandboxes {snapshot_tag, n}, answered once every
            child answered; then DELETE /v1/sandboxes/:id, 16 connections at once,
            until every VMM process has exited
