@@ -927,14 +927,17 @@ static int method_resume_sandbox(sd_bus_message *message, void *userdata, sd_bus
 /* TerminateSandboxes(as ids) -> (as unknown): every sandbox named, at once.
  * The caller must be allowed to terminate each of them (one polkit check:
  * their common owner's, or manage-all when they have several), else nothing
- * is killed. Ids that name no sandbox (gone already) come back in unknown.
+ * is killed. A paused sandbox is deleted, as TerminateSandbox deletes one (a
+ * paused one being resumed fails the whole call, Busy). Ids that name no
+ * sandbox (gone already) come back in unknown.
  * Answered once every VMM killed here has exited, as TerminateSandbox is. */
 static int method_terminate_sandboxes(sd_bus_message *message, void *userdata, sd_bus_error *error) {
         _cleanup_free_ Sandbox **found = NULL;
+        _cleanup_free_ Paused **paused = NULL;
         _cleanup_free_ char **ids = NULL;
         TerminateGroup *g = NULL;
         Manager *m = userdata;
-        size_t n = 0, n_found = 0, n_unknown = 0;
+        size_t n = 0, n_found = 0, n_paused = 0, n_unknown = 0;
         uid_t owner = OWNER_UID_INVALID;
         char what[96];
         int r;
@@ -947,7 +950,8 @@ static int method_terminate_sandboxes(sd_bus_message *message, void *userdata, s
                 return r;
         ids = calloc(FORK_N_MAX + 1, sizeof(char *));
         found = calloc(FORK_N_MAX, sizeof(Sandbox *));
-        if (!ids || !found)
+        paused = calloc(FORK_N_MAX, sizeof(Paused *));
+        if (!ids || !found || !paused)
                 return -ENOMEM;
         for (;;) {
                 const char *id;
@@ -975,26 +979,39 @@ static int method_terminate_sandboxes(sd_bus_message *message, void *userdata, s
 
         for (size_t k = 0; k < n; k++) {
                 Sandbox *s = hashmap_get(m->sandboxes, ids[k]);
+                Paused *p = NULL;
+                uid_t uid;
 
                 if (!s || !sandbox_is_visible(s)) {
-                        /* unknown: moved to the front, kept in order */
-                        ids[n_unknown++] = ids[k];
-                        continue;
+                        p = hashmap_get(m->paused, ids[k]);
+                        if (!p) {
+                                /* unknown: moved to the front, kept in order */
+                                ids[n_unknown++] = ids[k];
+                                continue;
+                        }
+                        if (p->resuming)
+                                return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "Sandbox %s is being resumed.",
+                                                         p->id);
                 }
-                if (n_found == 0)
-                        owner = s->owner_uid;
-                else if (owner != s->owner_uid)
+                uid = s && sandbox_is_visible(s) ? s->owner_uid : p->owner_uid;
+                if (n_found + n_paused == 0)
+                        owner = uid;
+                else if (owner != uid)
                         owner = OWNER_UID_INVALID;
-                found[n_found++] = s;
+                if (p)
+                        paused[n_paused++] = p;
+                else
+                        found[n_found++] = s;
         }
         ids[n_unknown] = NULL;
-        if (n_found > 0) {
-                const char *details[] = { "sandbox", found[0]->id, "verb", "terminate", NULL };
+        if (n_found + n_paused > 0) {
+                const char *first = n_found > 0 ? found[0]->id : paused[0]->id;
+                const char *details[] = { "sandbox", first, "verb", "terminate", NULL };
 
-                if (n_found == 1)
-                        snprintf(what, sizeof(what), "sandbox %s", found[0]->id);
+                if (n_found + n_paused == 1)
+                        snprintf(what, sizeof(what), "sandbox %s", first);
                 else
-                        snprintf(what, sizeof(what), "%zu sandboxes", n_found);
+                        snprintf(what, sizeof(what), "%zu sandboxes", n_found + n_paused);
                 r = bus_verify_owner_async(message, owner, what, "org.forkd.terminate", details, &m->polkit_registry,
                                            error);
                 if (r < 0)
@@ -1031,7 +1048,14 @@ static int method_terminate_sandboxes(sd_bus_message *message, void *userdata, s
                         g->pending++;
                 }
         }
-        log_info("TerminateSandboxes: %zu sandbox(es) killed, %zu unknown.", n_found, n_unknown);
+        /* A paused one has no VM: its state and record go now. */
+        for (size_t k = 0; k < n_paused; k++) {
+                r = paused_terminate(paused[k]);
+                if (r < 0)
+                        log_warning_errno(r, "Failed to delete paused sandbox %s: %m", paused[k]->id);
+        }
+        log_info("TerminateSandboxes: %zu sandbox(es) killed, %zu paused deleted, %zu unknown.", n_found, n_paused,
+                 n_unknown);
         terminate_group_done(g); /* answers now if nothing was left to wait for */
         return 1;
 }

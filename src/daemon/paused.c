@@ -831,6 +831,10 @@ static int paused_delete(Paused *p, const char *reason) {
         return 0;
 }
 
+int paused_terminate(Paused *p) {
+        return paused_delete(p, "terminated");
+}
+
 int bus_paused_method_terminate(sd_bus_message *message, void *userdata, sd_bus_error *error) {
         Paused *p = userdata;
         int r;

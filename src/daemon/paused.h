@@ -85,6 +85,10 @@ int paused_set_deadline(Paused *p, uint64_t expires_at, bool pause);
 int bus_sandbox_method_pause(sd_bus_message *message, void *userdata, sd_bus_error *error);
 int bus_paused_method_resume(sd_bus_message *message, void *userdata, sd_bus_error *error);
 int bus_paused_method_terminate(sd_bus_message *message, void *userdata, sd_bus_error *error);
+/* Delete a paused sandbox (its record, its state if nothing else needs it),
+ * announced with reason "terminated"; the caller checked the caller's rights
+ * and that it is not being resumed. */
+int paused_terminate(Paused *p);
 int bus_paused_method_fork(sd_bus_message *message, void *userdata, sd_bus_error *error);
 /* SetSandboxTimeout(s id, u timeout_secs, s on_timeout) -> a{sv}: a Sandbox or a Paused. */
 int bus_sandbox_method_set_timeout(sd_bus_message *message, void *userdata, sd_bus_error *error);

@@ -377,10 +377,17 @@ def run(h):
         ping(ids[0])
         kids, _ = h.m("ForkSandbox", "su", [ids[1], 2], timeout=120)
         assert all(tb.peek(k["pid"], 7) == b"warm-01" for k in kids), kids
-        h.terminate_all()
+        # TerminateSandboxes: running and paused ones at once, and one unknown id.
+        ids = [k["id"] for k in kids] + ids + ["sb-never-1"]
+        unknown = h.m("TerminateSandboxes", "as", [ids])[0]
+        assert unknown == ["sb-never-1"], unknown
+        for sid in ids[:-1]:
+            assert h.wait_removed(sid) == "terminated", sid
+        assert h.m("ListSandboxes")[0] == [] and records() == [], (h.m("ListSandboxes")[0], records())
+        assert forkds() == [], forkds()
         tf.wait_for(lambda: not templates(), 30, "the paused sandboxes' templates to go")
     h.check("a pause starts its snapshot's template; at most 8 wait idle, the oldest stop and start again on a "
-            "resume or fork", warm_templates)
+            "resume or fork; TerminateSandboxes ends running and paused ones at once", warm_templates)
 
     h.check("no sanitizer report from forkd", h.assert_no_sanitizer_report)
     print(f"1..{h.n}", flush=True)

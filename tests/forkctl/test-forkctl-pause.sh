@@ -69,6 +69,15 @@ removed() {
         done
         return 1
 }
+# paused ID [SECS]: until forkctl ls shows ID paused (1), or SECS passed (0)
+paused() {
+        local i
+        for ((i = 0; i < ${2:-10} * 10; i++)); do
+                [ "$(fc ls --json | pyq "[x['status'] for x in j['sandboxes'] if x['id'] == '$1'][0]")" = paused ] && return 0
+                sleep 0.1
+        done
+        return 1
+}
 
 dbus-monitor --address "$FORKD_BUS_ADDRESS" \
         "type='signal',interface='org.forkd.Manager',member='SandboxRemoved'" >"$state/monitor" 2>&1 &
@@ -146,8 +155,7 @@ fc timeout "$s" 600 --on-timeout pause >"$state/out" && grep -q "^$s .* (pause) 
         fc timeout "$s" 900 --json | pyq "j['on_timeout'] == 'pause'" >/dev/null \
         && ok "timeout --on-timeout pause: shown; a later timeout without it keeps pause" \
         || not_ok "timeout pause: $(cat "$state/out" "$state/err")"
-fc timeout "$s" 1 >/dev/null && sleep 3 &&
-        [ "$(fc ls --json | pyq "[x['status'] for x in j['sandboxes'] if x['id'] == '$s'][0]")" = paused ] \
+fc timeout "$s" 1 >/dev/null && paused "$s" 10 \
         && ok "timeout 1 --on-timeout pause (kept): paused at the deadline" || not_ok "pause at deadline: $(cat "$state/err")"
 fc timeout "$s" 1 --on-timeout kill --json >"$state/out" &&
         pyq "j['status'] == 'paused' and j['on_timeout'] == 'kill'" "$state/out" >/dev/null &&
@@ -167,7 +175,7 @@ fc fork "$tag" -n 2 --timeout 2 >"$state/out" && mapfile -t kids < <(awk 'NR > 1
         [ "$(removed "${kids[0]}" 10)" = timeout ] && [ "$(removed "${kids[1]}" 2)" = timeout ] \
         && ok "fork --timeout 2: both children removed with reason timeout" \
         || not_ok "fork --timeout: $(cat "$state/out" "$state/err") [${kids[*]}]: $(removed "${kids[0]:-x}" 0)"
-c=$(fc fork "$tag" --timeout 1 --on-timeout pause --json | pyq "j['sandboxes'][0]['id']") && sleep 3 &&
+c=$(fc fork "$tag" --timeout 1 --on-timeout pause --json | pyq "j['sandboxes'][0]['id']") && paused "$c" 10 &&
         row "$c" | grep -q "^$c  *$tag  *paused  *- " && fc kill "$c" && [ "$(removed "$c" 5)" = terminated ] \
         && ok "fork --timeout 1 --on-timeout pause: paused at the deadline; kill deletes it" \
         || not_ok "fork pause at deadline: $(row "${c:-x}") $(cat "$state/err")"
