@@ -25,7 +25,7 @@ for tool in busctl dbus-daemon python3 setsid flock; do
 done
 
 state=$(mktemp -d /tmp/forkd-stack-test.XXXXXX)
-port=$((20000 + RANDOM % 20000))
+port=$((20000 + RANDOM % 12000)) # below the ephemeral ports (32768-60999), which clients hold
 stack() { FORKD_BUILD_DIR=$build FORKD_STACK_NO_BUILD=1 "$top/tools/forkd-stack" "$@"; }
 cleanup() {
         stack down --state-dir "$state" >/dev/null 2>&1

@@ -291,7 +291,7 @@ def stack_restart(h, scale):
     top = os.environ.get("FORKD_SOURCE_ROOT")
     build = os.environ.get("FORKD_BUILD_DIR")
     state = os.path.join(h.tmp, "stack")
-    port = 20000 + os.getpid() % 20000
+    port = 20000 + os.getpid() % 12000  # below the ephemeral ports (32768-60999)
     # FORKD_STACK_GUEST=test: the test guest on real KVM too, as tools/run-tests has it
     # (otherwise up on real KVM wants the Linux image that tools/mkimage builds).
     env = dict(os.environ, FORKD_BUILD_DIR=build or "", FORKD_STACK_NO_BUILD="1", FORKD_STACK_GUEST="test")

@@ -30,7 +30,7 @@ sys.exit(r is False)' "$@" 2>/dev/null
 command -v python3 >/dev/null || skip "python3 (to parse --json) is missing"
 
 state=$(mktemp -d /tmp/forkctl-flow.XXXXXX)
-port=$((20000 + RANDOM % 20000))
+port=$((20000 + RANDOM % 12000)) # below the ephemeral ports (32768-60999), which clients hold
 cleanup() {
         FORKD_BUILD_DIR=$build "$top/tools/forkd-stack" down --state-dir "$state" >/dev/null 2>&1
         rm -rf "$state"

@@ -190,7 +190,7 @@ def main():
     # the test guest everywhere: its run_code language and hostile modes are what this test speaks
     stack_env = dict(os.environ, FORKD_BUILD_DIR=BUILD, FORKD_STACK_NO_BUILD="1", FORKD_STACK_GUEST="test")
     stack = [os.path.join(TOP, "tools/forkd-stack")]
-    port = str(random.randint(20000, 39999))
+    port = str(random.randint(20000, 31999))  # below the ephemeral ports (32768-60999)
     servers = []
     tap = Tap()
     try:

@@ -32,7 +32,7 @@ sys.exit(r is False)' "$@" 2>/dev/null
 }
 
 state=$(mktemp -d /tmp/forkctl-pause.XXXXXX)
-port=$((20000 + RANDOM % 20000))
+port=$((20000 + RANDOM % 12000)) # below the ephemeral ports (32768-60999), which clients hold
 monitor=
 cleanup() {
         [ -n "$monitor" ] && kill "$monitor" 2>/dev/null
