@@ -696,6 +696,8 @@ static int fork_run(ForkOp *f) {
 typedef struct TemplateWarm {
         VmTemplate *t;
         char *vmm_path, *overlay_dir, *error;
+        void (*then)(Manager *m, void *userdata);
+        void *userdata;
 } TemplateWarm;
 
 static int warm_work(void *userdata) {
@@ -717,6 +719,8 @@ static void warm_done(int r, void *userdata) {
                 log_info("Template of %s started ahead of its first fork (pid %d).", t->tag, (int) t->vt.pid);
         vm_template_end_work(t);
         fork_op_run_next(t);
+        if (w->then)
+                w->then(t->manager, w->userdata);
         vm_template_maybe_gc(t);
         free(w->vmm_path);
         free(w->overlay_dir);
@@ -724,7 +728,7 @@ static void warm_done(int r, void *userdata) {
         free(w);
 }
 
-int fork_op_warm_template(Manager *m, Image *i) {
+int fork_op_warm_template_then(Manager *m, Image *i, void (*then)(Manager *m, void *userdata), void *userdata) {
         TemplateWarm *w;
         VmTemplate *t;
         int r;
@@ -738,6 +742,8 @@ int fork_op_warm_template(Manager *m, Image *i) {
         if (!w)
                 return -ENOMEM;
         w->t = t;
+        w->then = then;
+        w->userdata = userdata;
         w->vmm_path = strdup(m->vmm_path);
         w->overlay_dir = strdup(m->overlay_dir);
         if (!w->vmm_path || !w->overlay_dir) {
@@ -750,13 +756,19 @@ int fork_op_warm_template(Manager *m, Image *i) {
                 vm_template_end_work(t);
                 goto fail;
         }
-        return 0;
+        return 1;
 fail:
         free(w->vmm_path);
         free(w->overlay_dir);
         free(w);
         vm_template_maybe_gc(t);
         return r;
+}
+
+int fork_op_warm_template(Manager *m, Image *i) {
+        int r = fork_op_warm_template_then(m, i, NULL, NULL);
+
+        return r < 0 ? r : 0;
 }
 
 void fork_op_run_next(VmTemplate *t) {

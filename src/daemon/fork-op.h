@@ -144,3 +144,7 @@ void fork_op_run_next(VmTemplate *t);
  * for it as for another fork. Nothing if it runs already. A template that does
  * not start is logged and tried again by the first fork. */
 int fork_op_warm_template(Manager *m, Image *i);
+/* The same, and then(m, userdata) once the start ended, well or not: returns 1.
+ * 0 when nothing was started (running or busy already), then() not called;
+ * < 0 on failure, then() not called. */
+int fork_op_warm_template_then(Manager *m, Image *i, void (*then)(Manager *m, void *userdata), void *userdata);

@@ -473,14 +473,33 @@ static void pause_op_free(PauseOp *op) {
 /* How many templates of paused sandboxes may wait, warm and idle. */
 #define PAUSED_WARM_MAX 8
 
-/* Start the template of a new paused snapshot now, beside the VM's exit and the
- * caller's next request, so that the sandbox's resume and its first fork find
- * it running (starting it took 6-8 ms of a fork of 10 from a paused sandbox).
- * One waiting costs about 1 MiB (PSS, mostly shared pages): beyond
- * PAUSED_WARM_MAX, the templates of older pauses that serve nothing stop, and
- * their next fork starts them again. */
-static void paused_warm(Manager *m, Image *i) {
+/* The paused sandbox's VM, kept until its snapshot's template is ready (see
+ * paused_warm()), goes now; the caller hears once it is gone. */
+static void pause_kill_vm(Manager *m, void *userdata) {
+        char *vm_id = userdata;
+        Sandbox *s = hashmap_get(m->vms, vm_id);
+
+        if (s && s->retired && !s->killed) {
+                int r = sandbox_kill(s);
+                if (r < 0)
+                        log_warning_errno(r, "Failed to kill the VM of the paused sandbox %s: %m", s->id);
+        }
+        free(vm_id);
+}
+
+/* Start the template of a new paused snapshot before its VM goes and the pause
+ * answers, so that the sandbox's resume and its first fork, which may come the
+ * moment the pause answers, find it running. Started beside the VM's teardown
+ * instead, it took 15-22 ms rather than 6 on two cores and a fork sent right
+ * after the reply waited for it (bench/lifecycle's first batch 1.6x, not 1.0x);
+ * this way the reply waits for the start, which costs a pause less than the
+ * teardown's competition did. One waiting template costs about 1 MiB (PSS,
+ * mostly shared pages): beyond PAUSED_WARM_MAX, the templates of older pauses
+ * that serve nothing stop, and their next fork starts them again. Then kills
+ * the VM of sandbox s (at once when no start was needed or it could not begin). */
+static void paused_warm(Manager *m, Image *i, Sandbox *s) {
         unsigned n = 1;
+        char *vm_id;
         int r;
 
         /* Newest first: m->templates is in the order they were made. */
@@ -492,9 +511,16 @@ static void paused_warm(Manager *m, Image *i) {
                 if (++n > PAUSED_WARM_MAX)
                         vm_template_stop_idle(t);
         }
-        r = fork_op_warm_template(m, i);
+        vm_id = strdup(s->vm_id);
+        r = vm_id ? fork_op_warm_template_then(m, i, pause_kill_vm, vm_id) : -ENOMEM;
+        if (r > 0)
+                return;
         if (r < 0)
                 log_warning_errno(r, "Could not start the template of %s ahead of its resume: %m", i->tag);
+        if (vm_id)
+                pause_kill_vm(m, vm_id); /* frees it */
+        else if (sandbox_kill(s) < 0)
+                log_warning("Failed to kill the VM of the paused sandbox %s.", s->id);
 }
 
 static void pause_branch_done(Manager *m, int r, Image *i, uint64_t pause_us, const char *why, void *userdata) {
@@ -559,12 +585,9 @@ static void pause_branch_done(Manager *m, int r, Image *i, uint64_t pause_us, co
         hashmap_remove(m->sandboxes, s->id);
         s->retired = true;
         s->retire_reply = TAKE_PTR(reply);
-        r = sandbox_kill(s);
-        if (r < 0)
-                log_warning_errno(r, "Failed to kill the VM of the paused sandbox %s: %m", s->id);
         log_info("Sandbox %s paused into forkd's snapshot %s (guest paused %llu us).", p->id, p->tag,
                  (unsigned long long) pause_us);
-        paused_warm(m, i);
+        paused_warm(m, i, s);
 finish:
         pause_op_free(op);
 }
