@@ -3,7 +3,7 @@
 """
 bench/fork on the product path: fork N children of the test guest through the
 stack a user talks to, against the engine alone, in one run, taking turns
-(--rounds R, default 3, the order rotated each round); medians over rounds.
+(--rounds R, default 5, the order rotated each round); medians over rounds.
 
   engine   forkd-vmm alone: bench/fork-bench --json, a process per round
            (its own cold boot and snapshot; the template's start is not timed)
@@ -739,7 +739,7 @@ def main():
     ap.add_argument("--image", help="the Linux guest's directory (tools/mkimage), for --guest linux")
     ap.add_argument("--n", type=int, help="default 100, 10 with --guest linux")
     ap.add_argument("--mem-mib", type=int, help="default 64, 256 with --guest linux (forkd's default)")
-    ap.add_argument("--rounds", type=int, help="default 3, 2 with --guest linux")
+    ap.add_argument("--rounds", type=int, help="default 5, 2 with --guest linux")
     ap.add_argument("--path", type=lambda s: s.split(","))
     ap.add_argument("--network", action="store_true")
     ap.add_argument("--memory-limit-mib", type=int, default=0)
@@ -756,7 +756,7 @@ def main():
                  "and --confine")
     if linux and not args.image:
         ap.error("--guest linux needs --image DIR (tools/mkimage's output)")
-    defaults = {"n": (100, 10), "mem_mib": (64, 256), "rounds": (3, 2), "path": (["engine"], ["dbus"])}
+    defaults = {"n": (100, 10), "mem_mib": (64, 256), "rounds": (5, 2), "path": (["engine"], ["dbus"])}
     for key, values in defaults.items():
         if getattr(args, key) is None:
             setattr(args, key, values[linux])
