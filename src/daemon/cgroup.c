@@ -175,6 +175,16 @@ static int remove_cgroup_dir(CGroupManager *c, const char *path) {
 
 #define TEMPLATE_CGROUP_PREFIX "tpl-"
 
+/* tpl-<digits>: a fork template's cgroup (cgroup_template_join()). */
+static bool is_template_cgroup(const char *name) {
+        const char *pid;
+
+        if (strncmp(name, TEMPLATE_CGROUP_PREFIX, strlen(TEMPLATE_CGROUP_PREFIX)) != 0)
+                return false;
+        pid = name + strlen(TEMPLATE_CGROUP_PREFIX);
+        return *pid && strspn(pid, "0123456789") == strlen(pid);
+}
+
 static int cgroupfs_init(CGroupManager *c) {
         char path[4096];
         int r;
@@ -260,10 +270,7 @@ static int cgroupfs_sweep(CGroupManager *c) {
                 /* Only what looks like ours: sandbox ids are sb-<hex>-<digits>, templates tpl-<pid>. */
                 if (de->d_type != DT_DIR ||
                     !((strncmp(de->d_name, "sb-", 3) == 0 && snapshot_tag_is_valid(de->d_name)) ||
-                      (strncmp(de->d_name, TEMPLATE_CGROUP_PREFIX, strlen(TEMPLATE_CGROUP_PREFIX)) == 0 &&
-                       de->d_name[strlen(TEMPLATE_CGROUP_PREFIX)] &&
-                       strspn(de->d_name + strlen(TEMPLATE_CGROUP_PREFIX), "0123456789") ==
-                               strlen(de->d_name + strlen(TEMPLATE_CGROUP_PREFIX)))))
+                      is_template_cgroup(de->d_name)))
                         continue;
                 snprintf(dir, sizeof(dir), "%s/%s", c->root, de->d_name);
                 log_info("Removing stale cgroup %s.", dir);
@@ -290,17 +297,13 @@ static bool is_cgroupfs(const CGroupManager *c) {
         return c && c->backend == &backend_cgroupfs;
 }
 
-static void template_cgroup_dir(const CGroupManager *c, pid_t pid, char *buf, size_t size) {
-        snprintf(buf, size, "%s/" TEMPLATE_CGROUP_PREFIX "%d", c->root, (int) pid);
-}
-
 int cgroup_template_join(CGroupManager *c, pid_t pid) {
         char dir[4096], file[4200], value[32];
         int r;
 
         if (!is_cgroupfs(c) || pid <= 0)
                 return -EOPNOTSUPP;
-        template_cgroup_dir(c, pid, dir, sizeof(dir));
+        snprintf(dir, sizeof(dir), "%s/" TEMPLATE_CGROUP_PREFIX "%d", c->root, (int) pid);
         if (mkdir(dir, 0755) < 0 && errno != EEXIST)
                 return -errno;
         snprintf(file, sizeof(file), "%s/cgroup.procs", dir);
@@ -312,12 +315,12 @@ int cgroup_template_join(CGroupManager *c, pid_t pid) {
 }
 
 int cgroup_template_remove(CGroupManager *c, pid_t pid) {
-        char dir[4096];
+        char name[32];
 
         if (!is_cgroupfs(c) || pid <= 0)
                 return 0;
-        template_cgroup_dir(c, pid, dir, sizeof(dir));
-        return remove_cgroup_dir(c, dir);
+        snprintf(name, sizeof(name), TEMPLATE_CGROUP_PREFIX "%d", (int) pid);
+        return cgroupfs_remove(c, name);
 }
 
 /* ---- systemd transient scopes ---- */

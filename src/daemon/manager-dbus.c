@@ -993,7 +993,7 @@ static int method_terminate_sandboxes(sd_bus_message *message, void *userdata, s
                                 return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "Sandbox %s is being resumed.",
                                                          p->id);
                 }
-                uid = s && sandbox_is_visible(s) ? s->owner_uid : p->owner_uid;
+                uid = p ? p->owner_uid : s->owner_uid;
                 if (n_found + n_paused == 0)
                         owner = uid;
                 else if (owner != uid)

@@ -76,11 +76,11 @@ static void fail_all_calls(Sandbox *s, int error) {
 static int on_agent_io(sd_event_source *es, int fd, uint32_t revents, void *userdata);
 static void update_io(Sandbox *s);
 
-/* Watch the agent channel of s in the event loop. */
 /*
- * Edge-triggered: sd-event dispatches one source per iteration and asks epoll
- * again in between, and a level-triggered fd that waits for its turn is
- * polled and copied out on every one of those waits. When the agents of a
+ * The agent channel of s, watched in the event loop edge-triggered: sd-event
+ * dispatches one source per iteration and asks epoll again in between, and a
+ * level-triggered fd that waits for its turn is polled and copied out on
+ * every one of those waits. When the agents of a
  * fork of 1000 answer their pings at once (or their VMMs exit at once), that
  * was a thousand ready fds polled a thousand times: a fifth of forkd's CPU.
  * The price: pump() reads until EAGAIN or comes back by the timer

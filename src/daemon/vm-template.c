@@ -330,17 +330,13 @@ void vm_template_stop(VmTemplate *t) {
 void vm_template_stop_idle(VmTemplate *t) {
         if (t->vt.pid <= 0 || t->busy || t->waiters || t->n_sandboxes > 0)
                 return;
-        /* It has no child to kill: gone and reaped here, so that the next fork of
-         * its snapshot finds no process and starts one, never a closed socket. */
-        t->io_source = sd_event_source_disable_unref(t->io_source);
+        /* It has no child to kill: unwatched, vm_template_stop() kills and reaps
+         * it here, so that the next fork of its snapshot finds no process and
+         * starts one, never a closed socket. */
+        log_debug("Template of snapshot %s (pid %d) stopped, idle.", t->tag, (int) t->vt.pid);
         t->pid_source = sd_event_source_disable_unref(t->pid_source);
         t->pidfd = safe_close(t->pidfd);
-        t->vt.control_fd = safe_close(t->vt.control_fd);
-        (void) kill(t->vt.pid, SIGKILL);
-        (void) waitpid(t->vt.pid, NULL, 0);
-        log_debug("Template of snapshot %s (pid %d) stopped, idle.", t->tag, (int) t->vt.pid);
-        t->vt.pid = 0;
-        forget_cgroup(t);
+        vm_template_stop(t);
 }
 
 void vm_template_maybe_gc(VmTemplate *t) {
