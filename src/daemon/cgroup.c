@@ -19,6 +19,8 @@
 /* How long systemd may take to start a sandbox's scope (StartTransientUnit, then the job's
  * JobRemoved) before the fork that waits for it fails instead of waiting for ever. */
 #define SCOPE_START_TIMEOUT_USEC (90 * 1000000ull)
+/* How long a fork template waits for systemd's job to move it into its scope. */
+#define TEMPLATE_SCOPE_WAIT_MS 5000u
 
 struct cgroup_removal {
         char *path;
@@ -290,38 +292,6 @@ static const CGroupBackend backend_cgroupfs = {
         .remove = cgroupfs_remove,
         .sweep = cgroupfs_sweep,
 };
-
-/* ---- fork templates (cgroupfs) ---- */
-
-static bool is_cgroupfs(const CGroupManager *c) {
-        return c && c->backend == &backend_cgroupfs;
-}
-
-int cgroup_template_join(CGroupManager *c, pid_t pid) {
-        char dir[4096], file[4200], value[32];
-        int r;
-
-        if (!is_cgroupfs(c) || pid <= 0)
-                return -EOPNOTSUPP;
-        snprintf(dir, sizeof(dir), "%s/" TEMPLATE_CGROUP_PREFIX "%d", c->root, (int) pid);
-        if (mkdir(dir, 0755) < 0 && errno != EEXIST)
-                return -errno;
-        snprintf(file, sizeof(file), "%s/cgroup.procs", dir);
-        snprintf(value, sizeof(value), "%d", (int) pid);
-        r = write_string_file(file, value);
-        if (r < 0)
-                (void) rmdir(dir);
-        return r;
-}
-
-int cgroup_template_remove(CGroupManager *c, pid_t pid) {
-        char name[32];
-
-        if (!is_cgroupfs(c) || pid <= 0)
-                return 0;
-        snprintf(name, sizeof(name), TEMPLATE_CGROUP_PREFIX "%d", (int) pid);
-        return cgroupfs_remove(c, name);
-}
 
 /* ---- systemd transient scopes ---- */
 
@@ -794,6 +764,57 @@ static int scope_sweep(CGroupManager *c) {
         return 0;
 }
 
+/* A fork template's scope, forkd-tpl-<pid>.scope in forkd.slice, started around
+ * it on a bus connection of this call's own (the caller may be a worker thread).
+ * The reply comes before systemd's job has moved the pid: wait until
+ * /proc/<pid>/cgroup names the scope, so that the children forked next are born
+ * in it. An empty scope is collected by systemd (CollectMode=), so nothing needs
+ * removing when the template and its children are gone. */
+static int scope_template_join(pid_t pid) {
+        _cleanup_(sd_bus_flush_close_unrefp) sd_bus *bus = NULL;
+        _cleanup_(sd_bus_error_free) sd_bus_error error = SD_BUS_ERROR_NULL;
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *m = NULL, *reply = NULL;
+        char unit[64], desc[64], proc[64], needle[80];
+        int r;
+
+        snprintf(unit, sizeof(unit), "forkd-" TEMPLATE_CGROUP_PREFIX "%d.scope", (int) pid);
+        snprintf(desc, sizeof(desc), "forkd fork template %d", (int) pid);
+        r = sd_bus_open_system(&bus);
+        if (r < 0)
+                return r;
+        r = sd_bus_message_new_method_call(bus, &m, "org.freedesktop.systemd1", "/org/freedesktop/systemd1",
+                                           "org.freedesktop.systemd1.Manager", "StartTransientUnit");
+        if (r >= 0)
+                r = sd_bus_message_append(m, "ss", unit, "fail");
+        if (r >= 0)
+                r = sd_bus_message_append(m, "a(sv)", 4,
+                                          "Description", "s", desc,
+                                          "Slice", "s", "forkd.slice",
+                                          "PIDs", "au", 1, (uint32_t) pid,
+                                          "CollectMode", "s", "inactive-or-failed");
+        if (r >= 0)
+                r = sd_bus_message_append(m, "a(sa(sv))", 0);
+        if (r < 0)
+                return r;
+        r = sd_bus_call(bus, m, SCOPE_START_TIMEOUT_USEC, &error, &reply);
+        if (r < 0)
+                return log_debug_errno(r, "StartTransientUnit(%s) failed: %s", unit, error.message ?: "");
+
+        snprintf(proc, sizeof(proc), "/proc/%d/cgroup", (int) pid);
+        snprintf(needle, sizeof(needle), "/%s\n", unit);
+        for (unsigned i = 0; i < TEMPLATE_SCOPE_WAIT_MS; i++) {
+                _cleanup_free_ char *text = NULL;
+
+                r = read_small_file(proc, 64 * 1024, &text, NULL);
+                if (r < 0)
+                        return r;
+                if (strstr(text, needle))
+                        return 0;
+                (void) usleep(1000);
+        }
+        return -ETIMEDOUT;
+}
+
 static const CGroupBackend backend_scope = {
         .name = "systemd-scope",
         .init = scope_init,
@@ -805,6 +826,40 @@ static const CGroupBackend backend_scope = {
         .remove = scope_remove,
         .sweep = scope_sweep,
 };
+
+/* ---- fork templates ---- */
+
+static bool is_cgroupfs(const CGroupManager *c) {
+        return c && c->backend == &backend_cgroupfs;
+}
+
+int cgroup_template_join(CGroupManager *c, pid_t pid) {
+        char dir[4096], file[4200], value[32];
+        int r;
+
+        if (c && c->backend == &backend_scope && pid > 0)
+                return scope_template_join(pid);
+        if (!is_cgroupfs(c) || pid <= 0)
+                return -EOPNOTSUPP;
+        snprintf(dir, sizeof(dir), "%s/" TEMPLATE_CGROUP_PREFIX "%d", c->root, (int) pid);
+        if (mkdir(dir, 0755) < 0 && errno != EEXIST)
+                return -errno;
+        snprintf(file, sizeof(file), "%s/cgroup.procs", dir);
+        snprintf(value, sizeof(value), "%d", (int) pid);
+        r = write_string_file(file, value);
+        if (r < 0)
+                (void) rmdir(dir);
+        return r;
+}
+
+int cgroup_template_remove(CGroupManager *c, pid_t pid) {
+        char name[32];
+
+        if (!is_cgroupfs(c) || pid <= 0)
+                return 0;
+        snprintf(name, sizeof(name), TEMPLATE_CGROUP_PREFIX "%d", (int) pid);
+        return cgroupfs_remove(c, name);
+}
 
 /* ---- none ---- */
 

@@ -87,13 +87,16 @@ int cgroup_sweep(CGroupManager *c);
  * sandboxes get cgroups, so that it outlives the sandbox and does not keep its
  * cgroup busy. Returns how many hierarchies it moved in. */
 int cgroup_detach(CGroupManager *c, pid_t pid);
-/* cgroupfs: the fork template pid gets a cgroup of its own, <root>/tpl-<pid>,
- * made and joined here before it forks anything; its children without a memory
- * limit stay in it. Changes nothing in c: safe from a worker thread.
- * -EOPNOTSUPP with the other backends (there templates stay in forkd's). */
+/* The fork template pid gets a cgroup of its own before it forks anything; its
+ * children without a memory limit stay in it. cgroupfs: <root>/tpl-<pid>, made
+ * and joined here; systemd-scope: a transient forkd-tpl-<pid>.scope in
+ * forkd.slice, started on a bus connection of its own, returning once the pid is
+ * in it (a synchronous D-Bus call: not from the main loop). Changes nothing in c:
+ * safe from a worker thread. -EOPNOTSUPP without memory limits (backend none:
+ * the template stays in forkd's cgroup). */
 int cgroup_template_join(CGroupManager *c, pid_t pid);
 /* Once template pid is gone (main thread): its cgroup goes, retried while its
- * children are still dying. */
+ * children are still dying (cgroupfs; systemd collects an empty scope itself). */
 int cgroup_template_remove(CGroupManager *c, pid_t pid);
 /* Removals still being retried. */
 unsigned cgroup_pending_removals(const CGroupManager *c);

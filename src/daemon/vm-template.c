@@ -282,8 +282,8 @@ int vm_template_start(VmTemplate *t, const char *vmm_path, const char *overlay_d
                 return r;
         }
         /* Ready and idle: it forks nothing before the spawn request that follows.
-         * Without a cgroup of its own it stays in forkd's (other backends, or a
-         * failure, which is no reason to refuse the fork). */
+         * Without a cgroup of its own it stays in forkd's (no memory limits, or
+         * a failure, which is no reason to refuse the fork). */
         if (cgroup_template_join(t->manager->cgroups, t->vt.pid) >= 0)
                 t->cgroup_pid = t->vt.pid;
         return r;

@@ -203,6 +203,32 @@ def branch_writers():
     return found
 
 
+def template_cgroups(state):
+    """{pid: (its /proc/PID/cgroup, its scope's ActiveState)} of forkd's fork templates (its
+    VMM children whose command line says template)."""
+    with open(os.path.join(state, "forkd.pid")) as f:
+        forkd = f.read().split()[0]
+    found = {}
+    for p in os.listdir("/proc"):
+        try:
+            if not p.isdigit():
+                continue
+            with open(f"/proc/{p}/stat") as f:
+                ppid = f.read().rsplit(")", 1)[1].split()[1]
+            with open(f"/proc/{p}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+            if ppid != forkd or b"template" not in argv:
+                continue
+            with open(f"/proc/{p}/cgroup") as f:
+                cg = f.read().strip()
+        except (OSError, IndexError):
+            continue
+        unit = subprocess.run(["systemctl", "show", "-p", "ActiveState", f"forkd-tpl-{p}.scope"],
+                              capture_output=True, text=True).stdout.split()
+        found[int(p)] = (cg, unit)
+    return found
+
+
 def kill9_forkd(state):
     """kill -9 the stack's forkd and wait until it is gone (or a zombie), not a fixed pause."""
     with open(os.path.join(state, "forkd.pid")) as f:
@@ -372,6 +398,11 @@ def run(t, fc, stack, image, restart, state):
         scopes[sid] = p.stdout.split()
     t.ok(all(s == ["MemoryMax=%d" % (LIMIT_MIB << 20), "ActiveState=active"] for s in scopes.values()),
          f"each sandbox is an active forkd-<id>.scope with MemoryMax={LIMIT_MIB} MiB (systemd, cgroup v2)", scopes)
+    # The fork template that forked them is in a scope of its own, not in forkd's cgroup.
+    tpl = template_cgroups(state)
+    t.ok(len(tpl) == 1 and all(cg == f"0::/forkd.slice/forkd-tpl-{pid}.scope" and unit == ["ActiveState=active"]
+                               for pid, (cg, unit) in tpl.items()),
+         "the fork template runs in a scope of its own, forkd.slice/forkd-tpl-<pid>.scope", tpl)
 
     ids = run_code_diff_merge(t, fc, stack, ids)
     ids += files_linux(t, stack, ids[-1])
