@@ -477,7 +477,9 @@ static int fork_spawn(ForkOp *f, const int *taps) {
                         return r;
                 }
                 f->t[FORK_T_TEMPLATE] = now_usec();
-        }
+        } else
+                /* The frozen copy of a running sandbox (ForkSandbox) on its first fork. */
+                vm_template_join_cgroup(t);
         t->vt.on_event = on_spawn_event;
         t->vt.event_userdata = f;
         /* One spawn request per run of children with the same cgroup parent; network

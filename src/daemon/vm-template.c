@@ -281,12 +281,16 @@ int vm_template_start(VmTemplate *t, const char *vmm_path, const char *overlay_d
                 t->vt.control_fd = -EBADF;
                 return r;
         }
-        /* Ready and idle: it forks nothing before the spawn request that follows.
-         * Without a cgroup of its own it stays in forkd's (no memory limits, or
-         * a failure, which is no reason to refuse the fork). */
+        /* Ready and idle: it forks nothing before the spawn request that follows. */
+        vm_template_join_cgroup(t);
+        return r;
+}
+
+void vm_template_join_cgroup(VmTemplate *t) {
+        if (t->cgroup_pid > 0 || t->vt.pid <= 0)
+                return;
         if (cgroup_template_join(t->manager->cgroups, t->vt.pid) >= 0)
                 t->cgroup_pid = t->vt.pid;
-        return r;
 }
 
 void vm_template_begin_work(VmTemplate *t) {

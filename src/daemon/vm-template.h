@@ -56,6 +56,10 @@ void vm_template_end_work(VmTemplate *t);
  * t's snapshot and waits for it to be ready; on failure t is left not running
  * and *ret_error says why (forkd-vmm's words when it gave them). */
 int vm_template_start(VmTemplate *t, const char *vmm_path, const char *overlay_dir, char **ret_error);
+/* From the worker, before the template forks anything: its own cgroup (or scope),
+ * once. Without one (no memory limits, or a failure, which is no reason to
+ * refuse the fork) it stays where it is. */
+void vm_template_join_cgroup(VmTemplate *t);
 
 /* A template event (JSON text) from the socket or collected by a worker. */
 void vm_template_handle_event(VmTemplate *t, const char *json);

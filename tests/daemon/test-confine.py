@@ -165,6 +165,11 @@ def run(h):
                 if h.cgroot:
                     with open(f"/proc/{sb['pid']}/cgroup") as f:
                         assert sb["id"] in f.read()
+                    # the frozen copy that forked it has a cgroup of its own too, not forkd's
+                    tpl = status(sb["pid"])["PPid"]
+                    mine = f"/{os.path.basename(h.cgroot)}/tpl-{tpl}\n"
+                    with open(f"/proc/{tpl}/cgroup") as f:
+                        assert mine in f.read(), (tpl, open(f"/proc/{tpl}/cgroup").read())
                 h.m("TerminateSandbox", "s", [sb["id"]])
                 h.wait_removed(sb["id"])
     h.check("a diff branch of a confined sandbox, and a fork from it", branch_and_fork_confined)
