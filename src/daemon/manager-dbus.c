@@ -746,6 +746,16 @@ static int method_fork(sd_bus_message *message, void *userdata, sd_bus_error *er
                 return r;
         if (r == 0)
                 return 1;
+        /* on_timeout "pause" is a pause asked for ahead of time: the caller must be allowed one. */
+        if (opts.timeout_pause) {
+                r = bus_verify_polkit_async(message, "org.forkd.pause",
+                                            (const char *[]) { "snapshot", tag, "verb", "timeout", NULL },
+                                            &m->polkit_registry, error);
+                if (r < 0)
+                        return r;
+                if (r == 0)
+                        return 1;
+        }
 
         if (m->exiting)
                 return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "forkd is shutting down.");

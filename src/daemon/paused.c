@@ -830,6 +830,12 @@ int bus_paused_method_fork(sd_bus_message *message, void *userdata, sd_bus_error
         r = paused_verify(message, p, "org.forkd.branch", "fork", error);
         if (r <= 0)
                 return r < 0 ? r : 1;
+        /* on_timeout "pause" is a pause asked for ahead of time: the caller must be allowed one. */
+        if (topts.timeout_pause) {
+                r = paused_verify(message, p, "org.forkd.pause", "timeout", error);
+                if (r <= 0)
+                        return r < 0 ? r : 1;
+        }
         return paused_fork_start(message, p, n, &topts, error);
 }
 

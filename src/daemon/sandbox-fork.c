@@ -168,6 +168,14 @@ int bus_sandbox_method_fork(sd_bus_message *message, void *userdata, sd_bus_erro
                 return r;
         if (r == 0)
                 return 1;
+        /* on_timeout "pause" is a pause asked for ahead of time: the caller must be allowed one. */
+        if (topts.timeout_pause) {
+                r = sandbox_verify(message, s, "org.forkd.pause", "timeout", error);
+                if (r < 0)
+                        return r;
+                if (r == 0)
+                        return 1;
+        }
 
         if (m->exiting)
                 return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "forkd is shutting down.");

@@ -53,7 +53,7 @@ polkit_env_users $GID_FORKD forkd-pk-in:$UID_IN:forkd forkd-pk-out:$UID_OUT
 polkit_env_bus org.forkd.PolkitTest org.forkd.Manager
 polkit_env_polkitd
 
-echo "1..21"
+echo "1..24"
 if timeout 5 busctl --address="$bus" status org.freedesktop.PolicyKit1 >/dev/null 2>&1; then
         ok "polkitd owns org.freedesktop.PolicyKit1 on the private bus"
 else
@@ -128,6 +128,16 @@ esac
 [ "$elapsed" -le 5 ] && ok "without polkitd, the refusal does not hang (${elapsed}s)" || not_ok "refusal took ${elapsed}s"
 res=$(fork_as 0 0 0)
 [ "$res" = '0 s "authorized"' ] && ok "without polkitd, root is still allowed" || not_ok "root without polkitd: $res"
+
+# From here on the member may fork but not pause (read by the polkitd started next):
+# a fork whose deadline pauses is refused it, naming org.forkd.pause.
+cat >"$T/etc-rules/10-forkd-test-nopause.rules" <<EOF
+polkit.addRule(function(action, subject) {
+        if (action.id == "org.forkd.pause" && subject.user == "forkd-pk-in")
+                return polkit.Result.NO;
+        return polkit.Result.NOT_HANDLED;
+});
+EOF
 
 # A query still pending at exit: polkitd stopped (SIGSTOP) while a member asks.
 polkit_env_polkitd
@@ -205,12 +215,31 @@ if [ -n "${FORKD_DAEMON:-}" ] && [ -x "$FORKD_DAEMON" ]; then
                 "0 a{sv} "*"\"${sb[0]:-x}\""*) ok "forkd: member may merge" ;;
                 *) not_ok "forkd: member merge: $res" ;;
                 esac
+                # A deadline that pauses is a pause: refused to a member who may fork but not pause
+                # (the rule above), for Fork and for ForkSandboxEx; the same Fork with a deadline
+                # that kills is the member's, so the refusal is the pause's.
+                res=$(m_as $UID_IN $UID_IN $GID_FORKD Fork 'sua{sv}' pk 1 2 timeout_secs u 600 on_timeout s pause)
+                case "$res" in
+                "1 "*"Access denied"*) ok "forkd: Fork with on_timeout pause needs org.forkd.pause" ;;
+                *) not_ok "forkd: Fork with on_timeout pause needs org.forkd.pause: $res" ;;
+                esac
+                res=$(m_as $UID_IN $UID_IN $GID_FORKD ForkSandboxEx 'sua{sv}' "${sb[0]:-x}" 1 2 timeout_secs u 600 on_timeout s pause)
+                case "$res" in
+                "1 "*"Access denied"*) ok "forkd: ForkSandboxEx with on_timeout pause needs org.forkd.pause" ;;
+                *) not_ok "forkd: ForkSandboxEx with on_timeout pause needs org.forkd.pause: $res" ;;
+                esac
+                res=$(m_as $UID_IN $UID_IN $GID_FORKD Fork 'sua{sv}' pk 1 2 timeout_secs u 600 on_timeout s kill)
+                case "$res" in
+                "0 aa{sv} 1 "*) ok "forkd: Fork with on_timeout kill is the member's" ;;
+                *) not_ok "forkd: Fork with on_timeout kill is the member's: $res" ;;
+                esac
                 for id in $(mgr ListSandboxes | python3 -c 'import json, sys; print(" ".join(d["id"]["data"] for d in json.load(sys.stdin)["data"][0]))'); do
                         mgr TerminateSandbox s "$id" >/dev/null 2>&1
                 done
         else
                 for v in "outsider refused MergeSandbox" "outsider refused DiffSandboxes" "outsider refused RunCode" \
-                         "member may diff" "member may merge"; do
+                         "member may diff" "member may merge" \
+                         "on_timeout pause: Fork" "on_timeout pause: ForkSandbox" "on_timeout kill"; do
                         n=$((n + 1)); echo "ok $n # SKIP no test guest or /dev/kvm; forkd: $v"
                 done
         fi
@@ -219,7 +248,8 @@ else
         n=$((n + 1)); echo "ok $n # SKIP forkd not built; daemon: member refused CreateSnapshot by path"
         n=$((n + 1)); echo "ok $n # SKIP forkd not built; daemon: member allowed"
         for v in "outsider refused MergeSandbox" "outsider refused DiffSandboxes" "outsider refused RunCode" \
-                 "member may diff" "member may merge"; do
+                 "member may diff" "member may merge" \
+                         "on_timeout pause: Fork" "on_timeout pause: ForkSandbox" "on_timeout kill"; do
                 n=$((n + 1)); echo "ok $n # SKIP forkd not built; daemon: $v"
         done
 fi
