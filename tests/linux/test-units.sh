@@ -251,9 +251,10 @@ out=$(direct CreateSnapshot sssuu "[\"units2\", \"$GUEST\", \"$WORK/disk.img\", 
 result $? "CreateSnapshot over the direct socket" || diag <<<"$out"
 out=$(direct Fork 'sua{sv}' '["units2", 2, {"memory_limit_mib": ["u", 64]}]' 2>&1)
 result $? "Fork 2 over the direct socket" || diag <<<"$out"
-scopes() { systemctl list-units --all --plain --no-legend 'forkd-*.scope' | grep -c . ; }
-check "two sandboxes running ($(sandboxes)), $(vmms) forkd-vmm, $(scopes) forkd scopes (memory limits)" \
-        [ "$(sandboxes)/$(vmms)/$(scopes)" = 2/3/2 ]
+# forkd-sb-<id>.scope per sandbox with a memory limit, forkd-tpl-<pid>.scope per fork template
+scopes() { systemctl list-units --all --plain --no-legend "forkd-${1:-*}.scope" | grep -c . ; }
+check "two sandboxes running ($(sandboxes)), $(vmms) forkd-vmm, $(scopes 'sb-*') sandbox scopes (memory limits), $(scopes 'tpl-*') template scope" \
+        [ "$(sandboxes)/$(vmms)/$(scopes 'sb-*')/$(scopes 'tpl-*')" = 2/3/2/1 ]
 out=$(systemctl stop forkd.service 2>&1)
 diag <<<"$out"
 check "systemctl stop forkd.service: forkd inactive, forkd.socket still listening" \
