@@ -282,13 +282,15 @@ int vm_template_start(VmTemplate *t, const char *vmm_path, const char *overlay_d
                 return r;
         }
         /* Ready and idle: it forks nothing before the spawn request that follows. */
+        t->cgroup_tried = false;
         vm_template_join_cgroup(t);
         return r;
 }
 
 void vm_template_join_cgroup(VmTemplate *t) {
-        if (t->cgroup_pid > 0 || t->vt.pid <= 0)
+        if (t->cgroup_tried || t->vt.pid <= 0)
                 return;
+        t->cgroup_tried = true;
         if (cgroup_template_join(t->manager->cgroups, t->vt.pid) >= 0)
                 t->cgroup_pid = t->vt.pid;
 }

@@ -25,6 +25,7 @@ struct VmTemplate {
 
         struct vmm_template vt;  /* vt.pid == 0: no process */
         pid_t cgroup_pid;        /* its cgroup is tpl-<this> (cgroup_template_join()); 0: none */
+        bool cgroup_tried;       /* cgroup_template_join() was called for this process, once */
         int pidfd;
         sd_event_source *io_source, *pid_source;
         bool busy;
@@ -56,9 +57,9 @@ void vm_template_end_work(VmTemplate *t);
  * t's snapshot and waits for it to be ready; on failure t is left not running
  * and *ret_error says why (forkd-vmm's words when it gave them). */
 int vm_template_start(VmTemplate *t, const char *vmm_path, const char *overlay_dir, char **ret_error);
-/* From the worker, before the template forks anything: its own cgroup (or scope),
- * once. Without one (no memory limits, or a failure, which is no reason to
- * refuse the fork) it stays where it is. */
+/* From the worker, before the template forks anything: its own cgroup (or scope).
+ * Tried once per template process: without one (no memory limits, or a failure,
+ * which is no reason to refuse the fork) it stays where it is. */
 void vm_template_join_cgroup(VmTemplate *t);
 
 /* A template event (JSON text) from the socket or collected by a worker. */
