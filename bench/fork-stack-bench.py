@@ -27,6 +27,10 @@ stack a user talks to, against the engine alone, in one run, taking turns
            systemd scope) per child; against the dbus fork without, "nolimit"
 
 nonet and nolimit are the dbus measurement (the same call), run once a round.
+Before the timed rounds (--guest test): sync(2) and a settling pause, then
+--warmup W rounds (default 1) of every mode, untimed: the first round ran
+slowest on every path (the kernel's caches for 100 VMs, the template's first
+fork of that size), which a steady state, the targets' "warm template", is not.
 The stack is its own: tools/forkd-stack up (FORKD_STACK_GUEST=test) in a
 temporary state directory (its sandbox records on a tmpfs, as the unit's are in
 /run/forkd), stopped on exit, error and signal. Every snapshot
@@ -325,6 +329,14 @@ class Stack:
                   f"namespaces {sorted(netns_names() - self.netns_before)}", file=sys.stderr)
             if clean:
                 raise RuntimeError("the stack left processes or namespaces behind")
+
+
+def quiesce():
+    """Before the rounds: what a build or a checkout left dirty is written back now, not while a
+    round is timed (a clean checkout's first run, right after its build, read 1.25 for D-Bus
+    where the next two read 1.10 and 1.15)."""
+    os.sync()
+    time.sleep(SETTLE_S)
 
 
 def engine(args):
@@ -740,6 +752,7 @@ def main():
     ap.add_argument("--n", type=int, help="default 100, 10 with --guest linux")
     ap.add_argument("--mem-mib", type=int, help="default 64, 256 with --guest linux (forkd's default)")
     ap.add_argument("--rounds", type=int, help="default 5, 2 with --guest linux")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed rounds before them (default 1; --guest test)")
     ap.add_argument("--path", type=lambda s: s.split(","))
     ap.add_argument("--network", action="store_true")
     ap.add_argument("--memory-limit-mib", type=int, default=0)
@@ -764,6 +777,8 @@ def main():
         ap.error("--path takes a comma list of engine, dbus, rest, each at most once")
     if not 1 <= args.n <= 1000 or not 1 <= args.rounds <= 20 or args.memory_limit_mib < 0:
         ap.error("--n must be 1..1000, --rounds 1..20, --memory-limit-mib positive")
+    if not 0 <= args.warmup <= 5:
+        ap.error("--warmup must be 0..5")
     if args.netns_pool is not None and not args.network:
         ap.error("--netns-pool goes with --network")
     if args.network and args.netns_pool is None:
@@ -793,6 +808,9 @@ def main():
     try:
         if modes == ["engine"]:
             bench = None
+            quiesce()
+            for _ in range(args.warmup):
+                engine(args)
             for _ in range(args.rounds):
                 rounds["engine"].append(engine(args))
         else:
@@ -806,6 +824,12 @@ def main():
                 bench.first_fork_ms = (time.monotonic() - t0) * 1000
                 if args.network:
                     bench.warm(NET_TAG, {"network": ("s", "egress")})
+                if not linux:
+                    quiesce()
+                    for _ in range(args.warmup):
+                        for mode in modes:
+                            bench.run(mode)
+                    bench.forkd_ticks = bench.forkd_children = 0
                 for r in range(args.rounds):
                     k = r % len(modes)
                     for mode in modes[k:] + modes[:k]:
