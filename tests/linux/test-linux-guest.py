@@ -245,6 +245,18 @@ def kill9_forkd(state):
         time.sleep(0.1)
 
 
+def kill9_during(stack, restart, state, sid, verb, after_s):
+    """POST /v1/sandboxes/SID/VERB in a thread, kill -9 forkd after_s later, restart the stack:
+    (status, body, outcome) of GET /v1/sandboxes/SID then; outcome is its status or the HTTP one."""
+    late = threading.Thread(target=rest, args=(stack, "POST", f"/v1/sandboxes/{sid}/{verb}"), daemon=True)
+    late.start()
+    time.sleep(after_s)
+    kill9_forkd(state)
+    stack.update(restart({}))
+    st, info = rest(stack, "GET", f"/v1/sandboxes/{sid}")
+    return st, info, info.get("status") if st == 200 else st
+
+
 def rest(stack, method, path, body=None, timeout=600, token=True, headers=None, ret_headers=None):
     """One request to forkd-rest with the stack's token (token=False: none); returns
     (status, parsed JSON or text). ret_headers, a dict, gets the answer's headers."""
@@ -636,14 +648,7 @@ def pause_resume_linux(t, stack, restart, state):
          "Idempotency-Key: a retried pause and a retried resume replay the first answer (200 both)", answers)
 
     # kill -9 of forkd in the middle of a pause (about 1.4 s under TCG): paused with its state, or gone.
-    import threading
-    late = threading.Thread(target=rest, args=(stack, "POST", f"/v1/sandboxes/{sid}/pause"), daemon=True)
-    late.start()
-    time.sleep(0.5)
-    kill9_forkd(state)
-    stack.update(restart({}))
-    st, info = rest(stack, "GET", f"/v1/sandboxes/{sid}")
-    outcome = info.get("status") if st == 200 else st
+    st, info, outcome = kill9_during(stack, restart, state, sid, "pause", 0.5)
     # A pause's writer (forkd-branch) may outlive the killed forkd: the new one adopts it as a
     # branch in flight, which counts against --max-branches, until it lands (and, nothing
     # needing it, is removed). The branch checks below count on none being in flight.
@@ -682,13 +687,7 @@ def pause_resume_linux(t, stack, restart, state):
     status, info = rest(stack, "POST", f"/v1/sandboxes/{rs}/pause") if out == "" else (None, out)
     if not t.ok(status == 200 and info.get("status") == "paused", "a sandbox with y = 42, paused", f"{status} {info}"):
         return
-    late = threading.Thread(target=rest, args=(stack, "POST", f"/v1/sandboxes/{rs}/resume"), daemon=True)
-    late.start()
-    time.sleep(1)
-    kill9_forkd(state)
-    stack.update(restart({}))
-    st, info = rest(stack, "GET", f"/v1/sandboxes/{rs}")
-    outcome = info.get("status") if st == 200 else st
+    st, info, outcome = kill9_during(stack, restart, state, rs, "resume", 1)
     listed = [x for x in rest(stack, "GET", "/v1/sandboxes")[1] if x.get("id") == rs]
     if outcome == "paused":
         st, info = rest(stack, "POST", f"/v1/sandboxes/{rs}/resume")
