@@ -284,6 +284,29 @@ static int cgroupfs_sweep(CGroupManager *c) {
         return r;
 }
 
+/* A fork template's cgroup: <root>/tpl-<pid>, made and joined here. */
+static int cgroupfs_template_join(CGroupManager *c, pid_t pid) {
+        char dir[4096], file[4200], value[32];
+        int r;
+
+        snprintf(dir, sizeof(dir), "%s/" TEMPLATE_CGROUP_PREFIX "%d", c->root, (int) pid);
+        if (mkdir(dir, 0755) < 0 && errno != EEXIST)
+                return -errno;
+        snprintf(file, sizeof(file), "%s/cgroup.procs", dir);
+        snprintf(value, sizeof(value), "%d", (int) pid);
+        r = write_string_file(file, value);
+        if (r < 0)
+                (void) rmdir(dir);
+        return r;
+}
+
+static int cgroupfs_template_remove(CGroupManager *c, pid_t pid) {
+        char name[32];
+
+        snprintf(name, sizeof(name), TEMPLATE_CGROUP_PREFIX "%d", (int) pid);
+        return cgroupfs_remove(c, name);
+}
+
 static const CGroupBackend backend_cgroupfs = {
         .name = "cgroupfs",
         .init = cgroupfs_init,
@@ -291,6 +314,8 @@ static const CGroupBackend backend_cgroupfs = {
         .oom_kills = cgroupfs_oom_kills,
         .remove = cgroupfs_remove,
         .sweep = cgroupfs_sweep,
+        .template_join = cgroupfs_template_join,
+        .template_remove = cgroupfs_template_remove,
 };
 
 /* ---- systemd transient scopes ---- */
@@ -770,7 +795,7 @@ static int scope_sweep(CGroupManager *c) {
  * /proc/<pid>/cgroup names the scope, so that the children forked next are born
  * in it. An empty scope is collected by systemd (CollectMode=), so nothing needs
  * removing when the template and its children are gone. */
-static int scope_template_join(pid_t pid) {
+static int scope_template_join(CGroupManager *c, pid_t pid) {
         _cleanup_(sd_bus_flush_close_unrefp) sd_bus *bus = NULL;
         _cleanup_(sd_bus_error_free) sd_bus_error error = SD_BUS_ERROR_NULL;
         _cleanup_(sd_bus_message_unrefp) sd_bus_message *m = NULL, *reply = NULL;
@@ -825,41 +850,8 @@ static const CGroupBackend backend_scope = {
         .oom_kills = scope_oom_kills,
         .remove = scope_remove,
         .sweep = scope_sweep,
+        .template_join = scope_template_join,
 };
-
-/* ---- fork templates ---- */
-
-static bool is_cgroupfs(const CGroupManager *c) {
-        return c && c->backend == &backend_cgroupfs;
-}
-
-int cgroup_template_join(CGroupManager *c, pid_t pid) {
-        char dir[4096], file[4200], value[32];
-        int r;
-
-        if (c && c->backend == &backend_scope && pid > 0)
-                return scope_template_join(pid);
-        if (!is_cgroupfs(c) || pid <= 0)
-                return -EOPNOTSUPP;
-        snprintf(dir, sizeof(dir), "%s/" TEMPLATE_CGROUP_PREFIX "%d", c->root, (int) pid);
-        if (mkdir(dir, 0755) < 0 && errno != EEXIST)
-                return -errno;
-        snprintf(file, sizeof(file), "%s/cgroup.procs", dir);
-        snprintf(value, sizeof(value), "%d", (int) pid);
-        r = write_string_file(file, value);
-        if (r < 0)
-                (void) rmdir(dir);
-        return r;
-}
-
-int cgroup_template_remove(CGroupManager *c, pid_t pid) {
-        char name[32];
-
-        if (!is_cgroupfs(c) || pid <= 0)
-                return 0;
-        snprintf(name, sizeof(name), TEMPLATE_CGROUP_PREFIX "%d", (int) pid);
-        return cgroupfs_remove(c, name);
-}
 
 /* ---- none ---- */
 
@@ -973,6 +965,18 @@ int cgroup_remove(CGroupManager *c, const char *id) {
         if (!c->backend->remove)
                 return -EOPNOTSUPP;
         return c->backend->remove(c, id);
+}
+
+int cgroup_template_join(CGroupManager *c, pid_t pid) {
+        if (!c || !c->backend->template_join || pid <= 0)
+                return -EOPNOTSUPP;
+        return c->backend->template_join(c, pid);
+}
+
+int cgroup_template_remove(CGroupManager *c, pid_t pid) {
+        if (!c || !c->backend->template_remove || pid <= 0)
+                return 0;
+        return c->backend->template_remove(c, pid);
 }
 
 int cgroup_sweep(CGroupManager *c) {

@@ -40,6 +40,10 @@ typedef struct CGroupBackend {
         int (*remove)(CGroupManager *c, const char *id);
         /* At start: remove what a previous daemon left. */
         int (*sweep)(CGroupManager *c);
+        /* A fork template's own cgroup (cgroup_template_join()), and its removal
+         * once it is gone (none where the backend's owner collects it). */
+        int (*template_join)(CGroupManager *c, pid_t pid);
+        int (*template_remove)(CGroupManager *c, pid_t pid);
 } CGroupBackend;
 
 struct cgroup_removal;
