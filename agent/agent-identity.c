@@ -4,8 +4,8 @@
  * The identity event (docs/agent-protocol.md, "Events"): after every restore
  * the VMM tells the guest who it is now. Apply it before anything else is
  * answered: reseed the kernel RNG with the seed (RNDADDENTROPY, credited, as
- * PID 1; else a plain write to /dev/urandom, mixed in but not credited), then
- * Python's generators from the reseeded kernel, set the wall clock (when
+ * PID 1; else a plain write to /dev/urandom, mixed in but not credited) and
+ * rekey its CRNG from it at once (RNDRESEEDCRNG), then Python's generators from the reseeded kernel, set the wall clock (when
  * allowed), take id and generation.
  */
 
@@ -78,6 +78,10 @@ static const struct json_dispatch identity_table[] = {
         {}
 };
 
+/* Mixing the seed in is not enough: once the kernel's CRNG is ready it
+ * reseeds only when its key is older than its interval (up to a minute), so
+ * children of one snapshot would read the same bytes until then. Hence
+ * RNDRESEEDCRNG, which rekeys it from the input pool now (CAP_SYS_ADMIN). */
 static int reseed_kernel(const uint8_t seed[static 32], bool credit) {
         _cleanup_close_ int fd = -EBADF;
         struct {
@@ -93,13 +97,21 @@ static int reseed_kernel(const uint8_t seed[static 32], bool credit) {
         if (fd < 0)
                 return -errno;
         memcpy(e.buf, seed, 32);
-        if (credit && ioctl(fd, RNDADDENTROPY, &e) >= 0)
-                return 1;
-        /* not PID 1, or no CAP_SYS_ADMIN: mix in without credit */
-        k = write(fd, seed, 32);
-        if (k < 0)
+        if (!(credit && ioctl(fd, RNDADDENTROPY, &e) >= 0)) {
+                /* not PID 1, or no CAP_SYS_ADMIN: mix in without credit */
+                k = write(fd, seed, 32);
+                if (k < 0)
+                        return -errno;
+                if (k != 32)
+                        return -EIO;
+        }
+        explicit_bzero(&e.buf, sizeof e.buf);
+        if (ioctl(fd, RNDRESEEDCRNG) < 0) {
+                if (errno == EPERM && !credit)
+                        return 0; /* a test run as a user: the seed is mixed in, no more */
                 return -errno;
-        return k == 32 ? 0 : -EIO;
+        }
+        return 0;
 }
 
 int agent_identity_event(Agent *a, struct json_object *ev) {

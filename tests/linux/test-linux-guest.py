@@ -281,6 +281,19 @@ def rest(stack, method, path, body=None, timeout=600, token=True, headers=None, 
         return status, data.decode(errors="replace")
 
 
+URANDOM = "__import__('os').urandom(16).hex()"
+
+
+def urandom_differs(t, ask, sids, what):
+    """The first thing asked of each fork (ask(sid) reads 16 bytes of os.urandom):
+    they differ in every one, and from the parent's when it is in sids."""
+    seen = {}
+    for sid in sids:
+        seen[sid] = ask(sid)
+    t.ok(all(seen.values()) and len(set(seen.values())) == len(sids),
+         f"os.urandom differs in every child of {what} fork, read first", seen)
+
+
 def dump_logs(t, state):
     """forkd's and forkd-rest's logs and the guests' consoles, for a failed run."""
     for root, _, files in os.walk(state):
@@ -335,6 +348,10 @@ def run(t, fc, stack, image, restart, state):
     if not t.ok(rc == 0 and len(ids) == N_CHILDREN, f"fork -n {N_CHILDREN} (every child answered)", err):
         return
     t.note(f"fork of {N_CHILDREN}, all answered: {fork_s * 1000:.0f} ms under TCG")
+    # Entropy first, while the kernel's CRNG key is still the snapshot's (it rekeys on
+    # its own only once that is older than its interval, up to a minute): each child
+    # reads other bytes only because the agent rekeyed it from the identity's seed.
+    urandom_differs(t, lambda sid: (fc("eval", sid, URANDOM)[1] or {}).get("result"), ids, "the boot snapshot's")
 
     for sid in ids:
         rc, r, err = fc("ping", sid)
@@ -369,12 +386,7 @@ def run(t, fc, stack, image, restart, state):
         absent &= rc == 0 and r.get("exit_code") == 1
     t.ok(absent, "the file is absent in its siblings")
 
-    # Entropy and clocks.
-    seen = {}
-    for sid in ids:
-        rc, r, err = fc("eval", sid, "__import__('os').urandom(16).hex()")
-        seen[sid] = (r or {}).get("result")
-    t.ok(all(seen.values()) and len(set(seen.values())) == N_CHILDREN, "os.urandom differs in every child", seen)
+    # Clocks.
     # The guest's time is read somewhere between t0 and t1 (an eval's round trip takes
     # seconds under TCG): its offset is its distance from that interval, 0 inside it.
     skew = {}
@@ -464,7 +476,8 @@ def fork_and_branch_running(t, stack):
 
     parent = fork_tag(TAG)
     status, r = rest(stack, "POST", f"/v1/sandboxes/{parent}/run_code",
-                     {"code": "x = 41\nwith open('/root/p.txt', 'w') as f: f.write('parent')"})
+                     {"code": "x = 41\nwith open('/root/p.txt', 'w') as f: f.write('parent')\n"
+                              "import os\nos.urandom(16)"})
     if not t.ok(parent and status == 200 and isinstance(r, dict) and r.get("exit_code") == 0,
                 "a running sandbox: run_code 'x = 41' and a write to /root/p.txt", f"{parent} {status} {r}"):
         return
@@ -479,6 +492,9 @@ def fork_and_branch_running(t, stack):
                 f"POST /v1/sandboxes/:id/fork {{\"n\": {N_CHILDREN}}}: 200 {{\"children\": [ids]}}", f"{status} {r}"):
         return
     t.note(f"fork of the running sandbox into {N_CHILDREN}: {fork_s * 1000:.0f} ms under TCG")
+    urandom_differs(t, lambda sid: (rest(stack, "POST", f"/v1/sandboxes/{sid}/run_code",
+                                         {"code": f"print({URANDOM})"})[1] or {}).get("stdout"),
+                    kids + [parent], "a running sandbox's")
     seen = {k: state(k) for k in kids}
     t.ok(all(v == "41 parent False False\n" for v in seen.values()),
          "each child of the fork evaluates x to 41 and reads /root/p.txt", seen)
@@ -929,7 +945,8 @@ def run_code_diff_merge(t, fc, stack, ids):
     parent, a, b = ids
     # run_code: the spec's answer; globals persist; an exception is a 200
     status, r = rest(stack, "POST", f"/v1/sandboxes/{parent}/run_code",
-                     {"code": "x = 41\nwith open('/root/p.txt', 'w') as f: f.write('parent')"})
+                     {"code": "x = 41\nwith open('/root/p.txt', 'w') as f: f.write('parent')\n"
+                              "import os\nos.urandom(16)"})
     t.ok(status == 200 and isinstance(r, dict) and
          {k: r.get(k) for k in ("stdout", "stderr", "error", "exit_code")} ==
          {"stdout": "", "stderr": "", "error": None, "exit_code": 0},
