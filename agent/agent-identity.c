@@ -5,8 +5,9 @@
  * the VMM tells the guest who it is now. Apply it before anything else is
  * answered: reseed the kernel RNG with the seed (RNDADDENTROPY, credited, as
  * PID 1; else a plain write to /dev/urandom, mixed in but not credited) and
- * rekey its CRNG from it at once (RNDRESEEDCRNG), then Python's generators from the reseeded kernel, set the wall clock (when
- * allowed), take id and generation.
+ * rekey its CRNG from it at once (RNDRESEEDCRNG), then Python's generators
+ * from the reseeded kernel, set the wall clock (when allowed), take id and
+ * generation.
  */
 
 #include <errno.h>
