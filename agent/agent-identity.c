@@ -106,7 +106,6 @@ static int reseed_kernel(const uint8_t seed[static 32], bool credit) {
                 if (k != 32)
                         return -EIO;
         }
-        explicit_bzero(&e.buf, sizeof e.buf);
         if (ioctl(fd, RNDRESEEDCRNG) < 0) {
                 if (errno == EPERM && !credit)
                         return 0; /* a test run as a user: the seed is mixed in, no more */
