@@ -287,9 +287,7 @@ URANDOM = "__import__('os').urandom(16).hex()"
 def urandom_differs(t, ask, sids, what):
     """The first thing asked of each fork (ask(sid) reads 16 bytes of os.urandom):
     they differ in every one, and from the parent's when it is in sids."""
-    seen = {}
-    for sid in sids:
-        seen[sid] = ask(sid)
+    seen = {sid: ask(sid) for sid in sids}
     t.ok(all(seen.values()) and len(set(seen.values())) == len(sids),
          f"os.urandom differs in every child of {what} fork, read first", seen)
 
@@ -945,8 +943,7 @@ def run_code_diff_merge(t, fc, stack, ids):
     parent, a, b = ids
     # run_code: the spec's answer; globals persist; an exception is a 200
     status, r = rest(stack, "POST", f"/v1/sandboxes/{parent}/run_code",
-                     {"code": "x = 41\nwith open('/root/p.txt', 'w') as f: f.write('parent')\n"
-                              "import os\nos.urandom(16)"})
+                     {"code": "x = 41\nwith open('/root/p.txt', 'w') as f: f.write('parent')"})
     t.ok(status == 200 and isinstance(r, dict) and
          {k: r.get(k) for k in ("stdout", "stderr", "error", "exit_code")} ==
          {"stdout": "", "stderr": "", "error": None, "exit_code": 0},
