@@ -6,13 +6,6 @@
 #include "agent.h"
 #include "macro.h"
 
-uint64_t now_usec(void) {
-        struct timespec ts;
-
-        (void) clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (uint64_t) ts.tv_sec * 1000000u + (uint64_t) ts.tv_nsec / 1000u;
-}
-
 /* Length of the valid UTF-8 sequence at s[0..n), 0 if invalid (NUL counts as invalid). */
 static size_t utf8_seq(const uint8_t *s, size_t n) {
         uint8_t c = s[0];

@@ -18,6 +18,7 @@
 #include <sys/types.h>
 
 #include "agent-proto.h"
+#include "time-util.h"
 
 #define AGENT_NAME "forkd-agent"
 
@@ -163,7 +164,6 @@ int agent_op_identity(Agent *a, uint32_t id);
 void identity_done(Identity *i);
 
 /* ---- agent-util.c ---- */
-uint64_t now_usec(void);
 /* A JSON string from arbitrary bytes: invalid UTF-8 and NUL become U+FFFD. */
 struct json_object *json_string_sanitized(const char *s, size_t n);
 /* Length of the longest prefix of s[0..n) that does not cut a UTF-8 sequence. */

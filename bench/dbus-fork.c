@@ -26,15 +26,10 @@
 #include <json-c/json.h>
 #include <systemd/sd-bus.h>
 
+#include "time-util.h"
+
 #define N_MAX 1000u
 #define OPTS_MAX 8
-
-static uint64_t now_usec(void) {
-        struct timespec ts;
-
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (uint64_t) ts.tv_sec * 1000000u + (uint64_t) ts.tv_nsec / 1000u;
-}
 
 struct opt {
         char type; /* 's' or 'u' */

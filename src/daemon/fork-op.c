@@ -36,14 +36,6 @@ static void set_ping_error(ForkOp *f, const char *fmt, ...) {
         va_end(ap);
 }
 
-static void strv_free_n(char **l, unsigned n) {
-        if (!l)
-                return;
-        for (unsigned i = 0; i < n; i++)
-                free(l[i]);
-        free(l);
-}
-
 /* Starting sandboxes of f stop telling it how they end. */
 static void detach_sandboxes(ForkOp *f) {
         if (!f->ids)

@@ -17,15 +17,6 @@
 #include "vm-template.h"
 #include "vmm-client.h"
 
-char **strv_free(char **l) {
-        if (!l)
-                return NULL;
-        for (char **p = l; *p; p++)
-                free(*p);
-        free(l);
-        return NULL;
-}
-
 int image_object_path(const char *tag, char **ret) {
         return sd_bus_path_encode(FORKD_SNAPSHOT_PREFIX, tag, ret);
 }

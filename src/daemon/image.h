@@ -8,6 +8,7 @@
 
 #include "manager.h"
 #include "snapshot-meta.h"
+#include "strv.h"
 
 struct Image {
         Manager *manager;
@@ -41,10 +42,6 @@ int image_delete(Image *i);
 /* Tags of the registered snapshots whose parent_tag is tag; NULL-terminated
  * (free with strv_free()); *ret NULL-free even when empty. */
 int image_dependents(Manager *m, const char *tag, char ***ret);
-char **strv_free(char **l);
-static inline void strv_freep(char ***l) {
-        strv_free(*l);
-}
 
 int image_object_path(const char *tag, char **ret);
 

@@ -11,6 +11,7 @@
 
 #include "doctor.h"
 #include "macro.h"
+#include "time-util.h"
 
 #ifndef FORKD_PREFIX
 #define FORKD_PREFIX "/usr"
@@ -186,13 +187,6 @@ void doctor_check_bus_policy(const DoctorOptions *o, DoctorCheck *c) {
                                   "with -Ddbus_system_confdir=/usr/share/dbus-1/system.d, or copy the file there",
                                   "%s is where dbus-daemon does not look", path);
         doctor_set(c, DOCTOR_OK, NULL, "%s lets forkd own org.forkd.Manager", path);
-}
-
-static uint64_t now_usec(void) {
-        struct timespec ts;
-
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (uint64_t) ts.tv_sec * 1000000ull + (uint64_t) ts.tv_nsec / 1000;
 }
 
 struct polkit_reply {

@@ -5,6 +5,7 @@
 
 #include "file-hashes.h"
 #include "json-util.h"
+#include "strv.h"
 
 bool hash_path_is_valid(const char *p) {
         size_t n = strlen(p), comp = 0;
@@ -118,15 +119,9 @@ fail:
         return r;
 }
 
-static void strv_free(char **l, size_t n) {
-        for (size_t i = 0; i < n; i++)
-                free(l[i]);
-        free(l);
-}
-
 void file_diff_done(FileDiff *d) {
-        strv_free(d->added, d->n_added);
-        strv_free(d->removed, d->n_removed);
-        strv_free(d->modified, d->n_modified);
+        strv_free_n(d->added, d->n_added);
+        strv_free_n(d->removed, d->n_removed);
+        strv_free_n(d->modified, d->n_modified);
         *d = (FileDiff) {};
 }

@@ -9,6 +9,7 @@
 
 #include "json-util.h"
 #include "macro.h"
+#include "io-util.h"
 #include "snapshot-meta.h"
 
 #define SNAPSHOT_META_MAX_DEPTH 2 /* the object itself; one more for a useful type error */
@@ -336,53 +337,12 @@ int snapshot_meta_format(const struct snapshot_meta *m, char **ret_json) {
         return 0;
 }
 
-/* Read a regular file of at most max bytes; -EMSGSIZE if it is larger. */
-static int read_file_capped(const char *path, size_t max, char **ret_buf, size_t *ret_len) {
-        _cleanup_close_ int fd = -EBADF;
-        _cleanup_free_ char *buf = NULL;
-        struct stat st;
-        size_t n = 0;
-
-        fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
-        if (fd < 0)
-                return negative_errno();
-        if (fstat(fd, &st) < 0)
-                return negative_errno();
-        if (S_ISDIR(st.st_mode))
-                return -EISDIR;
-        if (!S_ISREG(st.st_mode))
-                return -EBADFD;
-
-        buf = malloc(max + 2); /* one more byte to detect oversize, one for a NUL */
-        if (!buf)
-                return -ENOMEM;
-
-        while (n < max + 1) {
-                ssize_t k = read(fd, buf + n, max + 1 - n);
-                if (k < 0) {
-                        if (errno == EINTR)
-                                continue;
-                        return negative_errno();
-                }
-                if (k == 0)
-                        break;
-                n += (size_t) k;
-        }
-        if (n > max)
-                return -EMSGSIZE;
-        buf[n] = 0;
-
-        *ret_buf = TAKE_PTR(buf);
-        *ret_len = n;
-        return 0;
-}
-
 int snapshot_meta_read_file(const char *path, struct snapshot_meta *ret, const char **ret_error) {
         _cleanup_free_ char *buf = NULL;
         size_t len;
         int r;
 
-        r = read_file_capped(path, SNAPSHOT_META_FILE_MAX, &buf, &len);
+        r = read_file_capped_at(AT_FDCWD, path, SNAPSHOT_META_FILE_MAX, &buf, &len);
         if (r == -EMSGSIZE) {
                 set_error(ret_error, "snapshot.json too large");
                 return r;

@@ -79,20 +79,6 @@ static void add_confine_args(const char **argv, unsigned *n) {
         }
 }
 
-static uint64_t clock_usec(clockid_t clock) {
-        struct timespec ts;
-        clock_gettime(clock, &ts);
-        return (uint64_t) ts.tv_sec * 1000000u + ts.tv_nsec / 1000;
-}
-
-uint64_t now_usec(void) {
-        return clock_usec(CLOCK_MONOTONIC);
-}
-
-uint64_t now_realtime_usec(void) {
-        return clock_usec(CLOCK_REALTIME);
-}
-
 /* fork+exec argv with the given fds placed at 3, 4, ... in the child. */
 static int spawn_with_fds(char *const argv[], const int *fds, unsigned n_fds, pid_t *ret_pid) {
         pid_t parent = getpid(), pid;

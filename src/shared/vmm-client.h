@@ -12,6 +12,8 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "time-util.h"
+
 struct vmm_proc {
         pid_t pid;
         int control_fd; /* SOCK_SEQPACKET, ours */
@@ -153,5 +155,3 @@ enum {
 void vmm_template_stop(struct vmm_template *t);
 
 /* Microseconds on CLOCK_MONOTONIC, and on CLOCK_REALTIME (deadlines). */
-uint64_t now_usec(void);
-uint64_t now_realtime_usec(void);

@@ -11,6 +11,7 @@
 
 #include "chain.h"
 #include "compact.h"
+#include "io-util.h"
 #include "snapshot.h"
 
 #define PAGE 4096u
@@ -35,25 +36,6 @@ static void test_crash_point(const char *stage) {
         const char *e = getenv("FORKD_TEST_CRASH_COMPACT");
         if (e && strcmp(e, stage) == 0)
                 _exit(99);
-}
-
-static int pread_all(int fd, void *buf, size_t len, off_t off) {
-        uint8_t *p = buf;
-
-        while (len > 0) {
-                ssize_t n = pread(fd, p, len, off);
-                if (n < 0) {
-                        if (errno == EINTR)
-                                continue;
-                        return -errno;
-                }
-                if (n == 0)
-                        return -EIO;
-                p += n;
-                off += n;
-                len -= (size_t) n;
-        }
-        return 0;
 }
 
 static bool page_is_zero(const uint8_t *p) {
@@ -97,7 +79,7 @@ static int write_memory(int dfd, const uint8_t *mem, uint64_t size) {
                 }
                 for (end = off + PAGE; end < size && !page_is_zero(mem + end); end += PAGE)
                         ;
-                r = snapshot_write_all(fd, mem + off, end - off, (off_t) off);
+                r = snapshot_write_all(fd, mem + off, end - off, off);
                 if (r < 0)
                         return r;
                 off = end;
@@ -164,7 +146,7 @@ static int write_disk(int dfd, const struct snapshot *snap) {
         if (!map || !buf)
                 return -ENOMEM;
         for (unsigned l = 0; l < snap->n_layers; l++) {
-                r = pread_all(snap->layer_map_fds[l], map, words * sizeof(uint64_t), 0);
+                r = pread_exact(snap->layer_map_fds[l], map, words * sizeof(uint64_t), 0);
                 if (r < 0)
                         return r;
                 for (uint64_t b = 0; b < n_blocks; b++) {
@@ -172,10 +154,10 @@ static int write_disk(int dfd, const struct snapshot *snap) {
 
                         if (!((le64toh(map[b / 64]) >> (b % 64)) & 1))
                                 continue;
-                        r = pread_all(snap->layer_fds[l], buf, len, (off_t) off);
+                        r = pread_exact(snap->layer_fds[l], buf, len, off);
                         if (r < 0)
                                 return r;
-                        r = snapshot_write_all(fd, buf, len, (off_t) off);
+                        r = snapshot_write_all(fd, buf, len, off);
                         if (r < 0)
                                 return r;
                 }

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "bootinfo.h"
+#include "io-util.h"
 #include "virtio-blk.h"
 
 #define BLK_BLOCK VIRTIO_BLK_OVERLAY_BLOCK
@@ -129,25 +130,6 @@ static int ensure_overlay(struct blk *b) {
         return 0;
 }
 
-static int pread_full(int fd, void *buf, size_t len, uint64_t off) {
-        uint8_t *p = buf;
-
-        while (len > 0) {
-                ssize_t n = pread(fd, p, len, (off_t) off);
-                if (n < 0) {
-                        if (errno == EINTR)
-                                continue;
-                        return negative_errno();
-                }
-                if (n == 0)
-                        return -EIO; /* the image shrank under us */
-                p += n;
-                off += (uint64_t) n;
-                len -= (size_t) n;
-        }
-        return 0;
-}
-
 static int pwrite_full(int fd, const void *buf, size_t len, uint64_t off) {
         const uint8_t *p = buf;
 
@@ -186,7 +168,7 @@ static int blk_read(struct blk *b, uint64_t off, uint8_t *buf, size_t len) {
         while (off < end) {
                 int fd;
                 uint64_t run_end = same_source_run(b, off, end, &fd);
-                int r = pread_full(fd, buf, run_end - off, off);
+                int r = pread_exact(fd, buf, run_end - off, off);
                 if (r < 0)
                         return r;
                 buf += run_end - off;
@@ -215,7 +197,7 @@ static int blk_write(struct blk *b, uint64_t off, const uint8_t *buf, size_t len
                         uint8_t tmp[BLK_BLOCK];
                         uint64_t chunk = MIN(bend, end) - off;
 
-                        r = pread_full(block_source(b, blk), tmp, bend - bstart, bstart);
+                        r = pread_exact(block_source(b, blk), tmp, bend - bstart, bstart);
                         if (r < 0)
                                 return r;
                         memcpy(tmp + (off - bstart), buf, chunk);
@@ -539,7 +521,7 @@ static int copy_range(int in_fd, int out_fd, uint64_t off, uint64_t len) {
                                 return -ENOMEM;
                 }
                 size_t chunk = MIN(len, (uint64_t) EXPORT_CHUNK);
-                int r = pread_full(in_fd, buf, chunk, off);
+                int r = pread_exact(in_fd, buf, chunk, off);
                 if (r < 0)
                         return r;
                 if (!all_zero(buf, chunk)) { /* zeros stay a hole in the truncated output */
@@ -651,7 +633,7 @@ int virtio_blk_push_layer(struct virtio_mmio *dev, int fd, int map_fd) {
         bitmap = malloc(words * sizeof(uint64_t));
         if (!bitmap)
                 return -ENOMEM;
-        r = pread_full(map_fd, bitmap, words * sizeof(uint64_t), 0);
+        r = pread_exact(map_fd, bitmap, words * sizeof(uint64_t), 0);
         if (r < 0)
                 return r;
         for (size_t i = 0; i < words; i++)
