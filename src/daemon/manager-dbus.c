@@ -570,6 +570,8 @@ static int parse_fork_options_full(sd_bus_message *message, struct fork_options 
                 { "per_child_netns", "b", false }, { "live_fork", "b", false }, { "memory_limit_mib", "u", false },
                 { "network", "s", false }, { "timeout_secs", "u", true }, { "on_timeout", "s", true },
         };
+        char err[FORK_OPTION_ERROR_MAX];
+        bool timeout_given = false;
         int r;
 
         r = sd_bus_message_enter_container(message, 'a', "{sv}");
@@ -610,28 +612,22 @@ static int parse_fork_options_full(sd_bus_message *message, struct fork_options 
                 else if (strcmp(key, "live_fork") == 0)
                         o->live_fork = b;
                 else if (strcmp(key, "network") == 0) {
+                        if (fork_option_check_network(str, err) < 0)
+                                return sd_bus_error_set(error, SD_BUS_ERROR_INVALID_ARGS, err);
                         o->net_policy = netns_policy_from_string(str);
-                        if (o->net_policy < 0)
-                                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
-                                                         "network must be \"none\" or \"egress\", not \"%.64s\".",
-                                                         str);
                         o->net_policy_given = true;
                 } else if (strcmp(key, "memory_limit_mib") == 0) {
                         o->memory_limit_mib = u;
-                        if (u < MEMORY_LIMIT_MIB_MIN || u > MEMORY_LIMIT_MIB_MAX)
-                                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
-                                                         "memory_limit_mib must be from %u to %u.",
-                                                         MEMORY_LIMIT_MIB_MIN, MEMORY_LIMIT_MIB_MAX);
+                        if (fork_option_check_memory_limit_mib(u, err) < 0)
+                                return sd_bus_error_set(error, SD_BUS_ERROR_INVALID_ARGS, err);
                 } else if (strcmp(key, "timeout_secs") == 0) {
                         o->timeout_secs = u;
-                        if (u < 1 || u > SANDBOX_TIMEOUT_SECS_MAX)
-                                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
-                                                         "timeout_secs must be from 1 to %u.", SANDBOX_TIMEOUT_SECS_MAX);
+                        timeout_given = true;
+                        if (fork_option_check_timeout_secs(u, err) < 0)
+                                return sd_bus_error_set(error, SD_BUS_ERROR_INVALID_ARGS, err);
                 } else {
-                        if (strcmp(str, ON_TIMEOUT_KILL) != 0 && strcmp(str, ON_TIMEOUT_PAUSE) != 0)
-                                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
-                                                         "on_timeout must be \"kill\" or \"pause\", not \"%.64s\".",
-                                                         str);
+                        if (fork_option_check_on_timeout(str, err) < 0)
+                                return sd_bus_error_set(error, SD_BUS_ERROR_INVALID_ARGS, err);
                         o->timeout_pause = strcmp(str, ON_TIMEOUT_PAUSE) == 0;
                         o->on_timeout_given = true;
                 }
@@ -642,8 +638,10 @@ static int parse_fork_options_full(sd_bus_message *message, struct fork_options 
                 if (r < 0)
                         return r;
         }
-        if (o->on_timeout_given && o->timeout_secs == 0)
-                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "on_timeout needs timeout_secs.");
+        if (fork_option_check_deadline(timeout_given, o->timeout_secs,
+                                       o->on_timeout_given ? (o->timeout_pause ? ON_TIMEOUT_PAUSE : ON_TIMEOUT_KILL) : NULL,
+                                       false, err) < 0)
+                return sd_bus_error_set(error, SD_BUS_ERROR_INVALID_ARGS, err);
         return sd_bus_message_exit_container(message);
 }
 

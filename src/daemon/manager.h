@@ -11,6 +11,7 @@
 #include <systemd/sd-bus.h>
 #include <systemd/sd-event.h>
 
+#include "fork-options.h"
 #include "forkd-bus.h"
 #include "hashmap.h"
 #include "netns-pool.h"
@@ -34,8 +35,6 @@
 #define EXEC_TIMEOUT_MAX 3600u
 #define BOOT_WAIT_MAX 600u
 #define MEM_MIB_MAX 3072u
-#define MEMORY_LIMIT_MIB_MIN 16u
-#define MEMORY_LIMIT_MIB_MAX (1024u * 1024u)
 #define AGENT_CALLS_MAX 64u           /* requests in flight per sandbox */
 #define AGENT_COMPLETIONS_PER_DISPATCH 64u /* agent answers handled per event-loop turn and sandbox */
 

@@ -886,6 +886,7 @@ int bus_paused_method_terminate(sd_bus_message *message, void *userdata, sd_bus_
  * the action ("" keeps the current one, "kill" without one). */
 static int read_timeout(sd_bus_message *message, bool current_pause, uint64_t *ret_expires, bool *ret_pause,
                         sd_bus_error *error) {
+        char err[FORK_OPTION_ERROR_MAX];
         const char *on_timeout;
         uint32_t secs;
         int r;
@@ -893,13 +894,8 @@ static int read_timeout(sd_bus_message *message, bool current_pause, uint64_t *r
         r = sd_bus_message_read(message, "us", &secs, &on_timeout);
         if (r < 0)
                 return r;
-        if (secs < 1 || secs > SANDBOX_TIMEOUT_SECS_MAX)
-                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "timeout_secs must be from 1 to %u.",
-                                         SANDBOX_TIMEOUT_SECS_MAX);
-        if (on_timeout[0] && strcmp(on_timeout, ON_TIMEOUT_KILL) != 0 && strcmp(on_timeout, ON_TIMEOUT_PAUSE) != 0)
-                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
-                                         "on_timeout must be \"kill\", \"pause\" or empty, not \"%.64s\".",
-                                         on_timeout);
+        if (fork_option_check_deadline(true, secs, on_timeout, true, err) < 0)
+                return sd_bus_error_set(error, SD_BUS_ERROR_INVALID_ARGS, err);
         *ret_expires = now_realtime_usec() + secs * 1000000ull;
         *ret_pause = on_timeout[0] ? strcmp(on_timeout, ON_TIMEOUT_PAUSE) == 0 : current_pause;
         return 0;

@@ -162,10 +162,6 @@ int sandbox_call(Sandbox *s, const char *json, uint64_t timeout_usec, agent_repl
  * w's record first; on failure nothing changed. */
 int sandbox_merge(Sandbox *p, Sandbox *w, char **ret_old_id);
 
-/* on_timeout's actions (timeout_secs: 1..SANDBOX_TIMEOUT_SECS_MAX, forkd-bus.h). */
-#define ON_TIMEOUT_KILL "kill"
-#define ON_TIMEOUT_PAUSE "pause"
-
 /* Arm (expires_at CLOCK_REALTIME usec) or clear (0) s's deadline. */
 int sandbox_set_deadline(Sandbox *s, uint64_t expires_at, bool pause);
 /* expires_at as RFC 3339 UTC with milliseconds into buf (64 bytes); "" for 0. */

@@ -8,6 +8,7 @@
 
 #include "boot-files.h"
 #include "file-hashes.h"
+#include "fork-options.h"
 #include "forkd-bus.h"
 #include "json-util.h"
 #include "macro.h"
@@ -536,18 +537,11 @@ struct fork_args {
 /* timeout_secs and on_timeout of a body (issue 17): 1 when they are fine, else
  * the 400 is queued and this returns 0 or the reply's errno. */
 static int check_timeout(RestRequest *req, int64_t secs, const char *on_timeout, bool required) {
-        int r;
+        char err[FORK_OPTION_ERROR_MAX];
 
-        if ((secs != TIMEOUT_UNSET || required) && (secs < 1 || secs > SANDBOX_TIMEOUT_SECS_MAX))
-                r = rest_reply_error(req, 400, "timeout_secs must be an integer between 1 and %u",
-                                     SANDBOX_TIMEOUT_SECS_MAX);
-        else if (on_timeout[0] && strcmp(on_timeout, "kill") != 0 && strcmp(on_timeout, "pause") != 0)
-                r = rest_reply_error(req, 400, "on_timeout must be \"kill\" or \"pause\"");
-        else if (on_timeout[0] && secs == TIMEOUT_UNSET)
-                r = rest_reply_error(req, 400, "on_timeout needs timeout_secs");
-        else
+        if (fork_option_check_deadline(secs != TIMEOUT_UNSET, secs, on_timeout, required, err) >= 0)
                 return 1;
-        return MIN(r, 0);
+        return MIN(rest_reply_error(req, 400, "%s", err), 0);
 }
 
 /* The two timeout options into an open a{sv}, if given. */
@@ -592,6 +586,7 @@ static int route_sandboxes_create(RestRequest *req) {
         _cleanup_(sd_bus_message_unrefp) sd_bus_message *m = NULL;
         _cleanup_json_ struct json_object *o = NULL;
         struct fork_args a = { .n = 1, .timeout_secs = TIMEOUT_UNSET };
+        char err[FORK_OPTION_ERROR_MAX];
         int r;
 
         r = parse_body(req, false, table, &a,
@@ -602,8 +597,10 @@ static int route_sandboxes_create(RestRequest *req) {
                 return r;
         if (a.n < 1 || a.n > FORK_N_MAX)
                 return rest_reply_error(req, 400, "n must be an integer between 1 and %d", FORK_N_MAX);
-        if (a.memory_limit_mib < 0 || a.memory_limit_mib > UINT32_MAX)
-                return rest_reply_error(req, 400, "memory_limit_mib out of range");
+        if (a.memory_limit_mib != 0 && fork_option_check_memory_limit_mib(a.memory_limit_mib, err) < 0)
+                return rest_reply_error(req, 400, "%s", err);
+        if (a.network[0] && fork_option_check_network(a.network, err) < 0)
+                return rest_reply_error(req, 400, "%s", err);
         r = check_timeout(req, a.timeout_secs, a.on_timeout, false);
         if (r <= 0)
                 return r;
