@@ -2,7 +2,7 @@
 #pragma once
 
 /* What forkd and the guest agent agree on about the agent's TCP endpoint
- * (issue 14, "compatibility mode"): a Linux guest booted with
+ * ("compatibility mode", forkd's REST API v1 agent): a Linux guest booted with
  * AGENT_TCP_CMDLINE_SWITCH on its kernel command line also answers forkd's
  * JSON-line agent protocol (ping, exec, eval; agent/agent-tcp.h) on TCP port
  * AGENT_TCP_PORT of its NIC's address, without authentication. forkd adds the

@@ -3,7 +3,7 @@
 
 /*
  * Snapshot bundles: a snapshot chain (root to head) in one tar compressed
- * with zstd (libarchive), seed 003's `pack`/`unpack`.
+ * with zstd (libarchive): forkd's `pack`/`unpack` of diff-snapshot chains.
  *
  * The first member is "manifest.json":
  *

@@ -353,7 +353,7 @@ int chain_load(struct snapshot *snap, char **ret_error) {
                         goto fail;
                 }
                 if (strcmp(got_hash, want_hash) != 0) {
-                        /* seed 003's words */
+                        /* forkd's documented words for a stale chain */
                         r = chain_error(ret_error, -ESTALE,
                                         "chain `%s` references `%s` content `%.8s...`, but parent now has content "
                                         "`%.8s...`; rebuild with `forkctl snapshot diff --from %s`",

@@ -52,7 +52,7 @@ int chain_hash_file_cached(int dfd, const char *name, int fd, char ret[SNAPSHOT_
  * parent_content_hash, open each link's memory.bin and read its map.
  * -ENOLINK: a parent is gone (deleted with force); -ESTALE: a parent's memory
  * no longer has the content the link was made against (re-snapshotted under
- * the same tag); *ret_error says which, in seed 003's words. */
+ * the same tag); *ret_error says which, in forkd's documented words. */
 int chain_load(struct snapshot *snap, char **ret_error);
 void chain_free(struct snapshot *snap);
 

@@ -2,7 +2,7 @@
 #pragma once
 
 /*
- * forkd-vmm compact: a flat snapshot of a chain head (seed 001's compact).
+ * forkd-vmm compact: a flat snapshot of a chain head (forkd's REST API v1 compact).
  * The head src is loaded with its chain (every parent_content_hash checked,
  * chain.h), and written as a snapshot with no parent: the whole memory
  * (sparse: zero pages stay holes), the vmstate as it is, and the disk with its
