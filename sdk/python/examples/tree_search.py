@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: LGPL-2.1-or-later
-"""Tree search with forkd (Podflare's pattern, spec seed 004): load the data once
+"""Tree search with forkd (Podflare's fork-and-merge pattern): load the data once
 in a parent sandbox, fork one child per hypothesis, run each, keep the best
 child's state in the parent with merge_into, close the rest.
 
