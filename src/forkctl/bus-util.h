@@ -7,9 +7,10 @@
 #include <stdint.h>
 #include <systemd/sd-bus.h>
 
-#define FORKCTL_USEC_PER_SEC UINT64_C(1000000)
+#include "time-util.h"
+
 /* Large enough for a Fork of 1000 children or a slow snapshot boot. */
-#define FORKCTL_CALL_TIMEOUT_USEC (UINT64_C(5) * 60 * FORKCTL_USEC_PER_SEC)
+#define FORKCTL_CALL_TIMEOUT_USEC (UINT64_C(5) * 60 * USEC_PER_SEC)
 
 /* addr: a D-Bus address, or NULL for the system bus. Connects as the calling
  * user (so forkd asks polkit about us), with forkctl's method call timeout.

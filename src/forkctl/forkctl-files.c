@@ -10,24 +10,14 @@
 #include "base64.h"
 #include "file-hashes.h"
 #include "file-ops.h"
+#include "forkctl.h"
 #include "forkctl-files.h"
-#include "forkctl-util.h"
+#include "io-util.h"
 #include "json-util.h"
 #include "macro.h"
+#include "time-util.h"
 
-#define FILES_CALL_TIMEOUT_USEC (90ULL * 1000000ULL) /* forkd waits 60 s for the guest */
-
-static int report(const sd_bus_error *e, int r, const struct error_context *ctx) {
-        _cleanup_free_ char *msg = NULL;
-
-        if (!sd_bus_error_is_set(e)) {
-                fprintf(stderr, "forkctl: %s failed: %s\n", ctx->verb, strerror(-r));
-                return -1;
-        }
-        msg = forkctl_error_message(e, ctx);
-        fprintf(stderr, "forkctl: %s\n", msg ?: "out of memory");
-        return -forkctl_error_exit_code(e);
-}
+#define FILES_CALL_TIMEOUT_USEC (90 * USEC_PER_SEC) /* forkd waits 60 s for the guest */
 
 static int check_path(const char *path) {
         if (hash_path_is_valid(path))
@@ -57,23 +47,13 @@ int parse_file_mode(const char *s, uint32_t *ret) {
 
 /* All of fd, at most FILE_OP_MAX bytes (-EFBIG beyond). */
 static int read_local(int fd, uint8_t *buf, size_t *ret_size) {
-        size_t n = 0;
+        ssize_t n = loop_read(fd, buf, FILE_OP_MAX + 1);
 
-        for (;;) {
-                ssize_t k = read(fd, buf + n, FILE_OP_MAX + 1 - n);
-
-                if (k < 0) {
-                        if (errno == EINTR)
-                                continue;
-                        return -errno;
-                }
-                if (k == 0)
-                        break;
-                n += (size_t) k;
-                if (n > FILE_OP_MAX)
-                        return -EFBIG;
-        }
-        *ret_size = n;
+        if (n < 0)
+                return (int) n;
+        if ((size_t) n > FILE_OP_MAX)
+                return -EFBIG;
+        *ret_size = (size_t) n;
         return 0;
 }
 
@@ -112,7 +92,7 @@ int forkctl_write_file(sd_bus *bus, const char *id, const char *path, const char
                 return -1;
         }
 
-        r = sd_bus_message_new_method_call(bus, &m, "org.forkd.Manager", "/org/forkd/Manager", "org.forkd.Manager",
+        r = sd_bus_message_new_method_call(bus, &m, BUS_NAME, BUS_PATH, BUS_INTERFACE,
                                            "WriteFile");
         if (r >= 0)
                 r = sd_bus_message_append(m, "ss", id, path);
@@ -121,13 +101,13 @@ int forkctl_write_file(sd_bus *bus, const char *id, const char *path, const char
         if (r >= 0)
                 r = sd_bus_message_append(m, "u", mode);
         if (r < 0)
-                return report(NULL, r, &ctx);
+                return report_error(NULL, r, &ctx);
         r = sd_bus_call(bus, m, FILES_CALL_TIMEOUT_USEC, &error, &reply);
         if (r < 0)
-                return report(&error, r, &ctx);
+                return report_error(&error, r, &ctx);
         r = sd_bus_message_read(reply, "t", &size);
         if (r < 0)
-                return report(NULL, r, &ctx);
+                return report_error(NULL, r, &ctx);
         if (json) {
                 _cleanup_json_ struct json_object *o = json_object_new_object();
 
@@ -151,13 +131,13 @@ int forkctl_read_file(sd_bus *bus, const char *id, const char *path, bool json) 
         r = check_path(path);
         if (r < 0)
                 return r;
-        r = sd_bus_call_method(bus, "org.forkd.Manager", "/org/forkd/Manager", "org.forkd.Manager", "ReadFile", &error,
+        r = sd_bus_call_method(bus, BUS_NAME, BUS_PATH, BUS_INTERFACE, "ReadFile", &error,
                                &reply, "ss", id, path);
         if (r < 0)
-                return report(&error, r, &ctx);
+                return report_error(&error, r, &ctx);
         r = sd_bus_message_read_array(reply, 'y', &data, &n);
         if (r < 0)
-                return report(NULL, r, &ctx);
+                return report_error(NULL, r, &ctx);
         if (json) {
                 _cleanup_json_ struct json_object *o = json_object_new_object();
                 _cleanup_free_ char *b64 = malloc(BASE64_ENCODED_SIZE(n) + 1);

@@ -128,7 +128,7 @@ static int tool_create_snapshot(sd_bus *bus, const struct mcp_args *a, struct js
                                      sd_bus_message_append(m, "a{sv}", 0);
         if (r < 0)
                 return r;
-        r = call(bus, m, MAX(FORKCTL_CALL_TIMEOUT_USEC, ((uint64_t) a->boot_wait_secs + 120) * FORKCTL_USEC_PER_SEC),
+        r = call(bus, m, MAX(FORKCTL_CALL_TIMEOUT_USEC, ((uint64_t) a->boot_wait_secs + 120) * USEC_PER_SEC),
                  &ctx, &reply, ret_error);
         if (r < 0)
                 return r;
@@ -203,7 +203,7 @@ static int tool_list_sandboxes(sd_bus *bus, const struct mcp_args *a, struct jso
 
 /* Leave forkd time to report the guest's timeout itself. */
 static uint64_t agent_timeout(uint32_t secs) {
-        return MAX(FORKCTL_CALL_TIMEOUT_USEC, ((uint64_t) (secs ?: 30) + 60) * FORKCTL_USEC_PER_SEC);
+        return MAX(FORKCTL_CALL_TIMEOUT_USEC, ((uint64_t) (secs ?: 30) + 60) * USEC_PER_SEC);
 }
 
 static int tool_exec(sd_bus *bus, const struct mcp_args *a, struct json_object **ret, char **ret_error) {

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "bus-util.h"
+#include "io-util.h"
 #include "json-util.h"
 #include "macro.h"
 #include "mcp-tools.h"
@@ -314,26 +315,6 @@ int mcp_server_handle(struct mcp_server *s, const char *line, size_t len, struct
 
 /* ---- the stdio transport ------------------------------------------------------- */
 
-static int write_all(int fd, const char *p, size_t n) {
-        while (n > 0) {
-                ssize_t k = write(fd, p, n);
-
-                if (k < 0) {
-                        if (errno == EINTR)
-                                continue;
-                        if (errno == EAGAIN) {
-                                struct pollfd pfd = { .fd = fd, .events = POLLOUT };
-                                (void) poll(&pfd, 1, -1);
-                                continue;
-                        }
-                        return -errno;
-                }
-                p += k;
-                n -= (size_t) k;
-        }
-        return 0;
-}
-
 static int send_reply(int out_fd, struct json_object *reply) {
         const char *s;
         size_t n;
@@ -343,9 +324,9 @@ static int send_reply(int out_fd, struct json_object *reply) {
         s = json_object_to_json_string_length(reply, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE, &n);
         if (!s)
                 return -ENOMEM;
-        r = write_all(out_fd, s, n);
+        r = loop_write(out_fd, s, n);
         if (r >= 0)
-                r = write_all(out_fd, "\n", 1);
+                r = loop_write(out_fd, "\n", 1);
         return r;
 }
 
