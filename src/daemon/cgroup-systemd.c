@@ -17,10 +17,11 @@
 #include "fs-util.h"
 #include "macro.h"
 #include "snapshot-meta.h"
+#include "time-util.h"
 
 /* How long systemd may take to start a sandbox's scope (StartTransientUnit, then the job's
  * JobRemoved) before the fork that waits for it fails instead of waiting for ever. */
-#define SCOPE_START_TIMEOUT_USEC (90 * 1000000ull)
+#define SCOPE_START_TIMEOUT_USEC (90 * USEC_PER_SEC)
 /* How long a fork template waits for systemd's job to move it into its scope. */
 #define TEMPLATE_SCOPE_WAIT_MS 5000u
 
@@ -92,7 +93,7 @@ static int on_scope_start_timeout(sd_event_source *s, uint64_t usec, void *userd
         struct scope_unit *u = userdata;
 
         log_warning("systemd has not started %s within %llu s (%s); giving up on it.", u->unit,
-                    SCOPE_START_TIMEOUT_USEC / 1000000ull,
+                    SCOPE_START_TIMEOUT_USEC / USEC_PER_SEC,
                     u->job ? "its job did not finish" : "StartTransientUnit did not return");
         scope_finish(u, -ETIMEDOUT);
         return 0;
@@ -530,7 +531,7 @@ static int scope_template_join(CGroupManager *c, pid_t pid) {
                         return r;
                 if (strstr(text, needle))
                         return 0;
-                (void) usleep(1000);
+                (void) usleep(USEC_PER_MSEC);
         }
         return -ETIMEDOUT;
 }

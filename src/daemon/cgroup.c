@@ -13,10 +13,12 @@
 #include "cgroup-backend.h"
 #include "cgroup-detect.h"
 #include "fs-util.h"
+#include "io-util.h"
 #include "macro.h"
+#include "time-util.h"
 
-#define REMOVAL_RETRY_USEC (20 * 1000ull)
-#define REMOVAL_GIVE_UP_USEC (60 * 1000000ull)
+#define REMOVAL_RETRY_USEC (20 * USEC_PER_MSEC)
+#define REMOVAL_GIVE_UP_USEC (60 * USEC_PER_SEC)
 
 struct cgroup_removal {
         char *path;
@@ -26,13 +28,10 @@ struct cgroup_removal {
 
 int cgroup_write_string_file(const char *path, const char *s) {
         _cleanup_close_ int fd = open(path, O_WRONLY | O_CLOEXEC | O_NOCTTY | O_NOFOLLOW);
-        size_t n = strlen(s);
 
         if (fd < 0)
                 return -errno;
-        if (write(fd, s, n) != (ssize_t) n)
-                return negative_errno();
-        return 0;
+        return loop_write(fd, s, strlen(s));
 }
 
 bool cgroup_controllers_have(const char *list, const char *name) {
@@ -70,7 +69,7 @@ static int on_removal_timer(sd_event_source *s, uint64_t usec, void *userdata) {
                         drop = true;
                 } else if (now >= x->deadline) {
                         log_warning("Cgroup %s still holds tasks after %llus, leaving it.", x->path,
-                                    (unsigned long long) (REMOVAL_GIVE_UP_USEC / 1000000));
+                                    (unsigned long long) (REMOVAL_GIVE_UP_USEC / USEC_PER_SEC));
                         drop = true;
                 }
                 if (drop) {
@@ -270,8 +269,8 @@ int cgroup_detach(CGroupManager *c, pid_t pid) {
                 return r;
         for (line = text; line && *line; line = next) {
                 _cleanup_free_ char *procs = NULL;
+                _cleanup_close_ int fd = -EBADF;
                 char *ctrl, *cg, buf[32];
-                int fd;
 
                 next = strchr(line, '\n');
                 if (next)
@@ -302,11 +301,11 @@ int cgroup_detach(CGroupManager *c, pid_t pid) {
                 if (fd < 0)
                         continue;
                 snprintf(buf, sizeof(buf), "%d", (int) pid);
-                if (write(fd, buf, strlen(buf)) < 0)
-                        log_debug_errno(errno, "Failed to move %d to %s: %m", (int) pid, procs);
+                r = loop_write(fd, buf, strlen(buf));
+                if (r < 0)
+                        log_debug_errno(r, "Failed to move %d to %s: %m", (int) pid, procs);
                 else
                         moved++;
-                close(fd);
         }
         return moved;
 }
