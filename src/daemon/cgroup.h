@@ -2,7 +2,8 @@
 #pragma once
 
 /*
- * Per-sandbox memory limits, behind a small table of backends:
+ * Per-sandbox memory limits, behind a small table of backends (cgroup-backend.h;
+ * cgroup-fs.c, cgroup-systemd.c):
  *
  *   cgroupfs-v2   <root>/<id>/memory.max
  *   cgroupfs-v1   <root>/<id>/memory.limit_in_bytes (+ memory.memsw.limit_in_bytes)
@@ -17,57 +18,13 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/types.h>
 #include <systemd/sd-bus.h>
 #include <systemd/sd-event.h>
 
 typedef struct CGroupManager CGroupManager;
 
 typedef void (*cgroup_prepare_done_t)(int r, const char *id, const char *parent, void *userdata);
-
-typedef struct CGroupBackend {
-        const char *name;
-        int (*init)(CGroupManager *c);
-        void (*done)(CGroupManager *c);
-        /* 1 and *ret_parent: ready now; 0: done() follows (unless cancelled); < 0: failed. */
-        int (*prepare)(CGroupManager *c, const char *id, uint64_t limit_bytes, cgroup_prepare_done_t done,
-                       void *userdata, char **ret_parent);
-        /* Forget the pending prepares made with this userdata. */
-        void (*cancel)(CGroupManager *c, void *userdata);
-        /* The sandbox answered: its VMM is inside its cgroup. */
-        void (*attached)(CGroupManager *c, const char *id);
-        int (*oom_kills)(CGroupManager *c, const char *id, uint64_t *ret);
-        /* Remove, retrying in the background while the cgroup holds dying tasks. */
-        int (*remove)(CGroupManager *c, const char *id);
-        /* At start: remove what a previous daemon left. */
-        int (*sweep)(CGroupManager *c);
-        /* A fork template's own cgroup (cgroup_template_join()), and its removal
-         * once it is gone (none where the backend's owner collects it). */
-        int (*template_join)(CGroupManager *c, pid_t pid);
-        int (*template_remove)(CGroupManager *c, pid_t pid);
-} CGroupBackend;
-
-struct cgroup_removal;
-struct scope_unit;
-
-struct CGroupManager {
-        const CGroupBackend *backend;
-        sd_event *event;
-        char *root;     /* cgroupfs: directory holding one cgroup per sandbox */
-        int version;    /* cgroupfs: 1 or 2 */
-
-        struct cgroup_removal *removals;
-        unsigned n_removals;
-        sd_event_source *removal_timer;
-
-        /* systemd-scope */
-        sd_bus *system_bus;
-        sd_bus_slot *job_removed_slot;
-        struct scope_unit *units;
-        /* cgroup v2: oom_kill of forkd.slice (hierarchical) already accounted to
-         * exited sandboxes, for a scope whose cgroup systemd removed first. */
-        uint64_t slice_ooms;
-        bool slice_ooms_known;
-};
 
 /* root: an explicit cgroupfs directory (--cgroup-root), or NULL to choose:
  * the systemd scope backend when systemd is PID 1 on a unified hierarchy,

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
-/* The OOM kills forkd reports for an exited sandbox (src/daemon/cgroup.c): the
+/* The OOM kills forkd reports for an exited sandbox (src/daemon/cgroup-oom.c): the
  * oom_kill line of memory.events / memory.oom_control, and the fallback to the
  * slice's hierarchical count when systemd removed the scope's cgroup first. */
 

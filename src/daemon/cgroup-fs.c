@@ -1,0 +1,157 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+/* The cgroupfs backend: one cgroup per sandbox under the root directory, with
+ * memory.max (v2) or memory.limit_in_bytes (v1), and a fork template's
+ * tpl-<pid> cgroup next to them. */
+#include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cgroup-backend.h"
+#include "fs-util.h"
+#include "macro.h"
+#include "snapshot-meta.h"
+
+/* tpl-<digits>: a fork template's cgroup (cgroup_template_join()). */
+static bool is_template_cgroup(const char *name) {
+        const char *pid;
+
+        if (strncmp(name, TEMPLATE_CGROUP_PREFIX, strlen(TEMPLATE_CGROUP_PREFIX)) != 0)
+                return false;
+        pid = name + strlen(TEMPLATE_CGROUP_PREFIX);
+        return *pid && strspn(pid, "0123456789") == strlen(pid);
+}
+
+static int cgroupfs_init(CGroupManager *c) {
+        char path[4096];
+        int r;
+
+        r = mkdir_parents_and_self(c->root, 0755);
+        if (r < 0)
+                return log_debug_errno(r, "Failed to create cgroup %s: %m", c->root);
+        if (c->version == 2) {
+                /* The sandboxes' cgroups need the memory controller from their parent. */
+                snprintf(path, sizeof(path), "%s/cgroup.subtree_control", c->root);
+                r = cgroup_write_string_file(path, "+memory");
+                if (r < 0)
+                        return log_debug_errno(r, "Failed to enable the memory controller in %s: %m", c->root);
+        }
+        return 0;
+}
+
+static int cgroupfs_prepare(CGroupManager *c, const char *id, uint64_t limit, cgroup_prepare_done_t done,
+                            void *userdata, char **ret_parent) {
+        char dir[4096], file[4200], value[32];
+        char *parent;
+        int r;
+
+        snprintf(dir, sizeof(dir), "%s/%s", c->root, id);
+        if (mkdir(dir, 0755) < 0 && errno != EEXIST)
+                return -errno;
+        snprintf(value, sizeof(value), "%llu", (unsigned long long) limit);
+        if (c->version == 2) {
+                snprintf(file, sizeof(file), "%s/memory.max", dir);
+                r = cgroup_write_string_file(file, value);
+                if (r >= 0) {
+                        /* No swap either, so that the limit is the limit. Optional. */
+                        snprintf(file, sizeof(file), "%s/memory.swap.max", dir);
+                        (void) cgroup_write_string_file(file, "0");
+                }
+        } else {
+                snprintf(file, sizeof(file), "%s/memory.limit_in_bytes", dir);
+                r = cgroup_write_string_file(file, value);
+                if (r >= 0) {
+                        /* memsw must be >= the memory limit, so it comes second. Absent without swap accounting. */
+                        snprintf(file, sizeof(file), "%s/memory.memsw.limit_in_bytes", dir);
+                        if (access(file, F_OK) >= 0)
+                                r = cgroup_write_string_file(file, value);
+                }
+        }
+        if (r < 0) {
+                (void) rmdir(dir);
+                return r;
+        }
+        parent = strdup(c->root);
+        if (!parent) {
+                (void) rmdir(dir);
+                return -ENOMEM;
+        }
+        *ret_parent = parent;
+        return 1;
+}
+
+static int cgroupfs_oom_kills(CGroupManager *c, const char *id, uint64_t *ret) {
+        char path[4200];
+
+        snprintf(path, sizeof(path), "%s/%s/%s", c->root, id, c->version == 2 ? "memory.events" : "memory.oom_control");
+        return cgroup_read_oom_kill_file(path, ret);
+}
+
+static int cgroupfs_remove(CGroupManager *c, const char *id) {
+        char dir[4096];
+
+        snprintf(dir, sizeof(dir), "%s/%s", c->root, id);
+        return cgroup_remove_dir(c, dir);
+}
+
+static int cgroupfs_sweep(CGroupManager *c) {
+        DIR *d = opendir(c->root);
+        struct dirent *de;
+        int r = 0;
+
+        if (!d)
+                return errno == ENOENT ? 0 : -errno;
+        while ((de = readdir(d))) {
+                char dir[4096];
+
+                /* Only what looks like ours: sandbox ids are sb-<hex>-<digits>, templates tpl-<pid>. */
+                if (de->d_type != DT_DIR ||
+                    !((strncmp(de->d_name, "sb-", 3) == 0 && snapshot_tag_is_valid(de->d_name)) ||
+                      is_template_cgroup(de->d_name)))
+                        continue;
+                snprintf(dir, sizeof(dir), "%s/%s", c->root, de->d_name);
+                log_info("Removing stale cgroup %s.", dir);
+                int k = cgroup_remove_dir(c, dir);
+                if (k < 0 && r == 0)
+                        r = k;
+        }
+        closedir(d);
+        return r;
+}
+
+/* A fork template's cgroup: <root>/tpl-<pid>, made and joined here. */
+static int cgroupfs_template_join(CGroupManager *c, pid_t pid) {
+        char dir[4096], file[4200], value[32];
+        int r;
+
+        snprintf(dir, sizeof(dir), "%s/" TEMPLATE_CGROUP_PREFIX "%d", c->root, (int) pid);
+        if (mkdir(dir, 0755) < 0 && errno != EEXIST)
+                return -errno;
+        snprintf(file, sizeof(file), "%s/cgroup.procs", dir);
+        snprintf(value, sizeof(value), "%d", (int) pid);
+        r = cgroup_write_string_file(file, value);
+        if (r < 0)
+                (void) rmdir(dir);
+        return r;
+}
+
+static int cgroupfs_template_remove(CGroupManager *c, pid_t pid) {
+        char name[32];
+
+        snprintf(name, sizeof(name), TEMPLATE_CGROUP_PREFIX "%d", (int) pid);
+        return cgroupfs_remove(c, name);
+}
+
+const CGroupBackend cgroup_backend_cgroupfs = {
+        .name = "cgroupfs",
+        .init = cgroupfs_init,
+        .prepare = cgroupfs_prepare,
+        .oom_kills = cgroupfs_oom_kills,
+        .remove = cgroupfs_remove,
+        .sweep = cgroupfs_sweep,
+        .template_join = cgroupfs_template_join,
+        .template_remove = cgroupfs_template_remove,
+};
