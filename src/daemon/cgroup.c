@@ -295,8 +295,10 @@ int cgroup_detach(CGroupManager *c, pid_t pid) {
                         r = asprintf(&procs, "/sys/fs/cgroup/%s%s/cgroup.procs", ctrl, strcmp(cg, "/") == 0 ? "" : cg);
                 else
                         continue;
-                if (r < 0)
+                if (r < 0) {
+                        procs = NULL; /* asprintf() leaves it undefined on failure */
                         return -ENOMEM;
+                }
                 fd = open(procs, O_WRONLY | O_CLOEXEC);
                 if (fd < 0)
                         continue;
