@@ -16,8 +16,8 @@
 #include "rest-pack.h"
 #include "rest-server.h"
 #include "rest-util.h"
+#include "time-util.h"
 
-#define USEC_PER_SEC 1000000ULL
 #define CALL_TIMEOUT_SHORT (30 * USEC_PER_SEC)
 #define CALL_TIMEOUT_FORK (600 * USEC_PER_SEC)
 #define BOOT_WAIT_DEFAULT 30

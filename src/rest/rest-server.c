@@ -17,10 +17,10 @@
 #include "rest-server.h"
 #include "rest-util.h"
 #include "sha256.h"
+#include "time-util.h"
 
 #define REST_PARAM_MAX 256
 #define REST_JSON_DEPTH_MAX 32
-#define USEC_PER_SEC 1000000ULL
 #define DIRECT_RETRY_USEC (5 * USEC_PER_SEC)
 #define IDEM_HEADER "Idempotency-Key"
 #define IDEM_REPLAYED_HEADER "Idempotent-Replayed"
@@ -121,12 +121,6 @@ struct RestServer {
         uint64_t conns_cut, conns_total, calls_total, calls_direct, calls_rejected;
         uint64_t idem_replays, idem_waits;
 };
-
-static uint64_t now_usec(void) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (uint64_t) ts.tv_sec * USEC_PER_SEC + (uint64_t) ts.tv_nsec / 1000;
-}
 
 /* ---------------- D-Bus connection ---------------- */
 
