@@ -8,7 +8,12 @@
  * pack streams from a pipe that PackSnapshot writes; unpack passes the body,
  * in a temporary file (rest_request_body_fd()), to UnpackSnapshot. */
 
-#include "rest-server.h"
+#include <stdint.h>
+
+#include "rest-request.h"
+
+/* Bundles (POST /v1/snapshots/unpack): the body limit, in the route table. */
+#define REST_BUNDLE_MAX (UINT64_C(1) << 30)
 
 int rest_route_snapshot_pack(RestRequest *req);
 /* POST /v1/snapshots/%: only "unpack" is a route. */

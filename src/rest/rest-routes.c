@@ -12,9 +12,13 @@
 #include "forkd-bus.h"
 #include "json-util.h"
 #include "macro.h"
+#include "rest-bus.h"
 #include "rest-files.h"
+#include "rest-metrics.h"
 #include "rest-pack.h"
-#include "rest-server.h"
+#include "rest-reply.h"
+#include "rest-request.h"
+#include "rest-routes.h"
 #include "rest-util.h"
 #include "time-util.h"
 
@@ -1272,32 +1276,32 @@ static int route_sandbox_resume(RestRequest *req) {
 }
 
 const RestRoute rest_routes[] = {
-        { "/healthz", true, { { "GET", route_healthz } }, "GET" },
+        { "/healthz", true, { { "GET", route_healthz, 0 } }, "GET" },
         /* forkd answers it with a trailing slash too, and its probes use both */
-        { "/healthz/", true, { { "GET", route_healthz } }, "GET" },
-        { "/version", false, { { "GET", route_version } }, "GET" },
-        { "/metrics", false, { { "GET", route_metrics } }, "GET" },
-        { "/v1/snapshots", false, { { "GET", route_snapshots_list }, { "POST", route_snapshots_create } }, "GET, POST" },
+        { "/healthz/", true, { { "GET", route_healthz, 0 } }, "GET" },
+        { "/version", false, { { "GET", route_version, 0 } }, "GET" },
+        { "/metrics", false, { { "GET", route_metrics, 0 } }, "GET" },
+        { "/v1/snapshots", false, { { "GET", route_snapshots_list, 0 }, { "POST", route_snapshots_create, 0 } }, "GET, POST" },
         { "/v1/snapshots/%", false,
-          { { "DELETE", route_snapshot_delete }, { "POST", rest_route_snapshot_post } }, "DELETE" },
-        { "/v1/snapshots/%/pack", false, { { "GET", rest_route_snapshot_pack } }, "GET" },
-        { "/v1/snapshots/%/info", false, { { "GET", route_snapshot_info } }, "GET" },
-        { "/v1/snapshots/%/compact", false, { { "POST", route_snapshot_compact } }, "POST" },
-        { "/v1/sandboxes", false, { { "GET", route_sandboxes_list }, { "POST", route_sandboxes_create } }, "GET, POST" },
-        { "/v1/sandboxes/%", false, { { "GET", route_sandbox_get }, { "DELETE", route_sandbox_delete } }, "GET, DELETE" },
-        { "/v1/sandboxes/%/ping", false, { { "POST", route_sandbox_ping } }, "POST" },
-        { "/v1/sandboxes/%/exec", false, { { "POST", route_sandbox_exec } }, "POST" },
-        { "/v1/sandboxes/%/eval", false, { { "POST", route_sandbox_eval } }, "POST" },
-        { "/v1/sandboxes/%/run_code", false, { { "POST", route_sandbox_run_code } }, "POST" },
-        { "/v1/sandboxes/%/merge", false, { { "POST", route_sandbox_merge } }, "POST" },
-        { "/v1/sandboxes/%/diff", false, { { "POST", route_sandbox_diff } }, "POST" },
-        { "/v1/sandboxes/%/branch", false, { { "POST", route_sandbox_branch } }, "POST" },
-        { "/v1/sandboxes/%/fork", false, { { "POST", route_sandbox_fork } }, "POST" },
-        { "/v1/sandboxes/%/pause", false, { { "POST", route_sandbox_pause } }, "POST" },
-        { "/v1/sandboxes/%/timeout", false, { { "POST", route_sandbox_timeout } }, "POST" },
-        { "/v1/sandboxes/%/resume", false, { { "POST", route_sandbox_resume } }, "POST" },
-        { "/v1/sandboxes/%/ports", false, { { "POST", route_sandbox_ports } }, "POST" },
-        { "/v1/sandboxes/%/files/write", false, { { "POST", rest_route_sandbox_files_write } }, "POST" },
-        { "/v1/sandboxes/%/files/read", false, { { "POST", rest_route_sandbox_files_read } }, "POST" },
+          { { "DELETE", route_snapshot_delete, 0 }, { "POST", rest_route_snapshot_post, REST_BUNDLE_MAX } }, "DELETE" },
+        { "/v1/snapshots/%/pack", false, { { "GET", rest_route_snapshot_pack, 0 } }, "GET" },
+        { "/v1/snapshots/%/info", false, { { "GET", route_snapshot_info, 0 } }, "GET" },
+        { "/v1/snapshots/%/compact", false, { { "POST", route_snapshot_compact, 0 } }, "POST" },
+        { "/v1/sandboxes", false, { { "GET", route_sandboxes_list, 0 }, { "POST", route_sandboxes_create, 0 } }, "GET, POST" },
+        { "/v1/sandboxes/%", false, { { "GET", route_sandbox_get, 0 }, { "DELETE", route_sandbox_delete, 0 } }, "GET, DELETE" },
+        { "/v1/sandboxes/%/ping", false, { { "POST", route_sandbox_ping, 0 } }, "POST" },
+        { "/v1/sandboxes/%/exec", false, { { "POST", route_sandbox_exec, 0 } }, "POST" },
+        { "/v1/sandboxes/%/eval", false, { { "POST", route_sandbox_eval, 0 } }, "POST" },
+        { "/v1/sandboxes/%/run_code", false, { { "POST", route_sandbox_run_code, 0 } }, "POST" },
+        { "/v1/sandboxes/%/merge", false, { { "POST", route_sandbox_merge, 0 } }, "POST" },
+        { "/v1/sandboxes/%/diff", false, { { "POST", route_sandbox_diff, 0 } }, "POST" },
+        { "/v1/sandboxes/%/branch", false, { { "POST", route_sandbox_branch, 0 } }, "POST" },
+        { "/v1/sandboxes/%/fork", false, { { "POST", route_sandbox_fork, 0 } }, "POST" },
+        { "/v1/sandboxes/%/pause", false, { { "POST", route_sandbox_pause, 0 } }, "POST" },
+        { "/v1/sandboxes/%/timeout", false, { { "POST", route_sandbox_timeout, 0 } }, "POST" },
+        { "/v1/sandboxes/%/resume", false, { { "POST", route_sandbox_resume, 0 } }, "POST" },
+        { "/v1/sandboxes/%/ports", false, { { "POST", route_sandbox_ports, 0 } }, "POST" },
+        { "/v1/sandboxes/%/files/write", false, { { "POST", rest_route_sandbox_files_write, 0 } }, "POST" },
+        { "/v1/sandboxes/%/files/read", false, { { "POST", rest_route_sandbox_files_read, 0 } }, "POST" },
 };
 const size_t rest_routes_count = ELEMENTSOF(rest_routes);
