@@ -2,7 +2,7 @@
 /*
  * forkd-rest: the forkd REST API over HTTP(S), translated into calls to
  * org.forkd.Manager on D-Bus. Lifecycle and command line only; the server
- * is rest-server.c, the routes rest-routes.c.
+ * is rest-server.c, the route table rest-routes.c.
  */
 
 #include <arpa/inet.h>

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 #pragma once
 
-/* Our REST extension for snapshot bundles (seed 003's pack/unpack):
+/* Our REST extension for snapshot bundles (forkd's snapshot pack and unpack):
  *   GET  /v1/snapshots/:tag/pack   200 application/zstd, the bundle of the tag's chain
  *   POST /v1/snapshots/unpack      the bundle as the body (?tag=NEW for one snapshot);
  *                                  201 [SnapshotInfo, ...], root first

@@ -134,7 +134,7 @@ int rest_route_sandbox_eval(RestRequest *req) {
         return r;
 }
 
-/* run_code: the spec's four fields, checked, plus the agent's truncated and
+/* run_code: the four fields of forkd's REST API v1, checked, plus the agent's truncated and
  * timed_out flags where it sends them. */
 static int on_reply_run_code(RestRequest *req, sd_bus_message *reply) {
         _cleanup_json_ struct json_object *o = NULL, *out = NULL;

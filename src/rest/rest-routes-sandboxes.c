@@ -15,7 +15,7 @@
 
 #define FORK_N_MAX 1000
 
-/* Podflare's answer (seed 002): 200 {"children": [ids]}; 404 {"error": "sandbox not found"}. */
+/* Podflare's answer: 200 {"children": [ids]}; 404 {"error": "sandbox not found"}. */
 static int on_reply_sandbox_fork(RestRequest *req, sd_bus_message *reply) {
         _cleanup_json_ struct json_object *a = NULL, *o = NULL, *ids = NULL;
         const sd_bus_error *e = sd_bus_message_get_error(reply);
@@ -62,7 +62,7 @@ struct fork_args {
 /* timeout_secs absent (or null): no deadline. */
 #define TIMEOUT_UNSET INT64_MIN
 
-/* timeout_secs and on_timeout of a body (issue 17): 1 when they are fine, else
+/* timeout_secs and on_timeout of a body: 1 when they are fine, else
  * the 400 is queued and this returns 0 or the reply's errno. */
 static int check_timeout(RestRequest *req, int64_t secs, const char *on_timeout, bool required) {
         char err[FORK_OPTION_ERROR_MAX];
@@ -401,7 +401,7 @@ int rest_route_sandbox_fork(RestRequest *req) {
                 return 0;
         r = json_dispatch_full(o, table, REST_BODY_FLAGS, &a, &field, &reason);
         if (r == -ERANGE || (r >= 0 && (a.n < 1 || a.n > SANDBOX_FORK_N_MAX)))
-                /* seed 002's words, exactly */
+                /* Podflare's words, exactly */
                 return rest_reply_error(req, 400, "n must be between 1 and %d", SANDBOX_FORK_N_MAX);
         if (r == -EINVAL && field && !strcmp(field, "n"))
                 return rest_reply_error(req, 400, "n must be an integer between 1 and %d", SANDBOX_FORK_N_MAX);

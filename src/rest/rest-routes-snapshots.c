@@ -19,7 +19,7 @@
 #define BOOT_WAIT_MAX 600
 
 static int on_reply_snapshot_created(RestRequest *req, sd_bus_message *reply) {
-        /* The spec says 400 for "snapshot already exists" here. */
+        /* forkd's REST API v1 says 400 for "snapshot already exists" here. */
         return rest_on_reply_dict(req, reply, 201, 400);
 }
 
@@ -33,7 +33,7 @@ static int on_reply_snapshot_info(RestRequest *req, sd_bus_message *reply) {
         r = rest_bus_read_dict_json(reply, &o);
         if (r < 0)
                 return rest_reply_error(req, 500, "unexpected reply from the daemon: %s", strerror(-r));
-        /* The spec always carries these three; the daemon may omit empty ones. */
+        /* forkd's REST API v1 always carries these three; the daemon may omit empty ones. */
         if (!json_object_object_get_ex(o, "ancestors", NULL))
                 json_object_object_add(o, "ancestors", json_object_new_array());
         if (!json_object_object_get_ex(o, "dependents", NULL))
@@ -42,10 +42,11 @@ static int on_reply_snapshot_info(RestRequest *req, sd_bus_message *reply) {
                 json_object_object_add(o, "chain_depth", json_object_new_int64(0));
         return rest_reply_json(req, 200, o);
 }
+
 /* ---- snapshots ---- */
 
 /* 1 with the file open, else the request was answered: 400 with the file and
- * why (the spec's "missing kernel/rootfs" row). */
+ * why (forkd's REST API v1: "missing kernel/rootfs"). */
 static int open_boot_file(RestRequest *req, const char *what, const char *path, int *ret_fd) {
         int r = boot_file_open(path, ret_fd);
 
@@ -68,11 +69,11 @@ struct snapshot_create_args {
         bool agent_tcp;
 };
 
-/* The spec's "tap" (a host tap as the guest's eth0 there): a string under 64
- * bytes, a boolean or null is accepted, other types are refused. It does not
- * give the snapshot a NIC yet: our own tests send the spec's request, with
- * "tap", everywhere, and every fork of those snapshots would then make a
- * namespace per child and refuse per_child_netns (issue 14's follow-up).
+/* The "tap" of forkd's REST API v1 (a host tap as the guest's eth0 there): a
+ * string under 64 bytes, a boolean or null is accepted, other types are
+ * refused. It does not give the snapshot a NIC yet: our own tests send
+ * forkd's request, with "tap", everywhere, and every fork of those snapshots
+ * would then make a namespace per child and refuse per_child_netns.
  * Ask for a NIC with "network": true. */
 static int parse_tap(struct json_object *v, void *field, const char **ret_error) {
         if (!v || json_object_is_type(v, json_type_boolean))

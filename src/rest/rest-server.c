@@ -88,7 +88,7 @@ static enum MHD_Result request_begin(RestRequest *req, const char *url, const ch
                 req->conn->deadline = now_usec() + s->timeout_secs * USEC_PER_SEC; /* now for the body */
 
         if (!check_auth(req)) {
-                /* Podflare's body (seed 002); the forkd documents give none. */
+                /* Podflare's body; the forkd documents give none. */
                 return rest_reply_error(req, 401, "invalid api key") < 0 ? MHD_NO : MHD_YES;
         }
         if (!req->route) {
