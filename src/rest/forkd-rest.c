@@ -2,7 +2,7 @@
 /*
  * forkd-rest: the forkd REST API over HTTP(S), translated into calls to
  * org.forkd.Manager on D-Bus. Lifecycle and command line only; the server
- * is rest-server.c, the routes rest-routes.c.
+ * is rest-server.c, the route table rest-routes.c.
  */
 
 #include <arpa/inet.h>
@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 #include <systemd/sd-daemon.h>
 
+#include "io-util.h"
 #include "macro.h"
 #include "rest-server.h"
 
@@ -147,7 +148,8 @@ static int read_small_file(const char *path, size_t max, bool secret, char **ret
         _cleanup_close_ int fd = -EBADF;
         _cleanup_free_ char *buf = NULL;
         struct stat st;
-        size_t n = 0;
+        size_t n;
+        ssize_t k;
 
         fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
         if (fd < 0)
@@ -163,17 +165,10 @@ static int read_small_file(const char *path, size_t max, bool secret, char **ret
         buf = malloc((size_t) st.st_size + 1);
         if (!buf)
                 return -ENOMEM;
-        while (n < (size_t) st.st_size) {
-                ssize_t k = read(fd, buf + n, (size_t) st.st_size - n);
-                if (k < 0) {
-                        if (errno == EINTR)
-                                continue;
-                        return negative_errno();
-                }
-                if (k == 0)
-                        break;
-                n += (size_t) k;
-        }
+        k = loop_read(fd, buf, (size_t) st.st_size);
+        if (k < 0)
+                return (int) k;
+        n = (size_t) k;
         buf[n] = 0;
         if (strlen(buf) != n)
                 return -EBADMSG; /* NUL inside */

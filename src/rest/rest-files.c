@@ -20,7 +20,9 @@
 #include "file-ops.h"
 #include "json-util.h"
 #include "macro.h"
+#include "rest-bus.h"
 #include "rest-files.h"
+#include "rest-reply.h"
 #include "rest-util.h"
 
 #define CALL_TIMEOUT_FILES (90ULL * 1000000ULL) /* forkd waits 60 s for the guest */

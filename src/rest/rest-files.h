@@ -6,7 +6,7 @@
  *   POST /v1/sandboxes/:id/files/read   {"path"}                      -> 200 {"path", "data_b64", "size"}
  * over forkd's WriteFile and ReadFile (rest-files.c). */
 
-#include "rest-server.h"
+#include "rest-request.h"
 
 int rest_route_sandbox_files_write(RestRequest *req);
 int rest_route_sandbox_files_read(RestRequest *req);

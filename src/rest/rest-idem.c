@@ -8,12 +8,13 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "io-util.h"
 #include "macro.h"
 #include "rest-idem.h"
+#include "time-util.h"
 
 #define MAGIC "forkd-rest-idempotency 1\n"
 #define TMP_PREFIX ".tmp-"
-#define USEC_PER_SEC 1000000ULL
 
 struct RestIdem {
         char *dir;
@@ -384,7 +385,8 @@ static int read_record(int dfd, const char *name, size_t max, char **ret, size_t
         _cleanup_close_ int fd = -EBADF;
         _cleanup_free_ char *buf = NULL;
         struct stat st;
-        size_t want, n = 0;
+        size_t want, n;
+        ssize_t k;
 
         fd = openat(dfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NOCTTY | O_NONBLOCK);
         if (fd < 0)
@@ -397,17 +399,10 @@ static int read_record(int dfd, const char *name, size_t max, char **ret, size_t
         buf = malloc(want + 1);
         if (!buf)
                 return -ENOMEM;
-        while (n < want) {
-                ssize_t k = read(fd, buf + n, want - n);
-
-                if (k < 0 && errno == EINTR)
-                        continue;
-                if (k < 0)
-                        return negative_errno();
-                if (k == 0)
-                        break;
-                n += (size_t) k;
-        }
+        k = loop_read(fd, buf, want);
+        if (k < 0)
+                return (int) k;
+        n = (size_t) k;
         buf[n] = 0;
         *ret = TAKE_PTR(buf);
         *ret_len = n;

@@ -4,7 +4,7 @@
 /*
  * Idempotency-Key for the requests of forkd-rest that create something
  * (docs/rest-api.md, "Idempotency-Key"; forkd-rest(8)). The store only: no
- * HTTP, no D-Bus; rest-server.c decides which request gets which answer.
+ * HTTP, no D-Bus; rest-idem-glue.c decides which request gets which answer.
  *
  * One record per (caller, key): a file in the state directory named by the
  * hex SHA-256 of the caller's scope (a hash of the bearer token) and the key,

@@ -7,7 +7,9 @@
 
 #include "json-util.h"
 #include "macro.h"
+#include "rest-bus.h"
 #include "rest-pack.h"
+#include "rest-reply.h"
 #include "rest-util.h"
 
 #define CALL_TIMEOUT_PACK (3600ULL * 1000000ULL)
@@ -185,8 +187,4 @@ int rest_route_snapshot_post(RestRequest *req) {
         if (fd < 0)
                 return rest_reply_error(req, 500, "cannot read the body: %s", strerror(-fd));
         return call(req, "UnpackSnapshot", "hs", tag ?: "", fd, on_reply_unpack);
-}
-
-size_t rest_method_body_fd_max(const struct rest_method *m) {
-        return m && m->handler == rest_route_snapshot_post ? (size_t) REST_BUNDLE_MAX : 0;
 }

@@ -243,7 +243,7 @@ int rest_bus_read_dict_json(sd_bus_message *m, struct json_object **ret) {
                 r = rest_bus_read_variant_json(m, &v);
                 if (r < 0)
                         return r;
-                /* forkd says "no deadline" with "" (a variant cannot be null); the spec with null. */
+                /* forkd says "no deadline" with "" (a variant cannot be null); forkd's REST API v1 with null. */
                 if (v && strcmp(key, "expires_at") == 0 && json_object_is_type(v, json_type_string) &&
                     json_object_get_string_len(v) == 0) {
                         json_object_put(v);
