@@ -32,7 +32,7 @@ __all__ = ["Controller", "DEFAULT_URL", "FILE_MAX"]
 
 DEFAULT_URL = "http://127.0.0.1:8889"
 
-# Limits of forkd-rest (src/rest/rest-routes.c), checked here before sending.
+# Limits of forkd-rest (src/rest/rest-routes-*.c), checked here before sending.
 NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}\Z")
 FILE_MAX = 512 * 1024          # files.write / files.read: bytes of one file per call
 PATH_MAX = 4096
