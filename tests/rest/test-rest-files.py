@@ -18,13 +18,13 @@ import os
 import signal
 import sys
 
+from dbusmini import Bus, DBusError
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 _spec = importlib.util.spec_from_file_location("test_rest", os.path.join(HERE, "test-rest.py"))
 tr = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(tr)
 check, Skip = tr.check, tr.Skip
-sys.path.insert(0, os.path.join(HERE, "..", "daemon"))
-from dbusmini import Bus, DBusError  # noqa: E402
 
 TAG = "files"
 CAP = 524288

@@ -154,8 +154,13 @@ def make_client(base_url, token):
     """forkd's Controller when FORKD_PY_SDK has it, else SdkWire."""
     sdk = os.environ.get("FORKD_PY_SDK")
     if sdk:
-        sys.path.insert(0, sdk)
-        from forkd.controller import Controller, ControllerError  # noqa: E402 (theirs, not ours)
+        # the package forkd in the directory FORKD_PY_SDK, whatever else is installed
+        pkg = os.path.join(sdk, "forkd")
+        spec = importlib.util.spec_from_file_location("forkd", os.path.join(pkg, "__init__.py"),
+                                                      submodule_search_locations=[pkg])
+        sys.modules["forkd"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules["forkd"])
+        from forkd.controller import Controller, ControllerError  # (theirs, not ours)
         c = Controller(base_url=base_url, token=token)
         c.Error = ControllerError
         return c, "forkd's Controller from " + sdk

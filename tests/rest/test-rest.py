@@ -25,7 +25,8 @@ import sys
 import tempfile
 import threading
 import time
-import traceback
+
+from tap import Skip, Tap, check  # the other REST tests use them as test_rest.Tap, ...
 
 REST = os.environ.get("FORKD_REST", "")
 DAEMON = os.environ.get("FORKD_DAEMON", "")
@@ -35,41 +36,6 @@ DBUS_DAEMON = os.environ.get("DBUS_DAEMON") or shutil.which("dbus-daemon") or ""
 TOKEN = "t0ken-" + os.urandom(12).hex()
 REQUEST_TIMEOUT = 3  # forkd-rest --timeout for the main instance
 BODY_MAX = 1024 * 1024
-
-# ---------------------------------------------------------------- TAP
-
-
-class Skip(Exception):
-    pass
-
-
-class Tap:
-    def __init__(self):
-        self.n = 0
-        self.failed = 0
-
-    def run(self, name, fn, *args):
-        self.n += 1
-        try:
-            fn(*args)
-            print(f"ok {self.n} - {name}", flush=True)
-        except Skip as e:
-            print(f"ok {self.n} - {name} # SKIP {e}", flush=True)
-        except Exception as e:  # noqa: BLE001 - report every failure, keep going
-            self.failed += 1
-            print(f"not ok {self.n} - {name}", flush=True)
-            for line in (f"{type(e).__name__}: {e}\n" + traceback.format_exc()).splitlines():
-                print(f"# {line}", flush=True)
-
-    def done(self):
-        print(f"1..{self.n}", flush=True)
-        return 1 if self.failed else 0
-
-
-def check(cond, msg):
-    if not cond:
-        raise AssertionError(msg)
-
 
 # ---------------------------------------------------------------- processes
 
