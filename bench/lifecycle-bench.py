@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: LGPL-2.1-or-later
 """
-bench/lifecycle: pause, resume and fork of a paused sandbox (issue 17) through
+bench/lifecycle: pause, resume and fork of a paused sandbox through
 forkd over D-Bus (a private dbus-daemon, the real forkd and forkd-vmm, the
 test guest of --mem-mib MiB, default 256), --rounds R (default 5) taking
 turns, medians:

@@ -14,8 +14,8 @@ import urllib.request
 
 N_CHILDREN = 3
 LIMIT_MIB = 768
-# The spec's example request for POST /v1/snapshots (tests/spec-snapshot-request.json,
-# also sent by tests/rest/test-rest.py), as the spec shows it (only
+# forkd's REST API v1 example request for POST /v1/snapshots (tests/spec-snapshot-request.json,
+# also sent by tests/rest/test-rest.py), as the API documents it (only
 # the two paths are ours): no memory field, so forkd's default (256 MiB) must
 # boot the Linux guest.
 SPEC_SNAPSHOT_REQUEST = json.load(open(os.path.join(
@@ -23,7 +23,7 @@ SPEC_SNAPSHOT_REQUEST = json.load(open(os.path.join(
 DEFAULT_MEM_MIB = 256
 TAG = SPEC_SNAPSHOT_REQUEST["tag"]
 # The one field changed: under TCG every guest instruction is emulated, and the
-# kernel reaches forkd-agent long after the spec's 10 s (forkd waits at most
+# kernel reaches forkd-agent long after the example's 10 s (forkd waits at most
 # boot_wait_secs for the agent's first answer). tests/rest/test-rest.py sends
 # the body unchanged, 10 s included, with the test guest.
 TCG_BOOT_WAIT_SECS = 300

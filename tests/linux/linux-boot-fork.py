@@ -23,14 +23,14 @@ def boot_and_fork(t, fc, stack, image, state):
     t.ok(kernel == os.path.join(image, "vmlinuz") and rootfs == os.path.join(image, "rootfs.ext4"),
          "forkd-stack names the Linux image as the default guest on real KVM", stack)
 
-    # Boot and snapshot: the spec's request over REST as the spec shows it (no
+    # Boot and snapshot: REST API v1's example request as the API documents it (no
     # memory field), but for the paths and the wait scaled for TCG.
     body = dict(SPEC_SNAPSHOT_REQUEST, kernel=kernel, rootfs=rootfs, boot_wait_secs=TCG_BOOT_WAIT_SECS)
     t0 = time.monotonic()
     status, doc = rest(stack, "POST", "/v1/snapshots", body)
     boot_s = time.monotonic() - t0
     if not t.ok(status == 201 and isinstance(doc, dict) and doc.get("tag") == TAG,
-                "POST /v1/snapshots, the spec's request (no memory field): Debian's kernel boots to "
+                "POST /v1/snapshots, REST API v1's example request (no memory field): Debian's kernel boots to "
                 "forkd-agent and is snapshotted", f"{status} {doc}\nrequest: {json.dumps(body)}"):
         return
     t.note(f"snapshot create (boot to the agent's first answer, then snapshot): {boot_s:.1f} s under TCG")
@@ -137,7 +137,7 @@ def boot_and_fork(t, fc, stack, image, state):
 
 
 def triple_fault(t, stack, body):
-    # What the spec's request did before 256 MiB was the default: in 64 MiB this
+    # What the example request did before 256 MiB was the default: in 64 MiB this
     # kernel and initramfs triple-fault, before the kernel prints anything (the
     # command line says quiet). The 500 says so, and quotes the console or says
     # that it is empty.
@@ -151,15 +151,15 @@ def triple_fault(t, stack, body):
 
 def run_code_diff_merge(t, fc, stack, ids):
     """POST /v1/sandboxes/:id/run_code, /diff and /merge on the Linux guest
-    (seed 004). Returns the ids left alive."""
+    (REST API v1's examples). Returns the ids left alive."""
     parent, a, b = ids
-    # run_code: the spec's answer; globals persist; an exception is a 200
+    # run_code: REST API v1's answer; globals persist; an exception is a 200
     status, r = rest(stack, "POST", f"/v1/sandboxes/{parent}/run_code",
                      {"code": "x = 41\nwith open('/root/p.txt', 'w') as f: f.write('parent')"})
     t.ok(status == 200 and isinstance(r, dict) and
          {k: r.get(k) for k in ("stdout", "stderr", "error", "exit_code")} ==
          {"stdout": "", "stderr": "", "error": None, "exit_code": 0},
-         "POST run_code 'x = 41' (and a write to /root/p.txt): the spec's answer", f"{status} {r}")
+         "POST run_code 'x = 41' (and a write to /root/p.txt): REST API v1's answer", f"{status} {r}")
     status, r = rest(stack, "POST", f"/v1/sandboxes/{parent}/run_code", {"code": "print(x)", "timeout_secs": 10})
     t.ok(status == 200 and r.get("stdout") == "41\n", "run_code sees x = 41 in the next call", f"{status} {r}")
     status, r = rest(stack, "POST", f"/v1/sandboxes/{parent}/run_code", {"code": "1/0"})
@@ -174,7 +174,7 @@ def run_code_diff_merge(t, fc, stack, ids):
     status, r = rest(stack, "POST", "/v1/sandboxes/sb-nosuch/run_code", {"code": "x"})
     t.ok(status == 404, "run_code in an unknown sandbox: 404", f"{status} {r}")
 
-    # diff: seed 004's example between two siblings, then a modified file and other paths
+    # diff: REST API v1's example between two siblings, then a modified file and other paths
     for sid, name in ((a, "a"), (b, "b")):
         rest(stack, "POST", f"/v1/sandboxes/{sid}/run_code",
              {"code": f"with open('/root/{name}.txt','w') as f: f.write('from {name}')\n"
@@ -182,7 +182,7 @@ def run_code_diff_merge(t, fc, stack, ids):
                       f"with open('/tmp/same.txt','w') as f: f.write('same')"})
     status, d = rest(stack, "POST", f"/v1/sandboxes/{a}/diff", {"other": b})
     t.ok(status == 200 and d == {"added": ["/root/b.txt"], "removed": ["/root/a.txt"], "modified": ["/tmp/m.txt"]},
-         "diff (seed 004): added, removed, modified under /root and /tmp", f"{status} {d}")
+         "diff (REST API v1's example): added, removed, modified under /root and /tmp", f"{status} {d}")
     status, d = rest(stack, "POST", f"/v1/sandboxes/{a}/diff", {"other": b, "paths": ["/root/a.txt", "/etc"]})
     t.ok(status == 200 and d == {"added": [], "removed": ["/root/a.txt"], "modified": []},
          "diff with paths", f"{status} {d}")

@@ -20,9 +20,9 @@ SHOW_STATE = ("import os\n"
 
 def fork_and_branch_running(t, stack):
     """A running sandbox of the Linux guest with REPL state and a file: forked into
-    3 (seed 002), branched full, diff, live and live without waiting (seeds 000 and
-    001); the branches' children inherit both, and still do once the source is
-    deleted. The spec's error rows for these routes, a few of them (the native
+    3, branched full, diff, live and live without waiting (forkd's REST API v1 routes);
+    the branches' children inherit both, and still do once the source is
+    deleted. REST API v1's error rows for these routes, a few of them (the native
     tests have them all)."""
     def state(sid):
         status, r = rest(stack, "POST", f"/v1/sandboxes/{sid}/run_code", {"code": SHOW_STATE})
@@ -140,8 +140,8 @@ def fork_and_branch_running(t, stack):
 
 
 def branch_and_fork_errors(t, fc, stack, restart):
-    """The spec's error rows of branch and fork that need something in flight or
-    something broken (seeds 000 to 002): 401 without the token; with forkd at
+    """REST API v1's error rows of branch and fork that need something in flight or
+    something broken: 401 without the token; with forkd at
     --max-branches 2 and its branch writers held 8 s (FORKD_TEST_BRANCH_STALL_MS),
     409 for a fork of a live branch still being written and for its tag, 503 at the
     cap; 500 for a full branch whose writer is killed, and for a fork and a branch

@@ -7,7 +7,7 @@ import json
 from linuxguest import TAG, rest, rest_raw
 
 def chains(t, fc, stack):
-    """Seed 003's diff-snapshot chains on the Linux guest (issue 11): a base and three
+    """REST API v1's diff-snapshot chains on the Linux guest: a base and three
     diff links, each step writing a file and setting a Python global; the head's
     children see all three; /info at every depth; DELETE with dependents (409, both
     flags 400, force, cascade); compact; pack, delete, unpack and fork; a tampered
@@ -118,7 +118,7 @@ def chains(t, fc, stack):
     status2, r2 = rest(stack, "POST", "/v1/sandboxes", {"snapshot_tag": "lx-c3", "n": 1})
     err = (r2 or {}).get("error", "") if isinstance(r2, dict) else str(r2)
     t.ok(status == 201 and status2 == 409 and "references" in err and "but parent now has content" in err,
-         "lx-c2 made again with other content: forking lx-c3 gives 409 with seed 003's message",
+         "lx-c2 made again with other content: forking lx-c3 gives 409 with REST API v1's message",
          f"{status}; {status2} {err}")
     rc, r, err = fc("snapshot", "rm", "--cascade", TAG)
     t.ok(rc == 0 and tags() is not None and not ({TAG, *links} & tags()), "snapshot rm --cascade of the base", err)

@@ -8,7 +8,7 @@ import time
 from linuxguest import TAG, branch_writers, kill9_during, rest
 
 def pause_resume_linux(t, stack, restart, state):
-    """Issue 17 with the Linux Python guest over REST: a sandbox with REPL globals, a file and
+    """Pause and resume with the Linux Python guest over REST: a sandbox with REPL globals, a file and
     a background process is paused (its VMM exits), refuses the verbs with 409, forks twice
     (it stays paused), survives a restart of the stack, and resumes under its id with all of
     it and its wall clock set again; a deadline with on_timeout pause pauses a sandbox; DELETE
@@ -50,7 +50,7 @@ def pause_resume_linux(t, stack, restart, state):
                (("exec", {"args": ["true"]}), ("eval", {"code": "1"}), ("run_code", {"code": "1"}),
                 ("branch", {"tag": "from-paused"}), ("pause", None))}
     t.ok(all(st == 409 and r == {"error": f"sandbox {sid} is paused"} for st, r in refused.values()),
-         "exec, eval, run_code, branch and pause of a paused sandbox: 409 with the spec's body", refused)
+         "exec, eval, run_code, branch and pause of a paused sandbox: 409 with REST API v1's body", refused)
     for batch in (1, 2):
         status, r = rest(stack, "POST", f"/v1/sandboxes/{sid}/fork", {"n": 2})
         kids = r.get("children", []) if status == 200 and isinstance(r, dict) else []

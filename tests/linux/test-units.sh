@@ -1,7 +1,7 @@
 #!/bin/bash
 # SPDX-License-Identifier: LGPL-2.1-or-later
 #
-# meson's 'units' test (issues 4 and 5): the shipped units, bus files and polkit files
+# meson's 'units' test: the shipped units, bus files and polkit files
 # under a real systemd. Outside, it boots the real-KVM test host (tests/host-vm/run) with
 # this build directory carried in and runs itself there with --inside. Inside, as a
 # package would: `meson install` with the build's own prefix, systemd-sysusers,
