@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 # SPDX-License-Identifier: LGPL-2.1-or-later
 """The Linux guest's boot and fork (part of test-linux-guest.py): the snapshot request
 over REST boots Debian's cloud kernel to forkd-agent; forkctl fork -n 3 makes children,
@@ -16,8 +15,10 @@ import time
 from linuxguest import (DEFAULT_MEM_MIB, LIMIT_MIB, N_CHILDREN, SPEC_SNAPSHOT_REQUEST, TAG, TCG_BOOT_WAIT_SECS,
                         URANDOM, rest, template_cgroups, urandom_differs)
 
+
 def boot_and_fork(t, fc, stack, image, state):
-    """Returns the snapshot request it sent, or None if the boot or the fork
+    """Boot the Linux guest and snapshot it as TAG, fork it, check the children, kill
+    them. Returns the snapshot request it sent, or None if the boot or the fork
     failed (then the parts that need TAG cannot run)."""
     kernel, rootfs = stack["FORKD_GUEST_KERNEL"], stack["FORKD_GUEST_ROOTFS"]
     t.ok(kernel == os.path.join(image, "vmlinuz") and rootfs == os.path.join(image, "rootfs.ext4"),
@@ -137,6 +138,7 @@ def boot_and_fork(t, fc, stack, image, state):
 
 
 def triple_fault(t, stack, body):
+    """The snapshot request of boot_and_fork() in 64 MiB."""
     # What the example request did before 256 MiB was the default: in 64 MiB this
     # kernel and initramfs triple-fault, before the kernel prints anything (the
     # command line says quiet). The 500 says so, and quotes the console or says

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 # SPDX-License-Identifier: LGPL-2.1-or-later
 """Fork and branch of a running Linux sandbox (part of test-linux-guest.py): a
 sandbox with REPL state and a file forked into 3 and branched full, diff, live and
@@ -11,6 +10,7 @@ import threading
 import time
 
 from linuxguest import N_CHILDREN, TAG, URANDOM, rest, urandom_differs
+
 
 # What a sandbox of fork_and_branch_running shows of its state: x, /root/p.txt
 # (written before the fork), a child's /root/k.txt and the parent's /root/late.txt.

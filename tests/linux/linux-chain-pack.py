@@ -1,10 +1,10 @@
-#!/usr/bin/env python3
 # SPDX-License-Identifier: LGPL-2.1-or-later
 """Diff-snapshot chains of the Linux guest (part of test-linux-guest.py): links, /info,
 DELETE with dependents, compact, pack and unpack, a tampered archive, a parent made again."""
 import json
 
 from linuxguest import TAG, rest, rest_raw
+
 
 def chains(t, fc, stack):
     """REST API v1's diff-snapshot chains on the Linux guest: a base and three

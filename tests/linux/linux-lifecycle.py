@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 # SPDX-License-Identifier: LGPL-2.1-or-later
 """Pause, resume, deadlines and idempotency of a Linux sandbox (part of
 test-linux-guest.py), with forkd killed with -9 in the middle of a pause and of a resume."""
@@ -6,6 +5,7 @@ import os
 import time
 
 from linuxguest import TAG, branch_writers, kill9_during, rest
+
 
 def pause_resume_linux(t, stack, restart, state):
     """Pause and resume with the Linux Python guest over REST: a sandbox with REPL globals, a file and

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 # SPDX-License-Identifier: LGPL-2.1-or-later
 """Networking of the Linux guest (part of test-linux-guest.py): a snapshot made with
 network and agent_tcp, children with egress and none, host_addr, guest_addr dialed
@@ -12,6 +11,7 @@ import time
 import urllib.request
 
 from linuxguest import TCG_BOOT_WAIT_SECS, kill9_forkd, rest
+
 
 NET_TAG = "py-net"
 NET_PORT = 8000            # the guest's http.server, exposed

@@ -1,9 +1,9 @@
-#!/usr/bin/env python3
 # SPDX-License-Identifier: LGPL-2.1-or-later
 """Our Python SDK's test with the Linux guest (part of test-linux-guest.py)."""
 import re
 import subprocess
 import sys
+
 
 def sdk_python(t, top, stack, image, env):
     """Our Python SDK's test (sdk/python/tests/test-sdk.py) with the Linux guest,
