@@ -5,7 +5,7 @@ Files in a sandbox end to end: POST /v1/sandboxes/:id/files/write and
 /files/read over real HTTP against forkd-rest, a private dbus-daemon, the real
 forkd with forkd-vmm and the test guest (its file table: 47-byte paths, 256
 bytes a file, 8 files; tests/guest/files.c); WriteFile and ReadFile on D-Bus
-(the Manager and the Sandbox objects, error names) with tests/daemon/dbusmini.py.
+(the Manager and the Sandbox objects, error names) with tests/lib/dbusmini.py.
 TAP output; the machinery (Stack, Client, Tap) is test-rest.py's.
 
 Environment: as test-rest.py (tests/rest/meson.build).
