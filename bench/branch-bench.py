@@ -276,7 +276,6 @@ def main():
     if args.emulated:
         print("bench/branch: EMULATED: in the QEMU test host (TCG, nested SVM): these are not forkd's speeds")
     ac = load("agent_check", os.path.join(TOP, "tests/guest/agent-check.py"))
-    sys.path.insert(0, os.path.join(TOP, "tests/daemon"))
     tf = load("test_forkd", os.path.join(TOP, "tests/daemon/test-forkd.py"))
     tmp = tempfile.mkdtemp(prefix="forkd-bench-branch-")
     try:

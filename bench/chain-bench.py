@@ -173,7 +173,6 @@ def main():
         sys.exit("bench/chain: needs root (a private system bus, /proc/<pid>/mem of the VMMs)")
     if not 1 <= args.runs <= 1000:
         sys.exit("bench/chain: --runs must be from 1 to 1000")
-    sys.path.insert(0, os.path.join(TOP, "tests/daemon"))
     tf = load("test_forkd", os.path.join(TOP, "tests/daemon/test-forkd.py"))
     if args.emulated:
         print("bench/chain: EMULATED: in the QEMU test host (TCG, nested SVM): ratios hold, times do not")

@@ -87,8 +87,7 @@ import threading
 import time
 
 TOP = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(TOP, "tests/daemon"))
-from dbusmini import Bus, DBusError  # noqa: E402
+from dbusmini import Bus, DBusError  # noqa: E402 (tests/lib, on the PYTHONPATH bench/fork sets)
 
 DEST, PATH, IFACE = "org.forkd.Manager", "/org/forkd/Manager", "org.forkd.Manager"
 TAG, NET_TAG = "bench", "bench-net"

@@ -1,11 +1,16 @@
 # SPDX-License-Identifier: LGPL-2.1-or-later
-# Sourced by bench/branch, bench/chain and bench/fork once $top and $build are set.
+# Sourced by bench/branch, bench/chain, bench/lifecycle and bench/fork once $top and $build are set.
 # bench_exec NAME SCRIPT ARGS...: python3 SCRIPT ARGS, as bench_exec_cmd runs a command.
 # bench_exec_cmd NAME CMD ARGS...: CMD ARGS here where /dev/kvm is usable
 # (tools/kvm-check: real KVM or PVM; real KVM only when bench_no_pvm is set, for
 # the Linux guest), else inside the real-KVM test host (tests/host-vm/run) with
 # --emulated added: the figures are then QEMU's, not ours. $FORKD_HOST_VM_CARRY,
 # if set, names directories outside the checkout to carry in.
+# The bench scripts import the test library tests/lib (dbusmini) and the daemon tests'
+# helpers: PYTHONPATH names it, here and in the test host, which has the checkout at the
+# same absolute path.
+PYTHONPATH="$(cd "$top" && pwd -P)/tests/lib${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH
 bench_exec() {
         name=$1 script=$2
         shift 2
@@ -29,5 +34,6 @@ bench_exec_cmd() {
         fi
         echo "$name: $why: running in the test host (QEMU TCG, nested SVM); the figures are emulated" >&2
         FORKD_HOST_VM_BUILD=0 FORKD_HOST_VM_BUILDDIR=$rel FORKD_HOST_VM_STDIN=none \
+                FORKD_HOST_VM_PASSENV="${FORKD_HOST_VM_PASSENV:-} PYTHONPATH" \
                 exec "$top/tests/host-vm/run" -- "$@" --emulated
 }

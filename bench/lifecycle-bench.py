@@ -179,7 +179,6 @@ def main():
         sys.exit("bench/lifecycle: needs root (a private system bus, /proc/<pid>/mem of the VMMs)")
     if args.emulated:
         print("bench/lifecycle: EMULATED: in the QEMU test host (TCG, nested SVM): these are not forkd's speeds")
-    sys.path.insert(0, os.path.join(TOP, "tests/daemon"))
     tf = load("test_forkd", os.path.join(TOP, "tests/daemon/test-forkd.py"))
     tf.FORKD, tf.VMM, tf.GUEST = args.forkd, args.vmm, args.guest
     os.environ["FORKD_VMM"] = args.vmm

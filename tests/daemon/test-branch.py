@@ -19,7 +19,6 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
 _spec = importlib.util.spec_from_file_location("test_forkd", os.path.join(HERE, "test-forkd.py"))
 tf = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(tf)
@@ -122,7 +121,7 @@ def run(h):
         assert "pause_ms" in info and info["pause_us"] > 0 and info["pause_ms"] == (info["pause_us"] + 500) // 1000, info
         assert info["mem_size"] == 64 << 20 and info["generation"] == 1, info
         h.bus.wait_signal(lambda m, b: m == "SnapshotNew" and b[0] == "b1")
-        # The listing and snapshot.json keep where it came from and its pause (seed 001).
+        # The listing and snapshot.json keep where it came from and its pause (REST API v1's SnapshotInfo).
         listed = {s["tag"]: s for s in h.m("ListSnapshots")[0]}
         assert {k: listed["b1"].get(k) for k in ("branched_from", "pause_ms", "pause_us")} == \
             {k: info[k] for k in ("branched_from", "pause_ms", "pause_us")}, (listed["b1"], info)
@@ -240,8 +239,8 @@ def run(h):
             "its parent cannot be deleted", diff)
 
     def chain_ops():
-        # After diff(): base <- d1 <- d2. Seed 001's DELETE with dependents, compact, and
-        # seed 003's broken chains (an orphan, a re-snapshotted parent).
+        # After diff(): base <- d1 <- d2. REST API v1's DELETE with dependents, compact, and
+        # its broken chains (an orphan, a re-snapshotted parent).
         snaps = os.path.join(h.state, "snapshots")
         HAS_DEPS, BROKEN = "org.forkd.Error.HasDependents", "org.forkd.Error.ChainBroken"
         msg = h.expect_error(HAS_DEPS, "DeleteSnapshot", "sbb", ["d1", False, False])
@@ -310,7 +309,7 @@ def run(h):
         h.expect_error(BROKEN, "CompactSnapshot", "ss", ["e2", "e2-flat"])
         assert h.m("GetSnapshotInfo", "s", ["e2"])[0]["parent_tag"] == "e1"
 
-        # a parent re-snapshotted under the same tag: seed 003's 409
+        # a parent re-snapshotted under the same tag: REST API v1's 409
         p = h.fork("base", 1)[0]
         poke(p["pid"], b"another-e1!!!")
         branch(p["id"], "e1", "full")

@@ -24,8 +24,7 @@ import threading
 import time
 import traceback
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from dbusmini import Bus, DBusError  # noqa: E402
+from dbusmini import Bus, DBusError
 
 DEST = "org.forkd.Manager"
 PATH = "/org/forkd/Manager"
@@ -368,8 +367,7 @@ def run(h):
         for th in threads:
             th.join()
         assert not failures, f"{len(failures)} of 160 direct calls failed: {failures[:3]}"
-        probe = (f"import sys; sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})\n"
-                 "from dbusmini import Bus\n"
+        probe = ("from dbusmini import Bus\n"  # PYTHONPATH: tests/lib, inherited
                  "try:\n"
                  f"    b = Bus('unix:path={path}', timeout=5, hello=False)\n"
                  f"    print('SERVED', b.call({DEST!r}, {PATH!r}, {IFACE!r}, 'ListSnapshots'))\n"

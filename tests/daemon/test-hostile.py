@@ -30,13 +30,13 @@ import sys
 import threading
 import time
 
+import dbusmini as tf_dbus
+from dbusmini import Bus, DBusError
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
 _spec = importlib.util.spec_from_file_location("test_forkd", os.path.join(HERE, "test-forkd.py"))
 tf = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(tf)
-import dbusmini as tf_dbus  # noqa: E402
-from dbusmini import Bus, DBusError  # noqa: E402
 
 DEST, PATH, IFACE = tf.DEST, tf.PATH, tf.IFACE
 MODES = ["virtio", "flood-console", "flood-agent", "oversized", "garbage", "silent", "spin"]

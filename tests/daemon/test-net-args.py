@@ -25,31 +25,16 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from dbusmini import Bus, DBusError  # noqa: E402
+from dbusmini import Bus, DBusError
+from tap import Tap, skip_all
 
 FORKD = os.environ.get("FORKD", "")
 VMM = os.environ.get("FORKD_VMM", "")
 REST = os.environ.get("FORKD_REST", "")
 DEST, PATH, IFACE = "org.forkd.Manager", "/org/forkd/Manager", "org.forkd.Manager"
 INVALID = "org.freedesktop.DBus.Error.InvalidArgs"
-n_tests = n_failed = 0
-
-
-def ok(cond, what, detail=""):
-    global n_tests, n_failed
-    n_tests += 1
-    if not cond:
-        n_failed += 1
-    print(f"{'ok' if cond else 'not ok'} {n_tests} - {what}", flush=True)
-    if not cond and detail:
-        for line in str(detail).splitlines()[-20:]:
-            print(f"# {line}")
-
-
-def skip_all(why):
-    print(f"1..0 # SKIP {why}")
-    sys.exit(77)
+tap = Tap(detail_prefix="# ", detail_lines=20)
+ok = tap.ok
 
 
 def write_snapshot(snapdir, tag, network, agent_tcp):
@@ -261,8 +246,7 @@ def main():
         busd.terminate()
         busd.wait()
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"1..{n_tests}", flush=True)
-    return 1 if n_failed else 0
+    return tap.done()
 
 
 def outer():

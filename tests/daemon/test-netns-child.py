@@ -40,6 +40,9 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from tap import Tap
+from tap import skip_all as tap_skip_all
+
 HELPER = os.environ.get("NETNS_HELPER", "")
 INNER = "--inner"
 GUEST_IP = "172.16.0.2"
@@ -56,24 +59,12 @@ OWNER_UID = 4242
 OTHER_UID = 4243
 REACH_TIMEOUT = 10.0
 
-n_tests = 0
-n_failed = 0
-
-
-def ok(cond, what, detail=""):
-    global n_tests, n_failed
-    n_tests += 1
-    if not cond:
-        n_failed += 1
-    print(f"{'ok' if cond else 'not ok'} {n_tests} - {what}", flush=True)
-    if not cond and detail:
-        for line in str(detail).splitlines()[:20]:
-            print(f"# {line}", flush=True)
+tap = Tap(detail_prefix="# ", detail_lines=20, detail_head=True)
+ok = tap.ok
 
 
 def skip_all(why):
-    print(f"1..0 # SKIP {why}", flush=True)
-    sys.exit(0)
+    tap_skip_all(why, status=0)
 
 
 def run(cmd, timeout=20, check=True):
@@ -518,8 +509,7 @@ def inner():
             except Exception:
                 pass
         subprocess.run([HELPER, "cleanup"], capture_output=True, timeout=60)
-    print(f"1..{n_tests}", flush=True)
-    return 1 if n_failed else 0
+    return tap.done()
 
 
 def outer():

@@ -26,7 +26,6 @@ import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
 _spec = importlib.util.spec_from_file_location("test_forkd", os.path.join(HERE, "test-forkd.py"))
 tf = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(tf)

@@ -11,7 +11,7 @@ namespace, or a file that is none, is refused before anything runs, and a
 template's child that cannot enter its namespace exits with status 4. The template's spawn
 protocol is also driven directly: bad names refused, children fail closed.
 
-The spec fixes the names (forkd-child-<i>), so they cannot be unique to this
+forkd's per_child_netns fixes the names (forkd-child-<i>), so they cannot be unique to this
 run: the test creates only those that are missing, removes only what it
 created, and keeps the window in which they exist short. TAP; a TAP skip when
 /dev/kvm, root or ip netns cannot work.
@@ -29,7 +29,6 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
 _spec = importlib.util.spec_from_file_location("test_forkd", os.path.join(HERE, "test-forkd.py"))
 tf = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(tf)

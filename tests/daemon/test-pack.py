@@ -21,7 +21,6 @@ import sys
 import tarfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
 
 
 def _load(name, file):

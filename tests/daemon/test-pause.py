@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: LGPL-2.1-or-later
 """
-Pause, resume and fork of a paused sandbox (issue 17), end to end on the real
+Pause, resume and fork of a paused sandbox, end to end on the real
 parts: a private dbus-daemon, forkd, forkd-vmm on /dev/kvm and the test guest
 (the harness of test-forkd.py). The guest's state is a pattern written into its
 RAM through /proc/<pid>/mem of its VMM (as test-branch.py does): a resumed
@@ -23,7 +23,6 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
 
 
 def load(name, file):

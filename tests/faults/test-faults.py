@@ -51,9 +51,11 @@ import sys
 import time
 import urllib.request
 
+import dbusmini
+from dbusmini import DBusError
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 DAEMON_TESTS = os.path.join(os.path.dirname(HERE), "daemon")
-sys.path.insert(0, DAEMON_TESTS)
 
 
 def _load(name, file):
@@ -66,8 +68,6 @@ def _load(name, file):
 
 tf = _load("test_forkd", "test-forkd.py")
 tb = _load("test_branch", "test-branch.py")
-import dbusmini  # noqa: E402
-from dbusmini import DBusError  # noqa: E402
 
 FORKCTL = os.environ.get("FORKCTL")
 SOURCE_ROOT = os.environ.get("FORKD_SOURCE_ROOT")
@@ -587,5 +587,4 @@ def is_emulated():
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, HERE)
     sys.exit(main())

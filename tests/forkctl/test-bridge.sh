@@ -86,13 +86,13 @@ write_snapshot() {
 mkdir -p "$T/state/snapshots"
 write_snapshot "$T/state/snapshots" rootsnap
 
-# direct UID CALL...: a client of the direct socket as UID (tests/daemon/dbusmini.py);
-# prints SERVED <reply>, EACCES, or REFUSED/ERROR <name>.
+# direct UID CALL...: a client of the direct socket as UID (tests/lib/dbusmini.py, found
+# through PYTHONPATH, which meson sets and setpriv keeps); prints SERVED <reply>, EACCES,
+# or REFUSED/ERROR <name>.
 direct() {
         local uid=$1; shift
         setpriv --reuid="$uid" --regid="$uid" --clear-groups "$PY" - "$SOCK" "$@" <<'PY'
 import json, sys
-sys.path.insert(0, __import__("os").environ["DBUSMINI_DIR"])
 from dbusmini import Bus, DBusError
 sock, member, sig, args = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
 try:
@@ -106,7 +106,7 @@ except Exception as e:
     print("REFUSED", type(e).__name__)
 PY
 }
-export DBUSMINI_DIR=$HERE/../daemon
+export PYTHONPATH=${PYTHONPATH:-$HERE/../lib}
 PY=/usr/bin/python3; [ -x "$PY" ] || PY=$(command -v python3)
 
 # start_forkd ARGS...: forkd on a socket passed as forkd.socket passes it (polkit-env.sh)

@@ -22,7 +22,8 @@ import subprocess
 import sys
 import tempfile
 import time
-import traceback
+
+from tap import Skip, Tap, check, skip_all
 
 FORKCTL = sys.argv[1] if len(sys.argv) > 1 else ""
 TOP = sys.argv[2] if len(sys.argv) > 2 else ""
@@ -30,43 +31,6 @@ BUILD = os.environ.get("FORKD_BUILD_DIR", "")
 LINE_MAX = 4 * 1024 * 1024
 TOOLS = {"create_snapshot", "list_snapshots", "spawn_sandboxes", "list_sandboxes", "exec", "eval", "run_code",
          "fork_sandbox", "branch_sandbox", "kill_sandbox", "pause_sandbox", "resume_sandbox"}
-
-
-def skip_all(why):
-    print(f"1..0 # SKIP {why}", flush=True)
-    sys.exit(77)
-
-
-class Skip(Exception):
-    pass
-
-
-class Tap:
-    def __init__(self):
-        self.n = 0
-        self.failed = 0
-
-    def run(self, name, fn, *args):
-        self.n += 1
-        try:
-            fn(*args)
-            print(f"ok {self.n} - {name}", flush=True)
-        except Skip as e:
-            print(f"ok {self.n} - {name} # SKIP {e}", flush=True)
-        except Exception as e:  # noqa: BLE001 - report every failure, keep going
-            self.failed += 1
-            print(f"not ok {self.n} - {name}", flush=True)
-            for line in (f"{type(e).__name__}: {e}\n" + traceback.format_exc()).splitlines():
-                print(f"# {line}", flush=True)
-
-    def done(self):
-        print(f"1..{self.n}", flush=True)
-        return 1 if self.failed else 0
-
-
-def check(cond, msg):
-    if not cond:
-        raise AssertionError(msg)
 
 
 class Server:

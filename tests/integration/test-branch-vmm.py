@@ -22,29 +22,16 @@ import subprocess
 import sys
 import tempfile
 import time
-import traceback
+
+from tap import Tap
 
 VMM, GUEST, AGENT_PY = sys.argv[1:4]
 _spec = importlib.util.spec_from_file_location("agent_check", AGENT_PY)
 ac = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(ac)
 
-n = 0
-failed = 0
-
-
-def check(name, fn):
-    global n, failed
-    n += 1
-    try:
-        fn()
-        print(f"ok {n} - {name}")
-    except Exception as e:  # noqa: BLE001
-        failed += 1
-        print(f"not ok {n} - {name}")
-        for line in traceback.format_exception(type(e), e, e.__traceback__):
-            for sub in line.rstrip().splitlines():
-                print(f"# {sub}")
+tap = Tap()
+check = tap.run  # check(name, fn): fn raises to fail
 
 
 def connect(path, kind):
@@ -130,8 +117,7 @@ def main():
                 v.p.kill()
                 v.p.wait()
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"1..{n}")
-    return 1 if failed else 0
+    return tap.done()
 
 
 def run(tmp, vms):

@@ -1,7 +1,7 @@
 #!/bin/bash
 # SPDX-License-Identifier: LGPL-2.1-or-later
 #
-# meson's 'units' test (issues 4 and 5): the shipped units, bus files and polkit files
+# meson's 'units' test: the shipped units, bus files and polkit files
 # under a real systemd. Outside, it boots the real-KVM test host (tests/host-vm/run) with
 # this build directory carried in and runs itself there with --inside. Inside, as a
 # package would: `meson install` with the build's own prefix, systemd-sysusers,
@@ -31,7 +31,9 @@ if [ "${1:-}" != --inside ]; then
         "$top"/*) export FORKD_HOST_VM_BUILD=0 FORKD_HOST_VM_BUILDDIR=${build#"$top"/} ;;
         *) echo "Bail out! $build is not inside the checkout $top"; exit 1 ;;
         esac
-        export FORKD_HOST_VM_STDIN=none
+        # The checkout is copied to the same absolute path inside the test host.
+        export FORKD_HOST_VM_STDIN=none PYTHONPATH=$top/tests/lib
+        export FORKD_HOST_VM_PASSENV="${FORKD_HOST_VM_PASSENV:-} PYTHONPATH"
         exec "$top/tests/host-vm/run" -- bash tests/linux/test-units.sh --inside "$FORKD_HOST_VM_BUILDDIR"
 fi
 
@@ -211,13 +213,12 @@ check "forkd.service stopped cleanly (Result=$(systemctl show -p Result --value 
         [ "$(systemctl show -p Result --value forkd.service)" = success ]
 
 # ---- 5. forkd.socket: forkd starts on its first direct connection ----
-# direct CALL...: a root client of forkd's direct socket (tests/daemon/dbusmini.py, no
-# bus daemon in between); prints the reply's body as JSON.
+# direct CALL...: a root client of forkd's direct socket (tests/lib/dbusmini.py, on the
+# PYTHONPATH carried in; no bus daemon in between); prints the reply's body as JSON.
 SOCK=/run/forkd/bus.sock
 direct() {
         python3 - "$SOCK" "$@" <<'PY'
 import json, sys
-sys.path.insert(0, "tests/daemon")
 from dbusmini import Bus
 sock, member, sig, args = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
 iface, path = "org.forkd.Manager", "/org/forkd/Manager"

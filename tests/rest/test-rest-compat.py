@@ -32,7 +32,7 @@ of their code is here, the replay is ours:
     exec {args, timeout_secs}, branch {mode: "diff", parent_tag, tag}, DELETE
     of the sandbox; snapshot --from-sandbox = branch {tag, diff: true} or
     {mode: "live"[, wait: false]}; rmi = DELETE /v1/snapshots/:tag (409 with
-    seed 001's words when it has dependents; ?cascade=true, ?force=true);
+    REST API v1's words when it has dependents; ?cascade=true, ?force=true);
     snapshot-info = GET .../info; snapshot-compact = POST .../compact {to}.
 
 forkd's Python SDK (Controller) is test-rest-sdk.py's. Routes forkd has and
@@ -360,7 +360,7 @@ def t_cli(c, stack):
         info = w.ok(200, "GET", "/v1/snapshots/cli-l2/info")
         check(info["chain_depth"] == 2 and info["parent_tag"] == "cli-l1" and info["ancestors"] == [TAG, "cli-l1"],
               info)
-        # forkd rmi cli-l1: 409 with seed 001's words
+        # forkd rmi cli-l1: 409 with REST API v1's words
         st, _, _, e = w.request("DELETE", "/v1/snapshots/cli-l1")
         check(st == 409 and e == {"error": "snapshot `cli-l1` is the parent of 1 chained snapshot(s): [cli-l2]; "
                                            "rerun with `?cascade=true` to delete the whole subtree, or "
@@ -399,7 +399,7 @@ def t_cli(c, stack):
 
 def t_fields(c, stack):
     """Unknown fields ignored on the real stack (the call does its work), a
-    known field of the wrong type 400, seed 002's texts, /healthz/."""
+    known field of the wrong type 400, REST API v1's texts, /healthz/."""
     w = fetch(c.port)
     try:
         extra = {"bogus": 1, "nested": {"x": [1, None]}, "prewarm_scratch_dir": "/dev/shm/x"}
@@ -429,7 +429,7 @@ def t_fields(c, stack):
         # hugepages: true is refused, with why
         st, _, _, e = w.request("POST", "/v1/sandboxes", {"snapshot_tag": TAG, "n": 1, "hugepages": True})
         check(st == 400 and e["error"].startswith("hugepages is not supported"), (st, e))
-        # seed 002, word for word
+        # REST API v1, word for word
         for n in (0, 33, 1000):
             st, _, _, e = w.request("POST", f"/v1/sandboxes/{a}/fork", {"n": n})
             check(st == 400 and e == {"error": "n must be between 1 and 32"}, (n, st, e))
@@ -489,7 +489,7 @@ def main():
             ("TypeScript SDK: every Controller and Sandbox request (fetch, keep-alive, compact JSON)", t_typescript),
             ("forkd CLI: snapshot-diff (parent_tag), snapshot --from-sandbox, snapshot-info, rmi 409/cascade/force, "
              "snapshot-compact; workspaces 404", t_cli),
-            ("unknown fields ignored on the real stack, wrong types 400, hugepages refused, seed 002 texts, /healthz/",
+            ("unknown fields ignored on the real stack, wrong types 400, hugepages refused, REST API v1 texts, /healthz/",
              t_fields),
             ("cleanup: every branch deleted, no sandbox left", t_cleanup),
         ]

@@ -5,7 +5,7 @@ Files in a sandbox end to end: POST /v1/sandboxes/:id/files/write and
 /files/read over real HTTP against forkd-rest, a private dbus-daemon, the real
 forkd with forkd-vmm and the test guest (its file table: 47-byte paths, 256
 bytes a file, 8 files; tests/guest/files.c); WriteFile and ReadFile on D-Bus
-(the Manager and the Sandbox objects, error names) with tests/daemon/dbusmini.py.
+(the Manager and the Sandbox objects, error names) with tests/lib/dbusmini.py.
 TAP output; the machinery (Stack, Client, Tap) is test-rest.py's.
 
 Environment: as test-rest.py (tests/rest/meson.build).
@@ -18,13 +18,13 @@ import os
 import signal
 import sys
 
+from dbusmini import Bus, DBusError
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 _spec = importlib.util.spec_from_file_location("test_rest", os.path.join(HERE, "test-rest.py"))
 tr = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(tr)
 check, Skip = tr.check, tr.Skip
-sys.path.insert(0, os.path.join(HERE, "..", "daemon"))
-from dbusmini import Bus, DBusError  # noqa: E402
 
 TAG = "files"
 CAP = 524288

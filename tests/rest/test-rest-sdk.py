@@ -154,8 +154,13 @@ def make_client(base_url, token):
     """forkd's Controller when FORKD_PY_SDK has it, else SdkWire."""
     sdk = os.environ.get("FORKD_PY_SDK")
     if sdk:
-        sys.path.insert(0, sdk)
-        from forkd.controller import Controller, ControllerError  # noqa: E402 (theirs, not ours)
+        # the package forkd in the directory FORKD_PY_SDK, whatever else is installed
+        pkg = os.path.join(sdk, "forkd")
+        spec = importlib.util.spec_from_file_location("forkd", os.path.join(pkg, "__init__.py"),
+                                                      submodule_search_locations=[pkg])
+        sys.modules["forkd"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules["forkd"])
+        from forkd.controller import Controller, ControllerError  # (theirs, not ours)
         c = Controller(base_url=base_url, token=token)
         c.Error = ControllerError
         return c, "forkd's Controller from " + sdk
@@ -179,7 +184,7 @@ def fails(sdk, status, fn, *args, **kw):
 
 def is_branch(snap, tag, sid, status="ready"):
     """What the SDK's docstring promises: a SnapshotInfo whose tag spawn_sandboxes
-    takes, with branched_from; and the spec's pause_ms and status."""
+    takes, with branched_from; and REST API v1's pause_ms and status."""
     check(isinstance(snap, dict) and snap.get("tag") == tag and snap.get("branched_from") == sid and
           isinstance(snap.get("pause_ms"), int) and snap.get("status") == status and
           isinstance(snap.get("created_at_unix"), int) and snap.get("dir", "").endswith("/" + tag), snap)
@@ -240,7 +245,7 @@ def t_branch_full(c, sdk, stack):
     sid = Ctx.sid
     # the SDK's own example: branch_sandbox(sb_id, tag="checkpoint-1") -- body {"tag": ...}
     is_branch(sdk.branch_sandbox(sid, tag="checkpoint-1"), "checkpoint-1", sid)
-    # no argument at all: body {}; the tag is the spec's branch-<source-id>-<unix-ts>
+    # no argument at all: body {}; the tag is REST API v1's branch-<source-id>-<unix-ts>
     b = sdk.branch_sandbox(sid)
     check(b["tag"].startswith(f"branch-{sid}-") and b["tag"][len(f"branch-{sid}-"):].isdigit(), b)
     is_branch(b, b["tag"], sid)
@@ -265,7 +270,7 @@ def t_branch_diff(c, sdk, stack):
                              ("sdk-mode-wins", {"mode": "full", "diff": True}, False)):
         b = sdk.branch_sandbox(sid, tag=tag, **kw)
         is_branch(b, tag, sid)
-        # a diff branch is a link of the chain of the source's snapshot (seed 003)
+        # a diff branch is a link of the chain of the source's snapshot
         check(b.get("parent_tag") == (TAG if is_diff else None), b)
     grand = sdk.spawn_sandboxes("sdk-diff", n=1)
     check(sdk.ping_sandbox(grand[0]["id"])["pong"] is True, grand)
@@ -296,7 +301,7 @@ def t_branch_live(c, sdk, stack):
 
 def t_branch_errors(c, sdk, stack):
     sid = Ctx.sid
-    # the spec's rows, as the SDK sees them: ControllerError with status and the parsed {"error": ...}
+    # REST API v1's rows, as the SDK sees them: ControllerError with status and the parsed {"error": ...}
     fails(sdk, 400, sdk.branch_sandbox, sid, tag="sdk-x", wait=False)
     fails(sdk, 400, sdk.branch_sandbox, sid, tag="sdk-x", mode="diff", wait=False)
     fails(sdk, 400, sdk.branch_sandbox, sid, tag="sdk-x", diff=True, wait=False)

@@ -70,7 +70,7 @@ def t_run_code(c, stack):
     ids, _ = fork(c, 1)
     sid = ids[0]
     Ctx.run_sb = sid
-    # the spec's answer: exactly stdout, stderr, error, exit_code
+    # REST API v1's answer: exactly stdout, stderr, error, exit_code
     r = c.expect(200, "POST", f"/v1/sandboxes/{sid}/run_code", {"code": "x = 41"})
     check({k: r.json[k] for k in SPEC_KEYS} == {"stdout": "", "stderr": "", "error": None, "exit_code": 0}, r)
     # globals persist across calls
@@ -78,7 +78,7 @@ def t_run_code(c, stack):
     check(ok(c, sid, "x = 42; print x", timeout_secs=5) == "42\n", "timeout_secs accepted")
     check(ok(c, sid, "print x", timeout_secs=0) == "42\n", "timeout_secs 0: the default")
     check(ok(c, sid, "print x", timeout_secs=None) == "42\n", "timeout_secs null: the default")
-    # an exception in the code is a 200 with error and exit_code, as the spec's eval shows
+    # an exception in the code is a 200 with error and exit_code, as REST API v1's eval shows
     j = run(c, sid, "print x\nprint nosuch")
     check(j["stdout"] == "42\n" and j["exit_code"] == 1 and j["error"].startswith("NameError") and
           j["stderr"].startswith("NameError"), j)
@@ -147,7 +147,7 @@ def t_diff(c, stack):
     Ctx.diff_sbs = ids
     d = c.expect(200, "POST", f"/v1/sandboxes/{a}/diff", {"other": b}).json
     check(d == {"added": [], "removed": [], "modified": []}, f"two fresh forks: {d}")
-    # seed 004's example
+    # REST API v1's example
     ok(c, a, "write /root/a.txt from a")
     ok(c, b, "write /root/b.txt from b")
     d = c.expect(200, "POST", f"/v1/sandboxes/{a}/diff", {"other": b}).json
@@ -208,8 +208,8 @@ def t_diff_errors(c, stack):
 
 
 def t_pause_resume(c, stack):
-    """Issue 17 over REST: pause frees the VM and keeps globals and files; a paused
-    sandbox is listed, refuses the verbs with 409 and the spec's body, forks (any number
+    """Pause and resume over REST: pause frees the VM and keeps globals and files; a paused
+    sandbox is listed, refuses the verbs with 409 and REST API v1's body, forks (any number
     of batches) and stays paused; resume brings the same id back with its state; DELETE
     removes a paused one."""
     ids, info = fork(c, 1)
@@ -548,11 +548,11 @@ def main():
         tr.wait_daemon(c, stack)
         tests = [
             ("a snapshot of the test guest", t_setup),
-            ("POST /v1/sandboxes/:id/run_code: the spec's answer, globals persist", t_run_code),
+            ("POST /v1/sandboxes/:id/run_code: REST API v1's answer, globals persist", t_run_code),
             ("run_code: 400 and 404 rows, the guest's refusal", t_run_code_errors),
             ("run_code globals and files persist across /fork and a branch of a running sandbox; "
              "each child's state is its own", t_run_code_fork),
-            ("POST /v1/sandboxes/:id/diff: seed 004's example, modified, paths", t_diff),
+            ("POST /v1/sandboxes/:id/diff: REST API v1's example, modified, paths", t_diff),
             ("diff: 400 and 404 rows, the guest's refusal", t_diff_errors),
             ("POST /v1/sandboxes/:id/merge: :id drives the winner's VM, the winner's id is gone", t_merge),
             ("merge into the same id again", t_merge_again),

@@ -25,7 +25,8 @@ import sys
 import tempfile
 import threading
 import time
-import traceback
+
+from tap import Skip, Tap, check  # the other REST tests use them as test_rest.Tap, ...
 
 REST = os.environ.get("FORKD_REST", "")
 DAEMON = os.environ.get("FORKD_DAEMON", "")
@@ -35,41 +36,6 @@ DBUS_DAEMON = os.environ.get("DBUS_DAEMON") or shutil.which("dbus-daemon") or ""
 TOKEN = "t0ken-" + os.urandom(12).hex()
 REQUEST_TIMEOUT = 3  # forkd-rest --timeout for the main instance
 BODY_MAX = 1024 * 1024
-
-# ---------------------------------------------------------------- TAP
-
-
-class Skip(Exception):
-    pass
-
-
-class Tap:
-    def __init__(self):
-        self.n = 0
-        self.failed = 0
-
-    def run(self, name, fn, *args):
-        self.n += 1
-        try:
-            fn(*args)
-            print(f"ok {self.n} - {name}", flush=True)
-        except Skip as e:
-            print(f"ok {self.n} - {name} # SKIP {e}", flush=True)
-        except Exception as e:  # noqa: BLE001 - report every failure, keep going
-            self.failed += 1
-            print(f"not ok {self.n} - {name}", flush=True)
-            for line in (f"{type(e).__name__}: {e}\n" + traceback.format_exc()).splitlines():
-                print(f"# {line}", flush=True)
-
-    def done(self):
-        print(f"1..{self.n}", flush=True)
-        return 1 if self.failed else 0
-
-
-def check(cond, msg):
-    if not cond:
-        raise AssertionError(msg)
-
 
 # ---------------------------------------------------------------- processes
 
@@ -412,8 +378,8 @@ def t_validation(c):
 
 def t_not_implemented_validation(c):
     """branch, compact and the running-sandbox fork check their requests
-    before any D-Bus call: the spec's 400 rows hold."""
-    # spec: 400 when both mode and diff are set, or wait: false without mode "live"
+    before any D-Bus call: REST API v1's 400 rows hold."""
+    # REST API v1: 400 when both mode and diff are set, or wait: false without mode "live"
     for body in ({"mode": "full", "diff": True}, {"mode": "diff", "diff": False}, {"wait": False},
                  {"mode": "full", "wait": False}, {"mode": "diff", "wait": False}, {"mode": "fast"},
                  {"mode": "livelier"}, {"mode": 1}, {"diff": "yes"}, {"wait": "no"}, {"tag": "../x"},
@@ -431,19 +397,19 @@ def t_not_implemented_validation(c):
         c.expect(400, "POST", "/v1/sandboxes/sb-1/branch", body)
     c.expect(400, "POST", "/v1/sandboxes/sb-1/branch", raw=b"{")
     c.expect(400, "POST", "/v1/sandboxes/..x/branch", {})
-    # spec: 400 when to == :tag or either tag is unsafe
+    # REST API v1: 400 when to == :tag or either tag is unsafe
     for body in ({}, {"to": "py"}, {"to": "../x"}, {"to": ""}, {"to": 1}, {"to": "a" * 65}):
         c.expect(400, "POST", "/v1/snapshots/py/compact", body)
     c.expect(400, "POST", "/v1/snapshots/-py/compact", {"to": "py-flat"})
     # Podflare: n between 1 and 32
     for body in ({"n": 0}, {"n": 33}, {"n": -1}, {"n": 2**63}, {"n": 2**64 - 1}):
         r = c.expect(400, "POST", "/v1/sandboxes/sb-1/fork", body)
-        check(r.json == {"error": "n must be between 1 and 32"}, r)  # seed 002, word for word
+        check(r.json == {"error": "n must be between 1 and 32"}, r)  # REST API v1, word for word
     for body in ({"n": "2"}, {"n": 1.5}, {"n": None}, {"n": True}):
         r = c.expect(400, "POST", "/v1/sandboxes/sb-1/fork", body)
         check(r.json == {"error": "n must be an integer between 1 and 32"}, r)
     r = c.expect(401, "POST", "/v1/sandboxes/sb-1/fork", {"n": 2}, token="wrong")
-    check(r.json == {"error": "invalid api key"}, r)  # seed 002
+    check(r.json == {"error": "invalid api key"}, r)  # REST API v1
     r = c.expect(401, "POST", "/v1/sandboxes/sb-1/fork", {"n": 2}, token=None)
     check(r.json == {"error": "invalid api key"}, r)
     # valid requests go on to the daemon, which is not there yet
@@ -691,8 +657,8 @@ def t_socket_activation(stack):
 # ---------------------------------------------------------------- tests with the daemon
 
 
-# The spec's example request for POST /v1/snapshots (tests/spec-snapshot-request.json,
-# also sent by tests/linux/test-linux-guest.py), as the spec shows it
+# forkd's REST API v1 example request for POST /v1/snapshots (tests/spec-snapshot-request.json,
+# also sent by tests/linux/test-linux-guest.py), as the API documents it
 # (only the two paths are ours): no memory field, so forkd's default applies.
 SPEC_SNAPSHOT_REQUEST = json.load(open(os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "spec-snapshot-request.json")))
@@ -820,20 +786,20 @@ def t_pack_unpack(c, stack):
 
 
 def t_snapshot_errors(c, stack):
-    # spec: "400 - ... snapshot already exists"
+    # REST API v1: "400 - ... snapshot already exists"
     r = c.expect(400, "POST", "/v1/snapshots", {"tag": Ctx.tag, "kernel": GUEST, "rootfs": Ctx.rootfs})
     check(Ctx.tag in r.json["error"] or "exist" in r.json["error"], r)
-    # spec: 500 on a boot failure (or 400 if the daemon refuses the path up front)
+    # REST API v1: 500 on a boot failure (or 400 if the daemon refuses the path up front)
     r = c.req("POST", "/v1/snapshots", {"tag": "rest-nokernel", "kernel": "/nonexistent/vmlinux",
                                         "rootfs": Ctx.rootfs, "boot_wait_secs": 5})
     check(r.status in (400, 500), r)
-    # spec: 500 on a boot failure: a kernel that exists but is no kernel
+    # REST API v1: 500 on a boot failure: a kernel that exists but is no kernel
     junk = os.path.join(stack.tmp, "junk-kernel")
     with open(junk, "wb") as f:
         f.write(os.urandom(64 << 10))
     r = c.expect(500, "POST", "/v1/snapshots", {"tag": "rest-junk", "kernel": junk, "rootfs": Ctx.rootfs,
                                                 "boot_wait_secs": 5})
-    # spec: 500 on a boot failure: a guest that triple-faults while booting
+    # REST API v1: 500 on a boot failure: a guest that triple-faults while booting
     # (tests/guest/triple-fault.S): the error says so and quotes its console.
     elf = os.path.join(os.path.dirname(GUEST), "forkd-triple-fault.elf")
     check(os.path.exists(elf), f"{elf} is not built")
@@ -906,7 +872,7 @@ def t_fork_memory_limit(c, stack):
             break
         time.sleep(0.1)
     check(not any(os.path.exists(os.path.join(stack.cgroot, sid)) for sid in ids), "cgroups left after DELETE")
-    # spec: "per_child_netns ... the host must have created those namespaces"
+    # REST API v1: "per_child_netns ... the host must have created those namespaces"
     if not os.path.exists("/run/netns/forkd-child-1"):
         r = c.expect(400, "POST", "/v1/sandboxes", {"snapshot_tag": Ctx.tag, "n": 1, "per_child_netns": True})
         check("forkd-child-1" in r.json["error"], r)
@@ -950,9 +916,9 @@ def t_exec_eval(c, stack):
 
 
 def t_chains(c, stack):
-    """Seed 001's chain rows: DELETE with dependents (409 naming them, cascade,
+    """REST API v1's chain rows: DELETE with dependents (409 naming them, cascade,
     force, both 400), compact (201 SnapshotInfo of a flat snapshot that forks;
-    409, 400, 404), an orphan and a re-snapshotted parent 409 (seed 003)."""
+    409, 400, 404), an orphan and a re-snapshotted parent 409."""
     sid = Ctx.sandboxes[0]
 
     def diff_of(parent, tag):
@@ -995,7 +961,7 @@ def t_chains(c, stack):
     c.expect(404, "GET", "/v1/snapshots/rest-d1/info")
     r = c.expect(409, "POST", "/v1/sandboxes", {"snapshot_tag": "rest-d1b", "n": 1})
     check("references parent `rest-d1`, which no longer exists" in r.json["error"], r)
-    # the parent re-snapshotted under the same tag: seed 003's 409
+    # the parent re-snapshotted under the same tag: REST API v1's 409
     c.expect(201, "POST", f"/v1/sandboxes/{sid}/branch", {"tag": "rest-d1", "mode": "full"})
     r = c.expect(409, "POST", "/v1/sandboxes", {"snapshot_tag": "rest-d1b", "n": 1})
     check(r.json["error"].startswith("chain `rest-d1b` references `rest-d1` content `") and
@@ -1018,7 +984,7 @@ def t_chains(c, stack):
 
 
 def t_sandbox_fork(c, stack):
-    """POST /v1/sandboxes/:id/fork (seed 002): 200 {"children": [ids]}, every
+    """POST /v1/sandboxes/:id/fork: 200 {"children": [ids]}, every
     child answering already; the parent runs on; the error bodies as given."""
     sid = Ctx.sandboxes[0]
     r = c.expect(200, "POST", f"/v1/sandboxes/{sid}/fork", {"n": 3})
@@ -1041,8 +1007,8 @@ def t_sandbox_fork(c, stack):
 
 
 def t_branch(c, stack):
-    """POST /v1/sandboxes/:id/branch (seeds 000 and 001): 201 with a SnapshotInfo
-    carrying branched_from, pause_ms and status; the spec's 404 and 409 rows;
+    """POST /v1/sandboxes/:id/branch: 201 with a SnapshotInfo
+    carrying branched_from, pause_ms and status; REST API v1's 404 and 409 rows;
     children of the branch answer."""
     sid = Ctx.sandboxes[0]
     r = c.expect(201, "POST", f"/v1/sandboxes/{sid}/branch", {"tag": "rest-c1", "mode": "full"})
@@ -1068,7 +1034,7 @@ def t_branch(c, stack):
             break
         check(time.monotonic() < deadline, f"rest-live never became ready: {listed.get('rest-live')}")
         time.sleep(0.05)
-    # GET /v1/snapshots: branched_from and pause_ms on every branch (seed 001), and only there
+    # GET /v1/snapshots: branched_from and pause_ms on every branch, and only there
     check(all(listed[t].get("branched_from") == sid and isinstance(listed[t].get("pause_ms"), int)
               for t in ("rest-c1", "rest-live", "rest-live2", "rest-d1", "rest-d2")) and
           "branched_from" not in listed[Ctx.tag] and "pause_ms" not in listed[Ctx.tag], listed)
@@ -1209,7 +1175,7 @@ def main():
         tap.run("wrong JSON types of known fields are 400; hugepages: true is refused", t_wrong_types, c)
         tap.run("unknown fields are ignored, on every route with a body", t_unknown_fields, c)
         tap.run("tags, ids and n validated before any D-Bus call", t_validation, c)
-        tap.run("compact, branch, fork of a running sandbox: the spec's 400 rows", t_not_implemented_validation, c)
+        tap.run("compact, branch, fork of a running sandbox: REST API v1's 400 rows", t_not_implemented_validation, c)
         tap.run("daemon absent: 503, /metrics still answers", t_daemon_absent, c)
         tap.run("body cap: 413 from Content-Length and while streaming", t_body_cap, c)
         tap.run("header cap", t_header_cap, c)
@@ -1221,7 +1187,7 @@ def main():
         tap.run("socket activation via systemd-socket-activate", t_socket_activation, stack)
 
         daemon_tests = [
-            ("POST /v1/snapshots from the test guest, the spec's request as it stands: the default memory",
+            ("POST /v1/snapshots from the test guest, REST API v1's example request as it stands: the default memory",
              t_snapshot_create),
             ("POST /v1/snapshots error rows; a guest that triple-faults at boot", t_snapshot_errors),
             ("GET /v1/snapshots and /v1/snapshots/:tag/info", t_snapshot_list_info),
@@ -1233,7 +1199,7 @@ def main():
             ("exec and eval: the test guest's error, passed on", t_exec_eval),
             ("POST /v1/sandboxes/:id/branch (full, diff, legacy diff, live): 201 SnapshotInfo, 404, 409; "
              "children of a branch answer", t_branch),
-            ("POST /v1/sandboxes/:id/fork: 200 children that answer; seed 002's 400, 401, 404 bodies",
+            ("POST /v1/sandboxes/:id/fork: 200 children that answer; REST API v1's 400, 401, 404 bodies",
              t_sandbox_fork),
             ("chains: DELETE with dependents 409, ?cascade, ?force; compact 201, 409, 400, 404; an orphan and a "
              "re-snapshotted parent 409", t_chains),

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
-/* The pure parts of forking with a network (issue 14): which fork options a
+/* The pure parts of forking with a network: which fork options a
  * snapshot with or without a NIC takes, the sandbox record's netns, the
  * guest_addr of an agent_tcp sandbox, and the spawn batch with taps. */
 #include <setjmp.h>

@@ -136,7 +136,7 @@ def t_create_snapshot(ctl, stack):
     check(TAG in [s["tag"] for s in ctl.list_snapshots()], "list_snapshots lists it")
     si = ctl.snapshot_info(TAG)
     check(si["tag"] == TAG and si["chain_depth"] == 0 and si["dependents"] == [], si)
-    # the spec's "already exists" answer, typed
+    # REST API v1's "already exists" answer, typed
     try:
         ctl.create_snapshot(TAG, kernel, rootfs, boot_wait_secs=G.boot_wait)
         check(False, "a second snapshot under the same tag was accepted")
@@ -336,7 +336,7 @@ def t_fork_diff(ctl, stack):
             check(all(isinstance(k, Sandbox) for k in (a, b)) and a.id != b.id != parent.id, (a, b))
             for k in (a, b):
                 check(ok_code(k, G.show("x")) == "42\n", f"{k.id} inherits x")
-            # seed 004's diff example
+            # REST API v1's diff example
             ok_code(a, G.write("/root/a.txt", "from a"))
             ok_code(b, G.write("/root/b.txt", "from b"))
             d = a.diff(b)
@@ -554,10 +554,10 @@ def main():
             ("Sandbox.create, run_code with persistent globals, commands.run, context manager, Sandbox() from "
              "the environment", t_sandbox_e2b),
             ("files.write and files.read (the cap before sending)", t_files),
-            ("fork(n) inherits globals; diff (seed 004's example)", t_fork_diff),
+            ("fork(n) inherits globals; diff (REST API v1's example)", t_fork_diff),
             ("merge_into: the parent drives the winner's VM; branch and a sandbox of it", t_merge_branch),
             ("diff branch, Conflict on delete, compact_snapshot, pack and unpack", t_chain_pack),
-            ("examples/tree_search.py (seed 004's tree search) runs", t_tree_search),
+            ("examples/tree_search.py (REST API v1's tree search) runs", t_tree_search),
             ("https:// with an ssl_context; an untrusted certificate is ConnectionFailed", t_https),
         ]
         for name, fn in tests:
