@@ -11,7 +11,7 @@
  * one line: {"ms": M, "kids": [SandboxInfo...]}. On a D-Bus error: its name and
  * message on stderr, exit 1; a usage error, exit 2.
  *
- * The Python client of the bench (tests/daemon/dbusmini.py) decodes a reply of
+ * The Python client of the bench (tests/lib/dbusmini.py) decodes a reply of
  * 1000 SandboxInfos in about 140 ms on these machines: its own cost, not
  * forkd's, and no user's with sd-bus, dbus-python or forkctl.
  */

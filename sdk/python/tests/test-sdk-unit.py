@@ -20,33 +20,9 @@ import threading
 import time
 import traceback
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-
-import forkd  # noqa: E402
-from forkd import Controller, InvalidArgument, Sandbox  # noqa: E402
-
-
-class Tap:
-    def __init__(self):
-        self.n = 0
-        self.failed = 0
-
-    def run(self, name, fn):
-        self.n += 1
-        try:
-            fn()
-            print(f"ok {self.n} - {name}", flush=True)
-        except Exception as e:  # noqa: BLE001
-            self.failed += 1
-            print(f"not ok {self.n} - {name}", flush=True)
-            for line in (f"{type(e).__name__}: {e}\n" + traceback.format_exc()).splitlines():
-                print(f"# {line}", flush=True)
-
-
-def check(cond, msg):
-    if not cond:
-        raise AssertionError(msg)
+import forkd
+from forkd import Controller, InvalidArgument, Sandbox
+from tap import Tap, check
 
 
 def raises(cls, fn, *a, **kw):

@@ -35,10 +35,9 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 SDK = os.path.dirname(HERE)
 TOP = os.path.dirname(os.path.dirname(SDK))
-sys.path.insert(0, SDK)
 
-import forkd  # noqa: E402
-from forkd import (BadRequest, Conflict, Controller, ForkdError, InvalidArgument, NotFound, Sandbox,  # noqa: E402
+import forkd
+from forkd import (BadRequest, Conflict, Controller, ForkdError, InvalidArgument, NotFound, Sandbox,
                    ServerError, Unauthorized)
 
 _spec = importlib.util.spec_from_file_location("test_rest", os.path.join(TOP, "tests", "rest", "test-rest.py"))
