@@ -28,10 +28,6 @@
 
 extern char **environ;
 
-bool chain_is_compact_staging(const char *name) {
-        return strncmp(name, COMPACT_STAGING_PREFIX, strlen(COMPACT_STAGING_PREFIX)) == 0;
-}
-
 static bool strv_contains(char **l, size_t n, const char *s) {
         for (size_t k = 0; k < n; k++)
                 if (strcmp(l[k], s) == 0)

@@ -18,8 +18,6 @@
 
 #include "manager.h"
 
-#define COMPACT_STAGING_PREFIX ".compact-staging-"
-
 /* DeleteSnapshot/Delete of i once polkit agreed: refuses a snapshot with
  * dependents (HasDependents, naming them all) unless cascade (the whole
  * subtree, children first) or force (i alone, its children orphaned). */
@@ -31,5 +29,3 @@ int chain_check_restorable(Manager *m, Image *i, sd_bus_error *error);
 /* org.forkd.Manager.CompactSnapshot(s tag, s to) -> a{sv} */
 int method_compact_snapshot(sd_bus_message *message, void *userdata, sd_bus_error *error);
 
-/* A stale staging directory left by a compact that died (name in snapshots_dir). */
-bool chain_is_compact_staging(const char *name);

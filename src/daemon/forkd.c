@@ -15,6 +15,7 @@
 #include "macro.h"
 #include "manager-dbus.h"
 #include "manager.h"
+#include "operation.h"
 #include "polkit.h"
 #include "worker.h"
 
@@ -313,6 +314,7 @@ static int run(int argc, char *argv[]) {
         r = manager_new(&m);
         if (r < 0)
                 return log_error_errno(r, "Failed to allocate the manager: %m");
+        m->hooks = &operation_hooks;
         m->max_operations = arg_max_operations;
         m->max_branches = arg_max_branches;
         m->control_timeout_usec = arg_control_timeout_sec * 1000000ull;

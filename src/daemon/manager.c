@@ -5,8 +5,6 @@
 #include <sys/random.h>
 #include <sys/stat.h>
 
-#include "branch.h"
-#include "chain.h"
 #include "cgroup.h"
 #include "confine.h"
 #include "fs-util.h"
@@ -15,12 +13,10 @@
 #include "macro.h"
 #include "manager-dbus.h"
 #include "operation.h"
-#include "pack-op.h"
 #include "polkit.h"
 #include "sandbox-dbus.h"
 #include "sandbox.h"
 #include "vm-template.h"
-#include "paused.h"
 #include "worker.h"
 
 void random_hex(char *buf, size_t n_digits) {
@@ -93,13 +89,14 @@ Manager *manager_free(Manager *m) {
         /* Sandboxes before operations: a fork waits for their answers. */
         while (hashmap_size(m->vms) > 0)
                 sandbox_free(hashmap_first(m->vms));
-        branch_free_all(m);
+        if (m->hooks) /* none when manager_new() failed */
+                m->hooks->free_branches(m);
         while (m->operations)
                 operation_free(m->operations);
         while (m->templates)
                 vm_template_free(m->templates);
-        while (hashmap_size(m->paused) > 0)
-                paused_free(hashmap_first(m->paused));
+        if (m->hooks)
+                m->hooks->free_paused(m);
         while (hashmap_size(m->images) > 0)
                 image_free(hashmap_first(m->images));
 
@@ -171,7 +168,7 @@ static int load_snapshots(Manager *m) {
                         closedir(d);
                         return log_oom();
                 }
-                if (chain_is_compact_staging(de->d_name)) {
+                if (strncmp(de->d_name, COMPACT_STAGING_PREFIX, strlen(COMPACT_STAGING_PREFIX)) == 0) {
                         log_info("Removing the unfinished compact %s.", path);
                         r = rm_rf(path);
                         if (r < 0)
@@ -200,7 +197,7 @@ static int load_snapshots(Manager *m) {
                         closedir(d);
                         return log_oom();
                 }
-                if (is_staging_name(de->d_name) && branch_adopt_staging(m, de->d_name) > 0) {
+                if (is_staging_name(de->d_name) && m->hooks->adopt_staging(m, de->d_name) > 0) {
                         log_info("A branch is still writing %s; it is registered once written.", path);
                         continue;
                 }
@@ -308,14 +305,14 @@ int manager_startup(Manager *m) {
                 log_warning_errno(r, "Failed to sweep stale cgroups: %m");
 
         /* Before the scan, so that nothing lands unseen in between. */
-        r = branch_watch_snapshots(m);
+        r = m->hooks->watch_snapshots(m);
         if (r < 0)
                 log_warning_errno(r, "Failed to watch %s; branches written across a restart are registered at "
                                   "the next start only: %m", m->snapshots_dir);
         r = load_snapshots(m);
         if (r < 0)
                 return r;
-        r = paused_load_all(m);
+        r = m->hooks->load_paused(m);
         if (r < 0)
                 log_warning_errno(r, "Failed to load the paused sandboxes: %m");
         return 0;

@@ -1,8 +1,10 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
+#include "branch.h"
 #include "fork-op.h"
 #include "image.h"
 #include "macro.h"
 #include "operation.h"
+#include "paused.h"
 #include "polkit.h"
 
 int operation_new(Manager *m, sd_bus_message *message, Operation **ret) {
@@ -58,3 +60,28 @@ Operation *operation_free(Operation *o) {
         manager_check_idle_exit(m);
         return NULL;
 }
+
+/* ---- the models' hooks ---- */
+
+static void free_paused(Manager *m) {
+        while (hashmap_size(m->paused) > 0)
+                paused_free(hashmap_first(m->paused));
+}
+
+static int pause_on_deadline(Sandbox *s) {
+        return paused_pause(s, NULL, NULL);
+}
+
+const ManagerHooks operation_hooks = {
+        .watch_snapshots = branch_watch_snapshots,
+        .adopt_staging = branch_adopt_staging,
+        .load_paused = paused_load_all,
+        .free_branches = branch_free_all,
+        .free_paused = free_paused,
+        .sandbox_gone = branch_sandbox_gone,
+        .fork_child_exited = fork_op_child_exited,
+        .fork_child_gone = fork_op_child_gone,
+        .snapshot_is_forkds = snapshot_tag_is_forkds,
+        .snapshot_released = paused_snapshot_gc,
+        .pause = pause_on_deadline,
+};

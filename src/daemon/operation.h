@@ -30,3 +30,6 @@ struct Operation {
 int operation_new(Manager *m, sd_bus_message *message, Operation **ret);
 /* Accepts NULL, returns NULL. */
 Operation *operation_free(Operation *o);
+
+/* The models' hooks (ManagerHooks, manager.h): branches, forks and pauses. */
+extern const ManagerHooks operation_hooks;

@@ -9,8 +9,5 @@
 
 #include "manager.h"
 
-/* Staging directories of unpacks, in the snapshots directory: ".unpack-XXXXXX". */
-#define PACK_STAGING_PREFIX ".unpack-"
-
 int bus_manager_method_pack_snapshot(sd_bus_message *message, void *userdata, sd_bus_error *error);
 int bus_manager_method_unpack_snapshot(sd_bus_message *message, void *userdata, sd_bus_error *error);
