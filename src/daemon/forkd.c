@@ -11,6 +11,7 @@
 
 #include "cgroup.h"
 #include "doctor.h"
+#include "direct-listener.h"
 #include "vmm-client.h"
 #include "macro.h"
 #include "manager-dbus.h"

@@ -7,6 +7,7 @@
 
 #include "cgroup.h"
 #include "confine.h"
+#include "direct-listener.h"
 #include "fs-util.h"
 #include "image.h"
 #include "manager.h"
