@@ -13,6 +13,7 @@
 #include "boot-files.h"
 #include "cgroup.h"
 #include "fork-op.h"
+#include "fork-options-bus.h"
 #include "fs-util.h"
 #include "image-dbus.h"
 #include "image.h"
@@ -20,6 +21,7 @@
 #include "manager-dbus.h"
 #include "operation.h"
 #include "pack-op.h"
+#include "paused-dbus.h"
 #include "paused.h"
 #include "polkit.h"
 #include "branch.h"
@@ -556,104 +558,6 @@ static int method_delete_snapshot(sd_bus_message *message, void *userdata, sd_bu
 
 /* ---- sandboxes ---- */
 
-/* Fork's options a{sv} into o; timeout_only (ForkSandboxEx): only timeout_secs
- * and on_timeout are known. */
-static int parse_fork_options_full(sd_bus_message *message, struct fork_options *o, bool timeout_only,
-                                   sd_bus_error *error) {
-        static const struct {
-                const char *key, *type;
-                bool timeout;
-        } known[] = {
-                { "per_child_netns", "b", false }, { "live_fork", "b", false }, { "memory_limit_mib", "u", false },
-                { "network", "s", false }, { "timeout_secs", "u", true }, { "on_timeout", "s", true },
-        };
-        char err[FORK_OPTION_ERROR_MAX];
-        bool timeout_given = false;
-        int r;
-
-        r = sd_bus_message_enter_container(message, 'a', "{sv}");
-        if (r < 0)
-                return r;
-        for (;;) {
-                const char *key, *type = NULL, *str = NULL;
-                uint32_t u = 0;
-                int b = 0;
-
-                r = sd_bus_message_enter_container(message, 'e', "sv");
-                if (r < 0)
-                        return r;
-                if (r == 0)
-                        break;
-                r = sd_bus_message_read(message, "s", &key);
-                if (r < 0)
-                        return r;
-                for (size_t k = 0; k < ELEMENTSOF(known); k++)
-                        if (strcmp(key, known[k].key) == 0 && (known[k].timeout || !timeout_only))
-                                type = known[k].type;
-                if (!type)
-                        return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
-                                                 "Unknown fork option \"%.64s\" (known: %s).", key,
-                                                 timeout_only ? "timeout_secs, on_timeout" :
-                                                 "per_child_netns, memory_limit_mib, live_fork, network, "
-                                                 "timeout_secs, on_timeout");
-                r = sd_bus_message_enter_container(message, 'v', type);
-                if (r < 0)
-                        return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "Fork option %s must be of type %s.",
-                                                 key, type);
-                r = sd_bus_message_read_basic(message, type[0], type[0] == 'b' ? (void *) &b :
-                                                                type[0] == 'u' ? (void *) &u : (void *) &str);
-                if (r < 0)
-                        return r;
-                if (strcmp(key, "per_child_netns") == 0)
-                        o->per_child_netns = b;
-                else if (strcmp(key, "live_fork") == 0)
-                        o->live_fork = b;
-                else if (strcmp(key, "network") == 0) {
-                        if (fork_option_check_network(str, err) < 0)
-                                return sd_bus_error_set(error, SD_BUS_ERROR_INVALID_ARGS, err);
-                        o->net_policy = netns_policy_from_string(str);
-                        o->net_policy_given = true;
-                } else if (strcmp(key, "memory_limit_mib") == 0) {
-                        o->memory_limit_mib = u;
-                        if (fork_option_check_memory_limit_mib(u, err) < 0)
-                                return sd_bus_error_set(error, SD_BUS_ERROR_INVALID_ARGS, err);
-                } else if (strcmp(key, "timeout_secs") == 0) {
-                        o->timeout_secs = u;
-                        timeout_given = true;
-                        if (fork_option_check_timeout_secs(u, err) < 0)
-                                return sd_bus_error_set(error, SD_BUS_ERROR_INVALID_ARGS, err);
-                } else {
-                        if (fork_option_check_on_timeout(str, err) < 0)
-                                return sd_bus_error_set(error, SD_BUS_ERROR_INVALID_ARGS, err);
-                        o->timeout_pause = strcmp(str, ON_TIMEOUT_PAUSE) == 0;
-                        o->on_timeout_given = true;
-                }
-                r = sd_bus_message_exit_container(message);
-                if (r < 0)
-                        return r;
-                r = sd_bus_message_exit_container(message);
-                if (r < 0)
-                        return r;
-        }
-        if (fork_option_check_deadline(timeout_given, o->timeout_secs,
-                                       o->on_timeout_given ? (o->timeout_pause ? ON_TIMEOUT_PAUSE : ON_TIMEOUT_KILL) : NULL,
-                                       false, err) < 0)
-                return sd_bus_error_set(error, SD_BUS_ERROR_INVALID_ARGS, err);
-        return sd_bus_message_exit_container(message);
-}
-
-static int parse_fork_options(sd_bus_message *message, struct fork_options *o, sd_bus_error *error) {
-        return parse_fork_options_full(message, o, false, error);
-}
-
-int bus_read_fork_n(sd_bus_message *message, uint32_t *ret_n, struct fork_options *o, sd_bus_error *error) {
-        int r = sd_bus_message_read(message, "u", ret_n);
-
-        if (r >= 0 && sd_bus_message_has_signature(message, "sua{sv}"))
-                r = parse_fork_options_full(message, o, true, error); /* ForkSandboxEx */
-        return r;
-}
-
 static void fork_done(ForkOp *f, int r, const char *error_name, const char *error_message, void *userdata) {
         _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
         Operation *o = userdata;
@@ -690,7 +594,7 @@ static int method_fork(sd_bus_message *message, void *userdata, sd_bus_error *er
         r = sd_bus_message_read(message, "su", &tag, &n);
         if (r < 0)
                 return r;
-        r = parse_fork_options(message, &opts, error);
+        r = parse_fork_options_full(message, &opts, false, error);
         if (r < 0)
                 return r;
         r = bus_check_tag(tag, "snapshot tag", error);

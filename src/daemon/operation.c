@@ -4,6 +4,7 @@
 #include "image.h"
 #include "macro.h"
 #include "operation.h"
+#include "pause-op.h"
 #include "paused.h"
 #include "polkit.h"
 

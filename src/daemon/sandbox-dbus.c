@@ -6,6 +6,9 @@
 #include "agent-proto.h"
 #include "branch.h"
 #include "file-hashes.h"
+#include "fork-options-bus.h"
+#include "pause-op.h"
+#include "paused-dbus.h"
 #include "sandbox-fork.h"
 #include "json-util.h"
 #include "macro.h"
@@ -743,6 +746,44 @@ int bus_sandbox_method_expose_port(sd_bus_message *message, void *userdata, sd_b
                 return -ENOMEM;
         return sd_bus_reply_method_return(message, "s", addr);
 }
+
+/* ---- pause and deadlines ---- */
+
+int bus_sandbox_method_pause(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        Sandbox *s = userdata;
+        int r;
+
+        r = sandbox_verify(message, s, "org.forkd.pause", "pause", error);
+        if (r < 0)
+                return r;
+        if (r == 0)
+                return 1;
+        r = paused_pause(s, message, error);
+        return r < 0 ? r : 1;
+}
+
+int bus_sandbox_method_set_timeout(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
+        Sandbox *s = userdata;
+        uint64_t expires = 0;
+        bool pause = false;
+        int r;
+
+        r = bus_read_timeout(message, s->expires_at > 0 && s->timeout_pause, &expires, &pause, error);
+        if (r < 0)
+                return r;
+        r = sandbox_verify(message, s, "org.forkd.pause", "timeout", error);
+        if (r <= 0)
+                return r < 0 ? r : 1;
+        r = sandbox_set_deadline(s, expires, pause);
+        if (r < 0)
+                return sd_bus_error_set_errnof(error, r, "Failed to set the deadline of %s: %m", s->id);
+        r = bus_sandbox_info_reply(message, NULL, s, &reply);
+        if (r < 0)
+                return r;
+        return sd_bus_send(NULL, reply, NULL);
+}
+
 
 /* Object-path entry points. A message may be dispatched twice (polkit
  * re-queues it once answered): start reading from its beginning each time.

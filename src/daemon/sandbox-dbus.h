@@ -38,6 +38,10 @@ int bus_sandbox_method_eval(sd_bus_message *message, void *userdata, sd_bus_erro
 int bus_sandbox_method_run_code(sd_bus_message *message, void *userdata, sd_bus_error *error);
 int bus_sandbox_method_merge(sd_bus_message *message, void *userdata, sd_bus_error *error);
 int bus_sandbox_method_diff(sd_bus_message *message, void *userdata, sd_bus_error *error);
+/* PauseSandbox(s id) -> a{sv} and SetSandboxTimeout(s id, u timeout_secs, s on_timeout) -> a{sv}
+ * after the id: a running sandbox. */
+int bus_sandbox_method_pause(sd_bus_message *message, void *userdata, sd_bus_error *error);
+int bus_sandbox_method_set_timeout(sd_bus_message *message, void *userdata, sd_bus_error *error);
 /* sandbox-files.c */
 int bus_sandbox_method_write_file(sd_bus_message *message, void *userdata, sd_bus_error *error);
 int bus_sandbox_method_read_file(sd_bus_message *message, void *userdata, sd_bus_error *error);

@@ -7,6 +7,7 @@
 #include "branch.h"
 #include "cgroup.h"
 #include "fork-op.h"
+#include "fork-options-bus.h"
 #include "json-util.h"
 #include "manager-dbus.h"
 #include "macro.h"

@@ -1,0 +1,140 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+/* The D-Bus face of paused sandboxes: see paused-dbus.h. */
+#include <string.h>
+
+#include "fork-op.h"
+#include "fork-options-bus.h"
+#include "macro.h"
+#include "pause-op.h"
+#include "paused-dbus.h"
+#include "paused.h"
+#include "polkit.h"
+#include "sandbox-dbus.h"
+#include "sandbox.h"
+#include "snapshot-meta.h"
+
+int paused_append_info(sd_bus_message *reply, Paused *p) {
+        int r;
+
+        r = sd_bus_message_open_container(reply, 'a', "{sv}");
+        if (r < 0)
+                return r;
+        r = sd_bus_message_append(reply, "{sv}{sv}{sv}{sv}{sv}{sv}{sv}{sv}{sv}",
+                                  "id", "s", p->id,
+                                  "owner_uid", "u", (uint32_t) p->owner_uid,
+                                  "snapshot_tag", "s", p->origin_tag,
+                                  "guest_addr", "s", "",
+                                  "created_at_unix", "t", p->created_at,
+                                  "paused_at_unix", "t", p->paused_at,
+                                  "pid", "u", (uint32_t) 0,
+                                  "state", "s", "paused",
+                                  "status", "s", "paused");
+        if (r >= 0 && p->memory_limit_mib > 0)
+                r = sd_bus_message_append(reply, "{sv}", "memory_limit_mib", "u", p->memory_limit_mib);
+        if (r >= 0 && p->net_policy >= 0)
+                r = sd_bus_message_append(reply, "{sv}", "network", "s",
+                                          netns_policy_to_string((NetnsPolicy) p->net_policy));
+        if (r >= 0)
+                r = sandbox_append_deadline(reply, p->expires_at, p->timeout_pause);
+        if (r >= 0 && p->pause_us > 0)
+                r = sd_bus_message_append(reply, "{sv}{sv}", "pause_us", "t", p->pause_us, "pause_ms", "t",
+                                          (p->pause_us + 500) / 1000);
+        if (r < 0)
+                return r;
+        return sd_bus_message_close_container(reply);
+}
+
+int paused_verify(sd_bus_message *message, Paused *p, const char *action, const char *verb, sd_bus_error *error) {
+        const char *details[] = { "sandbox", p->id, "snapshot", p->origin_tag, "verb", verb, NULL };
+        char what[SNAPSHOT_TAG_MAX + 32];
+
+        snprintf(what, sizeof(what), "paused sandbox %s", p->id);
+        return bus_verify_owner_async(message, p->owner_uid, what, action, details, &p->manager->polkit_registry,
+                                      error);
+}
+
+int bus_sandbox_info_reply(sd_bus_message *call, Paused *p, Sandbox *s, sd_bus_message **ret) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
+        int r;
+
+        r = sd_bus_message_new_method_return(call, &reply);
+        if (r >= 0)
+                r = p ? paused_append_info(reply, p) : sandbox_append_info(reply, s);
+        if (r < 0)
+                return r;
+        *ret = TAKE_PTR(reply);
+        return 0;
+}
+
+int bus_paused_method_resume(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        Paused *p = userdata;
+        int r;
+
+        r = paused_verify(message, p, "org.forkd.pause", "resume", error);
+        if (r <= 0)
+                return r < 0 ? r : 1;
+        return paused_fork_start(message, p, 1, NULL, error);
+}
+
+int bus_paused_method_fork(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        Paused *p = userdata;
+        struct fork_options topts = {};
+        uint32_t n;
+        int r;
+
+        r = bus_read_fork_n(message, &n, &topts, error);
+        if (r < 0)
+                return r;
+        if (n < 1 || n > FORK_N_MAX)
+                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "n must be from 1 to %u, not %u.",
+                                         FORK_N_MAX, n);
+        r = paused_verify(message, p, "org.forkd.branch", "fork", error);
+        if (r <= 0)
+                return r < 0 ? r : 1;
+        /* on_timeout "pause" is a pause asked for ahead of time: the caller must be allowed one. */
+        if (topts.timeout_pause) {
+                r = paused_verify(message, p, "org.forkd.pause", "timeout", error);
+                if (r <= 0)
+                        return r < 0 ? r : 1;
+        }
+        return paused_fork_start(message, p, n, &topts, error);
+}
+
+int bus_paused_method_terminate(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        Paused *p = userdata;
+        int r;
+
+        r = paused_verify(message, p, "org.forkd.terminate", "terminate", error);
+        if (r <= 0)
+                return r < 0 ? r : 1;
+        if (p->resuming)
+                return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "Sandbox %s is being resumed.", p->id);
+        r = paused_terminate(p);
+        if (r < 0)
+                return sd_bus_error_set_errnof(error, r, "Failed to remove the record of paused sandbox %s: %m",
+                                               p->id);
+        return sd_bus_reply_method_return(message, NULL);
+}
+
+int bus_paused_method_set_timeout(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
+        Paused *p = userdata;
+        uint64_t expires = 0;
+        bool pause = false;
+        int r;
+
+        r = bus_read_timeout(message, p->expires_at > 0 && p->timeout_pause, &expires, &pause, error);
+        if (r < 0)
+                return r;
+        r = paused_verify(message, p, "org.forkd.pause", "timeout", error);
+        if (r <= 0)
+                return r < 0 ? r : 1;
+        r = paused_set_deadline(p, expires, pause);
+        if (r < 0)
+                return sd_bus_error_set_errnof(error, r, "Failed to record the deadline of %s: %m", p->id);
+        r = bus_sandbox_info_reply(message, p, NULL, &reply);
+        if (r < 0)
+                return r;
+        return sd_bus_send(NULL, reply, NULL);
+}
+

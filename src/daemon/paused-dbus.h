@@ -1,0 +1,27 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#pragma once
+
+/* The D-Bus face of paused sandboxes: their SandboxInfo, their polkit check,
+ * and the methods that take one. */
+
+#include <systemd/sd-bus.h>
+
+#include "manager.h"
+#include "paused.h"
+
+/* A SandboxInfo a{sv} of a paused sandbox ("state" and "status" "paused"). */
+int paused_append_info(sd_bus_message *reply, Paused *p);
+/* Polkit and ownership for verb on p, as sandbox_verify(). */
+int paused_verify(sd_bus_message *message, Paused *p, const char *action, const char *verb, sd_bus_error *error);
+/* A method return to call with the SandboxInfo of p, or of s when p is NULL. */
+int bus_sandbox_info_reply(sd_bus_message *call, Paused *p, Sandbox *s, sd_bus_message **ret);
+
+/* Methods on a paused sandbox (userdata a Paused); the Manager's forward here
+ * after the id was looked up:
+ *   ResumeSandbox(s id) -> a{sv}, TerminateSandbox(s id),
+ *   ForkSandbox(s id, u n) -> (aa{sv}, t),
+ *   SetSandboxTimeout(s id, u timeout_secs, s on_timeout) -> a{sv} */
+int bus_paused_method_resume(sd_bus_message *message, void *userdata, sd_bus_error *error);
+int bus_paused_method_terminate(sd_bus_message *message, void *userdata, sd_bus_error *error);
+int bus_paused_method_fork(sd_bus_message *message, void *userdata, sd_bus_error *error);
+int bus_paused_method_set_timeout(sd_bus_message *message, void *userdata, sd_bus_error *error);
