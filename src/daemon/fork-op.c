@@ -822,30 +822,6 @@ static void on_cgroup_ready(int r, const char *id, const char *parent, void *use
 static int fork_op_start_full(Manager *m, Image *i, VmTemplate *t, unsigned n, const struct fork_options *o,
                               fork_done_t done, void *userdata, ForkOp **ret);
 
-int fork_options_resolve_network(struct fork_options *o, bool has_nic, bool agent_tcp, const char **ret_why) {
-        if (!has_nic) {
-                if (o->net_policy_given) {
-                        *ret_why = "the snapshot has no NIC, so a network policy has nothing to apply to: "
-                                   "create the snapshot with network (option network, REST \"network\": true) "
-                                   "or leave network out";
-                        return -EINVAL;
-                }
-                o->net = o->agent_tcp = false;
-                return 0;
-        }
-        if (o->per_child_netns) {
-                *ret_why = "the snapshot has a NIC: forkd makes each child's namespace itself, with its tap, "
-                           "while per_child_netns's pre-made namespaces hold no tap for it; leave "
-                           "per_child_netns out and choose the policy with network (none or egress)";
-                return -EINVAL;
-        }
-        if (!o->net_policy_given)
-                o->net_policy = NETNS_POLICY_NONE; /* the default: nothing leaves */
-        o->net = true;
-        o->agent_tcp = agent_tcp;
-        return 0;
-}
-
 int fork_op_start(Manager *m, Image *i, unsigned n, const struct fork_options *o, fork_done_t done, void *userdata,
                   ForkOp **ret) {
         return fork_op_start_full(m, i, NULL, n, o, done, userdata, ret);

@@ -7,6 +7,30 @@
 #include "macro.h"
 #include "time-util.h"
 
+int fork_options_resolve_network(struct fork_options *o, bool has_nic, bool agent_tcp, const char **ret_why) {
+        if (!has_nic) {
+                if (o->net_policy_given) {
+                        *ret_why = "the snapshot has no NIC, so a network policy has nothing to apply to: "
+                                   "create the snapshot with network (option network, REST \"network\": true) "
+                                   "or leave network out";
+                        return -EINVAL;
+                }
+                o->net = o->agent_tcp = false;
+                return 0;
+        }
+        if (o->per_child_netns) {
+                *ret_why = "the snapshot has a NIC: forkd makes each child's namespace itself, with its tap, "
+                           "while per_child_netns's pre-made namespaces hold no tap for it; leave "
+                           "per_child_netns out and choose the policy with network (none or egress)";
+                return -EINVAL;
+        }
+        if (!o->net_policy_given)
+                o->net_policy = NETNS_POLICY_NONE; /* the default: nothing leaves */
+        o->net = true;
+        o->agent_tcp = agent_tcp;
+        return 0;
+}
+
 /* Fork's options a{sv} into o; timeout_only (ForkSandboxEx): only timeout_secs
  * and on_timeout are known. */
 int parse_fork_options_full(sd_bus_message *message, struct fork_options *o, bool timeout_only,

@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 #pragma once
 
-/* The D-Bus side of fork options (src/shared/fork-options.h holds the checks
- * and their words): Fork's a{sv}, ForkSandbox(Ex)'s n and options, and
- * SetTimeout's deadline. */
+/* The daemon's side of fork options (src/shared/fork-options.h holds the
+ * checks and their words): Fork's a{sv}, ForkSandbox(Ex)'s n and options, and
+ * SetTimeout's deadline, read from D-Bus messages; and the network a fork of
+ * a snapshot gets (fork_options_resolve_network(), declared in fork-op.h). */
 
 #include <stdbool.h>
 #include <stdint.h>

@@ -2,18 +2,13 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <stddef.h>
-#include <linux/nsfs.h>
-#include <sched.h>
-#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 
 #include "chain.h"
 #include "boot-files.h"
-#include "cgroup.h"
 #include "fork-op.h"
-#include "fork-options-bus.h"
 #include "fs-util.h"
 #include "image-dbus.h"
 #include "image.h"
@@ -22,7 +17,6 @@
 #include "operation.h"
 #include "pack-op.h"
 #include "paused-dbus.h"
-#include "paused.h"
 #include "polkit.h"
 #include "branch.h"
 #include "sandbox-fork.h"
@@ -90,7 +84,7 @@ static int property_get_netns_pool_size(sd_bus *bus, const char *path, const cha
 
 /* ---- lookups with precise errors ---- */
 
-static int get_image(Manager *m, const char *tag, Image **ret, sd_bus_error *error) {
+int bus_manager_get_image(Manager *m, const char *tag, Image **ret, sd_bus_error *error) {
         Image *i = NULL;
         int r = bus_check_tag(tag, "snapshot tag", error);
 
@@ -507,7 +501,7 @@ static int method_get_snapshot_info(sd_bus_message *message, void *userdata, sd_
         r = sd_bus_message_read(message, "s", &tag);
         if (r < 0)
                 return r;
-        r = get_image(m, tag, &i, error);
+        r = bus_manager_get_image(m, tag, &i, error);
         if (r < 0)
                 return r;
         /* Its owner needs nothing more; anyone else org.forkd.manage-all. */
@@ -550,135 +544,13 @@ static int method_delete_snapshot(sd_bus_message *message, void *userdata, sd_bu
                 branch_forget_failed(m, tag);
                 return sd_bus_reply_method_return(message, NULL);
         }
-        r = get_image(m, tag, &i, error);
+        r = bus_manager_get_image(m, tag, &i, error);
         if (r < 0)
                 return r;
         return bus_image_method_delete(message, i, error);
 }
 
 /* ---- sandboxes ---- */
-
-static void fork_done(ForkOp *f, int r, const char *error_name, const char *error_message, void *userdata) {
-        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
-        Operation *o = userdata;
-        Manager *m = o->manager;
-
-        if (r < 0) {
-                (void) sd_bus_reply_method_errorf(o->message, error_name ?: FORKD_ERROR_FAILED, "%s",
-                                                  error_message ?: strerror(-r));
-                operation_free(o);
-                return;
-        }
-        r = sd_bus_message_new_method_return(o->message, &reply);
-        if (r >= 0)
-                r = sandbox_append_infos(reply, m, f->ids, f->n);
-        if (r >= 0)
-                r = sd_bus_send(NULL, reply, NULL);
-        if (r < 0)
-                (void) sd_bus_reply_method_errno(o->message, r, NULL);
-        operation_free(o);
-}
-
-static int method_fork(sd_bus_message *message, void *userdata, sd_bus_error *error) {
-        struct fork_options opts = {};
-        Manager *m = userdata;
-        const char *tag, *why = NULL;
-        Operation *o = NULL;
-        uint32_t n;
-        Image *i = NULL;
-        int r;
-
-        r = sd_bus_message_rewind(message, true); /* polkit may dispatch it twice */
-        if (r < 0)
-                return r;
-        r = sd_bus_message_read(message, "su", &tag, &n);
-        if (r < 0)
-                return r;
-        r = parse_fork_options_full(message, &opts, false, error);
-        if (r < 0)
-                return r;
-        r = bus_check_tag(tag, "snapshot tag", error);
-        if (r < 0)
-                return r;
-        if (n < 1 || n > FORK_N_MAX)
-                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "n must be from 1 to %u, not %u.",
-                                         FORK_N_MAX, n);
-        if (opts.per_child_netns)
-                for (uint32_t k = 1; k <= n; k++) {
-                        _cleanup_close_ int fd = -EBADF;
-                        char path[64];
-
-                        snprintf(path, sizeof(path), "/run/netns/forkd-child-%u", k);
-                        fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
-                        if (fd < 0)
-                                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
-                                                         "per_child_netns needs the network namespaces forkd-child-1 "
-                                                         "to forkd-child-%u under /run/netns; %s %s.", n, path,
-                                                         errno == ENOENT ? "is missing" : strerror(errno));
-                        /* Checked here, before anything runs: a confined child never opens it. */
-                        if (ioctl(fd, NS_GET_NSTYPE) != CLONE_NEWNET)
-                                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
-                                                         "per_child_netns: %s is not a network namespace "
-                                                         "(see tools/netns-setup).", path);
-                }
-        if (opts.memory_limit_mib > 0 && !cgroup_manager_supported(m->cgroups))
-                return sd_bus_error_setf(error, FORKD_ERROR_NOT_SUPPORTED,
-                                         "Memory limits are not available on this host (no usable cgroup backend).");
-        if (branch_in_flight(m, tag))
-                return sd_bus_error_setf(error, FORKD_ERROR_NOT_READY,
-                                         "Snapshot %s is still being written by a branch; retry once it is ready.",
-                                         tag);
-        r = get_image(m, tag, &i, error);
-        if (r < 0)
-                return r;
-        r = chain_check_restorable(m, i, error);
-        if (r < 0)
-                return r;
-        r = fork_options_resolve_network(&opts, i->meta.network, i->meta.agent_tcp, &why);
-        if (r < 0)
-                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "Cannot fork %s: %s.", tag, why);
-
-        r = bus_verify_polkit_async(message, "org.forkd.fork",
-                                    (const char *[]) { "snapshot", tag, "verb", "fork", NULL }, &m->polkit_registry,
-                                    error);
-        if (r < 0)
-                return r;
-        if (r == 0)
-                return 1;
-        /* on_timeout "pause" is a pause asked for ahead of time: the caller must be allowed one. */
-        if (opts.timeout_pause) {
-                r = bus_verify_polkit_async(message, "org.forkd.pause",
-                                            (const char *[]) { "snapshot", tag, "verb", "timeout", NULL },
-                                            &m->polkit_registry, error);
-                if (r < 0)
-                        return r;
-                if (r == 0)
-                        return 1;
-        }
-
-        if (m->exiting)
-                return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "forkd is shutting down.");
-        r = operation_new(m, message, &o);
-        if (r == -EBUSY)
-                return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "%u operations are running; retry later.",
-                                         m->max_operations);
-        if (r < 0)
-                return r;
-        opts.owner_uid = o->owner_uid;
-        r = fork_op_start(m, i, n, &opts, fork_done, o, &o->fork);
-        if (r < 0) {
-                operation_free(o);
-                if (r == -EUSERS)
-                        return sd_bus_error_setf(error, FORKD_ERROR_BUSY,
-                                                 "At most %u sandboxes may exist at once.", SANDBOXES_MAX);
-                if (r == -EOPNOTSUPP)
-                        return sd_bus_error_setf(error, FORKD_ERROR_NOT_SUPPORTED, "Memory limits are not available.");
-                return sd_bus_error_set_errnof(error, r, "Failed to start the fork: %m");
-        }
-        log_info("Forking %u sandbox(es) of %s%s%s.", n, tag, opts.net ? ", network " : "",
-                 opts.net ? netns_policy_to_string(opts.net_policy) : "");
-        return 1;
-}
 
 /* Root and holders of org.forkd.manage-all see every sandbox; anyone else
  * sees their own only (others' are left out, not shown without details). */
@@ -833,142 +705,6 @@ static int method_resume_sandbox(sd_bus_message *message, void *userdata, sd_bus
         return forward_to_either(message, userdata, NULL, bus_paused_method_resume, error);
 }
 
-/* TerminateSandboxes(as ids) -> (as unknown): every sandbox named, at once.
- * The caller must be allowed to terminate each of them (one polkit check:
- * their common owner's, or manage-all when they have several), else nothing
- * is killed. A paused sandbox is deleted, as TerminateSandbox deletes one (a
- * paused one being resumed fails the whole call, Busy). Ids that name no
- * sandbox (gone already) come back in unknown.
- * Answered once every VMM killed here has exited, as TerminateSandbox is. */
-static int method_terminate_sandboxes(sd_bus_message *message, void *userdata, sd_bus_error *error) {
-        _cleanup_free_ Sandbox **found = NULL;
-        _cleanup_free_ Paused **paused = NULL;
-        _cleanup_free_ char **ids = NULL;
-        TerminateGroup *g = NULL;
-        Manager *m = userdata;
-        size_t n = 0, n_found = 0, n_paused = 0, n_unknown = 0;
-        uid_t owner = OWNER_UID_INVALID;
-        char what[96];
-        int r;
-
-        r = sd_bus_message_rewind(message, true); /* polkit may dispatch it twice */
-        if (r < 0)
-                return r;
-        r = sd_bus_message_enter_container(message, 'a', "s");
-        if (r < 0)
-                return r;
-        ids = calloc(FORK_N_MAX + 1, sizeof(char *));
-        found = calloc(FORK_N_MAX, sizeof(Sandbox *));
-        paused = calloc(FORK_N_MAX, sizeof(Paused *));
-        if (!ids || !found || !paused)
-                return -ENOMEM;
-        for (;;) {
-                const char *id;
-
-                r = sd_bus_message_read(message, "s", &id);
-                if (r < 0)
-                        return r;
-                if (r == 0)
-                        break;
-                if (n >= FORK_N_MAX)
-                        return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
-                                                 "TerminateSandboxes takes 1 to %u ids.", FORK_N_MAX);
-                if (!snapshot_tag_is_valid(id))
-                        return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "Invalid sandbox id \"%.64s\".",
-                                                 id);
-                for (size_t k = 0; k < n; k++)
-                        if (strcmp(ids[k], id) == 0)
-                                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
-                                                         "Sandbox id %s is named twice.", id);
-                ids[n++] = (char *) id;
-        }
-        if (n == 0)
-                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "TerminateSandboxes takes 1 to %u ids.",
-                                         FORK_N_MAX);
-
-        for (size_t k = 0; k < n; k++) {
-                Sandbox *s = hashmap_get(m->sandboxes, ids[k]);
-                Paused *p = NULL;
-                uid_t uid;
-
-                if (!s || !sandbox_is_visible(s)) {
-                        p = hashmap_get(m->paused, ids[k]);
-                        if (!p) {
-                                /* unknown: moved to the front, kept in order */
-                                ids[n_unknown++] = ids[k];
-                                continue;
-                        }
-                        if (p->resuming)
-                                return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "Sandbox %s is being resumed.",
-                                                         p->id);
-                }
-                uid = p ? p->owner_uid : s->owner_uid;
-                if (n_found + n_paused == 0)
-                        owner = uid;
-                else if (owner != uid)
-                        owner = OWNER_UID_INVALID;
-                if (p)
-                        paused[n_paused++] = p;
-                else
-                        found[n_found++] = s;
-        }
-        ids[n_unknown] = NULL;
-        if (n_found + n_paused > 0) {
-                const char *first = n_found > 0 ? found[0]->id : paused[0]->id;
-                const char *details[] = { "sandbox", first, "verb", "terminate", NULL };
-
-                if (n_found + n_paused == 1)
-                        snprintf(what, sizeof(what), "sandbox %s", first);
-                else
-                        snprintf(what, sizeof(what), "%zu sandboxes", n_found + n_paused);
-                r = bus_verify_owner_async(message, owner, what, "org.forkd.terminate", details, &m->polkit_registry,
-                                           error);
-                if (r < 0)
-                        return r;
-                if (r == 0)
-                        return 1; /* polkit answers later; we run again then */
-        }
-
-        g = calloc(1, sizeof(*g));
-        if (!g)
-                return -ENOMEM;
-        g->message = sd_bus_message_ref(message);
-        g->pending = 1; /* this call's own, dropped below once every sandbox is counted */
-        g->unknown = calloc(n_unknown + 1, sizeof(char *));
-        if (!g->unknown) {
-                terminate_group_free(g);
-                return -ENOMEM;
-        }
-        for (size_t k = 0; k < n_unknown; k++) {
-                g->unknown[k] = strdup(ids[k]);
-                if (!g->unknown[k]) {
-                        terminate_group_free(g);
-                        return -ENOMEM;
-                }
-        }
-        for (size_t k = 0; k < n_found; k++) {
-                Sandbox *s = found[k];
-
-                r = sandbox_kill(s);
-                if (r < 0)
-                        log_warning_errno(r, "Failed to kill sandbox %s: %m", s->id);
-                if (s->n_terminate_groups < ELEMENTSOF(s->terminate_groups)) {
-                        s->terminate_groups[s->n_terminate_groups++] = g;
-                        g->pending++;
-                }
-        }
-        /* A paused one has no VM: its state and record go now. */
-        for (size_t k = 0; k < n_paused; k++) {
-                r = paused_terminate(paused[k]);
-                if (r < 0)
-                        log_warning_errno(r, "Failed to delete paused sandbox %s: %m", paused[k]->id);
-        }
-        log_info("TerminateSandboxes: %zu sandbox(es) killed, %zu paused deleted, %zu unknown.", n_found, n_paused,
-                 n_unknown);
-        terminate_group_done(g); /* answers now if nothing was left to wait for */
-        return 1;
-}
-
 static int method_ping(sd_bus_message *message, void *userdata, sd_bus_error *error) {
         return forward_to_sandbox(message, userdata, bus_sandbox_method_ping, error);
 }
@@ -1045,7 +781,7 @@ const sd_bus_vtable manager_vtable[] = {
                                 SD_BUS_RESULT("aa{sv}", snapshots), bus_manager_method_unpack_snapshot,
                                 SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("Fork", SD_BUS_ARGS("s", snapshot_tag, "u", n, "a{sv}", options),
-                                SD_BUS_RESULT("aa{sv}", sandboxes), method_fork, SD_BUS_VTABLE_UNPRIVILEGED),
+                                SD_BUS_RESULT("aa{sv}", sandboxes), bus_manager_method_fork, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("ListSandboxes", SD_BUS_NO_ARGS, SD_BUS_RESULT("aa{sv}", sandboxes),
                                 method_list_sandboxes, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("GetSandbox", SD_BUS_ARGS("s", id), SD_BUS_RESULT("a{sv}", info), method_get_sandbox,
@@ -1053,7 +789,7 @@ const sd_bus_vtable manager_vtable[] = {
         SD_BUS_METHOD_WITH_ARGS("TerminateSandbox", SD_BUS_ARGS("s", id), SD_BUS_NO_RESULT, method_terminate_sandbox,
                                 SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("TerminateSandboxes", SD_BUS_ARGS("as", ids), SD_BUS_RESULT("as", unknown),
-                                method_terminate_sandboxes, SD_BUS_VTABLE_UNPRIVILEGED),
+                                bus_manager_method_terminate_sandboxes, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("Ping", SD_BUS_ARGS("s", id), SD_BUS_RESULT("s", result_json), method_ping,
                                 SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("Exec", SD_BUS_ARGS("s", id, "as", args, "u", timeout_secs),
