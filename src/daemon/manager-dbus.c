@@ -108,7 +108,7 @@ static int get_sandbox(Manager *m, const char *id, Sandbox **ret, sd_bus_error *
         if (!s || !sandbox_is_visible(s))
                 return sd_bus_error_setf(error, FORKD_ERROR_NO_SUCH_SANDBOX, "No sandbox with id %s.", id);
         if (s->pausing)
-                return sd_bus_error_setf(error, FORKD_ERROR_PAUSED, "sandbox %s is being paused", id);
+                return bus_sandbox_error_pausing(id, error);
         *ret = s;
         return 0;
 }
@@ -667,7 +667,8 @@ static int forward_to_sandbox(sd_bus_message *message, Manager *m, sd_bus_messag
 }
 
 /* The same for verbs that also take a paused sandbox: paused() gets the Paused
- * (NULL: the verb refuses one, NotPaused for running() NULL). */
+ * (NULL: ResumeSandbox, which a running sandbox, pausing or not, answers as
+ * its object's Resume does: NotPaused). */
 static int forward_to_either(sd_bus_message *message, Manager *m, sd_bus_message_handler_t running,
                              sd_bus_message_handler_t paused, sd_bus_error *error) {
         const char *id;
@@ -682,9 +683,9 @@ static int forward_to_either(sd_bus_message *message, Manager *m, sd_bus_message
         if (r < 0)
                 return r;
         if (s && !running)
-                return sd_bus_error_setf(error, FORKD_ERROR_NOT_PAUSED, "sandbox %s is not paused", id);
+                return bus_sandbox_method_resume(message, s, error); /* NotPaused */
         if (s && s->pausing)
-                return sd_bus_error_setf(error, FORKD_ERROR_PAUSED, "sandbox %s is being paused", id);
+                return bus_sandbox_error_pausing(id, error);
         return s ? running(message, s, error) : paused(message, p, error);
 }
 
@@ -851,6 +852,13 @@ int manager_add_bus_objects_to(Manager *m, sd_bus *bus) {
         r = sd_bus_add_node_enumerator(bus, NULL, FORKD_SANDBOX_PREFIX, sandbox_node_enumerator, m);
         if (r < 0)
                 return log_error_errno(r, "Failed to add the sandbox enumerator: %m");
+        r = sd_bus_add_fallback_vtable(bus, NULL, FORKD_SANDBOX_PREFIX, "org.forkd.PausedSandbox", paused_vtable,
+                                       paused_object_find, m);
+        if (r < 0)
+                return log_error_errno(r, "Failed to add the paused sandbox objects: %m");
+        r = sd_bus_add_node_enumerator(bus, NULL, FORKD_SANDBOX_PREFIX, paused_node_enumerator, m);
+        if (r < 0)
+                return log_error_errno(r, "Failed to add the paused sandbox enumerator: %m");
         return 0;
 }
 

@@ -187,7 +187,7 @@ int paused_pause(Sandbox *s, sd_bus_message *message, sd_bus_error *error) {
         if (!error)
                 error = &local;
         if (s->pausing)
-                return sd_bus_error_setf(error, FORKD_ERROR_PAUSED, "sandbox %s is being paused", s->id);
+                return bus_sandbox_error_pausing(s->id, error);
         if (s->state != SANDBOX_RUNNING)
                 return sd_bus_error_setf(error, FORKD_ERROR_NO_SUCH_SANDBOX, "Sandbox %s is %s.", s->id,
                                          sandbox_state_to_string(s->state));

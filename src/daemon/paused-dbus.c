@@ -1,5 +1,7 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 /* The D-Bus face of paused sandboxes: see paused-dbus.h. */
+#include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "fork-op.h"
@@ -12,6 +14,7 @@
 #include "sandbox-dbus.h"
 #include "sandbox.h"
 #include "snapshot-meta.h"
+#include "strv.h"
 
 int paused_append_info(sd_bus_message *reply, Paused *p) {
         int r;
@@ -138,3 +141,97 @@ int bus_paused_method_set_timeout(sd_bus_message *message, void *userdata, sd_bu
         return sd_bus_send(NULL, reply, NULL);
 }
 
+
+/* ---- the object: org.forkd.PausedSandbox at the sandbox's path ---- */
+
+/* The id's Paused, unless a running sandbox of that id is on the bus (a
+ * resume's VM once it answered): then the path is its org.forkd.Sandbox. */
+static Paused *paused_by_path(Manager *m, const char *path) {
+        _cleanup_free_ char *id = NULL;
+        Sandbox *s;
+
+        if (sd_bus_path_decode(path, FORKD_SANDBOX_PREFIX, &id) <= 0)
+                return NULL;
+        s = hashmap_get(m->sandboxes, id);
+        if (s && sandbox_is_visible(s))
+                return NULL;
+        return hashmap_get(m->paused, id);
+}
+
+int paused_object_find(sd_bus *bus, const char *path, const char *interface, void *userdata, void **found,
+                       sd_bus_error *error) {
+        Paused *p = paused_by_path(userdata, path);
+
+        if (!p)
+                return 0;
+        *found = p;
+        return 1;
+}
+
+int paused_node_enumerator(sd_bus *bus, const char *path, void *userdata, char ***nodes, sd_bus_error *error) {
+        Manager *m = userdata;
+        HashmapIter it = {};
+        char **l;
+        size_t n = 0;
+        void *v;
+
+        l = calloc(hashmap_size(m->paused) + 1, sizeof(char *));
+        if (!l)
+                return -ENOMEM;
+        while (hashmap_iterate(m->paused, &it, &v)) {
+                Paused *p = v;
+                Sandbox *s = hashmap_get(m->sandboxes, p->id);
+
+                if (s && sandbox_is_visible(s))
+                        continue;
+                if (sandbox_object_path(p->id, &l[n]) < 0) {
+                        strv_free(l);
+                        return -ENOMEM;
+                }
+                n++;
+        }
+        *nodes = l;
+        return 1;
+}
+
+static int property_get_state(sd_bus *bus, const char *path, const char *interface, const char *property,
+                              sd_bus_message *reply, void *userdata, sd_bus_error *error) {
+        return sd_bus_message_append(reply, "s", "paused");
+}
+
+static int property_get_owner(sd_bus *bus, const char *path, const char *interface, const char *property,
+                              sd_bus_message *reply, void *userdata, sd_bus_error *error) {
+        Paused *p = userdata;
+
+        return sd_bus_message_append(reply, "u", (uint32_t) p->owner_uid);
+}
+
+/* As the Sandbox object's entry points: polkit may dispatch a message twice. */
+#define PAUSED_OBJECT_METHOD(name)                                                              \
+        static int object_##name(sd_bus_message *message, void *userdata, sd_bus_error *error) { \
+                int r = sd_bus_message_rewind(message, true);                                     \
+                if (r < 0)                                                                        \
+                        return r;                                                                 \
+                return bus_paused_method_##name(message, userdata, error);                        \
+        }
+PAUSED_OBJECT_METHOD(resume)
+PAUSED_OBJECT_METHOD(set_timeout)
+PAUSED_OBJECT_METHOD(terminate)
+PAUSED_OBJECT_METHOD(fork)
+
+const sd_bus_vtable paused_vtable[] = {
+        SD_BUS_VTABLE_START(0),
+        SD_BUS_PROPERTY("Id", "s", NULL, offsetof(Paused, id), SD_BUS_VTABLE_PROPERTY_CONST),
+        SD_BUS_PROPERTY("SnapshotTag", "s", NULL, offsetof(Paused, origin_tag), SD_BUS_VTABLE_PROPERTY_CONST),
+        SD_BUS_PROPERTY("State", "s", property_get_state, 0, SD_BUS_VTABLE_PROPERTY_CONST),
+        SD_BUS_PROPERTY("OwnerUID", "u", property_get_owner, 0, SD_BUS_VTABLE_PROPERTY_CONST),
+        SD_BUS_METHOD_WITH_ARGS("Resume", SD_BUS_NO_ARGS, SD_BUS_RESULT("a{sv}", info), object_resume,
+                                SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("SetTimeout", SD_BUS_ARGS("u", timeout_secs, "s", on_timeout),
+                                SD_BUS_RESULT("a{sv}", info), object_set_timeout, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("Terminate", SD_BUS_NO_ARGS, SD_BUS_NO_RESULT, object_terminate,
+                                SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("Fork", SD_BUS_ARGS("u", n), SD_BUS_RESULT("aa{sv}", sandboxes, "t", pause_us),
+                                object_fork, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_VTABLE_END,
+};

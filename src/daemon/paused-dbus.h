@@ -25,3 +25,13 @@ int bus_paused_method_resume(sd_bus_message *message, void *userdata, sd_bus_err
 int bus_paused_method_terminate(sd_bus_message *message, void *userdata, sd_bus_error *error);
 int bus_paused_method_fork(sd_bus_message *message, void *userdata, sd_bus_error *error);
 int bus_paused_method_set_timeout(sd_bus_message *message, void *userdata, sd_bus_error *error);
+
+/* A paused sandbox's object: org.forkd.PausedSandbox at its sandbox path
+ * (FORKD_SANDBOX_PREFIX), while no running sandbox of its id is on the bus:
+ * Resume() -> a{sv}, SetTimeout(u timeout_secs, s on_timeout) -> a{sv},
+ * Terminate(), Fork(u n) -> (aa{sv}, t); properties Id, SnapshotTag, State
+ * ("paused") and OwnerUID. */
+extern const sd_bus_vtable paused_vtable[];
+int paused_object_find(sd_bus *bus, const char *path, const char *interface, void *userdata, void **found,
+                       sd_bus_error *error);
+int paused_node_enumerator(sd_bus *bus, const char *path, void *userdata, char ***nodes, sd_bus_error *error);

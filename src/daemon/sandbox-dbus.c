@@ -749,6 +749,16 @@ int bus_sandbox_method_expose_port(sd_bus_message *message, void *userdata, sd_b
 
 /* ---- pause and deadlines ---- */
 
+int bus_sandbox_error_pausing(const char *id, sd_bus_error *error) {
+        return sd_bus_error_setf(error, FORKD_ERROR_PAUSED, "sandbox %s is being paused", id);
+}
+
+int bus_sandbox_method_resume(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        Sandbox *s = userdata;
+
+        return sd_bus_error_setf(error, FORKD_ERROR_NOT_PAUSED, "sandbox %s is not paused", s->id);
+}
+
 int bus_sandbox_method_pause(sd_bus_message *message, void *userdata, sd_bus_error *error) {
         Sandbox *s = userdata;
         int r;
@@ -809,6 +819,23 @@ OBJECT_METHOD(write_file)
 OBJECT_METHOD(read_file)
 OBJECT_METHOD(expose_port)
 
+/* Pause and SetTimeout refuse a sandbox whose pause is in flight before polkit
+ * is asked, as the Manager's lookup of the id does for PauseSandbox and
+ * SetSandboxTimeout. */
+#define OBJECT_METHOD_NOT_PAUSING(name)                                                         \
+        static int object_##name(sd_bus_message *message, void *userdata, sd_bus_error *error) { \
+                Sandbox *s = userdata;                                                            \
+                int r = sd_bus_message_rewind(message, true);                                     \
+                if (r < 0)                                                                        \
+                        return r;                                                                 \
+                if (s->pausing)                                                                   \
+                        return bus_sandbox_error_pausing(s->id, error);                           \
+                return bus_sandbox_method_##name(message, userdata, error);                       \
+        }
+OBJECT_METHOD_NOT_PAUSING(pause)
+OBJECT_METHOD_NOT_PAUSING(set_timeout)
+OBJECT_METHOD(resume)
+
 const sd_bus_vtable sandbox_vtable[] = {
         SD_BUS_VTABLE_START(0),
         SD_BUS_PROPERTY("Id", "s", NULL, offsetof(Sandbox, id), SD_BUS_VTABLE_PROPERTY_CONST),
@@ -845,5 +872,11 @@ const sd_bus_vtable sandbox_vtable[] = {
                                 object_expose_port, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("ReadFile", SD_BUS_ARGS("s", path), SD_BUS_RESULT("ay", data), object_read_file,
                                 SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("Pause", SD_BUS_NO_ARGS, SD_BUS_RESULT("a{sv}", info), object_pause,
+                                SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("Resume", SD_BUS_NO_ARGS, SD_BUS_RESULT("a{sv}", info), object_resume,
+                                SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("SetTimeout", SD_BUS_ARGS("u", timeout_secs, "s", on_timeout),
+                                SD_BUS_RESULT("a{sv}", info), object_set_timeout, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_VTABLE_END,
 };

@@ -42,6 +42,10 @@ int bus_sandbox_method_diff(sd_bus_message *message, void *userdata, sd_bus_erro
  * after the id: a running sandbox. */
 int bus_sandbox_method_pause(sd_bus_message *message, void *userdata, sd_bus_error *error);
 int bus_sandbox_method_set_timeout(sd_bus_message *message, void *userdata, sd_bus_error *error);
+/* Resume of a running sandbox (pausing or not): NotPaused. */
+int bus_sandbox_method_resume(sd_bus_message *message, void *userdata, sd_bus_error *error);
+/* Paused "sandbox <id> is being paused": a verb refused while a pause is in flight. */
+int bus_sandbox_error_pausing(const char *id, sd_bus_error *error);
 /* sandbox-files.c */
 int bus_sandbox_method_write_file(sd_bus_message *message, void *userdata, sd_bus_error *error);
 int bus_sandbox_method_read_file(sd_bus_message *message, void *userdata, sd_bus_error *error);
