@@ -18,6 +18,7 @@
 #include "image.h"
 #include "json-util.h"
 #include "macro.h"
+#include "operation.h"
 #include "paused.h"
 #include "polkit.h"
 #include "sandbox-dbus.h"
@@ -34,11 +35,11 @@ static BranchOp *branch_op_free(BranchOp *b) {
         b->result_source = sd_event_source_disable_unref(b->result_source);
         safe_close(b->result_fd);
         if (b->message) {
-                (void) sd_bus_reply_method_errorf(b->message, FORKD_ERROR_FAILED, "forkd is shutting down.");
+                (void) sd_bus_reply_method_errorf(b->message, FORKD_ERROR_FAILED, OPERATION_SHUTTING_DOWN);
                 sd_bus_message_unref(b->message);
         }
         if (b->done)
-                b->done(b->manager, -ESHUTDOWN, NULL, 0, "forkd is shutting down.", b->userdata);
+                b->done(b->manager, -ESHUTDOWN, NULL, 0, OPERATION_SHUTTING_DOWN, b->userdata);
         free(b->source_id);
         free(b->tag);
         free(b->dir);
@@ -587,13 +588,15 @@ int branch_start(Sandbox *s, const char *tag, const char *mode, bool wait, uid_t
         struct stat st;
         int r, sv[2];
 
-        if (m->exiting)
-                return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "forkd is shutting down.");
+        r = operation_check_not_exiting(m, error);
+        if (r < 0)
+                return r;
         if (branch_in_flight(m, tag))
                 return sd_bus_error_setf(error, FORKD_ERROR_SNAPSHOT_EXISTS, "A branch to %s is in flight already.",
                                          tag);
-        if (hashmap_get(m->images, tag) || hashmap_get(m->creating, tag))
-                return sd_bus_error_setf(error, FORKD_ERROR_SNAPSHOT_EXISTS, "Snapshot %s exists already.", tag);
+        r = operation_check_tag_free(m, tag, error); /* not in flight, checked above */
+        if (r < 0)
+                return r;
         if (count_state(m, BRANCH_FAILED, false) >= m->max_branches)
                 return sd_bus_error_setf(error, FORKD_ERROR_BUSY,
                                          "%u branches are in flight (the cap); retry after a short delay.",

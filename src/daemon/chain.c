@@ -389,13 +389,15 @@ int method_compact_snapshot(sd_bus_message *message, void *userdata, sd_bus_erro
         if (r == 0)
                 return 1;
 
-        if (m->exiting)
-                return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "forkd is shutting down.");
+        r = operation_check_not_exiting(m, error);
+        if (r < 0)
+                return r;
         i = hashmap_get(m->images, tag); /* polkit took a turn of the loop */
         if (!i)
                 return sd_bus_error_setf(error, FORKD_ERROR_NO_SUCH_SNAPSHOT, "No snapshot with tag %s.", tag);
-        if (hashmap_get(m->images, to) || hashmap_get(m->creating, to) || branch_in_flight(m, to))
-                return sd_bus_error_setf(error, FORKD_ERROR_SNAPSHOT_EXISTS, "Snapshot %s exists already.", to);
+        r = operation_check_tag_free(m, to, error);
+        if (r < 0)
+                return r;
         r = chain_check_restorable(m, i, error);
         if (r < 0)
                 return r;
@@ -422,12 +424,9 @@ int method_compact_snapshot(sd_bus_message *message, void *userdata, sd_bus_erro
                 return r;
         }
 
-        r = operation_new(m, message, &o);
+        r = operation_new_or_busy(m, message, &o, error);
         if (r < 0) {
                 chain_compact_free(c);
-                if (r == -EBUSY)
-                        return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "%u operations are running; retry later.",
-                                                 m->max_operations);
                 return r;
         }
         c->source = i;

@@ -122,12 +122,10 @@ int bus_manager_method_fork(sd_bus_message *message, void *userdata, sd_bus_erro
                         return 1;
         }
 
-        if (m->exiting)
-                return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "forkd is shutting down.");
-        r = operation_new(m, message, &o);
-        if (r == -EBUSY)
-                return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "%u operations are running; retry later.",
-                                         m->max_operations);
+        r = operation_check_not_exiting(m, error);
+        if (r < 0)
+                return r;
+        r = operation_new_or_busy(m, message, &o, error);
         if (r < 0)
                 return r;
         opts.owner_uid = o->owner_uid;

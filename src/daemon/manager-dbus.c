@@ -246,14 +246,16 @@ static int create_snapshot_start(Manager *m, sd_bus_message *message, const char
         char dir[4096];
         int r;
 
-        if (m->exiting) {
+        r = operation_check_not_exiting(m, error);
+        if (r < 0) {
                 image_create_free(c);
-                return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "forkd is shutting down.");
+                return r;
         }
         snprintf(dir, sizeof(dir), "%s/%s", m->snapshots_dir, tag);
-        if (hashmap_get(m->images, tag) || hashmap_get(m->creating, tag) || branch_in_flight(m, tag)) {
+        r = operation_check_tag_free(m, tag, error);
+        if (r < 0) {
                 image_create_free(c);
-                return sd_bus_error_setf(error, FORKD_ERROR_SNAPSHOT_EXISTS, "Snapshot %s exists already.", tag);
+                return r;
         }
         if (lstat(dir, &st) >= 0) {
                 image_create_free(c);
@@ -265,12 +267,9 @@ static int create_snapshot_start(Manager *m, sd_bus_message *message, const char
                 return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "At most %u snapshots.", SNAPSHOTS_MAX);
         }
 
-        r = operation_new(m, message, &o);
+        r = operation_new_or_busy(m, message, &o, error);
         if (r < 0) {
                 image_create_free(c);
-                if (r == -EBUSY)
-                        return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "%u operations are running; retry later.",
-                                                 m->max_operations);
                 return r;
         }
         o->create = c;

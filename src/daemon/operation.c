@@ -62,6 +62,12 @@ Operation *operation_free(Operation *o) {
         return NULL;
 }
 
+int operation_check_tag_free(Manager *m, const char *tag, sd_bus_error *error) {
+        if (hashmap_get(m->images, tag) || hashmap_get(m->creating, tag) || branch_in_flight(m, tag))
+                return sd_bus_error_setf(error, FORKD_ERROR_SNAPSHOT_EXISTS, "Snapshot %s exists already.", tag);
+        return 0;
+}
+
 /* ---- the models' hooks ---- */
 
 static void free_paused(Manager *m) {

@@ -153,8 +153,9 @@ int bus_manager_method_pack_snapshot(sd_bus_message *message, void *userdata, sd
                 chain[n++] = i;
                 t = i->meta.parent_tag;
         }
-        if (m->exiting)
-                return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "forkd is shutting down.");
+        r = operation_check_not_exiting(m, error);
+        if (r < 0)
+                return r;
 
         j = calloc(1, sizeof(*j));
         if (!j)
@@ -184,12 +185,7 @@ int bus_manager_method_pack_snapshot(sd_bus_message *message, void *userdata, sd
                 i->n_users++; /* DeleteSnapshot refuses while it is packed */
                 j->n = k + 1;
         }
-        r = operation_new(m, message, &o);
-        if (r == -EBUSY) {
-                pack_job_free(j);
-                return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "%u operations are running; retry later.",
-                                         m->max_operations);
-        }
+        r = operation_new_or_busy(m, message, &o, error);
         if (r < 0) {
                 pack_job_free(j);
                 return r;
@@ -414,11 +410,14 @@ int bus_manager_method_unpack_snapshot(sd_bus_message *message, void *userdata, 
                 return r;
         if (r == 0)
                 return 1;
-        if (m->exiting)
-                return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "forkd is shutting down.");
-        if (new_tag[0] && (hashmap_get(m->images, new_tag) || hashmap_get(m->creating, new_tag) ||
-                           branch_in_flight(m, new_tag)))
-                return sd_bus_error_setf(error, FORKD_ERROR_SNAPSHOT_EXISTS, "Snapshot %s exists already.", new_tag);
+        r = operation_check_not_exiting(m, error);
+        if (r < 0)
+                return r;
+        if (new_tag[0]) {
+                r = operation_check_tag_free(m, new_tag, error);
+                if (r < 0)
+                        return r;
+        }
 
         j = calloc(1, sizeof(*j));
         if (!j)
@@ -444,12 +443,7 @@ int bus_manager_method_unpack_snapshot(sd_bus_message *message, void *userdata, 
                 pack_job_free(j);
                 return sd_bus_error_set_errnof(error, r, "Cannot create a staging directory: %m");
         }
-        r = operation_new(m, message, &o);
-        if (r == -EBUSY) {
-                pack_job_free(j);
-                return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "%u operations are running; retry later.",
-                                         m->max_operations);
-        }
+        r = operation_new_or_busy(m, message, &o, error);
         if (r < 0) {
                 pack_job_free(j);
                 return r;

@@ -178,17 +178,15 @@ int bus_sandbox_method_fork(sd_bus_message *message, void *userdata, sd_bus_erro
                         return 1;
         }
 
-        if (m->exiting)
-                return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "forkd is shutting down.");
+        r = operation_check_not_exiting(m, error);
+        if (r < 0)
+                return r;
         if (s->control_fd < 0)
                 return sd_bus_error_setf(error, FORKD_ERROR_FAILED, "Sandbox %s has no control channel.", s->id);
         if (hashmap_size(m->sandboxes) + m->n_sandboxes_reserved + n > SANDBOXES_MAX)
                 return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "At most %u sandboxes may exist at once.",
                                          SANDBOXES_MAX);
-        r = operation_new(m, message, &o);
-        if (r == -EBUSY)
-                return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "%u operations are running; retry later.",
-                                         m->max_operations);
+        r = operation_new_or_busy(m, message, &o, error);
         if (r < 0)
                 return r;
 
