@@ -12,6 +12,7 @@
 #include "fs-util.h"
 #include "image.h"
 #include "macro.h"
+#include "time-util.h"
 #include "netns-batch.h"
 #include "sandbox-dbus.h"
 #include "sandbox.h"
@@ -19,7 +20,7 @@
 #include "vmm-client.h"
 #include "worker.h"
 
-#define PING_TIMEOUT_USEC (60 * 1000000ull)
+#define PING_TIMEOUT_USEC (60 * USEC_PER_SEC)
 #define SPAWN_EVENTS_MAX 8192u
 
 static int fork_run(ForkOp *f);
@@ -199,7 +200,7 @@ static void fork_succeed(ForkOp *f) {
                 s->state = SANDBOX_RUNNING;
                 s->fork_op = NULL;
                 if (f->opts.timeout_secs > 0 &&
-                    sandbox_set_deadline(s, now_realtime_usec() + f->opts.timeout_secs * 1000000ull,
+                    sandbox_set_deadline(s, now_realtime_usec() + f->opts.timeout_secs * USEC_PER_SEC,
                                          f->opts.timeout_pause) < 0)
                         log_warning("Failed to arm the deadline of sandbox %s.", s->id);
                 sandbox_send_new_signal(s);

@@ -139,7 +139,7 @@ int bus_read_timeout(sd_bus_message *message, bool current_pause, uint64_t *ret_
                 return r;
         if (fork_option_check_deadline(true, secs, on_timeout, true, err) < 0)
                 return sd_bus_error_set(error, SD_BUS_ERROR_INVALID_ARGS, err);
-        *ret_expires = now_realtime_usec() + secs * 1000000ull;
+        *ret_expires = now_realtime_usec() + secs * USEC_PER_SEC;
         *ret_pause = on_timeout[0] ? strcmp(on_timeout, ON_TIMEOUT_PAUSE) == 0 : current_pause;
         return 0;
 }

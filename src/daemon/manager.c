@@ -12,6 +12,7 @@
 #include "image.h"
 #include "manager.h"
 #include "macro.h"
+#include "time-util.h"
 #include "manager-dbus.h"
 #include "operation.h"
 #include "polkit.h"
@@ -52,7 +53,7 @@ int manager_new(Manager **ret) {
         m->snapshots_watch_fd = -EBADF;
         m->max_operations = OPERATIONS_MAX_DEFAULT;
         m->max_branches = BRANCHES_MAX_DEFAULT;
-        m->control_timeout_usec = CONTROL_TIMEOUT_DEFAULT_SEC * 1000000ull;
+        m->control_timeout_usec = CONTROL_TIMEOUT_DEFAULT_SEC * USEC_PER_SEC;
         r = netns_prefix_parse(NETNS_DEFAULT_PREFIX, &m->netns_prefix);
         if (r >= 0)
                 r = hashmap_new(&m->images);

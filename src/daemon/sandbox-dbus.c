@@ -11,15 +11,17 @@
 #include "paused-dbus.h"
 #include "sandbox-fork.h"
 #include "json-util.h"
+#include "strv.h"
 #include "macro.h"
+#include "time-util.h"
 #include "polkit.h"
 #include "sandbox-dbus.h"
 #include "sandbox.h"
 #include "snapshot-meta.h"
 
-#define PING_TIMEOUT_USEC (10 * 1000000ull)
-#define EVAL_TIMEOUT_USEC (120 * 1000000ull)
-#define EXEC_MARGIN_USEC (5 * 1000000ull)
+#define PING_TIMEOUT_USEC (10 * USEC_PER_SEC)
+#define EVAL_TIMEOUT_USEC (120 * USEC_PER_SEC)
+#define EXEC_MARGIN_USEC (5 * USEC_PER_SEC)
 #define HASH_FILES_TIMEOUT_SECS 60u
 
 #define IN_SET_CONN(r) ((r) == -ECONNRESET || (r) == -EPIPE || (r) == -ENOTCONN || (r) == -ESHUTDOWN)
@@ -162,9 +164,7 @@ int sandbox_node_enumerator(sd_bus *bus, const char *path, void *userdata, char 
                 if (!sandbox_is_visible(s))
                         continue;
                 if (sandbox_object_path(s->id, &l[n]) < 0) {
-                        for (size_t i = 0; i < n; i++)
-                                free(l[i]);
-                        free(l);
+                        strv_free(l);
                         return -ENOMEM;
                 }
                 n++;
