@@ -114,7 +114,7 @@ static int dependents_error(Image *i, char **deps, int n, sd_bus_error *error) {
                 fprintf(f, ", ... (%d more)", n - (int) DEPENDENTS_NAMED_MAX);
         if (fclose(f) != 0)
                 return -ENOMEM;
-        /* seed 001's words */
+        /* Worded for forkd's REST API v1, whose callers pass ?cascade and ?force. */
         return sd_bus_error_setf(error, FORKD_ERROR_HAS_DEPENDENTS,
                                  "snapshot `%s` is the parent of %d chained snapshot(s): [%s]; rerun with "
                                  "`?cascade=true` to delete the whole subtree, or `?force=true` to orphan the "

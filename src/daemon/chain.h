@@ -2,9 +2,9 @@
 #pragma once
 
 /*
- * Snapshot chains in the daemon (seed 001, 003): deleting a snapshot that
- * other snapshots chain on (refused, cascade or force), refusing to fork an
- * orphaned link, and compacting a chain head into a flat snapshot.
+ * Snapshot chains in the daemon: deleting a snapshot that other snapshots
+ * chain on (refused, cascade or force), refusing to fork an orphaned link,
+ * and compacting a chain head into a flat snapshot.
  *
  * Compact runs `forkd-vmm compact` in a worker thread: it loads the head with
  * its chain (every parent_content_hash checked), writes the whole memory

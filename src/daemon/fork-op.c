@@ -463,7 +463,7 @@ static int fork_spawn(ForkOp *f, const int *taps) {
                 if (r < 0) {
                         free(f->error);
                         if ((r == -ESTALE || r == -ENOLINK) && err)
-                                f->error = TAKE_PTR(err); /* a broken chain: forkd-vmm's words (seed 003) */
+                                f->error = TAKE_PTR(err); /* a broken chain: forkd-vmm's words */
                         else if (asprintf(&f->error, "Failed to start the template of %s: %s", t->tag,
                                           err ?: strerror(-r)) < 0)
                                 f->error = NULL;

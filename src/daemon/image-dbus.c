@@ -78,7 +78,7 @@ int image_append_info_fields(sd_bus_message *reply, Image *i, bool details) {
                         return r;
         }
         if (i->meta.branched_from[0]) {
-                /* seed 001: only on snapshots made by a branch */
+                /* only on snapshots made by a branch */
                 r = sd_bus_message_append(reply, "{sv}{sv}{sv}", "branched_from", "s", i->meta.branched_from,
                                           "pause_ms", "t", (i->meta.pause_us + 500) / 1000,
                                           "pause_us", "t", i->meta.pause_us);
@@ -96,7 +96,7 @@ int image_append_info_fields(sd_bus_message *reply, Image *i, bool details) {
                         return r;
                 /* Parent first, then its parent, ...: as far as they are registered (a
                  * diff chain's links hold on to their parents, forkd-vmm(8)); then turned
-                 * round, since seed 001 lists them root first. */
+                 * round, since forkd's REST API v1 lists them root first. */
                 for (Image *a = i; a->meta.parent_tag[0] && n_ancestors < ELEMENTSOF(ancestors) - 1;) {
                         ancestors[n_ancestors++] = a->meta.parent_tag;
                         a = hashmap_get(i->manager->images, a->meta.parent_tag);

@@ -23,7 +23,7 @@
 #define FORK_N_MAX 1000u
 #define OPERATIONS_MAX_DEFAULT 4u
 #define OPERATIONS_MAX_LIMIT 64u
-#define BRANCHES_MAX_DEFAULT 4u           /* branches in flight at once (spec: 503 beyond) */
+#define BRANCHES_MAX_DEFAULT 4u           /* branches in flight at once (Busy beyond; 503 in forkd's REST API v1) */
 #define BRANCHES_MAX_LIMIT 64u
 #define CONTROL_TIMEOUT_DEFAULT_SEC 30u   /* a VMM's answer to branch or fork */
 #define CONTROL_TIMEOUT_MAX_SEC 3600u
