@@ -20,8 +20,6 @@
 #include "macro.h"
 #include "operation.h"
 #include "paused.h"
-#include "polkit.h"
-#include "sandbox-dbus.h"
 #include "sandbox.h"
 #include "snapshot-meta.h"
 
@@ -538,47 +536,6 @@ static int send_request(Sandbox *s, BranchOp *b, int fd) {
                 json_object_object_add(req, "mode", json_object_new_string("full"));
         b->waiter.reply = on_control_reply;
         return sandbox_control_send(s, json_object_to_json_string_ext(req, JSON_C_TO_STRING_PLAIN), fd, &b->waiter);
-}
-
-int bus_sandbox_method_branch(sd_bus_message *message, void *userdata, sd_bus_error *error) {
-        Sandbox *s = userdata;
-        Manager *m = s->manager;
-        const char *tag, *mode;
-        char auto_tag[SNAPSHOT_TAG_MAX + 1];
-        uid_t owner = 0;
-        int wait, r;
-
-        r = sd_bus_message_read(message, "ssb", &tag, &mode, &wait);
-        if (r < 0)
-                return r;
-        r = tag[0] ? bus_check_tag(tag, "snapshot tag", error) : 0;
-        if (r < 0)
-                return r;
-        if (!mode[0])
-                mode = "full";
-        if (strcmp(mode, "full") != 0 && strcmp(mode, "diff") != 0 && strcmp(mode, "live") != 0)
-                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
-                                         "mode must be \"full\", \"diff\" or \"live\", not \"%.16s\".", mode);
-        if (!wait && strcmp(mode, "live") != 0)
-                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "wait false needs mode \"live\".");
-
-        r = sandbox_verify(message, s, "org.forkd.branch", "branch", error);
-        if (r < 0)
-                return r;
-        if (r == 0)
-                return 1;
-        r = bus_message_sender_uid(message, &m->polkit_registry, &owner);
-        if (r < 0)
-                return r;
-
-        if (!tag[0]) {
-                snprintf(auto_tag, sizeof(auto_tag), "branch-%s-%lld", s->id, (long long) time(NULL));
-                if (!snapshot_tag_is_valid(auto_tag))
-                        return sd_bus_error_setf(error, FORKD_ERROR_FAILED, "Cannot make a tag from %s.", s->id);
-                tag = auto_tag;
-        }
-        r = branch_start(s, tag, mode, wait, owner, message, NULL, NULL, error);
-        return r < 0 ? r : 1;
 }
 
 int branch_start(Sandbox *s, const char *tag, const char *mode, bool wait, uid_t owner, sd_bus_message *message,

@@ -1,15 +1,18 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 #include <stdarg.h>
+#include <time.h>
 
 #include <json-c/json.h>
 
 #include "agent-proto.h"
 #include "branch.h"
 #include "file-hashes.h"
+#include "fork-op.h"
 #include "fork-options-bus.h"
 #include "pause-op.h"
 #include "paused-dbus.h"
 #include "sandbox-fork.h"
+#include "image-dbus.h"
 #include "json-util.h"
 #include "strv.h"
 #include "macro.h"
@@ -745,6 +748,79 @@ int bus_sandbox_method_expose_port(sd_bus_message *message, void *userdata, sd_b
         if (asprintf(&addr, "%s:%u", s->inside_addr, (unsigned) port) < 0)
                 return -ENOMEM;
         return sd_bus_reply_method_return(message, "s", addr);
+}
+
+/* ---- branch and fork ---- */
+
+int bus_sandbox_method_branch(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        Sandbox *s = userdata;
+        Manager *m = s->manager;
+        const char *tag, *mode;
+        char auto_tag[SNAPSHOT_TAG_MAX + 1];
+        uid_t owner = 0;
+        int wait, r;
+
+        r = sd_bus_message_read(message, "ssb", &tag, &mode, &wait);
+        if (r < 0)
+                return r;
+        r = tag[0] ? bus_check_tag(tag, "snapshot tag", error) : 0;
+        if (r < 0)
+                return r;
+        if (!mode[0])
+                mode = "full";
+        if (strcmp(mode, "full") != 0 && strcmp(mode, "diff") != 0 && strcmp(mode, "live") != 0)
+                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
+                                         "mode must be \"full\", \"diff\" or \"live\", not \"%.16s\".", mode);
+        if (!wait && strcmp(mode, "live") != 0)
+                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "wait false needs mode \"live\".");
+
+        r = sandbox_verify(message, s, "org.forkd.branch", "branch", error);
+        if (r < 0)
+                return r;
+        if (r == 0)
+                return 1;
+        r = bus_message_sender_uid(message, &m->polkit_registry, &owner);
+        if (r < 0)
+                return r;
+
+        if (!tag[0]) {
+                snprintf(auto_tag, sizeof(auto_tag), "branch-%s-%lld", s->id, (long long) time(NULL));
+                if (!snapshot_tag_is_valid(auto_tag))
+                        return sd_bus_error_setf(error, FORKD_ERROR_FAILED, "Cannot make a tag from %s.", s->id);
+                tag = auto_tag;
+        }
+        r = branch_start(s, tag, mode, wait, owner, message, NULL, NULL, error);
+        return r < 0 ? r : 1;
+}
+
+int bus_sandbox_method_fork(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        Sandbox *s = userdata;
+        struct fork_options topts = {};
+        uint32_t n;
+        int r;
+
+        r = bus_read_fork_n(message, &n, &topts, error);
+        if (r < 0)
+                return r;
+        if (n < 1 || n > SANDBOX_FORK_N_MAX)
+                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "n must be from 1 to %u, not %u.",
+                                         SANDBOX_FORK_N_MAX, n);
+
+        r = sandbox_verify(message, s, "org.forkd.branch", "fork", error);
+        if (r < 0)
+                return r;
+        if (r == 0)
+                return 1;
+        /* on_timeout "pause" is a pause asked for ahead of time: the caller must be allowed one. */
+        if (topts.timeout_pause) {
+                r = sandbox_verify(message, s, "org.forkd.pause", "timeout", error);
+                if (r < 0)
+                        return r;
+                if (r == 0)
+                        return 1;
+        }
+
+        return sandbox_fork_start(s, message, n, &topts, error);
 }
 
 /* ---- pause and deadlines ---- */

@@ -38,6 +38,12 @@ int bus_sandbox_method_eval(sd_bus_message *message, void *userdata, sd_bus_erro
 int bus_sandbox_method_run_code(sd_bus_message *message, void *userdata, sd_bus_error *error);
 int bus_sandbox_method_merge(sd_bus_message *message, void *userdata, sd_bus_error *error);
 int bus_sandbox_method_diff(sd_bus_message *message, void *userdata, sd_bus_error *error);
+/* Branch and the tail of Manager.BranchSandbox (after the id): reads
+ * (s tag, s mode, b wait). */
+int bus_sandbox_method_branch(sd_bus_message *message, void *userdata, sd_bus_error *error);
+/* Fork and the tail of Manager.ForkSandbox(Ex) (after the id): reads (u n)
+ * and ForkSandboxEx's options. Answers (aa{sv} sandboxes, t pause_us). */
+int bus_sandbox_method_fork(sd_bus_message *message, void *userdata, sd_bus_error *error);
 /* PauseSandbox(s id) -> a{sv} and SetSandboxTimeout(s id, u timeout_secs, s on_timeout) -> a{sv}
  * after the id: a running sandbox. */
 int bus_sandbox_method_pause(sd_bus_message *message, void *userdata, sd_bus_error *error);
