@@ -18,7 +18,6 @@
 #include "paused.h"
 #include "operation.h"
 #include "worker.h"
-#include "polkit.h"
 #include "vm-template.h"
 
 /* How much of forkd-vmm compact's answer (one JSON line) is read. */
@@ -353,41 +352,13 @@ static void compact_done(int r, void *userdata) {
         operation_free(o);
 }
 
-int method_compact_snapshot(sd_bus_message *message, void *userdata, sd_bus_error *error) {
-        Manager *m = userdata;
-        const char *tag, *to;
+int chain_compact_start(Manager *m, sd_bus_message *message, const char *tag, const char *to,
+                        sd_bus_error *error) {
         Operation *o = NULL;
         ChainCompact *c;
         struct stat st;
         Image *i;
         int r;
-
-        r = sd_bus_message_rewind(message, true); /* polkit may dispatch it twice */
-        if (r < 0)
-                return r;
-        r = sd_bus_message_read(message, "ss", &tag, &to);
-        if (r < 0)
-                return r;
-        r = bus_check_tag(tag, "snapshot tag", error);
-        if (r < 0)
-                return r;
-        r = bus_check_tag(to, "target tag", error);
-        if (r < 0)
-                return r;
-        if (strcmp(tag, to) == 0)
-                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
-                                         "\"to\" must differ from the snapshot compacted (%s).", tag);
-        i = hashmap_get(m->images, tag);
-        if (!i)
-                return sd_bus_error_setf(error, FORKD_ERROR_NO_SUCH_SNAPSHOT, "No snapshot with tag %s.", tag);
-
-        r = bus_verify_polkit_async(message, "org.forkd.manage-snapshots",
-                                    (const char *[]) { "snapshot", tag, "verb", "compact", NULL },
-                                    &m->polkit_registry, error);
-        if (r < 0)
-                return r;
-        if (r == 0)
-                return 1;
 
         r = operation_check_not_exiting(m, error);
         if (r < 0)

@@ -549,6 +549,95 @@ static int method_delete_snapshot(sd_bus_message *message, void *userdata, sd_bu
         return bus_image_method_delete(message, i, error);
 }
 
+/* CompactSnapshot, PackSnapshot and UnpackSnapshot: the arguments and polkit
+ * here, the operations in chain.c and pack-op.c. */
+
+static int method_compact_snapshot(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        Manager *m = userdata;
+        const char *tag, *to;
+        Image *i;
+        int r;
+
+        r = sd_bus_message_rewind(message, true); /* polkit may dispatch it twice */
+        if (r < 0)
+                return r;
+        r = sd_bus_message_read(message, "ss", &tag, &to);
+        if (r < 0)
+                return r;
+        r = bus_check_tag(tag, "snapshot tag", error);
+        if (r < 0)
+                return r;
+        r = bus_check_tag(to, "target tag", error);
+        if (r < 0)
+                return r;
+        if (strcmp(tag, to) == 0)
+                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
+                                         "\"to\" must differ from the snapshot compacted (%s).", tag);
+        i = hashmap_get(m->images, tag);
+        if (!i)
+                return sd_bus_error_setf(error, FORKD_ERROR_NO_SUCH_SNAPSHOT, "No snapshot with tag %s.", tag);
+
+        r = bus_verify_polkit_async(message, "org.forkd.manage-snapshots",
+                                    (const char *[]) { "snapshot", tag, "verb", "compact", NULL },
+                                    &m->polkit_registry, error);
+        if (r < 0)
+                return r;
+        if (r == 0)
+                return 1;
+
+        return chain_compact_start(m, message, tag, to, error);
+}
+
+static int method_pack_snapshot(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        Manager *m = userdata;
+        const char *tag;
+        int fd, r;
+
+        r = sd_bus_message_rewind(message, true); /* polkit may dispatch it twice */
+        if (r < 0)
+                return r;
+        r = sd_bus_message_read(message, "sh", &tag, &fd);
+        if (r < 0)
+                return r;
+        r = bus_check_tag(tag, "snapshot tag", error);
+        if (r < 0)
+                return r;
+        r = bus_verify_polkit_async(message, "org.forkd.manage-snapshots",
+                                    (const char *[]) { "snapshot", tag, "verb", "pack", NULL }, &m->polkit_registry,
+                                    error);
+        if (r < 0)
+                return r;
+        if (r == 0)
+                return 1;
+
+        return pack_snapshot_start(m, message, tag, fd, error);
+}
+
+static int method_unpack_snapshot(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        Manager *m = userdata;
+        const char *new_tag;
+        int fd, r;
+
+        r = sd_bus_message_rewind(message, true); /* polkit may dispatch it twice */
+        if (r < 0)
+                return r;
+        r = sd_bus_message_read(message, "hs", &fd, &new_tag);
+        if (r < 0)
+                return r;
+        r = new_tag[0] ? bus_check_tag(new_tag, "snapshot tag", error) : 0;
+        if (r < 0)
+                return r;
+        r = bus_verify_polkit_async(message, "org.forkd.manage-snapshots",
+                                    (const char *[]) { "snapshot", new_tag, "verb", "unpack", NULL },
+                                    &m->polkit_registry, error);
+        if (r < 0)
+                return r;
+        if (r == 0)
+                return 1;
+
+        return unpack_snapshot_start(m, message, fd, new_tag, error);
+}
+
 /* ---- sandboxes ---- */
 
 /* Root and holders of org.forkd.manage-all see every sandbox; anyone else
@@ -776,9 +865,9 @@ const sd_bus_vtable manager_vtable[] = {
         SD_BUS_METHOD_WITH_ARGS("CompactSnapshot", SD_BUS_ARGS("s", tag, "s", to), SD_BUS_RESULT("a{sv}", info),
                                 method_compact_snapshot, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("PackSnapshot", SD_BUS_ARGS("s", tag, "h", fd), SD_BUS_RESULT("as", tags, "t", bytes),
-                                bus_manager_method_pack_snapshot, SD_BUS_VTABLE_UNPRIVILEGED),
+                                method_pack_snapshot, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("UnpackSnapshot", SD_BUS_ARGS("h", fd, "s", new_tag),
-                                SD_BUS_RESULT("aa{sv}", snapshots), bus_manager_method_unpack_snapshot,
+                                SD_BUS_RESULT("aa{sv}", snapshots), method_unpack_snapshot,
                                 SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("Fork", SD_BUS_ARGS("s", snapshot_tag, "u", n, "a{sv}", options),
                                 SD_BUS_RESULT("aa{sv}", sandboxes), bus_manager_method_fork, SD_BUS_VTABLE_UNPRIVILEGED),

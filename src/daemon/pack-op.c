@@ -14,7 +14,6 @@
 #include "operation.h"
 #include "pack-op.h"
 #include "pack.h"
-#include "polkit.h"
 #include "worker.h"
 
 typedef struct PackJob {
@@ -108,31 +107,12 @@ static void pack_done(int r, void *userdata) {
         operation_free(o);
 }
 
-int bus_manager_method_pack_snapshot(sd_bus_message *message, void *userdata, sd_bus_error *error) {
-        Manager *m = userdata;
-        const char *tag;
+int pack_snapshot_start(Manager *m, sd_bus_message *message, const char *tag, int fd, sd_bus_error *error) {
         Image *chain[PACK_LINKS_MAX];
         size_t n = 0;
         Operation *o = NULL;
         PackJob *j;
-        int fd, r;
-
-        r = sd_bus_message_rewind(message, true); /* polkit may dispatch it twice */
-        if (r < 0)
-                return r;
-        r = sd_bus_message_read(message, "sh", &tag, &fd);
-        if (r < 0)
-                return r;
-        r = bus_check_tag(tag, "snapshot tag", error);
-        if (r < 0)
-                return r;
-        r = bus_verify_polkit_async(message, "org.forkd.manage-snapshots",
-                                    (const char *[]) { "snapshot", tag, "verb", "pack", NULL }, &m->polkit_registry,
-                                    error);
-        if (r < 0)
-                return r;
-        if (r == 0)
-                return 1;
+        int r;
 
         /* The head and every ancestor, as registered. */
         for (const char *t = tag; t && t[0];) {
@@ -386,30 +366,12 @@ static void unpack_done(int r, void *userdata) {
         operation_free(o);
 }
 
-int bus_manager_method_unpack_snapshot(sd_bus_message *message, void *userdata, sd_bus_error *error) {
-        Manager *m = userdata;
-        const char *new_tag;
+int unpack_snapshot_start(Manager *m, sd_bus_message *message, int fd, const char *new_tag, sd_bus_error *error) {
         Operation *o = NULL;
         PackJob *j;
         char rnd[9];
-        int fd, r;
+        int r;
 
-        r = sd_bus_message_rewind(message, true); /* polkit may dispatch it twice */
-        if (r < 0)
-                return r;
-        r = sd_bus_message_read(message, "hs", &fd, &new_tag);
-        if (r < 0)
-                return r;
-        r = new_tag[0] ? bus_check_tag(new_tag, "snapshot tag", error) : 0;
-        if (r < 0)
-                return r;
-        r = bus_verify_polkit_async(message, "org.forkd.manage-snapshots",
-                                    (const char *[]) { "snapshot", new_tag, "verb", "unpack", NULL },
-                                    &m->polkit_registry, error);
-        if (r < 0)
-                return r;
-        if (r == 0)
-                return 1;
         r = operation_check_not_exiting(m, error);
         if (r < 0)
                 return r;
