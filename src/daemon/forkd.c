@@ -11,13 +11,13 @@
 
 #include "cgroup.h"
 #include "doctor.h"
+#include "hooks.h"
 #include "direct-listener.h"
 #include "vmm-client.h"
 #include "macro.h"
 #include "time-util.h"
 #include "manager-dbus.h"
 #include "manager.h"
-#include "operation.h"
 #include "polkit.h"
 #include "worker.h"
 
@@ -316,7 +316,7 @@ static int run(int argc, char *argv[]) {
         r = manager_new(&m);
         if (r < 0)
                 return log_error_errno(r, "Failed to allocate the manager: %m");
-        m->hooks = &operation_hooks;
+        m->hooks = &daemon_hooks;
         m->max_operations = arg_max_operations;
         m->max_branches = arg_max_branches;
         m->control_timeout_usec = arg_control_timeout_sec * USEC_PER_SEC;

@@ -7,16 +7,12 @@
 
 #include "cgroup.h"
 #include "confine.h"
-#include "direct-listener.h"
 #include "fs-util.h"
 #include "image.h"
 #include "manager.h"
 #include "macro.h"
 #include "time-util.h"
-#include "manager-dbus.h"
-#include "operation.h"
 #include "polkit.h"
-#include "sandbox-dbus.h"
 #include "sandbox.h"
 #include "vm-template.h"
 #include "worker.h"
@@ -92,9 +88,7 @@ Manager *manager_free(Manager *m) {
         while (hashmap_size(m->vms) > 0)
                 sandbox_free(hashmap_first(m->vms));
         if (m->hooks) /* none when manager_new() failed */
-                m->hooks->free_branches(m);
-        while (m->operations)
-                operation_free(m->operations);
+                m->hooks->free_operations(m);
         while (m->templates)
                 vm_template_free(m->templates);
         if (m->hooks)
@@ -120,7 +114,8 @@ Manager *manager_free(Manager *m) {
         sd_event_source_disable_unref(m->exit_poll);
         sd_event_source_disable_unref(m->snapshots_watch);
         safe_close(m->snapshots_watch_fd);
-        manager_close_direct(m);
+        if (m->hooks)
+                m->hooks->close_direct(m);
         m->bus = sd_bus_flush_close_unref(m->bus);
         m->event = sd_event_unref(m->event);
         safe_close(m->lock_fd);

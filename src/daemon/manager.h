@@ -50,9 +50,9 @@ typedef struct CGroupManager CGroupManager;
 typedef struct WorkerPool WorkerPool;
 struct polkit_registry;
 
-/* What the layers above the models (operations: branches, forks, pauses) do at
- * points of the models' life. The models call these and know nothing else of
- * operations; operation_hooks (operation.c) is installed by forkd.c right
+/* What the layers above the models (operations: branches, forks, pauses; the
+ * bus faces) do at points of the models' life. The models call these and know
+ * nothing else of them; daemon_hooks (hooks.c) is installed by forkd.c right
  * after manager_new(). */
 typedef struct ManagerHooks {
         /* manager_startup(), before the snapshots directory is scanned: watch it. */
@@ -61,8 +61,8 @@ typedef struct ManagerHooks {
         int (*adopt_staging)(Manager *m, const char *name);
         /* manager_startup(), after the snapshots are loaded. */
         int (*load_paused)(Manager *m);
-        /* manager_free(), after the sandboxes and before the operations. */
-        void (*free_branches)(Manager *m);
+        /* manager_free(), after the sandboxes: the branches, then the operations. */
+        void (*free_operations)(Manager *m);
         /* manager_free(), after the templates and before the snapshots. */
         void (*free_paused)(Manager *m);
         /* sandbox_free(): requests still waiting for its VMM fail. */
@@ -76,6 +76,11 @@ typedef struct ManagerHooks {
         void (*snapshot_released)(Manager *m, const char *tag);
         /* Its deadline with on_timeout "pause": pause s, nobody to answer. */
         int (*pause)(Sandbox *s);
+        /* The bus faces: SandboxRemoved, State's PropertiesChanged, and the
+         * direct connections' end in manager_free(). */
+        void (*sandbox_removed)(Sandbox *s, const char *reason);
+        void (*sandbox_state_changed)(Sandbox *s);
+        void (*close_direct)(Manager *m);
 } ManagerHooks;
 
 #define FORKD_DIRECT_CONNECTIONS_MAX 16U

@@ -4,8 +4,6 @@
 #include "image.h"
 #include "macro.h"
 #include "operation.h"
-#include "pause-op.h"
-#include "paused.h"
 #include "polkit.h"
 
 int operation_new(Manager *m, sd_bus_message *message, Operation **ret) {
@@ -67,28 +65,3 @@ int operation_check_tag_free(Manager *m, const char *tag, sd_bus_error *error) {
                 return sd_bus_error_setf(error, FORKD_ERROR_SNAPSHOT_EXISTS, "Snapshot %s exists already.", tag);
         return 0;
 }
-
-/* ---- the models' hooks ---- */
-
-static void free_paused(Manager *m) {
-        while (hashmap_size(m->paused) > 0)
-                paused_free(hashmap_first(m->paused));
-}
-
-static int pause_on_deadline(Sandbox *s) {
-        return paused_pause(s, NULL, NULL);
-}
-
-const ManagerHooks operation_hooks = {
-        .watch_snapshots = branch_watch_snapshots,
-        .adopt_staging = branch_adopt_staging,
-        .load_paused = paused_load_all,
-        .free_branches = branch_free_all,
-        .free_paused = free_paused,
-        .sandbox_gone = branch_sandbox_gone,
-        .fork_child_exited = fork_op_child_exited,
-        .fork_child_gone = fork_op_child_gone,
-        .snapshot_is_forkds = snapshot_tag_is_forkds,
-        .snapshot_released = paused_snapshot_gc,
-        .pause = pause_on_deadline,
-};

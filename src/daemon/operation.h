@@ -58,6 +58,3 @@ static inline int operation_new_or_busy(Manager *m, sd_bus_message *message, Ope
                                          m->max_operations);
         return r;
 }
-
-/* The models' hooks (ManagerHooks, manager.h): branches, forks and pauses. */
-extern const ManagerHooks operation_hooks;

@@ -29,10 +29,6 @@
 
 #define IN_SET_CONN(r) ((r) == -ECONNRESET || (r) == -EPIPE || (r) == -ENOTCONN || (r) == -ESHUTDOWN)
 
-bool sandbox_is_visible(const Sandbox *s) {
-        return s->state == SANDBOX_RUNNING || s->state == SANDBOX_TERMINATING;
-}
-
 /* A sandbox's properties are its details: for its owner and root. A property
  * read cannot wait for polkit, so holders of org.forkd.manage-all read others'
  * through GetSandbox. Checked only when the read is a Properties call (the

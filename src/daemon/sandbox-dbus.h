@@ -11,8 +11,6 @@ int sandbox_object_find(sd_bus *bus, const char *path, const char *interface, vo
                         sd_bus_error *error);
 int sandbox_node_enumerator(sd_bus *bus, const char *path, void *userdata, char ***nodes, sd_bus_error *error);
 
-/* Is the sandbox visible on the bus (running or terminating)? */
-bool sandbox_is_visible(const Sandbox *s);
 /* Polkit and ownership for a verb on s (bus_verify_owner_async()): its owner
  * needs action, anyone else but root org.forkd.manage-all. */
 int sandbox_verify(sd_bus_message *message, Sandbox *s, const char *action, const char *verb, sd_bus_error *error);

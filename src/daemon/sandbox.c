@@ -13,7 +13,6 @@
 #include "image.h"
 #include "json-util.h"
 #include "macro.h"
-#include "sandbox-dbus.h"
 #include "sandbox.h"
 #include "snapshot-meta.h"
 #include "vm-template.h"
@@ -390,7 +389,7 @@ void sandbox_exited(Sandbox *s, int code, int sig) {
                         log_warning("The VMM of sandbox %s made a system call its seccomp filter forbids, and was "
                                     "killed.", s->id);
                 log_info("Sandbox %s removed: %s (code %d, signal %d).", s->id, reason, code, sig);
-                sandbox_send_removed_signal(s, reason);
+                m->hooks->sandbox_removed(s, reason);
         }
         _cleanup_free_ char *forkds_tag = m->hooks->snapshot_is_forkds(s->snapshot_tag) ? strdup(s->snapshot_tag) : NULL;
         sandbox_free(s);
@@ -401,6 +400,10 @@ void sandbox_exited(Sandbox *s, int code, int sig) {
         if (t)
                 vm_template_maybe_gc(t);
         manager_check_idle_exit(m);
+}
+
+bool sandbox_is_visible(const Sandbox *s) {
+        return s->state == SANDBOX_RUNNING || s->state == SANDBOX_TERMINATING;
 }
 
 void terminate_group_free(TerminateGroup *g) {
@@ -491,7 +494,7 @@ int sandbox_kill(Sandbox *s) {
         if (s->state == SANDBOX_RUNNING) {
                 s->state = SANDBOX_TERMINATING;
                 if (!s->retired)
-                        sandbox_send_state_changed(s);
+                        s->manager->hooks->sandbox_state_changed(s);
         }
         /* The exit event of the template finishes the job; the kernel tears
          * the VM down off our critical path. */
