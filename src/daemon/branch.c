@@ -14,7 +14,7 @@
 #include "branch.h"
 #include "cgroup.h"
 #include "fs-util.h"
-#include "image-dbus.h"
+#include "bus-info.h"
 #include "image.h"
 #include "json-util.h"
 #include "macro.h"

@@ -12,7 +12,7 @@
 #include "branch.h"
 #include "chain.h"
 #include "fs-util.h"
-#include "image-dbus.h"
+#include "bus-info.h"
 #include "image.h"
 #include "macro.h"
 #include "paused.h"

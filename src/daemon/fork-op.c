@@ -14,7 +14,7 @@
 #include "macro.h"
 #include "time-util.h"
 #include "netns-batch.h"
-#include "sandbox-dbus.h"
+#include "bus-info.h"
 #include "sandbox.h"
 #include "vm-template.h"
 #include "vmm-client.h"

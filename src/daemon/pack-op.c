@@ -8,7 +8,7 @@
 
 #include "branch.h"
 #include "fs-util.h"
-#include "image-dbus.h"
+#include "bus-info.h"
 #include "image.h"
 #include "macro.h"
 #include "operation.h"

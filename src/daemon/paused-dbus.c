@@ -11,41 +11,9 @@
 #include "paused-dbus.h"
 #include "paused.h"
 #include "polkit.h"
-#include "sandbox-dbus.h"
 #include "sandbox.h"
 #include "snapshot-meta.h"
 #include "strv.h"
-
-int paused_append_info(sd_bus_message *reply, Paused *p) {
-        int r;
-
-        r = sd_bus_message_open_container(reply, 'a', "{sv}");
-        if (r < 0)
-                return r;
-        r = sd_bus_message_append(reply, "{sv}{sv}{sv}{sv}{sv}{sv}{sv}{sv}{sv}",
-                                  "id", "s", p->id,
-                                  "owner_uid", "u", (uint32_t) p->owner_uid,
-                                  "snapshot_tag", "s", p->origin_tag,
-                                  "guest_addr", "s", "",
-                                  "created_at_unix", "t", p->created_at,
-                                  "paused_at_unix", "t", p->paused_at,
-                                  "pid", "u", (uint32_t) 0,
-                                  "state", "s", "paused",
-                                  "status", "s", "paused");
-        if (r >= 0 && p->memory_limit_mib > 0)
-                r = sd_bus_message_append(reply, "{sv}", "memory_limit_mib", "u", p->memory_limit_mib);
-        if (r >= 0 && p->net_policy >= 0)
-                r = sd_bus_message_append(reply, "{sv}", "network", "s",
-                                          netns_policy_to_string((NetnsPolicy) p->net_policy));
-        if (r >= 0)
-                r = sandbox_append_deadline(reply, p->expires_at, p->timeout_pause);
-        if (r >= 0 && p->pause_us > 0)
-                r = sd_bus_message_append(reply, "{sv}{sv}", "pause_us", "t", p->pause_us, "pause_ms", "t",
-                                          (p->pause_us + 500) / 1000);
-        if (r < 0)
-                return r;
-        return sd_bus_message_close_container(reply);
-}
 
 int paused_verify(sd_bus_message *message, Paused *p, const char *action, const char *verb, sd_bus_error *error) {
         const char *details[] = { "sandbox", p->id, "snapshot", p->origin_tag, "verb", verb, NULL };
@@ -54,19 +22,6 @@ int paused_verify(sd_bus_message *message, Paused *p, const char *action, const 
         snprintf(what, sizeof(what), "paused sandbox %s", p->id);
         return bus_verify_owner_async(message, p->owner_uid, what, action, details, &p->manager->polkit_registry,
                                       error);
-}
-
-int bus_sandbox_info_reply(sd_bus_message *call, Paused *p, Sandbox *s, sd_bus_message **ret) {
-        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
-        int r;
-
-        r = sd_bus_message_new_method_return(call, &reply);
-        if (r >= 0)
-                r = p ? paused_append_info(reply, p) : sandbox_append_info(reply, s);
-        if (r < 0)
-                return r;
-        *ret = TAKE_PTR(reply);
-        return 0;
 }
 
 int bus_paused_method_resume(sd_bus_message *message, void *userdata, sd_bus_error *error) {
@@ -140,7 +95,6 @@ int bus_paused_method_set_timeout(sd_bus_message *message, void *userdata, sd_bu
                 return r;
         return sd_bus_send(NULL, reply, NULL);
 }
-
 
 /* ---- the object: org.forkd.PausedSandbox at the sandbox's path ---- */
 

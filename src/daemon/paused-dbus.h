@@ -6,15 +6,12 @@
 
 #include <systemd/sd-bus.h>
 
+#include "bus-info.h"
 #include "manager.h"
 #include "paused.h"
 
-/* A SandboxInfo a{sv} of a paused sandbox ("state" and "status" "paused"). */
-int paused_append_info(sd_bus_message *reply, Paused *p);
 /* Polkit and ownership for verb on p, as sandbox_verify(). */
 int paused_verify(sd_bus_message *message, Paused *p, const char *action, const char *verb, sd_bus_error *error);
-/* A method return to call with the SandboxInfo of p, or of s when p is NULL. */
-int bus_sandbox_info_reply(sd_bus_message *call, Paused *p, Sandbox *s, sd_bus_message **ret);
 
 /* Methods on a paused sandbox (userdata a Paused); the Manager's forward here
  * after the id was looked up:

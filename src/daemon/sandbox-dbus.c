@@ -10,7 +10,6 @@
 #include "fork-op.h"
 #include "fork-options-bus.h"
 #include "pause-op.h"
-#include "paused-dbus.h"
 #include "sandbox-fork.h"
 #include "image-dbus.h"
 #include "json-util.h"
@@ -77,60 +76,6 @@ static int property_get(sd_bus *bus, const char *path, const char *interface, co
         return -ENOENT;
 }
 
-int sandbox_append_info(sd_bus_message *reply, Sandbox *s) {
-        int r;
-
-        r = sd_bus_message_open_container(reply, 'a', "{sv}");
-        if (r < 0)
-                return r;
-        r = sd_bus_message_append(reply, "{sv}{sv}{sv}{sv}{sv}{sv}{sv}{sv}",
-                                  "id", "s", s->id,
-                                  "owner_uid", "u", (uint32_t) s->owner_uid,
-                                  "snapshot_tag", "s", s->origin_tag ?: s->snapshot_tag,
-                                  "guest_addr", "s", s->guest_addr,
-                                  "created_at_unix", "t", s->created_at,
-                                  "pid", "u", s->pid,
-                                  "state", "s", sandbox_state_to_string(s->state),
-                                  "status", "s", sandbox_state_to_string(s->state));
-        if (r < 0)
-                return r;
-        if (s->netns) {
-                r = sd_bus_message_append(reply, "{sv}", "netns", "s", s->netns);
-                if (r < 0)
-                        return r;
-        }
-        if (s->host_addr) {
-                r = sd_bus_message_append(reply, "{sv}", "host_addr", "s", s->host_addr);
-                if (r < 0)
-                        return r;
-        }
-        if (s->memory_limit_mib > 0) {
-                r = sd_bus_message_append(reply, "{sv}", "memory_limit_mib", "u", s->memory_limit_mib);
-                if (r < 0)
-                        return r;
-        }
-        r = sandbox_append_deadline(reply, s->expires_at, s->timeout_pause);
-        if (r < 0)
-                return r;
-        return sd_bus_message_close_container(reply);
-}
-
-int sandbox_append_infos(sd_bus_message *reply, Manager *m, char *const *vm_ids, unsigned n) {
-        int r;
-
-        r = sd_bus_message_open_container(reply, 'a', "a{sv}");
-        for (unsigned i = 0; r >= 0 && i < n; i++)
-                r = sandbox_append_info(reply, hashmap_get(m->vms, vm_ids[i]));
-        return r < 0 ? r : sd_bus_message_close_container(reply);
-}
-
-int sandbox_append_deadline(sd_bus_message *reply, uint64_t expires_at, bool pause) {
-        char buf[64];
-
-        return sd_bus_message_append(reply, "{sv}{sv}", "expires_at", "s", deadline_format(expires_at, buf),
-                                     "on_timeout", "s", pause ? ON_TIMEOUT_PAUSE : ON_TIMEOUT_KILL);
-}
-
 int sandbox_object_find(sd_bus *bus, const char *path, const char *interface, void *userdata, void **found,
                         sd_bus_error *error) {
         _cleanup_free_ char *id = NULL;
@@ -170,42 +115,6 @@ int sandbox_node_enumerator(sd_bus *bus, const char *path, void *userdata, char 
         }
         *nodes = l;
         return 1;
-}
-
-/* ---- signals ---- */
-
-void sandbox_send_new_signal(Sandbox *s) {
-        _cleanup_free_ char *p = NULL;
-
-        if (!s->manager->bus || sandbox_object_path(s->id, &p) < 0)
-                return;
-        (void) sd_bus_emit_signal(s->manager->bus, FORKD_MANAGER_PATH, FORKD_BUS_NAME, "SandboxNew", "so", s->id, p);
-}
-
-void sandbox_send_removed_signal(Sandbox *s, const char *reason) {
-        _cleanup_free_ char *p = NULL;
-
-        if (!s->manager->bus || sandbox_object_path(s->id, &p) < 0)
-                return;
-        (void) sd_bus_emit_signal(s->manager->bus, FORKD_MANAGER_PATH, FORKD_BUS_NAME, "SandboxRemoved", "sos", s->id,
-                                  p, reason);
-}
-
-void sandbox_send_removed_signal_as(Sandbox *s, const char *id, const char *reason) {
-        _cleanup_free_ char *p = NULL;
-
-        if (!s->manager->bus || sandbox_object_path(id, &p) < 0)
-                return;
-        (void) sd_bus_emit_signal(s->manager->bus, FORKD_MANAGER_PATH, FORKD_BUS_NAME, "SandboxRemoved", "sos", id, p,
-                                  reason);
-}
-
-void sandbox_send_state_changed(Sandbox *s) {
-        _cleanup_free_ char *p = NULL;
-
-        if (!s->manager->bus || sandbox_object_path(s->id, &p) < 0)
-                return;
-        (void) sd_bus_emit_properties_changed(s->manager->bus, p, "org.forkd.Sandbox", "State", NULL);
 }
 
 /* ---- methods ---- */
@@ -821,10 +730,6 @@ int bus_sandbox_method_fork(sd_bus_message *message, void *userdata, sd_bus_erro
 
 /* ---- pause and deadlines ---- */
 
-int bus_sandbox_error_pausing(const char *id, sd_bus_error *error) {
-        return sd_bus_error_setf(error, FORKD_ERROR_PAUSED, "sandbox %s is being paused", id);
-}
-
 int bus_sandbox_method_resume(sd_bus_message *message, void *userdata, sd_bus_error *error) {
         Sandbox *s = userdata;
 
@@ -865,7 +770,6 @@ int bus_sandbox_method_set_timeout(sd_bus_message *message, void *userdata, sd_b
                 return r;
         return sd_bus_send(NULL, reply, NULL);
 }
-
 
 /* Object-path entry points. A message may be dispatched twice (polkit
  * re-queues it once answered): start reading from its beginning each time.

@@ -9,7 +9,7 @@
 #include "fork-op.h"
 #include "macro.h"
 #include "operation.h"
-#include "sandbox-dbus.h"
+#include "bus-info.h"
 #include "sandbox-fork.h"
 #include "sandbox.h"
 #include "vm-template.h"
