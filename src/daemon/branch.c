@@ -14,13 +14,12 @@
 #include "branch.h"
 #include "cgroup.h"
 #include "fs-util.h"
-#include "image-dbus.h"
+#include "bus-info.h"
 #include "image.h"
 #include "json-util.h"
 #include "macro.h"
+#include "operation.h"
 #include "paused.h"
-#include "polkit.h"
-#include "sandbox-dbus.h"
 #include "sandbox.h"
 #include "snapshot-meta.h"
 
@@ -34,11 +33,11 @@ static BranchOp *branch_op_free(BranchOp *b) {
         b->result_source = sd_event_source_disable_unref(b->result_source);
         safe_close(b->result_fd);
         if (b->message) {
-                (void) sd_bus_reply_method_errorf(b->message, FORKD_ERROR_FAILED, "forkd is shutting down.");
+                (void) sd_bus_reply_method_errorf(b->message, FORKD_ERROR_FAILED, OPERATION_SHUTTING_DOWN);
                 sd_bus_message_unref(b->message);
         }
         if (b->done)
-                b->done(b->manager, -ESHUTDOWN, NULL, 0, "forkd is shutting down.", b->userdata);
+                b->done(b->manager, -ESHUTDOWN, NULL, 0, OPERATION_SHUTTING_DOWN, b->userdata);
         free(b->source_id);
         free(b->tag);
         free(b->dir);
@@ -539,47 +538,6 @@ static int send_request(Sandbox *s, BranchOp *b, int fd) {
         return sandbox_control_send(s, json_object_to_json_string_ext(req, JSON_C_TO_STRING_PLAIN), fd, &b->waiter);
 }
 
-int bus_sandbox_method_branch(sd_bus_message *message, void *userdata, sd_bus_error *error) {
-        Sandbox *s = userdata;
-        Manager *m = s->manager;
-        const char *tag, *mode;
-        char auto_tag[SNAPSHOT_TAG_MAX + 1];
-        uid_t owner = 0;
-        int wait, r;
-
-        r = sd_bus_message_read(message, "ssb", &tag, &mode, &wait);
-        if (r < 0)
-                return r;
-        r = tag[0] ? bus_check_tag(tag, "snapshot tag", error) : 0;
-        if (r < 0)
-                return r;
-        if (!mode[0])
-                mode = "full";
-        if (strcmp(mode, "full") != 0 && strcmp(mode, "diff") != 0 && strcmp(mode, "live") != 0)
-                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
-                                         "mode must be \"full\", \"diff\" or \"live\", not \"%.16s\".", mode);
-        if (!wait && strcmp(mode, "live") != 0)
-                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "wait false needs mode \"live\".");
-
-        r = sandbox_verify(message, s, "org.forkd.branch", "branch", error);
-        if (r < 0)
-                return r;
-        if (r == 0)
-                return 1;
-        r = bus_message_sender_uid(message, &m->polkit_registry, &owner);
-        if (r < 0)
-                return r;
-
-        if (!tag[0]) {
-                snprintf(auto_tag, sizeof(auto_tag), "branch-%s-%lld", s->id, (long long) time(NULL));
-                if (!snapshot_tag_is_valid(auto_tag))
-                        return sd_bus_error_setf(error, FORKD_ERROR_FAILED, "Cannot make a tag from %s.", s->id);
-                tag = auto_tag;
-        }
-        r = branch_start(s, tag, mode, wait, owner, message, NULL, NULL, error);
-        return r < 0 ? r : 1;
-}
-
 int branch_start(Sandbox *s, const char *tag, const char *mode, bool wait, uid_t owner, sd_bus_message *message,
                  branch_done_t done, void *userdata, sd_bus_error *error) {
         Manager *m = s->manager;
@@ -587,13 +545,15 @@ int branch_start(Sandbox *s, const char *tag, const char *mode, bool wait, uid_t
         struct stat st;
         int r, sv[2];
 
-        if (m->exiting)
-                return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "forkd is shutting down.");
+        r = operation_check_not_exiting(m, error);
+        if (r < 0)
+                return r;
         if (branch_in_flight(m, tag))
                 return sd_bus_error_setf(error, FORKD_ERROR_SNAPSHOT_EXISTS, "A branch to %s is in flight already.",
                                          tag);
-        if (hashmap_get(m->images, tag) || hashmap_get(m->creating, tag))
-                return sd_bus_error_setf(error, FORKD_ERROR_SNAPSHOT_EXISTS, "Snapshot %s exists already.", tag);
+        r = operation_check_tag_free(m, tag, error); /* not in flight, checked above */
+        if (r < 0)
+                return r;
         if (count_state(m, BRANCH_FAILED, false) >= m->max_branches)
                 return sd_bus_error_setf(error, FORKD_ERROR_BUSY,
                                          "%u branches are in flight (the cap); retry after a short delay.",

@@ -81,9 +81,6 @@ struct BranchOp {
 int branch_start(Sandbox *s, const char *tag, const char *mode, bool wait, uid_t owner, sd_bus_message *message,
                  branch_done_t done, void *userdata, sd_bus_error *error);
 
-/* Sandbox method Branch and the tail of Manager.BranchSandbox (after the id):
- * reads (s tag, s mode, b wait). */
-int bus_sandbox_method_branch(sd_bus_message *message, void *userdata, sd_bus_error *error);
 
 /* The owner of the failed branch of tag (see branch_failed()). */
 uid_t branch_failed_owner(Manager *m, const char *tag);

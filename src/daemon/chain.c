@@ -12,13 +12,12 @@
 #include "branch.h"
 #include "chain.h"
 #include "fs-util.h"
-#include "image-dbus.h"
+#include "bus-info.h"
 #include "image.h"
 #include "macro.h"
 #include "paused.h"
 #include "operation.h"
 #include "worker.h"
-#include "polkit.h"
 #include "vm-template.h"
 
 /* How much of forkd-vmm compact's answer (one JSON line) is read. */
@@ -27,10 +26,6 @@
 #define DEPENDENTS_NAMED_MAX 64u
 
 extern char **environ;
-
-bool chain_is_compact_staging(const char *name) {
-        return strncmp(name, COMPACT_STAGING_PREFIX, strlen(COMPACT_STAGING_PREFIX)) == 0;
-}
 
 static bool strv_contains(char **l, size_t n, const char *s) {
         for (size_t k = 0; k < n; k++)
@@ -118,7 +113,7 @@ static int dependents_error(Image *i, char **deps, int n, sd_bus_error *error) {
                 fprintf(f, ", ... (%d more)", n - (int) DEPENDENTS_NAMED_MAX);
         if (fclose(f) != 0)
                 return -ENOMEM;
-        /* seed 001's words */
+        /* Worded for forkd's REST API v1, whose callers pass ?cascade and ?force. */
         return sd_bus_error_setf(error, FORKD_ERROR_HAS_DEPENDENTS,
                                  "snapshot `%s` is the parent of %d chained snapshot(s): [%s]; rerun with "
                                  "`?cascade=true` to delete the whole subtree, or `?force=true` to orphan the "
@@ -357,49 +352,23 @@ static void compact_done(int r, void *userdata) {
         operation_free(o);
 }
 
-int method_compact_snapshot(sd_bus_message *message, void *userdata, sd_bus_error *error) {
-        Manager *m = userdata;
-        const char *tag, *to;
+int chain_compact_start(Manager *m, sd_bus_message *message, const char *tag, const char *to,
+                        sd_bus_error *error) {
         Operation *o = NULL;
         ChainCompact *c;
         struct stat st;
         Image *i;
         int r;
 
-        r = sd_bus_message_rewind(message, true); /* polkit may dispatch it twice */
+        r = operation_check_not_exiting(m, error);
         if (r < 0)
                 return r;
-        r = sd_bus_message_read(message, "ss", &tag, &to);
-        if (r < 0)
-                return r;
-        r = bus_check_tag(tag, "snapshot tag", error);
-        if (r < 0)
-                return r;
-        r = bus_check_tag(to, "target tag", error);
-        if (r < 0)
-                return r;
-        if (strcmp(tag, to) == 0)
-                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
-                                         "\"to\" must differ from the snapshot compacted (%s).", tag);
-        i = hashmap_get(m->images, tag);
-        if (!i)
-                return sd_bus_error_setf(error, FORKD_ERROR_NO_SUCH_SNAPSHOT, "No snapshot with tag %s.", tag);
-
-        r = bus_verify_polkit_async(message, "org.forkd.manage-snapshots",
-                                    (const char *[]) { "snapshot", tag, "verb", "compact", NULL },
-                                    &m->polkit_registry, error);
-        if (r < 0)
-                return r;
-        if (r == 0)
-                return 1;
-
-        if (m->exiting)
-                return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "forkd is shutting down.");
         i = hashmap_get(m->images, tag); /* polkit took a turn of the loop */
         if (!i)
                 return sd_bus_error_setf(error, FORKD_ERROR_NO_SUCH_SNAPSHOT, "No snapshot with tag %s.", tag);
-        if (hashmap_get(m->images, to) || hashmap_get(m->creating, to) || branch_in_flight(m, to))
-                return sd_bus_error_setf(error, FORKD_ERROR_SNAPSHOT_EXISTS, "Snapshot %s exists already.", to);
+        r = operation_check_tag_free(m, to, error);
+        if (r < 0)
+                return r;
         r = chain_check_restorable(m, i, error);
         if (r < 0)
                 return r;
@@ -426,12 +395,9 @@ int method_compact_snapshot(sd_bus_message *message, void *userdata, sd_bus_erro
                 return r;
         }
 
-        r = operation_new(m, message, &o);
+        r = operation_new_or_busy(m, message, &o, error);
         if (r < 0) {
                 chain_compact_free(c);
-                if (r == -EBUSY)
-                        return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "%u operations are running; retry later.",
-                                                 m->max_operations);
                 return r;
         }
         c->source = i;

@@ -2,9 +2,9 @@
 #pragma once
 
 /*
- * Snapshot chains in the daemon (seed 001, 003): deleting a snapshot that
- * other snapshots chain on (refused, cascade or force), refusing to fork an
- * orphaned link, and compacting a chain head into a flat snapshot.
+ * Snapshot chains in the daemon: deleting a snapshot that other snapshots
+ * chain on (refused, cascade or force), refusing to fork an orphaned link,
+ * and compacting a chain head into a flat snapshot.
  *
  * Compact runs `forkd-vmm compact` in a worker thread: it loads the head with
  * its chain (every parent_content_hash checked), writes the whole memory
@@ -18,8 +18,6 @@
 
 #include "manager.h"
 
-#define COMPACT_STAGING_PREFIX ".compact-staging-"
-
 /* DeleteSnapshot/Delete of i once polkit agreed: refuses a snapshot with
  * dependents (HasDependents, naming them all) unless cascade (the whole
  * subtree, children first) or force (i alone, its children orphaned). */
@@ -28,8 +26,8 @@ int chain_delete(Image *i, bool cascade, bool force, sd_bus_message *message, sd
 /* Before a fork of i: ChainBroken when an ancestor is no longer registered. */
 int chain_check_restorable(Manager *m, Image *i, sd_bus_error *error);
 
-/* org.forkd.Manager.CompactSnapshot(s tag, s to) -> a{sv} */
-int method_compact_snapshot(sd_bus_message *message, void *userdata, sd_bus_error *error);
+/* CompactSnapshot(s tag, s to) -> a{sv} once polkit agreed: compact tag into
+ * to; message is answered with to's info once it is registered. */
+int chain_compact_start(Manager *m, sd_bus_message *message, const char *tag, const char *to,
+                        sd_bus_error *error);
 
-/* A stale staging directory left by a compact that died (name in snapshots_dir). */
-bool chain_is_compact_staging(const char *name);

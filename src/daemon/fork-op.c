@@ -12,14 +12,15 @@
 #include "fs-util.h"
 #include "image.h"
 #include "macro.h"
+#include "time-util.h"
 #include "netns-batch.h"
-#include "sandbox-dbus.h"
+#include "bus-info.h"
 #include "sandbox.h"
 #include "vm-template.h"
 #include "vmm-client.h"
 #include "worker.h"
 
-#define PING_TIMEOUT_USEC (60 * 1000000ull)
+#define PING_TIMEOUT_USEC (60 * USEC_PER_SEC)
 #define SPAWN_EVENTS_MAX 8192u
 
 static int fork_run(ForkOp *f);
@@ -199,7 +200,7 @@ static void fork_succeed(ForkOp *f) {
                 s->state = SANDBOX_RUNNING;
                 s->fork_op = NULL;
                 if (f->opts.timeout_secs > 0 &&
-                    sandbox_set_deadline(s, now_realtime_usec() + f->opts.timeout_secs * 1000000ull,
+                    sandbox_set_deadline(s, now_realtime_usec() + f->opts.timeout_secs * USEC_PER_SEC,
                                          f->opts.timeout_pause) < 0)
                         log_warning("Failed to arm the deadline of sandbox %s.", s->id);
                 sandbox_send_new_signal(s);
@@ -462,7 +463,7 @@ static int fork_spawn(ForkOp *f, const int *taps) {
                 if (r < 0) {
                         free(f->error);
                         if ((r == -ESTALE || r == -ENOLINK) && err)
-                                f->error = TAKE_PTR(err); /* a broken chain: forkd-vmm's words (seed 003) */
+                                f->error = TAKE_PTR(err); /* a broken chain: forkd-vmm's words */
                         else if (asprintf(&f->error, "Failed to start the template of %s: %s", t->tag,
                                           err ?: strerror(-r)) < 0)
                                 f->error = NULL;
@@ -821,30 +822,6 @@ static void on_cgroup_ready(int r, const char *id, const char *parent, void *use
 
 static int fork_op_start_full(Manager *m, Image *i, VmTemplate *t, unsigned n, const struct fork_options *o,
                               fork_done_t done, void *userdata, ForkOp **ret);
-
-int fork_options_resolve_network(struct fork_options *o, bool has_nic, bool agent_tcp, const char **ret_why) {
-        if (!has_nic) {
-                if (o->net_policy_given) {
-                        *ret_why = "the snapshot has no NIC, so a network policy has nothing to apply to: "
-                                   "create the snapshot with network (option network, REST \"network\": true) "
-                                   "or leave network out";
-                        return -EINVAL;
-                }
-                o->net = o->agent_tcp = false;
-                return 0;
-        }
-        if (o->per_child_netns) {
-                *ret_why = "the snapshot has a NIC: forkd makes each child's namespace itself, with its tap, "
-                           "while per_child_netns's pre-made namespaces hold no tap for it; leave "
-                           "per_child_netns out and choose the policy with network (none or egress)";
-                return -EINVAL;
-        }
-        if (!o->net_policy_given)
-                o->net_policy = NETNS_POLICY_NONE; /* the default: nothing leaves */
-        o->net = true;
-        o->agent_tcp = agent_tcp;
-        return 0;
-}
 
 int fork_op_start(Manager *m, Image *i, unsigned n, const struct fork_options *o, fork_done_t done, void *userdata,
                   ForkOp **ret) {

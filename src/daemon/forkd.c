@@ -11,8 +11,11 @@
 
 #include "cgroup.h"
 #include "doctor.h"
+#include "hooks.h"
+#include "direct-listener.h"
 #include "vmm-client.h"
 #include "macro.h"
+#include "time-util.h"
 #include "manager-dbus.h"
 #include "manager.h"
 #include "polkit.h"
@@ -22,7 +25,7 @@
 #define FORKD_VMM_DEFAULT "/usr/libexec/forkd/forkd-vmm"
 #endif
 
-#define EXIT_GRACE_USEC (20 * 1000000ull)
+#define EXIT_GRACE_USEC (20 * USEC_PER_SEC)
 
 static const char *arg_state_dir = "/var/lib/forkd";
 static const char *arg_runtime_dir = NULL; /* --runtime-dir; NULL: the state directory */
@@ -313,9 +316,10 @@ static int run(int argc, char *argv[]) {
         r = manager_new(&m);
         if (r < 0)
                 return log_error_errno(r, "Failed to allocate the manager: %m");
+        m->hooks = &daemon_hooks;
         m->max_operations = arg_max_operations;
         m->max_branches = arg_max_branches;
-        m->control_timeout_usec = arg_control_timeout_sec * 1000000ull;
+        m->control_timeout_usec = arg_control_timeout_sec * USEC_PER_SEC;
         m->netns_pool_size = arg_netns_pool;
         m->confine = arg_confine && !(getenv("FORKD_NO_CONFINE") && strcmp(getenv("FORKD_NO_CONFINE"), "1") == 0);
         m->vmm_uid = arg_vmm_uid;

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 
 #include "fs-util.h"
+#include "io-util.h"
 #include "macro.h"
 
 int mkdir_parents_and_self(const char *path, mode_t mode) {
@@ -36,20 +37,6 @@ int fsync_path(const char *path) {
         return 0;
 }
 
-static int write_all(int fd, const char *content, size_t len) {
-        for (size_t done = 0; done < len;) {
-                ssize_t k = write(fd, content + done, len - done);
-
-                if (k < 0) {
-                        if (errno == EINTR)
-                                continue;
-                        return -errno;
-                }
-                done += (size_t) k;
-        }
-        return 0;
-}
-
 /* content in a new file .#NAME.TID of dfd (its name in tmp), to be renamed
  * over name; the file's fd, or -errno with nothing left behind. */
 static int write_tmp_at(int dfd, const char *name, const char *content, size_t len, char tmp[static 128]) {
@@ -59,7 +46,7 @@ static int write_tmp_at(int dfd, const char *name, const char *content, size_t l
         fd = openat(dfd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0640);
         if (fd < 0)
                 return -errno;
-        r = write_all(fd, content, len);
+        r = loop_write(fd, content, len);
         if (r < 0) {
                 (void) unlinkat(dfd, tmp, 0);
                 safe_close(fd);
@@ -77,7 +64,7 @@ int write_file_new_at(int dfd, const char *name, const char *content, size_t len
                 return -EINVAL;
         fd = openat(dfd, ".", O_TMPFILE | O_WRONLY | O_CLOEXEC, 0640);
         if (fd >= 0) {
-                r = write_all(fd, content, len);
+                r = loop_write(fd, content, len);
                 if (r < 0)
                         return r;
                 /* Through /proc rather than AT_EMPTY_PATH, which needs CAP_DAC_READ_SEARCH. */
@@ -245,14 +232,11 @@ static int copy_range(int src, int dst, uint64_t off, uint64_t end) {
                         }
                 } else {
                         n = pread(src, chunk, MIN(want, chunk_size), (off_t) off);
-                        for (ssize_t done = 0; n > 0 && done < n;) {
-                                ssize_t w = pwrite(dst, chunk + done, (size_t) (n - done), (off_t) (off + (uint64_t) done));
+                        if (n > 0) {
+                                int r = pwrite_all(dst, chunk, (size_t) n, off);
 
-                                if (w < 0 && errno == EINTR)
-                                        continue;
-                                if (w < 0)
-                                        return -errno;
-                                done += w;
+                                if (r < 0)
+                                        return r;
                         }
                 }
                 if (n < 0) {

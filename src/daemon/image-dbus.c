@@ -42,118 +42,6 @@ static int property_get_status(sd_bus *bus, const char *path, const char *interf
         return sd_bus_message_append(reply, "s", "ready");
 }
 
-int image_append_info(sd_bus_message *reply, Image *i, bool details) {
-        int r;
-
-        r = sd_bus_message_open_container(reply, 'a', "{sv}");
-        if (r < 0)
-                return r;
-        r = image_append_info_fields(reply, i, details);
-        if (r < 0)
-                return r;
-        return sd_bus_message_close_container(reply);
-}
-
-int image_append_info_fields(sd_bus_message *reply, Image *i, bool details) {
-        int r;
-
-        r = sd_bus_message_append(reply, "{sv}{sv}{sv}{sv}{sv}{sv}{sv}{sv}{sv}",
-                                  "tag", "s", i->tag,
-                                  "owner_uid", "u", (uint32_t) image_owner(i),
-                                  "dir", "s", i->dir,
-                                  "created_at_unix", "t", (uint64_t) i->meta.created_at_unix,
-                                  "status", "s", "ready",
-                                  "mem_size", "t", i->meta.mem_size,
-                                  "disk_size", "t", i->meta.disk_size,
-                                  "generation", "t", i->meta.generation,
-                                  "guest", "s", i->meta.guest);
-        if (r >= 0)
-                r = sd_bus_message_append(reply, "{sv}{sv}", "network", "b", (int) i->meta.network,
-                                          "agent_tcp", "b", (int) i->meta.agent_tcp);
-        if (r < 0)
-                return r;
-        if (i->meta.parent_tag[0]) {
-                r = sd_bus_message_append(reply, "{sv}", "parent_tag", "s", i->meta.parent_tag);
-                if (r < 0)
-                        return r;
-        }
-        if (i->meta.branched_from[0]) {
-                /* seed 001: only on snapshots made by a branch */
-                r = sd_bus_message_append(reply, "{sv}{sv}{sv}", "branched_from", "s", i->meta.branched_from,
-                                          "pause_ms", "t", (i->meta.pause_us + 500) / 1000,
-                                          "pause_us", "t", i->meta.pause_us);
-                if (r < 0)
-                        return r;
-        }
-        if (details) {
-                _cleanup_(strv_freep) char **deps = NULL;
-                const char *ancestors[64 + 1] = {}; /* NULL-terminated */
-                size_t n_ancestors = 0;
-                struct image_sizes sz = {};
-
-                r = image_sizes(i, &sz);
-                if (r < 0)
-                        return r;
-                /* Parent first, then its parent, ...: as far as they are registered (a
-                 * diff chain's links hold on to their parents, forkd-vmm(8)); then turned
-                 * round, since seed 001 lists them root first. */
-                for (Image *a = i; a->meta.parent_tag[0] && n_ancestors < ELEMENTSOF(ancestors) - 1;) {
-                        ancestors[n_ancestors++] = a->meta.parent_tag;
-                        a = hashmap_get(i->manager->images, a->meta.parent_tag);
-                        if (!a)
-                                break;
-                }
-                for (size_t k = 0; k < n_ancestors / 2; k++) {
-                        const char *t = ancestors[k];
-
-                        ancestors[k] = ancestors[n_ancestors - 1 - k];
-                        ancestors[n_ancestors - 1 - k] = t;
-                }
-                r = image_dependents(i->manager, i->tag, &deps);
-                if (r < 0)
-                        return r;
-                r = sd_bus_message_append(reply, "{sv}{sv}{sv}{sv}",
-                                          "memory_logical_bytes", "t", sz.memory_logical,
-                                          "memory_physical_bytes", "t", sz.memory_physical,
-                                          "vmstate_bytes", "t", sz.vmstate,
-                                          "chain_depth", "u", (uint32_t) n_ancestors);
-                if (r < 0)
-                        return r;
-                if (i->meta.parent_content_hash[0]) {
-                        r = sd_bus_message_append(reply, "{sv}", "parent_content_hash", "s",
-                                                  i->meta.parent_content_hash);
-                        if (r < 0)
-                                return r;
-                }
-                r = sd_bus_message_open_container(reply, 'e', "sv");
-                if (r >= 0)
-                        r = sd_bus_message_append(reply, "s", "ancestors");
-                if (r >= 0)
-                        r = sd_bus_message_open_container(reply, 'v', "as");
-                if (r >= 0)
-                        r = sd_bus_message_append_strv(reply, (char **) ancestors);
-                if (r >= 0)
-                        r = sd_bus_message_close_container(reply);
-                if (r >= 0)
-                        r = sd_bus_message_close_container(reply);
-                if (r >= 0)
-                        r = sd_bus_message_open_container(reply, 'e', "sv");
-                if (r >= 0)
-                        r = sd_bus_message_append(reply, "s", "dependents");
-                if (r >= 0)
-                        r = sd_bus_message_open_container(reply, 'v', "as");
-                if (r >= 0)
-                        r = sd_bus_message_append_strv(reply, deps);
-                if (r >= 0)
-                        r = sd_bus_message_close_container(reply);
-                if (r >= 0)
-                        r = sd_bus_message_close_container(reply);
-                if (r < 0)
-                        return r;
-        }
-        return 0;
-}
-
 int bus_check_tag(const char *tag, const char *what, sd_bus_error *error) {
         if (!snapshot_tag_is_valid(tag))
                 return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
@@ -204,15 +92,6 @@ int image_node_enumerator(sd_bus *bus, const char *path, void *userdata, char **
         }
         *nodes = l;
         return 1;
-}
-
-void image_send_signal(Manager *m, const char *tag, bool new) {
-        _cleanup_free_ char *p = NULL;
-
-        if (!m->bus || snapshot_tag_is_forkds(tag) || image_object_path(tag, &p) < 0)
-                return;
-        (void) sd_bus_emit_signal(m->bus, FORKD_MANAGER_PATH, FORKD_BUS_NAME, new ? "SnapshotNew" : "SnapshotRemoved",
-                                  "so", tag, p);
 }
 
 int image_verify(sd_bus_message *message, Image *i, uid_t owner, const char *action, const char *verb,

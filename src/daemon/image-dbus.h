@@ -4,6 +4,7 @@
 #include <stdbool.h>
 #include <systemd/sd-bus.h>
 
+#include "bus-info.h"
 #include "manager.h"
 
 extern const sd_bus_vtable image_vtable[];
@@ -16,11 +17,6 @@ int image_node_enumerator(sd_bus *bus, const char *path, void *userdata, char **
  * and not one of forkd's own (paused.h); else InvalidArgs into error. */
 int bus_check_tag(const char *tag, const char *what, sd_bus_error *error);
 
-/* SnapshotInfo, or SnapshotDetails with details. */
-int image_append_info(sd_bus_message *reply, Image *i, bool details);
-/* The same entries, into a dictionary the caller has opened (and adds to). */
-int image_append_info_fields(sd_bus_message *reply, Image *i, bool details);
-
 /* Polkit and ownership for a verb on snapshot i, owned by owner (image_owner(i),
  * or a subtree's common owner): see bus_verify_owner_async(). */
 int image_verify(sd_bus_message *message, Image *i, uid_t owner, const char *action, const char *verb,
@@ -28,7 +24,5 @@ int image_verify(sd_bus_message *message, Image *i, uid_t owner, const char *act
 /* The owner of i and every snapshot below it when they all have the same one,
  * else OWNER_UID_INVALID. */
 uid_t image_subtree_owner(Image *i);
-
-void image_send_signal(Manager *m, const char *tag, bool new);
 
 int bus_image_method_delete(sd_bus_message *message, void *userdata, sd_bus_error *error);

@@ -14,6 +14,7 @@
 #include "image.h"
 #include "netns-batch.h"
 #include "macro.h"
+#include "time-util.h"
 #include "vm-template.h"
 #include "vmm-client.h"
 
@@ -432,7 +433,7 @@ int image_create_work(void *userdata) {
                 int status;
 
                 /* The agent channel closed: forkd-vmm's exit status says why. */
-                if (r < 0 && vmm_proc_wait(&p, 2 * 1000000ull, &status) >= 0)
+                if (r < 0 && vmm_proc_wait(&p, 2 * USEC_PER_SEC, &status) >= 0)
                         describe_boot_exit(status, why, sizeof(why));
                 else
                         snprintf(why, sizeof(why), "%s", r < 0 ? strerror(-r) : "the agent refused ping");
@@ -450,7 +451,7 @@ int image_create_work(void *userdata) {
         json_object_object_add(req, "dir", json_object_new_string(c->dir));
         json_object_object_add(req, "tag", json_object_new_string(c->tag));
         r = vmm_client_control(p.control_fd, json_object_to_json_string_ext(req, JSON_C_TO_STRING_PLAIN),
-                               300 * 1000000ull, &reply);
+                               300 * USEC_PER_SEC, &reply);
         if (r < 0) {
                 const char *why = NULL;
 
@@ -464,7 +465,7 @@ int image_create_work(void *userdata) {
 finish:
         json_object_put(req);
         json_object_put(o);
-        vmm_proc_stop(&p, 2 * 1000000ull);
+        vmm_proc_stop(&p, 2 * USEC_PER_SEC);
         (void) rm_rf(c->staging); /* the snapshot holds its own copy of the disk */
         if (net_index > 0) {
                 /* The snapshot is written or the boot failed: the namespace goes. */

@@ -55,6 +55,10 @@ int image_sizes(Image *i, struct image_sizes *ret);
 /* Where a snapshot being created keeps the copies it boots from
  * (snapshots/.boot-<tag>/): removed after the boot, and at start. */
 #define IMAGE_BOOT_STAGING_PREFIX ".boot-"
+/* A compact's staging directory (chain.c), and an unpack's (pack-op.c):
+ * ".unpack-XXXXXX". */
+#define COMPACT_STAGING_PREFIX ".compact-staging-"
+#define PACK_STAGING_PREFIX ".unpack-"
 
 typedef struct ImageCreate {
         char *vmm_path, *tag, *dir, *overlay_dir, *console_log;

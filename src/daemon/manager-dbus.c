@@ -2,19 +2,12 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <stddef.h>
-#include <linux/nsfs.h>
-#include <sched.h>
-#include <sys/ioctl.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/un.h>
 #include <unistd.h>
 
-#include <systemd/sd-daemon.h>
 
 #include "chain.h"
 #include "boot-files.h"
-#include "cgroup.h"
 #include "fork-op.h"
 #include "fs-util.h"
 #include "image-dbus.h"
@@ -23,7 +16,7 @@
 #include "manager-dbus.h"
 #include "operation.h"
 #include "pack-op.h"
-#include "paused.h"
+#include "paused-dbus.h"
 #include "polkit.h"
 #include "branch.h"
 #include "sandbox-fork.h"
@@ -91,7 +84,7 @@ static int property_get_netns_pool_size(sd_bus *bus, const char *path, const cha
 
 /* ---- lookups with precise errors ---- */
 
-static int get_image(Manager *m, const char *tag, Image **ret, sd_bus_error *error) {
+int bus_manager_get_image(Manager *m, const char *tag, Image **ret, sd_bus_error *error) {
         Image *i = NULL;
         int r = bus_check_tag(tag, "snapshot tag", error);
 
@@ -115,7 +108,7 @@ static int get_sandbox(Manager *m, const char *id, Sandbox **ret, sd_bus_error *
         if (!s || !sandbox_is_visible(s))
                 return sd_bus_error_setf(error, FORKD_ERROR_NO_SUCH_SANDBOX, "No sandbox with id %s.", id);
         if (s->pausing)
-                return sd_bus_error_setf(error, FORKD_ERROR_PAUSED, "sandbox %s is being paused", id);
+                return bus_sandbox_error_pausing(id, error);
         *ret = s;
         return 0;
 }
@@ -253,14 +246,16 @@ static int create_snapshot_start(Manager *m, sd_bus_message *message, const char
         char dir[4096];
         int r;
 
-        if (m->exiting) {
+        r = operation_check_not_exiting(m, error);
+        if (r < 0) {
                 image_create_free(c);
-                return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "forkd is shutting down.");
+                return r;
         }
         snprintf(dir, sizeof(dir), "%s/%s", m->snapshots_dir, tag);
-        if (hashmap_get(m->images, tag) || hashmap_get(m->creating, tag) || branch_in_flight(m, tag)) {
+        r = operation_check_tag_free(m, tag, error);
+        if (r < 0) {
                 image_create_free(c);
-                return sd_bus_error_setf(error, FORKD_ERROR_SNAPSHOT_EXISTS, "Snapshot %s exists already.", tag);
+                return r;
         }
         if (lstat(dir, &st) >= 0) {
                 image_create_free(c);
@@ -272,12 +267,9 @@ static int create_snapshot_start(Manager *m, sd_bus_message *message, const char
                 return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "At most %u snapshots.", SNAPSHOTS_MAX);
         }
 
-        r = operation_new(m, message, &o);
+        r = operation_new_or_busy(m, message, &o, error);
         if (r < 0) {
                 image_create_free(c);
-                if (r == -EBUSY)
-                        return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "%u operations are running; retry later.",
-                                                 m->max_operations);
                 return r;
         }
         o->create = c;
@@ -508,7 +500,7 @@ static int method_get_snapshot_info(sd_bus_message *message, void *userdata, sd_
         r = sd_bus_message_read(message, "s", &tag);
         if (r < 0)
                 return r;
-        r = get_image(m, tag, &i, error);
+        r = bus_manager_get_image(m, tag, &i, error);
         if (r < 0)
                 return r;
         /* Its owner needs nothing more; anyone else org.forkd.manage-all. */
@@ -551,233 +543,102 @@ static int method_delete_snapshot(sd_bus_message *message, void *userdata, sd_bu
                 branch_forget_failed(m, tag);
                 return sd_bus_reply_method_return(message, NULL);
         }
-        r = get_image(m, tag, &i, error);
+        r = bus_manager_get_image(m, tag, &i, error);
         if (r < 0)
                 return r;
         return bus_image_method_delete(message, i, error);
 }
 
-/* ---- sandboxes ---- */
+/* CompactSnapshot, PackSnapshot and UnpackSnapshot: the arguments and polkit
+ * here, the operations in chain.c and pack-op.c. */
 
-/* Fork's options a{sv} into o; timeout_only (ForkSandboxEx): only timeout_secs
- * and on_timeout are known. */
-static int parse_fork_options_full(sd_bus_message *message, struct fork_options *o, bool timeout_only,
-                                   sd_bus_error *error) {
-        static const struct {
-                const char *key, *type;
-                bool timeout;
-        } known[] = {
-                { "per_child_netns", "b", false }, { "live_fork", "b", false }, { "memory_limit_mib", "u", false },
-                { "network", "s", false }, { "timeout_secs", "u", true }, { "on_timeout", "s", true },
-        };
-        char err[FORK_OPTION_ERROR_MAX];
-        bool timeout_given = false;
-        int r;
-
-        r = sd_bus_message_enter_container(message, 'a', "{sv}");
-        if (r < 0)
-                return r;
-        for (;;) {
-                const char *key, *type = NULL, *str = NULL;
-                uint32_t u = 0;
-                int b = 0;
-
-                r = sd_bus_message_enter_container(message, 'e', "sv");
-                if (r < 0)
-                        return r;
-                if (r == 0)
-                        break;
-                r = sd_bus_message_read(message, "s", &key);
-                if (r < 0)
-                        return r;
-                for (size_t k = 0; k < ELEMENTSOF(known); k++)
-                        if (strcmp(key, known[k].key) == 0 && (known[k].timeout || !timeout_only))
-                                type = known[k].type;
-                if (!type)
-                        return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
-                                                 "Unknown fork option \"%.64s\" (known: %s).", key,
-                                                 timeout_only ? "timeout_secs, on_timeout" :
-                                                 "per_child_netns, memory_limit_mib, live_fork, network, "
-                                                 "timeout_secs, on_timeout");
-                r = sd_bus_message_enter_container(message, 'v', type);
-                if (r < 0)
-                        return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "Fork option %s must be of type %s.",
-                                                 key, type);
-                r = sd_bus_message_read_basic(message, type[0], type[0] == 'b' ? (void *) &b :
-                                                                type[0] == 'u' ? (void *) &u : (void *) &str);
-                if (r < 0)
-                        return r;
-                if (strcmp(key, "per_child_netns") == 0)
-                        o->per_child_netns = b;
-                else if (strcmp(key, "live_fork") == 0)
-                        o->live_fork = b;
-                else if (strcmp(key, "network") == 0) {
-                        if (fork_option_check_network(str, err) < 0)
-                                return sd_bus_error_set(error, SD_BUS_ERROR_INVALID_ARGS, err);
-                        o->net_policy = netns_policy_from_string(str);
-                        o->net_policy_given = true;
-                } else if (strcmp(key, "memory_limit_mib") == 0) {
-                        o->memory_limit_mib = u;
-                        if (fork_option_check_memory_limit_mib(u, err) < 0)
-                                return sd_bus_error_set(error, SD_BUS_ERROR_INVALID_ARGS, err);
-                } else if (strcmp(key, "timeout_secs") == 0) {
-                        o->timeout_secs = u;
-                        timeout_given = true;
-                        if (fork_option_check_timeout_secs(u, err) < 0)
-                                return sd_bus_error_set(error, SD_BUS_ERROR_INVALID_ARGS, err);
-                } else {
-                        if (fork_option_check_on_timeout(str, err) < 0)
-                                return sd_bus_error_set(error, SD_BUS_ERROR_INVALID_ARGS, err);
-                        o->timeout_pause = strcmp(str, ON_TIMEOUT_PAUSE) == 0;
-                        o->on_timeout_given = true;
-                }
-                r = sd_bus_message_exit_container(message);
-                if (r < 0)
-                        return r;
-                r = sd_bus_message_exit_container(message);
-                if (r < 0)
-                        return r;
-        }
-        if (fork_option_check_deadline(timeout_given, o->timeout_secs,
-                                       o->on_timeout_given ? (o->timeout_pause ? ON_TIMEOUT_PAUSE : ON_TIMEOUT_KILL) : NULL,
-                                       false, err) < 0)
-                return sd_bus_error_set(error, SD_BUS_ERROR_INVALID_ARGS, err);
-        return sd_bus_message_exit_container(message);
-}
-
-static int parse_fork_options(sd_bus_message *message, struct fork_options *o, sd_bus_error *error) {
-        return parse_fork_options_full(message, o, false, error);
-}
-
-int bus_read_fork_n(sd_bus_message *message, uint32_t *ret_n, struct fork_options *o, sd_bus_error *error) {
-        int r = sd_bus_message_read(message, "u", ret_n);
-
-        if (r >= 0 && sd_bus_message_has_signature(message, "sua{sv}"))
-                r = parse_fork_options_full(message, o, true, error); /* ForkSandboxEx */
-        return r;
-}
-
-static void fork_done(ForkOp *f, int r, const char *error_name, const char *error_message, void *userdata) {
-        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
-        Operation *o = userdata;
-        Manager *m = o->manager;
-
-        if (r < 0) {
-                (void) sd_bus_reply_method_errorf(o->message, error_name ?: FORKD_ERROR_FAILED, "%s",
-                                                  error_message ?: strerror(-r));
-                operation_free(o);
-                return;
-        }
-        r = sd_bus_message_new_method_return(o->message, &reply);
-        if (r >= 0)
-                r = sandbox_append_infos(reply, m, f->ids, f->n);
-        if (r >= 0)
-                r = sd_bus_send(NULL, reply, NULL);
-        if (r < 0)
-                (void) sd_bus_reply_method_errno(o->message, r, NULL);
-        operation_free(o);
-}
-
-static int method_fork(sd_bus_message *message, void *userdata, sd_bus_error *error) {
-        struct fork_options opts = {};
+static int method_compact_snapshot(sd_bus_message *message, void *userdata, sd_bus_error *error) {
         Manager *m = userdata;
-        const char *tag, *why = NULL;
-        Operation *o = NULL;
-        uint32_t n;
-        Image *i = NULL;
+        const char *tag, *to;
+        Image *i;
         int r;
 
         r = sd_bus_message_rewind(message, true); /* polkit may dispatch it twice */
         if (r < 0)
                 return r;
-        r = sd_bus_message_read(message, "su", &tag, &n);
-        if (r < 0)
-                return r;
-        r = parse_fork_options(message, &opts, error);
+        r = sd_bus_message_read(message, "ss", &tag, &to);
         if (r < 0)
                 return r;
         r = bus_check_tag(tag, "snapshot tag", error);
         if (r < 0)
                 return r;
-        if (n < 1 || n > FORK_N_MAX)
-                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "n must be from 1 to %u, not %u.",
-                                         FORK_N_MAX, n);
-        if (opts.per_child_netns)
-                for (uint32_t k = 1; k <= n; k++) {
-                        _cleanup_close_ int fd = -EBADF;
-                        char path[64];
-
-                        snprintf(path, sizeof(path), "/run/netns/forkd-child-%u", k);
-                        fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
-                        if (fd < 0)
-                                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
-                                                         "per_child_netns needs the network namespaces forkd-child-1 "
-                                                         "to forkd-child-%u under /run/netns; %s %s.", n, path,
-                                                         errno == ENOENT ? "is missing" : strerror(errno));
-                        /* Checked here, before anything runs: a confined child never opens it. */
-                        if (ioctl(fd, NS_GET_NSTYPE) != CLONE_NEWNET)
-                                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
-                                                         "per_child_netns: %s is not a network namespace "
-                                                         "(see tools/netns-setup).", path);
-                }
-        if (opts.memory_limit_mib > 0 && !cgroup_manager_supported(m->cgroups))
-                return sd_bus_error_setf(error, FORKD_ERROR_NOT_SUPPORTED,
-                                         "Memory limits are not available on this host (no usable cgroup backend).");
-        if (branch_in_flight(m, tag))
-                return sd_bus_error_setf(error, FORKD_ERROR_NOT_READY,
-                                         "Snapshot %s is still being written by a branch; retry once it is ready.",
-                                         tag);
-        r = get_image(m, tag, &i, error);
+        r = bus_check_tag(to, "target tag", error);
         if (r < 0)
                 return r;
-        r = chain_check_restorable(m, i, error);
+        if (strcmp(tag, to) == 0)
+                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
+                                         "\"to\" must differ from the snapshot compacted (%s).", tag);
+        i = hashmap_get(m->images, tag);
+        if (!i)
+                return sd_bus_error_setf(error, FORKD_ERROR_NO_SUCH_SNAPSHOT, "No snapshot with tag %s.", tag);
+
+        r = bus_verify_polkit_async(message, "org.forkd.manage-snapshots",
+                                    (const char *[]) { "snapshot", tag, "verb", "compact", NULL },
+                                    &m->polkit_registry, error);
         if (r < 0)
                 return r;
-        r = fork_options_resolve_network(&opts, i->meta.network, i->meta.agent_tcp, &why);
-        if (r < 0)
-                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "Cannot fork %s: %s.", tag, why);
+        if (r == 0)
+                return 1;
 
-        r = bus_verify_polkit_async(message, "org.forkd.fork",
-                                    (const char *[]) { "snapshot", tag, "verb", "fork", NULL }, &m->polkit_registry,
+        return chain_compact_start(m, message, tag, to, error);
+}
+
+static int method_pack_snapshot(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        Manager *m = userdata;
+        const char *tag;
+        int fd, r;
+
+        r = sd_bus_message_rewind(message, true); /* polkit may dispatch it twice */
+        if (r < 0)
+                return r;
+        r = sd_bus_message_read(message, "sh", &tag, &fd);
+        if (r < 0)
+                return r;
+        r = bus_check_tag(tag, "snapshot tag", error);
+        if (r < 0)
+                return r;
+        r = bus_verify_polkit_async(message, "org.forkd.manage-snapshots",
+                                    (const char *[]) { "snapshot", tag, "verb", "pack", NULL }, &m->polkit_registry,
                                     error);
         if (r < 0)
                 return r;
         if (r == 0)
                 return 1;
-        /* on_timeout "pause" is a pause asked for ahead of time: the caller must be allowed one. */
-        if (opts.timeout_pause) {
-                r = bus_verify_polkit_async(message, "org.forkd.pause",
-                                            (const char *[]) { "snapshot", tag, "verb", "timeout", NULL },
-                                            &m->polkit_registry, error);
-                if (r < 0)
-                        return r;
-                if (r == 0)
-                        return 1;
-        }
 
-        if (m->exiting)
-                return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "forkd is shutting down.");
-        r = operation_new(m, message, &o);
-        if (r == -EBUSY)
-                return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "%u operations are running; retry later.",
-                                         m->max_operations);
+        return pack_snapshot_start(m, message, tag, fd, error);
+}
+
+static int method_unpack_snapshot(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        Manager *m = userdata;
+        const char *new_tag;
+        int fd, r;
+
+        r = sd_bus_message_rewind(message, true); /* polkit may dispatch it twice */
         if (r < 0)
                 return r;
-        opts.owner_uid = o->owner_uid;
-        r = fork_op_start(m, i, n, &opts, fork_done, o, &o->fork);
-        if (r < 0) {
-                operation_free(o);
-                if (r == -EUSERS)
-                        return sd_bus_error_setf(error, FORKD_ERROR_BUSY,
-                                                 "At most %u sandboxes may exist at once.", SANDBOXES_MAX);
-                if (r == -EOPNOTSUPP)
-                        return sd_bus_error_setf(error, FORKD_ERROR_NOT_SUPPORTED, "Memory limits are not available.");
-                return sd_bus_error_set_errnof(error, r, "Failed to start the fork: %m");
-        }
-        log_info("Forking %u sandbox(es) of %s%s%s.", n, tag, opts.net ? ", network " : "",
-                 opts.net ? netns_policy_to_string(opts.net_policy) : "");
-        return 1;
+        r = sd_bus_message_read(message, "hs", &fd, &new_tag);
+        if (r < 0)
+                return r;
+        r = new_tag[0] ? bus_check_tag(new_tag, "snapshot tag", error) : 0;
+        if (r < 0)
+                return r;
+        r = bus_verify_polkit_async(message, "org.forkd.manage-snapshots",
+                                    (const char *[]) { "snapshot", new_tag, "verb", "unpack", NULL },
+                                    &m->polkit_registry, error);
+        if (r < 0)
+                return r;
+        if (r == 0)
+                return 1;
+
+        return unpack_snapshot_start(m, message, fd, new_tag, error);
 }
+
+/* ---- sandboxes ---- */
 
 /* Root and holders of org.forkd.manage-all see every sandbox; anyone else
  * sees their own only (others' are left out, not shown without details). */
@@ -894,7 +755,8 @@ static int forward_to_sandbox(sd_bus_message *message, Manager *m, sd_bus_messag
 }
 
 /* The same for verbs that also take a paused sandbox: paused() gets the Paused
- * (NULL: the verb refuses one, NotPaused for running() NULL). */
+ * (NULL: ResumeSandbox, which a running sandbox, pausing or not, answers as
+ * its object's Resume does: NotPaused). */
 static int forward_to_either(sd_bus_message *message, Manager *m, sd_bus_message_handler_t running,
                              sd_bus_message_handler_t paused, sd_bus_error *error) {
         const char *id;
@@ -909,9 +771,9 @@ static int forward_to_either(sd_bus_message *message, Manager *m, sd_bus_message
         if (r < 0)
                 return r;
         if (s && !running)
-                return sd_bus_error_setf(error, FORKD_ERROR_NOT_PAUSED, "sandbox %s is not paused", id);
+                return bus_sandbox_method_resume(message, s, error); /* NotPaused */
         if (s && s->pausing)
-                return sd_bus_error_setf(error, FORKD_ERROR_PAUSED, "sandbox %s is being paused", id);
+                return bus_sandbox_error_pausing(id, error);
         return s ? running(message, s, error) : paused(message, p, error);
 }
 
@@ -930,142 +792,6 @@ static int method_set_sandbox_timeout(sd_bus_message *message, void *userdata, s
 
 static int method_resume_sandbox(sd_bus_message *message, void *userdata, sd_bus_error *error) {
         return forward_to_either(message, userdata, NULL, bus_paused_method_resume, error);
-}
-
-/* TerminateSandboxes(as ids) -> (as unknown): every sandbox named, at once.
- * The caller must be allowed to terminate each of them (one polkit check:
- * their common owner's, or manage-all when they have several), else nothing
- * is killed. A paused sandbox is deleted, as TerminateSandbox deletes one (a
- * paused one being resumed fails the whole call, Busy). Ids that name no
- * sandbox (gone already) come back in unknown.
- * Answered once every VMM killed here has exited, as TerminateSandbox is. */
-static int method_terminate_sandboxes(sd_bus_message *message, void *userdata, sd_bus_error *error) {
-        _cleanup_free_ Sandbox **found = NULL;
-        _cleanup_free_ Paused **paused = NULL;
-        _cleanup_free_ char **ids = NULL;
-        TerminateGroup *g = NULL;
-        Manager *m = userdata;
-        size_t n = 0, n_found = 0, n_paused = 0, n_unknown = 0;
-        uid_t owner = OWNER_UID_INVALID;
-        char what[96];
-        int r;
-
-        r = sd_bus_message_rewind(message, true); /* polkit may dispatch it twice */
-        if (r < 0)
-                return r;
-        r = sd_bus_message_enter_container(message, 'a', "s");
-        if (r < 0)
-                return r;
-        ids = calloc(FORK_N_MAX + 1, sizeof(char *));
-        found = calloc(FORK_N_MAX, sizeof(Sandbox *));
-        paused = calloc(FORK_N_MAX, sizeof(Paused *));
-        if (!ids || !found || !paused)
-                return -ENOMEM;
-        for (;;) {
-                const char *id;
-
-                r = sd_bus_message_read(message, "s", &id);
-                if (r < 0)
-                        return r;
-                if (r == 0)
-                        break;
-                if (n >= FORK_N_MAX)
-                        return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
-                                                 "TerminateSandboxes takes 1 to %u ids.", FORK_N_MAX);
-                if (!snapshot_tag_is_valid(id))
-                        return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "Invalid sandbox id \"%.64s\".",
-                                                 id);
-                for (size_t k = 0; k < n; k++)
-                        if (strcmp(ids[k], id) == 0)
-                                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
-                                                         "Sandbox id %s is named twice.", id);
-                ids[n++] = (char *) id;
-        }
-        if (n == 0)
-                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "TerminateSandboxes takes 1 to %u ids.",
-                                         FORK_N_MAX);
-
-        for (size_t k = 0; k < n; k++) {
-                Sandbox *s = hashmap_get(m->sandboxes, ids[k]);
-                Paused *p = NULL;
-                uid_t uid;
-
-                if (!s || !sandbox_is_visible(s)) {
-                        p = hashmap_get(m->paused, ids[k]);
-                        if (!p) {
-                                /* unknown: moved to the front, kept in order */
-                                ids[n_unknown++] = ids[k];
-                                continue;
-                        }
-                        if (p->resuming)
-                                return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "Sandbox %s is being resumed.",
-                                                         p->id);
-                }
-                uid = p ? p->owner_uid : s->owner_uid;
-                if (n_found + n_paused == 0)
-                        owner = uid;
-                else if (owner != uid)
-                        owner = OWNER_UID_INVALID;
-                if (p)
-                        paused[n_paused++] = p;
-                else
-                        found[n_found++] = s;
-        }
-        ids[n_unknown] = NULL;
-        if (n_found + n_paused > 0) {
-                const char *first = n_found > 0 ? found[0]->id : paused[0]->id;
-                const char *details[] = { "sandbox", first, "verb", "terminate", NULL };
-
-                if (n_found + n_paused == 1)
-                        snprintf(what, sizeof(what), "sandbox %s", first);
-                else
-                        snprintf(what, sizeof(what), "%zu sandboxes", n_found + n_paused);
-                r = bus_verify_owner_async(message, owner, what, "org.forkd.terminate", details, &m->polkit_registry,
-                                           error);
-                if (r < 0)
-                        return r;
-                if (r == 0)
-                        return 1; /* polkit answers later; we run again then */
-        }
-
-        g = calloc(1, sizeof(*g));
-        if (!g)
-                return -ENOMEM;
-        g->message = sd_bus_message_ref(message);
-        g->pending = 1; /* this call's own, dropped below once every sandbox is counted */
-        g->unknown = calloc(n_unknown + 1, sizeof(char *));
-        if (!g->unknown) {
-                terminate_group_free(g);
-                return -ENOMEM;
-        }
-        for (size_t k = 0; k < n_unknown; k++) {
-                g->unknown[k] = strdup(ids[k]);
-                if (!g->unknown[k]) {
-                        terminate_group_free(g);
-                        return -ENOMEM;
-                }
-        }
-        for (size_t k = 0; k < n_found; k++) {
-                Sandbox *s = found[k];
-
-                r = sandbox_kill(s);
-                if (r < 0)
-                        log_warning_errno(r, "Failed to kill sandbox %s: %m", s->id);
-                if (s->n_terminate_groups < ELEMENTSOF(s->terminate_groups)) {
-                        s->terminate_groups[s->n_terminate_groups++] = g;
-                        g->pending++;
-                }
-        }
-        /* A paused one has no VM: its state and record go now. */
-        for (size_t k = 0; k < n_paused; k++) {
-                r = paused_terminate(paused[k]);
-                if (r < 0)
-                        log_warning_errno(r, "Failed to delete paused sandbox %s: %m", paused[k]->id);
-        }
-        log_info("TerminateSandboxes: %zu sandbox(es) killed, %zu paused deleted, %zu unknown.", n_found, n_paused,
-                 n_unknown);
-        terminate_group_done(g); /* answers now if nothing was left to wait for */
-        return 1;
 }
 
 static int method_ping(sd_bus_message *message, void *userdata, sd_bus_error *error) {
@@ -1139,12 +865,12 @@ const sd_bus_vtable manager_vtable[] = {
         SD_BUS_METHOD_WITH_ARGS("CompactSnapshot", SD_BUS_ARGS("s", tag, "s", to), SD_BUS_RESULT("a{sv}", info),
                                 method_compact_snapshot, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("PackSnapshot", SD_BUS_ARGS("s", tag, "h", fd), SD_BUS_RESULT("as", tags, "t", bytes),
-                                bus_manager_method_pack_snapshot, SD_BUS_VTABLE_UNPRIVILEGED),
+                                method_pack_snapshot, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("UnpackSnapshot", SD_BUS_ARGS("h", fd, "s", new_tag),
-                                SD_BUS_RESULT("aa{sv}", snapshots), bus_manager_method_unpack_snapshot,
+                                SD_BUS_RESULT("aa{sv}", snapshots), method_unpack_snapshot,
                                 SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("Fork", SD_BUS_ARGS("s", snapshot_tag, "u", n, "a{sv}", options),
-                                SD_BUS_RESULT("aa{sv}", sandboxes), method_fork, SD_BUS_VTABLE_UNPRIVILEGED),
+                                SD_BUS_RESULT("aa{sv}", sandboxes), bus_manager_method_fork, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("ListSandboxes", SD_BUS_NO_ARGS, SD_BUS_RESULT("aa{sv}", sandboxes),
                                 method_list_sandboxes, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("GetSandbox", SD_BUS_ARGS("s", id), SD_BUS_RESULT("a{sv}", info), method_get_sandbox,
@@ -1152,7 +878,7 @@ const sd_bus_vtable manager_vtable[] = {
         SD_BUS_METHOD_WITH_ARGS("TerminateSandbox", SD_BUS_ARGS("s", id), SD_BUS_NO_RESULT, method_terminate_sandbox,
                                 SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("TerminateSandboxes", SD_BUS_ARGS("as", ids), SD_BUS_RESULT("as", unknown),
-                                method_terminate_sandboxes, SD_BUS_VTABLE_UNPRIVILEGED),
+                                bus_manager_method_terminate_sandboxes, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("Ping", SD_BUS_ARGS("s", id), SD_BUS_RESULT("s", result_json), method_ping,
                                 SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("Exec", SD_BUS_ARGS("s", id, "as", args, "u", timeout_secs),
@@ -1194,7 +920,7 @@ const sd_bus_vtable manager_vtable[] = {
         SD_BUS_VTABLE_END,
 };
 
-static int add_bus_objects(Manager *m, sd_bus *bus) {
+int manager_add_bus_objects_to(Manager *m, sd_bus *bus) {
         int r;
 
         r = sd_bus_add_object_vtable(bus, NULL, FORKD_MANAGER_PATH, FORKD_BUS_NAME, manager_vtable, m);
@@ -1214,315 +940,16 @@ static int add_bus_objects(Manager *m, sd_bus *bus) {
         r = sd_bus_add_node_enumerator(bus, NULL, FORKD_SANDBOX_PREFIX, sandbox_node_enumerator, m);
         if (r < 0)
                 return log_error_errno(r, "Failed to add the sandbox enumerator: %m");
+        r = sd_bus_add_fallback_vtable(bus, NULL, FORKD_SANDBOX_PREFIX, "org.forkd.PausedSandbox", paused_vtable,
+                                       paused_object_find, m);
+        if (r < 0)
+                return log_error_errno(r, "Failed to add the paused sandbox objects: %m");
+        r = sd_bus_add_node_enumerator(bus, NULL, FORKD_SANDBOX_PREFIX, paused_node_enumerator, m);
+        if (r < 0)
+                return log_error_errno(r, "Failed to add the paused sandbox enumerator: %m");
         return 0;
 }
 
 int manager_add_bus_objects(Manager *m) {
-        return add_bus_objects(m, m->bus);
-}
-
-/* ---- direct connections ----
- *
- * A caller on the bus pays two passes through the bus daemon per call (call
- * and reply), each a wakeup of another process. A direct connection is the
- * same D-Bus objects on a private socket, as systemd's PID 1 offers on
- * /run/systemd/private. The peer must be root or the trusted REST bridge
- * (forkd --trusted-bridge-user; SO_PEERCRED, checked before anything is
- * read), and every method still calls bus_verify_polkit_async(), which
- * admits root, admits the bridge for all but org.forkd.manage-all without
- * asking polkit (its bearer token already authenticated the HTTP caller,
- * and the shipped rules allow it the rest on the bus anyway), and refuses
- * anyone else on a direct connection. forkd-rest finds the socket through
- * the DirectSocket property. */
-
-int manager_trust_bridge(Manager *m, uid_t uid) {
-        int r;
-
-        if (uid == 0 || uid == OWNER_UID_INVALID)
-                return -EINVAL;
-        /* A confined VMM runs as vmm_uid and sees the state directory, where the
-         * socket may be: it must never pass for the bridge. */
-        if (uid == m->vmm_uid)
-                return -EEXIST;
-        r = polkit_registry_trust_bridge(&m->polkit_registry, uid);
-        if (r < 0)
-                return r;
-        m->bridge_uid = uid;
-        return 0;
-}
-
-static void direct_drop(Manager *m, sd_bus *bus) {
-        for (unsigned i = 0; i < m->n_direct; i++)
-                if (m->direct[i] == bus) {
-                        m->direct[i] = m->direct[--m->n_direct];
-                        m->direct_started[i] = m->direct_started[m->n_direct];
-                        m->direct[m->n_direct] = NULL;
-                        (void) sd_bus_flush(bus);
-                        sd_bus_close(bus);
-                        (void) sd_bus_detach_event(bus);
-                        sd_bus_unref(bus);
-                        return;
-                }
-}
-
-static int on_direct_disconnected(sd_bus_message *message, void *userdata, sd_bus_error *error) {
-        Manager *m = userdata;
-
-        log_debug("Direct D-Bus connection closed.");
-        direct_drop(m, sd_bus_message_get_bus(message));
-        return 0;
-}
-
-/* sd-bus, as a server, may read the peer's BEGIN and its first message in one
- * go while authenticating, and then leave that message in its buffer: nothing
- * new arrives on the socket, so the event loop never dispatches it and the
- * caller waits for ever (seen with two clients connecting at once). After every
- * iteration of the loop, each connection that has just become ready is
- * processed until it has nothing left; the source is off once none is waiting. */
-static int on_direct_kick(sd_event_source *s, void *userdata) {
-        Manager *m = userdata;
-        bool waiting = false;
-
-        for (unsigned i = 0; i < m->n_direct;) {
-                sd_bus *bus = m->direct[i];
-                int r;
-
-                if (m->direct_started[i]) {
-                        i++;
-                        continue;
-                }
-                if (sd_bus_is_ready(bus) <= 0) {
-                        waiting = true;
-                        i++;
-                        continue;
-                }
-                m->direct_started[i] = true;
-                sd_bus_ref(bus);
-                do
-                        r = sd_bus_process(bus, NULL);
-                while (r > 0);
-                /* Processing may have dropped it (Disconnected), moving another into slot i. */
-                if (i < m->n_direct && m->direct[i] == bus)
-                        i++;
-                sd_bus_unref(bus);
-        }
-        if (!waiting)
-                (void) sd_event_source_set_enabled(s, SD_EVENT_OFF);
-        return 0;
-}
-
-/* Root, or the trusted bridge: 1; anyone else: 0. */
-static int direct_peer_admitted(Manager *m, int fd, uid_t *ret_uid) {
-        struct ucred uc;
-        socklen_t n = sizeof uc;
-
-        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &uc, &n) < 0)
-                return -errno;
-        if (n != sizeof uc)
-                return -EIO;
-        *ret_uid = uc.uid;
-        return uc.uid == 0 || (m->bridge_uid != OWNER_UID_INVALID && uc.uid == m->bridge_uid);
-}
-
-static int on_direct_connection(sd_event_source *es, int fd, uint32_t revents, void *userdata) {
-        _cleanup_(sd_bus_unrefp) sd_bus *bus = NULL;
-        Manager *m = userdata;
-        uid_t peer = OWNER_UID_INVALID;
-        sd_id128_t id;
-        int cfd, r;
-
-        cfd = accept4(fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (cfd < 0) {
-                if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
-                        log_warning_errno(errno, "Failed to accept a direct D-Bus connection: %m");
-                return 0;
-        }
-        r = direct_peer_admitted(m, cfd, &peer);
-        if (r <= 0) {
-                if (r == 0)
-                        log_debug("Refusing a direct D-Bus connection from uid %u: neither root nor the "
-                                  "trusted bridge.", (unsigned) peer);
-                safe_close(cfd);
-                return 0;
-        }
-        if (m->n_direct >= FORKD_DIRECT_CONNECTIONS_MAX || m->exiting) {
-                log_debug("Refusing a direct D-Bus connection: %u open.", m->n_direct);
-                safe_close(cfd);
-                return 0;
-        }
-
-        r = sd_bus_new(&bus);
-        if (r < 0) {
-                safe_close(cfd);
-                return 0;
-        }
-        (void) sd_bus_set_description(bus, "forkd-direct");
-        r = sd_bus_set_fd(bus, cfd, cfd);
-        if (r < 0) {
-                safe_close(cfd);
-                return 0;
-        }
-        r = sd_id128_randomize(&id);
-        if (r >= 0)
-                r = sd_bus_set_server(bus, true, id);
-        if (r >= 0)
-                r = sd_bus_set_trusted(bus, false);
-        if (r >= 0)
-                r = sd_bus_start(bus);
-        if (r >= 0)
-                r = sd_bus_attach_event(bus, m->event, 0);
-        if (r >= 0)
-                r = sd_bus_match_signal(bus, NULL, "org.freedesktop.DBus.Local", "/org/freedesktop/DBus/Local",
-                                        "org.freedesktop.DBus.Local", "Disconnected", on_direct_disconnected, m);
-        if (r >= 0)
-                r = add_bus_objects(m, bus);
-        if (r < 0) {
-                log_debug_errno(r, "Cannot set up a direct D-Bus connection: %m");
-                return 0;
-        }
-        if (!m->direct_kick) {
-                r = sd_event_add_post(m->event, &m->direct_kick, on_direct_kick, m);
-                if (r < 0) {
-                        log_debug_errno(r, "Cannot set up a direct D-Bus connection: %m");
-                        return 0;
-                }
-                (void) sd_event_source_set_description(m->direct_kick, "direct-bus-kick");
-        }
-        r = sd_event_source_set_enabled(m->direct_kick, SD_EVENT_ON);
-        if (r < 0) {
-                log_debug_errno(r, "Cannot set up a direct D-Bus connection: %m");
-                return 0;
-        }
-        m->direct_started[m->n_direct] = false;
-        m->direct[m->n_direct++] = TAKE_PTR(bus);
-        return 0;
-}
-
-static int fd_cloexec_nonblock(int fd) {
-        int fl = fcntl(fd, F_GETFD);
-
-        if (fl < 0 || fcntl(fd, F_SETFD, fl | FD_CLOEXEC) < 0)
-                return -errno;
-        fl = fcntl(fd, F_GETFL);
-        if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0)
-                return -errno;
-        return 0;
-}
-
-int manager_take_activated_direct(Manager *m) {
-        union {
-                struct sockaddr sa;
-                struct sockaddr_un un;
-        } sa = {};
-        socklen_t salen = sizeof sa;
-        int n, fd;
-
-        n = sd_listen_fds(true); /* unsets $LISTEN_FDS: no VMM sees it */
-        if (n < 0)
-                return log_warning_errno(n, "Cannot read the sockets systemd passed: %m");
-        for (fd = SD_LISTEN_FDS_START; fd < SD_LISTEN_FDS_START + n; fd++) {
-                /* systemd passes them without O_CLOEXEC; no VMM may inherit one. */
-                if (fd_cloexec_nonblock(fd) < 0 || m->direct_fd >= 0 || geteuid() != 0 ||
-                    sd_is_socket_unix(fd, SOCK_STREAM, 1, NULL, 0) <= 0 ||
-                    getsockname(fd, &sa.sa, &salen) < 0 || salen <= offsetof(struct sockaddr_un, sun_path) ||
-                    sa.un.sun_path[0] == '\0') {
-                        log_warning("Ignoring passed fd %i: forkd takes one listening AF_UNIX stream socket "
-                                    "with a path (forkd.socket), and only as root.", fd);
-                        safe_close(fd);
-                        continue;
-                }
-                m->direct_path = strndup(sa.un.sun_path, salen - offsetof(struct sockaddr_un, sun_path));
-                if (!m->direct_path) {
-                        safe_close(fd);
-                        return log_oom();
-                }
-                m->direct_fd = fd;
-                m->direct_activated = true;
-        }
-        return 0;
-}
-
-static int watch_direct(Manager *m) {
-        int r;
-
-        r = sd_event_add_io(m->event, &m->direct_source, m->direct_fd, EPOLLIN, on_direct_connection, m);
-        if (r < 0)
-                return log_warning_errno(r, "Cannot watch %s: %m", m->direct_path);
-        (void) sd_event_source_set_description(m->direct_source, "direct-bus");
-        if (m->bridge_uid != OWNER_UID_INVALID)
-                log_debug("Direct D-Bus connections for root and the bridge (uid %u) on %s%s.",
-                          (unsigned) m->bridge_uid, m->direct_path, m->direct_activated ? " (socket-activated)" : "");
-        else
-                log_debug("Direct D-Bus connections for root on %s%s.", m->direct_path,
-                          m->direct_activated ? " (socket-activated)" : "");
-        return 0;
-}
-
-int manager_listen_direct(Manager *m) {
-        union {
-                struct sockaddr sa;
-                struct sockaddr_un un;
-        } sa = { .un.sun_family = AF_UNIX };
-        _cleanup_free_ char *path = NULL;
-        int fd, r;
-
-        if (m->direct_activated)
-                return watch_direct(m);
-        if (geteuid() != 0)
-                return 0; /* it would admit nobody: non-root callers need polkit, hence the bus */
-        if (asprintf(&path, "%s/bus.sock", m->state_dir) < 0)
-                return log_oom();
-        if (strlen(path) >= sizeof sa.un.sun_path) {
-                log_debug("%s is too long for a socket; no direct D-Bus connections.", path);
-                return 0;
-        }
-        strcpy(sa.un.sun_path, path);
-
-        fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-        if (fd < 0)
-                return log_warning_errno(errno, "Cannot create the direct D-Bus socket: %m");
-        /* We hold the state directory's lock: a socket there is a dead daemon's. */
-        if (unlink(path) < 0 && errno != ENOENT) {
-                r = log_warning_errno(errno, "Cannot remove the old %s: %m", path);
-                safe_close(fd);
-                return r;
-        }
-        /* Only root (and the bridge: the file is its own) may connect; the peer check
-         * on accept says so again. The bridge reaches it only where the directories
-         * above let it through (forkd.socket's /run/forkd is 0711). */
-        mode_t old = umask(0077);
-        r = bind(fd, &sa.sa, sizeof sa.un);
-        umask(old);
-        if (r >= 0 && m->bridge_uid != OWNER_UID_INVALID)
-                r = chown(path, m->bridge_uid, (gid_t) -1);
-        if (r < 0 || chmod(path, 0600) < 0 || listen(fd, SOMAXCONN) < 0) {
-                r = log_warning_errno(errno, "Cannot listen on %s: %m", path);
-                safe_close(fd);
-                (void) unlink(path);
-                return r;
-        }
-        m->direct_fd = fd;
-        m->direct_path = TAKE_PTR(path);
-        r = watch_direct(m);
-        if (r < 0) {
-                (void) unlink(m->direct_path);
-                free(m->direct_path);
-                m->direct_path = NULL;
-                m->direct_fd = safe_close(m->direct_fd);
-        }
-        return r;
-}
-
-void manager_close_direct(Manager *m) {
-        while (m->n_direct > 0)
-                direct_drop(m, m->direct[0]);
-        m->direct_source = sd_event_source_disable_unref(m->direct_source);
-        m->direct_kick = sd_event_source_disable_unref(m->direct_kick);
-        m->direct_fd = safe_close(m->direct_fd);
-        if (m->direct_path) {
-                if (!m->direct_activated) /* forkd.socket's path stays: systemd listens on it */
-                        (void) unlink(m->direct_path);
-                free(m->direct_path);
-                m->direct_path = NULL;
-        }
+        return manager_add_bus_objects_to(m, m->bus);
 }

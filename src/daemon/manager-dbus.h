@@ -5,30 +5,16 @@
 
 extern const sd_bus_vtable manager_vtable[];
 
-struct fork_options;
-/* ForkSandbox's u n after the id, and, when the call is ForkSandboxEx, its
- * options a{sv} into o: timeout_secs (u, 1..86400) and on_timeout (s, "kill" or
- * "pause"); anything else is InvalidArgs. */
-int bus_read_fork_n(sd_bus_message *message, uint32_t *ret_n, struct fork_options *o, sd_bus_error *error);
-
 /* Register the Manager object, the per-object fallbacks and enumerators. */
 int manager_add_bus_objects(Manager *m);
+/* The same on another connection (a direct one, direct-listener.c). */
+int manager_add_bus_objects_to(Manager *m, sd_bus *bus);
 
-/* Take the socket systemd passed (units/forkd.socket) as the direct socket:
- * call before anything is spawned, as it makes the passed fds O_CLOEXEC. Any
- * other passed fd is closed with a warning. */
-int manager_take_activated_direct(Manager *m);
+/* The snapshot tag, with NoSuchSnapshot (or InvalidArgs) into error. */
+int bus_manager_get_image(Manager *m, const char *tag, Image **ret, sd_bus_error *error);
 
-/* Trust uid, the REST bridge's user (forkd --trusted-bridge-user), on direct
- * connections: admitted, and authorized without polkit for all but
- * org.forkd.manage-all. Call before manager_listen_direct(). -EINVAL for 0
- * or OWNER_UID_INVALID, -EEXIST for the VMM user. */
-int manager_trust_bridge(Manager *m, uid_t uid);
-
-/* Listen on the passed socket, or else on state_dir/bus.sock for direct D-Bus connections (root and the
- * trusted bridge, which then owns the file; only when forkd itself runs as root). Failure leaves the bus as
- * the only way in. */
-int manager_listen_direct(Manager *m);
-
-/* Close every direct connection and the listening socket. */
-void manager_close_direct(Manager *m);
+/* manager-dbus-sandboxes.c:
+ *   Fork(s snapshot_tag, u n, a{sv} options) -> aa{sv} sandboxes
+ *   TerminateSandboxes(as ids) -> as unknown */
+int bus_manager_method_fork(sd_bus_message *message, void *userdata, sd_bus_error *error);
+int bus_manager_method_terminate_sandboxes(sd_bus_message *message, void *userdata, sd_bus_error *error);

@@ -5,22 +5,16 @@
 #include <sys/random.h>
 #include <sys/stat.h>
 
-#include "branch.h"
-#include "chain.h"
 #include "cgroup.h"
 #include "confine.h"
 #include "fs-util.h"
 #include "image.h"
 #include "manager.h"
 #include "macro.h"
-#include "manager-dbus.h"
-#include "operation.h"
-#include "pack-op.h"
+#include "time-util.h"
 #include "polkit.h"
-#include "sandbox-dbus.h"
 #include "sandbox.h"
 #include "vm-template.h"
-#include "paused.h"
 #include "worker.h"
 
 void random_hex(char *buf, size_t n_digits) {
@@ -55,7 +49,7 @@ int manager_new(Manager **ret) {
         m->snapshots_watch_fd = -EBADF;
         m->max_operations = OPERATIONS_MAX_DEFAULT;
         m->max_branches = BRANCHES_MAX_DEFAULT;
-        m->control_timeout_usec = CONTROL_TIMEOUT_DEFAULT_SEC * 1000000ull;
+        m->control_timeout_usec = CONTROL_TIMEOUT_DEFAULT_SEC * USEC_PER_SEC;
         r = netns_prefix_parse(NETNS_DEFAULT_PREFIX, &m->netns_prefix);
         if (r >= 0)
                 r = hashmap_new(&m->images);
@@ -93,13 +87,12 @@ Manager *manager_free(Manager *m) {
         /* Sandboxes before operations: a fork waits for their answers. */
         while (hashmap_size(m->vms) > 0)
                 sandbox_free(hashmap_first(m->vms));
-        branch_free_all(m);
-        while (m->operations)
-                operation_free(m->operations);
+        if (m->hooks) /* none when manager_new() failed */
+                m->hooks->free_operations(m);
         while (m->templates)
                 vm_template_free(m->templates);
-        while (hashmap_size(m->paused) > 0)
-                paused_free(hashmap_first(m->paused));
+        if (m->hooks)
+                m->hooks->free_paused(m);
         while (hashmap_size(m->images) > 0)
                 image_free(hashmap_first(m->images));
 
@@ -121,7 +114,8 @@ Manager *manager_free(Manager *m) {
         sd_event_source_disable_unref(m->exit_poll);
         sd_event_source_disable_unref(m->snapshots_watch);
         safe_close(m->snapshots_watch_fd);
-        manager_close_direct(m);
+        if (m->hooks)
+                m->hooks->close_direct(m);
         m->bus = sd_bus_flush_close_unref(m->bus);
         m->event = sd_event_unref(m->event);
         safe_close(m->lock_fd);
@@ -171,7 +165,7 @@ static int load_snapshots(Manager *m) {
                         closedir(d);
                         return log_oom();
                 }
-                if (chain_is_compact_staging(de->d_name)) {
+                if (strncmp(de->d_name, COMPACT_STAGING_PREFIX, strlen(COMPACT_STAGING_PREFIX)) == 0) {
                         log_info("Removing the unfinished compact %s.", path);
                         r = rm_rf(path);
                         if (r < 0)
@@ -200,7 +194,7 @@ static int load_snapshots(Manager *m) {
                         closedir(d);
                         return log_oom();
                 }
-                if (is_staging_name(de->d_name) && branch_adopt_staging(m, de->d_name) > 0) {
+                if (is_staging_name(de->d_name) && m->hooks->adopt_staging(m, de->d_name) > 0) {
                         log_info("A branch is still writing %s; it is registered once written.", path);
                         continue;
                 }
@@ -308,14 +302,14 @@ int manager_startup(Manager *m) {
                 log_warning_errno(r, "Failed to sweep stale cgroups: %m");
 
         /* Before the scan, so that nothing lands unseen in between. */
-        r = branch_watch_snapshots(m);
+        r = m->hooks->watch_snapshots(m);
         if (r < 0)
                 log_warning_errno(r, "Failed to watch %s; branches written across a restart are registered at "
                                   "the next start only: %m", m->snapshots_dir);
         r = load_snapshots(m);
         if (r < 0)
                 return r;
-        r = paused_load_all(m);
+        r = m->hooks->load_paused(m);
         if (r < 0)
                 log_warning_errno(r, "Failed to load the paused sandboxes: %m");
         return 0;

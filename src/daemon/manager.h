@@ -23,7 +23,7 @@
 #define FORK_N_MAX 1000u
 #define OPERATIONS_MAX_DEFAULT 4u
 #define OPERATIONS_MAX_LIMIT 64u
-#define BRANCHES_MAX_DEFAULT 4u           /* branches in flight at once (spec: 503 beyond) */
+#define BRANCHES_MAX_DEFAULT 4u           /* branches in flight at once (Busy beyond; 503 in forkd's REST API v1) */
 #define BRANCHES_MAX_LIMIT 64u
 #define CONTROL_TIMEOUT_DEFAULT_SEC 30u   /* a VMM's answer to branch or fork */
 #define CONTROL_TIMEOUT_MAX_SEC 3600u
@@ -50,11 +50,45 @@ typedef struct CGroupManager CGroupManager;
 typedef struct WorkerPool WorkerPool;
 struct polkit_registry;
 
+/* What the layers above the models (operations: branches, forks, pauses; the
+ * bus faces) do at points of the models' life. The models call these and know
+ * nothing else of them; daemon_hooks (hooks.c) is installed by forkd.c right
+ * after manager_new(). */
+typedef struct ManagerHooks {
+        /* manager_startup(), before the snapshots directory is scanned: watch it. */
+        int (*watch_snapshots)(Manager *m);
+        /* A staging directory that is no snapshot: 1 if an operation adopted it. */
+        int (*adopt_staging)(Manager *m, const char *name);
+        /* manager_startup(), after the snapshots are loaded. */
+        int (*load_paused)(Manager *m);
+        /* manager_free(), after the sandboxes: the branches, then the operations. */
+        void (*free_operations)(Manager *m);
+        /* manager_free(), after the templates and before the snapshots. */
+        void (*free_paused)(Manager *m);
+        /* sandbox_free(): requests still waiting for its VMM fail. */
+        void (*sandbox_gone)(Sandbox *s);
+        /* sandbox_exited() of a starting sandbox with its fork: true when the fork
+         * waits for this exit, and then child_gone() once the sandbox is freed. */
+        bool (*fork_child_exited)(ForkOp *f, Sandbox *s, int code, int sig);
+        void (*fork_child_gone)(ForkOp *f);
+        /* sandbox_exited(): the snapshot tag it ran from is no longer used by it. */
+        bool (*snapshot_is_forkds)(const char *tag);
+        void (*snapshot_released)(Manager *m, const char *tag);
+        /* Its deadline with on_timeout "pause": pause s, nobody to answer. */
+        int (*pause)(Sandbox *s);
+        /* The bus faces: SandboxRemoved, State's PropertiesChanged, and the
+         * direct connections' end in manager_free(). */
+        void (*sandbox_removed)(Sandbox *s, const char *reason);
+        void (*sandbox_state_changed)(Sandbox *s);
+        void (*close_direct)(Manager *m);
+} ManagerHooks;
+
 #define FORKD_DIRECT_CONNECTIONS_MAX 16U
 
 struct Manager {
         sd_event *event;
         sd_bus *bus;
+        const ManagerHooks *hooks;
 
         char *state_dir;
         char *snapshots_dir;  /* state_dir/snapshots */

@@ -25,6 +25,7 @@
 #include "fs-util.h"
 #include "netns.h"
 #include "rtnl.h"
+#include "strv.h"
 
 #define IP_FORWARD_PATH "/proc/sys/net/ipv4/ip_forward"
 /* Room for a ruleset below: the templates and a few addresses. */
@@ -812,12 +813,12 @@ int netns_cleanup_leftovers(void) {
                         continue;
                 r = rtnl_link_delete(nl, *l);
                 if (r < 0) {
-                        rtnl_strv_free(links);
+                        strv_free(links);
                         return log_debug_errno(r, "netns: delete %s: %m", *l);
                 }
                 log_debug("netns: dangling %s deleted", *l);
         }
-        rtnl_strv_free(links);
+        strv_free(links);
         return removed;
 }
 

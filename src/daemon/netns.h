@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 #pragma once
 
-/* Per-child network namespaces made by forkd (issue 14): for child index i,
+/* Per-child network namespaces made by forkd: for child index i,
  * /run/netns/forkd-child-<i> holding
  *   - lo, up;
  *   - tap0 (the guest's side, 172.16.0.1/30; the guest is 172.16.0.2), whose

@@ -1,4 +1,5 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
+#include "branch.h"
 #include "fork-op.h"
 #include "image.h"
 #include "macro.h"
@@ -57,4 +58,10 @@ Operation *operation_free(Operation *o) {
         free(o);
         manager_check_idle_exit(m);
         return NULL;
+}
+
+int operation_check_tag_free(Manager *m, const char *tag, sd_bus_error *error) {
+        if (hashmap_get(m->images, tag) || hashmap_get(m->creating, tag) || branch_in_flight(m, tag))
+                return sd_bus_error_setf(error, FORKD_ERROR_SNAPSHOT_EXISTS, "Snapshot %s exists already.", tag);
+        return 0;
 }

@@ -4,6 +4,7 @@
 /* A long-running method call (CreateSnapshot, Fork): holds the request
  * message until the reply, and counts against --max-operations. */
 
+#include <errno.h>
 #include <sys/types.h>
 
 #include <systemd/sd-bus.h>
@@ -30,3 +31,30 @@ struct Operation {
 int operation_new(Manager *m, sd_bus_message *message, Operation **ret);
 /* Accepts NULL, returns NULL. */
 Operation *operation_free(Operation *o);
+
+/* The prelude of every operation a method starts (create, fork, branch,
+ * compact, pack, unpack, pause, resume), after polkit agreed: no new one once
+ * forkd is stopping, then the operation itself, Busy at --max-operations.
+ * Each method checks what is its own (tags, limits) between the two, as before. */
+#define OPERATION_SHUTTING_DOWN "forkd is shutting down."
+
+static inline int operation_check_not_exiting(Manager *m, sd_bus_error *error) {
+        if (m->exiting)
+                return sd_bus_error_setf(error, FORKD_ERROR_BUSY, OPERATION_SHUTTING_DOWN);
+        return 0;
+}
+
+/* SnapshotExists "Snapshot <tag> exists already." when tag is registered,
+ * being created (create, compact, unpack) or being branched to; else 0. */
+int operation_check_tag_free(Manager *m, const char *tag, sd_bus_error *error);
+
+/* operation_new() for a method call: Busy "<N> operations are running; retry
+ * later." at the cap, other errors as they are. */
+static inline int operation_new_or_busy(Manager *m, sd_bus_message *message, Operation **ret, sd_bus_error *error) {
+        int r = operation_new(m, message, ret);
+
+        if (r == -EBUSY)
+                return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "%u operations are running; retry later.",
+                                         m->max_operations);
+        return r;
+}

@@ -8,13 +8,12 @@
 
 #include "branch.h"
 #include "fs-util.h"
-#include "image-dbus.h"
+#include "bus-info.h"
 #include "image.h"
 #include "macro.h"
 #include "operation.h"
 #include "pack-op.h"
 #include "pack.h"
-#include "polkit.h"
 #include "worker.h"
 
 typedef struct PackJob {
@@ -108,31 +107,12 @@ static void pack_done(int r, void *userdata) {
         operation_free(o);
 }
 
-int bus_manager_method_pack_snapshot(sd_bus_message *message, void *userdata, sd_bus_error *error) {
-        Manager *m = userdata;
-        const char *tag;
+int pack_snapshot_start(Manager *m, sd_bus_message *message, const char *tag, int fd, sd_bus_error *error) {
         Image *chain[PACK_LINKS_MAX];
         size_t n = 0;
         Operation *o = NULL;
         PackJob *j;
-        int fd, r;
-
-        r = sd_bus_message_rewind(message, true); /* polkit may dispatch it twice */
-        if (r < 0)
-                return r;
-        r = sd_bus_message_read(message, "sh", &tag, &fd);
-        if (r < 0)
-                return r;
-        r = bus_check_tag(tag, "snapshot tag", error);
-        if (r < 0)
-                return r;
-        r = bus_verify_polkit_async(message, "org.forkd.manage-snapshots",
-                                    (const char *[]) { "snapshot", tag, "verb", "pack", NULL }, &m->polkit_registry,
-                                    error);
-        if (r < 0)
-                return r;
-        if (r == 0)
-                return 1;
+        int r;
 
         /* The head and every ancestor, as registered. */
         for (const char *t = tag; t && t[0];) {
@@ -153,8 +133,9 @@ int bus_manager_method_pack_snapshot(sd_bus_message *message, void *userdata, sd
                 chain[n++] = i;
                 t = i->meta.parent_tag;
         }
-        if (m->exiting)
-                return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "forkd is shutting down.");
+        r = operation_check_not_exiting(m, error);
+        if (r < 0)
+                return r;
 
         j = calloc(1, sizeof(*j));
         if (!j)
@@ -184,12 +165,7 @@ int bus_manager_method_pack_snapshot(sd_bus_message *message, void *userdata, sd
                 i->n_users++; /* DeleteSnapshot refuses while it is packed */
                 j->n = k + 1;
         }
-        r = operation_new(m, message, &o);
-        if (r == -EBUSY) {
-                pack_job_free(j);
-                return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "%u operations are running; retry later.",
-                                         m->max_operations);
-        }
+        r = operation_new_or_busy(m, message, &o, error);
         if (r < 0) {
                 pack_job_free(j);
                 return r;
@@ -390,35 +366,20 @@ static void unpack_done(int r, void *userdata) {
         operation_free(o);
 }
 
-int bus_manager_method_unpack_snapshot(sd_bus_message *message, void *userdata, sd_bus_error *error) {
-        Manager *m = userdata;
-        const char *new_tag;
+int unpack_snapshot_start(Manager *m, sd_bus_message *message, int fd, const char *new_tag, sd_bus_error *error) {
         Operation *o = NULL;
         PackJob *j;
         char rnd[9];
-        int fd, r;
+        int r;
 
-        r = sd_bus_message_rewind(message, true); /* polkit may dispatch it twice */
+        r = operation_check_not_exiting(m, error);
         if (r < 0)
                 return r;
-        r = sd_bus_message_read(message, "hs", &fd, &new_tag);
-        if (r < 0)
-                return r;
-        r = new_tag[0] ? bus_check_tag(new_tag, "snapshot tag", error) : 0;
-        if (r < 0)
-                return r;
-        r = bus_verify_polkit_async(message, "org.forkd.manage-snapshots",
-                                    (const char *[]) { "snapshot", new_tag, "verb", "unpack", NULL },
-                                    &m->polkit_registry, error);
-        if (r < 0)
-                return r;
-        if (r == 0)
-                return 1;
-        if (m->exiting)
-                return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "forkd is shutting down.");
-        if (new_tag[0] && (hashmap_get(m->images, new_tag) || hashmap_get(m->creating, new_tag) ||
-                           branch_in_flight(m, new_tag)))
-                return sd_bus_error_setf(error, FORKD_ERROR_SNAPSHOT_EXISTS, "Snapshot %s exists already.", new_tag);
+        if (new_tag[0]) {
+                r = operation_check_tag_free(m, new_tag, error);
+                if (r < 0)
+                        return r;
+        }
 
         j = calloc(1, sizeof(*j));
         if (!j)
@@ -444,12 +405,7 @@ int bus_manager_method_unpack_snapshot(sd_bus_message *message, void *userdata, 
                 pack_job_free(j);
                 return sd_bus_error_set_errnof(error, r, "Cannot create a staging directory: %m");
         }
-        r = operation_new(m, message, &o);
-        if (r == -EBUSY) {
-                pack_job_free(j);
-                return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "%u operations are running; retry later.",
-                                         m->max_operations);
-        }
+        r = operation_new_or_busy(m, message, &o, error);
         if (r < 0) {
                 pack_job_free(j);
                 return r;

@@ -9,8 +9,8 @@
 
 #include "manager.h"
 
-/* Staging directories of unpacks, in the snapshots directory: ".unpack-XXXXXX". */
-#define PACK_STAGING_PREFIX ".unpack-"
-
-int bus_manager_method_pack_snapshot(sd_bus_message *message, void *userdata, sd_bus_error *error);
-int bus_manager_method_unpack_snapshot(sd_bus_message *message, void *userdata, sd_bus_error *error);
+/* PackSnapshot(s tag, h fd) and UnpackSnapshot(h fd, s new_tag) once polkit
+ * agreed (fd: the index of the message's descriptor); message is answered
+ * when the operation ends. */
+int pack_snapshot_start(Manager *m, sd_bus_message *message, const char *tag, int fd, sd_bus_error *error);
+int unpack_snapshot_start(Manager *m, sd_bus_message *message, int fd, const char *new_tag, sd_bus_error *error);

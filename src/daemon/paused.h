@@ -2,8 +2,10 @@
 #pragma once
 
 /*
- * Paused sandboxes (issue 17): a sandbox whose VM is gone and whose state is
- * a snapshot of forkd's own.
+ * Paused sandboxes: a sandbox whose VM is gone and whose state is a snapshot
+ * of forkd's own. This is the record (its format, loading, deadlines and
+ * forkd's snapshots' collection); pause-op.c runs the pause, resume and fork,
+ * paused-dbus.c is their D-Bus face.
  *
  *   pause    a branch of the running sandbox (mode diff against the snapshot
  *            it came from; full for a copy of a running sandbox) into the
@@ -68,28 +70,17 @@ Paused *paused_free(Paused *p);
  * is forkd's too. */
 void paused_snapshot_gc(Manager *m, const char *tag);
 
-/* A SandboxInfo a{sv} of a paused sandbox ("state" and "status" "paused"). */
-int paused_append_info(sd_bus_message *reply, Paused *p);
-/* Polkit and ownership for verb on p, as sandbox_verify(). */
-int paused_verify(sd_bus_message *message, Paused *p, const char *action, const char *verb, sd_bus_error *error);
-
-/* Pause s (PauseSandbox after its checks, or its deadline with message NULL):
- * message, if any, is answered once the VM is gone. error may be NULL. */
-int paused_pause(Sandbox *s, sd_bus_message *message, sd_bus_error *error);
 /* A new deadline for p, recorded (synced) before it counts. */
 int paused_set_deadline(Paused *p, uint64_t expires_at, bool pause);
+/* Arm p's deadline as recorded (none with on_timeout "pause"). */
+int paused_arm(Paused *p);
 
-/* Manager methods (after the id was looked up):
- *   PauseSandbox(s id) -> a{sv}: userdata a running Sandbox
- *   ResumeSandbox(s id) -> a{sv}, TerminateSandbox(s id), ForkSandbox(s id, u n) -> (aa{sv}, t): userdata a Paused */
-int bus_sandbox_method_pause(sd_bus_message *message, void *userdata, sd_bus_error *error);
-int bus_paused_method_resume(sd_bus_message *message, void *userdata, sd_bus_error *error);
-int bus_paused_method_terminate(sd_bus_message *message, void *userdata, sd_bus_error *error);
+/* Write p's record state_dir/paused/<id>.json (atomic, synced). */
+int paused_record_write(Paused *p);
+/* Remove the record of id; sync: the directory too. */
+int paused_record_remove(Manager *m, const char *id, bool sync);
+
 /* Delete a paused sandbox (its record, its state if nothing else needs it),
  * announced with reason "terminated"; the caller checked the caller's rights
  * and that it is not being resumed. */
 int paused_terminate(Paused *p);
-int bus_paused_method_fork(sd_bus_message *message, void *userdata, sd_bus_error *error);
-/* SetSandboxTimeout(s id, u timeout_secs, s on_timeout) -> a{sv}: a Sandbox or a Paused. */
-int bus_sandbox_method_set_timeout(sd_bus_message *message, void *userdata, sd_bus_error *error);
-int bus_paused_method_set_timeout(sd_bus_message *message, void *userdata, sd_bus_error *error);

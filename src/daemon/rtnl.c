@@ -13,6 +13,7 @@
 #include <time.h>
 
 #include "rtnl.h"
+#include "strv.h"
 
 /* One request: an ifinfomsg, a name, a nested link info and a nested peer. */
 #define RTNL_REQUEST_SIZE 1024u
@@ -386,7 +387,7 @@ int rtnl_link_list(struct mnl_socket *nl, const char *prefix, const char *kind, 
                 return -ENOBUFS;
         r = rtnl_talk(nl, nlh, link_list_cb, &l);
         if (r < 0) {
-                rtnl_strv_free(l.names);
+                strv_free(l.names);
                 return r;
         }
         if (!l.names) {
@@ -396,13 +397,4 @@ int rtnl_link_list(struct mnl_socket *nl, const char *prefix, const char *kind, 
         }
         *ret = l.names;
         return 0;
-}
-
-char **rtnl_strv_free(char **l) {
-        if (l) {
-                for (char **p = l; *p; p++)
-                        free(*p);
-                free(l);
-        }
-        return NULL;
 }

@@ -57,6 +57,5 @@ int rtnl_veth_create(struct mnl_socket *nl, const char *ifname, const char *peer
 
 /* Names of the links whose name starts with prefix and (if kind is not NULL)
  * whose IFLA_INFO_KIND is kind: a NULL-terminated array (free with
- * rtnl_strv_free()). At most RTNL_LINKS_MAX links are looked at. */
+ * strv_free()). At most RTNL_LINKS_MAX links are looked at. */
 int rtnl_link_list(struct mnl_socket *nl, const char *prefix, const char *kind, char ***ret);
-char **rtnl_strv_free(char **l);

@@ -1,29 +1,32 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 #include <stdarg.h>
+#include <time.h>
 
 #include <json-c/json.h>
 
 #include "agent-proto.h"
 #include "branch.h"
 #include "file-hashes.h"
+#include "fork-op.h"
+#include "fork-options-bus.h"
+#include "pause-op.h"
 #include "sandbox-fork.h"
+#include "image-dbus.h"
 #include "json-util.h"
+#include "strv.h"
 #include "macro.h"
+#include "time-util.h"
 #include "polkit.h"
 #include "sandbox-dbus.h"
 #include "sandbox.h"
 #include "snapshot-meta.h"
 
-#define PING_TIMEOUT_USEC (10 * 1000000ull)
-#define EVAL_TIMEOUT_USEC (120 * 1000000ull)
-#define EXEC_MARGIN_USEC (5 * 1000000ull)
+#define PING_TIMEOUT_USEC (10 * USEC_PER_SEC)
+#define EVAL_TIMEOUT_USEC (120 * USEC_PER_SEC)
+#define EXEC_MARGIN_USEC (5 * USEC_PER_SEC)
 #define HASH_FILES_TIMEOUT_SECS 60u
 
 #define IN_SET_CONN(r) ((r) == -ECONNRESET || (r) == -EPIPE || (r) == -ENOTCONN || (r) == -ESHUTDOWN)
-
-bool sandbox_is_visible(const Sandbox *s) {
-        return s->state == SANDBOX_RUNNING || s->state == SANDBOX_TERMINATING;
-}
 
 /* A sandbox's properties are its details: for its owner and root. A property
  * read cannot wait for polkit, so holders of org.forkd.manage-all read others'
@@ -73,60 +76,6 @@ static int property_get(sd_bus *bus, const char *path, const char *interface, co
         return -ENOENT;
 }
 
-int sandbox_append_info(sd_bus_message *reply, Sandbox *s) {
-        int r;
-
-        r = sd_bus_message_open_container(reply, 'a', "{sv}");
-        if (r < 0)
-                return r;
-        r = sd_bus_message_append(reply, "{sv}{sv}{sv}{sv}{sv}{sv}{sv}{sv}",
-                                  "id", "s", s->id,
-                                  "owner_uid", "u", (uint32_t) s->owner_uid,
-                                  "snapshot_tag", "s", s->origin_tag ?: s->snapshot_tag,
-                                  "guest_addr", "s", s->guest_addr,
-                                  "created_at_unix", "t", s->created_at,
-                                  "pid", "u", s->pid,
-                                  "state", "s", sandbox_state_to_string(s->state),
-                                  "status", "s", sandbox_state_to_string(s->state));
-        if (r < 0)
-                return r;
-        if (s->netns) {
-                r = sd_bus_message_append(reply, "{sv}", "netns", "s", s->netns);
-                if (r < 0)
-                        return r;
-        }
-        if (s->host_addr) {
-                r = sd_bus_message_append(reply, "{sv}", "host_addr", "s", s->host_addr);
-                if (r < 0)
-                        return r;
-        }
-        if (s->memory_limit_mib > 0) {
-                r = sd_bus_message_append(reply, "{sv}", "memory_limit_mib", "u", s->memory_limit_mib);
-                if (r < 0)
-                        return r;
-        }
-        r = sandbox_append_deadline(reply, s->expires_at, s->timeout_pause);
-        if (r < 0)
-                return r;
-        return sd_bus_message_close_container(reply);
-}
-
-int sandbox_append_infos(sd_bus_message *reply, Manager *m, char *const *vm_ids, unsigned n) {
-        int r;
-
-        r = sd_bus_message_open_container(reply, 'a', "a{sv}");
-        for (unsigned i = 0; r >= 0 && i < n; i++)
-                r = sandbox_append_info(reply, hashmap_get(m->vms, vm_ids[i]));
-        return r < 0 ? r : sd_bus_message_close_container(reply);
-}
-
-int sandbox_append_deadline(sd_bus_message *reply, uint64_t expires_at, bool pause) {
-        char buf[64];
-
-        return sd_bus_message_append(reply, "{sv}{sv}", "expires_at", "s", deadline_format(expires_at, buf),
-                                     "on_timeout", "s", pause ? ON_TIMEOUT_PAUSE : ON_TIMEOUT_KILL);
-}
-
 int sandbox_object_find(sd_bus *bus, const char *path, const char *interface, void *userdata, void **found,
                         sd_bus_error *error) {
         _cleanup_free_ char *id = NULL;
@@ -159,51 +108,13 @@ int sandbox_node_enumerator(sd_bus *bus, const char *path, void *userdata, char 
                 if (!sandbox_is_visible(s))
                         continue;
                 if (sandbox_object_path(s->id, &l[n]) < 0) {
-                        for (size_t i = 0; i < n; i++)
-                                free(l[i]);
-                        free(l);
+                        strv_free(l);
                         return -ENOMEM;
                 }
                 n++;
         }
         *nodes = l;
         return 1;
-}
-
-/* ---- signals ---- */
-
-void sandbox_send_new_signal(Sandbox *s) {
-        _cleanup_free_ char *p = NULL;
-
-        if (!s->manager->bus || sandbox_object_path(s->id, &p) < 0)
-                return;
-        (void) sd_bus_emit_signal(s->manager->bus, FORKD_MANAGER_PATH, FORKD_BUS_NAME, "SandboxNew", "so", s->id, p);
-}
-
-void sandbox_send_removed_signal(Sandbox *s, const char *reason) {
-        _cleanup_free_ char *p = NULL;
-
-        if (!s->manager->bus || sandbox_object_path(s->id, &p) < 0)
-                return;
-        (void) sd_bus_emit_signal(s->manager->bus, FORKD_MANAGER_PATH, FORKD_BUS_NAME, "SandboxRemoved", "sos", s->id,
-                                  p, reason);
-}
-
-void sandbox_send_removed_signal_as(Sandbox *s, const char *id, const char *reason) {
-        _cleanup_free_ char *p = NULL;
-
-        if (!s->manager->bus || sandbox_object_path(id, &p) < 0)
-                return;
-        (void) sd_bus_emit_signal(s->manager->bus, FORKD_MANAGER_PATH, FORKD_BUS_NAME, "SandboxRemoved", "sos", id, p,
-                                  reason);
-}
-
-void sandbox_send_state_changed(Sandbox *s) {
-        _cleanup_free_ char *p = NULL;
-
-        if (!s->manager->bus || sandbox_object_path(s->id, &p) < 0)
-                return;
-        (void) sd_bus_emit_properties_changed(s->manager->bus, p, "org.forkd.Sandbox", "State", NULL);
 }
 
 /* ---- methods ---- */
@@ -744,6 +655,122 @@ int bus_sandbox_method_expose_port(sd_bus_message *message, void *userdata, sd_b
         return sd_bus_reply_method_return(message, "s", addr);
 }
 
+/* ---- branch and fork ---- */
+
+int bus_sandbox_method_branch(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        Sandbox *s = userdata;
+        Manager *m = s->manager;
+        const char *tag, *mode;
+        char auto_tag[SNAPSHOT_TAG_MAX + 1];
+        uid_t owner = 0;
+        int wait, r;
+
+        r = sd_bus_message_read(message, "ssb", &tag, &mode, &wait);
+        if (r < 0)
+                return r;
+        r = tag[0] ? bus_check_tag(tag, "snapshot tag", error) : 0;
+        if (r < 0)
+                return r;
+        if (!mode[0])
+                mode = "full";
+        if (strcmp(mode, "full") != 0 && strcmp(mode, "diff") != 0 && strcmp(mode, "live") != 0)
+                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
+                                         "mode must be \"full\", \"diff\" or \"live\", not \"%.16s\".", mode);
+        if (!wait && strcmp(mode, "live") != 0)
+                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "wait false needs mode \"live\".");
+
+        r = sandbox_verify(message, s, "org.forkd.branch", "branch", error);
+        if (r < 0)
+                return r;
+        if (r == 0)
+                return 1;
+        r = bus_message_sender_uid(message, &m->polkit_registry, &owner);
+        if (r < 0)
+                return r;
+
+        if (!tag[0]) {
+                snprintf(auto_tag, sizeof(auto_tag), "branch-%s-%lld", s->id, (long long) time(NULL));
+                if (!snapshot_tag_is_valid(auto_tag))
+                        return sd_bus_error_setf(error, FORKD_ERROR_FAILED, "Cannot make a tag from %s.", s->id);
+                tag = auto_tag;
+        }
+        r = branch_start(s, tag, mode, wait, owner, message, NULL, NULL, error);
+        return r < 0 ? r : 1;
+}
+
+int bus_sandbox_method_fork(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        Sandbox *s = userdata;
+        struct fork_options topts = {};
+        uint32_t n;
+        int r;
+
+        r = bus_read_fork_n(message, &n, &topts, error);
+        if (r < 0)
+                return r;
+        if (n < 1 || n > SANDBOX_FORK_N_MAX)
+                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "n must be from 1 to %u, not %u.",
+                                         SANDBOX_FORK_N_MAX, n);
+
+        r = sandbox_verify(message, s, "org.forkd.branch", "fork", error);
+        if (r < 0)
+                return r;
+        if (r == 0)
+                return 1;
+        /* on_timeout "pause" is a pause asked for ahead of time: the caller must be allowed one. */
+        if (topts.timeout_pause) {
+                r = sandbox_verify(message, s, "org.forkd.pause", "timeout", error);
+                if (r < 0)
+                        return r;
+                if (r == 0)
+                        return 1;
+        }
+
+        return sandbox_fork_start(s, message, n, &topts, error);
+}
+
+/* ---- pause and deadlines ---- */
+
+int bus_sandbox_method_resume(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        Sandbox *s = userdata;
+
+        return sd_bus_error_setf(error, FORKD_ERROR_NOT_PAUSED, "sandbox %s is not paused", s->id);
+}
+
+int bus_sandbox_method_pause(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        Sandbox *s = userdata;
+        int r;
+
+        r = sandbox_verify(message, s, "org.forkd.pause", "pause", error);
+        if (r < 0)
+                return r;
+        if (r == 0)
+                return 1;
+        r = paused_pause(s, message, error);
+        return r < 0 ? r : 1;
+}
+
+int bus_sandbox_method_set_timeout(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
+        Sandbox *s = userdata;
+        uint64_t expires = 0;
+        bool pause = false;
+        int r;
+
+        r = bus_read_timeout(message, s->expires_at > 0 && s->timeout_pause, &expires, &pause, error);
+        if (r < 0)
+                return r;
+        r = sandbox_verify(message, s, "org.forkd.pause", "timeout", error);
+        if (r <= 0)
+                return r < 0 ? r : 1;
+        r = sandbox_set_deadline(s, expires, pause);
+        if (r < 0)
+                return sd_bus_error_set_errnof(error, r, "Failed to set the deadline of %s: %m", s->id);
+        r = bus_sandbox_info_reply(message, NULL, s, &reply);
+        if (r < 0)
+                return r;
+        return sd_bus_send(NULL, reply, NULL);
+}
+
 /* Object-path entry points. A message may be dispatched twice (polkit
  * re-queues it once answered): start reading from its beginning each time.
  * The Manager's forwarders call the bus_sandbox_method_*() directly, after
@@ -767,6 +794,23 @@ OBJECT_METHOD(diff)
 OBJECT_METHOD(write_file)
 OBJECT_METHOD(read_file)
 OBJECT_METHOD(expose_port)
+
+/* Pause and SetTimeout refuse a sandbox whose pause is in flight before polkit
+ * is asked, as the Manager's lookup of the id does for PauseSandbox and
+ * SetSandboxTimeout. */
+#define OBJECT_METHOD_NOT_PAUSING(name)                                                         \
+        static int object_##name(sd_bus_message *message, void *userdata, sd_bus_error *error) { \
+                Sandbox *s = userdata;                                                            \
+                int r = sd_bus_message_rewind(message, true);                                     \
+                if (r < 0)                                                                        \
+                        return r;                                                                 \
+                if (s->pausing)                                                                   \
+                        return bus_sandbox_error_pausing(s->id, error);                           \
+                return bus_sandbox_method_##name(message, userdata, error);                       \
+        }
+OBJECT_METHOD_NOT_PAUSING(pause)
+OBJECT_METHOD_NOT_PAUSING(set_timeout)
+OBJECT_METHOD(resume)
 
 const sd_bus_vtable sandbox_vtable[] = {
         SD_BUS_VTABLE_START(0),
@@ -804,5 +848,11 @@ const sd_bus_vtable sandbox_vtable[] = {
                                 object_expose_port, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("ReadFile", SD_BUS_ARGS("s", path), SD_BUS_RESULT("ay", data), object_read_file,
                                 SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("Pause", SD_BUS_NO_ARGS, SD_BUS_RESULT("a{sv}", info), object_pause,
+                                SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("Resume", SD_BUS_NO_ARGS, SD_BUS_RESULT("a{sv}", info), object_resume,
+                                SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("SetTimeout", SD_BUS_ARGS("u", timeout_secs, "s", on_timeout),
+                                SD_BUS_RESULT("a{sv}", info), object_set_timeout, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_VTABLE_END,
 };

@@ -30,10 +30,11 @@
 #include "file-ops.h"
 #include "json-util.h"
 #include "macro.h"
+#include "time-util.h"
 #include "sandbox-dbus.h"
 #include "sandbox.h"
 
-#define FILE_OP_TIMEOUT_USEC (60 * 1000000ull)
+#define FILE_OP_TIMEOUT_USEC (60 * USEC_PER_SEC)
 
 #define IN_SET_CONN(r) ((r) == -ECONNRESET || (r) == -EPIPE || (r) == -ENOTCONN || (r) == -ESHUTDOWN)
 

@@ -7,12 +7,9 @@
 #include "branch.h"
 #include "cgroup.h"
 #include "fork-op.h"
-#include "json-util.h"
-#include "manager-dbus.h"
 #include "macro.h"
 #include "operation.h"
-#include "polkit.h"
-#include "sandbox-dbus.h"
+#include "bus-info.h"
 #include "sandbox-fork.h"
 #include "sandbox.h"
 #include "vm-template.h"
@@ -147,47 +144,22 @@ static void on_control_reply(ControlWaiter *w, struct json_object *o, const char
         start_fork(f);
 }
 
-int bus_sandbox_method_fork(sd_bus_message *message, void *userdata, sd_bus_error *error) {
-        Sandbox *s = userdata;
+int sandbox_fork_start(Sandbox *s, sd_bus_message *message, unsigned n, const struct fork_options *topts,
+                       sd_bus_error *error) {
         Manager *m = s->manager;
-        struct fork_options topts = {};
         SandboxFork *f;
         Operation *o = NULL;
-        uint32_t n;
         int r, sv[2];
 
-        r = bus_read_fork_n(message, &n, &topts, error);
+        r = operation_check_not_exiting(m, error);
         if (r < 0)
                 return r;
-        if (n < 1 || n > SANDBOX_FORK_N_MAX)
-                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "n must be from 1 to %u, not %u.",
-                                         SANDBOX_FORK_N_MAX, n);
-
-        r = sandbox_verify(message, s, "org.forkd.branch", "fork", error);
-        if (r < 0)
-                return r;
-        if (r == 0)
-                return 1;
-        /* on_timeout "pause" is a pause asked for ahead of time: the caller must be allowed one. */
-        if (topts.timeout_pause) {
-                r = sandbox_verify(message, s, "org.forkd.pause", "timeout", error);
-                if (r < 0)
-                        return r;
-                if (r == 0)
-                        return 1;
-        }
-
-        if (m->exiting)
-                return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "forkd is shutting down.");
         if (s->control_fd < 0)
                 return sd_bus_error_setf(error, FORKD_ERROR_FAILED, "Sandbox %s has no control channel.", s->id);
         if (hashmap_size(m->sandboxes) + m->n_sandboxes_reserved + n > SANDBOXES_MAX)
                 return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "At most %u sandboxes may exist at once.",
                                          SANDBOXES_MAX);
-        r = operation_new(m, message, &o);
-        if (r == -EBUSY)
-                return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "%u operations are running; retry later.",
-                                         m->max_operations);
+        r = operation_new_or_busy(m, message, &o, error);
         if (r < 0)
                 return r;
 
@@ -203,8 +175,8 @@ int bus_sandbox_method_fork(sd_bus_message *message, void *userdata, sd_bus_erro
         f->n = n;
         f->tpl_fd = -EBADF;
         f->memory_limit_mib = s->memory_limit_mib;
-        f->timeout_secs = topts.timeout_secs;
-        f->timeout_pause = topts.timeout_pause;
+        f->timeout_secs = topts->timeout_secs;
+        f->timeout_pause = topts->timeout_pause;
         f->source_has_cgroup = s->has_cgroup;
         f->net = s->netns_owned;
         f->agent_tcp = s->netns_owned && strncmp(s->guest_addr, "agent:", 6) != 0;

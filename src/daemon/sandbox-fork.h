@@ -15,6 +15,12 @@
 
 #define SANDBOX_FORK_N_MAX 32u
 
-/* Sandbox method Fork and the tail of Manager.ForkSandbox (after the id):
- * reads (u n). Answers (aa{sv} sandboxes, t pause_us). */
-int bus_sandbox_method_fork(sd_bus_message *message, void *userdata, sd_bus_error *error);
+#include "manager.h"
+
+struct fork_options;
+
+/* Fork s into n children with topts's deadline, once the caller was
+ * authorized: message is answered with (aa{sv} sandboxes, t pause_us) when
+ * they all answered. 1 when the fork is on its way, else an error in error. */
+int sandbox_fork_start(Sandbox *s, sd_bus_message *message, unsigned n, const struct fork_options *topts,
+                       sd_bus_error *error);

@@ -8,15 +8,11 @@
 
 #include "agent-proto.h"
 #include "agent-tcp-port.h"
-#include "branch.h"
 #include "cgroup.h"
-#include "fork-op.h"
 #include "fs-util.h"
 #include "image.h"
 #include "json-util.h"
 #include "macro.h"
-#include "paused.h"
-#include "sandbox-dbus.h"
 #include "sandbox.h"
 #include "snapshot-meta.h"
 #include "vm-template.h"
@@ -341,7 +337,7 @@ Sandbox *sandbox_free(Sandbox *s) {
                 s->retire_reply = sd_bus_message_unref(s->retire_reply);
         }
         fail_all_calls(s, -ECONNRESET);
-        branch_sandbox_gone(s);
+        m->hooks->sandbox_gone(s);
         s->control_source = sd_event_source_disable_unref(s->control_source);
         s->control_timer = sd_event_source_disable_unref(s->control_timer);
         s->control_fd = safe_close(s->control_fd);
@@ -386,24 +382,28 @@ void sandbox_exited(Sandbox *s, int code, int sig) {
                 log_debug("The VM %s that sandbox %s had before its merge is gone.", s->vm_id, s->id);
         } else if (s->state == SANDBOX_STARTING) {
                 log_debug("Sandbox %s ended before it was ready (%s, code %d, signal %d).", s->id, reason, code, sig);
-                if (s->fork_op && fork_op_child_exited(s->fork_op, s, code, sig))
+                if (s->fork_op && m->hooks->fork_child_exited(s->fork_op, s, code, sig))
                         f = s->fork_op; /* its ping is over: count it once it is gone */
         } else {
                 if (sig == SIGSYS)
                         log_warning("The VMM of sandbox %s made a system call its seccomp filter forbids, and was "
                                     "killed.", s->id);
                 log_info("Sandbox %s removed: %s (code %d, signal %d).", s->id, reason, code, sig);
-                sandbox_send_removed_signal(s, reason);
+                m->hooks->sandbox_removed(s, reason);
         }
-        _cleanup_free_ char *forkds_tag = snapshot_tag_is_forkds(s->snapshot_tag) ? strdup(s->snapshot_tag) : NULL;
+        _cleanup_free_ char *forkds_tag = m->hooks->snapshot_is_forkds(s->snapshot_tag) ? strdup(s->snapshot_tag) : NULL;
         sandbox_free(s);
         if (forkds_tag)
-                paused_snapshot_gc(m, forkds_tag);
+                m->hooks->snapshot_released(m, forkds_tag);
         if (f)
-                fork_op_child_gone(f);
+                m->hooks->fork_child_gone(f);
         if (t)
                 vm_template_maybe_gc(t);
         manager_check_idle_exit(m);
+}
+
+bool sandbox_is_visible(const Sandbox *s) {
+        return s->state == SANDBOX_RUNNING || s->state == SANDBOX_TERMINATING;
 }
 
 void terminate_group_free(TerminateGroup *g) {
@@ -451,7 +451,7 @@ static int on_deadline(sd_event_source *es, uint64_t usec, void *userdata) {
         if (s->timeout_pause) {
                 if (s->pausing)
                         return 0;
-                r = paused_pause(s, NULL, NULL);
+                r = s->manager->hooks->pause(s);
                 if (r >= 0) {
                         log_info("Sandbox %s reached its deadline: pausing it.", s->id);
                         return 0;
@@ -494,7 +494,7 @@ int sandbox_kill(Sandbox *s) {
         if (s->state == SANDBOX_RUNNING) {
                 s->state = SANDBOX_TERMINATING;
                 if (!s->retired)
-                        sandbox_send_state_changed(s);
+                        s->manager->hooks->sandbox_state_changed(s);
         }
         /* The exit event of the template finishes the job; the kernel tears
          * the VM down off our critical path. */

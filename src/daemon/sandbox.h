@@ -168,6 +168,8 @@ int sandbox_set_deadline(Sandbox *s, uint64_t expires_at, bool pause);
 const char *deadline_format(uint64_t expires_at, char buf[static 64]);
 
 const char *sandbox_state_to_string(SandboxState s);
+/* Is the sandbox visible (on the bus, listed): running or terminating? */
+bool sandbox_is_visible(const Sandbox *s);
 int sandbox_object_path(const char *id, char **ret);
 
 /* The record state_dir/sandboxes/<id>.json (for the next start's cleanup). */

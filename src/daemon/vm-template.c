@@ -7,7 +7,6 @@
 #include <json-c/json.h>
 
 #include "cgroup.h"
-#include "fork-op.h"
 #include "image.h"
 #include "json-util.h"
 #include "macro.h"

@@ -230,6 +230,56 @@ def run(h):
     h.check("TerminateSandbox of a paused sandbox: SandboxRemoved, its record and every snapshot of forkd's gone",
             delete)
 
+    def object_methods():
+        # Pause, Resume and SetTimeout on the sandbox's own object: the Manager's PauseSandbox,
+        # ResumeSandbox and SetSandboxTimeout forward to them. Paused, the path is an
+        # org.forkd.PausedSandbox, and a running sandbox again once resumed.
+        s = h.fork("base", 1)[0]
+        sid = s["id"]
+        obj = tf.path_encode("/org/forkd/sandbox", sid)
+        running, paused = "org.forkd.Sandbox", "org.forkd.PausedSandbox"
+        tb.poke(s["pid"], b"object-pause!!")
+        info = h.bus.call(tf.DEST, obj, running, "SetTimeout", "us", [600, ""])[0]
+        assert info["id"] == sid and info["expires_at"] and info["on_timeout"] == "kill", info
+        h.expect_error(INVALID, "SetTimeout", "us", [0, ""], path=obj, iface=running)
+        h.expect_error(INVALID, "SetTimeout", "us", [10, "never"], path=obj, iface=running)
+        msg = h.expect_error(NOT_PAUSED, "Resume", path=obj, iface=running)
+        assert msg == f"sandbox {sid} is not paused", msg
+        info = h.bus.call(tf.DEST, obj, running, "Pause", timeout=120)[0]
+        assert info["id"] == sid and info["state"] == "paused" and info["status"] == "paused", info
+        assert info["pid"] == 0 and info["snapshot_tag"] == "base" and info["on_timeout"] == "kill", info
+        assert not alive(s["pid"]), f"the VMM {s['pid']} still runs after the pause's reply"
+        assert records() == [sid + ".json"], records()
+        assert h.m("GetSandbox", "s", [sid])[0]["status"] == "paused"
+        xml = h.bus.call(tf.DEST, obj, "org.freedesktop.DBus.Introspectable", "Introspect")[0]
+        assert f'"{paused}"' in xml and f'"{running}"' not in xml, xml
+        get = "org.freedesktop.DBus.Properties"
+        assert h.bus.call(tf.DEST, obj, get, "Get", "ss", [paused, "State"])[0] == "paused"
+        assert h.bus.call(tf.DEST, obj, get, "Get", "ss", [paused, "Id"])[0] == sid
+        info = h.bus.call(tf.DEST, obj, paused, "SetTimeout", "us", [900, "kill"])[0]
+        assert info["status"] == "paused" and info["on_timeout"] == "kill" and info["expires_at"], info
+        rec = json.load(open(os.path.join(pauseddir, sid + ".json")))
+        assert rec["on_timeout"] == "kill" and rec["expires_at_usec"] > 0, rec
+        h.expect_error(INVALID, "SetTimeout", "us", [0, ""], path=obj, iface=paused)
+        info = h.bus.call(tf.DEST, obj, paused, "Resume", timeout=120)[0]
+        assert info["id"] == sid and info["status"] == "running" and info["pid"] > 0, info
+        assert info["expires_at"] and info["on_timeout"] == "kill", info
+        assert tb.peek(info["pid"], 14) == b"object-pause!!"
+        ping(sid)
+        assert records() == [], records()
+        assert h.bus.call(tf.DEST, obj, get, "Get", "ss", [running, "State"])[0] == "running"
+        msg = h.expect_error(NOT_PAUSED, "ResumeSandbox", "s", [sid])
+        assert msg == f"sandbox {sid} is not paused", msg
+        # Paused again through the Manager, deleted through the paused object.
+        h.m("PauseSandbox", "s", [sid], timeout=120)
+        h.bus.call(tf.DEST, obj, paused, "Terminate")
+        assert h.wait_removed(sid) == "terminated"
+        h.expect_error(NO_SANDBOX, "GetSandbox", "s", [sid])
+        tf.wait_for(lambda: records() == [] and forkds() == [], 10, "the paused sandbox's record and state to go")
+    h.check("Pause, Resume and SetTimeout on the sandbox object, as PauseSandbox, ResumeSandbox and "
+            "SetSandboxTimeout; a paused sandbox's path is an org.forkd.PausedSandbox with Resume, SetTimeout and "
+            "Terminate", object_methods)
+
     def kill_during_pause():
         outcomes = set()
         for delay in (0.0, 0.005, 0.02, 0.06, 0.15, 0.4):

@@ -1,0 +1,275 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+/* What operations and bus faces both send: see bus-info.h. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "bus-info.h"
+#include "forkd-bus.h"
+#include "image.h"
+#include "macro.h"
+#include "paused.h"
+#include "sandbox.h"
+#include "snapshot-meta.h"
+
+/* ---- snapshots ---- */
+
+int image_append_info(sd_bus_message *reply, Image *i, bool details) {
+        int r;
+
+        r = sd_bus_message_open_container(reply, 'a', "{sv}");
+        if (r < 0)
+                return r;
+        r = image_append_info_fields(reply, i, details);
+        if (r < 0)
+                return r;
+        return sd_bus_message_close_container(reply);
+}
+
+int image_append_info_fields(sd_bus_message *reply, Image *i, bool details) {
+        int r;
+
+        r = sd_bus_message_append(reply, "{sv}{sv}{sv}{sv}{sv}{sv}{sv}{sv}{sv}",
+                                  "tag", "s", i->tag,
+                                  "owner_uid", "u", (uint32_t) image_owner(i),
+                                  "dir", "s", i->dir,
+                                  "created_at_unix", "t", (uint64_t) i->meta.created_at_unix,
+                                  "status", "s", "ready",
+                                  "mem_size", "t", i->meta.mem_size,
+                                  "disk_size", "t", i->meta.disk_size,
+                                  "generation", "t", i->meta.generation,
+                                  "guest", "s", i->meta.guest);
+        if (r >= 0)
+                r = sd_bus_message_append(reply, "{sv}{sv}", "network", "b", (int) i->meta.network,
+                                          "agent_tcp", "b", (int) i->meta.agent_tcp);
+        if (r < 0)
+                return r;
+        if (i->meta.parent_tag[0]) {
+                r = sd_bus_message_append(reply, "{sv}", "parent_tag", "s", i->meta.parent_tag);
+                if (r < 0)
+                        return r;
+        }
+        if (i->meta.branched_from[0]) {
+                /* only on snapshots made by a branch */
+                r = sd_bus_message_append(reply, "{sv}{sv}{sv}", "branched_from", "s", i->meta.branched_from,
+                                          "pause_ms", "t", (i->meta.pause_us + 500) / 1000,
+                                          "pause_us", "t", i->meta.pause_us);
+                if (r < 0)
+                        return r;
+        }
+        if (details) {
+                _cleanup_(strv_freep) char **deps = NULL;
+                const char *ancestors[64 + 1] = {}; /* NULL-terminated */
+                size_t n_ancestors = 0;
+                struct image_sizes sz = {};
+
+                r = image_sizes(i, &sz);
+                if (r < 0)
+                        return r;
+                /* Parent first, then its parent, ...: as far as they are registered (a
+                 * diff chain's links hold on to their parents, forkd-vmm(8)); then turned
+                 * round, since forkd's REST API v1 lists them root first. */
+                for (Image *a = i; a->meta.parent_tag[0] && n_ancestors < ELEMENTSOF(ancestors) - 1;) {
+                        ancestors[n_ancestors++] = a->meta.parent_tag;
+                        a = hashmap_get(i->manager->images, a->meta.parent_tag);
+                        if (!a)
+                                break;
+                }
+                for (size_t k = 0; k < n_ancestors / 2; k++) {
+                        const char *t = ancestors[k];
+
+                        ancestors[k] = ancestors[n_ancestors - 1 - k];
+                        ancestors[n_ancestors - 1 - k] = t;
+                }
+                r = image_dependents(i->manager, i->tag, &deps);
+                if (r < 0)
+                        return r;
+                r = sd_bus_message_append(reply, "{sv}{sv}{sv}{sv}",
+                                          "memory_logical_bytes", "t", sz.memory_logical,
+                                          "memory_physical_bytes", "t", sz.memory_physical,
+                                          "vmstate_bytes", "t", sz.vmstate,
+                                          "chain_depth", "u", (uint32_t) n_ancestors);
+                if (r < 0)
+                        return r;
+                if (i->meta.parent_content_hash[0]) {
+                        r = sd_bus_message_append(reply, "{sv}", "parent_content_hash", "s",
+                                                  i->meta.parent_content_hash);
+                        if (r < 0)
+                                return r;
+                }
+                r = sd_bus_message_open_container(reply, 'e', "sv");
+                if (r >= 0)
+                        r = sd_bus_message_append(reply, "s", "ancestors");
+                if (r >= 0)
+                        r = sd_bus_message_open_container(reply, 'v', "as");
+                if (r >= 0)
+                        r = sd_bus_message_append_strv(reply, (char **) ancestors);
+                if (r >= 0)
+                        r = sd_bus_message_close_container(reply);
+                if (r >= 0)
+                        r = sd_bus_message_close_container(reply);
+                if (r >= 0)
+                        r = sd_bus_message_open_container(reply, 'e', "sv");
+                if (r >= 0)
+                        r = sd_bus_message_append(reply, "s", "dependents");
+                if (r >= 0)
+                        r = sd_bus_message_open_container(reply, 'v', "as");
+                if (r >= 0)
+                        r = sd_bus_message_append_strv(reply, deps);
+                if (r >= 0)
+                        r = sd_bus_message_close_container(reply);
+                if (r >= 0)
+                        r = sd_bus_message_close_container(reply);
+                if (r < 0)
+                        return r;
+        }
+        return 0;
+}
+
+void image_send_signal(Manager *m, const char *tag, bool new) {
+        _cleanup_free_ char *p = NULL;
+
+        if (!m->bus || snapshot_tag_is_forkds(tag) || image_object_path(tag, &p) < 0)
+                return;
+        (void) sd_bus_emit_signal(m->bus, FORKD_MANAGER_PATH, FORKD_BUS_NAME, new ? "SnapshotNew" : "SnapshotRemoved",
+                                  "so", tag, p);
+}
+
+/* ---- sandboxes ---- */
+
+int sandbox_append_info(sd_bus_message *reply, Sandbox *s) {
+        int r;
+
+        r = sd_bus_message_open_container(reply, 'a', "{sv}");
+        if (r < 0)
+                return r;
+        r = sd_bus_message_append(reply, "{sv}{sv}{sv}{sv}{sv}{sv}{sv}{sv}",
+                                  "id", "s", s->id,
+                                  "owner_uid", "u", (uint32_t) s->owner_uid,
+                                  "snapshot_tag", "s", s->origin_tag ?: s->snapshot_tag,
+                                  "guest_addr", "s", s->guest_addr,
+                                  "created_at_unix", "t", s->created_at,
+                                  "pid", "u", s->pid,
+                                  "state", "s", sandbox_state_to_string(s->state),
+                                  "status", "s", sandbox_state_to_string(s->state));
+        if (r < 0)
+                return r;
+        if (s->netns) {
+                r = sd_bus_message_append(reply, "{sv}", "netns", "s", s->netns);
+                if (r < 0)
+                        return r;
+        }
+        if (s->host_addr) {
+                r = sd_bus_message_append(reply, "{sv}", "host_addr", "s", s->host_addr);
+                if (r < 0)
+                        return r;
+        }
+        if (s->memory_limit_mib > 0) {
+                r = sd_bus_message_append(reply, "{sv}", "memory_limit_mib", "u", s->memory_limit_mib);
+                if (r < 0)
+                        return r;
+        }
+        r = sandbox_append_deadline(reply, s->expires_at, s->timeout_pause);
+        if (r < 0)
+                return r;
+        return sd_bus_message_close_container(reply);
+}
+
+int sandbox_append_infos(sd_bus_message *reply, Manager *m, char *const *vm_ids, unsigned n) {
+        int r;
+
+        r = sd_bus_message_open_container(reply, 'a', "a{sv}");
+        for (unsigned i = 0; r >= 0 && i < n; i++)
+                r = sandbox_append_info(reply, hashmap_get(m->vms, vm_ids[i]));
+        return r < 0 ? r : sd_bus_message_close_container(reply);
+}
+
+int sandbox_append_deadline(sd_bus_message *reply, uint64_t expires_at, bool pause) {
+        char buf[64];
+
+        return sd_bus_message_append(reply, "{sv}{sv}", "expires_at", "s", deadline_format(expires_at, buf),
+                                     "on_timeout", "s", pause ? ON_TIMEOUT_PAUSE : ON_TIMEOUT_KILL);
+}
+
+void sandbox_send_new_signal(Sandbox *s) {
+        _cleanup_free_ char *p = NULL;
+
+        if (!s->manager->bus || sandbox_object_path(s->id, &p) < 0)
+                return;
+        (void) sd_bus_emit_signal(s->manager->bus, FORKD_MANAGER_PATH, FORKD_BUS_NAME, "SandboxNew", "so", s->id, p);
+}
+
+void sandbox_send_removed_signal(Sandbox *s, const char *reason) {
+        _cleanup_free_ char *p = NULL;
+
+        if (!s->manager->bus || sandbox_object_path(s->id, &p) < 0)
+                return;
+        (void) sd_bus_emit_signal(s->manager->bus, FORKD_MANAGER_PATH, FORKD_BUS_NAME, "SandboxRemoved", "sos", s->id,
+                                  p, reason);
+}
+
+void sandbox_send_removed_signal_as(Sandbox *s, const char *id, const char *reason) {
+        _cleanup_free_ char *p = NULL;
+
+        if (!s->manager->bus || sandbox_object_path(id, &p) < 0)
+                return;
+        (void) sd_bus_emit_signal(s->manager->bus, FORKD_MANAGER_PATH, FORKD_BUS_NAME, "SandboxRemoved", "sos", id, p,
+                                  reason);
+}
+
+void sandbox_send_state_changed(Sandbox *s) {
+        _cleanup_free_ char *p = NULL;
+
+        if (!s->manager->bus || sandbox_object_path(s->id, &p) < 0)
+                return;
+        (void) sd_bus_emit_properties_changed(s->manager->bus, p, "org.forkd.Sandbox", "State", NULL);
+}
+
+int bus_sandbox_error_pausing(const char *id, sd_bus_error *error) {
+        return sd_bus_error_setf(error, FORKD_ERROR_PAUSED, "sandbox %s is being paused", id);
+}
+
+/* ---- paused sandboxes ---- */
+
+int paused_append_info(sd_bus_message *reply, Paused *p) {
+        int r;
+
+        r = sd_bus_message_open_container(reply, 'a', "{sv}");
+        if (r < 0)
+                return r;
+        r = sd_bus_message_append(reply, "{sv}{sv}{sv}{sv}{sv}{sv}{sv}{sv}{sv}",
+                                  "id", "s", p->id,
+                                  "owner_uid", "u", (uint32_t) p->owner_uid,
+                                  "snapshot_tag", "s", p->origin_tag,
+                                  "guest_addr", "s", "",
+                                  "created_at_unix", "t", p->created_at,
+                                  "paused_at_unix", "t", p->paused_at,
+                                  "pid", "u", (uint32_t) 0,
+                                  "state", "s", "paused",
+                                  "status", "s", "paused");
+        if (r >= 0 && p->memory_limit_mib > 0)
+                r = sd_bus_message_append(reply, "{sv}", "memory_limit_mib", "u", p->memory_limit_mib);
+        if (r >= 0 && p->net_policy >= 0)
+                r = sd_bus_message_append(reply, "{sv}", "network", "s",
+                                          netns_policy_to_string((NetnsPolicy) p->net_policy));
+        if (r >= 0)
+                r = sandbox_append_deadline(reply, p->expires_at, p->timeout_pause);
+        if (r >= 0 && p->pause_us > 0)
+                r = sd_bus_message_append(reply, "{sv}{sv}", "pause_us", "t", p->pause_us, "pause_ms", "t",
+                                          (p->pause_us + 500) / 1000);
+        if (r < 0)
+                return r;
+        return sd_bus_message_close_container(reply);
+}
+
+int bus_sandbox_info_reply(sd_bus_message *call, Paused *p, Sandbox *s, sd_bus_message **ret) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
+        int r;
+
+        r = sd_bus_message_new_method_return(call, &reply);
+        if (r >= 0)
+                r = p ? paused_append_info(reply, p) : sandbox_append_info(reply, s);
+        if (r < 0)
+                return r;
+        *ret = TAKE_PTR(reply);
+        return 0;
+}
