@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: LGPL-2.1-or-later
 """Our Python SDK's test with the Linux guest (part of test-linux-guest.py)."""
+import os
 import re
 import subprocess
 import sys
@@ -13,6 +14,8 @@ def sdk_python(t, top, stack, image, env):
     senv = dict(env, FORKD_SDK_EXTERNAL="1", FORKD_SDK_GUEST="linux", FORKD_URL=stack["FORKD_URL"],
                 FORKD_TOKEN_FILE=stack["FORKD_TOKEN_FILE"], FORKD_GUEST_KERNEL=f"{image}/vmlinuz",
                 FORKD_GUEST_ROOTFS=f"{image}/rootfs.ext4")
+    # the SDK from this checkout, and tests/lib (tap, and test-rest.py's imports)
+    senv["PYTHONPATH"] = os.pathsep.join(p for p in (f"{top}/sdk/python", env.get("PYTHONPATH")) if p)
     try:
         p = subprocess.run([sys.executable, f"{top}/sdk/python/tests/test-sdk.py"], env=senv,
                            capture_output=True, text=True, timeout=1200)
