@@ -9,7 +9,9 @@ shows network and agent_tcp; Fork refuses a network policy on a snapshot
 without NIC, per_child_netns on one with a NIC, an unknown policy and a wrong
 type; CreateSnapshotFromFds refuses agent_tcp without network; ExposePort is on
 the Manager and answers NoSuchSandbox for an unknown id; a sandbox record of a
-killed forkd naming a namespace is cleaned at start without harm. As root it
+killed forkd naming a namespace is cleaned at start without harm. forkd-rest
+answers a fork's bad options (timeout_secs, on_timeout, memory_limit_mib,
+network) in exactly forkd's words. As root it
 runs in a mount and network namespace of its own (forkd cleans namespaces).
 
 Environment: FORKD, FORKD_VMM (the built forkd and forkd-vmm; the latter never runs). TAP output."""
@@ -98,6 +100,29 @@ def rest_checks(tmp, address):
         ok(st == 400 and "no NIC" in text, "REST fork: network on a snapshot without NIC is 400", f"{st} {text}")
         st, text = http(port, "POST", "/v1/sandboxes", {"snapshot_tag": "nic", "n": 1, "network": 7})
         ok(st == 400, "REST fork: a network that is not a string is 400", f"{st} {text}")
+        # A fork's options: forkd-rest checks its body's fields with forkd's own checks
+        # (src/shared/fork-options.c), so both answer in the same words, compared here.
+        bus = Bus(address)
+        for body, opts in (({"timeout_secs": 0}, {"timeout_secs": ("u", 0)}),
+                           ({"timeout_secs": 86401}, {"timeout_secs": ("u", 86401)}),
+                           ({"timeout_secs": 5, "on_timeout": "later"},
+                            {"timeout_secs": ("u", 5), "on_timeout": ("s", "later")}),
+                           ({"on_timeout": "kill"}, {"on_timeout": ("s", "kill")}),
+                           ({"memory_limit_mib": 8}, {"memory_limit_mib": ("u", 8)}),
+                           ({"network": "open"}, {"network": ("s", "open")})):
+            st, text = http(port, "POST", "/v1/sandboxes", dict({"snapshot_tag": "nic", "n": 1}, **body))
+            try:
+                bus.call(DEST, PATH, IFACE, "Fork", "sua{sv}", ["nic", 1, opts])
+                words = "Fork succeeded"
+            except DBusError as e:
+                words = e.message if e.name == INVALID else f"{e.name}: {e.message}"
+            try:
+                answer = json.loads(text)
+            except ValueError:
+                answer = text
+            ok(st == 400 and answer == {"error": words}, f"fork option {body}: forkd-rest and forkd say {words!r}",
+               f"REST {st} {text}; D-Bus {words}")
+        bus.close()
         base = {"tag": "t2", "kernel": "/dev/null", "rootfs": "/dev/null"}
         st, text = http(port, "POST", "/v1/snapshots", dict(base, agent_tcp=True))
         ok(st == 400 and "agent_tcp" in text, "REST snapshot create: agent_tcp without network is 400",
