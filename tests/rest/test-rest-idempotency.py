@@ -321,6 +321,9 @@ def interrupted(sig):
     with Frozen():
         t, a = in_thread(post, "/v1/sandboxes", fork_body(), key)
         wait_for(lambda: pending(key), "the pending record")
+        # and the call on its way to forkd (which is stopped): a kill between the record
+        # and the call would leave forkd nothing to do
+        wait_for(lambda: metric("forkd_rest_dbus_calls_in_flight") >= 1, "the call to forkd")
         stop_rest(sig)
         t.join(30)
         if sig == signal.SIGTERM:
@@ -330,14 +333,24 @@ def interrupted(sig):
             check("e" in a, f"the request outlived forkd-rest: {a}")
     start_rest()
     check(pending(key), "the record of the interrupted request is gone")
-    # forkd did the work that nobody heard about
-    wait_for(lambda: len(sandboxes()) == len(before) + 1, "forkd's fork of the interrupted request")
+    # forkd did the work that nobody heard about, once the call reached it. One that
+    # did not reach forkd before SIGKILL ended forkd-rest (seen in the QEMU test host)
+    # is never done: then nothing is forked, now or by the retries below.
+    try:
+        wait_for(lambda: len(sandboxes()) == len(before) + 1, "forkd's fork of the interrupted request")
+        forked = 1
+    except AssertionError:
+        if sig == signal.SIGTERM:
+            raise
+        check(len(sandboxes()) == len(before), f"forkd forked {len(sandboxes()) - len(before)} times")
+        print("# forkd never got the call: it was lost with forkd-rest's socket", flush=True)
+        forked = 0
     for _ in range(2):
         r = post("/v1/sandboxes", fork_body(), key)
         check(r.status == 409 and r.json["error"] == INTERRUPTED, r)
     r = post("/v1/sandboxes", fork_body(3), key)
     check(r.status == 422, r)
-    check(len(sandboxes()) == len(before) + 1, "the retry forked again")
+    check(len(sandboxes()) == len(before) + forked, "the retry forked again")
 
 
 def t_interrupted_kill():
