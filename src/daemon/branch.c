@@ -545,9 +545,6 @@ int branch_start(Sandbox *s, const char *tag, const char *mode, bool wait, uid_t
         struct stat st;
         int r, sv[2];
 
-        r = operation_check_not_exiting(m, error);
-        if (r < 0)
-                return r;
         if (branch_in_flight(m, tag))
                 return sd_bus_error_setf(error, FORKD_ERROR_SNAPSHOT_EXISTS, "A branch to %s is in flight already.",
                                          tag);

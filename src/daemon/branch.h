@@ -74,7 +74,7 @@ struct BranchOp {
 
 /* Branch s into tag (mode "full", "diff" or "live"; wait false only with
  * live), owned by owner: checks what BranchSandbox checks after its
- * authorization (SnapshotExists, Busy, ...) into error. message (may be NULL
+ * operation_prelude() (SnapshotExists, Busy, ...) into error. message (may be NULL
  * with done) is answered with the snapshot's info once it is registered;
  * with done, done() is called instead and message is left alone. 0 when the
  * request is on its way. */

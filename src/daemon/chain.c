@@ -360,15 +360,9 @@ int chain_compact_start(Manager *m, sd_bus_message *message, const char *tag, co
         Image *i;
         int r;
 
-        r = operation_check_not_exiting(m, error);
-        if (r < 0)
-                return r;
         i = hashmap_get(m->images, tag); /* polkit took a turn of the loop */
         if (!i)
                 return sd_bus_error_setf(error, FORKD_ERROR_NO_SUCH_SNAPSHOT, "No snapshot with tag %s.", tag);
-        r = operation_check_tag_free(m, to, error);
-        if (r < 0)
-                return r;
         r = chain_check_restorable(m, i, error);
         if (r < 0)
                 return r;
@@ -395,7 +389,7 @@ int chain_compact_start(Manager *m, sd_bus_message *message, const char *tag, co
                 return r;
         }
 
-        r = operation_new_or_busy(m, message, &o, error);
+        r = operation_begin(m, message, to, &o, error);
         if (r < 0) {
                 chain_compact_free(c);
                 return r;
@@ -404,23 +398,8 @@ int chain_compact_start(Manager *m, sd_bus_message *message, const char *tag, co
         i->n_users++;
         o->extra = c;
         o->free_extra = chain_compact_free;
-        o->tag = strdup(to);
-        if (!o->tag) {
-                operation_free(o);
-                return -ENOMEM;
-        }
-        r = hashmap_put(m->creating, o->tag, o);
-        if (r < 0) {
-                free(o->tag);
-                o->tag = NULL;
-                operation_free(o);
-                return r;
-        }
-        r = worker_pool_submit(m->workers, compact_work, compact_done, o);
-        if (r < 0) {
-                operation_free(o);
-                return r;
-        }
-        log_info("Compacting snapshot %s into %s.", tag, to);
-        return 1;
+        r = operation_submit(o, compact_work, compact_done);
+        if (r > 0)
+                log_info("Compacting snapshot %s into %s.", tag, to);
+        return r;
 }

@@ -26,7 +26,7 @@ int chain_delete(Image *i, bool cascade, bool force, sd_bus_message *message, sd
 /* Before a fork of i: ChainBroken when an ancestor is no longer registered. */
 int chain_check_restorable(Manager *m, Image *i, sd_bus_error *error);
 
-/* CompactSnapshot(s tag, s to) -> a{sv} once polkit agreed: compact tag into
+/* CompactSnapshot(s tag, s to) -> a{sv} after its operation_prelude(): compact tag into
  * to; message is answered with to's info once it is registered. */
 int chain_compact_start(Manager *m, sd_bus_message *message, const char *tag, const char *to,
                         sd_bus_error *error);

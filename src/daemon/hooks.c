@@ -21,7 +21,9 @@ static void free_paused(Manager *m) {
 }
 
 static int pause_on_deadline(Sandbox *s) {
-        return paused_pause(s, NULL, NULL);
+        int r = operation_check_not_exiting(s->manager, NULL);
+
+        return r < 0 ? r : paused_pause(s, NULL, NULL);
 }
 
 const ManagerHooks daemon_hooks = {

@@ -104,28 +104,14 @@ int bus_manager_method_fork(sd_bus_message *message, void *userdata, sd_bus_erro
         if (r < 0)
                 return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "Cannot fork %s: %s.", tag, why);
 
-        r = bus_verify_polkit_async(message, "org.forkd.fork",
-                                    (const char *[]) { "snapshot", tag, "verb", "fork", NULL }, &m->polkit_registry,
-                                    error);
-        if (r < 0)
-                return r;
-        if (r == 0)
-                return 1;
-        /* on_timeout "pause" is a pause asked for ahead of time: the caller must be allowed one. */
-        if (opts.timeout_pause) {
-                r = bus_verify_polkit_async(message, "org.forkd.pause",
-                                            (const char *[]) { "snapshot", tag, "verb", "timeout", NULL },
-                                            &m->polkit_registry, error);
-                if (r < 0)
-                        return r;
-                if (r == 0)
-                        return 1;
-        }
-
-        r = operation_check_not_exiting(m, error);
-        if (r < 0)
-                return r;
-        r = operation_new_or_busy(m, message, &o, error);
+        r = operation_prelude(m, message,
+                              &(OperationPrelude) { .action = "org.forkd.fork", .verb = "fork",
+                                                    .details = (const char *[]) { "snapshot", tag, NULL },
+                                                    .timeout_pause = opts.timeout_pause },
+                              error);
+        if (r <= 0)
+                return r < 0 ? r : 1;
+        r = operation_begin(m, message, NULL, &o, error);
         if (r < 0)
                 return r;
         opts.owner_uid = o->owner_uid;

@@ -238,7 +238,7 @@ static int check_create_args(const char *tag, uint32_t mem_mib, uint32_t boot_wa
         return 0;
 }
 
-/* After polkit, with the boot files in c (taken over, freed on failure too). */
+/* After the prelude, with the boot files in c (taken over, freed on failure too). */
 static int create_snapshot_start(Manager *m, sd_bus_message *message, const char *tag, uint32_t mem_mib,
                                  uint32_t boot_wait, ImageCreate *c, sd_bus_error *error) {
         Operation *o = NULL;
@@ -246,17 +246,7 @@ static int create_snapshot_start(Manager *m, sd_bus_message *message, const char
         char dir[4096];
         int r;
 
-        r = operation_check_not_exiting(m, error);
-        if (r < 0) {
-                image_create_free(c);
-                return r;
-        }
         snprintf(dir, sizeof(dir), "%s/%s", m->snapshots_dir, tag);
-        r = operation_check_tag_free(m, tag, error);
-        if (r < 0) {
-                image_create_free(c);
-                return r;
-        }
         if (lstat(dir, &st) >= 0) {
                 image_create_free(c);
                 return sd_bus_error_setf(error, FORKD_ERROR_SNAPSHOT_EXISTS,
@@ -267,7 +257,7 @@ static int create_snapshot_start(Manager *m, sd_bus_message *message, const char
                 return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "At most %u snapshots.", SNAPSHOTS_MAX);
         }
 
-        r = operation_new_or_busy(m, message, &o, error);
+        r = operation_begin(m, message, tag, &o, error);
         if (r < 0) {
                 image_create_free(c);
                 return r;
@@ -280,33 +270,23 @@ static int create_snapshot_start(Manager *m, sd_bus_message *message, const char
         c->tag = strdup(tag);
         c->dir = strdup(dir);
         c->overlay_dir = strdup(m->overlay_dir);
-        o->tag = strdup(tag);
         if (asprintf(&c->console_log, "%s/%s.boot.log", m->log_dir, tag) < 0)
                 c->console_log = NULL;
         if (asprintf(&c->staging, "%s/" IMAGE_BOOT_STAGING_PREFIX "%s", m->snapshots_dir, tag) < 0)
                 c->staging = NULL;
-        if (!c->vmm_path || !c->tag || !c->dir || !c->overlay_dir || !c->console_log || !c->staging || !o->tag) {
+        if (!c->vmm_path || !c->tag || !c->dir || !c->overlay_dir || !c->console_log || !c->staging) {
                 operation_free(o);
                 return -ENOMEM;
         }
-        r = hashmap_put(m->creating, o->tag, o);
-        if (r < 0) {
-                free(o->tag);
-                o->tag = NULL;
-                operation_free(o);
-                return r;
-        }
-        r = worker_pool_submit(m->workers, create_work, create_done, o);
-        if (r < 0) {
-                operation_free(o);
-                return r;
-        }
-        log_info("Creating snapshot %s for uid %u.", tag, (unsigned) o->owner_uid);
-        return 1;
+        r = operation_submit(o, create_work, create_done);
+        if (r > 0)
+                log_info("Creating snapshot %s for uid %u.", tag, (unsigned) o->owner_uid);
+        return r;
 }
 
-/* Both create methods: the arguments, then org.forkd.manage-snapshots. Returns 0
- * while polkit has not answered yet (the message is dispatched again). */
+/* Both create methods: the arguments, then the prelude (org.forkd.manage-snapshots,
+ * the tag free). Returns 0 while polkit has not answered yet (the message is
+ * dispatched again). */
 static int verify_create(Manager *m, sd_bus_message *message, const char *tag, uint32_t mem_mib, uint32_t boot_wait,
                          sd_bus_error *error) {
         int r;
@@ -314,9 +294,11 @@ static int verify_create(Manager *m, sd_bus_message *message, const char *tag, u
         r = check_create_args(tag, mem_mib, boot_wait, error);
         if (r < 0)
                 return r;
-        return bus_verify_polkit_async(message, "org.forkd.manage-snapshots",
-                                       (const char *[]) { "snapshot", tag, "verb", "create", NULL },
-                                       &m->polkit_registry, error);
+        return operation_prelude(m, message,
+                                 &(OperationPrelude) { .action = "org.forkd.manage-snapshots", .verb = "create",
+                                                       .details = (const char *[]) { "snapshot", tag, NULL },
+                                                       .tag = tag },
+                                 error);
 }
 
 static int method_create_snapshot(sd_bus_message *message, void *userdata, sd_bus_error *error) {
@@ -577,13 +559,13 @@ static int method_compact_snapshot(sd_bus_message *message, void *userdata, sd_b
         if (!i)
                 return sd_bus_error_setf(error, FORKD_ERROR_NO_SUCH_SNAPSHOT, "No snapshot with tag %s.", tag);
 
-        r = bus_verify_polkit_async(message, "org.forkd.manage-snapshots",
-                                    (const char *[]) { "snapshot", tag, "verb", "compact", NULL },
-                                    &m->polkit_registry, error);
-        if (r < 0)
-                return r;
-        if (r == 0)
-                return 1;
+        r = operation_prelude(m, message,
+                              &(OperationPrelude) { .action = "org.forkd.manage-snapshots", .verb = "compact",
+                                                    .details = (const char *[]) { "snapshot", tag, NULL },
+                                                    .tag = to },
+                              error);
+        if (r <= 0)
+                return r < 0 ? r : 1;
 
         return chain_compact_start(m, message, tag, to, error);
 }
@@ -602,13 +584,12 @@ static int method_pack_snapshot(sd_bus_message *message, void *userdata, sd_bus_
         r = bus_check_tag(tag, "snapshot tag", error);
         if (r < 0)
                 return r;
-        r = bus_verify_polkit_async(message, "org.forkd.manage-snapshots",
-                                    (const char *[]) { "snapshot", tag, "verb", "pack", NULL }, &m->polkit_registry,
-                                    error);
-        if (r < 0)
-                return r;
-        if (r == 0)
-                return 1;
+        r = operation_prelude(m, message,
+                              &(OperationPrelude) { .action = "org.forkd.manage-snapshots", .verb = "pack",
+                                                    .details = (const char *[]) { "snapshot", tag, NULL } },
+                              error);
+        if (r <= 0)
+                return r < 0 ? r : 1;
 
         return pack_snapshot_start(m, message, tag, fd, error);
 }
@@ -627,13 +608,13 @@ static int method_unpack_snapshot(sd_bus_message *message, void *userdata, sd_bu
         r = new_tag[0] ? bus_check_tag(new_tag, "snapshot tag", error) : 0;
         if (r < 0)
                 return r;
-        r = bus_verify_polkit_async(message, "org.forkd.manage-snapshots",
-                                    (const char *[]) { "snapshot", new_tag, "verb", "unpack", NULL },
-                                    &m->polkit_registry, error);
-        if (r < 0)
-                return r;
-        if (r == 0)
-                return 1;
+        r = operation_prelude(m, message,
+                              &(OperationPrelude) { .action = "org.forkd.manage-snapshots", .verb = "unpack",
+                                                    .details = (const char *[]) { "snapshot", new_tag, NULL },
+                                                    .tag = new_tag[0] ? new_tag : NULL },
+                              error);
+        if (r <= 0)
+                return r < 0 ? r : 1;
 
         return unpack_snapshot_start(m, message, fd, new_tag, error);
 }

@@ -5,6 +5,7 @@
 #include "macro.h"
 #include "operation.h"
 #include "polkit.h"
+#include "worker.h"
 
 int operation_new(Manager *m, sd_bus_message *message, Operation **ret) {
         uid_t uid = 0;
@@ -64,4 +65,78 @@ int operation_check_tag_free(Manager *m, const char *tag, sd_bus_error *error) {
         if (hashmap_get(m->images, tag) || hashmap_get(m->creating, tag) || branch_in_flight(m, tag))
                 return sd_bus_error_setf(error, FORKD_ERROR_SNAPSHOT_EXISTS, "Snapshot %s exists already.", tag);
         return 0;
+}
+
+static int prelude_verify(Manager *m, sd_bus_message *message, const OperationPrelude *p, const char *action,
+                          const char *verb, sd_bus_error *error) {
+        const char *details[9];
+        size_t n = 0;
+
+        for (size_t k = 0; p->details && p->details[k] && n < 6; k++)
+                details[n++] = p->details[k];
+        details[n++] = "verb";
+        details[n++] = verb;
+        details[n] = NULL;
+        if (p->what)
+                return bus_verify_owner_async(message, p->owner, p->what, action, details, &m->polkit_registry,
+                                              error);
+        return bus_verify_polkit_async(message, action, details, &m->polkit_registry, error);
+}
+
+int operation_prelude(Manager *m, sd_bus_message *message, const OperationPrelude *p, sd_bus_error *error) {
+        int r;
+
+        r = prelude_verify(m, message, p, p->action, p->verb, error);
+        if (r > 0 && p->timeout_pause)
+                r = prelude_verify(m, message, p, "org.forkd.pause", "timeout", error);
+        if (r <= 0)
+                return r;
+        r = operation_check_not_exiting(m, error);
+        if (r < 0)
+                return r;
+        if (p->tag) {
+                r = operation_check_tag_free(m, p->tag, error);
+                if (r < 0)
+                        return r;
+        }
+        return 1;
+}
+
+int operation_begin(Manager *m, sd_bus_message *message, const char *claim, Operation **ret, sd_bus_error *error) {
+        Operation *o = NULL;
+        char *tag = NULL;
+        int r;
+
+        r = operation_new(m, message, &o);
+        if (r == -EBUSY)
+                return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "%u operations are running; retry later.",
+                                         m->max_operations);
+        if (r < 0)
+                return r;
+        if (claim) {
+                tag = strdup(claim);
+                if (!tag) {
+                        operation_free(o);
+                        return -ENOMEM;
+                }
+                r = hashmap_put(m->creating, tag, o);
+                if (r < 0) {
+                        free(tag);
+                        operation_free(o);
+                        return r;
+                }
+                o->tag = tag;
+        }
+        *ret = o;
+        return 0;
+}
+
+int operation_submit(Operation *o, int (*work)(void *o), void (*done)(int r, void *o)) {
+        int r = worker_pool_submit(o->manager->workers, work, done, o);
+
+        if (r < 0) {
+                operation_free(o);
+                return r;
+        }
+        return 1;
 }

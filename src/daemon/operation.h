@@ -5,6 +5,7 @@
  * message until the reply, and counts against --max-operations. */
 
 #include <errno.h>
+#include <stdbool.h>
 #include <sys/types.h>
 
 #include <systemd/sd-bus.h>
@@ -32,11 +33,30 @@ int operation_new(Manager *m, sd_bus_message *message, Operation **ret);
 /* Accepts NULL, returns NULL. */
 Operation *operation_free(Operation *o);
 
-/* The prelude of every operation a method starts (create, fork, branch,
- * compact, pack, unpack, pause, resume), after polkit agreed: no new one once
- * forkd is stopping, then the operation itself, Busy at --max-operations.
- * Each method checks what is its own (tags, limits) between the two, as before. */
+/* The prelude of every operation a method starts (create, fork, branch, compact,
+ * pack, unpack, pause, resume), in this order:
+ *   1. polkit: `action` with `details` and ("verb", verb); for something with an
+ *      owner (`what` set), the owner's check (bus_verify_owner_async); with
+ *      timeout_pause, org.forkd.pause as well, verb "timeout" (on_timeout "pause"
+ *      is a pause asked for ahead of time);
+ *   2. no new operation once forkd is stopping;
+ *   3. `tag`, when set, is free (no snapshot, no create, no branch to it).
+ * Returns 1 to go on, 0 when polkit was asked (the method returns 1 and runs again
+ * once it answers), < 0 with error set. What is the method's own (limits, files)
+ * comes after it, then operation_begin() and operation_submit(). */
 #define OPERATION_SHUTTING_DOWN "forkd is shutting down."
+
+typedef struct OperationPrelude {
+        const char *action;
+        const char *verb;
+        const char **details;   /* NULL, or key/value pairs ending in NULL, at most 3 pairs */
+        const char *what;       /* NULL: polkit alone; else "sandbox sb-1", owned by owner */
+        uid_t owner;
+        bool timeout_pause;
+        const char *tag;
+} OperationPrelude;
+
+int operation_prelude(Manager *m, sd_bus_message *message, const OperationPrelude *p, sd_bus_error *error);
 
 static inline int operation_check_not_exiting(Manager *m, sd_bus_error *error) {
         if (m->exiting)
@@ -48,13 +68,11 @@ static inline int operation_check_not_exiting(Manager *m, sd_bus_error *error) {
  * being created (create, compact, unpack) or being branched to; else 0. */
 int operation_check_tag_free(Manager *m, const char *tag, sd_bus_error *error);
 
-/* operation_new() for a method call: Busy "<N> operations are running; retry
- * later." at the cap, other errors as they are. */
-static inline int operation_new_or_busy(Manager *m, sd_bus_message *message, Operation **ret, sd_bus_error *error) {
-        int r = operation_new(m, message, ret);
+/* The operation itself: Busy "<N> operations are running; retry later." at
+ * --max-operations. With claim, the operation holds that tag (in
+ * manager->creating) until it is freed. */
+int operation_begin(Manager *m, sd_bus_message *message, const char *claim, Operation **ret, sd_bus_error *error);
 
-        if (r == -EBUSY)
-                return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "%u operations are running; retry later.",
-                                         m->max_operations);
-        return r;
-}
+/* Hands o to a worker thread: work runs there, done on the event loop. Frees o
+ * when it cannot. Returns 1 (the method answers later) or < 0. */
+int operation_submit(Operation *o, int (*work)(void *o), void (*done)(int r, void *o));

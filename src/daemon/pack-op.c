@@ -133,10 +133,6 @@ int pack_snapshot_start(Manager *m, sd_bus_message *message, const char *tag, in
                 chain[n++] = i;
                 t = i->meta.parent_tag;
         }
-        r = operation_check_not_exiting(m, error);
-        if (r < 0)
-                return r;
-
         j = calloc(1, sizeof(*j));
         if (!j)
                 return -ENOMEM;
@@ -165,20 +161,17 @@ int pack_snapshot_start(Manager *m, sd_bus_message *message, const char *tag, in
                 i->n_users++; /* DeleteSnapshot refuses while it is packed */
                 j->n = k + 1;
         }
-        r = operation_new_or_busy(m, message, &o, error);
+        r = operation_begin(m, message, NULL, &o, error);
         if (r < 0) {
                 pack_job_free(j);
                 return r;
         }
         o->extra = j;
         o->free_extra = pack_job_free;
-        r = worker_pool_submit(m->workers, pack_work, pack_done, o);
-        if (r < 0) {
-                operation_free(o);
-                return r;
-        }
-        log_info("Packing %s (%zu link(s)).", tag, n);
-        return 1;
+        r = operation_submit(o, pack_work, pack_done);
+        if (r > 0)
+                log_info("Packing %s (%zu link(s)).", tag, n);
+        return r;
 }
 
 /* ---- unpack ---- */
@@ -372,15 +365,6 @@ int unpack_snapshot_start(Manager *m, sd_bus_message *message, int fd, const cha
         char rnd[9];
         int r;
 
-        r = operation_check_not_exiting(m, error);
-        if (r < 0)
-                return r;
-        if (new_tag[0]) {
-                r = operation_check_tag_free(m, new_tag, error);
-                if (r < 0)
-                        return r;
-        }
-
         j = calloc(1, sizeof(*j));
         if (!j)
                 return -ENOMEM;
@@ -405,18 +389,15 @@ int unpack_snapshot_start(Manager *m, sd_bus_message *message, int fd, const cha
                 pack_job_free(j);
                 return sd_bus_error_set_errnof(error, r, "Cannot create a staging directory: %m");
         }
-        r = operation_new_or_busy(m, message, &o, error);
+        r = operation_begin(m, message, NULL, &o, error);
         if (r < 0) {
                 pack_job_free(j);
                 return r;
         }
         o->extra = j;
         o->free_extra = pack_job_free;
-        r = worker_pool_submit(m->workers, unpack_work, unpack_done, o);
-        if (r < 0) {
-                operation_free(o);
-                return r;
-        }
-        log_info("Unpacking a bundle%s%s.", new_tag[0] ? " as " : "", new_tag);
-        return 1;
+        r = operation_submit(o, unpack_work, unpack_done);
+        if (r > 0)
+                log_info("Unpacking a bundle%s%s.", new_tag[0] ? " as " : "", new_tag);
+        return r;
 }

@@ -9,8 +9,8 @@
 
 #include "manager.h"
 
-/* PackSnapshot(s tag, h fd) and UnpackSnapshot(h fd, s new_tag) once polkit
- * agreed (fd: the index of the message's descriptor); message is answered
+/* PackSnapshot(s tag, h fd) and UnpackSnapshot(h fd, s new_tag) after their
+ * operation_prelude() (fd: the index of the message's descriptor); message is answered
  * when the operation ends. */
 int pack_snapshot_start(Manager *m, sd_bus_message *message, const char *tag, int fd, sd_bus_error *error);
 int unpack_snapshot_start(Manager *m, sd_bus_message *message, int fd, const char *new_tag, sd_bus_error *error);

@@ -308,9 +308,6 @@ int paused_fork_start(sd_bus_message *message, Paused *p, unsigned n, const stru
         Image *i;
         int r;
 
-        r = operation_check_not_exiting(m, error);
-        if (r < 0)
-                return r;
         if (p->resuming)
                 return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "Sandbox %s is being resumed.", p->id);
         if (resume && hashmap_get(m->vms, p->id))
@@ -334,7 +331,7 @@ int paused_fork_start(sd_bus_message *message, Paused *p, unsigned n, const stru
                 return sd_bus_error_setf(error, FORKD_ERROR_NOT_SUPPORTED,
                                          "Memory limits are not available on this host, and sandbox %s has one.",
                                          p->id);
-        r = operation_new_or_busy(m, message, &o, error);
+        r = operation_begin(m, message, NULL, &o, error);
         if (r < 0)
                 return r;
         pf = calloc(1, sizeof(*pf));

@@ -14,7 +14,7 @@
 
 struct fork_options;
 
-/* Pause s (PauseSandbox after its checks, or its deadline with message NULL):
+/* Pause s (PauseSandbox after its operation_prelude(), or its deadline with message NULL):
  * message, if any, is answered once the VM is gone. error may be NULL. */
 int paused_pause(Sandbox *s, sd_bus_message *message, sd_bus_error *error);
 

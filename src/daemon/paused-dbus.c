@@ -10,6 +10,7 @@
 #include "pause-op.h"
 #include "paused-dbus.h"
 #include "paused.h"
+#include "operation.h"
 #include "polkit.h"
 #include "sandbox.h"
 #include "snapshot-meta.h"
@@ -24,11 +25,30 @@ int paused_verify(sd_bus_message *message, Paused *p, const char *action, const 
                                       error);
 }
 
+/* The operation prelude of what p starts (resume, fork): the owner's check. */
+static int paused_prelude(sd_bus_message *message, Paused *p, const char *action, const char *verb,
+                          bool timeout_pause, sd_bus_error *error) {
+        char what[SNAPSHOT_TAG_MAX + 32];
+
+        snprintf(what, sizeof(what), "paused sandbox %s", p->id);
+        return operation_prelude(p->manager, message,
+                                 &(OperationPrelude) {
+                                         .action = action,
+                                         .verb = verb,
+                                         .details = (const char *[]) { "sandbox", p->id, "snapshot", p->origin_tag,
+                                                                       NULL },
+                                         .what = what,
+                                         .owner = p->owner_uid,
+                                         .timeout_pause = timeout_pause,
+                                 },
+                                 error);
+}
+
 int bus_paused_method_resume(sd_bus_message *message, void *userdata, sd_bus_error *error) {
         Paused *p = userdata;
         int r;
 
-        r = paused_verify(message, p, "org.forkd.pause", "resume", error);
+        r = paused_prelude(message, p, "org.forkd.pause", "resume", false, error);
         if (r <= 0)
                 return r < 0 ? r : 1;
         return paused_fork_start(message, p, 1, NULL, error);
@@ -46,15 +66,9 @@ int bus_paused_method_fork(sd_bus_message *message, void *userdata, sd_bus_error
         if (n < 1 || n > FORK_N_MAX)
                 return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "n must be from 1 to %u, not %u.",
                                          FORK_N_MAX, n);
-        r = paused_verify(message, p, "org.forkd.branch", "fork", error);
+        r = paused_prelude(message, p, "org.forkd.branch", "fork", topts.timeout_pause, error);
         if (r <= 0)
                 return r < 0 ? r : 1;
-        /* on_timeout "pause" is a pause asked for ahead of time: the caller must be allowed one. */
-        if (topts.timeout_pause) {
-                r = paused_verify(message, p, "org.forkd.pause", "timeout", error);
-                if (r <= 0)
-                        return r < 0 ? r : 1;
-        }
         return paused_fork_start(message, p, n, &topts, error);
 }
 

@@ -16,6 +16,7 @@
 #include "strv.h"
 #include "macro.h"
 #include "time-util.h"
+#include "operation.h"
 #include "polkit.h"
 #include "sandbox-dbus.h"
 #include "sandbox.h"
@@ -126,6 +127,25 @@ int sandbox_verify(sd_bus_message *message, Sandbox *s, const char *action, cons
         snprintf(what, sizeof(what), "sandbox %s", s->id);
         return bus_verify_owner_async(message, s->owner_uid, what, action, details, &s->manager->polkit_registry,
                                       error);
+}
+
+/* The operation prelude of what s starts (branch, fork, pause): the owner's check. */
+static int sandbox_prelude(sd_bus_message *message, Sandbox *s, const char *action, const char *verb,
+                           bool timeout_pause, sd_bus_error *error) {
+        char what[SNAPSHOT_TAG_MAX + 16];
+
+        snprintf(what, sizeof(what), "sandbox %s", s->id);
+        return operation_prelude(s->manager, message,
+                                 &(OperationPrelude) {
+                                         .action = action,
+                                         .verb = verb,
+                                         .details = (const char *[]) { "sandbox", s->id, "snapshot", s->snapshot_tag,
+                                                                       NULL },
+                                         .what = what,
+                                         .owner = s->owner_uid,
+                                         .timeout_pause = timeout_pause,
+                                 },
+                                 error);
 }
 
 /* Two sandboxes (merge, diff): their owner when they have the same, else nobody's. */
@@ -679,11 +699,9 @@ int bus_sandbox_method_branch(sd_bus_message *message, void *userdata, sd_bus_er
         if (!wait && strcmp(mode, "live") != 0)
                 return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "wait false needs mode \"live\".");
 
-        r = sandbox_verify(message, s, "org.forkd.branch", "branch", error);
-        if (r < 0)
-                return r;
-        if (r == 0)
-                return 1;
+        r = sandbox_prelude(message, s, "org.forkd.branch", "branch", false, error);
+        if (r <= 0)
+                return r < 0 ? r : 1;
         r = bus_message_sender_uid(message, &m->polkit_registry, &owner);
         if (r < 0)
                 return r;
@@ -711,19 +729,9 @@ int bus_sandbox_method_fork(sd_bus_message *message, void *userdata, sd_bus_erro
                 return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "n must be from 1 to %u, not %u.",
                                          SANDBOX_FORK_N_MAX, n);
 
-        r = sandbox_verify(message, s, "org.forkd.branch", "fork", error);
-        if (r < 0)
-                return r;
-        if (r == 0)
-                return 1;
-        /* on_timeout "pause" is a pause asked for ahead of time: the caller must be allowed one. */
-        if (topts.timeout_pause) {
-                r = sandbox_verify(message, s, "org.forkd.pause", "timeout", error);
-                if (r < 0)
-                        return r;
-                if (r == 0)
-                        return 1;
-        }
+        r = sandbox_prelude(message, s, "org.forkd.branch", "fork", topts.timeout_pause, error);
+        if (r <= 0)
+                return r < 0 ? r : 1;
 
         return sandbox_fork_start(s, message, n, &topts, error);
 }
@@ -740,11 +748,9 @@ int bus_sandbox_method_pause(sd_bus_message *message, void *userdata, sd_bus_err
         Sandbox *s = userdata;
         int r;
 
-        r = sandbox_verify(message, s, "org.forkd.pause", "pause", error);
-        if (r < 0)
-                return r;
-        if (r == 0)
-                return 1;
+        r = sandbox_prelude(message, s, "org.forkd.pause", "pause", false, error);
+        if (r <= 0)
+                return r < 0 ? r : 1;
         r = paused_pause(s, message, error);
         return r < 0 ? r : 1;
 }

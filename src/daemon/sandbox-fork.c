@@ -151,15 +151,12 @@ int sandbox_fork_start(Sandbox *s, sd_bus_message *message, unsigned n, const st
         Operation *o = NULL;
         int r, sv[2];
 
-        r = operation_check_not_exiting(m, error);
-        if (r < 0)
-                return r;
         if (s->control_fd < 0)
                 return sd_bus_error_setf(error, FORKD_ERROR_FAILED, "Sandbox %s has no control channel.", s->id);
         if (hashmap_size(m->sandboxes) + m->n_sandboxes_reserved + n > SANDBOXES_MAX)
                 return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "At most %u sandboxes may exist at once.",
                                          SANDBOXES_MAX);
-        r = operation_new_or_busy(m, message, &o, error);
+        r = operation_begin(m, message, NULL, &o, error);
         if (r < 0)
                 return r;
 

@@ -19,8 +19,8 @@
 
 struct fork_options;
 
-/* Fork s into n children with topts's deadline, once the caller was
- * authorized: message is answered with (aa{sv} sandboxes, t pause_us) when
+/* Fork s into n children with topts's deadline, after the method's
+ * operation_prelude(): message is answered with (aa{sv} sandboxes, t pause_us) when
  * they all answered. 1 when the fork is on its way, else an error in error. */
 int sandbox_fork_start(Sandbox *s, sd_bus_message *message, unsigned n, const struct fork_options *topts,
                        sd_bus_error *error);
