@@ -106,7 +106,7 @@ int bus_manager_method_fork(sd_bus_message *message, void *userdata, sd_bus_erro
 
         r = operation_prelude(m, message,
                               &(OperationPrelude) { .action = "org.forkd.fork", .verb = "fork",
-                                                    .details = (const char *[]) { "snapshot", tag, NULL },
+                                                    .snapshot = tag,
                                                     .timeout_pause = opts.timeout_pause },
                               error);
         if (r <= 0)

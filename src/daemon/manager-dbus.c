@@ -296,7 +296,7 @@ static int verify_create(Manager *m, sd_bus_message *message, const char *tag, u
                 return r;
         return operation_prelude(m, message,
                                  &(OperationPrelude) { .action = "org.forkd.manage-snapshots", .verb = "create",
-                                                       .details = (const char *[]) { "snapshot", tag, NULL },
+                                                       .snapshot = tag,
                                                        .tag = tag },
                                  error);
 }
@@ -561,7 +561,7 @@ static int method_compact_snapshot(sd_bus_message *message, void *userdata, sd_b
 
         r = operation_prelude(m, message,
                               &(OperationPrelude) { .action = "org.forkd.manage-snapshots", .verb = "compact",
-                                                    .details = (const char *[]) { "snapshot", tag, NULL },
+                                                    .snapshot = tag,
                                                     .tag = to },
                               error);
         if (r <= 0)
@@ -586,7 +586,7 @@ static int method_pack_snapshot(sd_bus_message *message, void *userdata, sd_bus_
                 return r;
         r = operation_prelude(m, message,
                               &(OperationPrelude) { .action = "org.forkd.manage-snapshots", .verb = "pack",
-                                                    .details = (const char *[]) { "snapshot", tag, NULL } },
+                                                    .snapshot = tag },
                               error);
         if (r <= 0)
                 return r < 0 ? r : 1;
@@ -610,7 +610,7 @@ static int method_unpack_snapshot(sd_bus_message *message, void *userdata, sd_bu
                 return r;
         r = operation_prelude(m, message,
                               &(OperationPrelude) { .action = "org.forkd.manage-snapshots", .verb = "unpack",
-                                                    .details = (const char *[]) { "snapshot", new_tag, NULL },
+                                                    .snapshot = new_tag,
                                                     .tag = new_tag[0] ? new_tag : NULL },
                               error);
         if (r <= 0)

@@ -69,18 +69,11 @@ int operation_check_tag_free(Manager *m, const char *tag, sd_bus_error *error) {
 
 static int prelude_verify(Manager *m, sd_bus_message *message, const OperationPrelude *p, const char *action,
                           const char *verb, sd_bus_error *error) {
-        const char *details[9];
-        size_t n = 0;
-
-        for (size_t k = 0; p->details && p->details[k] && n < 6; k++)
-                details[n++] = p->details[k];
-        details[n++] = "verb";
-        details[n++] = verb;
-        details[n] = NULL;
-        if (p->what)
-                return bus_verify_owner_async(message, p->owner, p->what, action, details, &m->polkit_registry,
-                                              error);
-        return bus_verify_polkit_async(message, action, details, &m->polkit_registry, error);
+        if (p->kind)
+                return bus_verify_sandbox_async(message, p->kind, p->id, p->snapshot, p->owner, action, verb,
+                                                &m->polkit_registry, error);
+        return bus_verify_polkit_async(message, action, (const char *[]) { "snapshot", p->snapshot, "verb", verb, NULL },
+                                       &m->polkit_registry, error);
 }
 
 int operation_prelude(Manager *m, sd_bus_message *message, const OperationPrelude *p, sd_bus_error *error) {

@@ -35,8 +35,8 @@ Operation *operation_free(Operation *o);
 
 /* The prelude of every operation a method starts (create, fork, branch, compact,
  * pack, unpack, pause, resume), in this order:
- *   1. polkit: `action` with `details` and ("verb", verb); for something with an
- *      owner (`what` set), the owner's check (bus_verify_owner_async); with
+ *   1. polkit: `action` with the details "snapshot" and "verb"; for what a
+ *      sandbox starts (`kind` set), the owner's check (bus_verify_sandbox_async); with
  *      timeout_pause, org.forkd.pause as well, verb "timeout" (on_timeout "pause"
  *      is a pause asked for ahead of time);
  *   2. no new operation once forkd is stopping;
@@ -49,9 +49,10 @@ Operation *operation_free(Operation *o);
 typedef struct OperationPrelude {
         const char *action;
         const char *verb;
-        const char **details;   /* NULL, or key/value pairs ending in NULL, at most 3 pairs */
-        const char *what;       /* NULL: polkit alone; else "sandbox sb-1", owned by owner */
-        uid_t owner;
+        const char *snapshot;   /* the "snapshot" detail */
+        const char *kind;       /* NULL: polkit alone; "sandbox" or "paused sandbox": */
+        const char *id;         /* its id, the "sandbox" detail, */
+        uid_t owner;            /* and its owner (bus_verify_sandbox_async) */
         bool timeout_pause;
         const char *tag;
 } OperationPrelude;

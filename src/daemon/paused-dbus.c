@@ -17,31 +17,18 @@
 #include "strv.h"
 
 int paused_verify(sd_bus_message *message, Paused *p, const char *action, const char *verb, sd_bus_error *error) {
-        const char *details[] = { "sandbox", p->id, "snapshot", p->origin_tag, "verb", verb, NULL };
-        char what[SNAPSHOT_TAG_MAX + 32];
-
-        snprintf(what, sizeof(what), "paused sandbox %s", p->id);
-        return bus_verify_owner_async(message, p->owner_uid, what, action, details, &p->manager->polkit_registry,
-                                      error);
+        return bus_verify_sandbox_async(message, "paused sandbox", p->id, p->origin_tag, p->owner_uid, action, verb,
+                                        &p->manager->polkit_registry, error);
 }
 
-/* The operation prelude of what p starts (resume, fork): the owner's check. */
+/* The operation prelude of what p starts (resume, fork). */
 static int paused_prelude(sd_bus_message *message, Paused *p, const char *action, const char *verb,
                           bool timeout_pause, sd_bus_error *error) {
-        char what[SNAPSHOT_TAG_MAX + 32];
+        const OperationPrelude o = { .action = action, .verb = verb, .snapshot = p->origin_tag,
+                                     .kind = "paused sandbox", .id = p->id, .owner = p->owner_uid,
+                                     .timeout_pause = timeout_pause };
 
-        snprintf(what, sizeof(what), "paused sandbox %s", p->id);
-        return operation_prelude(p->manager, message,
-                                 &(OperationPrelude) {
-                                         .action = action,
-                                         .verb = verb,
-                                         .details = (const char *[]) { "sandbox", p->id, "snapshot", p->origin_tag,
-                                                                       NULL },
-                                         .what = what,
-                                         .owner = p->owner_uid,
-                                         .timeout_pause = timeout_pause,
-                                 },
-                                 error);
+        return operation_prelude(p->manager, message, &o, error);
 }
 
 int bus_paused_method_resume(sd_bus_message *message, void *userdata, sd_bus_error *error) {

@@ -462,3 +462,13 @@ int bus_verify_owner_async(sd_bus_message *m, uid_t owner, const char *what, con
                                  POLKIT_ACTION_MANAGE_ALL "' to act on what others own (%s)",
                                  what, (unsigned) owner, (unsigned) uid, e.message ?: "refused");
 }
+
+int bus_verify_sandbox_async(sd_bus_message *m, const char *kind, const char *id, const char *snapshot, uid_t owner,
+                             const char *action, const char *verb, struct polkit_registry **registry,
+                             sd_bus_error *error) {
+        const char *details[] = { "sandbox", id, "snapshot", snapshot, "verb", verb, NULL };
+        char what[128];
+
+        snprintf(what, sizeof(what), "%s %s", kind, id);
+        return bus_verify_owner_async(m, owner, what, action, details, registry, error);
+}

@@ -67,6 +67,13 @@ int bus_verify_polkit_async(sd_bus_message *m, const char *action, const char **
 int bus_verify_owner_async(sd_bus_message *m, uid_t owner, const char *what, const char *action,
                            const char **details, struct polkit_registry **registry, sd_bus_error *error);
 
+/* bus_verify_owner_async() for what is asked of a sandbox (kind "sandbox" or
+ * "paused sandbox") id, forked from snapshot: details "sandbox" id, "snapshot"
+ * snapshot, "verb" verb; a refusal names "<kind> <id>". */
+int bus_verify_sandbox_async(sd_bus_message *m, const char *kind, const char *id, const char *snapshot, uid_t owner,
+                             const char *action, const char *verb, struct polkit_registry **registry,
+                             sd_bus_error *error);
+
 /* The sender's effective uid (cached per bus and unique name, as for the checks). */
 int bus_message_sender_uid(sd_bus_message *m, struct polkit_registry **registry, uid_t *ret);
 

@@ -121,31 +121,17 @@ int sandbox_node_enumerator(sd_bus *bus, const char *path, void *userdata, char 
 /* ---- methods ---- */
 
 int sandbox_verify(sd_bus_message *message, Sandbox *s, const char *action, const char *verb, sd_bus_error *error) {
-        const char *details[] = { "sandbox", s->id, "snapshot", s->snapshot_tag, "verb", verb, NULL };
-        char what[SNAPSHOT_TAG_MAX + 16];
-
-        snprintf(what, sizeof(what), "sandbox %s", s->id);
-        return bus_verify_owner_async(message, s->owner_uid, what, action, details, &s->manager->polkit_registry,
-                                      error);
+        return bus_verify_sandbox_async(message, "sandbox", s->id, s->snapshot_tag, s->owner_uid, action, verb,
+                                        &s->manager->polkit_registry, error);
 }
 
-/* The operation prelude of what s starts (branch, fork, pause): the owner's check. */
+/* The operation prelude of what s starts (branch, fork, pause). */
 static int sandbox_prelude(sd_bus_message *message, Sandbox *s, const char *action, const char *verb,
                            bool timeout_pause, sd_bus_error *error) {
-        char what[SNAPSHOT_TAG_MAX + 16];
+        const OperationPrelude p = { .action = action, .verb = verb, .snapshot = s->snapshot_tag, .kind = "sandbox",
+                                     .id = s->id, .owner = s->owner_uid, .timeout_pause = timeout_pause };
 
-        snprintf(what, sizeof(what), "sandbox %s", s->id);
-        return operation_prelude(s->manager, message,
-                                 &(OperationPrelude) {
-                                         .action = action,
-                                         .verb = verb,
-                                         .details = (const char *[]) { "sandbox", s->id, "snapshot", s->snapshot_tag,
-                                                                       NULL },
-                                         .what = what,
-                                         .owner = s->owner_uid,
-                                         .timeout_pause = timeout_pause,
-                                 },
-                                 error);
+        return operation_prelude(s->manager, message, &p, error);
 }
 
 /* Two sandboxes (merge, diff): their owner when they have the same, else nobody's. */
