@@ -60,10 +60,31 @@ static bool page_is_zero(const uint8_t *p) {
         return true;
 }
 
+/* The next part of a booted VM's RAM (a memfd) that the guest may have written,
+ * [*off, *end), page-aligned: what it never touched is a hole of the memfd, and
+ * reading it through the mapping would only allocate zeroed pages to scan.
+ * Returns false when nothing is left. Without a memfd, or where SEEK_DATA
+ * fails, the rest of RAM is one such part. */
+static bool next_written(const struct vmm *vmm, uint64_t *off, uint64_t *end) {
+        off_t data, hole;
+
+        *end = vmm->mem_size;
+        if (vmm->mem_fd < 0)
+                return *off < vmm->mem_size;
+        data = lseek(vmm->mem_fd, (off_t) *off, SEEK_DATA);
+        if (data < 0)
+                return errno != ENXIO && *off < vmm->mem_size; /* ENXIO: holes to the end */
+        hole = lseek(vmm->mem_fd, data, SEEK_HOLE);
+        *off = (uint64_t) data & ~(uint64_t) 4095;
+        if (hole >= 0 && (uint64_t) hole < vmm->mem_size)
+                *end = ((uint64_t) hole + 4095) & ~(uint64_t) 4095;
+        return *off < vmm->mem_size;
+}
+
 /* Guest RAM, sparse: runs of non-zero pages are written, zero pages stay holes. */
 static int write_memory(int dfd, const struct vmm *vmm) {
         _cleanup_close_ int fd = -EBADF;
-        uint64_t off = 0;
+        uint64_t off = 0, part_end;
         int r;
 
         fd = openat(dfd, SNAPSHOT_MEMORY_FILE, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0640);
@@ -72,19 +93,21 @@ static int write_memory(int dfd, const struct vmm *vmm) {
         if (ftruncate(fd, vmm->mem_size) < 0)
                 return -errno;
 
-        while (off < vmm->mem_size) {
-                uint64_t end;
+        while (next_written(vmm, &off, &part_end)) {
+                while (off < part_end) {
+                        uint64_t end;
 
-                if (page_is_zero(vmm->mem + off)) {
-                        off += 4096;
-                        continue;
+                        if (page_is_zero(vmm->mem + off)) {
+                                off += 4096;
+                                continue;
+                        }
+                        for (end = off + 4096; end < part_end && !page_is_zero(vmm->mem + end); end += 4096)
+                                ;
+                        r = snapshot_write_all(fd, vmm->mem + off, end - off, off);
+                        if (r < 0)
+                                return r;
+                        off = end;
                 }
-                for (end = off + 4096; end < vmm->mem_size && !page_is_zero(vmm->mem + end); end += 4096)
-                        ;
-                r = snapshot_write_all(fd, vmm->mem + off, end - off, off);
-                if (r < 0)
-                        return r;
-                off = end;
         }
         if (fsync(fd) < 0)
                 return -errno;
