@@ -36,6 +36,7 @@ static unsigned arg_max_operations = OPERATIONS_MAX_DEFAULT;
 static unsigned arg_max_branches = BRANCHES_MAX_DEFAULT;
 static unsigned arg_control_timeout_sec = CONTROL_TIMEOUT_DEFAULT_SEC;
 static unsigned arg_netns_pool = 0;
+static const char *arg_default_mem_mib = NULL; /* --default-mem-mib, else $FORKD_DEFAULT_MEM_MIB */
 static bool arg_confine = true;
 static uid_t arg_vmm_uid = VMM_USER_DEFAULT_UID;
 static gid_t arg_vmm_gid = VMM_USER_DEFAULT_GID;
@@ -70,6 +71,9 @@ static void help(void) {
                "                          (none, egress) that forks asked for, made ahead of\n"
                "                          time, so a fork with a NIC does not wait for them;\n"
                "                          0..%u (default 0: each fork makes its own)\n"
+               "     --default-mem-mib N  Guest RAM of a snapshot whose request names none: 0, or\n"
+               "                          an even number from 16 to %u (default 0: forkd-vmm's,\n"
+               "                          %u MiB; also FORKD_DEFAULT_MEM_MIB=N)\n"
                "     --vmm-user UID[:GID] The user (and group) confined VMMs run as (default %u:%u,\n"
                "                          in no /etc/passwd; see forkd-vmm(8), CONFINEMENT)\n"
                "     --no-confine         Run VMMs as forkd itself, without their jail, seccomp\n"
@@ -81,7 +85,8 @@ static void help(void) {
                "                          except org.forkd.manage-all (default: none; an empty\n"
                "                          value: none; see forkd(8), THE REST BRIDGE)\n",
                FORKD_VMM_DEFAULT, OPERATIONS_MAX_LIMIT, OPERATIONS_MAX_DEFAULT, BRANCHES_MAX_LIMIT,
-               BRANCHES_MAX_DEFAULT, CONTROL_TIMEOUT_MAX_SEC, CONTROL_TIMEOUT_DEFAULT_SEC, NETNS_POOL_MAX, VMM_USER_DEFAULT_UID,
+               BRANCHES_MAX_DEFAULT, CONTROL_TIMEOUT_MAX_SEC, CONTROL_TIMEOUT_DEFAULT_SEC, NETNS_POOL_MAX, MEM_MIB_MAX,
+               VMM_MEM_MIB_DEFAULT, VMM_USER_DEFAULT_UID,
                VMM_USER_DEFAULT_GID);
 }
 
@@ -103,7 +108,7 @@ static int parse_bounded(const char *s, unsigned min, unsigned max, unsigned *re
 static int parse_argv(int argc, char *argv[]) {
         enum { ARG_VERSION = 0x100, ARG_STATE_DIR, ARG_RUNTIME_DIR, ARG_VMM, ARG_BUS_ADDRESS, ARG_CGROUP_ROOT, ARG_MAX_OPERATIONS,
                ARG_MAX_BRANCHES, ARG_CONTROL_TIMEOUT, ARG_VMM_USER, ARG_NO_CONFINE,
-               ARG_TRUSTED_BRIDGE_USER, ARG_NETNS_POOL };
+               ARG_TRUSTED_BRIDGE_USER, ARG_NETNS_POOL, ARG_DEFAULT_MEM_MIB };
         static const struct option options[] = {
                 { "help", no_argument, NULL, 'h' },
                 { "version", no_argument, NULL, ARG_VERSION },
@@ -119,6 +124,7 @@ static int parse_argv(int argc, char *argv[]) {
                 { "no-confine", no_argument, NULL, ARG_NO_CONFINE },
                 { "trusted-bridge-user", required_argument, NULL, ARG_TRUSTED_BRIDGE_USER },
                 { "netns-pool", required_argument, NULL, ARG_NETNS_POOL },
+                { "default-mem-mib", required_argument, NULL, ARG_DEFAULT_MEM_MIB },
                 {},
         };
         int c;
@@ -172,6 +178,9 @@ static int parse_argv(int argc, char *argv[]) {
                                 return log_error_errno(EINVAL, "--netns-pool takes a number from 0 to %u.",
                                                        NETNS_POOL_MAX);
                         break;
+                case ARG_DEFAULT_MEM_MIB:
+                        arg_default_mem_mib = optarg;
+                        break;
                 case ARG_VMM_USER:
                         if (vmm_parse_user(optarg, &arg_vmm_uid, &arg_vmm_gid) < 0)
                                 return log_error_errno(EINVAL, "--vmm-user takes UID[:GID], numbers other than 0.");
@@ -193,6 +202,16 @@ static int parse_argv(int argc, char *argv[]) {
                 return log_error_errno(EINVAL, "forkd takes no positional arguments.");
         }
         return 1;
+}
+
+/* --default-mem-mib (or its variable): 0, or what CreateSnapshot's mem_mib may be. */
+static int parse_default_mem_mib(const char *s, unsigned *ret) {
+        unsigned v;
+
+        if (parse_bounded(s, 0, MEM_MIB_MAX, &v) < 0 || (v != 0 && (v < 16 || v % 2 != 0)))
+                return -EINVAL;
+        *ret = v;
+        return 0;
 }
 
 /* --trusted-bridge-user: a decimal uid, or a user name looked up in the user
@@ -321,6 +340,11 @@ static int run(int argc, char *argv[]) {
         m->max_branches = arg_max_branches;
         m->control_timeout_usec = arg_control_timeout_sec * USEC_PER_SEC;
         m->netns_pool_size = arg_netns_pool;
+        if (!arg_default_mem_mib)
+                arg_default_mem_mib = getenv("FORKD_DEFAULT_MEM_MIB");
+        if (arg_default_mem_mib && parse_default_mem_mib(arg_default_mem_mib, &m->default_mem_mib) < 0)
+                return log_error_errno(EINVAL, "--default-mem-mib (FORKD_DEFAULT_MEM_MIB) takes 0 or an even number "
+                                       "from 16 to %u, not '%s'.", MEM_MIB_MAX, arg_default_mem_mib);
         m->confine = arg_confine && !(getenv("FORKD_NO_CONFINE") && strcmp(getenv("FORKD_NO_CONFINE"), "1") == 0);
         m->vmm_uid = arg_vmm_uid;
         m->vmm_gid = arg_vmm_gid;

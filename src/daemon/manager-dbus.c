@@ -264,7 +264,7 @@ static int create_snapshot_start(Manager *m, sd_bus_message *message, const char
         }
         o->create = c;
         c->netns_prefix = m->netns_prefix;
-        c->mem_mib = mem_mib;
+        c->mem_mib = mem_mib ?: m->default_mem_mib;
         c->boot_wait_secs = boot_wait;
         c->vmm_path = strdup(m->vmm_path);
         c->tag = strdup(tag);

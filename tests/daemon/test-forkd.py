@@ -403,6 +403,24 @@ def run(h):
         assert os.path.isfile(os.path.join(h.state, "snapshots/t1/snapshot.json"))
     h.check("CreateSnapshot from the test guest, SnapshotNew, properties", create)
 
+    def default_mem_mib():
+        # What CreateSnapshot without mem_mib gets: --default-mem-mib, else FORKD_DEFAULT_MEM_MIB, else
+        # forkd-vmm's 256 (forkd-rest's POST /v1/snapshots without a memory field checks the size it gives).
+        # A value CreateSnapshot's mem_mib could not be is refused before the state directory is touched.
+        env = {k: v for k, v in os.environ.items() if k != "FORKD_DEFAULT_MEM_MIB"}
+        for args, var in ((["--default-mem-mib", "7"], None), (["--default-mem-mib", "3074"], None),
+                          (["--default-mem-mib", "x"], None), (["--default-mem-mib", ""], None),
+                          ([], "12"), ([], "-64"), ([], "64 ")):
+            e = env if var is None else dict(env, FORKD_DEFAULT_MEM_MIB=var)
+            r = subprocess.run([FORKD, "--state-dir", h.state + "-never"] + args, capture_output=True, text=True,
+                               timeout=30, env=e)
+            assert r.returncode != 0 and "takes 0 or an even number from 16 to 3072" in r.stderr, (args, var, r)
+        assert not os.path.exists(h.state + "-never")
+        r = subprocess.run([FORKD, "--help"], capture_output=True, text=True, timeout=30)
+        assert "--default-mem-mib N" in r.stdout and "FORKD_DEFAULT_MEM_MIB" in r.stdout, r.stdout
+    h.check("--default-mem-mib (or FORKD_DEFAULT_MEM_MIB): not a size mem_mib takes is refused, --help names it",
+            default_mem_mib)
+
     def triple_fault():
         # tests/guest/triple-fault.S, built beside the test guest: it prints two
         # lines and triple-faults at once. mem_mib 0: the default.
