@@ -662,7 +662,8 @@ def t_socket_activation(stack):
 # (only the two paths are ours): no memory field, so forkd's default applies.
 SPEC_SNAPSHOT_REQUEST = json.load(open(os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "spec-snapshot-request.json")))
-DEFAULT_MEM_MIB = 256  # VMM_MEM_MIB_DEFAULT
+# forkd's default: FORKD_DEFAULT_MEM_MIB (the test environment's, meson.build), else forkd-vmm's 256
+DEFAULT_MEM_MIB = int(os.environ.get("FORKD_DEFAULT_MEM_MIB") or 0) or 256
 
 
 class Ctx:
