@@ -208,7 +208,7 @@ static int parse_argv(int argc, char *argv[]) {
 static int parse_default_mem_mib(const char *s, unsigned *ret) {
         unsigned v;
 
-        if (parse_bounded(s, 0, MEM_MIB_MAX, &v) < 0 || (v != 0 && (v < 16 || v % 2 != 0)))
+        if (parse_bounded(s, 0, MEM_MIB_MAX, &v) < 0 || !mem_mib_is_valid(v))
                 return -EINVAL;
         *ret = v;
         return 0;

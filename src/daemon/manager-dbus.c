@@ -229,7 +229,7 @@ static int check_create_args(const char *tag, uint32_t mem_mib, uint32_t boot_wa
 
         if (r < 0)
                 return r;
-        if (mem_mib != 0 && (mem_mib < 16 || mem_mib > MEM_MIB_MAX || mem_mib % 2 != 0))
+        if (!mem_mib_is_valid(mem_mib))
                 return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
                                          "mem_mib must be 0 (default) or an even number from 16 to %u.", MEM_MIB_MAX);
         if (boot_wait < 1 || boot_wait > BOOT_WAIT_MAX)

@@ -35,6 +35,11 @@
 #define EXEC_TIMEOUT_MAX 3600u
 #define BOOT_WAIT_MAX 600u
 #define MEM_MIB_MAX 3072u
+
+/* A guest RAM size CreateSnapshot takes (and forkd --default-mem-mib): 0 for the default, or even, 16..MEM_MIB_MAX. */
+static inline bool mem_mib_is_valid(unsigned v) {
+        return v == 0 || (v >= 16 && v <= MEM_MIB_MAX && v % 2 == 0);
+}
 #define AGENT_CALLS_MAX 64u           /* requests in flight per sandbox */
 #define AGENT_COMPLETIONS_PER_DISPATCH 64u /* agent answers handled per event-loop turn and sandbox */
 
