@@ -232,25 +232,35 @@ static int parse_argv(int argc, char *argv[]) {
         return 1;
 }
 
+/* The socket is bound under a side name and renamed into place once it listens, so a
+ * client that sees the path can connect: between bind() and listen() it would be refused. */
 static int listen_unix(const char *path, int type) {
         struct sockaddr_un sa = { .sun_family = AF_UNIX };
         _cleanup_close_ int fd = -EBADF;
         struct stat st;
 
-        if (strlen(path) >= sizeof(sa.sun_path))
-                return log_error_errno(ENAMETOOLONG, "Socket path too long: %s", path);
-        strcpy(sa.sun_path, path);
+        if (strlen(path) + 1 >= sizeof(sa.sun_path))
+                return log_error_errno(ENAMETOOLONG, "Socket path too long (at most %zu bytes): %s",
+                                       sizeof(sa.sun_path) - 2, path);
         /* Replace a stale socket, never any other kind of file. */
-        if (lstat(path, &st) == 0) {
+        if (lstat(path, &st) == 0 && !S_ISSOCK(st.st_mode))
+                return log_error_errno(EEXIST, "%s exists and is not a socket", path);
+        stpcpy(stpcpy(sa.sun_path, path), "~");
+        if (lstat(sa.sun_path, &st) == 0) {
                 if (!S_ISSOCK(st.st_mode))
-                        return log_error_errno(EEXIST, "%s exists and is not a socket", path);
-                (void) unlink(path);
+                        return log_error_errno(EEXIST, "%s exists and is not a socket", sa.sun_path);
+                (void) unlink(sa.sun_path);
         }
         fd = socket(AF_UNIX, type | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
         if (fd < 0)
                 return -errno;
         if (bind(fd, (struct sockaddr *) &sa, sizeof(sa)) < 0 || listen(fd, 4) < 0)
                 return log_error_errno(errno, "Failed to listen on %s: %m", path);
+        if (rename(sa.sun_path, path) < 0) {
+                int e = errno;
+                (void) unlink(sa.sun_path);
+                return log_error_errno(e, "Failed to put socket %s in place: %m", path);
+        }
         return TAKE_FD(fd);
 }
 

@@ -553,7 +553,12 @@ def run(h):
             c.send(b'{"op":"shutdown"}')
             c.recv(4096)
         finally:
-            vm.wait(10)
+            try:
+                vm.wait(10)
+            except subprocess.TimeoutExpired:
+                vm.kill()
+                vm.wait()
+                raise
         h.bus.wait_signal(lambda m, b: m == "SnapshotNew" and b[0] == "outside", 10)
         k = h.fork("outside", 1)[0]
         ping(k["id"])
