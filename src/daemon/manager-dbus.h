@@ -16,5 +16,9 @@ int bus_manager_get_image(Manager *m, const char *tag, Image **ret, sd_bus_error
 /* manager-dbus-sandboxes.c:
  *   Fork(s snapshot_tag, u n, a{sv} options) -> aa{sv} sandboxes
  *   TerminateSandboxes(as ids) -> as unknown */
+int bus_manager_method_create_snapshot(sd_bus_message *message, void *userdata, sd_bus_error *error);
+int bus_manager_method_create_snapshot_from_fds(sd_bus_message *message, void *userdata, sd_bus_error *error);
+int bus_manager_method_create_snapshot_from_image(sd_bus_message *message, void *userdata, sd_bus_error *error);
+
 int bus_manager_method_fork(sd_bus_message *message, void *userdata, sd_bus_error *error);
 int bus_manager_method_terminate_sandboxes(sd_bus_message *message, void *userdata, sd_bus_error *error);

@@ -1,0 +1,329 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+/* org.forkd.Manager's CreateSnapshot* methods: the boot files (or the image)
+ * checked and taken over, the job run in a worker, the snapshot registered. */
+#include <fcntl.h>
+#include <inttypes.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "boot-files.h"
+#include "fork-op.h"
+#include "fs-util.h"
+#include "image-dbus.h"
+#include "image.h"
+#include "macro.h"
+#include "manager-dbus.h"
+#include "operation.h"
+#include "polkit.h"
+#include "snapshot-meta.h"
+
+/* A boot file handed over as fd: forkd's own copy of the descriptor once it
+ * is a readable regular file within the limit. The fd's path is never looked at. */
+static int take_boot_fd(const char *what, int fd, uint64_t max, int *ret_fd, uint64_t *ret_size,
+                        sd_bus_error *error) {
+        uint64_t size = 0;
+        int r, copy;
+
+        r = boot_fd_check(fd, max, &size);
+        if (r == -EBADF)
+                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
+                                         "The %s descriptor is not open for reading.", what);
+        if (r == -EINVAL)
+                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "The %s is not a regular file.", what);
+        if (r == -EFBIG)
+                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
+                                         "The %s is larger than %" PRIu64 " MiB.", what, max >> 20);
+        if (r < 0)
+                return sd_bus_error_set_errnof(error, r, "Cannot inspect the %s descriptor: %m", what);
+        copy = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+        if (copy < 0)
+                return sd_bus_error_set_errnof(error, errno, "Cannot duplicate the %s descriptor: %m", what);
+        *ret_fd = copy;
+        *ret_size = size;
+        return 0;
+}
+
+/* CreateSnapshot (paths, root only): the files opened with forkd's privileges,
+ * the initramfs found beside the kernel as Debian names it. */
+static int open_boot_path(const char *what, const char *path, uint64_t max, int *ret_fd, uint64_t *ret_size,
+                          sd_bus_error *error) {
+        _cleanup_close_ int fd = -EBADF;
+        int r;
+
+        if (path[0] != '/' || strlen(path) >= PATH_ARG_MAX)
+                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "%s must be an absolute path.", what);
+        r = boot_file_open(path, &fd);
+        if (r == -EISDIR || r == -EINVAL)
+                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "%s %s is not a regular file.", what, path);
+        if (r < 0)
+                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "%s %s: %s.", what, path, strerror(-r));
+        return take_boot_fd(what, fd, max, ret_fd, ret_size, error);
+}
+
+static int create_work(void *userdata) {
+        Operation *o = userdata;
+        /* Worker thread: only o->create, which nobody else touches meanwhile. */
+        return image_create_work(o->create);
+}
+
+static void create_done(int r, void *userdata) {
+        Operation *o = userdata;
+        Manager *m = o->manager;
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
+        const char *reason = NULL;
+        Image *i = NULL;
+
+        if (r >= 0) {
+                r = image_write_meta(o->create->dir, o->owner_uid, o->create->agent_tcp ? 1 : 0);
+                if (r < 0)
+                        reason = r == -EINVAL ? "forkd-vmm recorded no NIC for agent_tcp" :
+                                                "cannot record its owner in snapshot.json";
+                else
+                        r = image_load(m, o->tag, &i, &reason);
+                if (r < 0) {
+                        log_error_errno(r, "The new snapshot %s does not load: %s", o->tag, reason ?: "?");
+                        (void) rm_rf(o->create->dir);
+                        (void) sd_bus_reply_method_errorf(o->message, FORKD_ERROR_FAILED,
+                                                          "The new snapshot does not load: %s", reason ?: strerror(-r));
+                        operation_free(o);
+                        return;
+                }
+        } else {
+                log_error_errno(r, "Creating snapshot %s failed: %s", o->tag, o->create->error ?: strerror(-r));
+                (void) sd_bus_reply_method_errorf(o->message, FORKD_ERROR_FAILED, "%s",
+                                                  o->create->error ?: strerror(-r));
+                operation_free(o);
+                return;
+        }
+
+        log_info("Snapshot %s created.", i->tag);
+        image_send_signal(m, i->tag, true);
+        r = fork_op_warm_template(m, i);
+        if (r < 0)
+                log_warning_errno(r, "Could not start the template of %s ahead of its first fork: %m", i->tag);
+        r = sd_bus_message_new_method_return(o->message, &reply);
+        if (r >= 0)
+                r = image_append_info(reply, i, false);
+        if (r >= 0)
+                r = sd_bus_send(NULL, reply, NULL);
+        if (r < 0)
+                (void) sd_bus_reply_method_errno(o->message, r, NULL);
+        operation_free(o);
+}
+
+/* The checks of CreateSnapshot and CreateSnapshotFromFds that come before polkit. */
+static int check_create_args(const char *tag, uint32_t mem_mib, uint32_t boot_wait, sd_bus_error *error) {
+        int r = bus_check_tag(tag, "snapshot tag", error);
+
+        if (r < 0)
+                return r;
+        if (!mem_mib_is_valid(mem_mib))
+                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
+                                         "mem_mib must be 0 (default) or an even number from 16 to %u.", MEM_MIB_MAX);
+        if (boot_wait < 1 || boot_wait > BOOT_WAIT_MAX)
+                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "boot_wait_secs must be from 1 to %u.",
+                                         BOOT_WAIT_MAX);
+        return 0;
+}
+
+/* After the prelude, with the boot files in c (taken over, freed on failure too). */
+static int create_snapshot_start(Manager *m, sd_bus_message *message, const char *tag, uint32_t mem_mib,
+                                 uint32_t boot_wait, ImageCreate *c, sd_bus_error *error) {
+        Operation *o = NULL;
+        struct stat st;
+        char dir[4096];
+        int r;
+
+        snprintf(dir, sizeof(dir), "%s/%s", m->snapshots_dir, tag);
+        if (lstat(dir, &st) >= 0) {
+                image_create_free(c);
+                return sd_bus_error_setf(error, FORKD_ERROR_SNAPSHOT_EXISTS,
+                                         "%s exists on disk (a snapshot that failed to load?); remove it first.", dir);
+        }
+        if (hashmap_size(m->images) + hashmap_size(m->creating) >= SNAPSHOTS_MAX) {
+                image_create_free(c);
+                return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "At most %u snapshots.", SNAPSHOTS_MAX);
+        }
+
+        r = operation_begin(m, message, tag, &o, error);
+        if (r < 0) {
+                image_create_free(c);
+                return r;
+        }
+        o->create = c;
+        c->netns_prefix = m->netns_prefix;
+        c->mem_mib = mem_mib ?: m->default_mem_mib;
+        c->boot_wait_secs = boot_wait;
+        c->vmm_path = strdup(m->vmm_path);
+        c->tag = strdup(tag);
+        c->dir = strdup(dir);
+        c->overlay_dir = strdup(m->overlay_dir);
+        if (asprintf(&c->console_log, "%s/%s.boot.log", m->log_dir, tag) < 0)
+                c->console_log = NULL;
+        if (asprintf(&c->staging, "%s/" IMAGE_BOOT_STAGING_PREFIX "%s", m->snapshots_dir, tag) < 0)
+                c->staging = NULL;
+        if (!c->vmm_path || !c->tag || !c->dir || !c->overlay_dir || !c->console_log || !c->staging) {
+                operation_free(o);
+                return -ENOMEM;
+        }
+        r = operation_submit(o, create_work, create_done);
+        if (r > 0)
+                log_info("Creating snapshot %s for uid %u.", tag, (unsigned) o->owner_uid);
+        return r;
+}
+
+/* Both create methods: the arguments, then the prelude (org.forkd.manage-snapshots,
+ * the tag free). Returns 0 while polkit has not answered yet (the message is
+ * dispatched again). */
+static int verify_create(Manager *m, sd_bus_message *message, const char *tag, uint32_t mem_mib, uint32_t boot_wait,
+                         sd_bus_error *error) {
+        int r;
+
+        r = check_create_args(tag, mem_mib, boot_wait, error);
+        if (r < 0)
+                return r;
+        return operation_prelude(m, message,
+                                 &(OperationPrelude) { .action = "org.forkd.manage-snapshots", .verb = "create",
+                                                       .snapshot = tag,
+                                                       .tag = tag },
+                                 error);
+}
+
+int bus_manager_method_create_snapshot(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        Manager *m = userdata;
+        const char *tag, *kernel, *rootfs;
+        uint32_t mem_mib, boot_wait;
+        ImageCreate *c = NULL;
+        char initrd[PATH_ARG_MAX + 16];
+        uid_t uid;
+        int r;
+
+        r = sd_bus_message_rewind(message, true); /* polkit may dispatch it twice */
+        if (r < 0)
+                return r;
+        r = sd_bus_message_read(message, "sssuu", &tag, &kernel, &rootfs, &mem_mib, &boot_wait);
+        if (r < 0)
+                return r;
+        r = verify_create(m, message, tag, mem_mib, boot_wait, error);
+        if (r <= 0)
+                return r < 0 ? r : 1; /* 0: polkit answers later and dispatches it again */
+
+        /* forkd would open these paths with its own privileges: for root only.
+         * Everyone else opens the files and passes descriptors. */
+        r = bus_message_sender_uid(message, &m->polkit_registry, &uid);
+        if (r < 0)
+                return sd_bus_error_set_errnof(error, r, "Cannot determine the caller's credentials: %m");
+        if (uid != 0)
+                return sd_bus_error_setf(error, SD_BUS_ERROR_ACCESS_DENIED,
+                                         "Access denied: CreateSnapshot opens kernel and rootfs with forkd's privileges "
+                                         "and is for root only; uid %u must open the files itself and pass them to "
+                                         "CreateSnapshotFromFds (forkctl snapshot create does).",
+                                         (unsigned) uid);
+
+        c = image_create_new();
+        if (!c)
+                return -ENOMEM;
+        r = open_boot_path("kernel", kernel, BOOT_KERNEL_SIZE_MAX, &c->kernel_fd, &c->kernel_size, error);
+        if (r >= 0)
+                r = open_boot_path("rootfs", rootfs, BOOT_ROOTFS_SIZE_MAX, &c->rootfs_fd, &c->rootfs_size, error);
+        if (r >= 0 && boot_initrd_beside(kernel, initrd, sizeof(initrd)) > 0)
+                r = open_boot_path("initrd", initrd, BOOT_INITRD_SIZE_MAX, &c->initrd_fd, &c->initrd_size, error);
+        if (r < 0) {
+                image_create_free(c);
+                return r;
+        }
+        return create_snapshot_start(m, message, tag, mem_mib, boot_wait, c, error);
+}
+
+int bus_manager_method_create_snapshot_from_fds(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        Manager *m = userdata;
+        const char *tag;
+        int kernel_fd, rootfs_fd, initrd_fd = -EBADF, network = false, agent_tcp = false;
+        uint32_t mem_mib, boot_wait;
+        ImageCreate *c = NULL;
+        int r;
+
+        r = sd_bus_message_rewind(message, true); /* polkit may dispatch it twice */
+        if (r < 0)
+                return r;
+        r = sd_bus_message_read(message, "shhuu", &tag, &kernel_fd, &rootfs_fd, &mem_mib, &boot_wait);
+        if (r < 0)
+                return r;
+        r = sd_bus_message_enter_container(message, 'a', "{sv}");
+        if (r < 0)
+                return r;
+        for (;;) {
+                const char *key;
+
+                r = sd_bus_message_enter_container(message, 'e', "sv");
+                if (r < 0)
+                        return r;
+                if (r == 0)
+                        break;
+                r = sd_bus_message_read(message, "s", &key);
+                if (r < 0)
+                        return r;
+                if (strcmp(key, "network") == 0 || strcmp(key, "agent_tcp") == 0) {
+                        int b;
+
+                        r = sd_bus_message_enter_container(message, 'v', "b");
+                        if (r < 0)
+                                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
+                                                         "Option %s must be of type b.", key);
+                        r = sd_bus_message_read(message, "b", &b);
+                        if (r < 0)
+                                return r;
+                        if (key[0] == 'n')
+                                network = b;
+                        else
+                                agent_tcp = b;
+                        r = sd_bus_message_exit_container(message);
+                        if (r >= 0)
+                                r = sd_bus_message_exit_container(message);
+                        if (r < 0)
+                                return r;
+                        continue;
+                }
+                if (strcmp(key, "initrd") != 0)
+                        return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
+                                                 "Unknown option \"%.64s\" (known: initrd, network, agent_tcp).", key);
+                r = sd_bus_message_enter_container(message, 'v', "h");
+                if (r < 0)
+                        return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
+                                                 "Option initrd must be of type h.");
+                r = sd_bus_message_read(message, "h", &initrd_fd);
+                if (r < 0)
+                        return r;
+                r = sd_bus_message_exit_container(message);
+                if (r >= 0)
+                        r = sd_bus_message_exit_container(message);
+                if (r < 0)
+                        return r;
+        }
+        r = sd_bus_message_exit_container(message);
+        if (r < 0)
+                return r;
+        if (agent_tcp && !network)
+                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
+                                         "Option agent_tcp needs network: the guest agent's TCP port is reached "
+                                         "through the NIC.");
+        r = verify_create(m, message, tag, mem_mib, boot_wait, error);
+        if (r <= 0)
+                return r < 0 ? r : 1; /* 0: polkit answers later and dispatches it again */
+
+        c = image_create_new();
+        if (!c)
+                return -ENOMEM;
+        c->network = network;
+        c->agent_tcp = agent_tcp;
+        r = take_boot_fd("kernel", kernel_fd, BOOT_KERNEL_SIZE_MAX, &c->kernel_fd, &c->kernel_size, error);
+        if (r >= 0)
+                r = take_boot_fd("rootfs", rootfs_fd, BOOT_ROOTFS_SIZE_MAX, &c->rootfs_fd, &c->rootfs_size, error);
+        if (r >= 0 && initrd_fd >= 0)
+                r = take_boot_fd("initrd", initrd_fd, BOOT_INITRD_SIZE_MAX, &c->initrd_fd, &c->initrd_size, error);
+        if (r < 0) {
+                image_create_free(c);
+                return r;
+        }
+        return create_snapshot_start(m, message, tag, mem_mib, boot_wait, c, error);
+}
