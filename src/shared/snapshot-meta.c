@@ -12,7 +12,7 @@
 #include "io-util.h"
 #include "snapshot-meta.h"
 
-#define SNAPSHOT_META_MAX_DEPTH 2 /* the object itself; one more for a useful type error */
+#define SNAPSHOT_META_MAX_DEPTH 4 /* the object, "image", its arrays; one more for a useful type error */
 
 static void set_error(const char **ret_error, const char *e) {
         if (ret_error)
@@ -145,6 +145,85 @@ int snapshot_meta_validate(const struct snapshot_meta *m, const char **ret_error
         return 0;
 }
 
+#define streq(a, b) (strcmp((a), (b)) == 0)
+#define IMAGE_CONFIG_ARRAY_MAX 256u
+#define IMAGE_CONFIG_STRING_MAX 4096u
+
+static bool image_config_strings_are_valid(struct json_object *a, bool env) {
+        size_t n;
+
+        if (!json_object_is_type(a, json_type_array))
+                return false;
+        n = json_object_array_length(a);
+        if (n > IMAGE_CONFIG_ARRAY_MAX)
+                return false;
+        for (size_t k = 0; k < n; k++) {
+                struct json_object *e = json_object_array_get_idx(a, k);
+                const char *s;
+                size_t len;
+
+                if (!e || !json_object_is_type(e, json_type_string))
+                        return false;
+                s = json_object_get_string(e);
+                len = (size_t) json_object_get_string_len(e);
+                if (len > IMAGE_CONFIG_STRING_MAX || strlen(s) != len || !utf8_is_valid_n(s, len))
+                        return false;
+                if (env && (!strchr(s, '=') || s[0] == '='))
+                        return false;
+        }
+        return true;
+}
+
+int snapshot_image_config_normalize(struct json_object *v, char *buf, size_t size, const char **ret_error) {
+        const char *s;
+        size_t n;
+
+        if (!v || !json_object_is_type(v, json_type_object)) {
+                set_error(ret_error, "image config is not an object");
+                return -EINVAL;
+        }
+        json_object_object_foreach(v, key, val) {
+                bool ok;
+
+                if (streq(key, "env") || streq(key, "entrypoint") || streq(key, "cmd"))
+                        ok = image_config_strings_are_valid(val, streq(key, "env"));
+                else if (streq(key, "working_dir") || streq(key, "user")) {
+                        const char *str = val && json_object_is_type(val, json_type_string) ?
+                                                  json_object_get_string(val) : NULL;
+                        size_t len = str ? strlen(str) : 0;
+
+                        ok = str && len == (size_t) json_object_get_string_len(val) &&
+                             len <= IMAGE_CONFIG_STRING_MAX && !string_has_control(str) && utf8_is_valid_n(str, len) &&
+                             (key[0] != 'w' || len == 0 || str[0] == '/');
+                } else if (streq(key, "start_cmd"))
+                        ok = val && json_object_is_type(val, json_type_boolean);
+                else {
+                        set_error(ret_error, "image config has an unknown field");
+                        return -EINVAL;
+                }
+                if (!ok) {
+                        set_error(ret_error, "image config: env, entrypoint and cmd must be arrays of at most 256 "
+                                             "strings (env NAME=VALUE), working_dir absolute, user a string, "
+                                             "start_cmd a boolean");
+                        return -EINVAL;
+                }
+        }
+        s = json_object_to_json_string_ext(v, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE);
+        if (!s)
+                return -ENOMEM;
+        n = strlen(s);
+        if (n >= size) {
+                set_error(ret_error, "image config is larger than 16 KiB");
+                return -E2BIG;
+        }
+        memcpy(buf, s, n + 1);
+        return 0;
+}
+
+static int parse_image_config(struct json_object *v, void *field, const char **ret_error) {
+        return snapshot_image_config_normalize(v, field, SNAPSHOT_IMAGE_CONFIG_MAX, ret_error);
+}
+
 #define STR_FIELD(n, f) { n, JSON_KIND_STRING, NULL, offsetof(struct snapshot_meta, f), \
                           JSON_FIELD_SIZE(struct snapshot_meta, f), JSON_MANDATORY }
 #define NUM_FIELD(n, k, f) { n, k, NULL, offsetof(struct snapshot_meta, f), 0, JSON_MANDATORY }
@@ -173,6 +252,7 @@ static const struct json_dispatch snapshot_meta_table[] = {
         { "owner_uid", JSON_KIND_UINT32, NULL, offsetof(struct snapshot_meta, owner_uid), 0, 0 },
         { "network", JSON_KIND_BOOL, NULL, offsetof(struct snapshot_meta, network), 0, 0 },
         { "agent_tcp", JSON_KIND_BOOL, NULL, offsetof(struct snapshot_meta, agent_tcp), 0, 0 },
+        { "image", JSON_KIND_OBJECT, parse_image_config, offsetof(struct snapshot_meta, image_config), 0, 0 },
         {}
 };
 
@@ -186,6 +266,7 @@ static const char *dispatch_error(const char *field, int r) {
                 MSG(generation), MSG(memory_file), MSG(vmstate_file), MSG(disk_file),
                 MSG(disk_size), MSG(kernel), MSG(guest), MSG(parent_tag), MSG(parent_content_hash),
                 MSG(disk_layers), MSG(branched_from), MSG(pause_us), MSG(owner_uid), MSG(network), MSG(agent_tcp),
+                MSG(image),
 #undef MSG
         };
 
@@ -319,6 +400,16 @@ int snapshot_meta_format(const struct snapshot_meta *m, char **ret_json) {
                 return -ENOMEM;
         if (m->agent_tcp && json_add(o, "agent_tcp", json_object_new_boolean(true), false) < 0)
                 return -ENOMEM;
+        if (m->image_config[0]) {
+                struct json_object *image = json_tokener_parse(m->image_config);
+
+                if (!image || !json_object_is_type(image, json_type_object)) {
+                        json_object_put(image);
+                        return -EINVAL;
+                }
+                if (json_add(o, "image", image, false) < 0)
+                        return -ENOMEM;
+        }
 
         s = json_object_to_json_string_ext(o, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_SPACED |
                                               JSON_C_TO_STRING_NOSLASHESCAPE);

@@ -57,6 +57,8 @@
 #define SNAPSHOT_MEM_MAX (UINT64_C(3) << 30)
 #define SNAPSHOT_PAUSE_US_MAX (UINT64_C(3600) * 1000000) /* pause_us beyond an hour is refused */
 #define SNAPSHOT_META_FILE_MAX (64u * 1024u) /* a larger snapshot.json is refused */
+/* The container image config a snapshot was made from (compact JSON, NUL included). */
+#define SNAPSHOT_IMAGE_CONFIG_MAX (16u * 1024u)
 
 struct snapshot_meta {
         int format;
@@ -80,7 +82,18 @@ struct snapshot_meta {
         uint32_t owner_uid;                                /* 0 (root) when absent */
         bool network;                                      /* false when absent */
         bool agent_tcp;                                    /* false when absent; needs network */
+        /* A snapshot of an OCI image: its config as a compact JSON object with only
+         * env, working_dir, user, entrypoint, cmd and start_cmd ("": absent). */
+        char image_config[SNAPSHOT_IMAGE_CONFIG_MAX];
 };
+
+struct json_object;
+/* Check an image config object (the "image" of snapshot.json; forkd-oci's
+ * "config") and write it compact into buf: env, entrypoint and cmd arrays of
+ * at most 256 strings (env entries NAME=VALUE), working_dir "" or absolute,
+ * user a string, start_cmd a boolean, nothing else. -EINVAL (or -E2BIG when it
+ * does not fit) with a static reason. */
+int snapshot_image_config_normalize(struct json_object *v, char *buf, size_t size, const char **ret_error);
 
 /* ^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$ */
 bool snapshot_tag_is_valid(const char *tag);

@@ -884,12 +884,50 @@ static void test_meta_keys(void **state) {
         assert_int_equal(meta_parse("[]", &m, NULL), -EBADMSG);
         assert_int_equal(meta_parse("", &m, NULL), -EBADMSG);
         assert_int_equal(meta_parse("{\"format\":1", &m, NULL), -EBADMSG);
-        json = meta_json_with("tag", "{\"a\":{}}", NULL);
+        json = meta_json_with("tag", "{\"a\":{\"b\":{\"c\":{}}}}", NULL);
         assert_int_equal(meta_parse(json, &m, NULL), -EBADMSG);
         free(json);
         json = meta_json_with("tag", "{}", NULL);
         assert_int_equal(meta_parse(json, &m, NULL), -EINVAL);
         free(json);
+}
+
+/* "image": the config of the OCI image a snapshot was made from. */
+static void test_image_config(void **state) {
+        static const char *const bad[] = {
+                "[]", "1", "{\"env\": \"A=1\"}", "{\"env\": [\"NOEQUALS\"]}", "{\"env\": [\"=x\"]}",
+                "{\"env\": [1]}", "{\"working_dir\": \"relative\"}", "{\"user\": 0}", "{\"start_cmd\": 1}",
+                "{\"cmd\": [[\"x\"]]}", "{\"other\": 1}", "{\"user\": \"a\\nb\"}",
+        };
+        struct snapshot_meta m;
+        const char *error = NULL;
+        char *json, *out = NULL;
+
+        json = meta_json_with(NULL, NULL, "\"image\": {\"env\": [\"PATH=/bin\", \"GREETING=hi\"], "
+                                          "\"working_dir\": \"/opt/app\", \"user\": \"1000:1000\", "
+                                          "\"entrypoint\": [], \"cmd\": [\"python3\"], \"start_cmd\": false}");
+        assert_int_equal(meta_parse(json, &m, &error), 0);
+        free(json);
+        assert_string_equal(m.image_config, "{\"env\":[\"PATH=/bin\",\"GREETING=hi\"],\"working_dir\":\"/opt/app\","
+                                            "\"user\":\"1000:1000\",\"entrypoint\":[],\"cmd\":[\"python3\"],"
+                                            "\"start_cmd\":false}");
+        /* written back as it was read */
+        assert_int_equal(snapshot_meta_format(&m, &out), 0);
+        assert_non_null(strstr(out, "\"image\""));
+        assert_int_equal(snapshot_meta_parse(out, strlen(out), &m, NULL), 0);
+        assert_non_null(strstr(m.image_config, "GREETING=hi"));
+        free(out);
+
+        for (size_t i = 0; i < ELEMENTSOF(bad); i++) {
+                char extra[256];
+
+                snprintf(extra, sizeof(extra), "\"image\": %s", bad[i]);
+                json = meta_json_with(NULL, NULL, extra);
+                error = NULL;
+                assert_true(meta_parse(json, &m, &error) < 0);
+                assert_non_null(error);
+                free(json);
+        }
 }
 
 static void test_tag_is_valid(void **state) {
@@ -1034,6 +1072,7 @@ int main(void) {
                 cmocka_unit_test(test_meta_branched_from),
                 cmocka_unit_test(test_meta_owner_uid),
                 cmocka_unit_test(test_meta_network),
+                cmocka_unit_test(test_image_config),
                 cmocka_unit_test(test_tag_is_valid),
                 cmocka_unit_test(test_meta_format_refuses_invalid),
                 cmocka_unit_test(test_meta_read_file),
