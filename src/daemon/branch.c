@@ -42,6 +42,7 @@ static BranchOp *branch_op_free(BranchOp *b) {
         free(b->tag);
         free(b->dir);
         free(b->parent_tag);
+        free(b->image_config);
         free(b->parent_dir);
         free(b->error);
         free(b);
@@ -175,7 +176,7 @@ static void branch_written(BranchOp *b) {
         Image *i = NULL;
         int r;
 
-        r = image_write_meta(b->dir, b->owner_uid, b->source_agent_tcp ? 1 : -1);
+        r = image_write_meta(b->dir, b->owner_uid, b->source_agent_tcp ? 1 : -1, b->image_config);
         if (r < 0)
                 reason = "cannot record its owner in snapshot.json";
         else
@@ -542,6 +543,7 @@ int branch_start(Sandbox *s, const char *tag, const char *mode, bool wait, uid_t
                  branch_done_t done, void *userdata, sd_bus_error *error) {
         Manager *m = s->manager;
         BranchOp *b;
+        Image *src;
         struct stat st;
         int r, sv[2];
 
@@ -575,6 +577,12 @@ int branch_start(Sandbox *s, const char *tag, const char *mode, bool wait, uid_t
         b->source_has_cgroup = s->has_cgroup;
         b->source_agent_tcp = s->netns_owned && strncmp(s->guest_addr, "agent:", 6) != 0;
         b->parent_tag = strdup(s->snapshot_tag);
+        /* A branch of a sandbox of an OCI image keeps the image's config. */
+        src = hashmap_get(m->images, s->snapshot_tag);
+        if (src && src->meta.image_config[0] && !(b->image_config = strdup(src->meta.image_config))) {
+                branch_op_free(b);
+                return -ENOMEM;
+        }
         if (!b->parent_tag || asprintf(&b->parent_dir, "%s/%s", m->snapshots_dir, s->snapshot_tag) < 0)
                 b->parent_dir = NULL;
         if (!b->tag || !b->source_id || !b->parent_dir || asprintf(&b->dir, "%s/%s", m->snapshots_dir, tag) < 0) {

@@ -62,6 +62,7 @@ struct BranchOp {
         uid_t owner_uid;           /* the caller: it owns the new snapshot (0 for one adopted after a restart) */
         bool source_has_cgroup;    /* the frozen copy leaves the source's cgroup */
         bool source_agent_tcp;     /* its guest answers on AGENT_TCP_PORT: so does the branch's */
+        char *image_config;        /* its snapshot's "image" (snapshot.json), NULL: none */
         int result_fd;
         sd_event_source *result_source;
         pid_t copy_pid;

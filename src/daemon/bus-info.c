@@ -3,7 +3,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <json-c/json.h>
+
 #include "bus-info.h"
+#include "json-util.h"
 #include "forkd-bus.h"
 #include "image.h"
 #include "macro.h"
@@ -23,6 +26,48 @@ int image_append_info(sd_bus_message *reply, Image *i, bool details) {
         if (r < 0)
                 return r;
         return sd_bus_message_close_container(reply);
+}
+
+/* "image": the OCI image config (snapshot.json "image", checked when it was
+ * read) as a{sv}: env, entrypoint, cmd as; working_dir, user s; start_cmd b. */
+static int append_image_config(sd_bus_message *reply, const char *config) {
+        _cleanup_json_ struct json_object *o = json_tokener_parse(config);
+        int r;
+
+        if (!o || !json_object_is_type(o, json_type_object))
+                return -EBADMSG;
+        r = sd_bus_message_open_container(reply, 'e', "sv");
+        if (r >= 0)
+                r = sd_bus_message_append(reply, "s", "image");
+        if (r >= 0)
+                r = sd_bus_message_open_container(reply, 'v', "a{sv}");
+        if (r >= 0)
+                r = sd_bus_message_open_container(reply, 'a', "{sv}");
+        json_object_object_foreach(o, key, v) {
+                if (r < 0)
+                        break;
+                if (json_object_is_type(v, json_type_string))
+                        r = sd_bus_message_append(reply, "{sv}", key, "s", json_object_get_string(v));
+                else if (json_object_is_type(v, json_type_boolean))
+                        r = sd_bus_message_append(reply, "{sv}", key, "b", (int) json_object_get_boolean(v));
+                else if (json_object_is_type(v, json_type_array)) {
+                        r = sd_bus_message_open_container(reply, 'e', "sv");
+                        if (r >= 0)
+                                r = sd_bus_message_append(reply, "s", key);
+                        if (r >= 0)
+                                r = sd_bus_message_open_container(reply, 'v', "as");
+                        if (r >= 0)
+                                r = sd_bus_message_open_container(reply, 'a', "s");
+                        for (size_t k = 0; r >= 0 && k < json_object_array_length(v); k++)
+                                r = sd_bus_message_append(reply, "s",
+                                                          json_object_get_string(json_object_array_get_idx(v, k)));
+                        for (unsigned k = 0; r >= 0 && k < 3; k++)
+                                r = sd_bus_message_close_container(reply);
+                }
+        }
+        for (unsigned k = 0; r >= 0 && k < 3; k++)
+                r = sd_bus_message_close_container(reply);
+        return r;
 }
 
 int image_append_info_fields(sd_bus_message *reply, Image *i, bool details) {
@@ -45,6 +90,11 @@ int image_append_info_fields(sd_bus_message *reply, Image *i, bool details) {
                 return r;
         if (i->meta.parent_tag[0]) {
                 r = sd_bus_message_append(reply, "{sv}", "parent_tag", "s", i->meta.parent_tag);
+                if (r < 0)
+                        return r;
+        }
+        if (i->meta.image_config[0]) {
+                r = append_image_config(reply, i->meta.image_config);
                 if (r < 0)
                         return r;
         }

@@ -25,6 +25,13 @@
 #define FORKD_VMM_DEFAULT "/usr/libexec/forkd/forkd-vmm"
 #endif
 
+#ifndef FORKD_OCI_DEFAULT
+#define FORKD_OCI_DEFAULT "/usr/libexec/forkd/forkd-oci"
+#endif
+#ifndef FORKD_IMAGE_AGENT_DEFAULT
+#define FORKD_IMAGE_AGENT_DEFAULT "/usr/libexec/forkd/forkd-agent-portable"
+#endif
+
 #define EXIT_GRACE_USEC (20 * USEC_PER_SEC)
 
 static const char *arg_state_dir = "/var/lib/forkd";
@@ -37,6 +44,8 @@ static unsigned arg_max_branches = BRANCHES_MAX_DEFAULT;
 static unsigned arg_control_timeout_sec = CONTROL_TIMEOUT_DEFAULT_SEC;
 static unsigned arg_netns_pool = 0;
 static const char *arg_default_mem_mib = NULL; /* --default-mem-mib, else $FORKD_DEFAULT_MEM_MIB */
+static const char *arg_default_kernel = NULL;  /* --default-kernel, else $FORKD_DEFAULT_KERNEL */
+static const char *arg_default_initrd = NULL;  /* --default-initrd, else $FORKD_DEFAULT_INITRD */
 static bool arg_confine = true;
 static uid_t arg_vmm_uid = VMM_USER_DEFAULT_UID;
 static gid_t arg_vmm_gid = VMM_USER_DEFAULT_GID;
@@ -74,6 +83,14 @@ static void help(void) {
                "     --default-mem-mib N  Guest RAM of a snapshot whose request names none: 0, or\n"
                "                          an even number from 16 to %u (default 0: forkd-vmm's,\n"
                "                          %u MiB; also FORKD_DEFAULT_MEM_MIB=N)\n"
+               "     --default-kernel PATH\n"
+               "                          The Linux kernel of a snapshot of a container image whose\n"
+               "                          request names none (CreateSnapshotFromImage); its\n"
+               "                          initramfs is the one beside it (vmlinuz-V: initrd.img-V)\n"
+               "                          unless --default-initrd names one (also\n"
+               "                          FORKD_DEFAULT_KERNEL, FORKD_DEFAULT_INITRD; default: none)\n"
+               "     --default-initrd PATH\n"
+               "                          The initramfs that goes with --default-kernel\n"
                "     --vmm-user UID[:GID] The user (and group) confined VMMs run as (default %u:%u,\n"
                "                          in no /etc/passwd; see forkd-vmm(8), CONFINEMENT)\n"
                "     --no-confine         Run VMMs as forkd itself, without their jail, seccomp\n"
@@ -105,10 +122,35 @@ static int parse_bounded(const char *s, unsigned min, unsigned max, unsigned *re
         return 0;
 }
 
+/* What snapshots of OCI images need: checked here, used only when one is asked for. */
+static int setup_image_paths(Manager *m) {
+        const char *kernel = arg_default_kernel ?: getenv("FORKD_DEFAULT_KERNEL");
+        const char *initrd = arg_default_initrd ?: getenv("FORKD_DEFAULT_INITRD");
+
+        if (kernel && !kernel[0])
+                kernel = NULL;
+        if (initrd && !initrd[0])
+                initrd = NULL;
+        if ((kernel && (kernel[0] != '/' || strlen(kernel) >= PATH_ARG_MAX)) ||
+            (initrd && (initrd[0] != '/' || strlen(initrd) >= PATH_ARG_MAX)))
+                return log_error_errno(EINVAL, "--default-kernel and --default-initrd take absolute paths.");
+        if (initrd && !kernel)
+                return log_error_errno(EINVAL, "--default-initrd needs --default-kernel.");
+        if (kernel && !(m->default_kernel = strdup(kernel)))
+                return log_oom();
+        if (initrd && !(m->default_initrd = strdup(initrd)))
+                return log_oom();
+        m->oci_path = strdup(getenv("FORKD_OCI") ?: FORKD_OCI_DEFAULT);
+        m->image_agent_path = strdup(getenv("FORKD_IMAGE_AGENT") ?: FORKD_IMAGE_AGENT_DEFAULT);
+        if (!m->oci_path || !m->image_agent_path || asprintf(&m->oci_cache_dir, "%s/oci-layers", m->state_dir) < 0)
+                return log_oom();
+        return 0;
+}
+
 static int parse_argv(int argc, char *argv[]) {
         enum { ARG_VERSION = 0x100, ARG_STATE_DIR, ARG_RUNTIME_DIR, ARG_VMM, ARG_BUS_ADDRESS, ARG_CGROUP_ROOT, ARG_MAX_OPERATIONS,
                ARG_MAX_BRANCHES, ARG_CONTROL_TIMEOUT, ARG_VMM_USER, ARG_NO_CONFINE,
-               ARG_TRUSTED_BRIDGE_USER, ARG_NETNS_POOL, ARG_DEFAULT_MEM_MIB };
+               ARG_TRUSTED_BRIDGE_USER, ARG_NETNS_POOL, ARG_DEFAULT_MEM_MIB, ARG_DEFAULT_KERNEL, ARG_DEFAULT_INITRD };
         static const struct option options[] = {
                 { "help", no_argument, NULL, 'h' },
                 { "version", no_argument, NULL, ARG_VERSION },
@@ -125,6 +167,8 @@ static int parse_argv(int argc, char *argv[]) {
                 { "trusted-bridge-user", required_argument, NULL, ARG_TRUSTED_BRIDGE_USER },
                 { "netns-pool", required_argument, NULL, ARG_NETNS_POOL },
                 { "default-mem-mib", required_argument, NULL, ARG_DEFAULT_MEM_MIB },
+                { "default-kernel", required_argument, NULL, ARG_DEFAULT_KERNEL },
+                { "default-initrd", required_argument, NULL, ARG_DEFAULT_INITRD },
                 {},
         };
         int c;
@@ -177,6 +221,12 @@ static int parse_argv(int argc, char *argv[]) {
                         if (parse_bounded(optarg, 0, NETNS_POOL_MAX, &arg_netns_pool) < 0)
                                 return log_error_errno(EINVAL, "--netns-pool takes a number from 0 to %u.",
                                                        NETNS_POOL_MAX);
+                        break;
+                case ARG_DEFAULT_KERNEL:
+                        arg_default_kernel = optarg;
+                        break;
+                case ARG_DEFAULT_INITRD:
+                        arg_default_initrd = optarg;
                         break;
                 case ARG_DEFAULT_MEM_MIB:
                         arg_default_mem_mib = optarg;
@@ -378,6 +428,9 @@ static int run(int argc, char *argv[]) {
                 return log_oom();
         if (access(m->vmm_path, X_OK) < 0)
                 return log_error_errno(errno, "Cannot execute %s (set --vmm or $FORKD_VMM): %m", m->vmm_path);
+        r = setup_image_paths(m);
+        if (r < 0)
+                return r;
 
         (void) manager_take_activated_direct(m); /* before anything is spawned */
 

@@ -121,10 +121,10 @@ refuse:
 }
 
 int image_write_owner(const char *dir, uid_t owner_uid) {
-        return image_write_meta(dir, owner_uid, -1);
+        return image_write_meta(dir, owner_uid, -1, NULL);
 }
 
-int image_write_meta(const char *dir, uid_t owner_uid, int agent_tcp) {
+int image_write_meta(const char *dir, uid_t owner_uid, int agent_tcp, const char *image_config) {
         _cleanup_free_ char *path = NULL, *json = NULL;
         struct snapshot_meta meta;
         int r;
@@ -140,10 +140,15 @@ int image_write_meta(const char *dir, uid_t owner_uid, int agent_tcp) {
                 agent_tcp = meta.agent_tcp;
         if (agent_tcp && !meta.network)
                 return -EINVAL;
-        if (meta.owner_uid == owner_uid && meta.agent_tcp == (agent_tcp > 0))
+        if (image_config && strlen(image_config) >= sizeof(meta.image_config))
+                return -E2BIG;
+        if (meta.owner_uid == owner_uid && meta.agent_tcp == (agent_tcp > 0) &&
+            (!image_config || streq(meta.image_config, image_config)))
                 return 0;
         meta.owner_uid = (uint32_t) owner_uid;
         meta.agent_tcp = agent_tcp > 0;
+        if (image_config)
+                snprintf(meta.image_config, sizeof(meta.image_config), "%s", image_config);
         r = snapshot_meta_format(&meta, &json);
         if (r < 0)
                 return r;
@@ -235,7 +240,7 @@ ImageCreate *image_create_new(void) {
 
         if (!c)
                 return NULL;
-        c->kernel_fd = c->initrd_fd = c->rootfs_fd = -EBADF;
+        c->kernel_fd = c->initrd_fd = c->rootfs_fd = c->image_fd = -EBADF;
         return c;
 }
 
@@ -245,6 +250,7 @@ ImageCreate *image_create_free(ImageCreate *c) {
         safe_close(c->kernel_fd);
         safe_close(c->initrd_fd);
         safe_close(c->rootfs_fd);
+        safe_close(c->image_fd);
         if (c->staging)
                 (void) rm_rf(c->staging);
         free(c->staging);
@@ -253,13 +259,16 @@ ImageCreate *image_create_free(ImageCreate *c) {
         free(c->dir);
         free(c->overlay_dir);
         free(c->console_log);
+        free(c->oci_path);
+        free(c->image_agent);
+        free(c->oci_cache);
+        free(c->image_config);
         free(c->error);
         free(c);
         return NULL;
 }
 
-static int set_error(ImageCreate *c, int r, const char *fmt, ...) _printf_(3, 4);
-static int set_error(ImageCreate *c, int r, const char *fmt, ...) {
+int image_create_set_error(ImageCreate *c, int r, const char *fmt, ...) {
         va_list ap;
 
         free(c->error);
@@ -286,13 +295,13 @@ static int set_boot_error(ImageCreate *c, int r, const char *fmt, ...) {
         k = vasprintf(&what, fmt, ap);
         va_end(ap);
         if (k < 0)
-                return set_error(c, r, "The VM did not come up");
+                return image_create_set_error(c, r, "The VM did not come up");
         if (!c->console_log)
-                return set_error(c, r, "%s", what);
+                return image_create_set_error(c, r, "%s", what);
         /* Name the log only when it has something to read. */
         if (console_tail(c->console_log, BOOT_ERROR_CONSOLE_LINES, &tail) < 0 || !tail[0])
-                return set_error(c, r, "%s; the guest printed nothing on its console", what);
-        return set_error(c, r, "%s. The last lines of its console (%s):\n%s", what, c->console_log, tail);
+                return image_create_set_error(c, r, "%s; the guest printed nothing on its console", what);
+        return image_create_set_error(c, r, "%s. The last lines of its console (%s):\n%s", what, c->console_log, tail);
 }
 
 /* Why a VM process that was booting exited, from its waitpid() status
@@ -323,18 +332,18 @@ static int stage_boot_files(ImageCreate *c, char **ret_kernel, char **ret_disk) 
 
         r = rm_rf(c->staging); /* a dead daemon's, if any */
         if (r < 0)
-                return set_error(c, r, "Cannot remove the old %s: %s", c->staging, strerror(-r));
+                return image_create_set_error(c, r, "Cannot remove the old %s: %s", c->staging, strerror(-r));
         if (mkdir(c->staging, 0750) < 0)
-                return set_error(c, -errno, "Cannot create %s: %s", c->staging, strerror(errno));
+                return image_create_set_error(c, -errno, "Cannot create %s: %s", c->staging, strerror(errno));
         dfd = open(c->staging, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
         if (dfd < 0)
-                return set_error(c, -errno, "Cannot open %s: %s", c->staging, strerror(errno));
+                return image_create_set_error(c, -errno, "Cannot open %s: %s", c->staging, strerror(errno));
         for (unsigned k = 0; k < ELEMENTSOF(fds); k++) {
                 if (fds[k] < 0)
                         continue;
                 r = copy_file_sparse(fds[k], dfd, names[k], sizes[k], 0640);
                 if (r < 0)
-                        return set_error(c, r, "Cannot copy the %s into %s: %s", what[k], c->staging, strerror(-r));
+                        return image_create_set_error(c, r, "Cannot copy the %s into %s: %s", what[k], c->staging, strerror(-r));
         }
         if (asprintf(ret_kernel, "%s/%s", c->staging, names[0]) < 0)
                 return -ENOMEM;
@@ -373,12 +382,19 @@ int image_create_work(void *userdata) {
         r = stage_boot_files(c, &kernel, &disk);
         if (r < 0) {
                 (void) rm_rf(c->staging);
-                return c->error ? r : set_error(c, r, "Cannot stage the boot files: %s", strerror(-r));
+                return c->error ? r : image_create_set_error(c, r, "Cannot stage the boot files: %s", strerror(-r));
         }
         /* The caller's descriptors are done with. */
         c->kernel_fd = safe_close(c->kernel_fd);
         c->initrd_fd = safe_close(c->initrd_fd);
         c->rootfs_fd = safe_close(c->rootfs_fd);
+        if (c->image_fd >= 0) {
+                r = image_oci_build(c, disk);
+                if (r < 0) {
+                        (void) rm_rf(c->staging);
+                        return r;
+                }
+        }
         a.kernel = kernel;
         a.disk = disk;
 
@@ -390,7 +406,7 @@ int image_create_work(void *userdata) {
                 r = netns_pick_free(&c->netns_prefix, 1, &net_index);
                 if (r < 0) {
                         (void) rm_rf(c->staging);
-                        return set_error(c, r, "No free network namespace for the boot VM: %s", strerror(-r));
+                        return image_create_set_error(c, r, "No free network namespace for the boot VM: %s", strerror(-r));
                 }
                 /* One of a batch: another index when someone made this one meanwhile. */
                 r = netns_children_create(&c->netns_prefix, &net_index, 1, NETNS_POLICY_NONE, 1, &net, &made, NULL,
@@ -398,7 +414,7 @@ int image_create_work(void *userdata) {
                 if (r < 0) {
                         netns_release(net_index);
                         (void) rm_rf(c->staging);
-                        return set_error(c, r, "Cannot create the boot VM's network namespace (%s): %s",
+                        return image_create_set_error(c, r, "Cannot create the boot VM's network namespace (%s): %s",
                                          step ?: "?", strerror(-r));
                 }
                 /* Root only dials it (an earlier child of the index may have allowed more). */
@@ -408,18 +424,22 @@ int image_create_work(void *userdata) {
                         (void) netns_child_destroy(net.name);
                         netns_release(net_index);
                         (void) rm_rf(c->staging);
-                        return set_error(c, r, "Cannot set who may dial the boot VM (nftables): %s", strerror(-r));
+                        return image_create_set_error(c, r, "Cannot set who may dial the boot VM (nftables): %s", strerror(-r));
                 }
                 a.with_net = true;
                 a.net_tap_fd = net.tap_fd;
         }
-        if (c->agent_tcp)
+        if (c->image_config)
+                a.cmdline = c->agent_tcp ? VMM_LINUX_CMDLINE_DEFAULT " " IMAGE_AGENT_CMDLINE_SWITCH " "
+                                                   AGENT_TCP_CMDLINE_SWITCH :
+                                           VMM_LINUX_CMDLINE_DEFAULT " " IMAGE_AGENT_CMDLINE_SWITCH;
+        else if (c->agent_tcp)
                 a.cmdline = VMM_LINUX_CMDLINE_DEFAULT " " AGENT_TCP_CMDLINE_SWITCH;
 
         r = vmm_client_boot(&a, &p);
         netns_child_done(&net); /* the VMM has its own copy */
         if (r < 0) {
-                set_error(c, r, "Failed to start %s: %s", c->vmm_path, strerror(-r));
+                image_create_set_error(c, r, "Failed to start %s: %s", c->vmm_path, strerror(-r));
                 goto finish;
         }
 
@@ -460,7 +480,7 @@ int image_create_work(void *userdata) {
                         if (o && json_object_object_get_ex(o, "error", &e) && json_object_is_type(e, json_type_string))
                                 why = json_object_get_string(e);
                 }
-                set_error(c, r, "The VMM could not write the snapshot: %s", why ?: strerror(-r));
+                image_create_set_error(c, r, "The VMM could not write the snapshot: %s", why ?: strerror(-r));
         }
 finish:
         json_object_put(req);

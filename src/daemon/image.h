@@ -28,8 +28,9 @@ int image_load(Manager *m, const char *tag, Image **ret, const char **ret_reason
 int image_write_owner(const char *dir, uid_t owner_uid);
 /* The same, and agent_tcp (1 or 0; -1 keeps what forkd-vmm wrote, which is
  * its parent's for a diff snapshot). agent_tcp 1 needs the NIC forkd-vmm
- * recorded: -EINVAL without. */
-int image_write_meta(const char *dir, uid_t owner_uid, int agent_tcp);
+ * recorded: -EINVAL without. image_config (snapshot.json "image", checked
+ * already; NULL: keep what is there): the config of the OCI image it comes from. */
+int image_write_meta(const char *dir, uid_t owner_uid, int agent_tcp, const char *image_config);
 static inline uid_t image_owner(const Image *i) {
         return (uid_t) i->meta.owner_uid;
 }
@@ -72,8 +73,18 @@ typedef struct ImageCreate {
          * with AGENT_TCP_CMDLINE_SWITCH on the kernel command line. */
         bool network, agent_tcp;
         NetnsPrefix netns_prefix;
+        /* A snapshot of an OCI image (image_fd >= 0, a directory or a tar; no
+         * rootfs_fd): forkd-oci writes the root disk (image-oci.c). */
+        int image_fd;
+        bool start_cmd;
+        char *oci_path, *image_agent, *oci_cache;
+        char *image_config; /* out: the image's config (snapshot.json "image") */
         char *error; /* out: what went wrong, for the caller */
+        bool error_invalid_args; /* out: the caller's input was refused (InvalidArgs) */
 } ImageCreate;
+
+/* The kernel command line switch that runs the image's agent as PID 1. */
+#define IMAGE_AGENT_CMDLINE_SWITCH "forkd.init=/.forkd/forkd-agent"
 
 /* A new job with its fds at -EBADF. */
 ImageCreate *image_create_new(void);
@@ -82,3 +93,11 @@ ImageCreate *image_create_free(ImageCreate *c);
  * from there, wait for the agent, snapshot into c->dir, stop the VM, remove
  * the staging directory. No VMM ever opens a caller's path. */
 int image_create_work(void *userdata);
+
+/* Sets c->error (printf-style) and returns r. */
+int image_create_set_error(ImageCreate *c, int r, const char *fmt, ...) _printf_(3, 4);
+
+/* Run forkd-oci on c->image_fd, writing the root disk to rootfs (in
+ * c->staging) and c->image_config. Closes c->image_fd. On failure c->error
+ * says why, and c->error_invalid_args when the image was refused. */
+int image_oci_build(ImageCreate *c, const char *rootfs);

@@ -17,6 +17,7 @@
 #include "polkit.h"
 #include "snapshot-meta.h"
 
+
 /* A boot file handed over as fd: forkd's own copy of the descriptor once it
  * is a readable regular file within the limit. The fd's path is never looked at. */
 static int take_boot_fd(const char *what, int fd, uint64_t max, int *ret_fd, uint64_t *ret_size,
@@ -74,7 +75,8 @@ static void create_done(int r, void *userdata) {
         Image *i = NULL;
 
         if (r >= 0) {
-                r = image_write_meta(o->create->dir, o->owner_uid, o->create->agent_tcp ? 1 : 0);
+                r = image_write_meta(o->create->dir, o->owner_uid, o->create->agent_tcp ? 1 : 0,
+                                     o->create->image_config);
                 if (r < 0)
                         reason = r == -EINVAL ? "forkd-vmm recorded no NIC for agent_tcp" :
                                                 "cannot record its owner in snapshot.json";
@@ -90,8 +92,10 @@ static void create_done(int r, void *userdata) {
                 }
         } else {
                 log_error_errno(r, "Creating snapshot %s failed: %s", o->tag, o->create->error ?: strerror(-r));
-                (void) sd_bus_reply_method_errorf(o->message, FORKD_ERROR_FAILED, "%s",
-                                                  o->create->error ?: strerror(-r));
+                (void) sd_bus_reply_method_errorf(o->message,
+                                                  o->create->error_invalid_args ? SD_BUS_ERROR_INVALID_ARGS :
+                                                                                  FORKD_ERROR_FAILED,
+                                                  "%s", o->create->error ?: strerror(-r));
                 operation_free(o);
                 return;
         }
@@ -235,10 +239,76 @@ int bus_manager_method_create_snapshot(sd_bus_message *message, void *userdata, 
         return create_snapshot_start(m, message, tag, mem_mib, boot_wait, c, error);
 }
 
+/* The options of CreateSnapshotFromFds and CreateSnapshotFromImage (image:
+ * also kernel and start_cmd). The fds are borrowed from the message. */
+struct create_options {
+        int kernel_fd, initrd_fd;
+        int network, agent_tcp, start_cmd;
+};
+
+static int read_create_options(sd_bus_message *message, bool image, struct create_options *o,
+                               sd_bus_error *error) {
+        int r;
+
+        r = sd_bus_message_enter_container(message, 'a', "{sv}");
+        if (r < 0)
+                return r;
+        for (;;) {
+                const char *key;
+                char type;
+                int *b = NULL, *h = NULL;
+
+                r = sd_bus_message_enter_container(message, 'e', "sv");
+                if (r < 0)
+                        return r;
+                if (r == 0)
+                        break;
+                r = sd_bus_message_read(message, "s", &key);
+                if (r < 0)
+                        return r;
+                if (streq(key, "network"))
+                        b = &o->network;
+                else if (streq(key, "agent_tcp"))
+                        b = &o->agent_tcp;
+                else if (image && streq(key, "start_cmd"))
+                        b = &o->start_cmd;
+                else if (streq(key, "initrd"))
+                        h = &o->initrd_fd;
+                else if (image && streq(key, "kernel"))
+                        h = &o->kernel_fd;
+                else
+                        return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
+                                                 "Unknown option \"%.64s\" (known: %s).", key,
+                                                 image ? "kernel, initrd, start_cmd, network, agent_tcp" :
+                                                         "initrd, network, agent_tcp");
+                type = b ? 'b' : 'h';
+                r = sd_bus_message_enter_container(message, 'v', b ? "b" : "h");
+                if (r < 0)
+                        return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "Option %s must be of type %c.",
+                                                 key, type);
+                r = sd_bus_message_read_basic(message, type, b ?: h);
+                if (r >= 0)
+                        r = sd_bus_message_exit_container(message);
+                if (r >= 0)
+                        r = sd_bus_message_exit_container(message);
+                if (r < 0)
+                        return r;
+        }
+        r = sd_bus_message_exit_container(message);
+        if (r < 0)
+                return r;
+        if (o->agent_tcp && !o->network)
+                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
+                                         "Option agent_tcp needs network: the guest agent's TCP port is reached "
+                                         "through the NIC.");
+        return 0;
+}
+
 int bus_manager_method_create_snapshot_from_fds(sd_bus_message *message, void *userdata, sd_bus_error *error) {
         Manager *m = userdata;
         const char *tag;
-        int kernel_fd, rootfs_fd, initrd_fd = -EBADF, network = false, agent_tcp = false;
+        struct create_options opt = { .kernel_fd = -EBADF, .initrd_fd = -EBADF };
+        int kernel_fd, rootfs_fd;
         uint32_t mem_mib, boot_wait;
         ImageCreate *c = NULL;
         int r;
@@ -249,64 +319,9 @@ int bus_manager_method_create_snapshot_from_fds(sd_bus_message *message, void *u
         r = sd_bus_message_read(message, "shhuu", &tag, &kernel_fd, &rootfs_fd, &mem_mib, &boot_wait);
         if (r < 0)
                 return r;
-        r = sd_bus_message_enter_container(message, 'a', "{sv}");
+        r = read_create_options(message, false, &opt, error);
         if (r < 0)
                 return r;
-        for (;;) {
-                const char *key;
-
-                r = sd_bus_message_enter_container(message, 'e', "sv");
-                if (r < 0)
-                        return r;
-                if (r == 0)
-                        break;
-                r = sd_bus_message_read(message, "s", &key);
-                if (r < 0)
-                        return r;
-                if (strcmp(key, "network") == 0 || strcmp(key, "agent_tcp") == 0) {
-                        int b;
-
-                        r = sd_bus_message_enter_container(message, 'v', "b");
-                        if (r < 0)
-                                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
-                                                         "Option %s must be of type b.", key);
-                        r = sd_bus_message_read(message, "b", &b);
-                        if (r < 0)
-                                return r;
-                        if (key[0] == 'n')
-                                network = b;
-                        else
-                                agent_tcp = b;
-                        r = sd_bus_message_exit_container(message);
-                        if (r >= 0)
-                                r = sd_bus_message_exit_container(message);
-                        if (r < 0)
-                                return r;
-                        continue;
-                }
-                if (strcmp(key, "initrd") != 0)
-                        return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
-                                                 "Unknown option \"%.64s\" (known: initrd, network, agent_tcp).", key);
-                r = sd_bus_message_enter_container(message, 'v', "h");
-                if (r < 0)
-                        return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
-                                                 "Option initrd must be of type h.");
-                r = sd_bus_message_read(message, "h", &initrd_fd);
-                if (r < 0)
-                        return r;
-                r = sd_bus_message_exit_container(message);
-                if (r >= 0)
-                        r = sd_bus_message_exit_container(message);
-                if (r < 0)
-                        return r;
-        }
-        r = sd_bus_message_exit_container(message);
-        if (r < 0)
-                return r;
-        if (agent_tcp && !network)
-                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
-                                         "Option agent_tcp needs network: the guest agent's TCP port is reached "
-                                         "through the NIC.");
         r = verify_create(m, message, tag, mem_mib, boot_wait, error);
         if (r <= 0)
                 return r < 0 ? r : 1; /* 0: polkit answers later and dispatches it again */
@@ -314,13 +329,117 @@ int bus_manager_method_create_snapshot_from_fds(sd_bus_message *message, void *u
         c = image_create_new();
         if (!c)
                 return -ENOMEM;
-        c->network = network;
-        c->agent_tcp = agent_tcp;
+        c->network = opt.network;
+        c->agent_tcp = opt.agent_tcp;
         r = take_boot_fd("kernel", kernel_fd, BOOT_KERNEL_SIZE_MAX, &c->kernel_fd, &c->kernel_size, error);
         if (r >= 0)
                 r = take_boot_fd("rootfs", rootfs_fd, BOOT_ROOTFS_SIZE_MAX, &c->rootfs_fd, &c->rootfs_size, error);
-        if (r >= 0 && initrd_fd >= 0)
-                r = take_boot_fd("initrd", initrd_fd, BOOT_INITRD_SIZE_MAX, &c->initrd_fd, &c->initrd_size, error);
+        if (r >= 0 && opt.initrd_fd >= 0)
+                r = take_boot_fd("initrd", opt.initrd_fd, BOOT_INITRD_SIZE_MAX, &c->initrd_fd, &c->initrd_size,
+                                 error);
+        if (r < 0) {
+                image_create_free(c);
+                return r;
+        }
+        return create_snapshot_start(m, message, tag, mem_mib, boot_wait, c, error);
+}
+
+/* The image: a directory (an OCI image layout) or a regular file (an
+ * oci-archive or docker-archive tar), open for reading; forkd's own copy. */
+static int take_image_fd(int fd, int *ret_fd, sd_bus_error *error) {
+        struct stat st;
+        int flags, copy;
+
+        flags = fcntl(fd, F_GETFL);
+        if (flags < 0 || fstat(fd, &st) < 0)
+                return sd_bus_error_set_errnof(error, errno, "Cannot inspect the image descriptor: %m");
+        if (!S_ISDIR(st.st_mode) && !S_ISREG(st.st_mode))
+                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
+                                         "The image must be a directory (an OCI image layout) or a file (an "
+                                         "oci-archive or docker-archive tar).");
+        if ((S_ISREG(st.st_mode) && (flags & O_PATH)) || (flags & O_ACCMODE) == O_WRONLY)
+                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "The image descriptor is not open for "
+                                                                           "reading.");
+        if (S_ISREG(st.st_mode) && (uint64_t) st.st_size > BOOT_IMAGE_SIZE_MAX)
+                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "The image is larger than %" PRIu64 " GiB.",
+                                         BOOT_IMAGE_SIZE_MAX >> 30);
+        copy = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+        if (copy < 0)
+                return sd_bus_error_set_errnof(error, errno, "Cannot duplicate the image descriptor: %m");
+        *ret_fd = copy;
+        return 0;
+}
+
+/* The kernel (and initramfs) of a snapshot of an image: the caller's, else
+ * the ones forkd was configured with (--default-kernel, --default-initrd). */
+static int image_boot_files(Manager *m, const struct create_options *opt, ImageCreate *c, sd_bus_error *error) {
+        char initrd[PATH_ARG_MAX + 16];
+        int r;
+
+        if (opt->kernel_fd >= 0) {
+                r = take_boot_fd("kernel", opt->kernel_fd, BOOT_KERNEL_SIZE_MAX, &c->kernel_fd, &c->kernel_size,
+                                 error);
+                if (r >= 0 && opt->initrd_fd >= 0)
+                        r = take_boot_fd("initrd", opt->initrd_fd, BOOT_INITRD_SIZE_MAX, &c->initrd_fd,
+                                         &c->initrd_size, error);
+                return r;
+        }
+        if (opt->initrd_fd >= 0)
+                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "Option initrd needs option kernel.");
+        if (!m->default_kernel)
+                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
+                                         "No kernel: pass option kernel, or start forkd with --default-kernel.");
+        r = open_boot_path("default kernel", m->default_kernel, BOOT_KERNEL_SIZE_MAX, &c->kernel_fd,
+                           &c->kernel_size, error);
+        if (r < 0)
+                return r;
+        if (m->default_initrd)
+                return open_boot_path("default initrd", m->default_initrd, BOOT_INITRD_SIZE_MAX, &c->initrd_fd,
+                                      &c->initrd_size, error);
+        if (boot_initrd_beside(m->default_kernel, initrd, sizeof(initrd)) > 0)
+                return open_boot_path("initrd", initrd, BOOT_INITRD_SIZE_MAX, &c->initrd_fd, &c->initrd_size,
+                                      error);
+        return 0;
+}
+
+int bus_manager_method_create_snapshot_from_image(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        Manager *m = userdata;
+        const char *tag;
+        struct create_options opt = { .kernel_fd = -EBADF, .initrd_fd = -EBADF };
+        int image_fd;
+        uint32_t mem_mib, boot_wait;
+        ImageCreate *c = NULL;
+        int r;
+
+        r = sd_bus_message_rewind(message, true); /* polkit may dispatch it twice */
+        if (r < 0)
+                return r;
+        r = sd_bus_message_read(message, "shuu", &tag, &image_fd, &mem_mib, &boot_wait);
+        if (r < 0)
+                return r;
+        r = read_create_options(message, true, &opt, error);
+        if (r < 0)
+                return r;
+        r = verify_create(m, message, tag, mem_mib, boot_wait, error);
+        if (r <= 0)
+                return r < 0 ? r : 1; /* 0: polkit answers later and dispatches it again */
+
+        c = image_create_new();
+        if (!c)
+                return -ENOMEM;
+        c->network = opt.network;
+        c->agent_tcp = opt.agent_tcp;
+        c->start_cmd = opt.start_cmd;
+        r = take_image_fd(image_fd, &c->image_fd, error);
+        if (r >= 0)
+                r = image_boot_files(m, &opt, c, error);
+        if (r >= 0) {
+                c->oci_path = strdup(m->oci_path);
+                c->image_agent = strdup(m->image_agent_path);
+                c->oci_cache = strdup(m->oci_cache_dir);
+                if (!c->oci_path || !c->image_agent || !c->oci_cache)
+                        r = -ENOMEM;
+        }
         if (r < 0) {
                 image_create_free(c);
                 return r;

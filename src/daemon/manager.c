@@ -127,6 +127,11 @@ Manager *manager_free(Manager *m) {
         free(m->overlay_dir);
         free(m->log_dir);
         free(m->vmm_path);
+        free(m->default_kernel);
+        free(m->default_initrd);
+        free(m->oci_path);
+        free(m->image_agent_path);
+        free(m->oci_cache_dir);
         free(m);
         return NULL;
 }

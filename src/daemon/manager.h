@@ -103,6 +103,11 @@ struct Manager {
         char *overlay_dir;    /* state_dir/overlays: unlinked copy-on-write disk files */
         char *log_dir;        /* state_dir/logs: boot consoles */
         char *vmm_path;
+        /* Snapshots of OCI images: the kernel and initramfs when the caller names
+         * none (forkd --default-kernel, --default-initrd; NULL: none), forkd-oci,
+         * the agent it installs, and its layer cache (state_dir/oci-layers). */
+        char *default_kernel, *default_initrd;
+        char *oci_path, *image_agent_path, *oci_cache_dir;
         int lock_fd;          /* flock on state_dir/.lock: one daemon per state dir */
         bool confine;         /* VMMs run confined (confine.c; forkd --no-confine: false) */
         uid_t vmm_uid;        /* their user and group (forkd --vmm-user) */

@@ -17,8 +17,13 @@
 #include "time-util.h"
 
 int check_snapshot_create(struct forkctl_options *o, char **args, size_t n_args, const char *synopsis) {
-        if (!o->kernel || !*o->kernel || !o->rootfs || !*o->rootfs)
-                return usage_error("snapshot create needs --kernel and --rootfs; usage: forkctl %s", synopsis);
+        if (o->image && o->rootfs)
+                return usage_error("--image and --rootfs are mutually exclusive; usage: forkctl %s", synopsis);
+        if (o->image ? !*o->image || (o->kernel && !*o->kernel) : !o->kernel || !*o->kernel || !o->rootfs || !*o->rootfs)
+                return usage_error("snapshot create needs --kernel and --rootfs, or --image; usage: forkctl %s",
+                                   synopsis);
+        if (o->start_cmd && !o->image)
+                return usage_error("--start-cmd needs --image");
         if (!(o->given & OPT_BOOT_WAIT))
                 o->boot_wait = 60;
         return 0;
@@ -42,6 +47,17 @@ int check_snapshot_diff(struct forkctl_options *o, char **args, size_t n_args, c
         if (strcmp(o->from, o->tag) == 0)
                 return usage_error("--tag must name a new snapshot, not '%s' itself", o->tag);
         return 0;
+}
+
+static int open_image(const char *path, int *ret_fd) {
+        int r = boot_image_open(path, ret_fd);
+
+        if (r == -EINVAL)
+                fprintf(stderr, "forkctl: snapshot create: the image %s is neither a directory (an OCI image layout) "
+                                "nor a file (an oci-archive or docker-archive)\n", path);
+        else if (r < 0)
+                fprintf(stderr, "forkctl: snapshot create: cannot open the image %s: %s\n", path, strerror(-r));
+        return r < 0 ? -1 : 0;
 }
 
 static int open_boot_file(const char *what, const char *path, int *ret_fd) {
@@ -75,20 +91,30 @@ int verb_snapshot_create(sd_bus *bus, const struct forkctl_options *o, char **ar
                 return usage_error("--agent-tcp needs --network: the agent's TCP port is reached through the NIC");
 
         /* Opened here, with our own credentials: forkd reads only what we could. */
-        r = open_boot_file("kernel", o->kernel, &kernel_fd);
+        r = 0;
+        if (o->kernel) {
+                r = open_boot_file("kernel", o->kernel, &kernel_fd);
+                if (r >= 0 && boot_initrd_beside(o->kernel, initrd, sizeof initrd) > 0)
+                        r = open_boot_file("initrd (found beside the kernel)", initrd, &initrd_fd);
+        }
         if (r >= 0)
-                r = open_boot_file("rootfs", o->rootfs, &rootfs_fd);
-        if (r >= 0 && boot_initrd_beside(o->kernel, initrd, sizeof initrd) > 0)
-                r = open_boot_file("initrd (found beside the kernel)", initrd, &initrd_fd);
+                r = o->image ? open_image(o->image, &rootfs_fd) : open_boot_file("rootfs", o->rootfs, &rootfs_fd);
         if (r < 0)
                 return r;
 
-        r = new_call(bus, "CreateSnapshotFromFds", &m);
+        r = new_call(bus, o->image ? "CreateSnapshotFromImage" : "CreateSnapshotFromFds", &m);
         if (r < 0)
                 return -1;
-        r = sd_bus_message_append(m, "shhuu", args[0], kernel_fd, rootfs_fd, o->mem_mib, o->boot_wait);
+        if (o->image)
+                r = sd_bus_message_append(m, "shuu", args[0], rootfs_fd, o->mem_mib, o->boot_wait);
+        else
+                r = sd_bus_message_append(m, "shhuu", args[0], kernel_fd, rootfs_fd, o->mem_mib, o->boot_wait);
         if (r >= 0)
                 r = sd_bus_message_open_container(m, 'a', "{sv}");
+        if (r >= 0 && o->image && kernel_fd >= 0)
+                r = sd_bus_message_append(m, "{sv}", "kernel", "h", kernel_fd);
+        if (r >= 0 && o->start_cmd)
+                r = sd_bus_message_append(m, "{sv}", "start_cmd", "b", 1);
         if (r >= 0 && initrd_fd >= 0)
                 r = sd_bus_message_append(m, "{sv}", "initrd", "h", initrd_fd);
         if (r >= 0 && (o->given & OPT_NETWORK))

@@ -36,6 +36,13 @@ static void help(void) {
                "                          Boot kernel K with root disk R, wait until its agent\n"
                "                          answers (at most S seconds, 1..600), snapshot it as TAG;\n"
                "                          --network: with a NIC, --agent-tcp: and the agent on TCP\n"
+               "  snapshot create TAG --image I [--kernel K] [--start-cmd] [...]\n"
+               "                          The same from an OCI image I: a directory (an image\n"
+               "                          layout) or an oci-archive or docker-archive tar; its\n"
+               "                          Env, WorkingDir and User are the defaults of exec and\n"
+               "                          run_code; without --kernel, forkd's default kernel;\n"
+               "                          --start-cmd: start its Entrypoint and Cmd before the\n"
+               "                          snapshot\n"
                "  snapshot ls             List snapshots\n"
                "  snapshot info TAG       Show everything about one snapshot\n"
                "  snapshot rm TAG [--cascade|--force]\n"
@@ -194,8 +201,10 @@ struct verb {
 
 static const struct verb verbs[] = {
         { "snapshot", "create", 1, 1,
-          OPT_KERNEL | OPT_ROOTFS | OPT_MEM_MIB | OPT_BOOT_WAIT | OPT_NETWORK | OPT_AGENT_TCP, 0,
-          "snapshot create TAG --kernel K --rootfs R [--mem-mib M] [--boot-wait S]", verb_snapshot_create,
+          OPT_KERNEL | OPT_ROOTFS | OPT_IMAGE | OPT_START_CMD | OPT_MEM_MIB | OPT_BOOT_WAIT | OPT_NETWORK |
+                  OPT_AGENT_TCP,
+          0, "snapshot create TAG (--kernel K --rootfs R | --image I [--kernel K]) [--mem-mib M] [--boot-wait S]",
+          verb_snapshot_create,
           check_snapshot_create },
         { "snapshot", "ls", 0, 0, 0, 0, "snapshot ls", verb_snapshot_ls, NULL },
         { "snapshot", "list", 0, 0, 0, 0, "snapshot ls", verb_snapshot_ls, NULL },
@@ -273,6 +282,8 @@ enum {
         ARG_NETWORK,
         ARG_AGENT_TCP,
         ARG_ON_TIMEOUT,
+        ARG_IMAGE,
+        ARG_START_CMD,
 };
 
 struct option_spec;
@@ -399,6 +410,8 @@ static const struct option_spec option_specs[] = {
         OTHER("bus-address", required_argument, ARG_BUS_ADDRESS, 0, parse_bus_address),
         STRING("kernel", ARG_KERNEL, OPT_KERNEL, parse_string, kernel),
         STRING("rootfs", ARG_ROOTFS, OPT_ROOTFS, parse_string, rootfs),
+        STRING("image", ARG_IMAGE, OPT_IMAGE, parse_string, image),
+        FLAG("start-cmd", ARG_START_CMD, OPT_START_CMD, start_cmd),
         NUMBER("mem-mib", ARG_MEM_MIB, OPT_MEM_MIB, mem_mib, 0, UINT32_MAX),
         NUMBER("boot-wait", ARG_BOOT_WAIT, OPT_BOOT_WAIT, boot_wait, 1, 600),
         FLAG("cascade", ARG_CASCADE, OPT_CASCADE, cascade),

@@ -60,7 +60,9 @@ enum {
         OPT_NETWORK = 1u << 23,
         OPT_AGENT_TCP = 1u << 24,
         OPT_ON_TIMEOUT = 1u << 25,
-        OPT_LAST = OPT_ON_TIMEOUT,
+        OPT_IMAGE = 1u << 26,
+        OPT_START_CMD = 1u << 27,
+        OPT_LAST = OPT_START_CMD,
 };
 
 /* One command line's options. The global ones apply to every verb; the others
@@ -73,8 +75,10 @@ struct forkctl_options {
 
         /* snapshot create */
         const char *kernel, *rootfs;
+        const char *image;         /* --image: an OCI image instead of --rootfs */
         uint32_t mem_mib, boot_wait;
         bool agent_tcp;            /* --network --agent-tcp */
+        bool start_cmd;            /* --image --start-cmd */
         /* snapshot rm */
         bool cascade, force;
         /* snapshot compact, snapshot diff */

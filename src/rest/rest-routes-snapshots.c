@@ -58,15 +58,33 @@ static int open_boot_file(RestRequest *req, const char *what, const char *path, 
         return 1;
 }
 
+/* 1 with the OCI image open, else the request was answered (400). */
+static int open_image(RestRequest *req, const char *path, int *ret_fd) {
+        int r;
+
+        if (path[0] != '/')
+                return rest_reply_error(req, 400, "image %s must be an absolute path", path);
+        r = boot_image_open(path, ret_fd);
+        if (r == -EINVAL)
+                return rest_reply_error(req, 400, "image %s is neither a directory (an OCI image layout) nor a file "
+                                                  "(an oci-archive or docker-archive)", path);
+        if (r < 0)
+                return rest_reply_error(req, 400, "cannot open image %s as forkd-rest's user (uid %u): %s", path,
+                                        (unsigned) geteuid(), strerror(-r));
+        return 1;
+}
+
 struct snapshot_create_args {
         char tag[REST_TAG_MAX + 2];
         char kernel[PATH_MAX];
         char rootfs[PATH_MAX];
+        char image[PATH_MAX];
         int64_t boot_wait_secs;
         int64_t mem_mib;
         bool rw;
         bool network;   /* "network": true */
         bool agent_tcp;
+        bool start_cmd;
 };
 
 /* The "tap" of forkd's REST API v1 (a host tap as the guest's eth0 there): a
@@ -94,9 +112,13 @@ int rest_route_snapshots_create(RestRequest *req) {
                 { "tag", JSON_KIND_STRING, NULL, offsetof(struct snapshot_create_args, tag),
                   JSON_FIELD_SIZE(struct snapshot_create_args, tag), JSON_MANDATORY },
                 { "kernel", JSON_KIND_STRING, NULL, offsetof(struct snapshot_create_args, kernel),
-                  JSON_FIELD_SIZE(struct snapshot_create_args, kernel), JSON_MANDATORY },
+                  JSON_FIELD_SIZE(struct snapshot_create_args, kernel), 0 },
                 { "rootfs", JSON_KIND_STRING, NULL, offsetof(struct snapshot_create_args, rootfs),
-                  JSON_FIELD_SIZE(struct snapshot_create_args, rootfs), JSON_MANDATORY },
+                  JSON_FIELD_SIZE(struct snapshot_create_args, rootfs), 0 },
+                /* an OCI image instead of a rootfs: kernel then optional */
+                { "image", JSON_KIND_STRING, NULL, offsetof(struct snapshot_create_args, image),
+                  JSON_FIELD_SIZE(struct snapshot_create_args, image), 0 },
+                { "start_cmd", JSON_KIND_BOOL, NULL, offsetof(struct snapshot_create_args, start_cmd), 0, 0 },
                 { "boot_wait_secs", JSON_KIND_INT64, NULL, offsetof(struct snapshot_create_args, boot_wait_secs), 0, 0 },
                 { "mem_mib", JSON_KIND_INT64, NULL, offsetof(struct snapshot_create_args, mem_mib), 0, JSON_NULLABLE },
                 /* accepted for compatibility; forkd has no rw switch here */
@@ -117,8 +139,17 @@ int rest_route_snapshots_create(RestRequest *req) {
         r = rest_parse_body(req, false, table, &a, &(struct rest_body_rules) { .tag = "tag", .tag_value = a.tag }, &o);
         if (r <= 0)
                 return r;
-        if (!a.kernel[0] || !a.rootfs[0])
+        if (json_object_object_get_ex(o, "image", NULL)) {
+                if (json_object_object_get_ex(o, "rootfs", NULL))
+                        return rest_reply_error(req, 400, "image and rootfs are mutually exclusive");
+                if (!a.image[0])
+                        return rest_reply_error(req, 400, "image must not be empty");
+        } else if (!json_object_object_get_ex(o, "kernel", NULL) || !json_object_object_get_ex(o, "rootfs", NULL))
+                return rest_reply_error(req, 400, "missing kernel/rootfs (or image)");
+        else if (!a.kernel[0] || !a.rootfs[0])
                 return rest_reply_error(req, 400, "kernel and rootfs must not be empty");
+        if (a.start_cmd && !a.image[0])
+                return rest_reply_error(req, 400, "start_cmd needs image");
         if (a.boot_wait_secs < 1 || a.boot_wait_secs > BOOT_WAIT_MAX)
                 return rest_reply_error(req, 400, "boot_wait_secs must be between 1 and %d", BOOT_WAIT_MAX);
         if (a.mem_mib < 0 || a.mem_mib > 1024 * 1024)
@@ -129,25 +160,43 @@ int rest_route_snapshots_create(RestRequest *req) {
 
         /* Opened here, with forkd-rest's own credentials, and handed to forkd as
          * descriptors: forkd never opens a path for the bridge. */
-        r = open_boot_file(req, "kernel", a.kernel, &kernel_fd);
-        if (r <= 0)
-                return r;
-        r = open_boot_file(req, "rootfs", a.rootfs, &rootfs_fd);
-        if (r <= 0)
-                return r;
-        if (boot_initrd_beside(a.kernel, initrd, sizeof(initrd)) > 0) {
-                r = open_boot_file(req, "initrd (beside the kernel)", initrd, &initrd_fd);
+        if (a.kernel[0]) {
+                r = open_boot_file(req, "kernel", a.kernel, &kernel_fd);
+                if (r <= 0)
+                        return r;
+                if (boot_initrd_beside(a.kernel, initrd, sizeof(initrd)) > 0) {
+                        r = open_boot_file(req, "initrd (beside the kernel)", initrd, &initrd_fd);
+                        if (r <= 0)
+                                return r;
+                }
+        }
+        if (a.image[0]) {
+                r = open_image(req, a.image, &rootfs_fd);
+                if (r <= 0)
+                        return r;
+        } else {
+                r = open_boot_file(req, "rootfs", a.rootfs, &rootfs_fd);
                 if (r <= 0)
                         return r;
         }
 
-        r = rest_new_manager_call(req, "CreateSnapshotFromFds", &m);
-        if (r < 0)
-                return rest_reply_call_failed(req, r);
-        r = sd_bus_message_append(m, "shhuu", a.tag, kernel_fd, rootfs_fd, (uint32_t) a.mem_mib,
-                                  (uint32_t) a.boot_wait_secs);
+        if (a.image[0]) {
+                r = rest_new_manager_call(req, "CreateSnapshotFromImage", &m);
+                if (r < 0)
+                        return rest_reply_call_failed(req, r);
+                r = sd_bus_message_append(m, "shuu", a.tag, rootfs_fd, (uint32_t) a.mem_mib,
+                                          (uint32_t) a.boot_wait_secs);
+        } else {
+                r = rest_new_manager_call(req, "CreateSnapshotFromFds", &m);
+                if (r < 0)
+                        return rest_reply_call_failed(req, r);
+                r = sd_bus_message_append(m, "shhuu", a.tag, kernel_fd, rootfs_fd, (uint32_t) a.mem_mib,
+                                          (uint32_t) a.boot_wait_secs);
+        }
         if (r >= 0)
                 r = sd_bus_message_open_container(m, 'a', "{sv}");
+        if (r >= 0 && a.image[0] && kernel_fd >= 0)
+                r = sd_bus_message_append(m, "{sv}", "kernel", "h", kernel_fd);
         if (r >= 0 && initrd_fd >= 0)
                 r = sd_bus_message_append(m, "{sv}", "initrd", "h", initrd_fd);
         /* Only when asked: a forkd of before networking knows neither. */
@@ -155,11 +204,15 @@ int rest_route_snapshots_create(RestRequest *req) {
                 r = sd_bus_message_append(m, "{sv}", "network", "b", 1);
         if (r >= 0 && a.agent_tcp)
                 r = sd_bus_message_append(m, "{sv}", "agent_tcp", "b", 1);
+        if (r >= 0 && a.start_cmd)
+                r = sd_bus_message_append(m, "{sv}", "start_cmd", "b", 1);
         if (r >= 0)
                 r = sd_bus_message_close_container(m);
         if (r < 0)
                 return rest_reply_error(req, 500, "cannot build D-Bus call: %s", strerror(-r));
-        r = rest_call(req, m, (uint64_t) (a.boot_wait_secs + 120) * USEC_PER_SEC, on_reply_snapshot_created);
+        /* An image is unpacked and written as a disk first: more time than a boot. */
+        r = rest_call(req, m, (uint64_t) (a.boot_wait_secs + (a.image[0] ? 1800 : 120)) * USEC_PER_SEC,
+                      on_reply_snapshot_created);
         if (r < 0)
                 return rest_reply_call_failed(req, r);
         return 0;

@@ -70,3 +70,18 @@ int boot_fd_check(int fd, uint64_t max, uint64_t *ret_size) {
                 *ret_size = (uint64_t) st.st_size;
         return 0;
 }
+
+int boot_image_open(const char *path, int *ret_fd) {
+        struct stat st;
+        int fd;
+
+        fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+        if (fd < 0)
+                return -errno;
+        if (fstat(fd, &st) < 0 || (!S_ISDIR(st.st_mode) && !S_ISREG(st.st_mode))) {
+                close(fd);
+                return -EINVAL;
+        }
+        *ret_fd = fd;
+        return 0;
+}

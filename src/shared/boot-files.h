@@ -17,6 +17,7 @@
 #define BOOT_KERNEL_SIZE_MAX (UINT64_C(256) << 20)
 #define BOOT_INITRD_SIZE_MAX (UINT64_C(1) << 30)
 #define BOOT_ROOTFS_SIZE_MAX (UINT64_C(64) << 30)
+#define BOOT_IMAGE_SIZE_MAX (UINT64_C(32) << 30) /* an OCI image tar */
 
 /* open(path) read-only (O_CLOEXEC, O_NOCTTY, no blocking on a FIFO) with the
  * caller's own credentials; -EISDIR or -EINVAL (not a regular file) after a
@@ -32,3 +33,8 @@ int boot_initrd_beside(const char *kernel, char *buf, size_t size);
  * (not O_PATH, not write-only), of at most max bytes. -EBADF not readable,
  * -EINVAL not a regular file, -EFBIG too large. */
 int boot_fd_check(int fd, uint64_t max, uint64_t *ret_size);
+
+/* An OCI image: a directory (an image layout) or a regular file (an
+ * oci-archive or docker-archive tar), opened for reading with the caller's
+ * rights. -EINVAL (closed) when it is neither. */
+int boot_image_open(const char *path, int *ret_fd);

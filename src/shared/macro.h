@@ -20,6 +20,8 @@
 #define _likely_(x) __builtin_expect(!!(x), 1)
 #define _unlikely_(x) __builtin_expect(!!(x), 0)
 
+#define streq(a, b) (strcmp((a), (b)) == 0)
+
 #define ELEMENTSOF(x) (sizeof(x) / sizeof((x)[0]))
 #define ALIGN_UP(x, a) (((x) + ((a) - 1)) & ~((__typeof__(x))(a) - 1))
 #define MIN(a, b) ((a) < (b) ? (a) : (b))

@@ -145,7 +145,6 @@ int snapshot_meta_validate(const struct snapshot_meta *m, const char **ret_error
         return 0;
 }
 
-#define streq(a, b) (strcmp((a), (b)) == 0)
 #define IMAGE_CONFIG_ARRAY_MAX 256u
 #define IMAGE_CONFIG_STRING_MAX 4096u
 

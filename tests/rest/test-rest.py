@@ -325,6 +325,16 @@ def t_wrong_types(c):
         c.expect(400, "POST", "/v1/snapshots", dict(snap, **extra))
     for missing in ("tag", "kernel", "rootfs"):
         c.expect(400, "POST", "/v1/snapshots", {k: v for k, v in snap.items() if k != missing})
+    # an OCI image instead of a rootfs
+    for body, says in (({"tag": "t", "image": "/i", "rootfs": "/r"}, "mutually exclusive"),
+                       ({"tag": "t", "image": ""}, "image must not be empty"),
+                       ({"tag": "t", "image": "rel/dir"}, "absolute path"),
+                       ({"tag": "t", "image": "/nonexistent/image.tar"}, "cannot open image"),
+                       ({"tag": "t", "image": "/dev/null"}, "neither a directory"),
+                       ({"tag": "t", "image": 7}, "image"),
+                       (dict(snap, start_cmd=True), "start_cmd needs image")):
+        r = c.expect(400, "POST", "/v1/snapshots", body)
+        check(says in r.json["error"], (body, r.json))
     for body in ({}, {"args": "ls"}, {"args": []}, {"args": [1]}, {"args": ["ls"], "timeout_secs": "5"},
                  {"args": ["ls"], "timeout_secs": -1}, {"args": ["ls"], "timeout_secs": 3601}, {"args": ["a\u0000b"]}):
         c.expect(400, "POST", "/v1/sandboxes/sb-1/exec", body)
