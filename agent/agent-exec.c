@@ -19,9 +19,12 @@
 #include <spawn.h>
 #include <sys/wait.h>
 
+#include "agent-python.h"
+#include "agent-spawn.h"
 #include "agent.h"
 #include "json-util.h"
 #include "macro.h"
+#include "strv.h"
 
 extern char **environ;
 
@@ -68,9 +71,16 @@ typedef struct ExecArgs {
         struct json_object *args;
         uint32_t timeout_secs;
         char *cwd;
+        char *user;
+        struct json_object *env;
 } ExecArgs;
 
 static int dispatch_ignore(struct json_object *v, void *field, const char **ret_error) {
+        return 0;
+}
+
+static int dispatch_borrow(struct json_object *v, void *field, const char **ret_error) {
+        *(struct json_object **) field = v;
         return 0;
 }
 
@@ -79,8 +89,37 @@ static const struct json_dispatch exec_table[] = {
         { "args", JSON_KIND_ARRAY, NULL, offsetof(ExecArgs, args), 0, JSON_MANDATORY },
         { "timeout_secs", JSON_KIND_UINT32, NULL, offsetof(ExecArgs, timeout_secs), 0, 0 },
         { "cwd", JSON_KIND_STRING, NULL, offsetof(ExecArgs, cwd), 0, JSON_NULLABLE },
+        { "user", JSON_KIND_STRING, NULL, offsetof(ExecArgs, user), 0, JSON_NULLABLE },
+        { "env", JSON_KIND_OBJECT, dispatch_borrow, offsetof(ExecArgs, env), 0, JSON_NULLABLE },
         {}
 };
+
+/* The request's "env", {"NAME": "value"}: NAME=value strings. */
+static int exec_env(struct json_object *env, char ***ret, const char **ret_error) {
+        _cleanup_strv_free_ char **l = NULL;
+        size_t n = 0;
+
+        l = calloc((size_t) json_object_object_length(env) + 1, sizeof *l);
+        if (!l)
+                return -ENOMEM;
+        json_object_object_foreach(env, k, v) {
+                if (!k[0] || strchr(k, '=')) {
+                        *ret_error = "env names must be non-empty and without '='";
+                        return -EINVAL;
+                }
+                if (!json_object_is_type(v, json_type_string) ||
+                    strlen(json_object_get_string(v)) != (size_t) json_object_get_string_len(v)) {
+                        *ret_error = "env values must be strings without NUL";
+                        return -EINVAL;
+                }
+                if (asprintf(&l[n++], "%s=%s", k, json_object_get_string(v)) < 0) {
+                        l[n - 1] = NULL;
+                        return -ENOMEM;
+                }
+        }
+        *ret = TAKE_PTR(l);
+        return 0;
+}
 
 /* Build argv (pointers into req, which outlives the spawn). */
 static int exec_argv(struct json_object *args, const char ***ret, const char **ret_error) {
@@ -227,9 +266,14 @@ int agent_exec_start(Agent *a, uint32_t id, struct json_object *req) {
         r = json_dispatch_full(req, exec_table, JSON_REJECT_UNKNOWN, &args, &field, &err);
         if (r < 0) {
                 free(args.cwd);
+                free(args.user);
                 return agent_send_error(a, id, "bad argument '%s': %s", field ?: "?", err ?: strerror(-r)), 0;
         }
-        _cleanup_free_ char *cwd = args.cwd;
+        _cleanup_free_ char *cwd = args.cwd, *user = args.user, *exe = NULL;
+        _cleanup_strv_free_ char **req_env = NULL, **env = NULL;
+        _cleanup_(user_ids_done) UserIds uids = {};
+        const UserIds *as = a->defaults.have_user ? &a->defaults.user : NULL;
+        char *const *envp = a->defaults.env ?: environ;
 
         if (args.timeout_secs < 1 || args.timeout_secs > AGENT_TIMEOUT_MAX_SECS)
                 return agent_send_error(a, id, "bad argument 'timeout_secs': must be 1 .. 3600"), 0;
@@ -241,6 +285,39 @@ int agent_exec_start(Agent *a, uint32_t id, struct json_object *req) {
         if (a->n_jobs >= AGENT_EXEC_MAX_IN_FLIGHT)
                 return agent_send_error(a, id, "too many exec requests in flight (limit %u)",
                                         AGENT_EXEC_MAX_IN_FLIGHT), 0;
+
+        /* image.json's defaults (agent-defaults.c), which the request overrides */
+        if (args.env) {
+                r = exec_env(args.env, &req_env, &err);
+                if (r == -ENOMEM)
+                        return r;
+                if (r < 0)
+                        return agent_send_error(a, id, "bad argument 'env': %s", err), 0;
+                env = env_merge(envp, req_env);
+                if (!env)
+                        return -ENOMEM;
+                envp = env;
+        }
+        if (user && user[0]) {
+                r = user_resolve("/", user, &uids);
+                if (r == -ENOMEM)
+                        return r;
+                if (r < 0)
+                        return agent_send_error(a, id, "bad argument 'user': %s",
+                                                r == -ESRCH ? "no such user or group" : "not name, uid, uid:gid or name:group"), 0;
+                as = &uids;
+        }
+        if (!cwd && a->defaults.image.working_dir) {
+                cwd = strdup(a->defaults.image.working_dir);
+                if (!cwd)
+                        return -ENOMEM;
+        }
+        /* the program is looked up on the PATH it will run with */
+        if (envp != environ || as) {
+                r = find_in_path(argv[0], env_get(envp, "PATH"), &exe);
+                if (r == -ENOMEM)
+                        return r;
+        }
 
         j = calloc(1, sizeof *j);
         if (!j)
@@ -258,6 +335,33 @@ int agent_exec_start(Agent *a, uint32_t id, struct json_object *req) {
                 return -errno;
         j->err.fd = err_p[0];
         err_w = err_p[1];
+
+        if (as) {
+                /* another user: posix_spawn cannot switch; the same setup by hand */
+                char msg[256];
+                int n;
+
+                SpawnParams p = SPAWN_PARAMS_INIT;
+                p.path = exe ?: argv[0];
+                p.argv = (char *const *) argv;
+                p.envp = envp;
+                p.cwd = cwd;
+                p.user = as;
+                p.stdout_fd = out_w;
+                p.stderr_fd = err_w;
+                p.new_session = true;
+                r = exe ? agent_spawn(&p, &pid) : -ENOENT;
+                j->start_usec = now_usec();
+                if (r >= 0)
+                        goto started;
+                n = snprintf(msg, sizeof msg, "forkd-agent: %s: %s\n", argv[0], strerror(-r));
+                j->err.buf = strndup(msg, (size_t) MAX(n, 0));
+                j->err.len = j->err.buf ? strlen(j->err.buf) : 0;
+                j->exited = true;
+                j->status = (r == -ENOENT ? 127 : 126) << 8;
+                exec_job_answer(a, j);
+                return 0;
+        }
 
         r = posix_spawn_file_actions_init(&fa);
         if (r != 0)
@@ -284,7 +388,7 @@ int agent_exec_start(Agent *a, uint32_t id, struct json_object *req) {
         if (r == 0)
                 r = posix_spawnattr_setsigdefault(&attr, &all);
         if (r == 0)
-                r = posix_spawnp(&pid, argv[0], &fa, &attr, (char *const *) argv, environ);
+                r = posix_spawnp(&pid, exe ?: argv[0], &fa, &attr, (char *const *) argv, envp);
         posix_spawn_file_actions_destroy(&fa);
         posix_spawnattr_destroy(&attr);
 
@@ -302,6 +406,7 @@ int agent_exec_start(Agent *a, uint32_t id, struct json_object *req) {
                 return 0;
         }
 
+started:
         out_w = safe_close(out_w);
         err_w = safe_close(err_w);
         (void) fcntl(j->out.fd, F_SETFL, O_NONBLOCK);
@@ -404,7 +509,10 @@ void agent_reap(Agent *a) {
                         /* anything left in the group outlives its leader: fine, unless it holds our pipes */
                         break;
                 }
-                /* else an orphan (PID 1 or subreaper), or a child of the embedded Python: reaped */
+                /* the image's service, the python3 child of the portable agent; else an
+                 * orphan (PID 1 or subreaper), or a child of the embedded Python: reaped */
+                if (!agent_service_reaped(a, pid, status))
+                        agent_python_reaped(pid, status);
         }
 }
 

@@ -84,6 +84,15 @@ static struct {
         bool fired;
 } py;
 
+void agent_python_set_defaults(const struct AgentDefaults *d) {
+}
+
+void agent_python_describe(struct json_object *o) {
+}
+
+void agent_python_reaped(pid_t pid, int status) {
+}
+
 bool agent_python_ready(void) {
         return py.ready;
 }

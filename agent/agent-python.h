@@ -15,6 +15,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 struct json_object;
 typedef struct Agent Agent;
@@ -32,6 +33,17 @@ int agent_op_run_code(Agent *a, uint32_t id, struct json_object *req);
  * new namespace of builtins, numpy and np on every call, so nothing persists
  * between calls. Same arguments and reply as eval. */
 int agent_op_eval_fresh(Agent *a, uint32_t id, struct json_object *req);
+
+/* The defaults the interpreter runs with (environment, working directory,
+ * user): the portable agent's python3 child takes them, the embedded
+ * interpreter ignores them. Call before agent_python_init(). */
+struct AgentDefaults;
+void agent_python_set_defaults(const struct AgentDefaults *d);
+/* Adds what the hello (ping) tells about the interpreter beyond "python";
+ * the embedded agent adds nothing. */
+void agent_python_describe(struct json_object *o);
+/* The reaper collected pid (a child of no exec): the python3 child's end is noted. */
+void agent_python_reaped(pid_t pid, int status);
 
 /* After the kernel RNG was reseeded: reseed random, numpy.random and
  * tempfile's name sequence, where loaded. */

@@ -183,8 +183,9 @@ static int op_ping(Agent *a, uint32_t id, struct json_object *req) {
         json_object_object_add(o, "numpy_version", np ? json_object_new_string(np) : NULL);
         json_object_object_add(o, "pid", json_object_new_int64(getpid()));
         json_object_object_add(o, "agent", json_object_new_string(AGENT_NAME));
-        json_object_object_add(o, "version", json_object_new_string(FORKD_VERSION));
+        json_object_object_add(o, "version", json_object_new_string(AGENT_VERSION));
         json_object_object_add(o, "python", json_object_new_boolean(agent_python_ready()));
+        agent_python_describe(o);
         return agent_send_json(a, FKA_RESPONSE, id, o);
 }
 
@@ -374,7 +375,7 @@ static int agent_send_ready(Agent *a) {
                 return -ENOMEM;
         json_object_object_add(o, "op", json_object_new_string("ready"));
         json_object_object_add(o, "agent", json_object_new_string(AGENT_NAME));
-        json_object_object_add(o, "version", json_object_new_string(FORKD_VERSION));
+        json_object_object_add(o, "version", json_object_new_string(AGENT_VERSION));
         return agent_send_json(a, FKA_EVENT, 0, o);
 }
 
@@ -717,6 +718,7 @@ Agent *agent_free(Agent *a) {
         free(a->out.buf);
         free(a->path);
         identity_done(&a->identity);
+        agent_defaults_done(&a->defaults);
         free(a);
         return NULL;
 }

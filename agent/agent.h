@@ -17,10 +17,17 @@
 #include <string.h>
 #include <sys/types.h>
 
+#include "agent-image.h"
 #include "agent-proto.h"
 #include "time-util.h"
 
 #define AGENT_NAME "forkd-agent"
+/* The portable agent (no libpython, linked statically) says so in its version, only there */
+#ifdef AGENT_PORTABLE
+#  define AGENT_VERSION FORKD_VERSION "-portable"
+#else
+#  define AGENT_VERSION FORKD_VERSION
+#endif
 
 /* Limits on what a host can ask for */
 #define AGENT_MAX_PAYLOAD FKA_MAX_PAYLOAD             /* request payloads; also the reply limit */
@@ -65,6 +72,15 @@ typedef struct Identity {
         bool have;
 } Identity;
 
+/* What /.forkd/image.json makes the defaults of exec, run_code and the service. */
+typedef struct AgentDefaults {
+        ImageConfig image;
+        char **env;             /* the base environment; NULL: the agent's own */
+        bool have_user;         /* image.json's user, resolved */
+        UserIds user;
+        pid_t service_pid;      /* entrypoint + cmd, started at boot; 0: none */
+} AgentDefaults;
+
 typedef struct ExecJob ExecJob;
 typedef struct Agent Agent;
 typedef struct AgentTcp AgentTcp;
@@ -95,6 +111,7 @@ struct Agent {
         unsigned n_jobs;
 
         Identity identity;
+        AgentDefaults defaults;
 
         AgentTcp *tcp;          /* forkd's JSON-line protocol (agent-tcp.c); NULL unless enabled */
         uint64_t reply_tcp;     /* non-zero: replies go to this TCP connection, not the channel */
@@ -135,6 +152,15 @@ int agent_send_error_errno(Agent *a, uint32_t id, int err, const char *fmt, ...)
 
 /* Write what is queued; with block, wait (up to timeout_usec) until all is out. */
 int agent_flush(Agent *a, bool block, uint64_t timeout_usec);
+
+/* ---- agent-defaults.c ---- */
+/* Read path (image.json): missing gives no defaults; a bad file is logged and ignored. */
+int agent_defaults_load(Agent *a, const char *path);
+void agent_defaults_done(AgentDefaults *d);
+/* With start_cmd, start entrypoint + cmd once, in the background, output to the console. */
+int agent_service_start(Agent *a);
+/* The reaper collected pid: the service's exit is logged. */
+bool agent_service_reaped(Agent *a, pid_t pid, int status);
 
 /* ---- agent-exec.c ---- */
 int agent_exec_start(Agent *a, uint32_t id, struct json_object *req);

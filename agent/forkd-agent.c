@@ -28,6 +28,7 @@ static bool arg_python = true;
 static char *arg_modules[MODPROBE_MAX];
 static unsigned arg_n_modules;
 static const char *arg_tcp; /* forkd's JSON-line protocol: off unless given */
+static const char *arg_image_config = IMAGE_CONFIG_PATH;
 
 static void help(void) {
         printf("forkd-agent [OPTIONS...]\n\n"
@@ -44,6 +45,8 @@ static void help(void) {
                "                         Also serve forkd's JSON-line protocol on TCP (no\n"
                "                         authentication; as PID 1 also forkd.agent_tcp=1 on the\n"
                "                         kernel command line, for 0.0.0.0:8888)\n"
+               "     --image-config=PATH The image's defaults (default " IMAGE_CONFIG_PATH ";\n"
+               "                         a missing file gives none)\n"
                "     --log-level=LEVEL   err, warning, info or debug (default: warning)\n");
 }
 
@@ -57,6 +60,7 @@ static int parse_argv(int argc, char *argv[]) {
                 ARG_MODPROBE,
                 ARG_LOG_LEVEL,
                 ARG_TCP,
+                ARG_IMAGE_CONFIG,
         };
         static const struct option options[] = {
                 { "help", no_argument, NULL, 'h' },
@@ -68,6 +72,7 @@ static int parse_argv(int argc, char *argv[]) {
                 { "modprobe", required_argument, NULL, ARG_MODPROBE },
                 { "log-level", required_argument, NULL, ARG_LOG_LEVEL },
                 { "tcp", required_argument, NULL, ARG_TCP },
+                { "image-config", required_argument, NULL, ARG_IMAGE_CONFIG },
                 {}
         };
         int c;
@@ -78,7 +83,7 @@ static int parse_argv(int argc, char *argv[]) {
                         help();
                         return 0;
                 case ARG_VERSION:
-                        printf("forkd-agent %s\n", FORKD_VERSION);
+                        printf("forkd-agent %s\n", AGENT_VERSION);
                         return 0;
                 case ARG_CHANNEL:
                         arg_channel = optarg;
@@ -111,6 +116,9 @@ static int parse_argv(int argc, char *argv[]) {
                         break;
                 case ARG_TCP:
                         arg_tcp = optarg;
+                        break;
+                case ARG_IMAGE_CONFIG:
+                        arg_image_config = optarg;
                         break;
                 case '?':
                         return -EINVAL;
@@ -207,8 +215,15 @@ int main(int argc, char *argv[]) {
                         log_error_errno(r, "Failed to serve the JSON-line protocol on '%s': %m", arg_tcp);
         }
 
+        /* image.json: the defaults of exec and of Python, and the image's service; never fatal */
+        (void) agent_defaults_load(a, arg_image_config);
+        agent_python_set_defaults(&a->defaults);
+
         if (config.python)
                 (void) agent_python_init(); /* logs; eval and run_code answer errors without it */
+
+        /* before ready, so that it runs in the snapshot */
+        (void) agent_service_start(a);
 
         r = agent_open_channel(a);
         if (r < 0) {

@@ -805,7 +805,8 @@ class TestLifecycle(unittest.TestCase):
         a = Agent("--no-python")
         r = a.ok("ping")
         self.assertIsNone(r["numpy_version"])
-        self.assertIn("Python", a.error("eval", code="1"))
+        # the embedded interpreter's refusal, or the portable agent's (no python3 child)
+        self.assertRegex(a.error("eval", code="1"), "Python|no python3")
         self.assertEqual(a.ok("exec", args=["true"])["exit_code"], 0)
         self.assertEqual(a.close(), 0)
 
@@ -815,6 +816,85 @@ def can_unshare():
         return False
     return subprocess.run(["unshare", "--pid", "--net", "--fork", "--mount", "--mount-proc", "true"],
                           capture_output=True).returncode == 0
+
+
+class TestImageConfig(unittest.TestCase):
+    """/.forkd/image.json (here --image-config=): the defaults of exec and of Python."""
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="forkd-agent-image-")
+        os.chmod(self.dir, 0o755)
+        self.conf = os.path.join(self.dir, "image.json")
+
+    def tearDown(self):
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def agent(self, conf, *extra):
+        with open(self.conf, "w") as f:
+            f.write(conf if isinstance(conf, str) else json.dumps(conf))
+        return Agent(f"--image-config={self.conf}", *extra)
+
+    def test_defaults(self):
+        marker = os.path.join(self.dir, "started")
+        a = self.agent({"env": ["FOO=bar", "PATH=/usr/bin:/bin"], "working_dir": self.dir,
+                        "cmd": ["sh", "-c", "echo $FOO > started"], "start_cmd": True})
+        r = a.ok("exec", args=["sh", "-c", "echo $FOO; pwd; echo $HOME"])
+        self.assertEqual(r["stdout"], f"bar\n{self.dir}\n/root\n")
+        r = a.ok("exec", args=["sh", "-c", "echo $FOO $BAR; pwd"], env={"FOO": "baz", "BAR": "1"}, cwd="/")
+        self.assertEqual(r["stdout"], "baz 1\n/\n")
+        self.assertIn("bad argument 'env'", a.error("exec", args=["true"], env={"A": 1}))
+        self.assertIn("bad argument 'env'", a.error("exec", args=["true"], env={"A=B": "1"}))
+        # the service started before ready, once
+        for _ in range(100):
+            if os.path.exists(marker):
+                break
+            time.sleep(0.05)
+        with open(marker) as f:
+            self.assertEqual(f.read(), "bar\n")
+        if AGENT.endswith("-portable"):
+            r = a.ok("run_code", code="import os\nprint(os.environ['FOO'], os.getcwd())")
+            self.assertEqual(r["stdout"], f"bar {self.dir}\n")
+            r = a.ok("ping")
+            self.assertTrue(r["version"].endswith("-portable"))
+            self.assertTrue(r["python_path"].endswith("python3"))
+        self.assertEqual(a.close(), 0)
+
+    @unittest.skipUnless(os.getuid() == 0, "switching users needs root")
+    def test_user(self):
+        a = self.agent({"user": "nobody"})
+        r = a.ok("exec", args=["id", "-u"], cwd="/")
+        self.assertEqual(r["stdout"], "65534\n")
+        r = a.ok("exec", args=["id", "-u"], cwd="/", user="0:0")
+        self.assertEqual(r["stdout"], "0\n")
+        r = a.ok("exec", args=["sh", "-c", "id -u; id -g"], cwd="/", user="12345:678")
+        self.assertEqual(r["stdout"], "12345\n678\n")
+        self.assertIn("no such user", a.error("exec", args=["true"], user="no-such-user-here"))
+        r = a.ok("exec", args=["no-such-program-here"], user="0")
+        self.assertEqual(r["exit_code"], 127)
+        if AGENT.endswith("-portable"):
+            r = a.ok("eval", code="__import__('os').getuid()")
+            self.assertEqual(r["result"], "65534")
+        self.assertEqual(a.close(), 0)
+
+    def test_bad_or_missing(self):
+        for conf in ("not json", '{"env": "A=1"}', '{"user": 5}', '{"start_cmd": true}'):
+            a = self.agent(conf)
+            r = a.ok("exec", args=["sh", "-c", "pwd"])
+            self.assertEqual(r["exit_code"], 0)
+            self.assertEqual(a.close(), 0)
+        a = Agent(f"--image-config={self.dir}/missing.json")
+        self.assertEqual(a.ok("exec", args=["true"])["exit_code"], 0)
+        self.assertEqual(a.close(), 0)
+
+    def test_no_python3_on_path(self):
+        if not AGENT.endswith("-portable"):
+            self.skipTest("the embedded agent does not look for python3")
+        a = self.agent({"env": ["PATH=/nonexistent"]})
+        self.assertFalse(a.ok("ping")["python"])
+        self.assertEqual(a.error("run_code", code="1"),
+                         "this image has no python3 (3.8 or later): run_code needs one; exec works")
+        self.assertEqual(a.ok("exec", args=["/bin/true"])["exit_code"], 0)
+        self.assertEqual(a.close(), 0)
 
 
 class TestPid1(unittest.TestCase):
