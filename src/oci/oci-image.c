@@ -121,22 +121,40 @@ static int extract_outer(int fd, int workdir, uint64_t max_bytes) {
 
 /* ---- JSON ---- */
 
-/* Parse buf as one JSON value; arrays are wrapped so that the strict parser,
- * which takes objects, checks them too. */
+/* Parse buf as one JSON object or array. json_parse_strict() checks what json-c
+ * lets through (UTF-8, NUL bytes, integer ranges, depth, trailing bytes) but takes
+ * only objects: an array is checked inside a wrapper, then parsed on its own so
+ * that nothing in it can close the wrapper early. */
 static int parse_json(const char *buf, size_t len, const char *what, struct json_object **ret) {
         _cleanup_free_ char *wrapped = NULL;
         _cleanup_json_ struct json_object *o = NULL;
+        struct json_tokener *tok = NULL;
+        struct json_object *v;
         const char *reason = NULL;
+        size_t end;
         int r;
 
-        if (asprintf(&wrapped, "{\"v\":%.*s\n}", (int) len, buf) < 0)
-                return -ENOMEM;
         if (memchr(buf, 0, len))
                 return oci_refuse("%s: not JSON (NUL byte)", what);
+        if (asprintf(&wrapped, "{\"v\":%.*s\n}", (int) len, buf) < 0)
+                return -ENOMEM;
         r = json_parse_strict(wrapped, strlen(wrapped), OCI_JSON_MAX + 16, 64, &o, &reason);
         if (r < 0)
                 return oci_refuse("%s: not valid JSON: %s", what, reason ?: strerror(-r));
-        *ret = json_object_get(json_object_object_get(o, "v"));
+        tok = json_tokener_new_ex(64);
+        if (!tok)
+                return -ENOMEM;
+        v = json_tokener_parse_ex(tok, buf, (int) len);
+        end = json_tokener_get_parse_end(tok);
+        r = json_tokener_get_error(tok) == json_tokener_success ? 0 : -EBADMSG;
+        json_tokener_free(tok);
+        while (r >= 0 && end < len && strchr(" \t\r\n", buf[end]))
+                end++;
+        if (r < 0 || end != len || !(json_object_is_type(v, json_type_object) || json_object_is_type(v, json_type_array))) {
+                json_object_put(v);
+                return oci_refuse("%s: not one JSON object or array", what);
+        }
+        *ret = v;
         return 0;
 }
 
