@@ -24,12 +24,26 @@ FORKD_OCI, AGENT = sys.argv[1], sys.argv[2]
 TOP = tempfile.mkdtemp(prefix="forkd-oci-test.")
 
 
+def user_xattrs_work():
+    try:
+        os.setxattr(TOP, "user.forkd-test", b"1")
+        return True
+    except OSError:
+        return False
+
+
+XATTRS = user_xattrs_work()
+
+
 def sha(b):
     return "sha256:" + hashlib.sha256(b).hexdigest()
 
 
-def member(name, data=b"", kind=tarfile.REGTYPE, mode=0o644, linkname="", devmajor=0, devminor=0):
+def member(name, data=b"", kind=tarfile.REGTYPE, mode=0o644, linkname="", devmajor=0, devminor=0, uid=0,
+           xattrs=None):
     ti = tarfile.TarInfo(name)
+    ti.uid = ti.gid = uid
+    ti.pax_headers = {f"SCHILY.xattr.{k}": v for k, v in (xattrs or {}).items()}
     ti.type = kind
     ti.mode = mode
     ti.mtime = 1700000000
@@ -57,7 +71,7 @@ def compress(tar, how):
 
 LAYER1 = [
     member("etc/", kind=tarfile.DIRTYPE, mode=0o755),
-    member("etc/motd", b"welcome\n"),
+    member("etc/motd", b"welcome\n", uid=1000, mode=0o640, xattrs={"user.forkd": "yes"}),
     member("etc/old.conf", b"to be whited out\n"),
     member("bin/", kind=tarfile.DIRTYPE, mode=0o755),
     member("bin/sh", b"#!fake shell\n", mode=0o755),
@@ -168,6 +182,12 @@ def check_built(p, out):
     res = json.loads(p.stdout)
     check(debugfs(out, "cat /opt/app/hello.txt") == "hello from layer 2\n", "hello.txt missing or wrong")
     check(debugfs(out, "cat /etc/motd") == "welcome\n", "layer 1's motd missing")
+    motd = debugfs(out, "stat /etc/motd")
+    check("Mode:  0640" in motd and "0x6553f100" in motd, f"motd's mode or mtime: {motd}")
+    if os.geteuid() == 0:
+        check("User:  1000" in motd, f"motd's owner: {motd}")
+    if XATTRS:
+        check("yes" in debugfs(out, "ea_get /etc/motd user.forkd"), "motd's xattr")
     check(not exists(out, "/etc/old.conf"), "whited-out old.conf still there")
     check(not exists(out, "/var/cache/a"), "opaque directory kept a lower entry")
     check(exists(out, "/var/cache/b"), "opaque directory lost this layer's entry")
@@ -252,6 +272,22 @@ def t_symlink_escape():
 def t_hardlink_escape():
     refused("hardlink", [[member("passwd", kind=tarfile.LNKTYPE, linkname="/etc/passwd")]], '"passwd"')
     refused("hardlink2", [[member("x", kind=tarfile.LNKTYPE, linkname="../../etc/passwd")]], '"x"')
+
+
+def t_overlong():
+    refused("overlong", [[member("a/" + "n" * 300, b"x")]], "name too long")
+    refused("absolute", [[member("/etc/shadow", b"x")]], '"/etc/shadow"')
+
+
+def t_hostile_archive():
+    d = f"{TOP}/bad-archive-layout"
+    write_oci(d, [LAYER1, [member("ok", b"x"), member("../../x", b"x")]])
+    tar_dir(d, f"{TOP}/bad-archive.tar")
+    os.makedirs(f"{TOP}/out-archive")
+    out = f"{TOP}/out-archive/rootfs.ext4"
+    p = build(f"{TOP}/bad-archive.tar", out)
+    check(p.returncode == 2 and '"../../x"' in p.stderr, f"exit {p.returncode}: {p.stderr!r}")
+    check(os.listdir(f"{TOP}/out-archive") == [], f"left: {os.listdir(f'{TOP}/out-archive')}")
 
 
 def t_device():
@@ -361,6 +397,8 @@ def main():
             ("refused: a file through a symlink out of the tree", t_symlink_escape),
             ("refused: hard links out of the tree", t_hardlink_escape),
             ("refused: device node", t_device),
+            ("refused: overlong and absolute names", t_overlong),
+            ("refused: a hostile layer in an oci-archive", t_hostile_archive),
             ("refused: layer digest mismatch", t_bad_digest),
             ("refused: manifest lies about a size", t_lying_size),
             ("layer cache", t_cache),
