@@ -26,15 +26,27 @@ static void archive_freep(struct archive **a) {
                 archive_read_free(*a);
 }
 
-/* A file below dirfd by a relative path, no symlink anywhere on the way. */
+/* A file below dirfd by a relative path, no symlink anywhere on the way; without
+ * O_DIRECTORY it must be a regular file (a fifo there would block the open). */
 static int open_beneath(int dirfd, const char *path, int flags) {
         struct open_how how = {
-                .flags = (uint64_t) (flags | O_CLOEXEC | O_NOFOLLOW),
+                .flags = (uint64_t) (flags | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK),
                 .resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS,
         };
-        int fd = (int) syscall(SYS_openat2, dirfd, path, &how, sizeof(how));
+        _cleanup_close_ int fd = (int) syscall(SYS_openat2, dirfd, path, &how, sizeof(how));
+        struct stat st;
 
-        return fd < 0 ? -errno : fd;
+        if (fd < 0)
+                return -errno;
+        if (!(flags & O_DIRECTORY)) {
+                if (fstat(fd, &st) < 0)
+                        return -errno;
+                if (!S_ISREG(st.st_mode))
+                        return -EBADFD;
+                if (fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) < 0)
+                        return -errno;
+        }
+        return TAKE_FD(fd);
 }
 
 static bool exists_beneath(int dirfd, const char *path) {
@@ -161,39 +173,19 @@ static int parse_json(const char *buf, size_t len, const char *what, struct json
 static int read_json_at(int dirfd, const char *path, const char *what, struct json_object **ret) {
         _cleanup_close_ int fd = open_beneath(dirfd, path, O_RDONLY);
         _cleanup_free_ char *buf = NULL;
-        size_t len = 0;
-        int r;
+        ssize_t n;
 
         if (fd < 0)
-                return oci_refuse("%s: cannot open %s: %s", what, path, strerror(-fd));
-        r = read_file_capped_at(fd, "", OCI_JSON_MAX, &buf, &len);
-        if (r == -ENOENT || r == -EINVAL) {
-                /* Not every libc takes "" with AT_EMPTY_PATH there: read the fd. */
-                struct stat st;
-                ssize_t n;
-
-                if (fstat(fd, &st) < 0)
-                        return -errno;
-                if (!S_ISREG(st.st_mode))
-                        return oci_refuse("%s: not a regular file", what);
-                if ((uint64_t) st.st_size > OCI_JSON_MAX)
-                        return oci_refuse("%s: larger than %u bytes", what, OCI_JSON_MAX);
-                buf = malloc((size_t) st.st_size + 1);
-                if (!buf)
-                        return -ENOMEM;
-                n = loop_read(fd, buf, (size_t) st.st_size + 1);
-                if (n < 0)
-                        return oci_fail((int) n, "%s: %s", what, strerror((int) -n));
-                if ((size_t) n > (size_t) st.st_size)
-                        return oci_refuse("%s: grows while read", what);
-                len = (size_t) n;
-                r = 0;
-        }
-        if (r == -EMSGSIZE)
+                return oci_refuse("%s: cannot open it: %s", what, strerror(-fd));
+        buf = malloc(OCI_JSON_MAX + 1);
+        if (!buf)
+                return -ENOMEM;
+        n = loop_read(fd, buf, OCI_JSON_MAX + 1);
+        if (n < 0)
+                return oci_fail((int) n, "%s: %s", what, strerror((int) -n));
+        if (n > OCI_JSON_MAX)
                 return oci_refuse("%s: larger than %u bytes", what, OCI_JSON_MAX);
-        if (r < 0)
-                return oci_refuse("%s: %s", what, strerror(-r));
-        return parse_json(buf, len, what, ret);
+        return parse_json(buf, (size_t) n, what, ret);
 }
 
 static const char *json_str(struct json_object *o, const char *key) {
