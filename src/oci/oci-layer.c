@@ -275,14 +275,96 @@ static int add_dir_time(LayerCtx *c, const char *path, struct archive_entry *e) 
         return 0;
 }
 
+/* A member named .wh.*: handled (1) or not a whiteout name (0). */
+static int whiteout_member(LayerCtx *c, const char *path, const char *base) {
+        const char *target = base + strlen(WHITEOUT_PREFIX);
+        int r;
+
+        if (strncmp(base, WHITEOUT_PREFIX, strlen(WHITEOUT_PREFIX)) != 0)
+                return 0;
+        if (strcmp(base, WHITEOUT_OPAQUE) == 0) {
+                _cleanup_free_ char *dir = strndup(path, (size_t) (base - path));
+
+                if (!dir)
+                        return -ENOMEM;
+                if (dir[0])
+                        dir[strlen(dir) - 1] = 0;
+                r = apply_opaque(c, dir);
+                return r < 0 ? r : 1;
+        }
+        if (strncmp(target, WHITEOUT_PREFIX, strlen(WHITEOUT_PREFIX)) == 0)
+                return 1; /* other markers of aufs: nothing to do */
+        if (!target[0] || strcmp(target, ".") == 0 || strcmp(target, "..") == 0)
+                return refuse(c, "a whiteout of nothing, or of a parent");
+        r = apply_whiteout(c, path, target);
+        return r < 0 ? r : 1;
+}
+
+static int create_member(LayerCtx *c, struct archive *a, struct archive_entry *e, int parent, const char *name,
+                         const char *path, bool exists) {
+        _cleanup_close_ int fd = -EBADF;
+        int64_t size = archive_entry_size(e);
+        struct timespec ts[2];
+        int r;
+
+        entry_times(e, ts);
+        switch (archive_entry_filetype(e)) {
+        case AE_IFDIR:
+                if (!exists && mkdirat(parent, name, 0700) < 0)
+                        return fail(c, -errno, "cannot make it");
+                fd = openat(parent, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+                if (fd < 0)
+                        return fail(c, -errno, "cannot open it");
+                r = set_meta(c, fd, e, true);
+                if (r < 0)
+                        return r;
+                return add_dir_time(c, path, e);
+        case AE_IFREG:
+                fd = openat(parent, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+                if (fd < 0)
+                        return fail(c, -errno, "cannot create it");
+                r = write_data(c, a, fd, size);
+                if (r < 0)
+                        return r;
+                *c->budget -= (uint64_t) size;
+                r = set_meta(c, fd, e, false);
+                if (r < 0)
+                        return r;
+                return futimens(fd, ts) < 0 ? fail(c, -errno, "cannot set its times") : 0;
+        case AE_IFLNK: {
+                const char *target = archive_entry_symlink(e);
+
+                if (!target || !target[0] || strlen(target) >= OCI_PATH_MAX)
+                        return refuse(c, "a symlink with an empty or overlong target");
+                /* Stored as it is: it means something inside the guest, never here. */
+                if (symlinkat(target, parent, name) < 0)
+                        return fail(c, -errno, "cannot make it");
+                if (fchownat(parent, name, (uid_t) archive_entry_uid(e), (gid_t) archive_entry_gid(e),
+                             AT_SYMLINK_NOFOLLOW) < 0 && (c->privileged || errno != EPERM))
+                        return fail(c, -errno, "cannot set its owner");
+                return utimensat(parent, name, ts, AT_SYMLINK_NOFOLLOW) < 0 ? fail(c, -errno, "cannot set its times")
+                                                                              : 0;
+        }
+        default: /* AE_IFIFO */
+                if (mkfifoat(parent, name, 0600) < 0)
+                        return fail(c, -errno, "cannot make it");
+                fd = openat(parent, name, O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC);
+                if (fd < 0)
+                        return fail(c, -errno, "cannot open it");
+                r = set_meta(c, fd, e, false);
+                if (r < 0)
+                        return r;
+                return futimens(fd, ts) < 0 ? fail(c, -errno, "cannot set its times") : 0;
+        }
+}
+
 static int apply_entry(LayerCtx *c, struct archive *a, struct archive_entry *e) {
         _cleanup_free_ char *path = NULL;
-        _cleanup_close_ int parent = -EBADF, fd = -EBADF;
+        _cleanup_close_ int parent = -EBADF;
         const char *raw = archive_entry_pathname(e), *name, *base, *reason = NULL;
         mode_t type = archive_entry_filetype(e);
         const char *hardlink = archive_entry_hardlink(e);
         int64_t size = archive_entry_size(e);
-        struct timespec ts[2];
         struct stat st;
         bool exists;
         int r;
@@ -300,24 +382,9 @@ static int apply_entry(LayerCtx *c, struct archive *a, struct archive_entry *e) 
         base = strrchr(path, '/');
         base = base ? base + 1 : path;
 
-        if (strncmp(base, WHITEOUT_PREFIX, strlen(WHITEOUT_PREFIX)) == 0) {
-                const char *target = base + strlen(WHITEOUT_PREFIX);
-
-                if (strcmp(base, WHITEOUT_OPAQUE) == 0) {
-                        _cleanup_free_ char *dir = strndup(path, (size_t) (base - path));
-
-                        if (!dir)
-                                return -ENOMEM;
-                        if (dir[0])
-                                dir[strlen(dir) - 1] = 0;
-                        return apply_opaque(c, dir);
-                }
-                if (strncmp(target, WHITEOUT_PREFIX, strlen(WHITEOUT_PREFIX)) == 0)
-                        return 0; /* other markers of aufs: nothing to do */
-                if (!target[0] || strcmp(target, ".") == 0 || strcmp(target, "..") == 0)
-                        return refuse(c, "a whiteout of nothing, or of a parent");
-                return apply_whiteout(c, path, target);
-        }
+        r = whiteout_member(c, path, base);
+        if (r != 0)
+                return r < 0 ? r : 0;
         if (!hardlink && (type == AE_IFCHR || type == AE_IFBLK)) {
                 if (type == AE_IFCHR && archive_entry_rdevmajor(e) == 0 && archive_entry_rdevminor(e) == 0)
                         return apply_whiteout(c, path, base);
@@ -346,59 +413,7 @@ static int apply_entry(LayerCtx *c, struct archive *a, struct archive_entry *e) 
                 return r;
         if (hardlink)
                 return apply_hardlink(c, parent, name, hardlink);
-
-        entry_times(e, ts);
-        switch (type) {
-        case AE_IFDIR:
-                if (!exists && mkdirat(parent, name, 0700) < 0)
-                        return fail(c, -errno, "cannot make it");
-                fd = openat(parent, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-                if (fd < 0)
-                        return fail(c, -errno, "cannot open it");
-                r = set_meta(c, fd, e, true);
-                if (r < 0)
-                        return r;
-                return add_dir_time(c, path, e);
-        case AE_IFREG:
-                fd = openat(parent, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-                if (fd < 0)
-                        return fail(c, -errno, "cannot create it");
-                r = write_data(c, a, fd, size);
-                if (r < 0)
-                        return r;
-                *c->budget -= (uint64_t) size;
-                r = set_meta(c, fd, e, false);
-                if (r < 0)
-                        return r;
-                if (futimens(fd, ts) < 0)
-                        return fail(c, -errno, "cannot set its times");
-                return 0;
-        case AE_IFLNK: {
-                const char *target = archive_entry_symlink(e);
-
-                if (!target || !target[0] || strlen(target) >= OCI_PATH_MAX)
-                        return refuse(c, "a symlink with an empty or overlong target");
-                /* Stored as it is: it means something inside the guest, never here. */
-                if (symlinkat(target, parent, name) < 0)
-                        return fail(c, -errno, "cannot make it");
-                if (fchownat(parent, name, (uid_t) archive_entry_uid(e), (gid_t) archive_entry_gid(e),
-                             AT_SYMLINK_NOFOLLOW) < 0 && (c->privileged || errno != EPERM))
-                        return fail(c, -errno, "cannot set its owner");
-                if (utimensat(parent, name, ts, AT_SYMLINK_NOFOLLOW) < 0)
-                        return fail(c, -errno, "cannot set its times");
-                return 0;
-        }
-        default: /* AE_IFIFO */
-                if (mkfifoat(parent, name, 0600) < 0)
-                        return fail(c, -errno, "cannot make it");
-                fd = openat(parent, name, O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC);
-                if (fd < 0)
-                        return fail(c, -errno, "cannot open it");
-                r = set_meta(c, fd, e, false);
-                if (r < 0)
-                        return r;
-                return futimens(fd, ts) < 0 ? fail(c, -errno, "cannot set its times") : 0;
-        }
+        return create_member(c, a, e, parent, name, path, exists);
 }
 
 static void apply_dir_times(LayerCtx *c) {
