@@ -277,11 +277,12 @@ static int add_dir_time(LayerCtx *c, const char *path, struct archive_entry *e) 
 
 /* A member named .wh.*: handled (1) or not a whiteout name (0). */
 static int whiteout_member(LayerCtx *c, const char *path, const char *base) {
-        const char *target = base + strlen(WHITEOUT_PREFIX);
+        const char *target;
         int r;
 
         if (strncmp(base, WHITEOUT_PREFIX, strlen(WHITEOUT_PREFIX)) != 0)
                 return 0;
+        target = base + strlen(WHITEOUT_PREFIX);
         if (strcmp(base, WHITEOUT_OPAQUE) == 0) {
                 _cleanup_free_ char *dir = strndup(path, (size_t) (base - path));
 
