@@ -22,6 +22,9 @@ from tap import Skip, Tap, check
 
 FORKD_OCI, AGENT = sys.argv[1], sys.argv[2]
 TOP = tempfile.mkdtemp(prefix="forkd-oci-test.")
+# e2fsprogs lives in /usr/sbin, which a user's PATH may lack.
+DEBUGFS = shutil.which("debugfs") or "/usr/sbin/debugfs"
+E2FSCK = shutil.which("e2fsck") or "/usr/sbin/e2fsck"
 
 
 def user_xattrs_work():
@@ -169,7 +172,7 @@ def build(src, out, cache=None, extra=()):
 
 
 def debugfs(img, req):
-    p = subprocess.run(["debugfs", "-R", req, img], capture_output=True, text=True)
+    p = subprocess.run([DEBUGFS, "-R", req, img], capture_output=True, text=True)
     return p.stdout
 
 
@@ -205,7 +208,7 @@ def check_built(p, out):
     check(res["config"] == cfg, "stdout config differs from image.json")
     check(len(res["layers"]) == 2 and res["rootfs_bytes"] == os.path.getsize(out), f"result: {res}")
     check(res["tree_bytes"] > 0, f"result: {res}")
-    fsck = subprocess.run(["e2fsck", "-fn", out], capture_output=True, text=True)
+    fsck = subprocess.run([E2FSCK, "-fn", out], capture_output=True, text=True)
     check(fsck.returncode == 0, f"e2fsck: {fsck.stdout[-2000:]}")
     return res
 
