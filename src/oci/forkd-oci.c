@@ -6,6 +6,7 @@
 #include <getopt.h>
 #include <inttypes.h>
 #include <libgen.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -331,7 +332,12 @@ static int build(const Args *a) {
         return print_result(&b, cached, tree_bytes, (uint64_t) st.st_size);
 }
 
+static void on_signal(int sig) {
+        oci_interrupted = sig;
+}
+
 int main(int argc, char **argv) {
+        struct sigaction sa = { .sa_handler = on_signal }; /* no SA_RESTART: waitpid() returns */
         Args a;
         int r;
 
@@ -341,6 +347,10 @@ int main(int argc, char **argv) {
                 return 1;
         }
         umask(0022);
+        sigemptyset(&sa.sa_mask);
+        (void) sigaction(SIGTERM, &sa, NULL);
+        (void) sigaction(SIGINT, &sa, NULL);
+        (void) sigaction(SIGHUP, &sa, NULL);
         r = build(&a);
         if (r < 0) {
                 const char *m = oci_error_message();

@@ -96,6 +96,9 @@ static int extract_outer(int fd, int workdir, uint64_t max_bytes) {
                 mode_t t = archive_entry_filetype(e);
                 la_int64_t size = archive_entry_size(e);
 
+                r = oci_check_interrupted();
+                if (r < 0)
+                        return r;
                 if (++n > OCI_OUTER_MEMBERS_MAX)
                         return oci_refuse("archive: more than %u members", OCI_OUTER_MEMBERS_MAX);
                 r = oci_path_normalize(raw, &path, &reason);
@@ -271,6 +274,8 @@ static int hash_fd(int fd, char out[OCI_DIGEST_LEN + 1], uint64_t *ret_size) {
                         return -errno;
                 if (n == 0)
                         break;
+                if (oci_interrupted)
+                        return -EINTR;
                 oci_hash_update(h, buf, (size_t) n);
                 size += (uint64_t) n;
         }
@@ -306,6 +311,8 @@ static int hash_uncompressed(int fd, uint64_t budget, char out[OCI_DIGEST_LEN + 
         while ((r = archive_read_data_block(a, &buf, &len, &off)) == ARCHIVE_OK) {
                 if (len > budget - size)
                         return oci_refuse("layer %s: the image is larger than the size limit", name);
+                if (oci_interrupted)
+                        return oci_check_interrupted();
                 oci_hash_update(h, buf, len);
                 size += len;
         }

@@ -488,7 +488,9 @@ int oci_layer_apply(int root, const OciLayer *layer, uint64_t *budget) {
                         r = oci_refuse("layer %s: more than %u members", layer->name, OCI_MEMBERS_MAX);
                         goto finish;
                 }
-                r = apply_entry(&c, a, e);
+                r = oci_check_interrupted();
+                if (r >= 0)
+                        r = apply_entry(&c, a, e);
                 if (r < 0)
                         goto finish;
         }

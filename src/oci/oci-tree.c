@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <search.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -358,9 +359,15 @@ int oci_mkfs(const char *tree_path, const char *work_path, const char *out_path,
                 fprintf(stderr, "cannot run mke2fs: %m\n");
                 _exit(127);
         }
-        while (waitpid(pid, &status, 0) < 0)
+        while (waitpid(pid, &status, 0) < 0) {
                 if (errno != EINTR)
                         return oci_fail(-errno, "Cannot wait for mke2fs: %m");
+                if (oci_interrupted)
+                        (void) kill(pid, SIGTERM); /* and wait for it: then the output goes */
+        }
+        r = oci_check_interrupted();
+        if (r < 0)
+                return r;
         if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
                 last_line(log, line, sizeof(line));
                 return oci_fail(-EIO, "mke2fs failed: %s", line[0] ? line : "no message");

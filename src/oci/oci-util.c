@@ -14,6 +14,11 @@
 #include "oci.h"
 
 static char error_message[1024];
+volatile int oci_interrupted;
+
+int oci_check_interrupted(void) {
+        return oci_interrupted ? oci_fail(-EINTR, "Interrupted by a signal") : 0;
+}
 
 static void set_message(const char *fmt, va_list ap) {
         if (error_message[0])

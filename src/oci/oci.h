@@ -30,6 +30,11 @@ int oci_refuse(const char *fmt, ...) _printf_(1, 2);
 int oci_fail(int r, const char *fmt, ...) _printf_(2, 3);
 const char *oci_error_message(void);
 
+/* Set by SIGTERM, SIGINT or SIGHUP: the loops stop with -EINTR, so that the work
+ * directory is removed on the way out. */
+extern volatile int oci_interrupted;
+int oci_check_interrupted(void);
+
 /* A digest "sha256:<64 lowercase hex>"; true when well formed. */
 bool oci_digest_is_valid(const char *d);
 
