@@ -1,0 +1,362 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+/* forkd-oci build: an OCI image into an ext4 root file system for a forkd guest.
+ * forkd runs it as a separate process: it parses hostile archives. */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <libgen.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <json-c/json.h>
+
+#include "oci.h"
+
+typedef struct Args {
+        int image_fd;
+        const char *agent;
+        const char *out;
+        const char *cache;
+        bool start_cmd;
+        uint64_t max_bytes;
+} Args;
+
+static void usage(FILE *f) {
+        fprintf(f,
+                "Usage: forkd-oci build --image-fd N --agent PATH --out ROOTFS [--cache DIR] [--start-cmd]\n"
+                "                       [--max-bytes BYTES]\n"
+                "\n"
+                "Unpacks the OCI image on fd N (an OCI image layout directory, an oci-archive or a\n"
+                "docker-archive tar) into an ext4 file ROOTFS with forkd's agent in /.forkd.\n"
+                "Exit status: 0 done, 2 the image was refused, 1 any other failure.\n");
+}
+
+static int parse_u64(const char *s, uint64_t *ret) {
+        char *end;
+        unsigned long long v;
+
+        errno = 0;
+        v = strtoull(s, &end, 10);
+        if (errno || end == s || *end || s[0] == '-')
+                return -EINVAL;
+        *ret = v;
+        return 0;
+}
+
+static int parse_args(int argc, char **argv, Args *a) {
+        static const struct option options[] = {
+                { "image-fd", required_argument, NULL, 'i' },
+                { "agent", required_argument, NULL, 'a' },
+                { "out", required_argument, NULL, 'o' },
+                { "cache", required_argument, NULL, 'c' },
+                { "start-cmd", no_argument, NULL, 's' },
+                { "max-bytes", required_argument, NULL, 'm' },
+                { "help", no_argument, NULL, 'h' },
+                {},
+        };
+        uint64_t v;
+        int c;
+
+        *a = (Args) { .image_fd = -1, .max_bytes = OCI_MAX_BYTES_DEFAULT };
+        if (argc < 2 || strcmp(argv[1], "build") != 0) {
+                if (argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
+                        usage(stdout);
+                        exit(0);
+                }
+                return -EINVAL;
+        }
+        optind = 2;
+        while ((c = getopt_long(argc, argv, "h", options, NULL)) >= 0)
+                switch (c) {
+                case 'i':
+                        if (parse_u64(optarg, &v) < 0 || v > INT32_MAX)
+                                return -EINVAL;
+                        a->image_fd = (int) v;
+                        break;
+                case 'a':
+                        a->agent = optarg;
+                        break;
+                case 'o':
+                        a->out = optarg;
+                        break;
+                case 'c':
+                        a->cache = optarg;
+                        break;
+                case 's':
+                        a->start_cmd = true;
+                        break;
+                case 'm':
+                        if (parse_u64(optarg, &a->max_bytes) < 0 || a->max_bytes == 0)
+                                return -EINVAL;
+                        break;
+                case 'h':
+                        usage(stdout);
+                        exit(0);
+                default:
+                        return -EINVAL;
+                }
+        if (optind != argc || a->image_fd < 0 || !a->agent || !a->out || !a->out[0])
+                return -EINVAL;
+        return 0;
+}
+
+/* ---- the layer cache: DIR/<chain id hex>/{tree,done}, made under a dot name and renamed ---- */
+
+static bool cache_entry_is_valid(int cache, const char *hex, const char *chain_id) {
+        _cleanup_close_ int dir = openat(cache, hex, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        _cleanup_close_ int done = -EBADF;
+        char buf[OCI_DIGEST_LEN + 2] = {};
+        struct stat st;
+        ssize_t n;
+
+        if (dir < 0)
+                return false;
+        done = openat(dir, "done", O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+        if (done < 0)
+                return false;
+        n = read(done, buf, sizeof(buf) - 1);
+        if (n != OCI_DIGEST_LEN + 1 || buf[OCI_DIGEST_LEN] != '\n' || strncmp(buf, chain_id, OCI_DIGEST_LEN) != 0)
+                return false;
+        return fstatat(dir, "tree", &st, AT_SYMLINK_NOFOLLOW) >= 0 && S_ISDIR(st.st_mode);
+}
+
+static int cache_store(int cache, int work, const char *chain_id) {
+        _cleanup_free_ char *stage = NULL;
+        _cleanup_close_ int sfd = -EBADF, done = -EBADF;
+        const char *hex = chain_id + 7;
+        char line[OCI_DIGEST_LEN + 2];
+        int r;
+
+        if (cache_entry_is_valid(cache, hex, chain_id))
+                return 0;
+        if (asprintf(&stage, ".stage-%.16s-%d", hex, (int) getpid()) < 0)
+                return -ENOMEM;
+        (void) oci_rm_rf_at(cache, stage);
+        if (mkdirat(cache, stage, 0755) < 0)
+                return -errno;
+        sfd = openat(cache, stage, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (sfd < 0) {
+                r = -errno;
+                goto fail;
+        }
+        r = oci_tree_link_copy(work, sfd, "tree");
+        if (r < 0)
+                goto fail;
+        done = openat(sfd, "done", O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+        snprintf(line, sizeof(line), "%s\n", chain_id);
+        if (done < 0 || write(done, line, strlen(line)) != (ssize_t) strlen(line) || fsync(done) < 0) {
+                r = -errno;
+                goto fail;
+        }
+        /* A corrupt entry (no valid "done") is replaced; a valid one someone else made stays. */
+        if (!cache_entry_is_valid(cache, hex, chain_id))
+                (void) oci_rm_rf_at(cache, hex);
+        if (renameat(cache, stage, cache, hex) >= 0)
+                return 0;
+        r = errno == EEXIST || errno == ENOTEMPTY ? 0 : -errno;
+fail:
+        (void) oci_rm_rf_at(cache, stage);
+        return r;
+}
+
+/* The longest prefix of layers whose tree is cached: its length. */
+static size_t cache_lookup(int cache, const OciImage *img) {
+        for (size_t k = img->n_layers; k > 0; k--)
+                if (cache_entry_is_valid(cache, img->layers[k - 1].chain_id + 7, img->layers[k - 1].chain_id))
+                        return k;
+        return 0;
+}
+
+/* ---- build ---- */
+
+typedef struct Build {
+        int base;               /* where the work directory lives: the cache, or next to ROOTFS */
+        char *base_path;
+        char *work_name;
+        int work;
+        int cache;
+        char *tmp_out;
+        OciImage img;
+} Build;
+
+static void build_done(Build *b) {
+        oci_image_done(&b->img);
+        if (b->work_name && b->base >= 0)
+                (void) oci_rm_rf_at(b->base, b->work_name);
+        if (b->tmp_out)
+                (void) unlink(b->tmp_out);
+        safe_close(b->work);
+        safe_close(b->cache);
+        safe_close(b->base);
+        free(b->base_path);
+        free(b->work_name);
+        free(b->tmp_out);
+}
+
+static int print_result(const Build *b, size_t cached, uint64_t tree_bytes, uint64_t rootfs_bytes) {
+        json_object *o = json_object_new_object(), *layers = json_object_new_array();
+        int r = 0;
+
+        if (!o || !layers) {
+                json_object_put(o);
+                json_object_put(layers);
+                return -ENOMEM;
+        }
+        for (size_t i = 0; i < b->img.n_layers; i++)
+                json_object_array_add(layers, json_object_new_string(b->img.layers[i].digest));
+        json_object_object_add(o, "config", oci_config_to_json(&b->img.config));
+        json_object_object_add(o, "layers", layers);
+        json_object_object_add(o, "cached_layers", json_object_new_int64((int64_t) cached));
+        json_object_object_add(o, "tree_bytes", json_object_new_int64((int64_t) tree_bytes));
+        json_object_object_add(o, "rootfs_bytes", json_object_new_int64((int64_t) rootfs_bytes));
+        if (printf("%s\n", json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE)) < 0 ||
+            fflush(stdout) != 0)
+                r = oci_fail(-EIO, "Cannot write the result: %m");
+        json_object_put(o);
+        return r;
+}
+
+static int setup_dirs(Build *b, const Args *a) {
+        _cleanup_free_ char *out_copy = strdup(a->out);
+        char name[] = ".forkd-oci-XXXXXX";
+
+        if (!out_copy)
+                return -ENOMEM;
+        b->base_path = strdup(a->cache ?: dirname(out_copy));
+        if (!b->base_path)
+                return -ENOMEM;
+        if (a->cache && mkdir(a->cache, 0755) < 0 && errno != EEXIST)
+                return oci_fail(-errno, "Cannot make the cache directory %s: %m", a->cache);
+        b->base = open(b->base_path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (b->base < 0)
+                return oci_fail(-errno, "Cannot open %s: %m", b->base_path);
+        if (a->cache)
+                b->cache = fcntl(b->base, F_DUPFD_CLOEXEC, 3);
+        /* A private name: mkdtemp()'s, relative to the directory we hold open. */
+        for (int tries = 0;; tries++) {
+                char *x = strrchr(name, '-') + 1;
+
+                for (int i = 0; i < 6; i++)
+                        x[i] = "abcdefghijklmnopqrstuvwxyz0123456789"[(unsigned) rand() % 36];
+                if (mkdirat(b->base, name, 0700) >= 0)
+                        break;
+                if (errno != EEXIST || tries > 100)
+                        return oci_fail(-errno, "Cannot make a work directory in %s: %m", b->base_path);
+        }
+        b->work_name = strdup(name);
+        if (!b->work_name)
+                return -ENOMEM;
+        b->work = openat(b->base, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (b->work < 0 || mkdirat(b->work, "archive", 0700) < 0)
+                return oci_fail(-errno, "Cannot open the work directory: %m");
+        return 0;
+}
+
+static int build(const Args *a) {
+        _cleanup_(build_done) Build b = { .base = -EBADF, .work = -EBADF, .cache = -EBADF };
+        _cleanup_close_ int archive = -EBADF, tree = -EBADF;
+        _cleanup_free_ char *work_path = NULL, *tree_path = NULL;
+        uint64_t budget = a->max_bytes, tree_bytes = 0;
+        size_t cached = 0;
+        struct stat st;
+        int r;
+
+        if (fcntl(a->image_fd, F_SETFD, FD_CLOEXEC) < 0)
+                return oci_fail(-errno, "--image-fd %d: %m", a->image_fd);
+        srand((unsigned) getpid() ^ (unsigned) time(NULL));
+        r = setup_dirs(&b, a);
+        if (r < 0)
+                return r;
+        if (asprintf(&work_path, "%s/%s", b.base_path, b.work_name) < 0 ||
+            asprintf(&tree_path, "%s/tree", work_path) < 0 ||
+            asprintf(&b.tmp_out, "%s.tmp-%s", a->out, b.work_name + strlen(".forkd-oci-")) < 0)
+                return -ENOMEM;
+        archive = openat(b.work, "archive", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (archive < 0)
+                return oci_fail(-errno, "Cannot open the work directory: %m");
+
+        r = oci_image_load(a->image_fd, archive, a->max_bytes, &b.img);
+        if (r < 0)
+                return r;
+        b.img.config.start_cmd = a->start_cmd;
+
+        if (b.cache >= 0)
+                cached = cache_lookup(b.cache, &b.img);
+        if (cached > 0) {
+                _cleanup_close_ int entry = openat(b.cache, b.img.layers[cached - 1].chain_id + 7,
+                                                   O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+                if (entry < 0)
+                        return oci_fail(-errno, "Cannot open the layer cache: %m");
+                r = oci_tree_link_copy(entry, b.work, "tree");
+                if (r < 0)
+                        return oci_fail(r, "Cannot copy the cached tree: %s", strerror(-r));
+        } else if (mkdirat(b.work, "tree", 0755) < 0)
+                return oci_fail(-errno, "Cannot make the tree: %m");
+        tree = openat(b.work, "tree", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (tree < 0)
+                return oci_fail(-errno, "Cannot open the tree: %m");
+        if (fchmod(tree, 0755) < 0)
+                return oci_fail(-errno, "Cannot set the tree's mode: %m");
+
+        for (size_t i = cached; i < b.img.n_layers; i++) {
+                r = oci_layer_apply(tree, &b.img.layers[i], &budget);
+                if (r < 0)
+                        return r;
+                if (b.cache >= 0) {
+                        r = cache_store(b.cache, b.work, b.img.layers[i].chain_id);
+                        if (r < 0)
+                                return oci_fail(r, "Cannot store layer %s in the cache: %s", b.img.layers[i].name,
+                                                strerror(-r));
+                }
+        }
+
+        r = oci_tree_install_guest(tree, a->agent, &b.img.config);
+        if (r < 0)
+                return r;
+        r = oci_tree_bytes(tree, &tree_bytes);
+        if (r < 0)
+                return oci_fail(r, "Cannot measure the tree: %s", strerror(-r));
+        r = oci_mkfs(tree_path, work_path, b.tmp_out, tree_bytes);
+        if (r < 0)
+                return r;
+        if (stat(b.tmp_out, &st) < 0 || rename(b.tmp_out, a->out) < 0)
+                return oci_fail(-errno, "Cannot put the file system at %s: %m", a->out);
+        free(b.tmp_out);
+        b.tmp_out = NULL;
+        return print_result(&b, cached, tree_bytes, (uint64_t) st.st_size);
+}
+
+static void on_signal(int sig) {
+        oci_interrupted = sig;
+}
+
+int main(int argc, char **argv) {
+        struct sigaction sa = { .sa_handler = on_signal }; /* no SA_RESTART: waitpid() returns */
+        Args a;
+        int r;
+
+        r = parse_args(argc, argv, &a);
+        if (r < 0) {
+                usage(stderr);
+                return 1;
+        }
+        umask(0022);
+        sigemptyset(&sa.sa_mask);
+        (void) sigaction(SIGTERM, &sa, NULL);
+        (void) sigaction(SIGINT, &sa, NULL);
+        (void) sigaction(SIGHUP, &sa, NULL);
+        r = build(&a);
+        if (r < 0) {
+                const char *m = oci_error_message();
+
+                fprintf(stderr, "%s\n", m[0] ? m : strerror(-r));
+                return r == -EBADMSG ? 2 : 1;
+        }
+        return 0;
+}
