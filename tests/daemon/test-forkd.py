@@ -476,6 +476,60 @@ def run(h):
             b.close()
     h.check("CreateSnapshotFromFds: regular, readable files only; booted from forkd's own copies", create_from_fds)
 
+    def create_from_image():
+        """CreateSnapshotFromImage: forkd-oci writes the disk of an OCI image (here booted with
+        the test guest as the kernel option, which ignores it); the config is kept; a hostile
+        image or a missing kernel is InvalidArgs, and nothing is left."""
+        import tarfile
+        import ociimage
+        from ociimage import member
+        b = Bus(h.address, unix_fds=True)
+        opened = []
+        cfg = {"Env": ["PATH=/bin", "A=1"], "WorkingDir": "/srv", "Cmd": ["sh"]}
+        layout, bad = os.path.join(h.tmp, "img.oci"), os.path.join(h.tmp, "bad.oci")
+        ociimage.write_oci(layout, [[member("srv/", kind=tarfile.DIRTYPE, mode=0o755), member("srv/a", b"a")]], cfg)
+        ociimage.write_oci(bad, [[member("../x", b"x")]], cfg)
+
+        def fd(path, flags=os.O_RDONLY):
+            opened.append(os.open(path, flags | os.O_CLOEXEC))
+            return opened[-1]
+
+        def refused(fds, args, want):
+            try:
+                b.call(DEST, PATH, IFACE, "CreateSnapshotFromImage", "shuua{sv}", args, fds=fds)
+            except DBusError as e:
+                assert e.name == INVALID_ARGS and want in e.message, f"{args}: {e.name}: {e.message}"
+                return
+            raise AssertionError(f"{args} was accepted")
+        try:
+            img, g = fd(layout, os.O_RDONLY | os.O_DIRECTORY), fd(GUEST)
+            refused([img], ["i1", 0, 64, 30, {}], "No kernel")
+            refused([fd("/dev/null"), g], ["i1", 0, 64, 30, {"kernel": ("h", 1)}], "must be a directory")
+            refused([img, g], ["i1", 0, 64, 30, {"bogus": ("b", True)}], "Unknown option")
+            refused([img, g], ["i1", 0, 64, 30, {"start_cmd": ("s", "yes")}], "must be of type b")
+            refused([img, g], ["i1", 0, 64, 30, {"initrd": ("h", 1)}], "initrd needs option kernel")
+            refused([fd(bad, os.O_RDONLY | os.O_DIRECTORY), g], ["i1", 0, 64, 30, {"kernel": ("h", 1)}],
+                    '"../x"')
+            snaps = os.path.join(h.state, "snapshots")
+            assert "i1" not in os.listdir(snaps) and not [n for n in os.listdir(snaps) if n.startswith(".")], \
+                os.listdir(snaps)
+            info = b.call(DEST, PATH, IFACE, "CreateSnapshotFromImage", "shuua{sv}",
+                          ["i1", 0, 64, 30, {"kernel": ("h", 1)}], fds=[img, g])[0]
+            image = info.get("image") or {}
+            assert image.get("working_dir") == "/srv" and image.get("env") == ["PATH=/bin", "A=1"] and \
+                image.get("cmd") == ["sh"] and image.get("start_cmd") is False, info
+            with open(os.path.join(snaps, "i1", "snapshot.json")) as f:
+                assert json.load(f)["image"]["working_dir"] == "/srv"
+            assert h.m("GetSnapshotInfo", "s", ["i1"])[0]["image"]["env"] == ["PATH=/bin", "A=1"]
+            assert not [n for n in os.listdir(snaps) if n.startswith(".")], os.listdir(snaps)
+            h.m("DeleteSnapshot", "sbb", ["i1", False, False])
+        finally:
+            for o in opened:
+                os.close(o)
+            b.close()
+    h.check("CreateSnapshotFromImage: an OCI layout's disk by forkd-oci, its config kept; hostile images, "
+            "a missing kernel and bad options are InvalidArgs with nothing left", create_from_image)
+
     def bad_args():
         h.expect_error(INVALID_ARGS, "Fork", "sua{sv}", ["t1", 0, {}])
         h.expect_error(INVALID_ARGS, "Fork", "sua{sv}", ["t1", 1001, {}])

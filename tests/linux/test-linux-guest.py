@@ -20,6 +20,8 @@ then each capability's part, in this order, on that one stack:
   linux-branch.py       the errors of branch and fork with something in flight
   linux-chain-pack.py   diff-snapshot chains, compact, pack and unpack
   linux-boot-fork.py    a boot in 64 MiB that triple-faults
+  linux-image.py        snapshots of OCI images (docker-archive, OCI layout) of a
+                        Python image made from the Linux image's tree
   linux-net.py          networking: NICs, namespaces, exposed ports, cleanup
   linux-sdk.py          sdk/python/tests/test-sdk.py with the Linux guest
 
@@ -60,8 +62,8 @@ def main():
     args = ap.parse_args()
     top = os.path.dirname(os.path.dirname(HERE))
     build = os.path.abspath(args.build)
-    boot, branch, lifecycle, chain_pack, net, sdk = (
-        part(n) for n in ("boot-fork", "branch", "lifecycle", "chain-pack", "net", "sdk"))
+    boot, branch, lifecycle, chain_pack, image, net, sdk = (
+        part(n) for n in ("boot-fork", "branch", "lifecycle", "chain-pack", "image", "net", "sdk"))
     t = Tap()
 
     g = LinuxStack(t, top, build, args.image)
@@ -74,6 +76,7 @@ def main():
             branch.branch_and_fork_errors(t, fc, stack, g.restart)
             chain_pack.chains(t, fc, stack)  # ends with snapshot rm --cascade of TAG
             boot.triple_fault(t, stack, body)
+        image.images(t, fc, stack, args.image, state)
         net.networking(t, fc, stack, g.restart, state)
         sdk.sdk_python(t, top, stack, args.image, g.env)
     except Exception:

@@ -1,0 +1,138 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""Snapshots of OCI container images on the Linux guest (part of test-linux-guest.py).
+
+The test makes its images itself: the first layer is the Linux image's own root tree
+(python3.11, busybox; read out of rootfs.ext4 with debugfs) plus /etc/old.conf, the
+second adds /opt/app/hello.txt, whites out /etc/old.conf and comes with ENV GREETING=hi
+and WORKDIR /opt/app. The same image as a docker-archive (POST /v1/snapshots "image")
+and as an OCI image layout (forkctl snapshot create --image) boots with forkd's default
+kernel (forkd --default-kernel, the Linux image's) and forkd-agent-portable as PID 1.
+Children see the file and the variable, start in /opt/app, miss the whited-out file,
+and run_code keeps its globals with the image's own python3. Hostile images are 400
+naming the member, with nothing registered and nothing left in the snapshots directory."""
+import os
+import shutil
+import subprocess
+import tarfile
+import tempfile
+import time
+
+import ociimage
+from linuxguest import TCG_BOOT_WAIT_SECS, rest
+from ociimage import member
+
+ENV = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "GREETING=hi"]
+CONFIG = {"Env": ENV, "WorkingDir": "/opt/app", "Cmd": ["python3"]}
+LAYER2 = [
+    member("opt/", kind=tarfile.DIRTYPE, mode=0o755),
+    member("opt/app/", kind=tarfile.DIRTYPE, mode=0o755),
+    member("opt/app/hello.txt", b"hello from layer 2\n"),
+    member("etc/.wh.old.conf"),
+]
+
+
+def base_layer(image, tmp):
+    """The Linux image's root tree as a layer tar, with /etc/old.conf to white out."""
+    tree = os.path.join(tmp, "tree")
+    os.mkdir(tree)
+    subprocess.run(["debugfs", "-R", f"rdump / {tree}", os.path.join(image, "rootfs.ext4")], check=True,
+                   capture_output=True)
+    shutil.rmtree(os.path.join(tree, "lost+found"), ignore_errors=True)
+    with open(os.path.join(tree, "etc", "old.conf"), "w") as f:
+        f.write("to be whited out\n")
+    return ociimage.dir_layer(tree)
+
+
+def leftovers(state):
+    """What a failed create must not leave: staging and boot directories, work trees."""
+    snaps = os.path.join(state, "forkd", "snapshots")
+    return sorted(n for n in os.listdir(snaps) if n.startswith("."))
+
+
+def check_child(t, fc, sid, what):
+    rc, r, err = fc("exec", sid, "--", "cat", "hello.txt")
+    t.ok(rc == 0 and r.get("stdout") == "hello from layer 2\n",
+         f"{what}: exec cat hello.txt in the image's WorkingDir sees layer 2's file", r or err)
+    rc, r, err = fc("exec", sid, "--", "sh", "-c", 'echo "$GREETING"; pwd; test -e /etc/old.conf; echo $?')
+    t.ok(rc == 0 and r.get("stdout") == "hi\n/opt/app\n1\n",
+         f"{what}: $GREETING is hi, the cwd /opt/app, and the whited-out /etc/old.conf is gone", r or err)
+    fc("run", sid, "x = 40\nimport sys")
+    rc, r, err = fc("run", sid, "print(x + 2, sys.executable, sys.version_info[:2] >= (3, 8))")
+    out = (r or {}).get("stdout", "")
+    t.ok(rc == 0 and out.startswith("42 ") and "python3" in out and out.endswith(" True\n"),
+         f"{what}: run_code keeps its globals across calls, in the image's own python3", r or err)
+
+
+def images(t, fc, stack, image, state):
+    tmp = tempfile.mkdtemp(prefix="forkd-linux-image.")
+    made = []
+    try:
+        t0 = time.monotonic()
+        layers = [base_layer(image, tmp), LAYER2]
+        docker = os.path.join(tmp, "python.docker.tar")
+        layout = os.path.join(tmp, "python.oci")
+        ociimage.write_docker(docker, layers, CONFIG)
+        ociimage.write_oci(layout, layers, CONFIG, comps=("plain", "gzip"))
+        t.note(f"images made ({os.path.getsize(docker) >> 20} MiB docker-archive) in {time.monotonic() - t0:.1f} s")
+
+        # A docker-archive through REST, with forkd's default kernel.
+        t0 = time.monotonic()
+        status, doc = rest(stack, "POST", "/v1/snapshots",
+                           {"tag": "img-docker", "image": docker, "boot_wait_secs": TCG_BOOT_WAIT_SECS})
+        ok = t.ok(status == 201 and isinstance(doc, dict) and doc.get("tag") == "img-docker",
+                  "POST /v1/snapshots with image: a docker-archive boots with forkd's default kernel and is snapshotted",
+                  f"{status} {doc}")
+        if ok:
+            made.append("img-docker")
+            t.note(f"snapshot of a docker-archive (cold layer cache): {time.monotonic() - t0:.1f} s under TCG")
+            cfg = doc.get("image") or {}
+            t.ok(cfg.get("working_dir") == "/opt/app" and "GREETING=hi" in cfg.get("env", []) and
+                 cfg.get("cmd") == ["python3"], "SnapshotInfo image: the config's Env, WorkingDir and Cmd", doc)
+
+        # The same image as an OCI layout through forkctl: its layers come from the cache.
+        t0 = time.monotonic()
+        rc, doc, err = fc("snapshot", "create", "img-layout", "--image", layout, "--boot-wait",
+                          str(TCG_BOOT_WAIT_SECS))
+        if t.ok(rc == 0 and isinstance(doc, dict) and doc.get("tag") == "img-layout",
+                "forkctl snapshot create --image: an OCI image layout", doc or err):
+            made.append("img-layout")
+            t.note(f"snapshot of the OCI layout (layer cache warm): {time.monotonic() - t0:.1f} s under TCG")
+
+        if "img-docker" in made:
+            rc, doc, err = fc("fork", "img-docker", "-n", "2")
+            ids = [s["id"] for s in (doc or {}).get("sandboxes", [])]
+            if t.ok(rc == 0 and len(ids) == 2, "fork -n 2 of the docker-archive's snapshot", err):
+                rc, r, err = fc("ping", ids[0])
+                t.ok(rc == 0 and r.get("pid") == 1 and "python3" in (r.get("python_path") or ""),
+                     "ping: forkd-agent-portable is PID 1 and uses the image's python3", r or err)
+                for sid in ids:
+                    check_child(t, fc, sid, sid)
+                fc("kill", *ids)
+        if "img-layout" in made:
+            rc, doc, err = fc("fork", "img-layout")
+            ids = [s["id"] for s in (doc or {}).get("sandboxes", [])]
+            if t.ok(rc == 0 and len(ids) == 1, "fork of the OCI layout's snapshot", err):
+                check_child(t, fc, ids[0], "the OCI layout's child")
+                fc("kill", *ids)
+
+        # Hostile images: 400 naming the member, nothing registered, nothing left.
+        before = leftovers(state)
+        bad = os.path.join(tmp, "dotdot.docker.tar")
+        ociimage.write_docker(bad, [LAYER2, [member("../escape", b"x")]], CONFIG)
+        status, doc = rest(stack, "POST", "/v1/snapshots",
+                           {"tag": "img-bad", "image": bad, "boot_wait_secs": TCG_BOOT_WAIT_SECS})
+        t.ok(status == 400 and '"../escape"' in (doc or {}).get("error", ""),
+             "an image with a ../ member: 400 naming the member", f"{status} {doc}")
+        bad = os.path.join(tmp, "symlink.oci")
+        ociimage.write_oci(bad, [[member("evil", kind=tarfile.SYMTYPE, linkname="/etc")],
+                                 [member("evil/pwned", b"x")]], CONFIG)
+        rc, doc, err = fc("snapshot", "create", "img-bad", "--image", bad)
+        t.ok(rc != 0 and '"evil/pwned"' in err and not os.path.exists("/etc/pwned"),
+             "forkctl --image with a file through a symlink out of the tree: refused, naming the member", err)
+        rc, doc, err = fc("snapshot", "info", "img-bad")
+        t.ok(rc != 0 and leftovers(state) == before, "nothing registered, nothing left in the snapshots directory",
+             (leftovers(state), before))
+    finally:
+        for tag in made:
+            fc("snapshot", "rm", tag)
+        shutil.rmtree(tmp, ignore_errors=True)
