@@ -247,6 +247,7 @@ static int write_index(oci_registry *r, int dfd, const oci_manifest *m, const ch
         _cleanup_(json_object_putp) struct json_object *index = NULL, *entry = NULL;
         _cleanup_free_ char *old = NULL;
         struct json_object *list = NULL, *fresh;
+        bool present = false;
         const char *s;
         size_t len = 0;
         int k;
@@ -264,9 +265,10 @@ static int write_index(oci_registry *r, int dfd, const oci_manifest *m, const ch
                             json_object_object_get_ex(ann, REF_NAME_ANNOTATION, &name) &&
                             json_object_is_type(name, json_type_string) && strcmp(json_object_get_string(name), tag) == 0)
                                 continue;
+                        /* Pulled by digest: an entry of the same image, tagged or not, stays and is enough. */
                         if (!tag && json_object_object_get_ex(e, "digest", &name) &&
                             json_object_is_type(name, json_type_string) && strcmp(json_object_get_string(name), m->digest) == 0)
-                                continue;
+                                present = true;
                         (void) json_object_array_add(fresh, json_object_get(e));
                 }
                 (void) json_object_object_add(index, "manifests", fresh);
@@ -281,6 +283,8 @@ static int write_index(oci_registry *r, int dfd, const oci_manifest *m, const ch
                 (void) json_object_object_add(index, "manifests", list);
         }
 
+        if (present)
+                goto write;
         entry = json_object_new_object();
         if (!entry)
                 return -ENOMEM;
@@ -296,7 +300,7 @@ static int write_index(oci_registry *r, int dfd, const oci_manifest *m, const ch
                 (void) json_object_object_add(entry, "annotations", ann);
         }
         (void) json_object_array_add(list, TAKE_PTR(entry));
-
+write:
         s = json_object_to_json_string_ext(index, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE);
         if (!s)
                 return -ENOMEM;
