@@ -1,8 +1,10 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 /* registry-tool: the registry client from the command line, for the tests.
  *
- *   registry-tool pull-layout REF --config FILE --out DIR
- *   registry-tool push-layout DIR REF --config FILE
+ *   registry-tool pull-layout REF --config FILE --out DIR [--timeout SEC]
+ *   registry-tool push-layout DIR REF --config FILE [--timeout SEC]
+ *
+ * --timeout: for a request, and for a blob transfer that stalls.
  *
  * Prints one JSON object on success; the error on stderr and exit 1 otherwise. */
 
@@ -11,14 +13,15 @@
 
 #include "macro.h"
 #include "registry.h"
+#include "time-util.h"
 
 static int usage(void) {
-        fprintf(stderr, "usage: registry-tool pull-layout REF --config FILE --out DIR\n"
-                        "       registry-tool push-layout DIR REF --config FILE\n");
+        fprintf(stderr, "usage: registry-tool pull-layout REF --config FILE --out DIR [--timeout SEC]\n"
+                        "       registry-tool push-layout DIR REF --config FILE [--timeout SEC]\n");
         return 2;
 }
 
-static int run(const char *verb, const char *ref_s, const char *dir, const char *config) {
+static int run(const char *verb, const char *ref_s, const char *dir, const char *config, uint64_t timeout_usec) {
         _cleanup_(oci_registry_config_freep) oci_registry_config *c = NULL;
         _cleanup_(oci_registry_freep) oci_registry *reg = NULL;
         _cleanup_(oci_ref_freep) oci_ref *ref = NULL;
@@ -35,6 +38,7 @@ static int run(const char *verb, const char *ref_s, const char *dir, const char 
         r = oci_registry_new(c, ref->host, &reg, &error);
         if (r < 0)
                 return log_error_errno(r, "%s", error ?: "cannot make a registry client"), 1;
+        oci_registry_set_timeouts(reg, timeout_usec, timeout_usec, timeout_usec);
 
         if (strcmp(verb, "pull-layout") == 0) {
                 r = oci_registry_pull_layout(reg, ref, dir, &st);
@@ -56,10 +60,13 @@ int main(int argc, char *argv[]) {
         static const struct option options[] = {
                 { "config", required_argument, NULL, 'c' },
                 { "out", required_argument, NULL, 'o' },
+                { "timeout", required_argument, NULL, 't' },
                 { "help", no_argument, NULL, 'h' },
                 {}
         };
         const char *config = NULL, *out = NULL;
+        uint64_t timeout_usec = 0;
+        char *end;
         int c;
 
         log_prefix = "registry-tool";
@@ -70,6 +77,13 @@ int main(int argc, char *argv[]) {
                         break;
                 case 'o':
                         out = optarg;
+                        break;
+                case 't':
+                        errno = 0;
+                        timeout_usec = strtoull(optarg, &end, 10);
+                        if (errno != 0 || end == optarg || *end || timeout_usec == 0 || timeout_usec > 3600)
+                                return log_error("--timeout: 1 to 3600 seconds, not %s", optarg), 2;
+                        timeout_usec *= USEC_PER_SEC;
                         break;
                 case 'h':
                         usage();
@@ -82,8 +96,8 @@ int main(int argc, char *argv[]) {
         if (!config || argc < 1)
                 return usage();
         if (strcmp(argv[0], "pull-layout") == 0 && argc == 2 && out)
-                return run(argv[0], argv[1], out, config);
+                return run(argv[0], argv[1], out, config, timeout_usec);
         if (strcmp(argv[0], "push-layout") == 0 && argc == 3 && !out)
-                return run(argv[0], argv[2], argv[1], config);
+                return run(argv[0], argv[2], argv[1], config, timeout_usec);
         return usage();
 }

@@ -346,6 +346,19 @@ def run_all(tmp, regs):
         check(not os.path.exists(os.path.join(fresh, "index.json")), "index.json written for a failed pull")
     tap.run("a blob tampered with in the registry's storage is refused and not kept", tampered)
 
+    def silent():
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            s.listen(4)
+            host = f"127.0.0.1:{s.getsockname()[1]}"
+            cfg = write_json(os.path.join(tmp, "silent.json"), {"registries": [{"host": host, "insecure_http": True}]})
+            start = time.monotonic()
+            p = tool("pull-layout", f"{host}/forkd/img:v1", "--config", cfg, "--out", out, "--timeout", "2", check_rc=1)
+            took = time.monotonic() - start
+            check(f"GET http://{host}/v2/forkd/img/manifests/v1" in p.stderr and "timed out" in p.stderr, p.stderr)
+            check(took < 15, f"took {took:.1f} s")
+    tap.run("a registry that never answers: the request times out and names its URL", silent)
+
     tap.run("htpasswd basic auth: works, and no credential appears in errors", lambda: basic_auth(tmp, regs, layout))
     tap.run("bearer token flow, an image index, blobs redirected to another host",
             lambda: bearer(tmp, regs, layout, src_digest, src_blobs))
