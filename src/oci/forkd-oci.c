@@ -17,9 +17,11 @@
 #include <json-c/json.h>
 
 #include "oci.h"
+#include "registry.h"
 
 typedef struct Args {
         int image_fd;
+        const char *ref, *registry_config; /* --ref: pulled from a registry instead */
         const char *agent;
         const char *out;
         const char *cache;
@@ -31,9 +33,11 @@ static void usage(FILE *f) {
         fprintf(f,
                 "Usage: forkd-oci build --image-fd N --agent PATH --out ROOTFS [--cache DIR] [--start-cmd]\n"
                 "                       [--max-bytes BYTES]\n"
+                "       forkd-oci build --ref REF --registry-config FILE --agent PATH --out ROOTFS [...]\n"
                 "\n"
                 "Unpacks the OCI image on fd N (an OCI image layout directory, an oci-archive or a\n"
-                "docker-archive tar) into an ext4 file ROOTFS with forkd's agent in /.forkd.\n"
+                "docker-archive tar), or REF (host[:port]/repo:tag or @sha256:...) pulled from a\n"
+                "registry FILE configures, into an ext4 file ROOTFS with forkd's agent in /.forkd.\n"
                 "Exit status: 0 done, 2 the image was refused, 1 any other failure.\n");
 }
 
@@ -52,6 +56,8 @@ static int parse_u64(const char *s, uint64_t *ret) {
 static int parse_args(int argc, char **argv, Args *a) {
         static const struct option options[] = {
                 { "image-fd", required_argument, NULL, 'i' },
+                { "ref", required_argument, NULL, 'r' },
+                { "registry-config", required_argument, NULL, 'R' },
                 { "agent", required_argument, NULL, 'a' },
                 { "out", required_argument, NULL, 'o' },
                 { "cache", required_argument, NULL, 'c' },
@@ -79,6 +85,12 @@ static int parse_args(int argc, char **argv, Args *a) {
                                 return -EINVAL;
                         a->image_fd = (int) v;
                         break;
+                case 'r':
+                        a->ref = optarg;
+                        break;
+                case 'R':
+                        a->registry_config = optarg;
+                        break;
                 case 'a':
                         a->agent = optarg;
                         break;
@@ -101,7 +113,8 @@ static int parse_args(int argc, char **argv, Args *a) {
                 default:
                         return -EINVAL;
                 }
-        if (optind != argc || a->image_fd < 0 || !a->agent || !a->out || !a->out[0])
+        if (optind != argc || (a->image_fd < 0) == !a->ref || (a->ref && !a->registry_config) || !a->agent ||
+            !a->out || !a->out[0])
                 return -EINVAL;
         return 0;
 }
@@ -199,7 +212,7 @@ static void build_done(Build *b) {
         free(b->tmp_out);
 }
 
-static int print_result(const Build *b, size_t cached, uint64_t tree_bytes, uint64_t rootfs_bytes) {
+static int print_result(const Build *b, size_t cached, uint64_t tree_bytes, uint64_t rootfs_bytes, uint64_t fetched) {
         json_object *o = json_object_new_object(), *layers = json_object_new_array();
         int r = 0;
 
@@ -215,6 +228,7 @@ static int print_result(const Build *b, size_t cached, uint64_t tree_bytes, uint
         json_object_object_add(o, "cached_layers", json_object_new_int64((int64_t) cached));
         json_object_object_add(o, "tree_bytes", json_object_new_int64((int64_t) tree_bytes));
         json_object_object_add(o, "rootfs_bytes", json_object_new_int64((int64_t) rootfs_bytes));
+        json_object_object_add(o, "fetched_bytes", json_object_new_int64((int64_t) fetched));
         if (printf("%s\n", json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE)) < 0 ||
             fflush(stdout) != 0)
                 r = oci_fail(-EIO, "Cannot write the result: %m");
@@ -258,16 +272,51 @@ static int setup_dirs(Build *b, const Args *a) {
         return 0;
 }
 
+/* REF pulled into the work directory as an OCI image layout ("pulled"), opened as
+ * the image. What the caller got wrong (the reference, a registry forkd does not
+ * know, an image the registry does not have) is refused; the rest fails. */
+static int pull(const Args *a, Build *b, const char *work_path, uint64_t *ret_fetched, int *ret_fd) {
+        _cleanup_(oci_registry_config_freep) oci_registry_config *config = NULL;
+        _cleanup_(oci_registry_freep) oci_registry *reg = NULL;
+        _cleanup_(oci_ref_freep) oci_ref *ref = NULL;
+        _cleanup_free_ char *why = NULL, *dir = NULL;
+        oci_layout_stats st = {};
+        int r, fd;
+
+        r = oci_ref_parse(a->ref, &ref, &why);
+        if (r < 0)
+                return oci_refuse("%s: %s", a->ref, why ?: strerror(-r));
+        r = oci_registry_config_load(a->registry_config, &config, &why);
+        if (r < 0)
+                return oci_fail(r, "The registry configuration %s: %s", a->registry_config, why ?: strerror(-r));
+        r = oci_registry_new(config, ref->host, &reg, &why);
+        if (r < 0)
+                return oci_refuse("%s", why ?: strerror(-r));
+        if (asprintf(&dir, "%s/pulled", work_path) < 0)
+                return -ENOMEM;
+        r = oci_registry_pull_layout(reg, ref, dir, &st);
+        if (r == -ENOENT || r == -EACCES || r == -EBADMSG)
+                return oci_refuse("%s: %s", a->ref, oci_registry_error(reg) ?: strerror(-r));
+        if (r < 0)
+                return oci_fail(r, "%s: %s", a->ref, oci_registry_error(reg) ?: strerror(-r));
+        fd = openat(b->work, "pulled", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (fd < 0)
+                return oci_fail(-errno, "Cannot open the pulled image: %m");
+        *ret_fetched = st.fetched_bytes;
+        *ret_fd = fd;
+        return 0;
+}
+
 static int build(const Args *a) {
         _cleanup_(build_done) Build b = { .base = -EBADF, .work = -EBADF, .cache = -EBADF };
-        _cleanup_close_ int archive = -EBADF, tree = -EBADF;
+        _cleanup_close_ int archive = -EBADF, tree = -EBADF, pulled = -EBADF;
         _cleanup_free_ char *work_path = NULL, *tree_path = NULL;
-        uint64_t budget = a->max_bytes, tree_bytes = 0;
+        uint64_t budget = a->max_bytes, tree_bytes = 0, fetched = 0;
         size_t cached = 0;
         struct stat st;
         int r;
 
-        if (fcntl(a->image_fd, F_SETFD, FD_CLOEXEC) < 0)
+        if (a->image_fd >= 0 && fcntl(a->image_fd, F_SETFD, FD_CLOEXEC) < 0)
                 return oci_fail(-errno, "--image-fd %d: %m", a->image_fd);
         srand((unsigned) getpid() ^ (unsigned) time(NULL));
         r = setup_dirs(&b, a);
@@ -281,7 +330,12 @@ static int build(const Args *a) {
         if (archive < 0)
                 return oci_fail(-errno, "Cannot open the work directory: %m");
 
-        r = oci_image_load(a->image_fd, archive, a->max_bytes, &b.img);
+        if (a->ref) {
+                r = pull(a, &b, work_path, &fetched, &pulled);
+                if (r < 0)
+                        return r;
+        }
+        r = oci_image_load(a->ref ? pulled : a->image_fd, archive, a->max_bytes, &b.img);
         if (r < 0)
                 return r;
         b.img.config.start_cmd = a->start_cmd;
@@ -329,7 +383,7 @@ static int build(const Args *a) {
                 return oci_fail(-errno, "Cannot put the file system at %s: %m", a->out);
         free(b.tmp_out);
         b.tmp_out = NULL;
-        return print_result(&b, cached, tree_bytes, (uint64_t) st.st_size);
+        return print_result(&b, cached, tree_bytes, (uint64_t) st.st_size, fetched);
 }
 
 static void on_signal(int sig) {

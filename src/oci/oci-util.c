@@ -52,15 +52,6 @@ const char *oci_error_message(void) {
         return error_message;
 }
 
-bool oci_digest_is_valid(const char *d) {
-        if (!d || strncmp(d, "sha256:", 7) != 0 || strlen(d) != OCI_DIGEST_LEN)
-                return false;
-        for (const char *p = d + 7; *p; p++)
-                if (!((*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'f')))
-                        return false;
-        return true;
-}
-
 struct oci_hash {
         EVP_MD_CTX *ctx;
 };

@@ -36,6 +36,7 @@ extern volatile int oci_interrupted;
 int oci_check_interrupted(void);
 
 /* A digest "sha256:<64 lowercase hex>"; true when well formed. */
+/* "sha256:" and 64 lowercase hex digits (registry-config.c). */
 bool oci_digest_is_valid(const char *d);
 
 /* SHA-256 with OpenSSL, as "sha256:<hex>". */
