@@ -32,6 +32,8 @@
 #define FORKD_IMAGE_AGENT_DEFAULT "/usr/libexec/forkd/forkd-agent-portable"
 #endif
 
+#define FORKD_REGISTRY_CONFIG_DEFAULT "/etc/forkd/registries.json"
+
 #define EXIT_GRACE_USEC (20 * USEC_PER_SEC)
 
 static const char *arg_state_dir = "/var/lib/forkd";
@@ -46,6 +48,7 @@ static unsigned arg_netns_pool = 0;
 static const char *arg_default_mem_mib = NULL; /* --default-mem-mib, else $FORKD_DEFAULT_MEM_MIB */
 static const char *arg_default_kernel = NULL;  /* --default-kernel, else $FORKD_DEFAULT_KERNEL */
 static const char *arg_default_initrd = NULL;  /* --default-initrd, else $FORKD_DEFAULT_INITRD */
+static const char *arg_registry_config = NULL; /* --registry-config, else $FORKD_REGISTRY_CONFIG */
 static bool arg_confine = true;
 static uid_t arg_vmm_uid = VMM_USER_DEFAULT_UID;
 static gid_t arg_vmm_gid = VMM_USER_DEFAULT_GID;
@@ -91,6 +94,10 @@ static void help(void) {
                "                          FORKD_DEFAULT_KERNEL, FORKD_DEFAULT_INITRD; default: none)\n"
                "     --default-initrd PATH\n"
                "                          The initramfs that goes with --default-kernel\n"
+               "     --registry-config FILE\n"
+               "                          The OCI registries images may be pulled from, with their\n"
+               "                          credentials and CAs (JSON; forkd(8), REGISTRIES; default\n"
+               "                          " FORKD_REGISTRY_CONFIG_DEFAULT ", also FORKD_REGISTRY_CONFIG)\n"
                "     --vmm-user UID[:GID] The user (and group) confined VMMs run as (default %u:%u,\n"
                "                          in no /etc/passwd; see forkd-vmm(8), CONFINEMENT)\n"
                "     --no-confine         Run VMMs as forkd itself, without their jail, seccomp\n"
@@ -140,6 +147,12 @@ static int setup_image_paths(Manager *m) {
                 return log_oom();
         if (initrd && !(m->default_initrd = strdup(initrd)))
                 return log_oom();
+        m->registry_config = strdup(arg_registry_config ?: getenv("FORKD_REGISTRY_CONFIG") ?:
+                                    FORKD_REGISTRY_CONFIG_DEFAULT);
+        if (!m->registry_config)
+                return log_oom();
+        if (m->registry_config[0] != '/' || strlen(m->registry_config) >= PATH_ARG_MAX)
+                return log_error_errno(EINVAL, "--registry-config takes an absolute path.");
         m->oci_path = strdup(getenv("FORKD_OCI") ?: FORKD_OCI_DEFAULT);
         m->image_agent_path = strdup(getenv("FORKD_IMAGE_AGENT") ?: FORKD_IMAGE_AGENT_DEFAULT);
         if (!m->oci_path || !m->image_agent_path || asprintf(&m->oci_cache_dir, "%s/oci-layers", m->state_dir) < 0)
@@ -150,7 +163,8 @@ static int setup_image_paths(Manager *m) {
 static int parse_argv(int argc, char *argv[]) {
         enum { ARG_VERSION = 0x100, ARG_STATE_DIR, ARG_RUNTIME_DIR, ARG_VMM, ARG_BUS_ADDRESS, ARG_CGROUP_ROOT, ARG_MAX_OPERATIONS,
                ARG_MAX_BRANCHES, ARG_CONTROL_TIMEOUT, ARG_VMM_USER, ARG_NO_CONFINE,
-               ARG_TRUSTED_BRIDGE_USER, ARG_NETNS_POOL, ARG_DEFAULT_MEM_MIB, ARG_DEFAULT_KERNEL, ARG_DEFAULT_INITRD };
+               ARG_TRUSTED_BRIDGE_USER, ARG_NETNS_POOL, ARG_DEFAULT_MEM_MIB, ARG_DEFAULT_KERNEL, ARG_DEFAULT_INITRD,
+               ARG_REGISTRY_CONFIG };
         static const struct option options[] = {
                 { "help", no_argument, NULL, 'h' },
                 { "version", no_argument, NULL, ARG_VERSION },
@@ -169,6 +183,7 @@ static int parse_argv(int argc, char *argv[]) {
                 { "default-mem-mib", required_argument, NULL, ARG_DEFAULT_MEM_MIB },
                 { "default-kernel", required_argument, NULL, ARG_DEFAULT_KERNEL },
                 { "default-initrd", required_argument, NULL, ARG_DEFAULT_INITRD },
+                { "registry-config", required_argument, NULL, ARG_REGISTRY_CONFIG },
                 {},
         };
         int c;
@@ -227,6 +242,9 @@ static int parse_argv(int argc, char *argv[]) {
                         break;
                 case ARG_DEFAULT_INITRD:
                         arg_default_initrd = optarg;
+                        break;
+                case ARG_REGISTRY_CONFIG:
+                        arg_registry_config = optarg;
                         break;
                 case ARG_DEFAULT_MEM_MIB:
                         arg_default_mem_mib = optarg;

@@ -35,14 +35,21 @@ static void last_line(char *buf) {
 }
 
 static int spawn_oci(ImageCreate *c, const char *rootfs, int out_fd, int err_fd, pid_t *ret_pid) {
-        const char *argv[16];
+        const char *argv[20];
         unsigned n = 0;
         pid_t parent = getpid(), pid;
 
         argv[n++] = c->oci_path;
         argv[n++] = "build";
-        argv[n++] = "--image-fd";
-        argv[n++] = "3";
+        if (c->image_ref) {
+                argv[n++] = "--ref";
+                argv[n++] = c->image_ref;
+                argv[n++] = "--registry-config";
+                argv[n++] = c->registry_config;
+        } else {
+                argv[n++] = "--image-fd";
+                argv[n++] = "3";
+        }
         argv[n++] = "--agent";
         argv[n++] = c->image_agent;
         argv[n++] = "--out";
@@ -68,7 +75,7 @@ static int spawn_oci(ImageCreate *c, const char *rootfs, int out_fd, int err_fd,
                 sigemptyset(&none);
                 (void) sigprocmask(SIG_SETMASK, &none, NULL);
                 if (dup2(out_fd, STDOUT_FILENO) < 0 || dup2(err_fd, STDERR_FILENO) < 0 ||
-                    dup2(c->image_fd, 3) < 0)
+                    (c->image_fd >= 0 && dup2(c->image_fd, 3) < 0))
                         _exit(127);
                 for (int fd = 4; fd < 1024; fd++)
                         close(fd);

@@ -260,6 +260,8 @@ ImageCreate *image_create_free(ImageCreate *c) {
         free(c->overlay_dir);
         free(c->console_log);
         free(c->oci_path);
+        free(c->image_ref);
+        free(c->registry_config);
         free(c->image_agent);
         free(c->oci_cache);
         free(c->image_config);
@@ -388,7 +390,7 @@ int image_create_work(void *userdata) {
         c->kernel_fd = safe_close(c->kernel_fd);
         c->initrd_fd = safe_close(c->initrd_fd);
         c->rootfs_fd = safe_close(c->rootfs_fd);
-        if (c->image_fd >= 0) {
+        if (c->image_fd >= 0 || c->image_ref) {
                 r = image_oci_build(c, disk);
                 if (r < 0) {
                         (void) rm_rf(c->staging);

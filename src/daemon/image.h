@@ -76,6 +76,7 @@ typedef struct ImageCreate {
         /* A snapshot of an OCI image (image_fd >= 0, a directory or a tar; no
          * rootfs_fd): forkd-oci writes the root disk (image-oci.c). */
         int image_fd;
+        char *image_ref, *registry_config; /* or a reference forkd-oci pulls (no image_fd) */
         bool start_cmd;
         char *oci_path, *image_agent, *oci_cache;
         char *image_config; /* out: the image's config (snapshot.json "image") */

@@ -17,6 +17,8 @@
 #include "polkit.h"
 #include "snapshot-meta.h"
 
+#define IMAGE_REF_MAX 512u
+
 
 /* A boot file handed over as fd: forkd's own copy of the descriptor once it
  * is a readable regular file within the limit. The fd's path is never looked at. */
@@ -402,6 +404,30 @@ static int image_boot_files(Manager *m, const struct create_options *opt, ImageC
         return 0;
 }
 
+/* What both image methods share once the image (fd or reference) is in c. */
+static int create_from_image(Manager *m, sd_bus_message *message, const char *tag, uint32_t mem_mib,
+                             uint32_t boot_wait, const struct create_options *opt, ImageCreate *c,
+                             sd_bus_error *error) {
+        int r;
+
+        c->network = opt->network;
+        c->agent_tcp = opt->agent_tcp;
+        c->start_cmd = opt->start_cmd;
+        r = image_boot_files(m, opt, c, error);
+        if (r >= 0) {
+                c->oci_path = strdup(m->oci_path);
+                c->image_agent = strdup(m->image_agent_path);
+                c->oci_cache = strdup(m->oci_cache_dir);
+                if (!c->oci_path || !c->image_agent || !c->oci_cache)
+                        r = -ENOMEM;
+        }
+        if (r < 0) {
+                image_create_free(c);
+                return r;
+        }
+        return create_snapshot_start(m, message, tag, mem_mib, boot_wait, c, error);
+}
+
 int bus_manager_method_create_snapshot_from_image(sd_bus_message *message, void *userdata, sd_bus_error *error) {
         Manager *m = userdata;
         const char *tag;
@@ -427,22 +453,65 @@ int bus_manager_method_create_snapshot_from_image(sd_bus_message *message, void 
         c = image_create_new();
         if (!c)
                 return -ENOMEM;
-        c->network = opt.network;
-        c->agent_tcp = opt.agent_tcp;
-        c->start_cmd = opt.start_cmd;
         r = take_image_fd(image_fd, &c->image_fd, error);
-        if (r >= 0)
-                r = image_boot_files(m, &opt, c, error);
-        if (r >= 0) {
-                c->oci_path = strdup(m->oci_path);
-                c->image_agent = strdup(m->image_agent_path);
-                c->oci_cache = strdup(m->oci_cache_dir);
-                if (!c->oci_path || !c->image_agent || !c->oci_cache)
-                        r = -ENOMEM;
-        }
         if (r < 0) {
                 image_create_free(c);
                 return r;
         }
-        return create_snapshot_start(m, message, tag, mem_mib, boot_wait, c, error);
+        return create_from_image(m, message, tag, mem_mib, boot_wait, &opt, c, error);
+}
+
+/* host[:port]/repo[:tag|@digest]: forkd-oci parses it; here only what a reference
+ * can never hold. */
+static bool image_ref_is_plausible(const char *ref) {
+        size_t n = strlen(ref);
+
+        if (n == 0 || n > IMAGE_REF_MAX || ref[0] == '/' || ref[0] == '-' || !strchr(ref, '/'))
+                return false;
+        for (const char *p = ref; *p; p++)
+                if ((unsigned char) *p <= ' ' || (unsigned char) *p >= 0x7f)
+                        return false;
+        return true;
+}
+
+int bus_manager_method_create_snapshot_from_image_ref(sd_bus_message *message, void *userdata,
+                                                      sd_bus_error *error) {
+        Manager *m = userdata;
+        const char *tag, *ref;
+        struct create_options opt = { .kernel_fd = -EBADF, .initrd_fd = -EBADF };
+        uint32_t mem_mib, boot_wait;
+        ImageCreate *c = NULL;
+        int r;
+
+        r = sd_bus_message_rewind(message, true); /* polkit may dispatch it twice */
+        if (r < 0)
+                return r;
+        r = sd_bus_message_read(message, "ssuu", &tag, &ref, &mem_mib, &boot_wait);
+        if (r < 0)
+                return r;
+        r = read_create_options(message, true, &opt, error);
+        if (r < 0)
+                return r;
+        if (!image_ref_is_plausible(ref))
+                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
+                                         "\"%.128s\" is not an image reference (host[:port]/repo[:tag] or "
+                                         "host[:port]/repo@sha256:...).", ref);
+        if (access(m->registry_config, R_OK) < 0)
+                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
+                                         "No registries are configured: %s: %m (forkd --registry-config).",
+                                         m->registry_config);
+        r = verify_create(m, message, tag, mem_mib, boot_wait, error);
+        if (r <= 0)
+                return r < 0 ? r : 1; /* 0: polkit answers later and dispatches it again */
+
+        c = image_create_new();
+        if (!c)
+                return -ENOMEM;
+        c->image_ref = strdup(ref);
+        c->registry_config = strdup(m->registry_config);
+        if (!c->image_ref || !c->registry_config) {
+                image_create_free(c);
+                return -ENOMEM;
+        }
+        return create_from_image(m, message, tag, mem_mib, boot_wait, &opt, c, error);
 }

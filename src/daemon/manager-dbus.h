@@ -19,6 +19,8 @@ int bus_manager_get_image(Manager *m, const char *tag, Image **ret, sd_bus_error
 int bus_manager_method_create_snapshot(sd_bus_message *message, void *userdata, sd_bus_error *error);
 int bus_manager_method_create_snapshot_from_fds(sd_bus_message *message, void *userdata, sd_bus_error *error);
 int bus_manager_method_create_snapshot_from_image(sd_bus_message *message, void *userdata, sd_bus_error *error);
+int bus_manager_method_create_snapshot_from_image_ref(sd_bus_message *message, void *userdata,
+                                                      sd_bus_error *error);
 
 int bus_manager_method_fork(sd_bus_message *message, void *userdata, sd_bus_error *error);
 int bus_manager_method_terminate_sandboxes(sd_bus_message *message, void *userdata, sd_bus_error *error);

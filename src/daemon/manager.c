@@ -132,6 +132,7 @@ Manager *manager_free(Manager *m) {
         free(m->oci_path);
         free(m->image_agent_path);
         free(m->oci_cache_dir);
+        free(m->registry_config);
         free(m);
         return NULL;
 }

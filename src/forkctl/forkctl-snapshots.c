@@ -82,6 +82,7 @@ int verb_snapshot_create(sd_bus *bus, const struct forkctl_options *o, char **ar
         _cleanup_free_ char *what = NULL;
         _cleanup_close_ int kernel_fd = -EBADF, rootfs_fd = -EBADF, initrd_fd = -EBADF;
         char initrd[PATH_MAX];
+        const char *ref;
         int r;
 
         if (o->network)
@@ -97,15 +98,21 @@ int verb_snapshot_create(sd_bus *bus, const struct forkctl_options *o, char **ar
                 if (r >= 0 && boot_initrd_beside(o->kernel, initrd, sizeof initrd) > 0)
                         r = open_boot_file("initrd (found beside the kernel)", initrd, &initrd_fd);
         }
-        if (r >= 0)
+        /* A path (absolute, ./relative, or a file that is there) is an image on this
+         * host; anything else a reference forkd pulls from a registry it knows. */
+        ref = o->image && o->image[0] != '/' && o->image[0] != '.' && access(o->image, F_OK) < 0 ? o->image : NULL;
+        if (r >= 0 && !ref)
                 r = o->image ? open_image(o->image, &rootfs_fd) : open_boot_file("rootfs", o->rootfs, &rootfs_fd);
         if (r < 0)
                 return r;
 
-        r = new_call(bus, o->image ? "CreateSnapshotFromImage" : "CreateSnapshotFromFds", &m);
+        r = new_call(bus, ref ? "CreateSnapshotFromImageRef" : o->image ? "CreateSnapshotFromImage" :
+                                                                       "CreateSnapshotFromFds", &m);
         if (r < 0)
                 return -1;
-        if (o->image)
+        if (ref)
+                r = sd_bus_message_append(m, "ssuu", args[0], ref, o->mem_mib, o->boot_wait);
+        else if (o->image)
                 r = sd_bus_message_append(m, "shuu", args[0], rootfs_fd, o->mem_mib, o->boot_wait);
         else
                 r = sd_bus_message_append(m, "shhuu", args[0], kernel_fd, rootfs_fd, o->mem_mib, o->boot_wait);

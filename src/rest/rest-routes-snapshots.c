@@ -60,11 +60,8 @@ static int open_boot_file(RestRequest *req, const char *what, const char *path, 
 
 /* 1 with the OCI image open, else the request was answered (400). */
 static int open_image(RestRequest *req, const char *path, int *ret_fd) {
-        int r;
+        int r = boot_image_open(path, ret_fd);
 
-        if (path[0] != '/')
-                return rest_reply_error(req, 400, "image %s must be an absolute path", path);
-        r = boot_image_open(path, ret_fd);
         if (r == -EINVAL)
                 return rest_reply_error(req, 400, "image %s is neither a directory (an OCI image layout) nor a file "
                                                   "(an oci-archive or docker-archive)", path);
@@ -170,21 +167,29 @@ int rest_route_snapshots_create(RestRequest *req) {
                                 return r;
                 }
         }
-        if (a.image[0]) {
+        /* An absolute path is an image on this host; anything else a reference
+         * (host[:port]/repo:tag) that forkd pulls from a registry it knows. */
+        if (a.image[0] == '/') {
                 r = open_image(req, a.image, &rootfs_fd);
                 if (r <= 0)
                         return r;
-        } else {
+        } else if (!a.image[0]) {
                 r = open_boot_file(req, "rootfs", a.rootfs, &rootfs_fd);
                 if (r <= 0)
                         return r;
         }
 
-        if (a.image[0]) {
+        if (a.image[0] == '/') {
                 r = rest_new_manager_call(req, "CreateSnapshotFromImage", &m);
                 if (r < 0)
                         return rest_reply_call_failed(req, r);
                 r = sd_bus_message_append(m, "shuu", a.tag, rootfs_fd, (uint32_t) a.mem_mib,
+                                          (uint32_t) a.boot_wait_secs);
+        } else if (a.image[0]) {
+                r = rest_new_manager_call(req, "CreateSnapshotFromImageRef", &m);
+                if (r < 0)
+                        return rest_reply_call_failed(req, r);
+                r = sd_bus_message_append(m, "ssuu", a.tag, a.image, (uint32_t) a.mem_mib,
                                           (uint32_t) a.boot_wait_secs);
         } else {
                 r = rest_new_manager_call(req, "CreateSnapshotFromFds", &m);

@@ -328,7 +328,6 @@ def t_wrong_types(c):
     # an OCI image instead of a rootfs
     for body, says in (({"tag": "t", "image": "/i", "rootfs": "/r"}, "mutually exclusive"),
                        ({"tag": "t", "image": ""}, "image must not be empty"),
-                       ({"tag": "t", "image": "rel/dir"}, "absolute path"),
                        ({"tag": "t", "image": "/nonexistent/image.tar"}, "cannot open image"),
                        ({"tag": "t", "image": "/dev/null"}, "neither a directory"),
                        ({"tag": "t", "image": 7}, "image"),
