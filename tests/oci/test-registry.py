@@ -23,6 +23,7 @@ import threading
 import time
 import urllib.request
 
+from ociregistry import Registry, free_port
 from tap import Tap, check, skip_all
 
 TOOL = sys.argv[1]
@@ -38,12 +39,6 @@ def need_tools():
         if os.environ.get("CI"):
             tap.bail(why)
         skip_all(why)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def tool(*args, check_rc=None):
@@ -101,45 +96,6 @@ def check_layout(layout, tag):
         check(sha256_file(path) == d["digest"], f"{path} does not hash to its name")
     check(json.load(open(os.path.join(layout, "oci-layout")))["imageLayoutVersion"] == "1.0.0", "oci-layout")
     return digest, blobs
-
-
-class Registry:
-    """docker-registry on 127.0.0.1, its storage under dir."""
-
-    def __init__(self, dir, htpasswd=None):
-        self.dir = dir
-        self.port = free_port()
-        self.root = os.path.join(dir, "storage")
-        auth = ""
-        if htpasswd:
-            auth = f"auth:\n  htpasswd:\n    realm: forkd-test\n    path: {htpasswd}\n"
-        conf = (f"version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {self.root}\n"
-                f"  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:{self.port}\n{auth}")
-        self.conf = os.path.join(dir, "registry.yml")
-        with open(self.conf, "w") as f:
-            f.write(conf)
-        self.log = open(os.path.join(dir, "registry.log"), "w")
-        self.proc = subprocess.Popen(["docker-registry", "serve", self.conf], stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{self.port}/v2/", timeout=2)
-                break
-            except urllib.error.HTTPError:
-                break  # 401 of an auth registry: it is up
-            except OSError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("docker-registry did not start: " + open(self.log.name).read())
-                time.sleep(0.1)
-        self.host = f"127.0.0.1:{self.port}"
-
-    def stop(self):
-        self.proc.terminate()
-        self.proc.wait(timeout=10)
-        self.log.close()
-
-    def blob_data(self, digest):
-        return os.path.join(self.root, "docker/registry/v2/blobs/sha256", digest[7:9], digest[7:], "data")
 
 
 class TokenRegistry(http.server.ThreadingHTTPServer):
