@@ -498,8 +498,8 @@ int bus_manager_method_create_snapshot_from_image_ref(sd_bus_message *message, v
                                          "host[:port]/repo@sha256:...).", ref);
         if (access(m->registry_config, R_OK) < 0)
                 return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
-                                         "No registries are configured: %s: %m (forkd --registry-config).",
-                                         m->registry_config);
+                                         "Cannot pull %.128s: no registries are configured: %s: %m (forkd "
+                                         "--registry-config).", ref, m->registry_config);
         r = verify_create(m, message, tag, mem_mib, boot_wait, error);
         if (r <= 0)
                 return r < 0 ? r : 1; /* 0: polkit answers later and dispatches it again */

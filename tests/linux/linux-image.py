@@ -5,11 +5,13 @@ The test makes its images itself: the first layer is the Linux image's own root 
 (python3.11, busybox; read out of rootfs.ext4 with debugfs) plus /etc/old.conf, the
 second adds /opt/app/hello.txt, whites out /etc/old.conf and comes with ENV GREETING=hi
 and WORKDIR /opt/app. The same image as a docker-archive (POST /v1/snapshots "image")
-and as an OCI image layout (forkctl snapshot create --image) boots with forkd's default
+as an OCI image layout (forkctl snapshot create --image) and by reference from Debian's
+docker-registry on loopback (pushed there with registry-tool) boots with forkd's default
 kernel (forkd --default-kernel, the Linux image's) and forkd-agent-portable as PID 1.
 Children see the file and the variable, start in /opt/app, miss the whited-out file,
 and run_code keeps its globals with the image's own python3. Hostile images are 400
 naming the member, with nothing registered and nothing left in the snapshots directory."""
+import json
 import os
 import shutil
 import subprocess
@@ -20,6 +22,7 @@ import time
 import ociimage
 from linuxguest import TCG_BOOT_WAIT_SECS, rest
 from ociimage import member
+from ociregistry import Registry
 
 ENV = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "GREETING=hi"]
 CONFIG = {"Env": ENV, "WorkingDir": "/opt/app", "Cmd": ["python3"]}
@@ -63,7 +66,46 @@ def check_child(t, fc, sid, what):
          f"{what}: run_code keeps its globals across calls, in the image's own python3", r or err)
 
 
-def images(t, fc, stack, image, state):
+def by_reference(t, fc, stack, build, state, layout, tmp, made):
+    """The layout pushed to a docker-registry on loopback, snapshotted by reference."""
+    reg = Registry(os.path.join(tmp, "registry"))
+    try:
+        ref = f"{reg.host}/forkd/python:1"
+        cfg = os.path.join(tmp, "client.json")
+        with open(cfg, "w") as f:
+            json.dump({"registries": [{"host": reg.host, "insecure_http": True}]}, f)
+        p = subprocess.run([os.path.join(build, "src/oci/registry-tool"), "push-layout", layout, ref, "--config", cfg],
+                           capture_output=True, text=True, timeout=300)
+        if not t.ok(p.returncode == 0, f"the image pushed to docker-registry as {ref}", p.stderr):
+            return
+        # Not configured in forkd yet: refused, naming the registry.
+        status, doc = rest(stack, "POST", "/v1/snapshots", {"tag": "img-ref", "image": ref})
+        t.ok(status == 400 and reg.host in (doc or {}).get("error", ""),
+             "a reference to a registry forkd does not know: 400", f"{status} {doc}")
+        # forkd-stack's forkd reads $state/registries.json at each pull.
+        shutil.copy(cfg, os.path.join(state, "registries.json"))
+        t0 = time.monotonic()
+        status, doc = rest(stack, "POST", "/v1/snapshots",
+                           {"tag": "img-ref", "image": ref, "boot_wait_secs": TCG_BOOT_WAIT_SECS})
+        if not t.ok(status == 201 and (doc or {}).get("tag") == "img-ref",
+                    "POST /v1/snapshots with image = a reference: pulled from the registry and snapshotted",
+                    f"{status} {doc}"):
+            return
+        made.append("img-ref")
+        t.note(f"snapshot by reference (pull, layer cache warm): {time.monotonic() - t0:.1f} s under TCG")
+        rc, doc, err = fc("fork", "img-ref")
+        ids = [s["id"] for s in (doc or {}).get("sandboxes", [])]
+        if t.ok(rc == 0 and len(ids) == 1, "fork of the pulled image's snapshot", err):
+            check_child(t, fc, ids[0], "the pulled image's child")
+            fc("kill", *ids)
+        status, doc = rest(stack, "POST", "/v1/snapshots", {"tag": "img-none", "image": f"{reg.host}/forkd/none:1"})
+        t.ok(status == 400 and "forkd/none" in (doc or {}).get("error", ""),
+             "a reference the registry does not have: 400 naming it", f"{status} {doc}")
+    finally:
+        reg.stop()
+
+
+def images(t, fc, stack, build, image, state):
     tmp = tempfile.mkdtemp(prefix="forkd-linux-image.")
     made = []
     try:
@@ -114,6 +156,8 @@ def images(t, fc, stack, image, state):
             if t.ok(rc == 0 and len(ids) == 1, "fork of the OCI layout's snapshot", err):
                 check_child(t, fc, ids[0], "the OCI layout's child")
                 fc("kill", *ids)
+
+        by_reference(t, fc, stack, build, state, layout, tmp, made)
 
         # Hostile images: 400 naming the member, nothing registered, nothing left.
         before = leftovers(state)

@@ -76,7 +76,7 @@ def main():
             branch.branch_and_fork_errors(t, fc, stack, g.restart)
             chain_pack.chains(t, fc, stack)  # ends with snapshot rm --cascade of TAG
             boot.triple_fault(t, stack, body)
-        image.images(t, fc, stack, args.image, state)
+        image.images(t, fc, stack, build, args.image, state)
         net.networking(t, fc, stack, g.restart, state)
         sdk.sdk_python(t, top, stack, args.image, g.env)
     except Exception:
