@@ -19,6 +19,7 @@
 #include "manager-dbus.h"
 #include "manager.h"
 #include "polkit.h"
+#include "pushpull-op.h"
 #include "worker.h"
 
 #ifndef FORKD_VMM_DEFAULT
@@ -46,6 +47,7 @@ static unsigned arg_netns_pool = 0;
 static const char *arg_default_mem_mib = NULL; /* --default-mem-mib, else $FORKD_DEFAULT_MEM_MIB */
 static const char *arg_default_kernel = NULL;  /* --default-kernel, else $FORKD_DEFAULT_KERNEL */
 static const char *arg_default_initrd = NULL;  /* --default-initrd, else $FORKD_DEFAULT_INITRD */
+static const char *arg_registry_config = NULL; /* --registry-config, else REGISTRY_CONFIG_DEFAULT */
 static bool arg_confine = true;
 static uid_t arg_vmm_uid = VMM_USER_DEFAULT_UID;
 static gid_t arg_vmm_gid = VMM_USER_DEFAULT_GID;
@@ -100,11 +102,14 @@ static void help(void) {
                "                          Trust this user (forkd-rest's, not root, not the VMM user) on\n"
                "                          the direct socket: its calls there need no polkit check,\n"
                "                          except org.forkd.manage-all (default: none; an empty\n"
-               "                          value: none; see forkd(8), THE REST BRIDGE)\n",
+               "                          value: none; see forkd(8), THE REST BRIDGE)\n"
+               "     --registry-config FILE\n"
+               "                          The OCI registries PushSnapshot and PullSnapshot may use\n"
+               "                          (JSON; default %s: none when it does not exist)\n",
                FORKD_VMM_DEFAULT, OPERATIONS_MAX_LIMIT, OPERATIONS_MAX_DEFAULT, BRANCHES_MAX_LIMIT,
                BRANCHES_MAX_DEFAULT, CONTROL_TIMEOUT_MAX_SEC, CONTROL_TIMEOUT_DEFAULT_SEC, NETNS_POOL_MAX, MEM_MIB_MAX,
                VMM_MEM_MIB_DEFAULT, VMM_USER_DEFAULT_UID,
-               VMM_USER_DEFAULT_GID);
+               VMM_USER_DEFAULT_GID, REGISTRY_CONFIG_DEFAULT);
 }
 
 /* A decimal number from min to max, digits only. */
@@ -150,7 +155,8 @@ static int setup_image_paths(Manager *m) {
 static int parse_argv(int argc, char *argv[]) {
         enum { ARG_VERSION = 0x100, ARG_STATE_DIR, ARG_RUNTIME_DIR, ARG_VMM, ARG_BUS_ADDRESS, ARG_CGROUP_ROOT, ARG_MAX_OPERATIONS,
                ARG_MAX_BRANCHES, ARG_CONTROL_TIMEOUT, ARG_VMM_USER, ARG_NO_CONFINE,
-               ARG_TRUSTED_BRIDGE_USER, ARG_NETNS_POOL, ARG_DEFAULT_MEM_MIB, ARG_DEFAULT_KERNEL, ARG_DEFAULT_INITRD };
+               ARG_TRUSTED_BRIDGE_USER, ARG_NETNS_POOL, ARG_DEFAULT_MEM_MIB, ARG_DEFAULT_KERNEL, ARG_DEFAULT_INITRD,
+               ARG_REGISTRY_CONFIG };
         static const struct option options[] = {
                 { "help", no_argument, NULL, 'h' },
                 { "version", no_argument, NULL, ARG_VERSION },
@@ -169,6 +175,7 @@ static int parse_argv(int argc, char *argv[]) {
                 { "default-mem-mib", required_argument, NULL, ARG_DEFAULT_MEM_MIB },
                 { "default-kernel", required_argument, NULL, ARG_DEFAULT_KERNEL },
                 { "default-initrd", required_argument, NULL, ARG_DEFAULT_INITRD },
+                { "registry-config", required_argument, NULL, ARG_REGISTRY_CONFIG },
                 {},
         };
         int c;
@@ -227,6 +234,11 @@ static int parse_argv(int argc, char *argv[]) {
                         break;
                 case ARG_DEFAULT_INITRD:
                         arg_default_initrd = optarg;
+                        break;
+                case ARG_REGISTRY_CONFIG:
+                        if (!optarg[0] || strlen(optarg) > 1024)
+                                return log_error_errno(EINVAL, "--registry-config needs a path of at most 1024 bytes.");
+                        arg_registry_config = optarg;
                         break;
                 case ARG_DEFAULT_MEM_MIB:
                         arg_default_mem_mib = optarg;
@@ -429,6 +441,9 @@ static int run(int argc, char *argv[]) {
         if (access(m->vmm_path, X_OK) < 0)
                 return log_error_errno(errno, "Cannot execute %s (set --vmm or $FORKD_VMM): %m", m->vmm_path);
         r = setup_image_paths(m);
+        if (r < 0)
+                return r;
+        r = manager_load_registries(m, arg_registry_config ?: REGISTRY_CONFIG_DEFAULT, !!arg_registry_config);
         if (r < 0)
                 return r;
 

@@ -108,6 +108,10 @@ struct Manager {
          * the agent it installs, and its layer cache (state_dir/oci-layers). */
         char *default_kernel, *default_initrd;
         char *oci_path, *image_agent_path, *oci_cache_dir;
+        /* PushSnapshot, PullSnapshot: the registries of --registry-config (NULL:
+         * none configured; registries_error says why). */
+        struct oci_registry_config *registries;
+        char *registry_config_path, *registries_error;
         int lock_fd;          /* flock on state_dir/.lock: one daemon per state dir */
         bool confine;         /* VMMs run confined (confine.c; forkd --no-confine: false) */
         uid_t vmm_uid;        /* their user and group (forkd --vmm-user) */

@@ -102,8 +102,9 @@ int artifact_manifest_parse(const char *json, size_t len, struct artifact_link *
 void artifact_digest_buffer(const void *buf, size_t len, char ret[ARTIFACT_DIGEST_SIZE]);
 
 /* Encode the size bytes of in_fd (read with pread, holes skipped with
- * SEEK_DATA) to out_fd (written sequentially). Returns the blob's digest and
- * size and the SHA-256 of the logical content. */
+ * SEEK_DATA) to out_fd (written sequentially; -1: nowhere, for the hashes
+ * alone). Returns the blob's digest and size and the SHA-256 of the logical
+ * content. */
 int sparse_blob_encode(int in_fd, uint64_t size, int out_fd, char ret_digest[ARTIFACT_DIGEST_SIZE],
                        uint64_t *ret_blob_size, char ret_sha256[SNAPSHOT_HASH_LEN + 1]);
 
