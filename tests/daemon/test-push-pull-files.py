@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 
 from dbusmini import Bus, DBusError
@@ -30,6 +31,7 @@ from tap import Tap, skip_all
 
 FORKD = os.environ.get("FORKD", "")
 VMM = os.environ.get("FORKD_VMM", "")
+REST = os.environ.get("FORKD_REST", "")
 DEST, PATH, IFACE = "org.forkd.Manager", "/org/forkd/Manager", "org.forkd.Manager"
 INVALID = "org.freedesktop.DBus.Error.InvalidArgs"
 EXISTS = "org.forkd.Error.SnapshotExists"
@@ -111,6 +113,55 @@ class Registry:
     def stop(self):
         self.proc.terminate()
         self.proc.wait(timeout=10)
+
+
+def http(port, method, path, body):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method,
+                                 data=json.dumps(body).encode() if body is not None else None,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def rest_checks(tmp, address, bus, ref):
+    """forkd-rest's push and pull routes, with forkd's errors as statuses."""
+    port = free_port()
+    with open(os.path.join(tmp, "rest.log"), "w") as log:
+        rest = subprocess.Popen([REST, "--listen", f"127.0.0.1:{port}", "--bus-address", address, "--no-direct"],
+                                stdout=log, stderr=log)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if rest.poll() is not None or time.monotonic() > deadline:
+                    ok(False, "forkd-rest starts")
+                    return
+                time.sleep(0.05)
+        st, text = http(port, "POST", "/v1/snapshots/l1/push", {"ref": ref.replace(":v1", ":rest")})
+        body = json.loads(text) if st == 200 else {}
+        ok(st == 200 and body.get("links") == 2 and body.get("digest", "").startswith("sha256:"),
+           "REST push: 200 with digest, bytes_sent, blobs_sent, links", f"{st} {text}")
+        st, text = http(port, "POST", "/v1/snapshots/pull", {"ref": ref.replace(":v1", ":rest"), "tag": "l1-rest"})
+        body = json.loads(text) if st == 201 else []
+        ok(st == 201 and [b["tag"] for b in body] == ["l1-rest"], "REST pull: 201 [SnapshotInfo] under the new tag",
+           f"{st} {text}")
+        st, text = http(port, "POST", "/v1/snapshots/pull", {"ref": ref.replace(":v1", ":rest"), "tag": "l1-rest"})
+        ok(st == 409, "REST pull: a taken tag is 409", f"{st} {text}")
+        st, text = http(port, "POST", "/v1/snapshots/pull", {"ref": "127.0.0.2:1/x/y:z"})
+        ok(st == 400 and "not configured" in text, "REST pull: a registry not configured is 400", f"{st} {text}")
+        st, text = http(port, "POST", "/v1/snapshots/l1/push", {})
+        ok(st == 400, "REST push: no ref is 400", f"{st} {text}")
+        st, text = http(port, "POST", "/v1/snapshots/nope/push", {"ref": ref})
+        ok(st == 404, "REST push: an unknown tag is 404", f"{st} {text}")
+    finally:
+        rest.terminate()
+        rest.wait(timeout=10)
 
 
 def expect_error(bus, name, member, sig, args, text=""):
@@ -285,6 +336,8 @@ def main():
         good, why = expect_error(bus, "org.forkd.Error.NoSuchSnapshot", "PullSnapshot", "ssa{sv}",
                                  [f"{reg.host}/forkd/chain:nope", "", {}])
         ok(good, "an unknown tag in the registry is NoSuchSnapshot", why)
+        if REST and os.access(REST, os.X_OK):
+            rest_checks(tmp, address, bus, ref)
         ok(forkd.poll() is None, "forkd still runs")
     finally:
         if forkd and forkd.poll() is None:
