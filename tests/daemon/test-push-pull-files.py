@@ -32,6 +32,7 @@ from tap import Tap, skip_all
 FORKD = os.environ.get("FORKD", "")
 VMM = os.environ.get("FORKD_VMM", "")
 REST = os.environ.get("FORKD_REST", "")
+FORKCTL = os.environ.get("FORKCTL", "")
 DEST, PATH, IFACE = "org.forkd.Manager", "/org/forkd/Manager", "org.forkd.Manager"
 INVALID = "org.freedesktop.DBus.Error.InvalidArgs"
 EXISTS = "org.forkd.Error.SnapshotExists"
@@ -338,6 +339,20 @@ def main():
         ok(good, "an unknown tag in the registry is NoSuchSnapshot", why)
         if REST and os.access(REST, os.X_OK):
             rest_checks(tmp, address, bus, ref)
+        if FORKCTL and os.access(FORKCTL, os.X_OK):
+            cref = ref.replace(":v1", ":ctl")
+            p = subprocess.run([FORKCTL, "--bus-address", address, "--no-progress", "push", "l1", cref],
+                               capture_output=True, text=True, timeout=120)
+            ok(p.returncode == 0 and p.stdout.strip().startswith("sha256:"), "forkctl push prints the head's digest",
+               (p.returncode, p.stdout, p.stderr))
+            p = subprocess.run([FORKCTL, "--bus-address", address, "--no-progress", "--json", "pull", cref, "--tag",
+                                "l1-ctl"], capture_output=True, text=True, timeout=120)
+            ok(p.returncode == 0 and [s["tag"] for s in json.loads(p.stdout)["snapshots"]] == ["l1-ctl"],
+               "forkctl pull --tag registers the head under it", (p.returncode, p.stdout, p.stderr))
+            p = subprocess.run([FORKCTL, "--bus-address", address, "--no-progress", "pull", "127.0.0.2:1/x/y:z"],
+                               capture_output=True, text=True, timeout=120)
+            ok(p.returncode != 0 and "not configured" in p.stderr, "forkctl pull: a registry not configured fails",
+               (p.returncode, p.stderr))
         ok(forkd.poll() is None, "forkd still runs")
     finally:
         if forkd and forkd.poll() is None:
