@@ -477,6 +477,7 @@ static int fetch_manifest(PushPullJob *j, const char *reference, struct artifact
  * ancestor here with the content the chain was made on (the base). */
 static int pull_manifests(PushPullJob *j) {
         struct artifact_link chain[PACK_LINKS_MAX] = {};
+        uint64_t total = 0;
         size_t n = 0;
         int r;
 
@@ -524,6 +525,12 @@ static int pull_manifests(PushPullJob *j) {
                                       l->parent_tag);
                 n++;
         }
+        /* The whole chain as a bundle may hold it (pack.h): the disk space a pull may take. */
+        for (size_t k = 0; r >= 0 && k < n; k++)
+                for (size_t i = 0; r >= 0 && i < chain[k].n_layers; i++)
+                        if ((total += chain[k].layers[i].size) > PACK_TOTAL_SIZE_MAX)
+                                r = job_error(j, -EBADMSG, "The pulled chain is larger than %" PRIu64 " bytes.",
+                                              PACK_TOTAL_SIZE_MAX);
 finish:
         if (r < 0) {
                 for (size_t k = 0; k < n; k++)

@@ -188,8 +188,11 @@ static int parse_layer(struct json_object *d, size_t index, struct artifact_laye
         name = get_string(a, ARTIFACT_ANNOTATION_TITLE);
         size = get_string(a, ARTIFACT_ANNOTATION_FILE_SIZE);
         sha = get_string(a, ARTIFACT_ANNOTATION_FILE_SHA256);
+        /* Nor forkd-vmm's hash caches, which are this machine's and never pushed. */
         if (!name || !snapshot_file_name_is_valid(name) || strcmp(name, "snapshot.json") == 0 ||
-            strcmp(name, PACK_MANIFEST_NAME) == 0)
+            strcmp(name, PACK_MANIFEST_NAME) == 0 ||
+            (strlen(name) > strlen(SNAPSHOT_HASH_CACHE_SUFFIX) &&
+             strcmp(name + strlen(name) - strlen(SNAPSHOT_HASH_CACHE_SUFFIX), SNAPSHOT_HASH_CACHE_SUFFIX) == 0))
                 return pack_set_error(ret_error, -EBADMSG, "Layer %zu has no valid file name.", index);
         if (!sha || !snapshot_content_hash_is_valid(sha))
                 return pack_set_error(ret_error, -EBADMSG, "Layer %s has no valid SHA-256.", name);

@@ -114,6 +114,7 @@ static void test_manifest(void **state) {
                         { "\"size\":321", "\"size\":99999999" },
                         { "\"memory.bin\"", "\"..\"" },
                         { "\"memory.bin\"", "\"snapshot.json\"" },
+                        { "\"memory.bin\"", "\"memory.bin.sha256\"" },
                         { "\"memory.bin\"", "\"vmstate.bin\"" },
                         { "\"1073741824\"", "\"-1\"" },
                         { "\"1073741824\"", "\"99999999999999999999\"" },
