@@ -19,6 +19,7 @@
 #include "manager-dbus.h"
 #include "manager.h"
 #include "polkit.h"
+#include "pushpull-op.h"
 #include "worker.h"
 
 #ifndef FORKD_VMM_DEFAULT
@@ -31,8 +32,6 @@
 #ifndef FORKD_IMAGE_AGENT_DEFAULT
 #define FORKD_IMAGE_AGENT_DEFAULT "/usr/libexec/forkd/forkd-agent-portable"
 #endif
-
-#define FORKD_REGISTRY_CONFIG_DEFAULT "/etc/forkd/registries.json"
 
 #define EXIT_GRACE_USEC (20 * USEC_PER_SEC)
 
@@ -95,9 +94,11 @@ static void help(void) {
                "     --default-initrd PATH\n"
                "                          The initramfs that goes with --default-kernel\n"
                "     --registry-config FILE\n"
-               "                          The OCI registries images may be pulled from, with their\n"
-               "                          credentials and CAs (JSON; forkd(8), REGISTRIES; default\n"
-               "                          " FORKD_REGISTRY_CONFIG_DEFAULT ", also FORKD_REGISTRY_CONFIG)\n"
+               "                          The OCI registries images are pulled from and snapshots\n"
+               "                          pushed to and pulled from, with their credentials and CAs\n"
+               "                          (JSON, read at each use; forkd(8), REGISTRIES; default\n"
+               "                          " REGISTRY_CONFIG_DEFAULT ": none when it does not exist;\n"
+               "                          also FORKD_REGISTRY_CONFIG)\n"
                "     --vmm-user UID[:GID] The user (and group) confined VMMs run as (default %u:%u,\n"
                "                          in no /etc/passwd; see forkd-vmm(8), CONFINEMENT)\n"
                "     --no-confine         Run VMMs as forkd itself, without their jail, seccomp\n"
@@ -147,12 +148,6 @@ static int setup_image_paths(Manager *m) {
                 return log_oom();
         if (initrd && !(m->default_initrd = strdup(initrd)))
                 return log_oom();
-        m->registry_config = strdup(arg_registry_config ?: getenv("FORKD_REGISTRY_CONFIG") ?:
-                                    FORKD_REGISTRY_CONFIG_DEFAULT);
-        if (!m->registry_config)
-                return log_oom();
-        if (m->registry_config[0] != '/' || strlen(m->registry_config) >= PATH_ARG_MAX)
-                return log_error_errno(EINVAL, "--registry-config takes an absolute path.");
         m->oci_path = strdup(getenv("FORKD_OCI") ?: FORKD_OCI_DEFAULT);
         m->image_agent_path = strdup(getenv("FORKD_IMAGE_AGENT") ?: FORKD_IMAGE_AGENT_DEFAULT);
         if (!m->oci_path || !m->image_agent_path || asprintf(&m->oci_cache_dir, "%s/oci-layers", m->state_dir) < 0)
@@ -244,6 +239,9 @@ static int parse_argv(int argc, char *argv[]) {
                         arg_default_initrd = optarg;
                         break;
                 case ARG_REGISTRY_CONFIG:
+                        if (optarg[0] != '/' || strlen(optarg) > 1024)
+                                return log_error_errno(EINVAL, "--registry-config needs an absolute path of at most "
+                                                       "1024 bytes.");
                         arg_registry_config = optarg;
                         break;
                 case ARG_DEFAULT_MEM_MIB:
@@ -447,6 +445,11 @@ static int run(int argc, char *argv[]) {
         if (access(m->vmm_path, X_OK) < 0)
                 return log_error_errno(errno, "Cannot execute %s (set --vmm or $FORKD_VMM): %m", m->vmm_path);
         r = setup_image_paths(m);
+        if (r < 0)
+                return r;
+        if (!arg_registry_config)
+                arg_registry_config = getenv("FORKD_REGISTRY_CONFIG");
+        r = manager_load_registries(m, arg_registry_config ?: REGISTRY_CONFIG_DEFAULT, !!arg_registry_config);
         if (r < 0)
                 return r;
 

@@ -496,10 +496,10 @@ int bus_manager_method_create_snapshot_from_image_ref(sd_bus_message *message, v
                 return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
                                          "\"%.128s\" is not an image reference (host[:port]/repo[:tag] or "
                                          "host[:port]/repo@sha256:...).", ref);
-        if (access(m->registry_config, R_OK) < 0)
+        if (access(m->registry_config_path, R_OK) < 0)
                 return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
                                          "Cannot pull %.128s: no registries are configured: %s: %m (forkd "
-                                         "--registry-config).", ref, m->registry_config);
+                                         "--registry-config).", ref, m->registry_config_path);
         r = verify_create(m, message, tag, mem_mib, boot_wait, error);
         if (r <= 0)
                 return r < 0 ? r : 1; /* 0: polkit answers later and dispatches it again */
@@ -508,7 +508,7 @@ int bus_manager_method_create_snapshot_from_image_ref(sd_bus_message *message, v
         if (!c)
                 return -ENOMEM;
         c->image_ref = strdup(ref);
-        c->registry_config = strdup(m->registry_config);
+        c->registry_config = strdup(m->registry_config_path);
         if (!c->image_ref || !c->registry_config) {
                 image_create_free(c);
                 return -ENOMEM;

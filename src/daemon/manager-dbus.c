@@ -16,6 +16,7 @@
 #include "manager-dbus.h"
 #include "operation.h"
 #include "pack-op.h"
+#include "pushpull-op.h"
 #include "paused-dbus.h"
 #include "polkit.h"
 #include "branch.h"
@@ -308,6 +309,57 @@ static int method_unpack_snapshot(sd_bus_message *message, void *userdata, sd_bu
         return unpack_snapshot_start(m, message, fd, new_tag, error);
 }
 
+/* PushSnapshot and PullSnapshot: the operations in pushpull-op.c. */
+
+static int method_push_snapshot(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        Manager *m = userdata;
+        const char *tag, *ref;
+        int r;
+
+        r = sd_bus_message_rewind(message, true); /* polkit may dispatch it twice */
+        if (r < 0)
+                return r;
+        r = sd_bus_message_read(message, "ss", &tag, &ref);
+        if (r < 0)
+                return r;
+        r = bus_check_tag(tag, "snapshot tag", error);
+        if (r < 0)
+                return r;
+        r = operation_prelude(m, message,
+                              &(OperationPrelude) { .action = "org.forkd.manage-snapshots", .verb = "push",
+                                                    .snapshot = tag },
+                              error);
+        if (r <= 0)
+                return r < 0 ? r : 1;
+
+        return push_snapshot_start(m, message, tag, ref, error);
+}
+
+static int method_pull_snapshot(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        Manager *m = userdata;
+        const char *ref, *new_tag;
+        int r;
+
+        r = sd_bus_message_rewind(message, true); /* polkit may dispatch it twice */
+        if (r < 0)
+                return r;
+        r = sd_bus_message_read(message, "ss", &ref, &new_tag);
+        if (r < 0)
+                return r;
+        r = new_tag[0] ? bus_check_tag(new_tag, "snapshot tag", error) : 0;
+        if (r < 0)
+                return r;
+        r = operation_prelude(m, message,
+                              &(OperationPrelude) { .action = "org.forkd.manage-snapshots", .verb = "pull",
+                                                    .snapshot = new_tag,
+                                                    .tag = new_tag[0] ? new_tag : NULL },
+                              error);
+        if (r <= 0)
+                return r < 0 ? r : 1;
+
+        return pull_snapshot_start(m, message, ref, new_tag, error);
+}
+
 /* ---- sandboxes ---- */
 
 /* Root and holders of org.forkd.manage-all see every sandbox; anyone else
@@ -545,6 +597,10 @@ const sd_bus_vtable manager_vtable[] = {
                                 method_compact_snapshot, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("PackSnapshot", SD_BUS_ARGS("s", tag, "h", fd), SD_BUS_RESULT("as", tags, "t", bytes),
                                 method_pack_snapshot, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("PushSnapshot", SD_BUS_ARGS("s", tag, "s", ref, "a{sv}", options),
+                                SD_BUS_RESULT("a{sv}", result), method_push_snapshot, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("PullSnapshot", SD_BUS_ARGS("s", ref, "s", tag, "a{sv}", options),
+                                SD_BUS_RESULT("aa{sv}", snapshots), method_pull_snapshot, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("UnpackSnapshot", SD_BUS_ARGS("h", fd, "s", new_tag),
                                 SD_BUS_RESULT("aa{sv}", snapshots), method_unpack_snapshot,
                                 SD_BUS_VTABLE_UNPRIVILEGED),

@@ -10,6 +10,7 @@
 #include "fs-util.h"
 #include "image.h"
 #include "manager.h"
+#include "pushpull-op.h"
 #include "macro.h"
 #include "time-util.h"
 #include "polkit.h"
@@ -132,7 +133,7 @@ Manager *manager_free(Manager *m) {
         free(m->oci_path);
         free(m->image_agent_path);
         free(m->oci_cache_dir);
-        free(m->registry_config);
+        manager_free_registries(m);
         free(m);
         return NULL;
 }

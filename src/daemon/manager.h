@@ -108,7 +108,9 @@ struct Manager {
          * the agent it installs, and its layer cache (state_dir/oci-layers). */
         char *default_kernel, *default_initrd;
         char *oci_path, *image_agent_path, *oci_cache_dir;
-        char *registry_config; /* forkd --registry-config: the registries images are pulled from */
+        /* forkd --registry-config: the registries images are pulled from and
+         * snapshots pushed to and pulled from (read at each use). */
+        char *registry_config_path;
         int lock_fd;          /* flock on state_dir/.lock: one daemon per state dir */
         bool confine;         /* VMMs run confined (confine.c; forkd --no-confine: false) */
         uid_t vmm_uid;        /* their user and group (forkd --vmm-user) */

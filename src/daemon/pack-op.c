@@ -238,12 +238,9 @@ static int reply_error(Operation *o, const char *name, const char *fmt, ...) {
         return 0;
 }
 
-/* Move the staged links into place, root first, and register them; on any
- * failure put everything back as it was. */
-static int unpack_install(Operation *o, Image **loaded) {
-        PackJob *j = o->extra;
-        Manager *m = o->manager;
-        size_t moved = 0, n = j->manifest.n_links;
+int pack_install_staged(Manager *m, const char *staging, const struct pack_manifest *mf, uid_t owner_uid,
+                        Image **loaded) {
+        size_t moved = 0, n = mf->n_links;
         const char *reason = NULL;
         int r = 0;
 
@@ -252,17 +249,17 @@ static int unpack_install(Operation *o, Image **loaded) {
         for (size_t k = 0; k < n; k++) {
                 _cleanup_free_ char *dir = NULL;
 
-                if (asprintf(&dir, "%s/%s", j->staging, j->manifest.links[k].tag) < 0)
+                if (asprintf(&dir, "%s/%s", staging, mf->links[k].tag) < 0)
                         return -ENOMEM;
-                r = image_write_owner(dir, o->owner_uid);
+                r = image_write_owner(dir, owner_uid);
                 if (r < 0)
                         return r;
         }
         for (; moved < n; moved++) {
-                const char *tag = j->manifest.links[moved].tag;
+                const char *tag = mf->links[moved].tag;
                 _cleanup_free_ char *from = NULL, *to = NULL;
 
-                if (asprintf(&from, "%s/%s", j->staging, tag) < 0 || asprintf(&to, "%s/%s", m->snapshots_dir, tag) < 0) {
+                if (asprintf(&from, "%s/%s", staging, tag) < 0 || asprintf(&to, "%s/%s", m->snapshots_dir, tag) < 0) {
                         r = -ENOMEM;
                         break;
                 }
@@ -272,9 +269,9 @@ static int unpack_install(Operation *o, Image **loaded) {
                 }
         }
         for (size_t k = 0; r >= 0 && k < n; k++) {
-                r = image_load(m, j->manifest.links[k].tag, &loaded[k], &reason);
+                r = image_load(m, mf->links[k].tag, &loaded[k], &reason);
                 if (r < 0)
-                        log_warning_errno(r, "Unpacked snapshot %s does not load: %s", j->manifest.links[k].tag,
+                        log_warning_errno(r, "Unpacked snapshot %s does not load: %s", mf->links[k].tag,
                                           reason ?: "?");
         }
         if (r >= 0) {
@@ -284,10 +281,10 @@ static int unpack_install(Operation *o, Image **loaded) {
         for (size_t k = 0; k < n; k++)
                 loaded[k] = image_free(loaded[k]);
         while (moved > 0) {
-                const char *tag = j->manifest.links[--moved].tag;
+                const char *tag = mf->links[--moved].tag;
                 _cleanup_free_ char *from = NULL, *to = NULL;
 
-                if (asprintf(&from, "%s/%s", j->staging, tag) >= 0 && asprintf(&to, "%s/%s", m->snapshots_dir, tag) >= 0)
+                if (asprintf(&from, "%s/%s", staging, tag) >= 0 && asprintf(&to, "%s/%s", m->snapshots_dir, tag) >= 0)
                         (void) rename(to, from);
         }
         return r;
@@ -334,7 +331,7 @@ static void unpack_done(int r, void *userdata) {
                 reply_error(o, FORKD_ERROR_BUSY, "At most %u snapshots.", SNAPSHOTS_MAX);
                 return;
         }
-        r = unpack_install(o, loaded);
+        r = pack_install_staged(m, j->staging, &j->manifest, o->owner_uid, loaded);
         if (r < 0) {
                 reply_error(o, FORKD_ERROR_FAILED, "The unpacked snapshots do not load: %s", strerror(-r));
                 return;

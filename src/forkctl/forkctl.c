@@ -114,6 +114,12 @@ static void help(void) {
                "                          to the bundle F (tar + zstd)\n"
                "  unpack F [--tag NEW]    Register the snapshots of bundle F (NEW renames a\n"
                "                          bundle of one snapshot)\n"
+               "Registries:\n"
+               "  push TAG REF            Push snapshot TAG and its ancestors to the OCI registry\n"
+               "                          REF (host[:port]/repository:tag) that forkd's admin\n"
+               "                          configured; prints the head's manifest digest\n"
+               "  pull REF [--tag T]      Register the chain REF names (a tag or @sha256:...),\n"
+               "                          fetching only the links not here; T: the head's tag\n"
                "\n"
                "Options:\n"
                "  -h --help               Show this help\n"
@@ -246,6 +252,8 @@ static const struct verb verbs[] = {
           verb_branch, NULL },
         { NULL, "pack", 0, 0, OPT_TAG | OPT_OUT, 0, "pack --tag T --out F", verb_pack, NULL },
         { NULL, "unpack", 1, 1, OPT_TAG, 0, "unpack F [--tag NEW]", verb_unpack, NULL },
+        { NULL, "push", 2, 2, 0, 0, "push TAG REF", verb_push, NULL },
+        { NULL, "pull", 1, 1, OPT_TAG, 0, "pull REF [--tag T]", verb_pull, NULL },
         { NULL, "mcp", 0, 0, 0, VERB_NO_BUS, "mcp", verb_mcp, NULL },
         { NULL, "doctor", 0, 0, OPT_STATE_DIR | OPT_PREFIX | OPT_TOKEN_FILE, VERB_NO_BUS,
           "doctor [--json] [--state-dir DIR] [--prefix DIR] [--token-file FILE]", verb_doctor, NULL },

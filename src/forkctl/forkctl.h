@@ -184,3 +184,5 @@ int check_timeout(struct forkctl_options *o, char **args, size_t n_args, const c
 /* forkctl-pack.c: bundles */
 int verb_pack(sd_bus *bus, const struct forkctl_options *o, char **args, size_t n_args);
 int verb_unpack(sd_bus *bus, const struct forkctl_options *o, char **args, size_t n_args);
+int verb_push(sd_bus *bus, const struct forkctl_options *o, char **args, size_t n_args);
+int verb_pull(sd_bus *bus, const struct forkctl_options *o, char **args, size_t n_args);

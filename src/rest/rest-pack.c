@@ -10,6 +10,7 @@
 #include "rest-bus.h"
 #include "rest-pack.h"
 #include "rest-reply.h"
+#include "rest-routes-common.h"
 #include "rest-util.h"
 
 #define CALL_TIMEOUT_PACK (3600ULL * 1000000ULL)
@@ -175,10 +176,90 @@ static int on_reply_unpack(RestRequest *req, sd_bus_message *reply) {
         return rest_reply_json(req, 201, a);
 }
 
+/* PushSnapshot, PullSnapshot: the registry reference (a tag that may be set). */
+#define REST_REF_MAX 1024
+#define REST_PULL_BODY_MAX (16 * 1024)
+
+struct transfer_args {
+        char ref[REST_REF_MAX + 2];
+        char tag[REST_TAG_MAX + 2];
+};
+
+static const struct json_dispatch transfer_table[] = {
+        { "ref", JSON_KIND_STRING, NULL, offsetof(struct transfer_args, ref), JSON_FIELD_SIZE(struct transfer_args, ref),
+          JSON_MANDATORY },
+        { "tag", JSON_KIND_STRING, NULL, offsetof(struct transfer_args, tag), JSON_FIELD_SIZE(struct transfer_args, tag),
+          JSON_NULLABLE },
+        {}
+};
+
+/* POST /v1/snapshots/:tag/push {"ref"}: 200 {digest, bytes_sent, blobs_sent, links}. */
+int rest_route_snapshot_push(RestRequest *req) {
+        static const struct json_dispatch table[] = {
+                { "ref", JSON_KIND_STRING, NULL, offsetof(struct transfer_args, ref),
+                  JSON_FIELD_SIZE(struct transfer_args, ref), JSON_MANDATORY },
+                {}
+        };
+        _cleanup_json_ struct json_object *o = NULL;
+        struct transfer_args a = {};
+        const char *tag;
+        int r;
+
+        tag = rest_param_or_reply(req, "tag");
+        if (!tag)
+                return 0;
+        r = rest_parse_body(req, false, table, &a, NULL, &o);
+        if (r <= 0)
+                return r;
+        return rest_call_manager(req, "PushSnapshot", CALL_TIMEOUT_PACK, rest_on_reply_dict_200, "ssa{sv}", tag, a.ref,
+                                 0);
+}
+
+/* POST /v1/snapshots/pull {"ref", "tag"?}: its route takes bundles, so the
+ * body is in a file. 201 [SnapshotInfo, ...], root first. */
+static int snapshot_pull(RestRequest *req, int fd) {
+        _cleanup_json_ struct json_object *o = NULL;
+        _cleanup_free_ char *buf = NULL;
+        const char *field = NULL, *reason = NULL;
+        struct transfer_args a = {};
+        struct stat st;
+        ssize_t n;
+        int r;
+
+        if (fstat(fd, &st) < 0)
+                return rest_reply_error(req, 500, "cannot read the body: %s", strerror(errno));
+        if (st.st_size > REST_PULL_BODY_MAX)
+                return rest_reply_error(req, 413, "request body larger than %d bytes", REST_PULL_BODY_MAX);
+        buf = malloc((size_t) st.st_size + 1);
+        if (!buf)
+                return rest_reply_error(req, 500, "out of memory");
+        n = pread(fd, buf, (size_t) st.st_size, 0);
+        if (n < 0 || n != st.st_size)
+                return rest_reply_error(req, 500, "cannot read the body");
+        buf[n] = 0;
+        r = json_parse_strict(buf, (size_t) n, REST_PULL_BODY_MAX, 16, &o, &reason);
+        if (r < 0)
+                return rest_reply_error(req, 400, "request body: %s", reason ?: "invalid JSON");
+        r = json_dispatch_full(o, transfer_table, REST_BODY_FLAGS, &a, &field, &reason);
+        if (r < 0)
+                return rest_reply_dispatch_error(req, r, field, reason);
+        if (a.tag[0] && !rest_tag_is_valid(a.tag))
+                return rest_reply_error(req, 400, "invalid tag '%s': must match ^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$",
+                                        a.tag);
+        return rest_call_manager(req, "PullSnapshot", CALL_TIMEOUT_PACK, rest_on_reply_array_201, "ssa{sv}", a.ref,
+                                 a.tag, 0);
+}
+
 int rest_route_snapshot_post(RestRequest *req) {
         const char *p = rest_request_param(req), *tag = rest_request_query(req, "tag");
         int fd;
 
+        if (p && strcmp(p, "pull") == 0) {
+                fd = rest_request_body_fd(req);
+                if (fd < 0)
+                        return rest_reply_error(req, 500, "cannot read the body: %s", strerror(-fd));
+                return snapshot_pull(req, fd);
+        }
         if (!p || strcmp(p, "unpack") != 0)
                 return rest_reply_error(req, 405, "method POST not allowed on /v1/snapshots/%.64s", p ?: "");
         if (tag && !rest_tag_is_valid(tag))

@@ -263,6 +263,7 @@ const RestRoute rest_routes[] = {
         { "/v1/snapshots/%/pack", false, { { "GET", rest_route_snapshot_pack, 0 } }, "GET" },
         { "/v1/snapshots/%/info", false, { { "GET", rest_route_snapshot_info, 0 } }, "GET" },
         { "/v1/snapshots/%/compact", false, { { "POST", rest_route_snapshot_compact, 0 } }, "POST" },
+        { "/v1/snapshots/%/push", false, { { "POST", rest_route_snapshot_push, 0 } }, "POST" },
         { "/v1/sandboxes", false,
           { { "GET", rest_route_sandboxes_list, 0 }, { "POST", rest_route_sandboxes_create, 0 } }, "GET, POST" },
         { "/v1/sandboxes/%", false,
