@@ -27,6 +27,7 @@ import urllib.error
 import urllib.request
 
 from dbusmini import Bus, DBusError
+from ociregistry import Registry, free_port, binary as registry_binary
 from tap import Tap, skip_all
 
 FORKD = os.environ.get("FORKD", "")
@@ -73,47 +74,6 @@ def write_link(snapdir, tag, parent, marker):
         meta["parent_content_hash"] = sha256_file(os.path.join(snapdir, parent, "memory.bin"))
     with open(os.path.join(d, "snapshot.json"), "w") as f:
         json.dump(meta, f)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Registry:
-    def __init__(self, dir):
-        self.port = free_port()
-        self.root = os.path.join(dir, "storage")
-        conf = os.path.join(dir, "registry.yml")
-        with open(conf, "w") as f:
-            f.write(f"version: 0.1\nlog:\n  level: info\n  accesslog:\n    disabled: false\nstorage:\n  filesystem:\n"
-                    f"    rootdirectory: {self.root}\n  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:{self.port}\n")
-        self.log = os.path.join(dir, "registry.log")
-        with open(self.log, "w") as lf:
-            self.proc = subprocess.Popen(["docker-registry", "serve", conf], stdout=lf, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{self.port}/v2/", timeout=2)
-                break
-            except OSError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("docker-registry did not start: " + open(self.log).read())
-                time.sleep(0.1)
-        self.host = f"127.0.0.1:{self.port}"
-
-    def blob_path(self, digest):
-        hexd = digest.split(":", 1)[1]
-        return os.path.join(self.root, "docker/registry/v2/blobs/sha256", hexd[:2], hexd, "data")
-
-    def blob_gets(self):
-        with open(self.log) as f:
-            return sum(1 for line in f if "GET /v2/" in line and "/blobs/sha256:" in line)
-
-    def stop(self):
-        self.proc.terminate()
-        self.proc.wait(timeout=10)
 
 
 def http(port, method, path, body):
@@ -177,7 +137,7 @@ def main():
     if not FORKD or not os.access(FORKD, os.X_OK) or not VMM or not os.access(VMM, os.X_OK):
         skip_all("FORKD and FORKD_VMM are not set to the built forkd and forkd-vmm")
     for t in ("dbus-daemon", "docker-registry"):
-        if shutil.which(t) is None:
+        if (shutil.which(t) if t == "dbus-daemon" else registry_binary()) is None:
             if os.environ.get("CI") and t == "docker-registry":
                 tap.bail(f"{t} not installed (tools/install-deps installs it)")
             skip_all(f"{t} not installed")

@@ -46,7 +46,7 @@ def main():
         tf.skip("/dev/kvm is not usable")
     if os.geteuid() != 0:
         tf.skip("needs root (the system-bus policy, /proc/<pid>/mem of the VMMs)")
-    if shutil.which("docker-registry") is None:
+    if tpf.registry_binary() is None:
         if os.environ.get("CI"):
             print("Bail out! docker-registry is not installed (tools/install-deps installs it)")
             return 1
