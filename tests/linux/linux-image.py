@@ -68,6 +68,7 @@ def check_child(t, fc, sid, what):
 
 def by_reference(t, fc, stack, build, state, layout, tmp, made):
     """The layout pushed to a docker-registry on loopback, snapshotted by reference."""
+    os.mkdir(os.path.join(tmp, "registry"))
     reg = Registry(os.path.join(tmp, "registry"))
     try:
         ref = f"{reg.host}/forkd/python:1"

@@ -9,7 +9,7 @@ build, image = sys.argv[1], sys.argv[2]
 t = Tap()
 g = LinuxStack(t, os.getcwd(), os.path.abspath(build), image)
 try:
-    mod.images(t, g.fc, g.stack, image, g.state)
+    mod.images(t, g.fc, g.stack, os.path.abspath(build), image, g.state)
 except Exception:
     t.ok(False, "ran", traceback.format_exc())
 finally:
