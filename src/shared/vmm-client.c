@@ -87,7 +87,7 @@ static int spawn_with_fds(char *const argv[], const int *fds, unsigned n_fds, pi
         if (pid < 0)
                 return -errno;
         if (pid == 0) {
-                int tmp[8];
+                int tmp[32];
 
                 if (n_fds > ELEMENTSOF(tmp))
                         _exit(127);
@@ -114,9 +114,10 @@ static int spawn_with_fds(char *const argv[], const int *fds, unsigned n_fds, pi
 
 int vmm_client_boot(const struct vmm_boot_args *a, struct vmm_proc *ret) {
         int agent[2] = { -1, -1 }, ctl[2] = { -1, -1 };
-        char mem[32];
-        const char *argv[34];
-        unsigned n = 0;
+        char mem[32], vol[VMM_CLIENT_VOLUMES_MAX][320];
+        const char *argv[34 + VMM_CLIENT_VOLUMES_MAX];
+        int fds[3 + VMM_CLIENT_VOLUMES_MAX];
+        unsigned n = 0, n_fds;
         pid_t pid = 0;
         int r;
 
@@ -158,11 +159,25 @@ int vmm_client_boot(const struct vmm_boot_args *a, struct vmm_proc *ret) {
         }
         if (a->with_net)
                 argv[n++] = "--net-tap-fd=5";
+        fds[0] = agent[1];
+        fds[1] = ctl[1];
+        n_fds = 2;
+        if (a->with_net)
+                fds[n_fds++] = a->net_tap_fd;
+        if (a->n_volumes > VMM_CLIENT_VOLUMES_MAX) {
+                r = -E2BIG;
+                goto fail;
+        }
+        for (unsigned i = 0; i < a->n_volumes; i++) {
+                snprintf(vol[i], sizeof(vol[i]), "--volume-fd=%u:%s:%s", 3 + n_fds, a->volumes[i].mode,
+                         a->volumes[i].guest_path);
+                argv[n++] = vol[i];
+                fds[n_fds++] = a->volumes[i].fd;
+        }
         add_confine_args(argv, &n);
         argv[n] = NULL;
 
-        r = spawn_with_fds((char *const *) argv, (int[]) { agent[1], ctl[1], a->net_tap_fd },
-                           a->with_net ? 3 : 2, &pid);
+        r = spawn_with_fds((char *const *) argv, fds, n_fds, &pid);
         if (r < 0)
                 goto fail;
         safe_close(agent[1]);

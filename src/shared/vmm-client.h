@@ -30,6 +30,8 @@ struct vmm_proc {
  * boot without --cmdline). */
 #define VMM_LINUX_CMDLINE_DEFAULT "console=ttyS0 reboot=k panic=-1 root=/dev/vda rw quiet"
 
+#define VMM_CLIENT_VOLUMES_MAX 24
+
 struct vmm_boot_args {
         const char *vmm_path;    /* forkd-vmm binary */
         const char *kernel;
@@ -43,6 +45,14 @@ struct vmm_boot_args {
          * stays the caller's (the VMM gets a copy). */
         bool with_net;
         int net_tap_fd;
+        /* Volumes (forkd-vmm boot --volume-fd N:MODE:GUEST), in device order:
+         * the fds stay the caller's. */
+        const struct vmm_volume_arg {
+                int fd;
+                const char *mode;       /* "ro", "cow" or "rw" */
+                const char *guest_path;
+        } *volumes;
+        unsigned n_volumes;
 };
 
 /* The default identity of a confined VMM (forkd --vmm-user): 65533, from the
