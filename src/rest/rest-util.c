@@ -66,6 +66,7 @@ static const struct {
         { FORKD_ERROR_HAS_DEPENDENTS, 409 },
         { FORKD_ERROR_CHAIN_BROKEN, 409 },
         { FORKD_ERROR_NOT_READY, 409 },
+        { FORKD_ERROR_VOLUME_BUSY, 409 },
         { FORKD_ERROR_NO_NETWORK, 409 },
         { FORKD_ERROR_PAUSED, 409 },
         { FORKD_ERROR_NOT_PAUSED, 409 },

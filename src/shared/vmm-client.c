@@ -307,8 +307,14 @@ void vmm_proc_stop(struct vmm_proc *p, uint64_t grace_usec) {
 
 int vmm_client_template_start(const char *vmm_path, const char *snapshot_dir, const char *overlay_dir,
                               struct vmm_template *ret, char **ret_error) {
-        int ctl[2] = { -1, -1 };
-        const char *argv[20];
+        return vmm_client_template_start_volumes(vmm_path, snapshot_dir, overlay_dir, NULL, 0, ret, ret_error);
+}
+
+int vmm_client_template_start_volumes(const char *vmm_path, const char *snapshot_dir, const char *overlay_dir,
+                                      const int *rw_fds, unsigned n_rw, struct vmm_template *ret, char **ret_error) {
+        int ctl[2] = { -1, -1 }, fds[1 + VMM_CLIENT_VOLUMES_MAX];
+        char vol[VMM_CLIENT_VOLUMES_MAX][32];
+        const char *argv[20 + VMM_CLIENT_VOLUMES_MAX];
         struct json_object *o = NULL, *ev = NULL, *g;
         unsigned n = 0;
         pid_t pid = 0;
@@ -325,10 +331,16 @@ int vmm_client_template_start(const char *vmm_path, const char *snapshot_dir, co
                 argv[n++] = "--overlay-dir";
                 argv[n++] = overlay_dir;
         }
+        fds[0] = ctl[1];
+        for (unsigned i = 0; i < n_rw && i < VMM_CLIENT_VOLUMES_MAX; i++) {
+                snprintf(vol[i], sizeof(vol[i]), "--volume-fd=%u:rw", 4 + i);
+                argv[n++] = vol[i];
+                fds[1 + i] = rw_fds[i];
+        }
         add_confine_args(argv, &n);
         argv[n] = NULL;
 
-        r = spawn_with_fds((char *const *) argv, (int[]) { ctl[1] }, 1, &pid);
+        r = spawn_with_fds((char *const *) argv, fds, 1 + MIN(n_rw, (unsigned) VMM_CLIENT_VOLUMES_MAX), &pid);
         safe_close(ctl[1]);
         if (r < 0) {
                 safe_close(ctl[0]);

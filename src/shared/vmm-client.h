@@ -109,6 +109,10 @@ struct vmm_template {
 /* Start "forkd-vmm template" for a snapshot and wait until it is ready. */
 int vmm_client_template_start(const char *vmm_path, const char *snapshot_dir, const char *overlay_dir,
                               struct vmm_template *ret, char **ret_error);
+/* The same for a snapshot with rw volumes: their fds, in order (forkd-vmm
+ * template --volume-fd); they stay the caller's. */
+int vmm_client_template_start_volumes(const char *vmm_path, const char *snapshot_dir, const char *overlay_dir,
+                                      const int *rw_fds, unsigned n_rw, struct vmm_template *ret, char **ret_error);
 
 /* Fork n children. For each: a connected agent socket is returned in
  * agent_fds[i], a control socket in control_fds[i] if control_fds is not NULL,
