@@ -223,6 +223,17 @@ int rest_bus_read_variant_json(sd_bus_message *m, struct json_object **ret) {
                 r = sd_bus_message_exit_container(m);
                 if (r < 0)
                         return r;
+        } else if (streq(contents, "aa{sv}")) {
+                /* A list of dictionaries (SnapshotInfo and SandboxInfo "volumes"). */
+                r = sd_bus_message_enter_container(m, 'v', contents);
+                if (r < 0)
+                        return r;
+                r = rest_bus_read_dict_array_json(m, &o);
+                if (r < 0)
+                        return r;
+                r = sd_bus_message_exit_container(m);
+                if (r < 0)
+                        return r;
         } else {
                 /* Nothing in the interface uses other types; skip them. */
                 r = sd_bus_message_skip(m, "v");
