@@ -233,6 +233,7 @@ static const struct {
         { "write_file", agent_op_write_file },
         { "read_file", agent_op_read_file },
         { "shutdown", op_shutdown },
+        { "mount_volumes", agent_op_mount_volumes },
 };
 
 static void handle_request(Agent *a, uint32_t id, const char *payload, size_t len) {

@@ -177,6 +177,8 @@ ExecJob *exec_job_free(ExecJob *j);
 /* ---- agent-files.c ---- */
 /* hash_files: SHA-256 of the regular files under the given paths. */
 int agent_op_hash_files(Agent *a, uint32_t id, struct json_object *req);
+/* mount_volumes (agent-volumes.c): mount forkd's ext4 volumes. */
+int agent_op_mount_volumes(Agent *a, uint32_t id, struct json_object *req);
 
 /* ---- agent-fileio.c ---- */
 /* write_file / read_file: one file's contents, base64, at most FILE_OP_MAX bytes (file-ops.h). */

@@ -2,6 +2,7 @@
 /* What operations and bus faces both send: see bus-info.h. */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <json-c/json.h>
 
@@ -70,6 +71,43 @@ static int append_image_config(sd_bus_message *reply, const char *config) {
         return r;
 }
 
+/* "volumes": aa{sv}, each guest_path, mode, size (bytes), and for rw host_path. */
+static int append_volumes(sd_bus_message *reply, const struct snapshot_meta *meta, const char *dir) {
+        int r;
+
+        if (meta->n_volumes == 0)
+                return 0;
+        r = sd_bus_message_open_container(reply, 'e', "sv");
+        if (r >= 0)
+                r = sd_bus_message_append(reply, "s", "volumes");
+        if (r >= 0)
+                r = sd_bus_message_open_container(reply, 'v', "aa{sv}");
+        if (r >= 0)
+                r = sd_bus_message_open_container(reply, 'a', "a{sv}");
+        for (uint32_t k = 0; r >= 0 && k < meta->n_volumes; k++) {
+                const struct snapshot_volume *v = &meta->volumes[k];
+                _cleanup_free_ char *path = NULL;
+                struct stat st;
+                uint64_t size = 0;
+
+                if (v->file[0] ? asprintf(&path, "%s/%s", dir, v->file) < 0 : !(path = strdup(v->host_path)))
+                        return -ENOMEM;
+                if (lstat(path, &st) >= 0 && S_ISREG(st.st_mode))
+                        size = (uint64_t) st.st_size;
+                r = sd_bus_message_open_container(reply, 'a', "{sv}");
+                if (r >= 0)
+                        r = sd_bus_message_append(reply, "{sv}{sv}{sv}", "guest_path", "s", v->guest_path,
+                                                  "mode", "s", v->mode, "size", "t", size);
+                if (r >= 0 && !v->file[0])
+                        r = sd_bus_message_append(reply, "{sv}", "host_path", "s", v->host_path);
+                if (r >= 0)
+                        r = sd_bus_message_close_container(reply);
+        }
+        for (unsigned k = 0; r >= 0 && k < 3; k++)
+                r = sd_bus_message_close_container(reply);
+        return r;
+}
+
 int image_append_info_fields(sd_bus_message *reply, Image *i, bool details) {
         int r;
 
@@ -98,6 +136,9 @@ int image_append_info_fields(sd_bus_message *reply, Image *i, bool details) {
                 if (r < 0)
                         return r;
         }
+        r = append_volumes(reply, &i->meta, i->dir);
+        if (r < 0)
+                return r;
         if (i->meta.branched_from[0]) {
                 /* only on snapshots made by a branch */
                 r = sd_bus_message_append(reply, "{sv}{sv}{sv}", "branched_from", "s", i->meta.branched_from,
@@ -221,6 +262,16 @@ int sandbox_append_info(sd_bus_message *reply, Sandbox *s) {
         r = sandbox_append_deadline(reply, s->expires_at, s->timeout_pause);
         if (r < 0)
                 return r;
+        {
+                /* the volumes of the snapshot it runs from */
+                Image *i = hashmap_get(s->manager->images, s->snapshot_tag);
+
+                if (i) {
+                        r = append_volumes(reply, &i->meta, i->dir);
+                        if (r < 0)
+                                return r;
+                }
+        }
         return sd_bus_message_close_container(reply);
 }
 

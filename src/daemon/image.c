@@ -241,6 +241,8 @@ ImageCreate *image_create_new(void) {
         if (!c)
                 return NULL;
         c->kernel_fd = c->initrd_fd = c->rootfs_fd = c->image_fd = -EBADF;
+        for (unsigned i = 0; i < SNAPSHOT_VOLUMES_MAX; i++)
+                c->volumes[i].fd = -EBADF;
         return c;
 }
 
@@ -251,6 +253,8 @@ ImageCreate *image_create_free(ImageCreate *c) {
         safe_close(c->initrd_fd);
         safe_close(c->rootfs_fd);
         safe_close(c->image_fd);
+        for (unsigned i = 0; i < c->n_volumes; i++)
+                safe_close(c->volumes[i].fd);
         if (c->staging)
                 (void) rm_rf(c->staging);
         free(c->staging);
@@ -357,6 +361,107 @@ static int stage_boot_files(ImageCreate *c, char **ret_kernel, char **ret_disk) 
         return 0;
 }
 
+/* The ro and cow volumes, copied into c->staging as the root disk is (the
+ * caller's file may change meanwhile): c->volumes[i].fd becomes the copy's. */
+static int stage_volumes(ImageCreate *c) {
+        _cleanup_close_ int dfd = -EBADF;
+        int r;
+
+        dfd = open(c->staging, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (dfd < 0)
+                return image_create_set_error(c, -errno, "Cannot open %s: %s", c->staging, strerror(errno));
+        for (unsigned i = 0; i < c->n_volumes; i++) {
+                struct image_volume *v = &c->volumes[i];
+                char name[32];
+                struct stat st;
+                int fd;
+
+                if (v->mode == SNAPSHOT_VOLUME_RW)
+                        continue;
+                if (fstat(v->fd, &st) < 0)
+                        return image_create_set_error(c, -errno, "Cannot inspect volume %s: %s", v->guest_path,
+                                                      strerror(errno));
+                snprintf(name, sizeof(name), "volume-%u.img", i);
+                r = copy_file_sparse(v->fd, dfd, name, (uint64_t) st.st_size, 0640);
+                if (r < 0)
+                        return image_create_set_error(c, r, "Cannot copy volume %s into %s: %s", v->guest_path,
+                                                      c->staging, strerror(-r));
+                fd = openat(dfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+                if (fd < 0)
+                        return image_create_set_error(c, -errno, "Cannot open %s: %s", name, strerror(errno));
+                safe_close(v->fd);
+                v->fd = fd;
+        }
+        return 0;
+}
+
+/* Whether the staged kernel is a Linux bzImage ("HdrS" at 0x202): only a Linux
+ * guest mounts volumes; the test guest has no driver for them. */
+static bool kernel_is_linux(const char *kernel) {
+        _cleanup_close_ int fd = open(kernel, O_RDONLY | O_CLOEXEC);
+        char magic[4];
+
+        return fd >= 0 && pread(fd, magic, sizeof(magic), 0x202) == (ssize_t) sizeof(magic) &&
+               memcmp(magic, "HdrS", 4) == 0;
+}
+
+/* Ask the agent to mount every volume (op mount_volumes), before the snapshot. */
+static int mount_volumes(ImageCreate *c, int agent_fd) {
+        _cleanup_free_ char *reply = NULL;
+        struct json_object *req, *a, *o = NULL, *failed, *e;
+        uint16_t type = 0;
+        int r;
+
+        req = json_object_new_object();
+        a = json_object_new_array();
+        if (!req || !a) {
+                json_object_put(req);
+                json_object_put(a);
+                return -ENOMEM;
+        }
+        json_object_object_add(req, "op", json_object_new_string("mount_volumes"));
+        json_object_object_add(req, "volumes", a);
+        for (unsigned i = 0; i < c->n_volumes; i++) {
+                struct json_object *v = json_object_new_object();
+                char dev[16];
+
+                snprintf(dev, sizeof(dev), "/dev/vd%c", 'b' + (int) i);
+                json_object_object_add(v, "device", json_object_new_string(dev));
+                json_object_object_add(v, "path", json_object_new_string(c->volumes[i].guest_path));
+                json_object_object_add(v, "ro", json_object_new_boolean(c->volumes[i].mode == SNAPSHOT_VOLUME_RO));
+                json_object_array_add(a, v);
+        }
+        r = fka_call(agent_fd, json_object_to_json_string_ext(req, JSON_C_TO_STRING_PLAIN),
+                     (uint64_t) c->boot_wait_secs * USEC_PER_SEC, &reply, &type);
+        json_object_put(req);
+        if (r < 0)
+                return image_create_set_error(c, r, "The guest's agent did not mount the volumes: %s", strerror(-r));
+        o = reply ? json_tokener_parse(reply) : NULL;
+        if (type != FKA_RESPONSE) {
+                const char *why = o && json_object_object_get_ex(o, "error", &e) ? json_object_get_string(e) : NULL;
+
+                image_create_set_error(c, -EPROTO, "The guest's agent did not mount the volumes: %s",
+                                       why ?: "it refused mount_volumes");
+                json_object_put(o);
+                return -EPROTO;
+        }
+        if (o && json_object_object_get_ex(o, "failed", &failed) && json_object_is_type(failed, json_type_array) &&
+            json_object_array_length(failed) > 0) {
+                struct json_object *f = json_object_array_get_idx(failed, 0), *p = NULL, *why = NULL;
+
+                (void) json_object_object_get_ex(f, "path", &p);
+                (void) json_object_object_get_ex(f, "error", &why);
+                image_create_set_error(c, -EINVAL, "Volume %s could not be mounted in the guest (an ext4 image is "
+                                       "needed): %s", p ? json_object_get_string(p) : "?",
+                                       why ? json_object_get_string(why) : "?");
+                c->error_invalid_args = true;
+                json_object_put(o);
+                return -EINVAL;
+        }
+        json_object_put(o);
+        return 0;
+}
+
 int image_create_work(void *userdata) {
         ImageCreate *c = userdata;
         _cleanup_free_ char *kernel = NULL, *disk = NULL;
@@ -385,6 +490,11 @@ int image_create_work(void *userdata) {
         if (r < 0) {
                 (void) rm_rf(c->staging);
                 return c->error ? r : image_create_set_error(c, r, "Cannot stage the boot files: %s", strerror(-r));
+        }
+        r = stage_volumes(c);
+        if (r < 0) {
+                (void) rm_rf(c->staging);
+                return r;
         }
         /* The caller's descriptors are done with. */
         c->kernel_fd = safe_close(c->kernel_fd);
@@ -438,6 +548,13 @@ int image_create_work(void *userdata) {
         else if (c->agent_tcp)
                 a.cmdline = VMM_LINUX_CMDLINE_DEFAULT " " AGENT_TCP_CMDLINE_SWITCH;
 
+        struct vmm_volume_arg vols[SNAPSHOT_VOLUMES_MAX];
+        for (unsigned i = 0; i < c->n_volumes; i++)
+                vols[i] = (struct vmm_volume_arg) { .fd = c->volumes[i].fd,
+                                                    .mode = snapshot_volume_mode_to_string(c->volumes[i].mode),
+                                                    .guest_path = c->volumes[i].guest_path };
+        a.volumes = vols;
+        a.n_volumes = c->n_volumes;
         r = vmm_client_boot(&a, &p);
         netns_child_done(&net); /* the VMM has its own copy */
         if (r < 0) {
@@ -462,6 +579,12 @@ int image_create_work(void *userdata) {
                 r = r < 0 ? r : -EPROTO;
                 set_boot_error(c, r, "The VM did not come up: %s", why);
                 goto finish;
+        }
+
+        if (c->n_volumes > 0 && kernel_is_linux(kernel)) {
+                r = mount_volumes(c, p.agent_fd);
+                if (r < 0)
+                        goto finish;
         }
 
         req = json_object_new_object();

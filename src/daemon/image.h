@@ -61,6 +61,14 @@ int image_sizes(Image *i, struct image_sizes *ret);
 #define COMPACT_STAGING_PREFIX ".compact-staging-"
 #define PACK_STAGING_PREFIX ".unpack-"
 
+/* A volume of a snapshot being created: the caller's file (forkd's copy of the
+ * descriptor), where the agent mounts it, and its mode. */
+struct image_volume {
+        int fd;
+        enum snapshot_volume_mode mode;
+        char guest_path[SNAPSHOT_VOLUME_PATH_MAX];
+};
+
 typedef struct ImageCreate {
         char *vmm_path, *tag, *dir, *overlay_dir, *console_log;
         char *staging;                     /* snapshots/.boot-<tag> */
@@ -80,6 +88,11 @@ typedef struct ImageCreate {
         bool start_cmd;
         char *oci_path, *image_agent, *oci_cache;
         char *image_config; /* out: the image's config (snapshot.json "image") */
+        /* Volumes (CreateSnapshotFrom* option "volumes"): attached after the
+         * root disk in this order, mounted by a Linux guest's agent before the
+         * snapshot; forkd-vmm writes them into it (volume-N.img; rw: the path). */
+        struct image_volume volumes[SNAPSHOT_VOLUMES_MAX];
+        unsigned n_volumes;
         char *error; /* out: what went wrong, for the caller */
         bool error_invalid_args; /* out: the caller's input was refused (InvalidArgs) */
 } ImageCreate;

@@ -246,7 +246,89 @@ int bus_manager_method_create_snapshot(sd_bus_message *message, void *userdata, 
 struct create_options {
         int kernel_fd, initrd_fd;
         int network, agent_tcp, start_cmd;
+        struct image_volume volumes[SNAPSHOT_VOLUMES_MAX]; /* fds borrowed */
+        unsigned n_volumes;
 };
+
+/* Option "volumes", a(hss): (fd, guest_path, mode) each. */
+static int read_volumes(sd_bus_message *message, struct create_options *o, sd_bus_error *error) {
+        int r;
+
+        r = sd_bus_message_enter_container(message, 'v', "a(hss)");
+        if (r < 0)
+                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "Option volumes must be of type a(hss).");
+        r = sd_bus_message_enter_container(message, 'a', "(hss)");
+        if (r < 0)
+                return r;
+        for (;;) {
+                struct image_volume *v;
+                const char *path, *mode;
+                int fd, k;
+
+                r = sd_bus_message_read(message, "(hss)", &fd, &path, &mode);
+                if (r < 0)
+                        return r;
+                if (r == 0)
+                        break;
+                if (o->n_volumes >= SNAPSHOT_VOLUMES_MAX)
+                        return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "At most %u volumes.",
+                                                 SNAPSHOT_VOLUMES_MAX);
+                if (!snapshot_volume_guest_path_is_valid(path))
+                        return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
+                                                 "Volume %u: guest_path \"%.255s\" must be absolute and normalized, "
+                                                 "not /, without \"..\", at most 255 bytes, and not under /proc, "
+                                                 "/sys, /dev, /run or /.forkd.", o->n_volumes, path);
+                k = snapshot_volume_mode_from_string(mode);
+                if (k < 0)
+                        return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
+                                                 "Volume %s: mode \"%.16s\" must be ro, cow or rw.", path, mode);
+                for (unsigned i = 0; i < o->n_volumes; i++)
+                        if (streq(o->volumes[i].guest_path, path))
+                                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
+                                                         "Volume %s is given twice.", path);
+                v = &o->volumes[o->n_volumes++];
+                v->fd = fd;
+                v->mode = k;
+                snprintf(v->guest_path, sizeof(v->guest_path), "%s", path);
+        }
+        r = sd_bus_message_exit_container(message);
+        if (r >= 0)
+                r = sd_bus_message_exit_container(message);
+        return r;
+}
+
+/* Each volume's fd: a regular file of at most 64 GiB, open for reading (rw:
+ * and writing); forkd's own copies in c. */
+static int take_volumes(const struct create_options *o, ImageCreate *c, sd_bus_error *error) {
+        for (unsigned i = 0; i < o->n_volumes; i++) {
+                const struct image_volume *v = &o->volumes[i];
+                struct stat st;
+                int flags, copy;
+
+                flags = fcntl(v->fd, F_GETFL);
+                if (flags < 0 || fstat(v->fd, &st) < 0)
+                        return sd_bus_error_set_errnof(error, errno, "Cannot inspect the descriptor of volume %s: %m",
+                                                       v->guest_path);
+                if (!S_ISREG(st.st_mode) || (flags & O_PATH))
+                        return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
+                                                 "Volume %s is not a regular file.", v->guest_path);
+                if ((flags & O_ACCMODE) == O_WRONLY ||
+                    (v->mode == SNAPSHOT_VOLUME_RW && (flags & O_ACCMODE) != O_RDWR))
+                        return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
+                                                 "The descriptor of volume %s is not open for %s.", v->guest_path,
+                                                 v->mode == SNAPSHOT_VOLUME_RW ? "reading and writing" : "reading");
+                if ((uint64_t) st.st_size > SNAPSHOT_VOLUME_SIZE_MAX)
+                        return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
+                                                 "Volume %s is larger than 64 GiB.", v->guest_path);
+                copy = fcntl(v->fd, F_DUPFD_CLOEXEC, 3);
+                if (copy < 0)
+                        return sd_bus_error_set_errnof(error, errno, "Cannot duplicate the descriptor of volume %s: %m",
+                                                       v->guest_path);
+                c->volumes[c->n_volumes] = *v;
+                c->volumes[c->n_volumes++].fd = copy;
+        }
+        return 0;
+}
 
 static int read_create_options(sd_bus_message *message, bool image, struct create_options *o,
                                sd_bus_error *error) {
@@ -268,6 +350,14 @@ static int read_create_options(sd_bus_message *message, bool image, struct creat
                 r = sd_bus_message_read(message, "s", &key);
                 if (r < 0)
                         return r;
+                if (streq(key, "volumes")) {
+                        r = read_volumes(message, o, error);
+                        if (r >= 0)
+                                r = sd_bus_message_exit_container(message);
+                        if (r < 0)
+                                return r;
+                        continue;
+                }
                 if (streq(key, "network"))
                         b = &o->network;
                 else if (streq(key, "agent_tcp"))
@@ -281,8 +371,8 @@ static int read_create_options(sd_bus_message *message, bool image, struct creat
                 else
                         return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
                                                  "Unknown option \"%.64s\" (known: %s).", key,
-                                                 image ? "kernel, initrd, start_cmd, network, agent_tcp" :
-                                                         "initrd, network, agent_tcp");
+                                                 image ? "kernel, initrd, start_cmd, network, agent_tcp, volumes" :
+                                                         "initrd, network, agent_tcp, volumes");
                 type = b ? 'b' : 'h';
                 r = sd_bus_message_enter_container(message, 'v', b ? "b" : "h");
                 if (r < 0)
@@ -339,6 +429,8 @@ int bus_manager_method_create_snapshot_from_fds(sd_bus_message *message, void *u
         if (r >= 0 && opt.initrd_fd >= 0)
                 r = take_boot_fd("initrd", opt.initrd_fd, BOOT_INITRD_SIZE_MAX, &c->initrd_fd, &c->initrd_size,
                                  error);
+        if (r >= 0)
+                r = take_volumes(&opt, c, error);
         if (r < 0) {
                 image_create_free(c);
                 return r;
@@ -414,6 +506,8 @@ static int create_from_image(Manager *m, sd_bus_message *message, const char *ta
         c->agent_tcp = opt->agent_tcp;
         c->start_cmd = opt->start_cmd;
         r = image_boot_files(m, opt, c, error);
+        if (r >= 0)
+                r = take_volumes(opt, c, error);
         if (r >= 0) {
                 c->oci_path = strdup(m->oci_path);
                 c->image_agent = strdup(m->image_agent_path);

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 
+#include "volumes.h"
 #include "cgroup.h"
 #include "branch.h"
 #include "chain.h"
@@ -103,6 +104,9 @@ int bus_manager_method_fork(sd_bus_message *message, void *userdata, sd_bus_erro
         r = fork_options_resolve_network(&opts, i->meta.network, i->meta.agent_tcp, &why);
         if (r < 0)
                 return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "Cannot fork %s: %s.", tag, why);
+        r = volumes_check_fork(m, i, n, error);
+        if (r < 0)
+                return r;
 
         r = operation_prelude(m, message,
                               &(OperationPrelude) { .action = "org.forkd.fork", .verb = "fork",

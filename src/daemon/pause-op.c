@@ -6,6 +6,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "volumes.h"
 #include "branch.h"
 #include "cgroup.h"
 #include "chain.h"
@@ -327,6 +328,10 @@ int paused_fork_start(sd_bus_message *message, Paused *p, unsigned n, const stru
         r = fork_options_resolve_network(&opts, i->meta.network, i->meta.agent_tcp, &why);
         if (r < 0)
                 return sd_bus_error_setf(error, FORKD_ERROR_FAILED, "Cannot fork paused sandbox %s: %s.", p->id, why);
+        /* its rw volumes, held again (or another sandbox holds them meanwhile) */
+        r = volumes_check_fork(m, i, n, error);
+        if (r < 0)
+                return r;
         if (opts.memory_limit_mib > 0 && !cgroup_manager_supported(m->cgroups))
                 return sd_bus_error_setf(error, FORKD_ERROR_NOT_SUPPORTED,
                                          "Memory limits are not available on this host, and sandbox %s has one.",

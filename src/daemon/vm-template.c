@@ -6,6 +6,8 @@
 
 #include <json-c/json.h>
 
+#include "snapshot-meta.h"
+#include "volumes.h"
 #include "cgroup.h"
 #include "image.h"
 #include "json-util.h"
@@ -273,8 +275,18 @@ static int attach(VmTemplate *t) {
 }
 
 int vm_template_start(VmTemplate *t, const char *vmm_path, const char *overlay_dir, char **ret_error) {
-        int r = vmm_client_template_start(vmm_path, t->snapshot_dir, overlay_dir, &t->vt, ret_error);
+        int rw_fds[SNAPSHOT_VOLUMES_MAX];
+        unsigned n_rw = 0;
+        int r;
 
+        /* A snapshot's rw volumes, reopened as it recorded them (volumes.h). */
+        r = volumes_open_rw(t->snapshot_dir, rw_fds, &n_rw, ret_error);
+        if (r >= 0) {
+                r = vmm_client_template_start_volumes(vmm_path, t->snapshot_dir, overlay_dir, rw_fds, n_rw, &t->vt,
+                                                      ret_error);
+                for (unsigned k = 0; k < n_rw; k++)
+                        safe_close(rw_fds[k]);
+        }
         if (r < 0) {
                 t->vt.pid = 0;
                 t->vt.control_fd = -EBADF;

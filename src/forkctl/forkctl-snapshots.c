@@ -9,6 +9,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 
 #include "boot-files.h"
 #include "bus-json.h"
@@ -83,6 +85,8 @@ int verb_snapshot_create(sd_bus *bus, const struct forkctl_options *o, char **ar
         _cleanup_close_ int kernel_fd = -EBADF, rootfs_fd = -EBADF, initrd_fd = -EBADF;
         char initrd[PATH_MAX];
         const char *ref;
+        int vol_fds[ELEMENTSOF(o->volumes)];
+        unsigned n_vol_fds = 0;
         int r;
 
         if (o->network)
@@ -105,6 +109,26 @@ int verb_snapshot_create(sd_bus *bus, const struct forkctl_options *o, char **ar
                 r = o->image ? open_image(o->image, &rootfs_fd) : open_boot_file("rootfs", o->rootfs, &rootfs_fd);
         if (r < 0)
                 return r;
+        /* The volumes too: ro and cow read-only, rw read-write. */
+        for (unsigned i = 0; i < o->n_volumes; i++) {
+                bool rw = streq(o->volumes[i].mode, "rw");
+                struct stat st;
+                int fd = open(o->volumes[i].host, (rw ? O_RDWR : O_RDONLY) | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+
+                if (fd < 0 || fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+                        if (fd < 0)
+                                fprintf(stderr, "forkctl: snapshot create: cannot open the volume %s%s: %s\n",
+                                        o->volumes[i].host, rw ? " for reading and writing" : "", strerror(errno));
+                        else
+                                fprintf(stderr, "forkctl: snapshot create: the volume %s is not a regular file\n",
+                                        o->volumes[i].host);
+                        safe_close(fd);
+                        for (unsigned k = 0; k < n_vol_fds; k++)
+                                safe_close(vol_fds[k]);
+                        return -EXIT_USAGE;
+                }
+                vol_fds[n_vol_fds++] = fd;
+        }
 
         r = new_call(bus, ref ? "CreateSnapshotFromImageRef" : o->image ? "CreateSnapshotFromImage" :
                                                                        "CreateSnapshotFromFds", &m);
@@ -128,6 +152,21 @@ int verb_snapshot_create(sd_bus *bus, const struct forkctl_options *o, char **ar
                 r = sd_bus_message_append(m, "{sv}", "network", "b", 1);
         if (r >= 0 && o->agent_tcp)
                 r = sd_bus_message_append(m, "{sv}", "agent_tcp", "b", 1);
+        if (r >= 0 && o->n_volumes > 0) {
+                r = sd_bus_message_open_container(m, 'e', "sv");
+                if (r >= 0)
+                        r = sd_bus_message_append(m, "s", "volumes");
+                if (r >= 0)
+                        r = sd_bus_message_open_container(m, 'v', "a(hss)");
+                if (r >= 0)
+                        r = sd_bus_message_open_container(m, 'a', "(hss)");
+                for (unsigned i = 0; r >= 0 && i < o->n_volumes; i++)
+                        r = sd_bus_message_append(m, "(hss)", vol_fds[i], o->volumes[i].guest, o->volumes[i].mode);
+                for (unsigned k = 0; r >= 0 && k < 3; k++)
+                        r = sd_bus_message_close_container(m);
+        }
+        for (unsigned k = 0; k < n_vol_fds; k++)
+                safe_close(vol_fds[k]);
         if (r >= 0)
                 r = sd_bus_message_close_container(m);
         if (r < 0)

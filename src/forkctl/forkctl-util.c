@@ -7,6 +7,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "snapshot-meta.h"
 #include "forkctl-util.h"
 #include "macro.h"
 
@@ -243,5 +244,34 @@ int parse_rfc3339_utc(const char *s, uint64_t *ret) {
                 return -EINVAL;
         t = days_from_civil(y, mo, d) * 86400 + h * 3600 + mi * 60 + sec;
         *ret = (uint64_t) t;
+        return 0;
+}
+
+int forkctl_parse_volume(char *spec, struct forkctl_volume *ret, const char **ret_why) {
+        struct forkctl_volume v = { .mode = "ro" };
+        char *c = strrchr(spec, ':');
+
+        if (c && snapshot_volume_mode_from_string(c + 1) >= 0) {
+                v.mode = c + 1;
+                *c = 0;
+                c = strrchr(spec, ':');
+        }
+        if (!c) {
+                *ret_why = "--volume takes HOST:GUEST[:ro|cow|rw]";
+                return -EINVAL;
+        }
+        *c = 0;
+        v.host = spec;
+        v.guest = c + 1;
+        if (v.host[0] != '/') {
+                *ret_why = "--volume: the host file must be an absolute path";
+                return -EINVAL;
+        }
+        if (!snapshot_volume_guest_path_is_valid(v.guest)) {
+                *ret_why = "--volume: the guest path must be absolute and normalized, not /, without \"..\", at "
+                           "most 255 bytes, and not under /proc, /sys, /dev, /run or /.forkd";
+                return -EINVAL;
+        }
+        *ret = v;
         return 0;
 }

@@ -38,3 +38,12 @@ int parse_rfc3339_utc(const char *s, uint64_t *ret);
 const char *format_bytes(char *buf, size_t size, uint64_t bytes);
 /* Local time "2026-05-20 08:08:46", or "-" for 0. buf of at least 32 bytes. */
 const char *format_unix_time(char *buf, size_t size, uint64_t t);
+
+/* snapshot create --volume HOST:GUEST[:ro|cow|rw] (mode ro when absent): host
+ * absolute, guest as snapshot_volume_guest_path_is_valid() wants it. HOST may
+ * hold ':' (the last one or two split). spec is modified (split in place);
+ * the pointers point into it. -EINVAL with *ret_why a static reason. */
+struct forkctl_volume {
+        const char *host, *guest, *mode;
+};
+int forkctl_parse_volume(char *spec, struct forkctl_volume *ret, const char **ret_why);

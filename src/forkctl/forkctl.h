@@ -62,7 +62,8 @@ enum {
         OPT_ON_TIMEOUT = 1u << 25,
         OPT_IMAGE = 1u << 26,
         OPT_START_CMD = 1u << 27,
-        OPT_LAST = OPT_START_CMD,
+        OPT_VOLUME = 1u << 28,
+        OPT_LAST = OPT_VOLUME,
 };
 
 /* One command line's options. The global ones apply to every verb; the others
@@ -79,6 +80,8 @@ struct forkctl_options {
         uint32_t mem_mib, boot_wait;
         bool agent_tcp;            /* --network --agent-tcp */
         bool start_cmd;            /* --image --start-cmd */
+        struct forkctl_volume volumes[24]; /* --volume HOST:GUEST[:MODE], repeatable */
+        unsigned n_volumes;
         /* snapshot rm */
         bool cascade, force;
         /* snapshot compact, snapshot diff */

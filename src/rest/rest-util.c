@@ -66,6 +66,7 @@ static const struct {
         { FORKD_ERROR_HAS_DEPENDENTS, 409 },
         { FORKD_ERROR_CHAIN_BROKEN, 409 },
         { FORKD_ERROR_NOT_READY, 409 },
+        { FORKD_ERROR_VOLUME_BUSY, 409 },
         { FORKD_ERROR_NO_NETWORK, 409 },
         { FORKD_ERROR_PAUSED, 409 },
         { FORKD_ERROR_NOT_PAUSED, 409 },
@@ -217,6 +218,17 @@ int rest_bus_read_variant_json(sd_bus_message *m, struct json_object **ret) {
                 if (r < 0)
                         return r;
                 r = rest_bus_read_dict_json(m, &o);
+                if (r < 0)
+                        return r;
+                r = sd_bus_message_exit_container(m);
+                if (r < 0)
+                        return r;
+        } else if (streq(contents, "aa{sv}")) {
+                /* A list of dictionaries (SnapshotInfo and SandboxInfo "volumes"). */
+                r = sd_bus_message_enter_container(m, 'v', contents);
+                if (r < 0)
+                        return r;
+                r = rest_bus_read_dict_array_json(m, &o);
                 if (r < 0)
                         return r;
                 r = sd_bus_message_exit_container(m);

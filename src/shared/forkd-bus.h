@@ -22,6 +22,8 @@
 #define FORKD_ERROR_HAS_DEPENDENTS "org.forkd.Error.HasDependents"
 #define FORKD_ERROR_CHAIN_BROKEN "org.forkd.Error.ChainBroken"
 #define FORKD_ERROR_BUSY "org.forkd.Error.Busy"
+/* An rw volume is held by another running sandbox, or n > 1 forks were asked of it. */
+#define FORKD_ERROR_VOLUME_BUSY "org.forkd.Error.VolumeBusy"
 #define FORKD_ERROR_NOT_SUPPORTED "org.forkd.Error.NotSupported"
 #define FORKD_ERROR_GUEST_ERROR "org.forkd.Error.GuestError"
 #define FORKD_ERROR_TIMEOUT "org.forkd.Error.Timeout"

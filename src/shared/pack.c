@@ -680,6 +680,10 @@ static int check_link_meta(int staging_dfd, const char *dir, const struct pack_m
         if (!pack_link_find_file(l, meta.memory_file) || !pack_link_find_file(l, meta.vmstate_file) ||
             !pack_link_find_file(l, meta.disk_file))
                 return pack_set_error(ret_error, -EBADMSG, "Link %s lacks its memory, vmstate or disk file.", l->tag);
+        for (uint32_t k = 0; k < meta.n_volumes; k++)
+                if (meta.volumes[k].file[0] && !pack_link_find_file(l, meta.volumes[k].file))
+                        return pack_set_error(ret_error, -EBADMSG, "Link %s lacks its volume file %s.", l->tag,
+                                              meta.volumes[k].file);
         if (index > 0) {
                 const struct pack_link *p = &m->links[index - 1];
                 const struct pack_file *pm;

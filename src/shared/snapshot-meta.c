@@ -83,6 +83,105 @@ static bool string_fits(const char *s, size_t size) {
         return memchr(s, 0, size) != NULL;
 }
 
+static const char *const volume_modes[_SNAPSHOT_VOLUME_MODE_MAX] = {
+        [SNAPSHOT_VOLUME_RO] = "ro",
+        [SNAPSHOT_VOLUME_COW] = "cow",
+        [SNAPSHOT_VOLUME_RW] = "rw",
+};
+
+int snapshot_volume_mode_from_string(const char *s) {
+        for (int i = 0; s && i < _SNAPSHOT_VOLUME_MODE_MAX; i++)
+                if (streq(s, volume_modes[i]))
+                        return i;
+        return -EINVAL;
+}
+
+const char *snapshot_volume_mode_to_string(enum snapshot_volume_mode m) {
+        return (unsigned) m < _SNAPSHOT_VOLUME_MODE_MAX ? volume_modes[m] : NULL;
+}
+
+static bool path_is_at_or_under(const char *path, const char *prefix) {
+        size_t n = strlen(prefix);
+
+        return strncmp(path, prefix, n) == 0 && (path[n] == 0 || path[n] == '/');
+}
+
+bool snapshot_volume_guest_path_is_valid(const char *path) {
+        static const char *const reserved[] = { "/proc", "/sys", "/dev", "/run", "/.forkd" };
+        size_t len;
+
+        if (!path || path[0] != '/' || path[1] == 0)
+                return false;
+        len = strlen(path);
+        if (len >= SNAPSHOT_VOLUME_PATH_MAX || string_has_control(path) || !utf8_is_valid_n(path, len))
+                return false;
+        if (path[len - 1] == '/')
+                return false;
+        /* every component: not empty, not ".", not ".." */
+        for (const char *p = path; *p; ) {
+                const char *c = p + 1, *end = strchrnul(c, '/');
+                size_t n = (size_t) (end - c);
+
+                if (n == 0 || (n == 1 && c[0] == '.') || (n == 2 && c[0] == '.' && c[1] == '.'))
+                        return false;
+                p = end;
+        }
+        for (size_t i = 0; i < ELEMENTSOF(reserved); i++)
+                if (path_is_at_or_under(path, reserved[i]))
+                        return false;
+        return true;
+}
+
+static const char *volume_check(const struct snapshot_volume *v) {
+        int mode;
+
+        if (!string_fits(v->file, sizeof(v->file)) || !string_fits(v->guest_path, sizeof(v->guest_path)) ||
+            !string_fits(v->mode, sizeof(v->mode)) || !string_fits(v->host_path, sizeof(v->host_path)))
+                return "volumes: unterminated string field";
+        mode = snapshot_volume_mode_from_string(v->mode);
+        if (mode < 0)
+                return "volumes: mode must be \"ro\", \"cow\" or \"rw\"";
+        if (!snapshot_volume_guest_path_is_valid(v->guest_path))
+                return "volumes: guest_path must be an absolute, normalized path, not /, at most 255 bytes, "
+                       "not under /proc, /sys, /dev, /run or /.forkd";
+        if (mode == SNAPSHOT_VOLUME_RW) {
+                if (v->file[0])
+                        return "volumes: an rw volume has no file";
+                if (v->host_path[0] != '/' || string_has_control(v->host_path) ||
+                    !utf8_is_valid_n(v->host_path, strlen(v->host_path)))
+                        return "volumes: an rw volume needs an absolute host_path";
+        } else {
+                if (!snapshot_file_name_is_valid(v->file))
+                        return "volumes: file is not a plain file name";
+                if (v->host_path[0] || v->dev || v->ino)
+                        return "volumes: host_path, dev and ino are for rw volumes";
+        }
+        return NULL;
+}
+
+static const char *volumes_check(const struct snapshot_meta *m) {
+        if (m->n_volumes > SNAPSHOT_VOLUMES_MAX)
+                return "volumes: more than 24";
+        for (uint32_t i = 0; i < m->n_volumes; i++) {
+                const char *e = volume_check(&m->volumes[i]);
+
+                if (e)
+                        return e;
+                if (m->volumes[i].file[0] && (streq(m->volumes[i].file, m->memory_file) ||
+                                              streq(m->volumes[i].file, m->vmstate_file) ||
+                                              streq(m->volumes[i].file, m->disk_file)))
+                        return "volumes: file names another file of the snapshot";
+                for (uint32_t j = 0; j < i; j++) {
+                        if (streq(m->volumes[i].guest_path, m->volumes[j].guest_path))
+                                return "volumes: two volumes have the same guest_path";
+                        if (m->volumes[i].file[0] && streq(m->volumes[i].file, m->volumes[j].file))
+                                return "volumes: two volumes have the same file";
+                }
+        }
+        return NULL;
+}
+
+
 int snapshot_meta_validate(const struct snapshot_meta *m, const char **ret_error) {
         const char *e = NULL;
 
@@ -137,6 +236,8 @@ int snapshot_meta_validate(const struct snapshot_meta *m, const char **ret_error
                 e = "owner_uid is not a valid uid";
         else if (m->agent_tcp && !m->network)
                 e = "agent_tcp without network";
+        else
+                e = volumes_check(m);
 
         if (e) {
                 set_error(ret_error, e);
@@ -223,6 +324,61 @@ static int parse_image_config(struct json_object *v, void *field, const char **r
         return snapshot_image_config_normalize(v, field, SNAPSHOT_IMAGE_CONFIG_MAX, ret_error);
 }
 
+#define VOL_STR_FIELD(n, f, fl) { n, JSON_KIND_STRING, NULL, offsetof(struct snapshot_volume, f), \
+                                  JSON_FIELD_SIZE(struct snapshot_volume, f), fl }
+
+static const struct json_dispatch snapshot_volume_table[] = {
+        VOL_STR_FIELD("file", file, JSON_MANDATORY | JSON_NULLABLE),
+        VOL_STR_FIELD("guest_path", guest_path, JSON_MANDATORY),
+        VOL_STR_FIELD("mode", mode, JSON_MANDATORY),
+        VOL_STR_FIELD("host_path", host_path, 0),
+        { "dev", JSON_KIND_UINT64, NULL, offsetof(struct snapshot_volume, dev), 0, 0 },
+        { "ino", JSON_KIND_UINT64, NULL, offsetof(struct snapshot_volume, ino), 0, 0 },
+        {}
+};
+
+/* field points at n_volumes; the array follows it. */
+static int parse_volumes(struct json_object *v, void *field, const char **ret_error) {
+        struct snapshot_meta *m = (struct snapshot_meta *) ((uint8_t *) field - offsetof(struct snapshot_meta, n_volumes));
+        size_t n = json_object_array_length(v);
+
+        if (n == 0 || n > SNAPSHOT_VOLUMES_MAX) {
+                set_error(ret_error, "volumes must have 1 to 24 entries");
+                return -EINVAL;
+        }
+        for (size_t i = 0; i < n; i++) {
+                struct json_object *e = json_object_array_get_idx(v, i);
+                struct snapshot_volume *vol = &m->volumes[i];
+                const char *f = NULL;
+                struct json_object *x;
+                bool rw;
+                int r;
+
+                memset(vol, 0, sizeof(*vol));
+                r = json_dispatch(e, snapshot_volume_table, JSON_REJECT_UNKNOWN, vol, &f);
+                if (r < 0) {
+                        set_error(ret_error, "volumes: an entry is not an object of file, guest_path, mode "
+                                             "(and for rw host_path, dev, ino) of the right types");
+                        return r == -EINVAL ? r : -EINVAL;
+                }
+                rw = streq(vol->mode, "rw");
+                /* null is spelled null; rw entries carry all three of host_path, dev and ino */
+                if (json_object_object_get_ex(e, "file", &x) && x &&
+                    json_object_get_string_len(x) == 0) {
+                        set_error(ret_error, "volumes: file is not a plain file name");
+                        return -EINVAL;
+                }
+                if (rw != json_object_object_get_ex(e, "host_path", NULL) ||
+                    rw != json_object_object_get_ex(e, "dev", NULL) ||
+                    rw != json_object_object_get_ex(e, "ino", NULL)) {
+                        set_error(ret_error, "volumes: host_path, dev and ino are there for rw volumes only");
+                        return -EINVAL;
+                }
+        }
+        m->n_volumes = (uint32_t) n;
+        return 0;
+}
+
 #define STR_FIELD(n, f) { n, JSON_KIND_STRING, NULL, offsetof(struct snapshot_meta, f), \
                           JSON_FIELD_SIZE(struct snapshot_meta, f), JSON_MANDATORY }
 #define NUM_FIELD(n, k, f) { n, k, NULL, offsetof(struct snapshot_meta, f), 0, JSON_MANDATORY }
@@ -252,6 +408,7 @@ static const struct json_dispatch snapshot_meta_table[] = {
         { "network", JSON_KIND_BOOL, NULL, offsetof(struct snapshot_meta, network), 0, 0 },
         { "agent_tcp", JSON_KIND_BOOL, NULL, offsetof(struct snapshot_meta, agent_tcp), 0, 0 },
         { "image", JSON_KIND_OBJECT, parse_image_config, offsetof(struct snapshot_meta, image_config), 0, 0 },
+        { "volumes", JSON_KIND_ARRAY, parse_volumes, offsetof(struct snapshot_meta, n_volumes), 0, 0 },
         {}
 };
 
@@ -265,7 +422,7 @@ static const char *dispatch_error(const char *field, int r) {
                 MSG(generation), MSG(memory_file), MSG(vmstate_file), MSG(disk_file),
                 MSG(disk_size), MSG(kernel), MSG(guest), MSG(parent_tag), MSG(parent_content_hash),
                 MSG(disk_layers), MSG(branched_from), MSG(pause_us), MSG(owner_uid), MSG(network), MSG(agent_tcp),
-                MSG(image),
+                MSG(image), MSG(volumes),
 #undef MSG
         };
 
@@ -309,7 +466,8 @@ int snapshot_meta_parse(const char *json, size_t len, struct snapshot_meta *ret,
         r = json_dispatch_full(obj, snapshot_meta_table, JSON_REJECT_UNKNOWN, m, &field, &e);
         if (r < 0) {
                 log_debug_errno(r, "snapshot.json: field '%s': %s", field ?: "", e ?: "");
-                set_error(ret_error, dispatch_error(field, r));
+                /* the volumes parser has a precise reason of its own */
+                set_error(ret_error, field && streq(field, "volumes") && e ? e : dispatch_error(field, r));
                 return r;
         }
 
@@ -399,6 +557,30 @@ int snapshot_meta_format(const struct snapshot_meta *m, char **ret_json) {
                 return -ENOMEM;
         if (m->agent_tcp && json_add(o, "agent_tcp", json_object_new_boolean(true), false) < 0)
                 return -ENOMEM;
+        if (m->n_volumes > 0) {
+                struct json_object *a = json_object_new_array();
+
+                if (json_add(o, "volumes", a, false) < 0)
+                        return -ENOMEM;
+                for (uint32_t i = 0; i < m->n_volumes; i++) {
+                        const struct snapshot_volume *v = &m->volumes[i];
+                        struct json_object *e = json_object_new_object();
+                        bool rw = streq(v->mode, "rw");
+
+                        if (!e || json_object_array_add(a, e) < 0) {
+                                json_object_put(e);
+                                return -ENOMEM;
+                        }
+                        if (json_add(e, "file", v->file[0] ? json_object_new_string(v->file) : NULL, !v->file[0]) < 0 ||
+                            json_add(e, "guest_path", json_object_new_string(v->guest_path), false) < 0 ||
+                            json_add(e, "mode", json_object_new_string(v->mode), false) < 0)
+                                return -ENOMEM;
+                        if (rw && (json_add(e, "host_path", json_object_new_string(v->host_path), false) < 0 ||
+                                   json_add(e, "dev", json_object_new_uint64(v->dev), false) < 0 ||
+                                   json_add(e, "ino", json_object_new_uint64(v->ino), false) < 0))
+                                return -ENOMEM;
+                }
+        }
         if (m->image_config[0]) {
                 struct json_object *image = json_tokener_parse(m->image_config);
 

@@ -36,6 +36,16 @@
  *   agent_tcp            optional boolean (absent: false), only with network: the
  *                        guest was booted with forkd.agent_tcp=1 and its agent
  *                        answers on AGENT_TCP_PORT (agent-tcp-port.h); written by forkd
+ *   volumes              optional, 1..SNAPSHOT_VOLUMES_MAX entries (absent: none): the
+ *                        disks attached after the root disk, in device order (vdb, vdc,
+ *                        ...), each an object with exactly
+ *                          file        a plain file name in the snapshot directory
+ *                                      (ro, cow), null for rw
+ *                          guest_path  where the agent mounted it (snapshot_volume_guest_path_is_valid())
+ *                          mode        "ro", "cow" or "rw"
+ *                          host_path   rw only: the absolute path of the host file
+ *                          dev, ino    rw only: its device and inode when it was attached
+ *                        no two with the same guest_path or file
  *
  * A plain file name is 1..64 bytes, not "." or "..", without '/' and
  * without control characters.
@@ -57,6 +67,26 @@
 #define SNAPSHOT_MEM_MAX (UINT64_C(3) << 30)
 #define SNAPSHOT_PAUSE_US_MAX (UINT64_C(3600) * 1000000) /* pause_us beyond an hour is refused */
 #define SNAPSHOT_META_FILE_MAX (64u * 1024u) /* a larger snapshot.json is refused */
+#define SNAPSHOT_VOLUMES_MAX 24u
+#define SNAPSHOT_VOLUME_PATH_MAX 256  /* guest_path buffer, including the NUL */
+#define SNAPSHOT_VOLUME_HOST_PATH_MAX 1024 /* host_path buffer, including the NUL */
+#define SNAPSHOT_VOLUME_SIZE_MAX (UINT64_C(64) << 30)
+
+enum snapshot_volume_mode {
+        SNAPSHOT_VOLUME_RO,
+        SNAPSHOT_VOLUME_COW,
+        SNAPSHOT_VOLUME_RW,
+        _SNAPSHOT_VOLUME_MODE_MAX,
+};
+
+struct snapshot_volume {
+        char file[SNAPSHOT_FILE_NAME_MAX + 1];            /* "": null (rw) */
+        char guest_path[SNAPSHOT_VOLUME_PATH_MAX];
+        char mode[4];                                      /* "ro", "cow" or "rw" */
+        char host_path[SNAPSHOT_VOLUME_HOST_PATH_MAX];     /* rw only */
+        uint64_t dev, ino;                                 /* rw only */
+};
+
 /* The container image config a snapshot was made from (compact JSON, NUL included). */
 #define SNAPSHOT_IMAGE_CONFIG_MAX (16u * 1024u)
 
@@ -85,6 +115,8 @@ struct snapshot_meta {
         /* A snapshot of an OCI image: its config as a compact JSON object with only
          * env, working_dir, user, entrypoint, cmd and start_cmd ("": absent). */
         char image_config[SNAPSHOT_IMAGE_CONFIG_MAX];
+        uint32_t n_volumes;
+        struct snapshot_volume volumes[SNAPSHOT_VOLUMES_MAX];
 };
 
 struct json_object;
@@ -100,6 +132,16 @@ bool snapshot_tag_is_valid(const char *tag);
 
 /* 1..64 bytes, not "." or "..", no '/', no control characters. */
 bool snapshot_file_name_is_valid(const char *name);
+
+/* "ro", "cow", "rw" -> the mode; -EINVAL for anything else. */
+int snapshot_volume_mode_from_string(const char *s);
+const char *snapshot_volume_mode_to_string(enum snapshot_volume_mode m);
+
+/* Where a volume may be mounted in the guest: absolute, normalized (no "//",
+ * no "." or ".." components, no trailing '/'), not "/", at most 255 bytes,
+ * no control characters, valid UTF-8, and not /proc, /sys, /dev, /run, /.forkd
+ * or below them. */
+bool snapshot_volume_guest_path_is_valid(const char *path);
 
 /* Exactly 64 lowercase hex digits. */
 bool snapshot_content_hash_is_valid(const char *hash);

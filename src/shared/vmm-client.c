@@ -87,7 +87,7 @@ static int spawn_with_fds(char *const argv[], const int *fds, unsigned n_fds, pi
         if (pid < 0)
                 return -errno;
         if (pid == 0) {
-                int tmp[8];
+                int tmp[32];
 
                 if (n_fds > ELEMENTSOF(tmp))
                         _exit(127);
@@ -114,9 +114,10 @@ static int spawn_with_fds(char *const argv[], const int *fds, unsigned n_fds, pi
 
 int vmm_client_boot(const struct vmm_boot_args *a, struct vmm_proc *ret) {
         int agent[2] = { -1, -1 }, ctl[2] = { -1, -1 };
-        char mem[32];
-        const char *argv[34];
-        unsigned n = 0;
+        char mem[32], vol[VMM_CLIENT_VOLUMES_MAX][320];
+        const char *argv[34 + VMM_CLIENT_VOLUMES_MAX];
+        int fds[3 + VMM_CLIENT_VOLUMES_MAX];
+        unsigned n = 0, n_fds;
         pid_t pid = 0;
         int r;
 
@@ -158,11 +159,25 @@ int vmm_client_boot(const struct vmm_boot_args *a, struct vmm_proc *ret) {
         }
         if (a->with_net)
                 argv[n++] = "--net-tap-fd=5";
+        fds[0] = agent[1];
+        fds[1] = ctl[1];
+        n_fds = 2;
+        if (a->with_net)
+                fds[n_fds++] = a->net_tap_fd;
+        if (a->n_volumes > VMM_CLIENT_VOLUMES_MAX) {
+                r = -E2BIG;
+                goto fail;
+        }
+        for (unsigned i = 0; i < a->n_volumes; i++) {
+                snprintf(vol[i], sizeof(vol[i]), "--volume-fd=%u:%s:%s", 3 + n_fds, a->volumes[i].mode,
+                         a->volumes[i].guest_path);
+                argv[n++] = vol[i];
+                fds[n_fds++] = a->volumes[i].fd;
+        }
         add_confine_args(argv, &n);
         argv[n] = NULL;
 
-        r = spawn_with_fds((char *const *) argv, (int[]) { agent[1], ctl[1], a->net_tap_fd },
-                           a->with_net ? 3 : 2, &pid);
+        r = spawn_with_fds((char *const *) argv, fds, n_fds, &pid);
         if (r < 0)
                 goto fail;
         safe_close(agent[1]);
@@ -292,8 +307,14 @@ void vmm_proc_stop(struct vmm_proc *p, uint64_t grace_usec) {
 
 int vmm_client_template_start(const char *vmm_path, const char *snapshot_dir, const char *overlay_dir,
                               struct vmm_template *ret, char **ret_error) {
-        int ctl[2] = { -1, -1 };
-        const char *argv[20];
+        return vmm_client_template_start_volumes(vmm_path, snapshot_dir, overlay_dir, NULL, 0, ret, ret_error);
+}
+
+int vmm_client_template_start_volumes(const char *vmm_path, const char *snapshot_dir, const char *overlay_dir,
+                                      const int *rw_fds, unsigned n_rw, struct vmm_template *ret, char **ret_error) {
+        int ctl[2] = { -1, -1 }, fds[1 + VMM_CLIENT_VOLUMES_MAX];
+        char vol[VMM_CLIENT_VOLUMES_MAX][32];
+        const char *argv[20 + VMM_CLIENT_VOLUMES_MAX];
         struct json_object *o = NULL, *ev = NULL, *g;
         unsigned n = 0;
         pid_t pid = 0;
@@ -310,10 +331,16 @@ int vmm_client_template_start(const char *vmm_path, const char *snapshot_dir, co
                 argv[n++] = "--overlay-dir";
                 argv[n++] = overlay_dir;
         }
+        fds[0] = ctl[1];
+        for (unsigned i = 0; i < n_rw && i < VMM_CLIENT_VOLUMES_MAX; i++) {
+                snprintf(vol[i], sizeof(vol[i]), "--volume-fd=%u:rw", 4 + i);
+                argv[n++] = vol[i];
+                fds[1 + i] = rw_fds[i];
+        }
         add_confine_args(argv, &n);
         argv[n] = NULL;
 
-        r = spawn_with_fds((char *const *) argv, (int[]) { ctl[1] }, 1, &pid);
+        r = spawn_with_fds((char *const *) argv, fds, 1 + MIN(n_rw, (unsigned) VMM_CLIENT_VOLUMES_MAX), &pid);
         safe_close(ctl[1]);
         if (r < 0) {
                 safe_close(ctl[0]);

@@ -30,6 +30,8 @@ struct vmm_proc {
  * boot without --cmdline). */
 #define VMM_LINUX_CMDLINE_DEFAULT "console=ttyS0 reboot=k panic=-1 root=/dev/vda rw quiet"
 
+#define VMM_CLIENT_VOLUMES_MAX 24
+
 struct vmm_boot_args {
         const char *vmm_path;    /* forkd-vmm binary */
         const char *kernel;
@@ -43,6 +45,14 @@ struct vmm_boot_args {
          * stays the caller's (the VMM gets a copy). */
         bool with_net;
         int net_tap_fd;
+        /* Volumes (forkd-vmm boot --volume-fd N:MODE:GUEST), in device order:
+         * the fds stay the caller's. */
+        const struct vmm_volume_arg {
+                int fd;
+                const char *mode;       /* "ro", "cow" or "rw" */
+                const char *guest_path;
+        } *volumes;
+        unsigned n_volumes;
 };
 
 /* The default identity of a confined VMM (forkd --vmm-user): 65533, from the
@@ -99,6 +109,10 @@ struct vmm_template {
 /* Start "forkd-vmm template" for a snapshot and wait until it is ready. */
 int vmm_client_template_start(const char *vmm_path, const char *snapshot_dir, const char *overlay_dir,
                               struct vmm_template *ret, char **ret_error);
+/* The same for a snapshot with rw volumes: their fds, in order (forkd-vmm
+ * template --volume-fd); they stay the caller's. */
+int vmm_client_template_start_volumes(const char *vmm_path, const char *snapshot_dir, const char *overlay_dir,
+                                      const int *rw_fds, unsigned n_rw, struct vmm_template *ret, char **ret_error);
 
 /* Fork n children. For each: a connected agent socket is returned in
  * agent_fds[i], a control socket in control_fds[i] if control_fds is not NULL,

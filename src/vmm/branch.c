@@ -145,6 +145,9 @@ static pid_t pause_and_fork(struct vmm *vmm, void **ret_vbuf, size_t *ret_vlen, 
                 return r;
         }
         r = virtio_blk_freeze_overlay(vmm->blk);
+        /* cow volumes too: the copy sees them as the guest does now */
+        for (unsigned i = 0; r >= 0 && i < vmm->n_volumes; i++)
+                r = virtio_blk_freeze_overlay(vmm->volumes[i]);
         if (r < 0) {
                 snprintf(msg, msg_size, "freezing the disk overlay failed: %s", strerror(-r));
                 return r;
@@ -164,6 +167,26 @@ static pid_t pause_and_fork(struct vmm *vmm, void **ret_vbuf, size_t *ret_vlen, 
         return pid;
 }
 
+/* The volumes of the frozen copy: each device's file and frozen layers, so that
+ * the children see them as the VM did when it paused. */
+static int frozen_volumes(struct vmm *vmm, struct snapshot *snap) {
+        for (unsigned i = 0; i < vmm->n_volumes; i++) {
+                struct snapshot_volume_disk *d = &snap->volumes[i];
+                int r;
+
+                snap->meta.volumes[i] = vmm->volume_meta[i];
+                d->layer_fds = calloc(VIRTIO_BLK_LAYERS_MAX, sizeof(int));
+                d->map_fds = calloc(VIRTIO_BLK_LAYERS_MAX, sizeof(int));
+                if (!d->layer_fds || !d->map_fds)
+                        return -ENOMEM;
+                r = virtio_blk_open_layers(vmm->volumes[i], &d->fd, d->layer_fds, d->map_fds, &d->n_layers);
+                if (r < 0)
+                        return r;
+        }
+        snap->meta.n_volumes = vmm->n_volumes;
+        return 0;
+}
+
 static _Noreturn void frozen_template_main(struct vmm *vmm, struct vmm_host *host, const void *vbuf, size_t vlen,
                                            int tpl_fd) {
         _cleanup_(snapshot_freep) struct snapshot *snap = NULL;
@@ -179,6 +202,7 @@ static _Noreturn void frozen_template_main(struct vmm *vmm, struct vmm_host *hos
         snap->mem_fd = snap->disk_fd = -EBADF;
         for (unsigned i = 0; i < SNAPSHOT_DISK_LAYERS_MAX; i++)
                 snap->layer_fds[i] = snap->layer_map_fds[i] = -EBADF;
+        snapshot_volumes_init(snap);
         r = vmstate_decode(vbuf, vlen, snap->state, &err);
         if (r < 0) {
                 log_error("Fork of %s: the saved state does not decode: %s", vmm->id, err ?: strerror(-r));
@@ -192,6 +216,11 @@ static _Noreturn void frozen_template_main(struct vmm *vmm, struct vmm_host *hos
         r = virtio_blk_open_layers(vmm->blk, &snap->disk_fd, snap->layer_fds, snap->layer_map_fds, &snap->n_layers);
         if (r < 0) {
                 log_error_errno(r, "Fork of %s: cannot reopen the disk: %m", vmm->id);
+                _exit(1);
+        }
+        r = frozen_volumes(vmm, snap);
+        if (r < 0) {
+                log_error_errno(r, "Fork of %s: cannot reopen its volumes: %m", vmm->id);
                 _exit(1);
         }
         r = template_serve_loaded(vmm->kvm_fd, snap, vmm->mem, tpl_fd, virtio_blk_overlay_dir(vmm->blk));

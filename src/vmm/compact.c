@@ -189,6 +189,39 @@ static int copy_vmstate(int dfd, const struct snapshot *snap) {
         return fsync(out) < 0 ? -errno : 0;
 }
 
+/* The ro and cow volume files, hard-linked (never written in place), else copied. */
+static int copy_volumes(int dfd, const struct snapshot *snap) {
+        for (uint32_t i = 0; i < snap->meta.n_volumes; i++) {
+                const char *name = snap->meta.volumes[i].file;
+                _cleanup_close_ int out = -EBADF;
+                char path[64];
+                struct stat st;
+
+                if (!name[0])
+                        continue; /* rw: the host file, by path */
+                snprintf(path, sizeof(path), "/proc/self/fd/%d", snap->volumes[i].fd);
+                if (linkat(AT_FDCWD, path, dfd, name, AT_SYMLINK_FOLLOW) >= 0)
+                        continue;
+                if (fstat(snap->volumes[i].fd, &st) < 0)
+                        return -errno;
+                out = openat(dfd, name, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0640);
+                if (out < 0)
+                        return -errno;
+                for (loff_t k = 0, o = 0; k < st.st_size;) {
+                        ssize_t n = copy_file_range(snap->volumes[i].fd, &k, out, &o, (size_t) (st.st_size - k), 0);
+                        if (n < 0 && errno == EINTR)
+                                continue;
+                        if (n < 0)
+                                return -errno;
+                        if (n == 0)
+                                return -EIO;
+                }
+                if (fsync(out) < 0)
+                        return -errno;
+        }
+        return 0;
+}
+
 static int write_meta(int dfd, const struct snapshot *snap, const char *tag) {
         _cleanup_close_ int fd = -EBADF;
         _cleanup_free_ char *json = NULL;
@@ -284,6 +317,9 @@ int compact_snapshot(const char *src, const char *dst, const char *tag, char **r
                 goto fail;
         test_crash_point("disk");
         stage = "write snapshot.json";
+        r = copy_volumes(dfd, snap);
+        if (r < 0)
+                goto fail;
         r = write_meta(dfd, snap, tag);
         if (r < 0)
                 goto fail;

@@ -60,6 +60,48 @@ static int machine_add_net(struct vmm *vmm, const uint8_t *net_mac, const struct
         return 0;
 }
 
+/* Volume i: a virtio-blk of mode on a duplicate of fd, with the copy-on-write
+ * layers of a frozen copy (n_layers of layer_fds and map_fds, which stay the
+ * caller's but for the layers taken) under its overlay. */
+static int machine_add_volume(struct vmm *vmm, unsigned i, int fd, const struct snapshot_volume *meta,
+                              const int *layer_fds, const int *map_fds, unsigned n_layers, const char *overlay_dir) {
+        _cleanup_close_ int dup_fd = -EBADF;
+        int r;
+
+        if (i >= VMM_VOLUMES_MAX)
+                return -E2BIG;
+        if (fd < 0)
+                return log_debug_errno(ENXIO, "Volume %s has no file to attach (an rw volume needs --volume-fd)",
+                                       meta->guest_path);
+        if (!vmm->volume_meta) {
+                vmm->volume_meta = calloc(VMM_VOLUMES_MAX, sizeof(*vmm->volume_meta));
+                if (!vmm->volume_meta)
+                        return -ENOMEM;
+        }
+        dup_fd = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+        if (dup_fd < 0)
+                return -errno;
+        r = virtio_blk_new_mode(vmm, MACHINE_VOLUME_MMIO_BASE(i), MACHINE_GSI_VOLUME(i), dup_fd, overlay_dir,
+                                snapshot_volume_blk_mode(meta), &vmm->volumes[i]);
+        if (r < 0)
+                return log_debug_errno(r, "Failed to create the virtio-blk of volume %s: %m", meta->guest_path);
+        TAKE_FD(dup_fd);
+        vmm->volume_meta[i] = *meta;
+        vmm->n_volumes = i + 1;
+        for (unsigned k = 0; k < n_layers; k++) {
+                int lfd = fcntl(layer_fds[k], F_DUPFD_CLOEXEC, 3);
+
+                if (lfd < 0)
+                        return -errno;
+                r = virtio_blk_push_layer(vmm->volumes[i], lfd, map_fds[k]);
+                if (r < 0) {
+                        safe_close(lfd);
+                        return r;
+                }
+        }
+        return 0;
+}
+
 static int machine_add_devices(struct vmm *vmm, int disk_fd, const struct machine_config *cfg, const uint8_t *net_mac) {
         int r;
 
@@ -83,6 +125,16 @@ static int machine_add_devices(struct vmm *vmm, int disk_fd, const struct machin
         }
         if (net_mac)
                 return machine_add_net(vmm, net_mac, cfg);
+        return 0;
+}
+
+static int machine_boot_volumes(struct vmm *vmm, const struct machine_config *cfg) {
+        for (unsigned i = 0; i < cfg->n_volumes; i++) {
+                int r = machine_add_volume(vmm, i, cfg->volumes[i].fd, cfg->volumes[i].meta, NULL, NULL, 0,
+                                           cfg->overlay_dir);
+                if (r < 0)
+                        return r;
+        }
         return 0;
 }
 
@@ -123,7 +175,7 @@ static const char *linux_default_initrd(const char *kernel, char *buf, size_t si
 
 int machine_boot(int kvm_fd, const char *kernel, const char *disk, uint64_t mem_size, const struct machine_config *cfg,
                  struct vmm **ret) {
-        struct forkd_bootinfo_dev devs[3] = {
+        struct forkd_bootinfo_dev devs[3 + VMM_VOLUMES_MAX] = {
                 { .virtio_id = FORKD_VIRTIO_ID_BLK, .gsi = MACHINE_GSI_BLK,
                   .mmio_base = FORKD_VIRTIO_MMIO_BASE, .mmio_size = FORKD_VIRTIO_MMIO_SIZE },
                 { .virtio_id = FORKD_VIRTIO_ID_CONSOLE, .gsi = MACHINE_GSI_CONSOLE,
@@ -140,6 +192,8 @@ int machine_boot(int kvm_fd, const char *kernel, const char *disk, uint64_t mem_
 
         if (mem_size < VMM_MEM_MIN || mem_size > VMM_MEM_MAX || mem_size % (2u << 20))
                 return log_debug_errno(EINVAL, "Guest memory must be 16..3072 MiB in 2 MiB steps");
+        if (cfg->n_volumes > VMM_VOLUMES_MAX)
+                return log_debug_errno(E2BIG, "At most %u volumes", VMM_VOLUMES_MAX);
         if (cfg->net && !virtio_net_mac_is_valid(cfg->net->mac))
                 return log_debug_errno(EINVAL, "The NIC's MAC must be unicast and not all zeros");
 
@@ -191,17 +245,25 @@ int machine_boot(int kvm_fd, const char *kernel, const char *disk, uint64_t mem_
         r = machine_add_devices(vmm, disk_fd, cfg, cfg->net ? cfg->net->mac : NULL);
         if (vmm->blk)
                 TAKE_FD(disk_fd); /* owned by virtio-blk now */
+        if (r >= 0)
+                r = machine_boot_volumes(vmm, cfg);
         if (r < 0)
                 goto fail;
 
         if (x86_is_bzimage(elf_fd)) {
                 struct acpi_dev adevs[ELEMENTSOF(devs)] = {};
                 _cleanup_close_ int initrd_fd = -EBADF;
+                unsigned n_adevs = n_devs;
 
                 for (unsigned i = 0; i < n_devs; i++)
                         adevs[i] = (struct acpi_dev) { .mmio_base = devs[i].mmio_base,
                                                        .mmio_size = (uint32_t) devs[i].mmio_size,
                                                        .gsi = devs[i].gsi };
+                /* The volumes follow in their order: the guest names them vdb, vdc, ... */
+                for (unsigned i = 0; i < vmm->n_volumes; i++)
+                        adevs[n_adevs++] = (struct acpi_dev) { .mmio_base = MACHINE_VOLUME_MMIO_BASE(i),
+                                                               .mmio_size = (uint32_t) FORKD_VIRTIO_MMIO_SIZE,
+                                                               .gsi = MACHINE_GSI_VOLUME(i), .shared = true };
                 char initrd_buf[PATH_MAX];
                 const char *initrd = cfg->initrd ?: linux_default_initrd(kernel, initrd_buf, sizeof(initrd_buf));
 
@@ -213,8 +275,9 @@ int machine_boot(int kvm_fd, const char *kernel, const char *disk, uint64_t mem_
                         }
                 }
                 snprintf(vmm->guest_kind, sizeof(vmm->guest_kind), "linux");
-                r = x86_linux_setup(vmm, elf_fd, initrd_fd, cfg->cmdline ?: MACHINE_LINUX_CMDLINE, adevs, n_devs);
+                r = x86_linux_setup(vmm, elf_fd, initrd_fd, cfg->cmdline ?: MACHINE_LINUX_CMDLINE, adevs, n_adevs);
         } else {
+                /* The test guest is told of the root disk, the console and the NIC only. */
                 snprintf(vmm->guest_kind, sizeof(vmm->guest_kind), "test");
                 r = x86_boot_setup(vmm, elf_fd, devs, n_devs, NULL);
         }
@@ -244,6 +307,7 @@ int machine_state_net(const struct vmstate *s, uint8_t *ret_mac) {
 
 static int restore_devices(struct vmm *vmm, const struct vmstate *s) {
         bool have_serial = false, have_blk = false, have_console = false, have_net = false;
+        unsigned n_volumes = 0;
         int r;
 
         for (uint32_t i = 0; i < s->n_devs; i++) {
@@ -255,7 +319,13 @@ static int restore_devices(struct vmm *vmm, const struct vmstate *s) {
                         have_serial = true;
                         break;
                 case VMSTATE_DEV_VIRTIO_BLK:
-                        r = have_blk ? -EBADMSG : virtio_mmio_restore(vmm, vmm->blk, d->blob, d->len);
+                        /* the root disk first, then the volumes in their order */
+                        if (!have_blk)
+                                r = virtio_mmio_restore(vmm, vmm->blk, d->blob, d->len);
+                        else if (n_volumes < vmm->n_volumes)
+                                r = virtio_mmio_restore(vmm, vmm->volumes[n_volumes++], d->blob, d->len);
+                        else
+                                r = -EBADMSG;
                         have_blk = true;
                         break;
                 case VMSTATE_DEV_VIRTIO_CONSOLE:
@@ -272,7 +342,7 @@ static int restore_devices(struct vmm *vmm, const struct vmstate *s) {
                 if (r < 0)
                         return log_debug_errno(r, "Device %u (kind %u) state is invalid", i, d->kind);
         }
-        if (!have_serial || !have_blk || !have_console || (vmm->net && !have_net))
+        if (!have_serial || !have_blk || !have_console || (vmm->net && !have_net) || n_volumes != vmm->n_volumes)
                 return log_debug_errno(EBADMSG, "Snapshot lacks the state of a device");
         return 0;
 }
@@ -335,6 +405,14 @@ int machine_restore(int kvm_fd, const struct snapshot *snap, uint8_t *mem, const
                         goto fail;
                 }
         }
+        for (unsigned i = 0; i < snap->meta.n_volumes; i++) {
+                const struct snapshot_volume_disk *d = &snap->volumes[i];
+
+                r = machine_add_volume(vmm, i, d->fd, &snap->meta.volumes[i], d->layer_fds, d->map_fds, d->n_layers,
+                                       cfg->overlay_dir);
+                if (r < 0)
+                        goto fail;
+        }
         r = restore_devices(vmm, s);
         if (r < 0)
                 goto fail;
@@ -390,6 +468,9 @@ struct vmm *machine_free(struct vmm *vmm) {
         virtio_mmio_free(vmm->blk);
         virtio_mmio_free(vmm->console);
         virtio_mmio_free(vmm->net);
+        for (unsigned i = 0; i < vmm->n_volumes; i++)
+                virtio_mmio_free(vmm->volumes[i]);
+        free(vmm->volume_meta);
         free(vmm->cpuid);
         if (!vmm->mem_owned) {
                 /* borrowed mapping (restore): vmm_free must not unmap it */

@@ -14,12 +14,23 @@
 #define MACHINE_GSI_NET 7
 /* The NIC's place on the MMIO bus: after virtio-blk and virtio-console. */
 #define MACHINE_NET_MMIO_BASE (FORKD_VIRTIO_MMIO_BASE + 2 * FORKD_VIRTIO_MMIO_SIZE)
+/* Volume i (vdb, vdc, ...): its place after the NIC's, whether or not the VM has
+ * one, so that a device never moves; the 24 volumes share the GSIs 16..23. */
+#define MACHINE_VOLUME_MMIO_BASE(i) (FORKD_VIRTIO_MMIO_BASE + (3 + (uint64_t) (i)) * FORKD_VIRTIO_MMIO_SIZE)
+#define MACHINE_GSI_VOLUME(i) (16 + (uint32_t) (i) % 8)
 
 /* A NIC (virtio-net, virtio-net.h) and its backend. */
 struct machine_net {
         int tap_fd;        /* the backend (virtio_net_check_backend()); the VM uses a
                             * duplicate of it, the caller keeps and closes this one */
         uint8_t mac[6];    /* boot: the NIC's MAC; restore: ignored, the snapshot's */
+};
+
+/* A volume for machine_boot(): the device reads (and for rw writes) a duplicate
+ * of fd, which stays the caller's; meta is what snapshot.json records of it. */
+struct machine_volume {
+        int fd;
+        const struct snapshot_volume *meta;
 };
 
 struct machine_config {
@@ -35,6 +46,10 @@ struct machine_config {
          * is refused too (-ENODEV): the caller asked for a network it would
          * not get. */
         const struct machine_net *net;
+        /* boot: the volumes, in device order. restore: ignored, the snapshot's
+         * (struct snapshot's volumes, all of them with an fd, else -ENXIO). */
+        const struct machine_volume *volumes;
+        unsigned n_volumes;
 };
 
 #define MACHINE_LINUX_CMDLINE VMM_LINUX_CMDLINE_DEFAULT

@@ -30,6 +30,15 @@ static uint64_t arg_mem_mib = VMM_MEM_MIB_DEFAULT;
 static int arg_agent_fd = -1, arg_control_fd = -1, arg_net_tap_fd = -1;
 static uint8_t arg_net_mac[VIRTIO_NET_MAC_LEN] = VIRTIO_NET_MAC_DEFAULT;
 static bool arg_net_mac_set;
+/* --volume FILE:MODE[:GUEST] and --volume-fd N[:MODE[:GUEST]], in device order */
+static struct arg_volume {
+        const char *path; /* NULL: fd */
+        int fd;
+        int mode;         /* enum snapshot_volume_mode, -1: not given (--volume-fd N) */
+        const char *guest_path;
+} arg_volumes[VMM_VOLUMES_MAX];
+static unsigned arg_n_volumes;
+static int rw_volume_fds[VMM_VOLUMES_MAX];
 
 static void help(void) {
         printf("Usage:\n"
@@ -60,6 +69,15 @@ static void help(void) {
                "                        vnet header size 12) (boot); the tap for the NIC of the\n"
                "                        snapshot (restore), which a snapshot with a NIC needs\n"
                "  --net-mac MAC         the NIC's MAC (boot; default 02:66:6b:64:00:01)\n"
+               "  --volume FILE:MODE[:GUEST]\n"
+               "                        attach the ext4 image FILE as the next virtio-blk after the\n"
+               "                        root disk (vdb, vdc, ...; boot; up to 24); MODE ro (read-only\n"
+               "                        device), cow (private copy-on-write overlay) or rw (writes go\n"
+               "                        to FILE); GUEST is where the agent mounts it, recorded in\n"
+               "                        snapshots (default /mnt/volume<i>)\n"
+               "  --volume-fd N[:MODE[:GUEST]]\n"
+               "                        boot: as --volume, on the inherited fd N (read-write for rw);\n"
+               "                        restore, template: the fd of the snapshot's next rw volume\n"
                "  --overlay-dir DIR     directory for the copy-on-write disk overlay (default $TMPDIR or /var/tmp)\n"
                "  --tag TAG             the compacted snapshot's tag (compact)\n"
                "  --confine UID[:GID]   confine the VMM (boot, restore, template): a private mount\n"
@@ -91,10 +109,42 @@ static int parse_fd(const char *s, int *ret) {
         return 0;
 }
 
+/* FILE:MODE[:GUEST] (FILE may hold ':'), or for an fd N[:MODE[:GUEST]]. */
+static int parse_volume(char *s, bool is_fd, struct arg_volume *ret) {
+        struct arg_volume v = { .fd = -EBADF, .mode = -1 };
+        char *c = strrchr(s, ':');
+
+        if (c && c[1] == '/') {
+                if (!snapshot_volume_guest_path_is_valid(c + 1))
+                        return -EINVAL;
+                v.guest_path = c + 1;
+                *c = 0;
+                c = strrchr(s, ':');
+                if (!c)
+                        return -EINVAL;
+        }
+        if (c) {
+                v.mode = snapshot_volume_mode_from_string(c + 1);
+                if (v.mode < 0)
+                        return -EINVAL;
+                *c = 0;
+        } else if (!is_fd)
+                return -EINVAL;
+        if (is_fd) {
+                if (parse_fd(s, &v.fd) < 0)
+                        return -EINVAL;
+        } else if (!s[0])
+                return -EINVAL;
+        else
+                v.path = s;
+        *ret = v;
+        return 0;
+}
+
 static int parse_argv(int argc, char *argv[]) {
         enum { ARG_KERNEL = 0x100, ARG_DISK, ARG_SNAPSHOT, ARG_MEM, ARG_ID, ARG_CONSOLE, ARG_ASOCK, ARG_AFD,
                ARG_CSOCK, ARG_CFD, ARG_OVERLAY, ARG_VERSION, ARG_INITRD, ARG_CMDLINE, ARG_TAG,
-               ARG_CONFINE, ARG_JAIL_BIND, ARG_NET_TAP_FD, ARG_NET_MAC };
+               ARG_CONFINE, ARG_JAIL_BIND, ARG_NET_TAP_FD, ARG_NET_MAC, ARG_VOLUME, ARG_VOLUME_FD };
         static const struct option opts[] = {
                 { "kernel", required_argument, NULL, ARG_KERNEL },
                 { "disk", required_argument, NULL, ARG_DISK },
@@ -114,6 +164,8 @@ static int parse_argv(int argc, char *argv[]) {
                 { "jail-bind", required_argument, NULL, ARG_JAIL_BIND },
                 { "net-tap-fd", required_argument, NULL, ARG_NET_TAP_FD },
                 { "net-mac", required_argument, NULL, ARG_NET_MAC },
+                { "volume", required_argument, NULL, ARG_VOLUME },
+                { "volume-fd", required_argument, NULL, ARG_VOLUME_FD },
                 { "help", no_argument, NULL, 'h' },
                 { "version", no_argument, NULL, ARG_VERSION },
                 {}
@@ -205,6 +257,17 @@ static int parse_argv(int argc, char *argv[]) {
                                 return log_error_errno(EINVAL, "--net-mac takes a unicast MAC other than all zeros, "
                                                                "as xx:xx:xx:xx:xx:xx");
                         arg_net_mac_set = true;
+                        break;
+                case ARG_VOLUME:
+                case ARG_VOLUME_FD:
+                        if (arg_n_volumes >= VMM_VOLUMES_MAX)
+                                return log_error_errno(E2BIG, "At most %u volumes", VMM_VOLUMES_MAX);
+                        if (parse_volume(optarg, c == ARG_VOLUME_FD, &arg_volumes[arg_n_volumes]) < 0)
+                                return log_error_errno(EINVAL, "--%s takes %s:ro|cow|rw[:GUEST_PATH], GUEST_PATH "
+                                                               "absolute and normalized: %s",
+                                                       c == ARG_VOLUME ? "volume" : "volume-fd",
+                                                       c == ARG_VOLUME ? "FILE" : "N", optarg);
+                        arg_n_volumes++;
                         break;
                 case '?':
                         return -EINVAL;
@@ -305,6 +368,51 @@ static int run_vm(struct vmm *vmm, const char *kernel) {
         return r;
 }
 
+/* The volumes of boot: open each (or take its fd) and describe it for snapshot.json. */
+static int boot_volumes(struct machine_volume *vols, struct snapshot_volume *meta) {
+        for (unsigned i = 0; i < arg_n_volumes; i++) {
+                struct arg_volume *a = &arg_volumes[i];
+                struct snapshot_volume *m = &meta[i];
+                char path[64];
+                struct stat st;
+                int flags;
+
+                if (a->mode < 0)
+                        return log_error_errno(EINVAL, "--volume-fd %d needs a mode on boot (N:ro|cow|rw)", a->fd);
+                if (a->path) {
+                        a->fd = open(a->path, (a->mode == SNAPSHOT_VOLUME_RW ? O_RDWR : O_RDONLY) | O_CLOEXEC);
+                        if (a->fd < 0)
+                                return log_error_errno(errno, "Failed to open volume %s: %m", a->path);
+                }
+                flags = fcntl(a->fd, F_GETFL);
+                if (flags < 0 || fstat(a->fd, &st) < 0)
+                        return log_error_errno(errno, "Volume %u: %m", i);
+                if (!S_ISREG(st.st_mode) || (uint64_t) st.st_size > SNAPSHOT_VOLUME_SIZE_MAX)
+                        return log_error_errno(EINVAL, "Volume %u is not a regular file of at most 64 GiB", i);
+                if (a->mode == SNAPSHOT_VOLUME_RW && (flags & O_ACCMODE) != O_RDWR)
+                        return log_error_errno(EBADF, "The rw volume %u is not open read-write", i);
+                snprintf(m->mode, sizeof(m->mode), "%s", snapshot_volume_mode_to_string(a->mode));
+                if (a->guest_path)
+                        snprintf(m->guest_path, sizeof(m->guest_path), "%s", a->guest_path);
+                else
+                        snprintf(m->guest_path, sizeof(m->guest_path), "/mnt/volume%u", i);
+                if (a->mode == SNAPSHOT_VOLUME_RW) {
+                        ssize_t n;
+
+                        /* recorded for forkd, which reopens it by path after a restart */
+                        snprintf(path, sizeof(path), "/proc/self/fd/%d", a->fd);
+                        n = readlink(path, m->host_path, sizeof(m->host_path) - 1);
+                        if (n <= 0 || m->host_path[0] != '/' || (size_t) n >= sizeof(m->host_path) - 1)
+                                return log_error_errno(ENAMETOOLONG, "Cannot tell the path of the rw volume %u", i);
+                        m->host_path[n] = 0;
+                        m->dev = (uint64_t) st.st_dev;
+                        m->ino = (uint64_t) st.st_ino;
+                }
+                vols[i] = (struct machine_volume) { .fd = a->fd, .meta = m };
+        }
+        return 0;
+}
+
 /* cmd_boot() and cmd_restore() return the process's exit status. */
 static int cmd_boot(int kvm_fd) {
         struct machine_config cfg = { .id = arg_id, .console_log = arg_console_log, .overlay_dir = arg_overlay_dir,
@@ -313,14 +421,26 @@ static int cmd_boot(int kvm_fd) {
         struct vmm *vmm = NULL;
         int r;
 
+        _cleanup_free_ struct snapshot_volume *vol_meta = NULL;
+        struct machine_volume vols[VMM_VOLUMES_MAX];
+
         if (!arg_kernel || !arg_disk)
                 return log_error_errno(EINVAL, "boot needs --kernel and --disk"), 1;
+        vol_meta = calloc(VMM_VOLUMES_MAX, sizeof(*vol_meta));
+        if (!vol_meta)
+                return log_oom(), 1;
+        if (boot_volumes(vols, vol_meta) < 0)
+                return 1;
+        cfg.volumes = vols;
+        cfg.n_volumes = arg_n_volumes;
         if (arg_net_tap_fd >= 0) {
                 memcpy(net.mac, arg_net_mac, sizeof net.mac);
                 cfg.net = &net;
         }
         r = machine_boot(kvm_fd, arg_kernel, arg_disk, arg_mem_mib << 20, &cfg, &vmm);
         arg_net_tap_fd = safe_close(arg_net_tap_fd); /* the NIC has its own */
+        for (unsigned i = 0; i < arg_n_volumes; i++)
+                arg_volumes[i].fd = safe_close(arg_volumes[i].fd); /* and so have the volumes */
         if (r < 0)
                 return log_error_errno(r, "Failed to boot %s: %m", arg_kernel), 1;
         r = run_vm(vmm, arg_kernel);
@@ -344,6 +464,8 @@ static int cmd_restore(int kvm_fd) {
         if (arg_net_mac_set)
                 return log_error_errno(EINVAL, "--net-mac is for boot: a restored NIC keeps the snapshot's MAC"), 1;
         r = snapshot_load(arg_snapshot, &snap, &err);
+        if (r >= 0)
+                r = snapshot_set_rw_volumes(snap, rw_volume_fds, arg_n_volumes, &err);
         if (r < 0)
                 return log_error_errno(r, "Refusing snapshot %s: %s", arg_snapshot, err ?: strerror(-r)), 1;
         r = machine_state_net(snap->state, NULL);
@@ -476,6 +598,15 @@ int main(int argc, char *argv[]) {
         if (strcmp(verb, "boot") != 0 && strcmp(verb, "restore") != 0 && strcmp(verb, "template") != 0)
                 return log_error_errno(EINVAL, "Unknown command \"%s\"; see forkd-vmm --help", verb), 2;
 
+        if (strcmp(verb, "boot") != 0)
+                for (unsigned i = 0; i < arg_n_volumes; i++) {
+                        if (arg_volumes[i].path || (arg_volumes[i].mode >= 0 && arg_volumes[i].mode != SNAPSHOT_VOLUME_RW) ||
+                            arg_volumes[i].guest_path)
+                                return log_error_errno(EINVAL, "%s takes --volume-fd N[:rw] only: the snapshot has "
+                                                               "its volumes", verb), 2;
+                        rw_volume_fds[i] = arg_volumes[i].fd;
+                }
+
         if (strcmp(verb, "template") == 0 && (arg_net_tap_fd >= 0 || arg_net_mac_set))
                 return log_error_errno(EINVAL, "template takes no --net-tap-fd or --net-mac: each child gets its tap "
                                                "with its spawn request (\"with_tap\")"), 2;
@@ -501,6 +632,6 @@ int main(int argc, char *argv[]) {
                 if (r < 0)
                         return 1;
         }
-        r = template_serve(kvm_fd, arg_snapshot, arg_control_fd, arg_overlay_dir);
+        r = template_serve(kvm_fd, arg_snapshot, arg_control_fd, arg_overlay_dir, rw_volume_fds, arg_n_volumes);
         return leave(r < 0 ? 1 : 0);
 }

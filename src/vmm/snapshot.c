@@ -177,6 +177,9 @@ static int collect_state(struct vmm *vmm, struct vmstate *s) {
          * stays byte for byte what it always was. */
         if (r >= 0 && vmm->net)
                 r = add_dev(s, VMSTATE_DEV_VIRTIO_NET, save_virtio, vmm->net);
+        /* The volumes last, in their order (machine.c restores them so). */
+        for (unsigned i = 0; r >= 0 && i < vmm->n_volumes; i++)
+                r = add_dev(s, VMSTATE_DEV_VIRTIO_BLK, save_virtio, vmm->volumes[i]);
         return r;
 }
 
@@ -219,6 +222,37 @@ int snapshot_write(struct vmm *vmm, const char *dir, const char *tag, const char
         if (r < 0)
                 return r;
         return snapshot_write_collected(vmm, dir, tag, kernel, vbuf, vlen, false, NULL, NULL);
+}
+
+/* The volumes into dfd and meta: ro and cow as volume-<i>.img, the disk as the
+ * guest sees it (an ro one hard-linked where link allows: its base is never
+ * written), rw as the host file's path, device and inode. */
+static int write_volumes(struct vmm *vmm, int dfd, bool link, struct snapshot_meta *meta) {
+        for (unsigned i = 0; i < vmm->n_volumes; i++) {
+                struct snapshot_volume *v = &meta->volumes[i];
+                _cleanup_close_ int fd = -EBADF;
+                int r;
+
+                *v = vmm->volume_meta[i];
+                if (snapshot_volume_mode_from_string(v->mode) == SNAPSHOT_VOLUME_RW) {
+                        v->file[0] = 0;
+                        continue;
+                }
+                snprintf(v->file, sizeof(v->file), "volume-%u.img", i);
+                if (link && snapshot_volume_mode_from_string(v->mode) == SNAPSHOT_VOLUME_RO &&
+                    virtio_blk_link_base(vmm->volumes[i], dfd, v->file) >= 0)
+                        continue;
+                fd = openat(dfd, v->file, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0640);
+                if (fd < 0)
+                        return -errno;
+                r = virtio_blk_export(vmm->volumes[i], fd);
+                if (r < 0)
+                        return r;
+                if (fsync(fd) < 0)
+                        return -errno;
+        }
+        meta->n_volumes = vmm->n_volumes;
+        return 0;
 }
 
 int snapshot_write_collected(struct vmm *vmm, const char *dir, const char *tag, const char *kernel, const void *vbuf,
@@ -319,6 +353,9 @@ int snapshot_write_collected(struct vmm *vmm, const char *dir, const char *tag, 
                         goto fail;
                 }
         }
+        r = write_volumes(vmm, dfd, link_disk, &meta);
+        if (r < 0)
+                goto fail;
         test_crash_point("disk");
 
         meta.format = 1;
@@ -393,6 +430,26 @@ static int open_regular(int dfd, const char *name, uint64_t expect_size, char **
         return 0;
 }
 
+void snapshot_volumes_init(struct snapshot *s) {
+        for (unsigned i = 0; i < SNAPSHOT_VOLUMES_MAX; i++)
+                s->volumes[i] = (struct snapshot_volume_disk) { .fd = -EBADF };
+}
+
+void snapshot_volumes_close(struct snapshot *s) {
+        for (unsigned i = 0; i < SNAPSHOT_VOLUMES_MAX; i++) {
+                struct snapshot_volume_disk *d = &s->volumes[i];
+
+                safe_close(d->fd);
+                for (unsigned k = 0; k < d->n_layers; k++) {
+                        safe_close(d->layer_fds[k]);
+                        safe_close(d->map_fds[k]);
+                }
+                free(d->layer_fds);
+                free(d->map_fds);
+                *d = (struct snapshot_volume_disk) { .fd = -EBADF };
+        }
+}
+
 int snapshot_load(const char *dir, struct snapshot **ret, char **ret_error) {
         struct snapshot *snap = NULL;
         _cleanup_close_ int dfd = -EBADF, fd = -EBADF;
@@ -413,6 +470,7 @@ int snapshot_load(const char *dir, struct snapshot **ret, char **ret_error) {
         snap->mem_fd = snap->disk_fd = -EBADF;
         for (unsigned i = 0; i < SNAPSHOT_DISK_LAYERS_MAX; i++)
                 snap->layer_fds[i] = snap->layer_map_fds[i] = -EBADF;
+        snapshot_volumes_init(snap);
         snap->dir = strdup(dir);
         snap->state = calloc(1, sizeof(*snap->state));
         if (!snap->dir || !snap->state) {
@@ -464,11 +522,72 @@ int snapshot_load(const char *dir, struct snapshot **ret, char **ret_error) {
                         goto fail;
         }
 
+        for (unsigned i = 0; i < snap->meta.n_volumes; i++) {
+                const struct snapshot_volume *v = &snap->meta.volumes[i];
+                struct stat st;
+
+                if (!v->file[0])
+                        continue; /* rw: the caller's fd */
+                snap->volumes[i].fd = openat(dfd, v->file, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+                if (snap->volumes[i].fd < 0) {
+                        r = set_error(ret_error, "%s: cannot open: %s", v->file, strerror(errno));
+                        goto fail;
+                }
+                if (fstat(snap->volumes[i].fd, &st) < 0 || !S_ISREG(st.st_mode) ||
+                    (uint64_t) st.st_size > SNAPSHOT_VOLUME_SIZE_MAX) {
+                        r = set_error(ret_error, "%s: not a regular file of at most 64 GiB", v->file);
+                        goto fail;
+                }
+        }
+
         *ret = snap;
         return 0;
 fail:
         snapshot_free(snap);
         return r;
+}
+
+enum virtio_blk_mode snapshot_volume_blk_mode(const struct snapshot_volume *v) {
+        switch (snapshot_volume_mode_from_string(v->mode)) {
+        case SNAPSHOT_VOLUME_RW:
+                return VIRTIO_BLK_DIRECT;
+        case SNAPSHOT_VOLUME_COW:
+                return VIRTIO_BLK_COPY_ON_WRITE;
+        default:
+                return VIRTIO_BLK_READ_ONLY;
+        }
+}
+
+int snapshot_set_rw_volumes(struct snapshot *s, const int *fds, unsigned n, char **ret_error) {
+        unsigned k = 0;
+
+        for (unsigned i = 0; i < s->meta.n_volumes; i++) {
+                const struct snapshot_volume *v = &s->meta.volumes[i];
+                struct stat st;
+                int flags;
+
+                if (v->file[0])
+                        continue;
+                if (k >= n)
+                        return set_error(ret_error, "the rw volume %s (%s) needs a --volume-fd", v->guest_path,
+                                         v->host_path);
+                flags = fcntl(fds[k], F_GETFL);
+                if (flags < 0 || (flags & O_ACCMODE) != O_RDWR || fstat(fds[k], &st) < 0 || !S_ISREG(st.st_mode))
+                        return set_error(ret_error, "--volume-fd %d for %s is not a regular file open read-write",
+                                         fds[k], v->host_path);
+                if ((uint64_t) st.st_dev != v->dev || (uint64_t) st.st_ino != v->ino)
+                        return set_error(ret_error, "--volume-fd %d is not %s (device %llu, inode %llu) that the "
+                                         "snapshot was made with", fds[k], v->host_path,
+                                         (unsigned long long) v->dev, (unsigned long long) v->ino);
+                s->volumes[i].fd = safe_close(s->volumes[i].fd);
+                s->volumes[i].fd = fcntl(fds[k], F_DUPFD_CLOEXEC, 3);
+                if (s->volumes[i].fd < 0)
+                        return -errno;
+                k++;
+        }
+        if (k != n)
+                return set_error(ret_error, "%u --volume-fd given, the snapshot has %u rw volumes", n, k);
+        return 0;
 }
 
 struct snapshot *snapshot_free(struct snapshot *s) {
@@ -481,6 +600,7 @@ struct snapshot *snapshot_free(struct snapshot *s) {
                 safe_close(s->layer_fds[i]);
                 safe_close(s->layer_map_fds[i]);
         }
+        snapshot_volumes_close(s);
         free(s->state);
         free(s->dir);
         free(s);

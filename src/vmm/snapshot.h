@@ -14,6 +14,7 @@
 
 #include "snapshot-meta.h"
 #include "vmm.h"
+#include "virtio-blk.h"
 #include "vmstate.h"
 
 #define SNAPSHOT_META_FILE "snapshot.json"
@@ -30,6 +31,15 @@ struct snapshot {
         /* disk.layer.<i> and their maps, O_RDONLY (meta.disk_layers of them) */
         int layer_fds[SNAPSHOT_DISK_LAYERS_MAX], layer_map_fds[SNAPSHOT_DISK_LAYERS_MAX];
         unsigned n_layers;
+        /* The volumes of meta.volumes: volume-N.img (ro, cow) opened read-only;
+         * for rw, -EBADF until the caller sets a read-write fd of the host file
+         * (snapshot_set_rw_volumes()). A frozen copy of a running VM (branch.c)
+         * also carries the frozen copy-on-write layers of its cow volumes. */
+        struct snapshot_volume_disk {
+                int fd;
+                int *layer_fds, *map_fds;  /* n_layers each, malloc()ed */
+                unsigned n_layers;
+        } volumes[SNAPSHOT_VOLUMES_MAX];
         /* A diff snapshot's chain, root first, this snapshot last (chain.h):
          * memory.bin fds, and the page maps of the links (NULL for the root). */
         int chain_mem_fds[64];
@@ -41,6 +51,15 @@ struct snapshot {
  * says what is wrong in words a user can act on. */
 int snapshot_load(const char *dir, struct snapshot **ret, char **ret_error);
 struct snapshot *snapshot_free(struct snapshot *s);
+/* All volume fds -EBADF, no layers; and closing them (snapshot_free() does). */
+void snapshot_volumes_init(struct snapshot *s);
+void snapshot_volumes_close(struct snapshot *s);
+/* Give the snapshot's rw volumes their fds (duplicated), in the order of
+ * meta.volumes: exactly as many as it has, each a regular file open read-write
+ * with the device and inode snapshot.json recorded. */
+int snapshot_set_rw_volumes(struct snapshot *s, const int *fds, unsigned n, char **ret_error);
+/* What the guest's writes to a volume of this mode do. */
+enum virtio_blk_mode snapshot_volume_blk_mode(const struct snapshot_volume *v);
 static inline void snapshot_freep(struct snapshot **s) {
         snapshot_free(*s);
 }

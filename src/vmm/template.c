@@ -425,7 +425,8 @@ static void reap(struct template *t) {
         }
 }
 
-int template_serve(int kvm_fd, const char *snapshot_dir, int control_fd, const char *overlay_dir) {
+int template_serve(int kvm_fd, const char *snapshot_dir, int control_fd, const char *overlay_dir, const int *rw_fds,
+                   unsigned n_rw) {
         _cleanup_(snapshot_freep) struct snapshot *snap = NULL;
         _cleanup_free_ char *err = NULL;
         uint8_t *mem;
@@ -434,6 +435,8 @@ int template_serve(int kvm_fd, const char *snapshot_dir, int control_fd, const c
         (void) prctl(PR_SET_PDEATHSIG, SIGKILL);
 
         r = snapshot_load(snapshot_dir, &snap, &err);
+        if (r >= 0)
+                r = snapshot_set_rw_volumes(snap, rw_fds, n_rw, &err);
         if (r < 0) {
                 /* Tell the controller why, so that its caller reads it (vmm_client_template_start()). */
                 struct template t = { .control_fd = control_fd };

@@ -8,7 +8,9 @@
 
 /* Serve fork requests for one snapshot on control_fd (SOCK_SEQPACKET) until
  * the controller hangs up. See template.c for the protocol. */
-int template_serve(int kvm_fd, const char *snapshot_dir, int control_fd, const char *overlay_dir);
+/* rw_fds: the fds of the snapshot's rw volumes, in order (snapshot_set_rw_volumes()). */
+int template_serve(int kvm_fd, const char *snapshot_dir, int control_fd, const char *overlay_dir, const int *rw_fds,
+                   unsigned n_rw);
 
 struct snapshot;
 /* The same for a snapshot already in memory (a running VM's frozen copy,

@@ -18,7 +18,8 @@
 
 #include "macro.h"
 
-#define VMM_MAX_MMIO_DEVS 8
+#define VMM_MAX_MMIO_DEVS 32 /* virtio-blk, -console, -net and up to VMM_VOLUMES_MAX volumes */
+#define VMM_VOLUMES_MAX 24
 #define VMM_MAX_PIO_DEVS 8
 #define VMM_MEM_MIN (16ull << 20)
 #define VMM_MEM_MAX (3072ull << 20)
@@ -76,6 +77,11 @@ struct vmm {
         struct virtio_mmio *blk;
         struct virtio_mmio *console;
         struct virtio_mmio *net;      /* NULL: the VM has no NIC */
+        /* Volumes: virtio-blk devices after the root disk, in a fixed order, and
+         * what snapshot.json says of each (n_volumes entries of volume_meta). */
+        struct virtio_mmio *volumes[VMM_VOLUMES_MAX];
+        struct snapshot_volume *volume_meta;
+        unsigned n_volumes;
 
         uint32_t tsc_khz;
         char id[65];           /* sandbox id given by the host */

@@ -61,7 +61,7 @@
 #define VMSTATE_MAX_VCPUS 1
 #define VMSTATE_MAX_MSRS 64
 #define VMSTATE_MAX_CPUID 96
-#define VMSTATE_MAX_DEVS 8
+#define VMSTATE_MAX_DEVS 32
 #define VMSTATE_DEV_BLOB_MAX 1024
 #define VMSTATE_MAX_SIZE (1u << 20) /* a file larger than this is refused */
 

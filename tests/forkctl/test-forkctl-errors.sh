@@ -43,6 +43,11 @@ expect 5 "$notrunning" "snapshot create without forkd" -- --bus-address "$bus" s
 expect 1 "snapshot create: cannot open the kernel /nonexistent/k: No such file or directory" \
         "snapshot create with a missing kernel: the file and why, before any call" \
         -- --bus-address "$bus" snapshot create t --kernel /nonexistent/k --rootfs "$0"
+expect 2 "snapshot create: cannot open the volume /nonexistent/v.ext4: No such file or directory" \
+        "snapshot create with a missing volume: the file and why, before any call" \
+        -- --bus-address "$bus" snapshot create t --kernel "$0" --rootfs "$0" --volume /nonexistent/v.ext4:/data
+expect 2 "--volume: the guest path must be absolute" "snapshot create --volume with a relative guest path" \
+        -- --bus-address "$bus" snapshot create t --kernel "$0" --rootfs "$0" --volume "$0":data:ro
 expect 1 "snapshot create: the rootfs $T is not a regular file" "snapshot create with a directory as rootfs" \
         -- --bus-address "$bus" snapshot create t --kernel "$0" --rootfs "$T"
 expect 5 "$notrunning" "kill without forkd" -- --bus-address "$bus" kill a b

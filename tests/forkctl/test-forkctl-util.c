@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 /* Unit tests for forkctl's bus-free helpers and the D-Bus -> JSON conversion. */
 
+#include <errno.h>
 #include <setjmp.h>
+#include <stdio.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <sys/socket.h>
@@ -199,6 +201,40 @@ static void test_bus_json(void **state) {
                             "\"live\":true,\"ancestors\":[\"a\",\"b\"]}");
 }
 
+static void test_parse_volume(void **state) {
+        static const char *const bad[] = {
+                "", "/a.img", "/a.img:", "rel.img:/data", "/a.img:data", "/a.img:/", "/a.img:/data/../x",
+                "/a.img:/proc/x", "/a.img:/data:rwx", "/a.img::ro", ":/data",
+        };
+        struct forkctl_volume v;
+        const char *why = NULL;
+        char buf[128];
+
+        snprintf(buf, sizeof buf, "/srv/v.ext4:/data");
+        assert_int_equal(forkctl_parse_volume(buf, &v, &why), 0);
+        assert_string_equal(v.host, "/srv/v.ext4");
+        assert_string_equal(v.guest, "/data");
+        assert_string_equal(v.mode, "ro");
+
+        snprintf(buf, sizeof buf, "/srv/a:b.img:/mnt/x:cow");
+        assert_int_equal(forkctl_parse_volume(buf, &v, &why), 0);
+        assert_string_equal(v.host, "/srv/a:b.img");
+        assert_string_equal(v.guest, "/mnt/x");
+        assert_string_equal(v.mode, "cow");
+
+        snprintf(buf, sizeof buf, "/v.img:/home/u:rw");
+        assert_int_equal(forkctl_parse_volume(buf, &v, &why), 0);
+        assert_string_equal(v.mode, "rw");
+
+        for (size_t i = 0; i < ELEMENTSOF(bad); i++) {
+                snprintf(buf, sizeof buf, "%s", bad[i]);
+                why = NULL;
+                if (forkctl_parse_volume(buf, &v, &why) != -EINVAL)
+                        fail_msg("accepted --volume %s", bad[i]);
+                assert_non_null(why);
+        }
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_parse_u32),
@@ -207,6 +243,7 @@ int main(void) {
                 cmocka_unit_test(test_format),
                 cmocka_unit_test(test_table),
                 cmocka_unit_test(test_bus_json),
+                cmocka_unit_test(test_parse_volume),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }

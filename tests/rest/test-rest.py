@@ -334,6 +334,20 @@ def t_wrong_types(c):
                        (dict(snap, start_cmd=True), "start_cmd needs image")):
         r = c.expect(400, "POST", "/v1/snapshots", body)
         check(says in r.json["error"], (body, r.json))
+    # volumes: checked before anything is opened, then opened as forkd-rest's user
+    vsnap = {"tag": "t", "kernel": GUEST, "rootfs": GUEST}
+    vol = {"host_path": GUEST, "guest_path": "/data", "mode": "ro"}
+    for vols, says in (("x", "volumes"), ([1], "volumes"), ([dict(vol, mode="rwx")], "mode"),
+                       ([dict(vol, mode=1)], "volumes"), ([dict(vol, extra=1)], "volumes"),
+                       ([{"guest_path": "/data"}], "volumes"), ([dict(vol, host_path="rel.img")], "absolute"),
+                       ([dict(vol, guest_path="/")], "guest_path"), ([dict(vol, guest_path="/a/../b")], "guest_path"),
+                       ([dict(vol, guest_path="/proc/x")], "guest_path"), ([dict(vol, guest_path="data")], "guest_path"),
+                       ([vol, dict(vol, mode="cow")], "same guest_path"),
+                       ([dict(vol, guest_path="/v%d" % i) for i in range(25)], "at most 24"),
+                       ([dict(vol, host_path="/nonexistent/v.ext4")], "cannot open volume /nonexistent/v.ext4"),
+                       ([dict(vol, host_path="/")], "volume / is not a regular file")):
+        r = c.expect(400, "POST", "/v1/snapshots", dict(vsnap, volumes=vols))
+        check(says in r.json["error"], (vols, r.json))
     for body in ({}, {"args": "ls"}, {"args": []}, {"args": [1]}, {"args": ["ls"], "timeout_secs": "5"},
                  {"args": ["ls"], "timeout_secs": -1}, {"args": ["ls"], "timeout_secs": 3601}, {"args": ["a\u0000b"]}):
         c.expect(400, "POST", "/v1/sandboxes/sb-1/exec", body)

@@ -853,6 +853,120 @@ static void test_meta_network(void **state) {
         }
 }
 
+static void test_meta_volumes(void **state) {
+        static const char *const bad[] = {
+                "\"volumes\": []",
+                "\"volumes\": {}",
+                "\"volumes\": [1]",
+                "\"volumes\": null",
+                "\"volumes\": [{\"file\": \"v.img\", \"guest_path\": \"/data\"}]",
+                "\"volumes\": [{\"file\": \"v.img\", \"guest_path\": \"/data\", \"mode\": \"RW\"}]",
+                "\"volumes\": [{\"file\": \"v.img\", \"guest_path\": \"/data\", \"mode\": \"ro\", \"x\": 1}]",
+                "\"volumes\": [{\"file\": \"\", \"guest_path\": \"/data\", \"mode\": \"ro\"}]",
+                "\"volumes\": [{\"file\": null, \"guest_path\": \"/data\", \"mode\": \"ro\"}]",
+                "\"volumes\": [{\"file\": \"../v.img\", \"guest_path\": \"/data\", \"mode\": \"ro\"}]",
+                "\"volumes\": [{\"file\": \"disk.img\", \"guest_path\": \"/data\", \"mode\": \"ro\"}]",
+                "\"volumes\": [{\"file\": \"v.img\", \"guest_path\": \"/\", \"mode\": \"ro\"}]",
+                "\"volumes\": [{\"file\": \"v.img\", \"guest_path\": \"data\", \"mode\": \"ro\"}]",
+                "\"volumes\": [{\"file\": \"v.img\", \"guest_path\": \"/a/../b\", \"mode\": \"ro\"}]",
+                "\"volumes\": [{\"file\": \"v.img\", \"guest_path\": \"/a//b\", \"mode\": \"ro\"}]",
+                "\"volumes\": [{\"file\": \"v.img\", \"guest_path\": \"/a/\", \"mode\": \"ro\"}]",
+                "\"volumes\": [{\"file\": \"v.img\", \"guest_path\": \"/proc/x\", \"mode\": \"ro\"}]",
+                "\"volumes\": [{\"file\": \"v.img\", \"guest_path\": \"/.forkd\", \"mode\": \"ro\"}]",
+                "\"volumes\": [{\"file\": \"v.img\", \"guest_path\": \"/a\\u0001\", \"mode\": \"ro\"}]",
+                "\"volumes\": [{\"file\": \"v.img\", \"guest_path\": \"/data\", \"mode\": \"ro\", "
+                "\"host_path\": \"/x\", \"dev\": 1, \"ino\": 2}]",
+                "\"volumes\": [{\"file\": \"v.img\", \"guest_path\": \"/data\", \"mode\": \"rw\", "
+                "\"host_path\": \"/x\", \"dev\": 1, \"ino\": 2}]",
+                "\"volumes\": [{\"file\": null, \"guest_path\": \"/data\", \"mode\": \"rw\"}]",
+                "\"volumes\": [{\"file\": null, \"guest_path\": \"/data\", \"mode\": \"rw\", "
+                "\"host_path\": \"x\", \"dev\": 1, \"ino\": 2}]",
+                "\"volumes\": [{\"file\": null, \"guest_path\": \"/data\", \"mode\": \"rw\", "
+                "\"host_path\": \"/x\", \"dev\": -1, \"ino\": 2}]",
+                "\"volumes\": [{\"file\": \"a.img\", \"guest_path\": \"/data\", \"mode\": \"ro\"}, "
+                "{\"file\": \"b.img\", \"guest_path\": \"/data\", \"mode\": \"cow\"}]",
+                "\"volumes\": [{\"file\": \"a.img\", \"guest_path\": \"/a\", \"mode\": \"ro\"}, "
+                "{\"file\": \"a.img\", \"guest_path\": \"/b\", \"mode\": \"cow\"}]",
+        };
+        struct snapshot_meta m, m2;
+        const char *error = NULL;
+        char *json, *out = NULL, big[8192];
+        size_t n;
+
+        json = meta_json_with(NULL, NULL,
+                              "\"volumes\": [{\"file\": \"volume-0.img\", \"guest_path\": \"/data\", \"mode\": \"ro\"}, "
+                              "{\"file\": \"volume-1.img\", \"guest_path\": \"/srv/cache\", \"mode\": \"cow\"}, "
+                              "{\"file\": null, \"guest_path\": \"/home/u\", \"mode\": \"rw\", "
+                              "\"host_path\": \"/var/lib/vol.ext4\", \"dev\": 2049, \"ino\": 12345}]");
+        assert_int_equal(meta_parse(json, &m, &error), 0);
+        free(json);
+        assert_int_equal(m.n_volumes, 3);
+        assert_string_equal(m.volumes[0].file, "volume-0.img");
+        assert_string_equal(m.volumes[1].mode, "cow");
+        assert_string_equal(m.volumes[1].guest_path, "/srv/cache");
+        assert_string_equal(m.volumes[2].file, "");
+        assert_string_equal(m.volumes[2].host_path, "/var/lib/vol.ext4");
+        assert_int_equal(m.volumes[2].dev, 2049);
+        assert_int_equal(m.volumes[2].ino, 12345);
+        assert_int_equal(snapshot_meta_format(&m, &out), 0);
+        assert_non_null(strstr(out, "\"file\": null"));
+        assert_int_equal(snapshot_meta_parse(out, strlen(out), &m2, NULL), 0);
+        assert_memory_equal(&m, &m2, sizeof(m));
+        free(out);
+        out = NULL;
+
+        /* absent: none, and none is written */
+        json = meta_json_with(NULL, NULL, NULL);
+        assert_int_equal(meta_parse(json, &m, NULL), 0);
+        free(json);
+        assert_int_equal(m.n_volumes, 0);
+        assert_int_equal(snapshot_meta_format(&m, &out), 0);
+        assert_null(strstr(out, "volumes"));
+        free(out);
+        out = NULL;
+
+        /* 24 is the most */
+        for (unsigned k = 24; k <= 25; k++) {
+                n = (size_t) snprintf(big, sizeof big, "\"volumes\": [");
+                for (unsigned i = 0; i < k; i++)
+                        n += (size_t) snprintf(big + n, sizeof big - n,
+                                               "%s{\"file\": \"v%u\", \"guest_path\": \"/v%u\", \"mode\": \"ro\"}",
+                                               i ? ", " : "", i, i);
+                snprintf(big + n, sizeof big - n, "]");
+                json = meta_json_with(NULL, NULL, big);
+                assert_int_equal(meta_parse(json, &m, NULL) == 0, k == 24);
+                free(json);
+        }
+
+        for (size_t i = 0; i < ELEMENTSOF(bad); i++) {
+                json = meta_json_with(NULL, NULL, bad[i]);
+                error = NULL;
+                if (meta_parse(json, &m, &error) >= 0)
+                        fail_msg("accepted %s", bad[i]);
+                assert_non_null(error);
+                free(json);
+        }
+
+        assert_true(snapshot_volume_guest_path_is_valid("/data"));
+        assert_true(snapshot_volume_guest_path_is_valid("/srv/a.b/c"));
+        assert_true(snapshot_volume_guest_path_is_valid("/process"));
+        assert_true(snapshot_volume_guest_path_is_valid("/.forkdx"));
+        assert_false(snapshot_volume_guest_path_is_valid("/dev"));
+        assert_false(snapshot_volume_guest_path_is_valid("/run/x"));
+        assert_false(snapshot_volume_guest_path_is_valid("/sys/"));
+        assert_false(snapshot_volume_guest_path_is_valid("/a/./b"));
+        assert_false(snapshot_volume_guest_path_is_valid("/.."));
+        memset(big, 'a', 300);
+        big[0] = '/';
+        big[256] = 0;
+        assert_false(snapshot_volume_guest_path_is_valid(big)); /* 256 bytes */
+        big[255] = 0;
+        assert_true(snapshot_volume_guest_path_is_valid(big));
+        assert_int_equal(snapshot_volume_mode_from_string("cow"), SNAPSHOT_VOLUME_COW);
+        assert_int_equal(snapshot_volume_mode_from_string("rwx"), -EINVAL);
+        assert_string_equal(snapshot_volume_mode_to_string(SNAPSHOT_VOLUME_RW), "rw");
+}
+
 static void test_meta_keys(void **state) {
         struct snapshot_meta m;
         const char *error;
@@ -1072,6 +1186,7 @@ int main(void) {
                 cmocka_unit_test(test_meta_branched_from),
                 cmocka_unit_test(test_meta_owner_uid),
                 cmocka_unit_test(test_meta_network),
+                cmocka_unit_test(test_meta_volumes),
                 cmocka_unit_test(test_image_config),
                 cmocka_unit_test(test_tag_is_valid),
                 cmocka_unit_test(test_meta_format_refuses_invalid),

@@ -29,6 +29,7 @@ struct blk_layer {
 
 struct blk {
         int base_fd;
+        enum virtio_blk_mode mode;
         struct blk_layer layers[VIRTIO_BLK_LAYERS_MAX]; /* frozen overlays, oldest first */
         unsigned n_layers;
         uint64_t size;           /* bytes, multiple of 512 */
@@ -183,6 +184,10 @@ static int blk_write(struct blk *b, uint64_t off, const uint8_t *buf, size_t len
 
         if (len == 0)
                 return 0;
+        if (b->mode == VIRTIO_BLK_READ_ONLY)
+                return -EROFS;
+        if (b->mode == VIRTIO_BLK_DIRECT)
+                return pwrite_full(b->base_fd, buf, len, off);
         r = ensure_overlay(b);
         if (r < 0)
                 return r;
@@ -297,7 +302,10 @@ static uint8_t blk_do_request(struct blk *b, const struct virtq_chain *c, uint32
                 return VIRTIO_BLK_S_OK;
 
         case VIRTIO_BLK_T_FLUSH:
-                return VIRTIO_BLK_S_OK; /* the overlay dies with us: nothing to make durable */
+                /* an overlay dies with us: only a direct disk has something to make durable */
+                if (b->mode == VIRTIO_BLK_DIRECT && fdatasync(b->base_fd) < 0)
+                        return VIRTIO_BLK_S_IOERR;
+                return VIRTIO_BLK_S_OK;
 
         case VIRTIO_BLK_T_GET_ID:
                 *ret_written = (uint32_t) virtq_chain_write(c, 0, b->id, MIN((uint64_t) VIRTIO_BLK_ID_BYTES, c->in_len - 1));
@@ -411,14 +419,22 @@ static int fd_size(int fd, uint64_t *ret) {
 
 int virtio_blk_new(struct vmm *vmm, uint64_t mmio_base, uint32_t gsi, int base_fd, const char *overlay_dir,
                    struct virtio_mmio **ret) {
+        return virtio_blk_new_mode(vmm, mmio_base, gsi, base_fd, overlay_dir, VIRTIO_BLK_COPY_ON_WRITE, ret);
+}
+
+int virtio_blk_new_mode(struct vmm *vmm, uint64_t mmio_base, uint32_t gsi, int base_fd, const char *overlay_dir,
+                        enum virtio_blk_mode mode, struct virtio_mmio **ret) {
         _cleanup_(blk_freep) struct blk *b = NULL;
+        uint64_t features = 1ull << VIRTIO_BLK_F_FLUSH_BIT;
         struct virtio_mmio *dev;
         uint8_t config[8];
         uint64_t size, cap_le;
         int r;
 
-        if (!vmm || base_fd < 0 || !ret)
+        if (!vmm || base_fd < 0 || !ret || (unsigned) mode >= _VIRTIO_BLK_MODE_MAX)
                 return -EINVAL;
+        if (mode == VIRTIO_BLK_READ_ONLY)
+                features |= 1ull << VIRTIO_BLK_F_RO_BIT;
         r = fd_size(base_fd, &size);
         if (r < 0)
                 return r;
@@ -432,6 +448,7 @@ int virtio_blk_new(struct vmm *vmm, uint64_t mmio_base, uint32_t gsi, int base_f
                 return -ENOMEM;
         b->base_fd = -EBADF; /* not ours until success */
         b->overlay_fd = -EBADF;
+        b->mode = mode;
         b->size = size;
         b->n_blocks = (size + BLK_BLOCK - 1) / BLK_BLOCK;
         memcpy(b->id, "forkd", 5);
@@ -442,7 +459,7 @@ int virtio_blk_new(struct vmm *vmm, uint64_t mmio_base, uint32_t gsi, int base_f
         cap_le = htole64(size / VIRTIO_BLK_SECTOR_SIZE);
         memcpy(config, &cap_le, 8);
 
-        r = virtio_mmio_new(vmm, mmio_base, gsi, &blk_ops, 1ull << VIRTIO_BLK_F_FLUSH_BIT, 1,
+        r = virtio_mmio_new(vmm, mmio_base, gsi, &blk_ops, features, 1,
                             VIRTIO_BLK_QUEUE_SIZE, config, sizeof config, b, &dev);
         if (r < 0)
                 return r;
@@ -713,6 +730,14 @@ fail:
                 (void) unlinkat(dfd, map, 0);
         }
         return r;
+}
+
+int virtio_blk_link_base(struct virtio_mmio *dev, int dfd, const char *name) {
+        struct blk *b = blk_of(dev);
+
+        if (!b || !name)
+                return -EINVAL;
+        return link_fd(b->base_fd, dfd, name);
 }
 
 int virtio_blk_open_layers(struct virtio_mmio *dev, int *ret_base_fd, int *layer_fds, int *map_fds,

@@ -11,7 +11,8 @@
  * partial write of a block not yet in the overlay copies the block from the
  * base first. A device that is never written costs one small allocation.
  *
- * Offered features: VIRTIO_F_VERSION_1, VIRTIO_BLK_F_FLUSH.
+ * Offered features: VIRTIO_F_VERSION_1, VIRTIO_BLK_F_FLUSH (and VIRTIO_BLK_F_RO for
+ * a read-only device, see enum virtio_blk_mode).
  * Requests: T_IN, T_OUT, T_FLUSH (nothing to do: the overlay is temporary),
  * T_GET_ID; anything else gets VIRTIO_BLK_S_UNSUPP. A request that reaches
  * past the capacity, is not a multiple of 512 bytes, or has its data buffers
@@ -26,6 +27,7 @@
 
 #include "virtio-mmio.h"
 
+#define VIRTIO_BLK_F_RO_BIT    5
 #define VIRTIO_BLK_F_FLUSH_BIT 9
 
 #define VIRTIO_BLK_T_IN     0u
@@ -50,6 +52,18 @@
  * once the guest writes (NULL: $TMPDIR or /var/tmp); copied. */
 int virtio_blk_new(struct vmm *vmm, uint64_t mmio_base, uint32_t gsi, int base_fd, const char *overlay_dir,
                    struct virtio_mmio **ret);
+
+/* What the guest's writes do. */
+enum virtio_blk_mode {
+        VIRTIO_BLK_COPY_ON_WRITE, /* into the private overlay (virtio_blk_new()) */
+        VIRTIO_BLK_READ_ONLY,     /* offered with VIRTIO_BLK_F_RO; a write gets VIRTIO_BLK_S_IOERR */
+        VIRTIO_BLK_DIRECT,        /* into base_fd itself (opened read-write); T_FLUSH is fdatasync() */
+        _VIRTIO_BLK_MODE_MAX,
+};
+
+/* virtio_blk_new() with a mode: the volumes attached after the root disk. */
+int virtio_blk_new_mode(struct vmm *vmm, uint64_t mmio_base, uint32_t gsi, int base_fd, const char *overlay_dir,
+                        enum virtio_blk_mode mode, struct virtio_mmio **ret);
 
 /* The serial returned by VIRTIO_BLK_T_GET_ID: at most 20 bytes, zero-padded
  * (default "forkd"). -EINVAL if longer than 20 or dev is not a virtio-blk. */
@@ -81,6 +95,9 @@ int virtio_blk_push_layer(struct virtio_mmio *dev, int fd, int map_fd);
  * (-EXDEV, ...) where a file cannot be linked (another filesystem, an
  * unlinked file); the caller then exports. *ret_n: the number of layers. */
 int virtio_blk_link_layers(struct virtio_mmio *dev, int dfd, const char *disk_name, unsigned *ret_n);
+
+/* Hard-link the base (never written in place) as dfd/name. */
+int virtio_blk_link_base(struct virtio_mmio *dev, int dfd, const char *name);
 
 /* For a frozen copy that becomes a template (no live overlay, else -EBUSY):
  * new fds of the base and of every frozen layer, with each layer's map in a

@@ -99,7 +99,7 @@ static void aml_device(struct aml *a, const char *seg4, const struct aml *body) 
         free(dev.b);
 }
 
-static void virtio_device(struct aml *sb, unsigned i, uint64_t base, uint32_t size, uint32_t gsi) {
+static void virtio_device(struct aml *sb, unsigned i, uint64_t base, uint32_t size, uint32_t gsi, bool shared) {
         struct aml d = {};
         char seg[5];
         uint8_t res[21];
@@ -114,11 +114,11 @@ static void virtio_device(struct aml *sb, unsigned i, uint64_t base, uint32_t si
         res[3] = 1;
         memcpy(res + 4, &(uint32_t) { (uint32_t) base }, 4);
         memcpy(res + 8, &size, 4);
-        /* Interrupt(ResourceConsumer, Edge, ActiveHigh, Exclusive) { gsi } */
+        /* Interrupt(ResourceConsumer, Edge, ActiveHigh, Exclusive or Shared) { gsi } */
         res[12] = 0x89;
         res[13] = 6;
         res[14] = 0;
-        res[15] = 0x03;
+        res[15] = shared ? 0x0b : 0x03;
         res[16] = 1;
         memcpy(res + 17, &gsi, 4);
         aml_name_crs(&d, res, sizeof(res));
@@ -185,7 +185,7 @@ int acpi_build(struct vmm *vmm, const struct acpi_dev *devs, unsigned n_devs) {
 
         /* DSDT: Scope(\_SB) { VR00.., COM1 } */
         for (unsigned i = 0; i < n_devs; i++)
-                virtio_device(&sb, i, devs[i].mmio_base, devs[i].mmio_size, devs[i].gsi);
+                virtio_device(&sb, i, devs[i].mmio_base, devs[i].mmio_size, devs[i].gsi, devs[i].shared);
         com1_device(&sb);
         aml_put(&dsdt_body, "\\_SB_", 5);
         aml_put(&dsdt_body, sb.b, sb.len);

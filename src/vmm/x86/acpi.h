@@ -11,6 +11,7 @@ struct acpi_dev {
         uint64_t mmio_base;
         uint32_t mmio_size;
         uint32_t gsi;
+        bool shared;    /* the interrupt is shared (volumes) */
 };
 
 /* Write RSDP (at ACPI_TABLES_GPA), XSDT, FADT, MADT and a DSDT listing the
