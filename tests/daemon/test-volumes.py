@@ -92,7 +92,17 @@ def run(h):
         expect_invalid([(ro, "/" + "a" * 255, "ro")], "guest_path")
         expect_invalid([(ro, "/data", "RW")], "must be ro, cow or rw")
         expect_invalid([(ro, "/data", "ro"), (ro, "/data", "cow")], "given twice")
-        expect_invalid([(ro, f"/v{i}", "ro") for i in range(25)], "At most 24")
+        # 25 entries on one descriptor: a message on a system bus carries at most 16.
+        fds = [os.open(tf.GUEST, os.O_RDONLY), os.open(disk, os.O_RDONLY), os.open(ro, os.O_RDONLY)]
+        try:
+            b.call(DEST, PATH, IFACE, "CreateSnapshotFromFds", "shhuua{sv}",
+                   ["bad", 0, 1, 64, 30, {"volumes": ("a(hss)", [(2, f"/v{i}", "ro") for i in range(25)])}], fds=fds)
+            raise AssertionError("25 volumes were accepted")
+        except tf.DBusError as e:
+            assert e.name == tf.INVALID_ARGS and "At most 24" in e.message, (e.name, e.message)
+        finally:
+            for fd in fds:
+                os.close(fd)
         expect_invalid([(h.tmp, "/data", "ro")], "not a regular file")
         expect_invalid([(vols["rw"], "/data", "rw")], "not open for reading and writing",
                        modes={vols["rw"]: os.O_RDONLY})

@@ -10,7 +10,14 @@ docker-registry on loopback (pushed there with registry-tool) boots with forkd's
 kernel (forkd --default-kernel, the Linux image's) and forkd-agent-portable as PID 1.
 Children see the file and the variable, start in /opt/app, miss the whited-out file,
 and run_code keeps its globals with the image's own python3. Hostile images are 400
-naming the member, with nothing registered and nothing left in the snapshots directory."""
+naming the member, with nothing registered and nothing left in the snapshots directory.
+
+Volumes ride on the same boots: the docker-archive's snapshot has an ro and a cow
+volume (three children see the ro one and cannot write it; each child's cow writes
+stay its own; a branch of a child carries both to its children, and a branch of one
+of those to theirs), the OCI layout's an rw one (its writes land in the host file, a
+second holder is 409 while the first runs). A volume file forkctl's user cannot read
+is refused, naming it."""
 import json
 import os
 import shutil
@@ -44,6 +51,69 @@ def base_layer(image, tmp):
     with open(os.path.join(tree, "etc", "old.conf"), "w") as f:
         f.write("to be whited out\n")
     return ociimage.dir_layer(tree)
+
+
+def make_volume(tmp, name, files):
+    """An ext4 file of 16 MiB holding files {relative path: text}."""
+    src = os.path.join(tmp, f"vol-{name}")
+    os.makedirs(src)
+    for rel, text in files.items():
+        with open(os.path.join(src, rel), "w") as f:
+            f.write(text)
+    img = os.path.join(tmp, f"{name}.ext4")
+    subprocess.run(["mke2fs", "-q", "-F", "-t", "ext4", "-d", src, img, "16M"], check=True, capture_output=True)
+    os.chmod(img, 0o644)
+    return img
+
+
+def sh(fc, sid, cmd):
+    rc, r, err = fc("exec", sid, "--", "sh", "-c", cmd)
+    return (r or {}).get("stdout", "") if rc == 0 else f"rc {rc}: {r or err}"
+
+
+def check_shared_volumes(t, fc, stack, ids):
+    """ro: every child reads it and none can write it; cow: each child's writes its own."""
+    outs = [sh(fc, sid, "cat /data/ro/hello.txt; touch /data/ro/x 2>/dev/null; echo $?") for sid in ids]
+    t.ok(all(o.startswith("shared\n") and o.split()[-1] != "0" for o in outs),
+         f"ro volume: {len(ids)} children read it, none can write it", outs)
+    for i, sid in enumerate(ids):
+        sh(fc, sid, f"echo child-{i} > /data/cow/note.txt")
+    outs = [sh(fc, sid, "cat /data/cow/note.txt") for sid in ids]
+    t.ok(outs == [f"child-{i}\n" for i in range(len(ids))], "cow volume: each child's writes stay its own", outs)
+
+
+def branch_carries_volumes(t, fc, stack, sid, made):
+    """A branch of sid, then a branch of its child: each generation sees the volumes."""
+    for gen in (1, 2):
+        tag = f"img-vb{gen}"
+        status, doc = rest(stack, "POST", f"/v1/sandboxes/{sid}/branch", {"tag": tag})
+        if not t.ok(status == 201 and len((doc or {}).get("volumes", [])) == 2,
+                    f"branch {tag} of a sandbox with volumes lists them", f"{status} {doc}"):
+            return
+        made.append(tag)
+        rc, doc, err = fc("fork", tag)
+        ids = [s["id"] for s in (doc or {}).get("sandboxes", [])]
+        if not t.ok(rc == 0 and len(ids) == 1, f"fork of {tag}", err):
+            return
+        out = sh(fc, ids[0], "cat /data/ro/hello.txt /data/cow/note.txt")
+        t.ok(out == "shared\nchild-0\n", f"a child of {tag} sees the ro volume and the cow one as it was branched",
+             out)
+        sid = ids[0]
+
+
+def rw_volume(t, fc, stack, rw, made):
+    rc, doc, err = fc("fork", "img-layout")
+    ids = [s["id"] for s in (doc or {}).get("sandboxes", [])]
+    if not t.ok(rc == 0 and len(ids) == 1, "fork of the snapshot with an rw volume", err):
+        return
+    out = sh(fc, ids[0], "echo persisted > /data/rw/p.txt && sync && cat /data/rw/p.txt")
+    t.ok(out == "persisted\n", "rw volume: the holder writes it", out)
+    status, doc = rest(stack, "POST", "/v1/sandboxes", {"snapshot_tag": "img-layout"})
+    t.ok(status == 409 and ids[0] in str(doc), "a second holder of the rw volume: 409 naming the holder",
+         f"{status} {doc}")
+    fc("kill", *ids)
+    p = subprocess.run(["debugfs", "-R", "cat /p.txt", rw], capture_output=True, text=True)
+    t.ok(p.stdout == "persisted\n", "rw volume: the write is in the host file after the holder ended", p.stdout)
 
 
 def leftovers(state):
@@ -116,12 +186,18 @@ def images(t, fc, stack, build, image, state):
         layout = os.path.join(tmp, "python.oci")
         ociimage.write_docker(docker, layers, CONFIG)
         ociimage.write_oci(layout, layers, CONFIG, comps=("plain", "gzip"))
+        ro = make_volume(tmp, "ro", {"hello.txt": "shared\n"})
+        cow = make_volume(tmp, "cow", {"note.txt": "base\n"})
+        rw = make_volume(tmp, "rw", {})
+        volumes = [{"host_path": ro, "guest_path": "/data/ro", "mode": "ro"},
+                   {"host_path": cow, "guest_path": "/data/cow", "mode": "cow"}]
         t.note(f"images made ({os.path.getsize(docker) >> 20} MiB docker-archive) in {time.monotonic() - t0:.1f} s")
 
         # A docker-archive through REST, with forkd's default kernel.
         t0 = time.monotonic()
         status, doc = rest(stack, "POST", "/v1/snapshots",
-                           {"tag": "img-docker", "image": docker, "boot_wait_secs": TCG_BOOT_WAIT_SECS})
+                           {"tag": "img-docker", "image": docker, "boot_wait_secs": TCG_BOOT_WAIT_SECS,
+                            "volumes": volumes})
         ok = t.ok(status == 201 and isinstance(doc, dict) and doc.get("tag") == "img-docker",
                   "POST /v1/snapshots with image: a docker-archive boots with forkd's default kernel and is snapshotted",
                   f"{status} {doc}")
@@ -131,25 +207,29 @@ def images(t, fc, stack, build, image, state):
             cfg = doc.get("image") or {}
             t.ok(cfg.get("working_dir") == "/opt/app" and "GREETING=hi" in cfg.get("env", []) and
                  cfg.get("cmd") == ["python3"], "SnapshotInfo image: the config's Env, WorkingDir and Cmd", doc)
+            t.ok([(v.get("guest_path"), v.get("mode")) for v in doc.get("volumes", [])] ==
+                 [("/data/ro", "ro"), ("/data/cow", "cow")], "SnapshotInfo volumes: the ro and the cow one", doc)
 
         # The same image as an OCI layout through forkctl: its layers come from the cache.
         t0 = time.monotonic()
         rc, doc, err = fc("snapshot", "create", "img-layout", "--image", layout, "--boot-wait",
-                          str(TCG_BOOT_WAIT_SECS))
+                          str(TCG_BOOT_WAIT_SECS), "--volume", f"{rw}:/data/rw:rw")
         if t.ok(rc == 0 and isinstance(doc, dict) and doc.get("tag") == "img-layout",
                 "forkctl snapshot create --image: an OCI image layout", doc or err):
             made.append("img-layout")
             t.note(f"snapshot of the OCI layout (layer cache warm): {time.monotonic() - t0:.1f} s under TCG")
 
         if "img-docker" in made:
-            rc, doc, err = fc("fork", "img-docker", "-n", "2")
+            rc, doc, err = fc("fork", "img-docker", "-n", "3")
             ids = [s["id"] for s in (doc or {}).get("sandboxes", [])]
-            if t.ok(rc == 0 and len(ids) == 2, "fork -n 2 of the docker-archive's snapshot", err):
+            if t.ok(rc == 0 and len(ids) == 3, "fork -n 3 of the docker-archive's snapshot", err):
                 rc, r, err = fc("ping", ids[0])
                 t.ok(rc == 0 and r.get("pid") == 1 and "python3" in (r.get("python_path") or ""),
                      "ping: forkd-agent-portable is PID 1 and uses the image's python3", r or err)
-                for sid in ids:
+                for sid in ids[:2]:
                     check_child(t, fc, sid, sid)
+                check_shared_volumes(t, fc, stack, ids)
+                branch_carries_volumes(t, fc, stack, ids[0], made)
                 fc("kill", *ids)
         if "img-layout" in made:
             rc, doc, err = fc("fork", "img-layout")
@@ -157,6 +237,17 @@ def images(t, fc, stack, build, image, state):
             if t.ok(rc == 0 and len(ids) == 1, "fork of the OCI layout's snapshot", err):
                 check_child(t, fc, ids[0], "the OCI layout's child")
                 fc("kill", *ids)
+            rw_volume(t, fc, stack, rw, made)
+
+        # A volume file forkctl's user cannot read: refused, naming it.
+        os.chmod(tmp, 0o755)
+        secret = make_volume(tmp, "secret", {})
+        os.chmod(secret, 0o600)
+        p = subprocess.run(["runuser", "-u", "nobody", "--", fc.path, "--no-progress", "snapshot", "create",
+                            "img-secret", "--image", layout, "--volume", f"{secret}:/data/s"],
+                           env=fc.env, capture_output=True, text=True, timeout=120)
+        t.ok(p.returncode != 0 and "secret.ext4" in p.stderr, "a volume file the caller cannot read is refused",
+             f"{p.returncode} {p.stderr}")
 
         by_reference(t, fc, stack, build, state, layout, tmp, made)
 
@@ -178,6 +269,6 @@ def images(t, fc, stack, build, image, state):
         t.ok(rc != 0 and leftovers(state) == before, "nothing registered, nothing left in the snapshots directory",
              (leftovers(state), before))
     finally:
-        for tag in made:
+        for tag in reversed(made):
             fc("snapshot", "rm", tag)
         shutil.rmtree(tmp, ignore_errors=True)
