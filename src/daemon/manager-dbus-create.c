@@ -522,39 +522,6 @@ static int create_from_image(Manager *m, sd_bus_message *message, const char *ta
         return create_snapshot_start(m, message, tag, mem_mib, boot_wait, c, error);
 }
 
-int bus_manager_method_create_snapshot_from_image(sd_bus_message *message, void *userdata, sd_bus_error *error) {
-        Manager *m = userdata;
-        const char *tag;
-        struct create_options opt = { .kernel_fd = -EBADF, .initrd_fd = -EBADF };
-        int image_fd;
-        uint32_t mem_mib, boot_wait;
-        ImageCreate *c = NULL;
-        int r;
-
-        r = sd_bus_message_rewind(message, true); /* polkit may dispatch it twice */
-        if (r < 0)
-                return r;
-        r = sd_bus_message_read(message, "shuu", &tag, &image_fd, &mem_mib, &boot_wait);
-        if (r < 0)
-                return r;
-        r = read_create_options(message, true, &opt, error);
-        if (r < 0)
-                return r;
-        r = verify_create(m, message, tag, mem_mib, boot_wait, error);
-        if (r <= 0)
-                return r < 0 ? r : 1; /* 0: polkit answers later and dispatches it again */
-
-        c = image_create_new();
-        if (!c)
-                return -ENOMEM;
-        r = take_image_fd(image_fd, &c->image_fd, error);
-        if (r < 0) {
-                image_create_free(c);
-                return r;
-        }
-        return create_from_image(m, message, tag, mem_mib, boot_wait, &opt, c, error);
-}
-
 /* host[:port]/repo[:tag|@digest]: forkd-oci parses it; here only what a reference
  * can never hold. */
 static bool image_ref_is_plausible(const char *ref) {
@@ -568,29 +535,31 @@ static bool image_ref_is_plausible(const char *ref) {
         return true;
 }
 
-int bus_manager_method_create_snapshot_from_image_ref(sd_bus_message *message, void *userdata,
-                                                      sd_bus_error *error) {
-        Manager *m = userdata;
-        const char *tag, *ref;
+/* CreateSnapshotFromImage (image an fd) and CreateSnapshotFromImageRef (a reference). */
+static int create_snapshot_from_image(sd_bus_message *message, Manager *m, bool by_ref, sd_bus_error *error) {
         struct create_options opt = { .kernel_fd = -EBADF, .initrd_fd = -EBADF };
+        const char *tag, *ref = NULL;
         uint32_t mem_mib, boot_wait;
         ImageCreate *c = NULL;
-        int r;
+        int image_fd = -EBADF, r;
 
         r = sd_bus_message_rewind(message, true); /* polkit may dispatch it twice */
         if (r < 0)
                 return r;
-        r = sd_bus_message_read(message, "ssuu", &tag, &ref, &mem_mib, &boot_wait);
+        if (by_ref)
+                r = sd_bus_message_read(message, "ssuu", &tag, &ref, &mem_mib, &boot_wait);
+        else
+                r = sd_bus_message_read(message, "shuu", &tag, &image_fd, &mem_mib, &boot_wait);
         if (r < 0)
                 return r;
         r = read_create_options(message, true, &opt, error);
         if (r < 0)
                 return r;
-        if (!image_ref_is_plausible(ref))
+        if (ref && !image_ref_is_plausible(ref))
                 return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
                                          "\"%.128s\" is not an image reference (host[:port]/repo[:tag] or "
                                          "host[:port]/repo@sha256:...).", ref);
-        if (access(m->registry_config_path, R_OK) < 0)
+        if (ref && access(m->registry_config_path, R_OK) < 0)
                 return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
                                          "Cannot pull %.128s: no registries are configured: %s: %m (forkd "
                                          "--registry-config).", ref, m->registry_config_path);
@@ -601,11 +570,24 @@ int bus_manager_method_create_snapshot_from_image_ref(sd_bus_message *message, v
         c = image_create_new();
         if (!c)
                 return -ENOMEM;
-        c->image_ref = strdup(ref);
-        c->registry_config = strdup(m->registry_config_path);
-        if (!c->image_ref || !c->registry_config) {
+        if (ref) {
+                c->image_ref = strdup(ref);
+                c->registry_config = strdup(m->registry_config_path);
+                r = c->image_ref && c->registry_config ? 0 : -ENOMEM;
+        } else
+                r = take_image_fd(image_fd, &c->image_fd, error);
+        if (r < 0) {
                 image_create_free(c);
-                return -ENOMEM;
+                return r;
         }
         return create_from_image(m, message, tag, mem_mib, boot_wait, &opt, c, error);
+}
+
+int bus_manager_method_create_snapshot_from_image(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        return create_snapshot_from_image(message, userdata, false, error);
+}
+
+int bus_manager_method_create_snapshot_from_image_ref(sd_bus_message *message, void *userdata,
+                                                      sd_bus_error *error) {
+        return create_snapshot_from_image(message, userdata, true, error);
 }
