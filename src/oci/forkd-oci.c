@@ -212,7 +212,8 @@ static void build_done(Build *b) {
         free(b->tmp_out);
 }
 
-static int print_result(const Build *b, size_t cached, uint64_t tree_bytes, uint64_t rootfs_bytes, uint64_t fetched) {
+static int print_result(const Build *b, size_t cached, uint64_t tree_bytes, uint64_t rootfs_bytes, uint64_t fetched,
+                        bool rootfs_cached) {
         json_object *o = json_object_new_object(), *layers = json_object_new_array();
         int r = 0;
 
@@ -229,6 +230,7 @@ static int print_result(const Build *b, size_t cached, uint64_t tree_bytes, uint
         json_object_object_add(o, "tree_bytes", json_object_new_int64((int64_t) tree_bytes));
         json_object_object_add(o, "rootfs_bytes", json_object_new_int64((int64_t) rootfs_bytes));
         json_object_object_add(o, "fetched_bytes", json_object_new_int64((int64_t) fetched));
+        json_object_object_add(o, "rootfs_cached", json_object_new_boolean(rootfs_cached));
         if (printf("%s\n", json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE)) < 0 ||
             fflush(stdout) != 0)
                 r = oci_fail(-EIO, "Cannot write the result: %m");
@@ -307,11 +309,68 @@ static int pull(const Args *a, Build *b, const char *work_path, uint64_t *ret_fe
         return 0;
 }
 
+/* The finished root file system is cached too, as DIR/rootfs-<key>.ext4, key =
+ * SHA-256 of the image's top chain ID, the agent's bytes and the guest's config:
+ * the same image again is a hard link, not an unpack and a mke2fs. Nothing ever
+ * writes a root disk in place (forkd-vmm's guests write to overlays), so the link
+ * is as good as a copy. */
+static int rootfs_key(const Build *b, const char *agent, char ret[OCI_DIGEST_LEN + 1]) {
+        _cleanup_(oci_hash_freep) oci_hash *h = oci_hash_new();
+        _cleanup_close_ int fd = open(agent, O_RDONLY | O_CLOEXEC);
+        json_object *cfg = oci_config_to_json(&b->img.config);
+        const char *top = b->img.n_layers > 0 ? b->img.layers[b->img.n_layers - 1].chain_id : "";
+        const char *c;
+        char buf[65536];
+        ssize_t n;
+
+        if (!h || !cfg || fd < 0) {
+                json_object_put(cfg);
+                return -ENOMEM;
+        }
+        oci_hash_update(h, "forkd-oci rootfs 1\n", strlen("forkd-oci rootfs 1\n"));
+        oci_hash_update(h, top, strlen(top) + 1);
+        c = json_object_to_json_string_ext(cfg, JSON_C_TO_STRING_PLAIN);
+        oci_hash_update(h, c, strlen(c) + 1);
+        json_object_put(cfg);
+        while ((n = read(fd, buf, sizeof(buf))) > 0)
+                oci_hash_update(h, buf, (size_t) n);
+        if (n < 0)
+                return -errno;
+        oci_hash_final(h, ret);
+        return 0;
+}
+
+/* 1 with ROOTFS in place from the cache, 0 when it holds none. */
+static int rootfs_from_cache(const Build *b, const char *name, const Args *a) {
+        struct stat st;
+
+        if (fstatat(b->cache, name, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(st.st_mode))
+                return 0;
+        if (linkat(b->cache, name, AT_FDCWD, b->tmp_out, 0) < 0)
+                return 0; /* another file system, say: build it */
+        if (rename(b->tmp_out, a->out) < 0)
+                return oci_fail(-errno, "Cannot put the file system at %s: %m", a->out);
+        return 1;
+}
+
+static void rootfs_to_cache(const Build *b, const char *name) {
+        _cleanup_free_ char *stage = NULL;
+
+        if (asprintf(&stage, ".stage-%s-%d", name, (int) getpid()) < 0)
+                return;
+        (void) unlinkat(b->cache, stage, 0);
+        if (linkat(AT_FDCWD, b->tmp_out, b->cache, stage, 0) < 0)
+                return;
+        if (renameat(b->cache, stage, b->cache, name) < 0)
+                (void) unlinkat(b->cache, stage, 0);
+}
+
 static int build(const Args *a) {
         _cleanup_(build_done) Build b = { .base = -EBADF, .work = -EBADF, .cache = -EBADF };
         _cleanup_close_ int archive = -EBADF, tree = -EBADF, pulled = -EBADF;
         _cleanup_free_ char *work_path = NULL, *tree_path = NULL;
         uint64_t budget = a->max_bytes, tree_bytes = 0, fetched = 0;
+        char key[OCI_DIGEST_LEN + 1], rootfs_name[OCI_DIGEST_LEN + 32];
         size_t cached = 0;
         struct stat st;
         int r;
@@ -340,8 +399,23 @@ static int build(const Args *a) {
                 return r;
         b.img.config.start_cmd = a->start_cmd;
 
-        if (b.cache >= 0)
+        if (b.cache >= 0) {
+                r = rootfs_key(&b, a->agent, key);
+                if (r < 0)
+                        return oci_fail(r, "Cannot read the agent %s: %s", a->agent, strerror(-r));
+                snprintf(rootfs_name, sizeof(rootfs_name), "rootfs-%s.ext4", key + 7);
+                r = rootfs_from_cache(&b, rootfs_name, a);
+                if (r < 0)
+                        return r;
+                if (r > 0) {
+                        free(b.tmp_out);
+                        b.tmp_out = NULL;
+                        if (stat(a->out, &st) < 0)
+                                return oci_fail(-errno, "Cannot stat %s: %m", a->out);
+                        return print_result(&b, b.img.n_layers, 0, (uint64_t) st.st_size, fetched, true);
+                }
                 cached = cache_lookup(b.cache, &b.img);
+        }
         if (cached > 0) {
                 _cleanup_close_ int entry = openat(b.cache, b.img.layers[cached - 1].chain_id + 7,
                                                    O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
@@ -379,11 +453,13 @@ static int build(const Args *a) {
         r = oci_mkfs(tree_path, work_path, b.tmp_out, tree_bytes);
         if (r < 0)
                 return r;
+        if (b.cache >= 0)
+                rootfs_to_cache(&b, rootfs_name);
         if (stat(b.tmp_out, &st) < 0 || rename(b.tmp_out, a->out) < 0)
                 return oci_fail(-errno, "Cannot put the file system at %s: %m", a->out);
         free(b.tmp_out);
         b.tmp_out = NULL;
-        return print_result(&b, cached, tree_bytes, (uint64_t) st.st_size, fetched);
+        return print_result(&b, cached, tree_bytes, (uint64_t) st.st_size, fetched, false);
 }
 
 static void on_signal(int sig) {
