@@ -27,7 +27,9 @@ def fnv1a(data, h=0xcbf29ce484222325):
 
 
 class Agent:
-    def __init__(self, path, timeout=10.0):
+    # Generous: under TCG, beside a second test host, a sanitizer build's VMM has been
+    # seen to take over 10 s for one answer.
+    def __init__(self, path, timeout=30.0):
         self.s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.s.settimeout(timeout)
         self.s.connect(path)

@@ -32,7 +32,9 @@ from ociimage import member
 from ociregistry import Registry
 
 ENV = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "GREETING=hi"]
-CONFIG = {"Env": ENV, "WorkingDir": "/opt/app", "Cmd": ["python3"]}
+# Cmd: a service that --start-cmd starts before the snapshot (the OCI layout's).
+CMD = ["python3", "-m", "http.server", "8000", "--bind", "127.0.0.1"]
+CONFIG = {"Env": ENV, "WorkingDir": "/opt/app", "Cmd": CMD}
 LAYER2 = [
     member("opt/", kind=tarfile.DIRTYPE, mode=0o755),
     member("opt/app/", kind=tarfile.DIRTYPE, mode=0o755),
@@ -206,14 +208,15 @@ def images(t, fc, stack, build, image, state):
             t.note(f"snapshot of a docker-archive (cold layer cache): {time.monotonic() - t0:.1f} s under TCG")
             cfg = doc.get("image") or {}
             t.ok(cfg.get("working_dir") == "/opt/app" and "GREETING=hi" in cfg.get("env", []) and
-                 cfg.get("cmd") == ["python3"], "SnapshotInfo image: the config's Env, WorkingDir and Cmd", doc)
+                 cfg.get("cmd") == CMD and cfg.get("start_cmd") is False,
+                 "SnapshotInfo image: the config's Env, WorkingDir and Cmd", doc)
             t.ok([(v.get("guest_path"), v.get("mode")) for v in doc.get("volumes", [])] ==
                  [("/data/ro", "ro"), ("/data/cow", "cow")], "SnapshotInfo volumes: the ro and the cow one", doc)
 
         # The same image as an OCI layout through forkctl: its layers come from the cache.
         t0 = time.monotonic()
         rc, doc, err = fc("snapshot", "create", "img-layout", "--image", layout, "--boot-wait",
-                          str(TCG_BOOT_WAIT_SECS), "--volume", f"{rw}:/data/rw:rw")
+                          str(TCG_BOOT_WAIT_SECS), "--volume", f"{rw}:/data/rw:rw", "--start-cmd")
         if t.ok(rc == 0 and isinstance(doc, dict) and doc.get("tag") == "img-layout",
                 "forkctl snapshot create --image: an OCI image layout", doc or err):
             made.append("img-layout")
@@ -236,6 +239,8 @@ def images(t, fc, stack, build, image, state):
             ids = [s["id"] for s in (doc or {}).get("sandboxes", [])]
             if t.ok(rc == 0 and len(ids) == 1, "fork of the OCI layout's snapshot", err):
                 check_child(t, fc, ids[0], "the OCI layout's child")
+                out = sh(fc, ids[0], "ps -o args | grep -c '[h]ttp.server 8000'")
+                t.ok(out == "1\n", "--start-cmd: the image's Cmd runs in the child, started before the snapshot", out)
                 fc("kill", *ids)
             rw_volume(t, fc, stack, rw, made)
 
