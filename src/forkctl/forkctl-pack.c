@@ -192,7 +192,7 @@ int verb_push(sd_bus *bus, const struct forkctl_options *o, char **args, size_t 
                 printf("%s\n", jstr(doc, "digest") ?: "");
                 return 0;
         }
-        return print_json(TAKE_PTR(doc));
+        return print_json(doc);
 }
 
 /* forkctl pull REF [--tag T]: register the chain REF names (T: the head's tag here). */
