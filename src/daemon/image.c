@@ -621,3 +621,30 @@ finish:
         }
         return r;
 }
+
+int image_hold_chain(Image **chain, size_t n, char ***ret_tags, char ***ret_dirs, size_t *ret_n) {
+        *ret_tags = calloc(n + 1, sizeof(char *));
+        *ret_dirs = calloc(n + 1, sizeof(char *));
+        if (!*ret_tags || !*ret_dirs)
+                return -ENOMEM;
+        for (size_t k = 0; k < n; k++) {
+                Image *i = chain[n - 1 - k];
+
+                (*ret_tags)[k] = strdup(i->tag);
+                (*ret_dirs)[k] = strdup(i->dir);
+                if (!(*ret_tags)[k] || !(*ret_dirs)[k])
+                        return -ENOMEM;
+                i->n_users++;
+                *ret_n = k + 1;
+        }
+        return 0;
+}
+
+void image_release_chain(Manager *m, char **tags, size_t n) {
+        for (size_t k = 0; tags && k < n; k++) {
+                Image *i = hashmap_get(m->images, tags[k]);
+
+                if (i && i->n_users > 0)
+                        i->n_users--;
+        }
+}

@@ -46,6 +46,15 @@ int image_dependents(Manager *m, const char *tag, char ***ret);
 
 int image_object_path(const char *tag, char **ret);
 
+/* A chain held for a long operation (pack, push): chain[0] is its head; *ret_tags
+ * and *ret_dirs get its tags and directories root first (NULL-terminated), and
+ * each link's n_users goes up, so that DeleteSnapshot refuses it meanwhile.
+ * *ret_n counts the links held, also when it fails half-way (-ENOMEM): release
+ * them with image_release_chain() then too. */
+int image_hold_chain(Image **chain, size_t n, char ***ret_tags, char ***ret_dirs, size_t *ret_n);
+/* Undo image_hold_chain() for the n first tags: the links still registered. */
+void image_release_chain(Manager *m, char **tags, size_t n);
+
 /* On-disk sizes for GetSnapshotInfo. */
 struct image_sizes {
         uint64_t memory_logical, memory_physical, vmstate;

@@ -37,11 +37,7 @@ static void pack_job_free(void *p) {
 
         if (!j)
                 return;
-        for (size_t i = 0; j->tags && i < j->n; i++) {
-                Image *img = hashmap_get(j->manager->images, j->tags[i]);
-                if (img && img->n_users > 0)
-                        img->n_users--;
-        }
+        image_release_chain(j->manager, j->tags, j->n);
         strv_free(j->tags);
         strv_free(j->dirs);
         safe_close(j->fd);
@@ -143,23 +139,11 @@ int pack_snapshot_start(Manager *m, sd_bus_message *message, const char *tag, in
                 pack_job_free(j);
                 return r;
         }
-        j->tags = calloc(n + 1, sizeof(char *));
-        j->dirs = calloc(n + 1, sizeof(char *));
-        if (!j->tags || !j->dirs) {
+        /* DeleteSnapshot refuses the chain while it is in use here. */
+        r = image_hold_chain(chain, n, &j->tags, &j->dirs, &j->n);
+        if (r < 0) {
                 pack_job_free(j);
-                return -ENOMEM;
-        }
-        for (size_t k = 0; k < n; k++) {
-                Image *i = chain[n - 1 - k];
-
-                j->tags[k] = strdup(i->tag);
-                j->dirs[k] = strdup(i->dir);
-                if (!j->tags[k] || !j->dirs[k]) {
-                        pack_job_free(j);
-                        return -ENOMEM;
-                }
-                i->n_users++; /* DeleteSnapshot refuses while it is packed */
-                j->n = k + 1;
+                return r;
         }
         r = operation_begin(m, message, NULL, &o, error);
         if (r < 0) {
