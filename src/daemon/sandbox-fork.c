@@ -11,6 +11,7 @@
 #include "operation.h"
 #include "bus-info.h"
 #include "sandbox-fork.h"
+#include "volumes.h"
 #include "sandbox.h"
 #include "vm-template.h"
 
@@ -153,6 +154,9 @@ int sandbox_fork_start(Sandbox *s, sd_bus_message *message, unsigned n, const st
 
         if (s->control_fd < 0)
                 return sd_bus_error_setf(error, FORKD_ERROR_FAILED, "Sandbox %s has no control channel.", s->id);
+        r = volumes_check_running_fork(m, s, error);
+        if (r < 0)
+                return r;
         if (hashmap_size(m->sandboxes) + m->n_sandboxes_reserved + n > SANDBOXES_MAX)
                 return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "At most %u sandboxes may exist at once.",
                                          SANDBOXES_MAX);

@@ -8,7 +8,9 @@
 
 #include "forkd-bus.h"
 #include "hashmap.h"
+#include "fork-op.h"
 #include "macro.h"
+#include "operation.h"
 #include "sandbox.h"
 #include "snapshot-meta.h"
 #include "volumes.h"
@@ -32,6 +34,13 @@ int volumes_check_fork(Manager *m, Image *i, unsigned n, sd_bus_error *error) {
                         return sd_bus_error_setf(error, FORKD_ERROR_VOLUME_BUSY,
                                                  "Snapshot %s has the rw volume %s: it forks one sandbox at a time, "
                                                  "not %u.", i->tag, v->host_path, n);
+                /* a fork that has not registered its sandbox yet holds the file too */
+                for (Operation *o = m->operations; o; o = o->next)
+                        if (o->fork && o->fork->image && meta_has_rw(&o->fork->image->meta, v->dev, v->ino))
+                                return sd_bus_error_setf(error, FORKD_ERROR_VOLUME_BUSY,
+                                                         "The rw volume %s is held by a sandbox of %s that is "
+                                                         "starting; retry once it has ended or is paused.",
+                                                         v->host_path, o->fork->image->tag);
                 while (hashmap_iterate(m->sandboxes, &it, &p)) {
                         Sandbox *s = p;
                         Image *si;
@@ -45,6 +54,20 @@ int volumes_check_fork(Manager *m, Image *i, unsigned n, sd_bus_error *error) {
                                                          "pause it first.", v->host_path, s->id);
                 }
         }
+        return 0;
+}
+
+int volumes_check_running_fork(Manager *m, Sandbox *s, sd_bus_error *error) {
+        Image *i = hashmap_get(m->images, s->snapshot_tag);
+
+        if (!i)
+                return 0;
+        for (uint32_t k = 0; k < i->meta.n_volumes; k++)
+                if (!i->meta.volumes[k].file[0])
+                        return sd_bus_error_setf(error, FORKD_ERROR_VOLUME_BUSY,
+                                                 "The rw volume %s is held by sandbox %s; a fork of it would "
+                                                 "be a second holder. Pause it, then fork the paused sandbox.",
+                                                 i->meta.volumes[k].host_path, s->id);
         return 0;
 }
 

@@ -150,7 +150,11 @@ def run(h):
         assert got == {"/data", "/srv/cache", "/home/u"}, got
         msg = h.expect_error(VOLUME_BUSY, "Fork", "sua{sv}", ["v1", 1, {}])
         assert vols["rw"] in msg and sb["id"] in msg, msg
-    h.check("rw volume: a fork of n > 1 and a second holder are VolumeBusy, naming the file and the holder",
+        # a fork of the running holder would make its children second holders
+        msg = h.expect_error(VOLUME_BUSY, "ForkSandbox", "su", [sb["id"], 1])
+        assert vols["rw"] in msg and sb["id"] in msg, msg
+    h.check("rw volume: a fork of n > 1, a second holder and a fork of the running holder are VolumeBusy, "
+            "naming the file and the holder",
             busy_rules)
 
     def release_on_pause_and_terminate():
