@@ -25,8 +25,12 @@ stack a user talks to, against the engine alone, in one run, taking turns
            made to replace those the fork took count as the fork's
   limit    (--memory-limit-mib M) Fork with memory_limit_mib M: a cgroup (or a
            systemd scope) per child; against the dbus fork without, "nolimit"
+  vol      (--volumes) Fork of a snapshot made with one ro and one cow volume
+           (VOLUME_MIB MiB ext4 files, made with mke2fs): each child reads the ro
+           one shared and gets a private copy-on-write layer of the cow one;
+           against the dbus fork of the same guest without volumes, "novol"
 
-nonet and nolimit are the dbus measurement (the same call), run once a round.
+nonet, nolimit and novol are the dbus measurement (the same call), run once a round.
 Before the timed rounds (--guest test): sync(2) and a settling pause, then
 --warmup W rounds (default 1) of every mode, untimed: the first round ran
 slowest on every path (the kernel's caches for 100 VMs, the template's first
@@ -90,7 +94,8 @@ TOP = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 from dbusmini import Bus, DBusError  # noqa: E402 (tests/lib, on the PYTHONPATH bench/fork sets)
 
 DEST, PATH, IFACE = "org.forkd.Manager", "/org/forkd/Manager", "org.forkd.Manager"
-TAG, NET_TAG = "bench", "bench-net"
+TAG, NET_TAG, VOL_TAG = "bench", "bench-net", "bench-vol"
+VOLUME_MIB = 64         # --volumes: each volume's size
 PRIME_MIB = 64          # as fork-bench.c's PRIME_BYTES
 SETTLE_S = 1.0          # as fork-bench.c's SETTLE_USEC, before either reading of /proc/meminfo
 DBUS_PENDING = 100       # TerminateSandbox calls in flight on one connection
@@ -368,7 +373,7 @@ class Bench:
 
     # ---- snapshots and their templates
 
-    def snapshots(self, network):
+    def snapshots(self, network, volumes=False):
         kernel, rootfs = self.stack.vars["FORKD_GUEST_KERNEL"], self.stack.vars["FORKD_GUEST_ROOTFS"]
         wait = BOOT_WAIT_S[self.args.guest]
         t0 = time.monotonic()
@@ -384,6 +389,28 @@ class Bench:
                 for fd in fds:
                     os.close(fd)
             assert info.get("network") is True, info
+        if volumes:
+            self.volume_snapshot(kernel, rootfs)
+
+    def volume_snapshot(self, kernel, rootfs):
+        """VOL_TAG: the same guest with one ro and one cow volume, ext4 files of VOLUME_MIB."""
+        d = tempfile.mkdtemp(prefix="forkd-bench-vol.")
+        fds = [os.open(kernel, os.O_RDONLY | os.O_CLOEXEC), os.open(rootfs, os.O_RDONLY | os.O_CLOEXEC)]
+        try:
+            for name in ("ro", "cow"):
+                path = os.path.join(d, f"{name}.ext4")
+                with open(path, "wb") as f:
+                    f.truncate(VOLUME_MIB << 20)
+                subprocess.run(["mke2fs", "-q", "-F", "-t", "ext4", path], check=True, capture_output=True)
+                fds.append(os.open(path, os.O_RDONLY | os.O_CLOEXEC))
+            opts = {"volumes": ("a(hss)", [(2, "/data", "ro"), (3, "/cache", "cow")])}
+            info = self.m("CreateSnapshotFromFds", "shhuua{sv}", [VOL_TAG, 0, 1, self.args.mem_mib, 60, opts],
+                          timeout=FORK_TIMEOUT_S, fds=fds)[0]
+        finally:
+            for fd in fds:
+                os.close(fd)
+            shutil.rmtree(d)  # the snapshot keeps its own copies
+        assert [v["mode"] for v in info.get("volumes", [])] == ["ro", "cow"], info
 
     def warm(self, tag, options):
         """Fork one child of tag and end it: forkd starts the snapshot's template, which stays."""
@@ -525,6 +552,10 @@ class Bench:
             return self.measure(self.fork_rest, self.terminate_rest)
         if mode == "net":
             return self.measure_net()
+        if mode == "vol":
+            def has_volumes(kids):
+                assert all(len(k.get("volumes", [])) == 2 for k in kids), f"a child without volumes: {kids[0]}"
+            return self.measure(lambda: self.fork_dbus(VOL_TAG, {}), self.terminate_dbus, has_volumes)
         limit = self.args.memory_limit_mib
 
         def limited(kids):
@@ -676,9 +707,10 @@ def report(args, modes, rounds, bench, backend):
         return round(a / b, 3) if a is not None and b else None
 
     doc = {"n": args.n, "rounds": args.rounds, "mem_mib": args.mem_mib, "paths": args.path,
-           "network": args.network, "memory_limit_mib": args.memory_limit_mib, "emulated": args.emulated}
+           "network": args.network, "memory_limit_mib": args.memory_limit_mib, "volumes": args.volumes,
+           "emulated": args.emulated}
     plain_names = [x for x, on in (("dbus", "dbus" in args.path), ("nonet", args.network),
-                                   ("nolimit", bool(args.memory_limit_mib))) if on]
+                                   ("nolimit", bool(args.memory_limit_mib)), ("novol", args.volumes)) if on]
     for mode in modes:
         for name in (plain_names if mode == "dbus" else [mode]):
             doc[f"{name}_ready_ms"] = med(mode, "ready_ms")
@@ -702,6 +734,8 @@ def report(args, modes, rounds, bench, backend):
                                              if r["netns_pooled"] is not None])
     if args.memory_limit_mib:
         doc["limit_ratio"] = ratio(doc["limit_ready_ms"], doc["nolimit_ready_ms"])
+    if args.volumes:
+        doc["vol_ratio"] = ratio(doc["vol_ready_ms"], doc["novol_ready_ms"])
     if backend:
         doc["cgroup_backend"] = backend
     doc["host_memory_parts_kib_per_child"] = {
@@ -717,7 +751,8 @@ def report(args, modes, rounds, bench, backend):
 
     what = {"engine": "engine (forkd-vmm alone)", "dbus": "D-Bus Fork (" + ", ".join(plain_names) + ")",
             "rest": "REST POST /v1/sandboxes", "net": "D-Bus Fork, NIC, egress",
-            "limit": f"D-Bus Fork, memory_limit_mib {args.memory_limit_mib}"}
+            "limit": f"D-Bus Fork, memory_limit_mib {args.memory_limit_mib}",
+            "vol": "D-Bus Fork, one ro + one cow volume"}
     print(f"bench/fork: n={args.n}, mem {args.mem_mib} MiB, {args.rounds} rounds taking turns, medians")
     print(f"{'':40} {'ready ms':>10} {'term. ms':>10} {'host KiB/child':>15}  rounds (ready ms)")
     for m in modes:
@@ -730,6 +765,7 @@ def report(args, modes, rounds, bench, backend):
                        ("net_pool", "forkd --netns-pool"),
                        ("net_pooled_per_fork", "namespaces a fork took from the pool (median)"),
                        ("limit_ratio", "limit / none, time to ready"),
+                       ("vol_ratio", "volumes / none, time to ready (target <= 1.2)"),
                        ("forkd_cpu_ms_per_child", "forkd CPU per forked child (ms)"),
                        ("per_child_kib", "engine: VMM's own memory per child (KiB)"),
                        ("cgroup_backend", "forkd's memory limit backend")):
@@ -755,6 +791,7 @@ def main():
     ap.add_argument("--path", type=lambda s: s.split(","))
     ap.add_argument("--network", action="store_true")
     ap.add_argument("--memory-limit-mib", type=int, default=0)
+    ap.add_argument("--volumes", action="store_true", help="fork a snapshot with one ro and one cow volume")
     ap.add_argument("--netns-pool", type=int, help="with --network: forkd --netns-pool P (default N; 0: none)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--emulated", action="store_true", help="the figures come from the QEMU test host")
@@ -763,9 +800,9 @@ def main():
                     "it starts the test host)")
     args = ap.parse_args()
     linux = args.guest == "linux"
-    if linux and (args.path or args.network or args.memory_limit_mib or args.confine):
-        ap.error("--guest linux measures the D-Bus fork only: leave out --path, --network, --memory-limit-mib "
-                 "and --confine")
+    if linux and (args.path or args.network or args.memory_limit_mib or args.volumes or args.confine):
+        ap.error("--guest linux measures the D-Bus fork only: leave out --path, --network, --memory-limit-mib, "
+                 "--volumes and --confine")
     if linux and not args.image:
         ap.error("--guest linux needs --image DIR (tools/mkimage's output)")
     defaults = {"n": (100, 10), "mem_mib": (64, 256), "rounds": (5, 2), "path": (["engine"], ["dbus"])}
@@ -799,9 +836,10 @@ def main():
     signal.signal(signal.SIGHUP, lambda *_: sys.exit(129))
 
     modes = [m for m, on in (("engine", "engine" in args.path),
-                             ("dbus", "dbus" in args.path or args.network or args.memory_limit_mib),
+                             ("dbus", "dbus" in args.path or args.network or args.memory_limit_mib
+                              or args.volumes),
                              ("rest", "rest" in args.path), ("net", args.network),
-                             ("limit", args.memory_limit_mib), ("boot", linux)) if on]
+                             ("limit", args.memory_limit_mib), ("vol", args.volumes), ("boot", linux)) if on]
     rounds = {m: [] for m in modes}
     backend = None
     try:
@@ -817,12 +855,14 @@ def main():
             with Stack(args.build, args.emulated, args.image if linux else None, forkd_args) as stack:
                 backend = stack.cgroup_backend()
                 bench = (LinuxBench if linux else Bench)(args, stack)
-                bench.snapshots(args.network)
+                bench.snapshots(args.network, args.volumes)
                 t0 = time.monotonic()
                 bench.warm(TAG, {})
                 bench.first_fork_ms = (time.monotonic() - t0) * 1000
                 if args.network:
                     bench.warm(NET_TAG, {"network": ("s", "egress")})
+                if args.volumes:
+                    bench.warm(VOL_TAG, {})
                 if not linux:
                     quiesce()
                     for _ in range(args.warmup):
