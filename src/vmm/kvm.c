@@ -37,6 +37,8 @@ int vmm_new(int kvm_fd, struct vmm **ret) {
         vmm->vm_fd = -EBADF;
         vmm->vcpu_fd = -EBADF;
         vmm->mem_fd = -EBADF;
+        vmm->own_stats = (struct vmm_stats) { .magic = VMM_STATS_MAGIC, .version = VMM_STATS_VERSION };
+        vmm->stats = &vmm->own_stats;
         *ret = vmm;
         return 0;
 }

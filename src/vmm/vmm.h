@@ -17,6 +17,7 @@
 #include <sys/types.h>
 
 #include "macro.h"
+#include "vmm-stats.h"
 
 #define VMM_MAX_MMIO_DEVS 32 /* virtio-blk, -console, -net and up to VMM_VOLUMES_MAX volumes */
 #define VMM_VOLUMES_MAX 24
@@ -88,6 +89,11 @@ struct vmm {
         uint64_t generation;   /* 0 at boot, parent's + 1 after a restore */
         char guest_kind[16];   /* "test" (ELF test guest) or "linux" (bzImage) */
         struct kvm_cpuid2 *cpuid; /* what the vCPU was given, saved with snapshots */
+
+        /* The devices' counters: own_stats until forkd's shared page is mapped
+         * (vmm_stats.h); never NULL. */
+        struct vmm_stats *stats;
+        struct vmm_stats own_stats;
 
         enum vmm_stop_reason stop;
         int exit_status;
