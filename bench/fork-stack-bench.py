@@ -554,7 +554,10 @@ class Bench:
             return self.measure_net()
         if mode == "vol":
             def has_volumes(kids):
-                assert all(len(k.get("volumes", [])) == 2 for k in kids), f"a child without volumes: {kids[0]}"
+                infos = {i["id"]: i for i in self.m("ListSandboxes", timeout=120)[0]}
+                for k in kids:
+                    got = [v["mode"] for v in infos[k["id"]].get("volumes", [])]
+                    assert got == ["ro", "cow"], f"{k['id']} has the volumes {got}"
             return self.measure(lambda: self.fork_dbus(VOL_TAG, {}), self.terminate_dbus, has_volumes)
         limit = self.args.memory_limit_mib
 
