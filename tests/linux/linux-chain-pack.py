@@ -1,12 +1,45 @@
 # SPDX-License-Identifier: LGPL-2.1-or-later
 """Diff-snapshot chains of the Linux guest (part of test-linux-guest.py): links, /info,
-DELETE with dependents, compact, pack and unpack, a tampered archive, a parent made again."""
+DELETE with dependents, compact, pack and unpack, a tampered archive, push to a registry and pull
+back, a parent made again."""
 import json
+import os
+import shutil
+import tempfile
 
 from linuxguest import TAG, rest, rest_raw
+from ociregistry import Registry
 
 
-def chains(t, fc, stack):
+def push_pull(t, stack, state, links, head_sees, tags):
+    """The chain pushed to a docker-registry on loopback, deleted here, pulled back: the
+    pulled head's child sees every link's file and global."""
+    tmp = tempfile.mkdtemp(prefix="forkd-linux-push.")
+    os.mkdir(os.path.join(tmp, "registry"))
+    reg = Registry(os.path.join(tmp, "registry"))
+    try:
+        ref = f"{reg.host}/forkd/chain:1"
+        with open(os.path.join(state, "registries.json"), "w") as f:  # forkd reads it at each use
+            json.dump({"registries": [{"host": reg.host, "insecure_http": True}]}, f)
+        status, r = rest(stack, "POST", "/v1/snapshots/lx-c3/push", {"ref": ref})
+        if not t.ok(status == 200 and (r or {}).get("links") == 4, "push the depth-3 chain: 200, 4 links", f"{status} {r}"):
+            return
+        status, _ = rest(stack, "DELETE", f"/v1/snapshots/{TAG}?cascade=true")
+        left = tags()
+        t.ok(status == 204 and left is not None and not ({TAG, *links} & left), "the pushed chain deleted here",
+             f"{status} {left}")
+        status, r = rest(stack, "POST", "/v1/snapshots/pull", {"ref": ref})
+        pulled = [x.get("tag") for x in r] if status == 201 and isinstance(r, list) else r
+        t.ok(pulled == [TAG] + links, "pull: 201 with the chain, root first", f"{status} {pulled}")
+        seen = head_sees("lx-c3")
+        t.ok(seen == "1 2 3 123\n", "a child of the pulled head sees every link's file and global", seen)
+    finally:
+        reg.stop()
+        os.unlink(os.path.join(state, "registries.json"))
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def chains(t, fc, stack, state):
     """REST API v1's diff-snapshot chains on the Linux guest: a base and three
     diff links, each step writing a file and setting a Python global; the head's
     children see all three; /info at every depth; DELETE with dependents (409, both
@@ -105,6 +138,7 @@ def chains(t, fc, stack):
     t.ok(status == 201 and unpacked == [TAG] + links, "unpack: 201 with the chain, root first", f"{status} {unpacked}")
     seen = head_sees("lx-c3")
     t.ok(seen == "1 2 3 123\n", "a child of the unpacked head sees all three steps", seen)
+    push_pull(t, stack, state, links, head_sees, tags)
     # force: an orphan fails to fork with a clear error
     status, r = rest(stack, "DELETE", "/v1/snapshots/lx-c2?force=true")
     status2, r2 = rest(stack, "POST", "/v1/sandboxes", {"snapshot_tag": "lx-c3", "n": 1})

@@ -18,7 +18,7 @@ then each capability's part, in this order, on that one stack:
   linux-branch.py       fork and branch of a running sandbox
   linux-lifecycle.py    pause, resume, deadlines, idempotency, kill -9 of forkd
   linux-branch.py       the errors of branch and fork with something in flight
-  linux-chain-pack.py   diff-snapshot chains, compact, pack and unpack
+  linux-chain-pack.py   diff-snapshot chains, compact, pack and unpack, push and pull
   linux-boot-fork.py    a boot in 64 MiB that triple-faults
   linux-image.py        snapshots of OCI images (docker-archive, OCI layout) of a
                         Python image made from the Linux image's tree
@@ -74,7 +74,7 @@ def main():
             branch.fork_and_branch_running(t, stack)
             lifecycle.pause_resume_linux(t, stack, g.restart, state)
             branch.branch_and_fork_errors(t, fc, stack, g.restart)
-            chain_pack.chains(t, fc, stack)  # ends with snapshot rm --cascade of TAG
+            chain_pack.chains(t, fc, stack, state)  # ends with snapshot rm --cascade of TAG
             boot.triple_fault(t, stack, body)
         image.images(t, fc, stack, build, args.image, state)
         net.networking(t, fc, stack, g.restart, state)
