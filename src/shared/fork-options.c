@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 #include <errno.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -55,4 +56,40 @@ int fork_option_check_network(const char *network, char err[static FORK_OPTION_E
                 return 0;
         snprintf(err, FORK_OPTION_ERROR_MAX, "network must be \"none\" or \"egress\"");
         return -EINVAL;
+}
+
+int fork_option_check_cpu_limit(double cpus, uint32_t vcpus, char err[static FORK_OPTION_ERROR_MAX]) {
+        /* written so that NaN fails too */
+        if (vcpus > 0 && cpus >= CPU_LIMIT_MIN && cpus <= (double) vcpus)
+                return 0;
+        snprintf(err, FORK_OPTION_ERROR_MAX, "cpu_limit must be a number between %.2f and %u", CPU_LIMIT_MIN,
+                 vcpus > 0 ? vcpus : 1);
+        return -EINVAL;
+}
+
+int fork_option_check_rate(const char *field, const struct rate_limit *l, unsigned given,
+                           char err[static FORK_OPTION_ERROR_MAX]) {
+        if ((given & (RATE_KEY_BANDWIDTH | RATE_KEY_OPS | RATE_KEY_BURST)) == 0) {
+                snprintf(err, FORK_OPTION_ERROR_MAX, "%s needs at least one of bandwidth, ops and burst", field);
+                return -EINVAL;
+        }
+        if (l->bandwidth != 0 && (l->bandwidth < RATE_BANDWIDTH_MIN || l->bandwidth > RATE_BANDWIDTH_MAX)) {
+                snprintf(err, FORK_OPTION_ERROR_MAX, "%s.bandwidth must be 0 or between %" PRIu64 " and %" PRIu64,
+                         field, RATE_BANDWIDTH_MIN, RATE_BANDWIDTH_MAX);
+                return -EINVAL;
+        }
+        if (l->ops != 0 && (l->ops < RATE_OPS_MIN || l->ops > RATE_OPS_MAX)) {
+                snprintf(err, FORK_OPTION_ERROR_MAX, "%s.ops must be 0 or between %" PRIu64 " and %" PRIu64,
+                         field, RATE_OPS_MIN, RATE_OPS_MAX);
+                return -EINVAL;
+        }
+        if (l->burst > RATE_BURST_MAX) {
+                snprintf(err, FORK_OPTION_ERROR_MAX, "%s.burst must be at most %" PRIu64, field, RATE_BURST_MAX);
+                return -EINVAL;
+        }
+        if (l->burst > 0 && l->bandwidth == 0) {
+                snprintf(err, FORK_OPTION_ERROR_MAX, "%s.burst needs %s.bandwidth", field, field);
+                return -EINVAL;
+        }
+        return 0;
 }

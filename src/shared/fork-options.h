@@ -36,3 +36,34 @@ int fork_option_check_deadline(bool secs_given, int64_t secs, const char *on_tim
 int fork_option_check_memory_limit_mib(int64_t mib, char err[static FORK_OPTION_ERROR_MAX]);
 /* network: "none" or "egress". */
 int fork_option_check_network(const char *network, char err[static FORK_OPTION_ERROR_MAX]);
+
+/* cpu_limit: a number of CPUs, CPU_LIMIT_MIN..vcpus (the snapshot's). */
+#define CPU_LIMIT_MIN 0.01
+int fork_option_check_cpu_limit(double cpus, uint32_t vcpus, char err[static FORK_OPTION_ERROR_MAX]);
+
+/* disk_rate and net_rate: {"bandwidth": bytes/s, "ops": ops/s, "burst": bytes},
+ * each optional (0: that dimension is unlimited), at least one given; burst
+ * needs bandwidth. */
+#define RATE_BANDWIDTH_MIN UINT64_C(4096)
+#define RATE_BANDWIDTH_MAX (UINT64_C(1) << 40)
+#define RATE_OPS_MIN UINT64_C(1)
+#define RATE_OPS_MAX UINT64_C(10000000)
+#define RATE_BURST_MAX (UINT64_C(1) << 40)
+
+struct rate_limit {
+        uint64_t bandwidth; /* bytes/s; 0: unlimited */
+        uint64_t ops;       /* operations/s; 0: unlimited */
+        uint64_t burst;     /* bytes the bucket holds; 0: one second's worth of bandwidth */
+};
+
+static inline bool rate_limit_is_set(const struct rate_limit *l) {
+        return l->bandwidth > 0 || l->ops > 0;
+}
+
+/* field: "disk_rate" or "net_rate", for the message. given: which keys were
+ * given at all (RATE_KEY_*), so that an explicit 0 is told from an absent key. */
+#define RATE_KEY_BANDWIDTH 1u
+#define RATE_KEY_OPS 2u
+#define RATE_KEY_BURST 4u
+int fork_option_check_rate(const char *field, const struct rate_limit *l, unsigned given,
+                           char err[static FORK_OPTION_ERROR_MAX]);
