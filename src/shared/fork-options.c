@@ -4,7 +4,10 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <json-c/json.h>
+
 #include "fork-options.h"
+#include "macro.h"
 
 int fork_option_check_timeout_secs(int64_t secs, char err[static FORK_OPTION_ERROR_MAX]) {
         if (secs >= 1 && secs <= SANDBOX_TIMEOUT_SECS_MAX)
@@ -92,4 +95,62 @@ int fork_option_check_rate(const char *field, const struct rate_limit *l, unsign
                 return -EINVAL;
         }
         return 0;
+}
+
+int rate_limit_from_json(struct json_object *o, const char *field, struct rate_limit *ret,
+                         char err[static FORK_OPTION_ERROR_MAX]) {
+        static const struct {
+                const char *key;
+                unsigned bit;
+                size_t offset;
+        } keys[] = {
+                { "bandwidth", RATE_KEY_BANDWIDTH, offsetof(struct rate_limit, bandwidth) },
+                { "ops", RATE_KEY_OPS, offsetof(struct rate_limit, ops) },
+                { "burst", RATE_KEY_BURST, offsetof(struct rate_limit, burst) },
+        };
+        struct rate_limit l = {};
+        unsigned given = 0;
+        int r;
+
+        if (!json_object_is_type(o, json_type_object)) {
+                snprintf(err, FORK_OPTION_ERROR_MAX, "%s must be an object with bandwidth, ops or burst", field);
+                return -EINVAL;
+        }
+        json_object_object_foreach(o, key, v) {
+                size_t i;
+
+                for (i = 0; i < ELEMENTSOF(keys); i++)
+                        if (strcmp(key, keys[i].key) == 0)
+                                break;
+                if (i == ELEMENTSOF(keys)) {
+                        snprintf(err, FORK_OPTION_ERROR_MAX, "%s takes only bandwidth, ops and burst", field);
+                        return -EINVAL;
+                }
+                if (!json_object_is_type(v, json_type_int) || json_object_get_int64(v) < 0) {
+                        snprintf(err, FORK_OPTION_ERROR_MAX, "%s.%s must be a non-negative integer", field, key);
+                        return -EINVAL;
+                }
+                *(uint64_t *) ((uint8_t *) &l + keys[i].offset) = (uint64_t) json_object_get_int64(v);
+                given |= keys[i].bit;
+        }
+        r = fork_option_check_rate(field, &l, given, err);
+        if (r < 0)
+                return r;
+        *ret = l;
+        return 0;
+}
+
+struct json_object *rate_limit_to_json(const struct rate_limit *l) {
+        struct json_object *o = json_object_new_object();
+
+        if (!o)
+                return NULL;
+        if ((l->bandwidth > 0 && json_object_object_add(o, "bandwidth", json_object_new_int64((int64_t) l->bandwidth)) < 0) ||
+            (l->ops > 0 && json_object_object_add(o, "ops", json_object_new_int64((int64_t) l->ops)) < 0) ||
+            (l->burst > 0 && json_object_object_add(o, "burst", json_object_new_int64((int64_t) l->burst)) < 0) ||
+            (!rate_limit_is_set(l) && json_object_object_add(o, "bandwidth", json_object_new_int64(0)) < 0)) {
+                json_object_put(o);
+                return NULL;
+        }
+        return o;
 }

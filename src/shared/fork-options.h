@@ -67,3 +67,12 @@ static inline bool rate_limit_is_set(const struct rate_limit *l) {
 #define RATE_KEY_BURST 4u
 int fork_option_check_rate(const char *field, const struct rate_limit *l, unsigned given,
                            char err[static FORK_OPTION_ERROR_MAX]);
+
+/* A rate as JSON, {"bandwidth":N,"ops":N,"burst":N}: the REST body's, and the
+ * VMM's spawn and set_limits requests. Refuses other keys, non-integers and
+ * values out of bounds, with the check's words. */
+struct json_object;
+int rate_limit_from_json(struct json_object *o, const char *field, struct rate_limit *ret,
+                         char err[static FORK_OPTION_ERROR_MAX]);
+/* Only the dimensions set ({"bandwidth":0} for none); NULL on ENOMEM. */
+struct json_object *rate_limit_to_json(const struct rate_limit *l);

@@ -100,7 +100,8 @@ bool rate_limiter_active(const struct rate_limiter *rl) {
         return rl->bytes.rate > 0 || rl->ops.rate > 0;
 }
 
-uint64_t rate_limiter_consume(struct rate_limiter *rl, uint64_t bytes, uint64_t now_usec, uint64_t *ret_waited) {
+/* Refill, then how long a request of bytes and one op waits (0: it passes). */
+static uint64_t check(struct rate_limiter *rl, uint64_t bytes, uint64_t now_usec, uint64_t *ret_waited) {
         uint64_t wb, wo;
 
         if (ret_waited)
@@ -116,8 +117,6 @@ uint64_t rate_limiter_consume(struct rate_limiter *rl, uint64_t bytes, uint64_t 
                 }
                 return wb > wo ? wb : wo;
         }
-        token_bucket_take(&rl->bytes, bytes);
-        token_bucket_take(&rl->ops, 1);
         if (rl->waiting) {
                 if (ret_waited && now_usec > rl->waiting_since)
                         *ret_waited = now_usec - rl->waiting_since;
@@ -126,6 +125,19 @@ uint64_t rate_limiter_consume(struct rate_limiter *rl, uint64_t bytes, uint64_t 
         return 0;
 }
 
+uint64_t rate_limiter_consume(struct rate_limiter *rl, uint64_t bytes, uint64_t now_usec, uint64_t *ret_waited) {
+        uint64_t wait = check(rl, bytes, now_usec, ret_waited);
+
+        if (wait == 0)
+                rate_limiter_charge(rl, bytes);
+        return wait;
+}
+
+uint64_t rate_limiter_admit(struct rate_limiter *rl, uint64_t now_usec, uint64_t *ret_waited) {
+        return check(rl, 0, now_usec, ret_waited);
+}
+
 void rate_limiter_charge(struct rate_limiter *rl, uint64_t bytes) {
         token_bucket_take(&rl->bytes, bytes);
+        token_bucket_take(&rl->ops, 1);
 }

@@ -53,8 +53,11 @@ bool rate_limiter_active(const struct rate_limiter *rl);
  * refused requests waited, when one finally passes (else 0). */
 uint64_t rate_limiter_consume(struct rate_limiter *rl, uint64_t bytes, uint64_t now_usec, uint64_t *ret_waited);
 
-/* Charge bytes that were only known after the request passed (a received
- * frame): the bytes bucket may go into debt. */
+/* For a request whose size is known only once it ran (a received frame):
+ * rate_limiter_admit() says whether one may run now, as consume() would for
+ * 0 bytes, charging nothing; rate_limiter_charge() then charges its bytes and
+ * its op (the bytes bucket may go into debt). */
+uint64_t rate_limiter_admit(struct rate_limiter *rl, uint64_t now_usec, uint64_t *ret_waited);
 void rate_limiter_charge(struct rate_limiter *rl, uint64_t bytes);
 
 /* The parts, for tests. */
