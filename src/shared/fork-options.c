@@ -70,6 +70,14 @@ int fork_option_check_cpu_limit(double cpus, uint32_t vcpus, char err[static FOR
         return -EINVAL;
 }
 
+int fork_option_check_cpu_limit_any(double cpus, char err[static FORK_OPTION_ERROR_MAX]) {
+        if (cpus >= CPU_LIMIT_MIN && cpus <= (double) UINT32_MAX)
+                return 0;
+        snprintf(err, FORK_OPTION_ERROR_MAX, "cpu_limit must be a number of at least %.2f (and at most the vcpus)",
+                 CPU_LIMIT_MIN);
+        return -EINVAL;
+}
+
 int fork_option_check_rate(const char *field, const struct rate_limit *l, unsigned given,
                            char err[static FORK_OPTION_ERROR_MAX]) {
         if ((given & (RATE_KEY_BANDWIDTH | RATE_KEY_OPS | RATE_KEY_BURST)) == 0) {

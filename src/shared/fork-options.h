@@ -40,6 +40,9 @@ int fork_option_check_network(const char *network, char err[static FORK_OPTION_E
 /* cpu_limit: a number of CPUs, CPU_LIMIT_MIN..vcpus (the snapshot's). */
 #define CPU_LIMIT_MIN 0.01
 int fork_option_check_cpu_limit(double cpus, uint32_t vcpus, char err[static FORK_OPTION_ERROR_MAX]);
+/* The part that holds whatever the snapshot: a finite number >= CPU_LIMIT_MIN
+ * (where the vcpus are not known yet). */
+int fork_option_check_cpu_limit_any(double cpus, char err[static FORK_OPTION_ERROR_MAX]);
 
 /* disk_rate and net_rate: {"bandwidth": bytes/s, "ops": ops/s, "burst": bytes},
  * each optional (0: that dimension is unlimited), at least one given; burst
@@ -76,3 +79,26 @@ int rate_limit_from_json(struct json_object *o, const char *field, struct rate_l
                          char err[static FORK_OPTION_ERROR_MAX]);
 /* Only the dimensions set ({"bandwidth":0} for none); NULL on ENOMEM. */
 struct json_object *rate_limit_to_json(const struct rate_limit *l);
+
+/* The limits of a sandbox besides memory_limit_mib (zero: none). cpu_limit
+ * needs a cgroup of the sandbox's own; the rates are its VMM's. */
+struct sandbox_limits {
+        double cpu_limit;
+        struct rate_limit disk_rate, net_rate;
+};
+
+/* A fork of a sandbox keeps its limits, but for those the fork names. */
+static inline void sandbox_limits_override(struct sandbox_limits *l, const struct sandbox_limits *given) {
+        if (given->cpu_limit > 0)
+                l->cpu_limit = given->cpu_limit;
+        if (rate_limit_is_set(&given->disk_rate))
+                l->disk_rate = given->disk_rate;
+        if (rate_limit_is_set(&given->net_rate))
+                l->net_rate = given->net_rate;
+}
+
+/* cgroup v2's cpu.max period, and cpu_limit's quota in it. */
+#define CPU_LIMIT_PERIOD_USEC 100000u
+static inline uint64_t cpu_limit_quota_usec(double cpus) {
+        return (uint64_t) (cpus * CPU_LIMIT_PERIOD_USEC + 0.5);
+}
