@@ -355,6 +355,11 @@ static int scope_prepare(CGroupManager *c, const char *id, uint64_t limit, doubl
                                           "CollectMode", "s", "inactive-or-failed");
         if (r >= 0 && limit > 0)
                 r = sd_bus_message_append(m, "(sv)", "MemoryMax", "t", limit);
+        /* cpu_limit alone: the scope still needs its cgroup in the memory
+         * hierarchy, which the VMM joins (cgroup v1 has one only with
+         * accounting on). */
+        if (r >= 0 && limit == 0)
+                r = sd_bus_message_append(m, "(sv)", "MemoryAccounting", "b", 1);
         if (r >= 0 && cpus > 0)
                 r = sd_bus_message_append(m, "(sv)", "CPUQuotaPerSecUSec", "t", cpu_quota_per_sec_usec(cpus));
         if (r >= 0)
