@@ -5,6 +5,8 @@
 
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
+#include <unistd.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -15,6 +17,8 @@
 
 #include "fork-options.h"
 #include "ratelimit.h"
+#include "vmm-limits.h"
+#include "vmm.h"
 #include "time-util.h"
 
 #define T0 (1000 * USEC_PER_SEC)
@@ -193,11 +197,80 @@ static void test_checks(void **state) {
         assert_string_equal(err, "net_rate.burst needs net_rate.bandwidth");
 }
 
+/* The VMM's side: a request refused waits, the timer brings it back, the
+ * time it waited is counted; set_limits and the spawn's keys are checked
+ * whole. */
+static void test_vmm_limits(void **state) {
+        struct vmm vmm = {};
+        struct rate_limit disk, net;
+        bool has_disk, has_net;
+        char err[FORK_OPTION_ERROR_MAX];
+        struct json_object *req, *reply;
+
+        (void) state;
+        signal(SIGIO, SIG_IGN); /* the timer's signal, aimed at this thread */
+        vmm.stats = &vmm.own_stats;
+        assert_true(vmm_limits_disk_take(&vmm, 1 << 20)); /* none set: no state at all */
+        assert_null(vmm.limits);
+
+        req = json_tokener_parse("{\"op\":\"set_limits\",\"disk_rate\":{\"ops\":1}}");
+        reply = json_object_new_object();
+        assert_int_equal(vmm_limits_set_json(&vmm, req, reply, err), 0);
+        assert_string_equal(json_object_to_json_string_ext(reply, JSON_C_TO_STRING_PLAIN),
+                            "{\"disk_rate\":{\"ops\":1}}");
+        json_object_put(req);
+        json_object_put(reply);
+        assert_true(vmm_limits_disk_take(&vmm, 4096));
+        assert_false(vmm_limits_disk_take(&vmm, 4096)); /* waits: the timer is armed */
+        assert_true(vmm_limits_net_tx_take(&vmm, 1500)); /* net_rate: none */
+        usleep(20000);
+        assert_false(vmm_limits_disk_take(&vmm, 4096));
+        /* lifted: it passes, and the time it waited is counted */
+        assert_int_equal(vmm_limits_set(&vmm, &(struct rate_limit) {}, NULL), 0);
+        assert_true(vmm_limits_disk_take(&vmm, 4096));
+        vmm_limits_service(&vmm); /* kicks no device: there is none */
+        assert_int_equal(vmm_stats_get(&vmm.stats->disk_throttled_usec), 0); /* reconfigured, not passed */
+        assert_int_equal(vmm_limits_set(&vmm, &(struct rate_limit) { .ops = 1 }, NULL), 0);
+        assert_true(vmm_limits_disk_take(&vmm, 0));
+        assert_false(vmm_limits_disk_take(&vmm, 0));
+        usleep(1100000);
+        assert_true(vmm_limits_disk_take(&vmm, 0));
+        assert_true(vmm_stats_get(&vmm.stats->disk_throttled_usec) >= 1000000);
+
+        /* rx: admitted without a charge, then charged its size */
+        assert_int_equal(vmm_limits_set(&vmm, NULL, &(struct rate_limit) { .bandwidth = 4096 }), 0);
+        assert_true(vmm_limits_net_rx_take(&vmm));
+        vmm_limits_net_rx_charge(&vmm, 8192); /* in debt */
+        assert_false(vmm_limits_net_rx_take(&vmm));
+        assert_true(vmm_limits_net_rx_waiting(&vmm));
+
+        /* refused whole: a bad net_rate beside a good disk_rate changes nothing */
+        req = json_tokener_parse("{\"disk_rate\":{\"bandwidth\":8192},\"net_rate\":{\"ops\":0.5}}");
+        reply = json_object_new_object();
+        assert_int_equal(vmm_limits_set_json(&vmm, req, reply, err), -EINVAL);
+        assert_string_equal(err, "net_rate.ops must be a non-negative integer");
+        vmm_limits_get(&vmm, &disk, &net);
+        assert_true(disk.bandwidth == 0 && disk.ops == 1 && net.bandwidth == 4096);
+        json_object_put(req);
+        json_object_put(reply);
+        req = json_tokener_parse("{\"disk_rate\":null,\"net_rate\":{\"bandwidth\":4096,\"burst\":65536}}");
+        assert_int_equal(vmm_limits_parse_json(req, &disk, &has_disk, &net, &has_net, err), 0);
+        assert_true(!has_disk && has_net && net.burst == 65536);
+        json_object_put(req);
+        req = json_tokener_parse("{\"disk_rate\":[1]}");
+        assert_int_equal(vmm_limits_parse_json(req, &disk, &has_disk, &net, &has_net, err), -EINVAL);
+        assert_string_equal(err, "disk_rate must be an object with bandwidth, ops or burst");
+        json_object_put(req);
+        vmm_limits_free(&vmm);
+        assert_null(vmm.limits);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_unlimited),      cmocka_unit_test(test_refill), cmocka_unit_test(test_burst),
                 cmocka_unit_test(test_ops),            cmocka_unit_test(test_clock_backward),
                 cmocka_unit_test(test_bounds),         cmocka_unit_test(test_checks),
+                cmocka_unit_test(test_vmm_limits),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
