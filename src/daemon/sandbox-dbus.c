@@ -782,6 +782,9 @@ typedef struct LimitsCall {
 static int apply_cgroup_limits(Sandbox *s, const struct sandbox_limits *l, unsigned given, uint32_t mib) {
         int r;
 
+        /* Removing a cpu_limit it does not have changes nothing in its cgroup. */
+        if ((given & LIMIT_CPU) && l->cpu_limit == 0 && s->limits.cpu_limit == 0)
+                given &= ~LIMIT_CPU;
         if (!(given & (LIMIT_CPU | LIMIT_MEMORY)))
                 return 0;
         r = cgroup_set_limits(s->manager->cgroups, s->vm_id, given & LIMIT_MEMORY ? (uint64_t) mib << 20 : 0,
@@ -884,7 +887,8 @@ int bus_sandbox_method_set_limits(sd_bus_message *message, void *userdata, sd_bu
                              i ? i->meta.vcpus : 1, error);
         if (r < 0)
                 return r;
-        if ((given & (LIMIT_CPU | LIMIT_MEMORY)) && !s->has_cgroup)
+        if (((given & LIMIT_MEMORY) || ((given & LIMIT_CPU) && (l.cpu_limit > 0 || s->limits.cpu_limit > 0))) &&
+            !s->has_cgroup)
                 return sd_bus_error_setf(error, FORKD_ERROR_NOT_SUPPORTED,
                                          "Sandbox %s has no cgroup of its own: only a sandbox forked with "
                                          "cpu_limit or memory_limit_mib can change them while it runs.", s->id);
