@@ -17,6 +17,42 @@
 
 /* ---- snapshots ---- */
 
+
+/* cpu_limit (d), disk_rate and net_rate (a{st}: bandwidth, ops, burst), where set. */
+static int append_rate(sd_bus_message *reply, const char *key, const struct rate_limit *l) {
+        int r;
+
+        if (!rate_limit_is_set(l))
+                return 0;
+        r = sd_bus_message_open_container(reply, 'e', "sv");
+        if (r >= 0)
+                r = sd_bus_message_append(reply, "s", key);
+        if (r >= 0)
+                r = sd_bus_message_open_container(reply, 'v', "a{st}");
+        if (r >= 0)
+                r = sd_bus_message_open_container(reply, 'a', "{st}");
+        if (r >= 0 && l->bandwidth > 0)
+                r = sd_bus_message_append(reply, "{st}", "bandwidth", l->bandwidth);
+        if (r >= 0 && l->ops > 0)
+                r = sd_bus_message_append(reply, "{st}", "ops", l->ops);
+        if (r >= 0 && l->burst > 0)
+                r = sd_bus_message_append(reply, "{st}", "burst", l->burst);
+        for (int k = 0; k < 3 && r >= 0; k++)
+                r = sd_bus_message_close_container(reply);
+        return r;
+}
+
+int sandbox_append_limits(sd_bus_message *reply, const struct sandbox_limits *l) {
+        int r = 0;
+
+        if (l->cpu_limit > 0)
+                r = sd_bus_message_append(reply, "{sv}", "cpu_limit", "d", l->cpu_limit);
+        if (r >= 0)
+                r = append_rate(reply, "disk_rate", &l->disk_rate);
+        if (r >= 0)
+                r = append_rate(reply, "net_rate", &l->net_rate);
+        return r;
+}
 int image_append_info(sd_bus_message *reply, Image *i, bool details) {
         int r;
 
@@ -259,6 +295,9 @@ int sandbox_append_info(sd_bus_message *reply, Sandbox *s) {
                 if (r < 0)
                         return r;
         }
+        r = sandbox_append_limits(reply, &s->limits);
+        if (r < 0)
+                return r;
         r = sandbox_append_deadline(reply, s->expires_at, s->timeout_pause);
         if (r < 0)
                 return r;
@@ -349,6 +388,8 @@ int paused_append_info(sd_bus_message *reply, Paused *p) {
                                   "status", "s", "paused");
         if (r >= 0 && p->memory_limit_mib > 0)
                 r = sd_bus_message_append(reply, "{sv}", "memory_limit_mib", "u", p->memory_limit_mib);
+        if (r >= 0)
+                r = sandbox_append_limits(reply, &p->limits);
         if (r >= 0 && p->net_policy >= 0)
                 r = sd_bus_message_append(reply, "{sv}", "network", "s",
                                           netns_policy_to_string((NetnsPolicy) p->net_policy));

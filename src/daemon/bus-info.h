@@ -27,6 +27,8 @@ int sandbox_append_info(sd_bus_message *reply, Sandbox *s);
  * spawned under (vm_id: the id too, until a merge moves another id onto one). */
 int sandbox_append_infos(sd_bus_message *reply, Manager *m, char *const *vm_ids, unsigned n);
 /* Its expires_at (RFC 3339, "" for none) and on_timeout, two {sv} entries. */
+/* cpu_limit, disk_rate and net_rate, where set. */
+int sandbox_append_limits(sd_bus_message *reply, const struct sandbox_limits *l);
 int sandbox_append_deadline(sd_bus_message *reply, uint64_t expires_at, bool pause);
 
 void sandbox_send_new_signal(Sandbox *s);

@@ -25,8 +25,10 @@ typedef struct CGroupBackend {
         int (*init)(CGroupManager *c);
         void (*done)(CGroupManager *c);
         /* 1 and *ret_parent: ready now; 0: done() follows (unless cancelled); < 0: failed. */
-        int (*prepare)(CGroupManager *c, const char *id, uint64_t limit_bytes, cgroup_prepare_done_t done,
-                       void *userdata, char **ret_parent);
+        int (*prepare)(CGroupManager *c, const char *id, uint64_t limit_bytes, double cpus,
+                       cgroup_prepare_done_t done, void *userdata, char **ret_parent);
+        /* cgroup_set_limits(); NULL: -EOPNOTSUPP. */
+        int (*set_limits)(CGroupManager *c, const char *id, uint64_t memory_bytes, double cpus);
         /* Forget the pending prepares made with this userdata. */
         void (*cancel)(CGroupManager *c, void *userdata);
         /* The sandbox answered: its VMM is inside its cgroup. */
@@ -50,6 +52,7 @@ struct CGroupManager {
         sd_event *event;
         char *root;     /* cgroupfs: directory holding one cgroup per sandbox */
         int version;    /* cgroupfs: 1 or 2 */
+        bool cpu;       /* cpu_limit can be set (cgroup_manager_cpu_supported()) */
 
         struct cgroup_removal *removals;
         unsigned n_removals;

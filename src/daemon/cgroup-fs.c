@@ -13,6 +13,7 @@
 #include "cgroup-backend.h"
 #include "fs-util.h"
 #include "macro.h"
+#include "fork-options.h"
 #include "snapshot-meta.h"
 
 /* tpl-<digits>: a fork template's cgroup (cgroup_template_join()). */
@@ -38,21 +39,89 @@ static int cgroupfs_init(CGroupManager *c) {
                 r = cgroup_write_string_file(path, "+memory");
                 if (r < 0)
                         return log_debug_errno(r, "Failed to enable the memory controller in %s: %m", c->root);
+                /* And cpu for cpu_limit, where the parent hands it down. */
+                r = cgroup_write_string_file(path, "+cpu");
+                if (r < 0)
+                        log_info_errno(r, "cpu_limit is not available: cannot enable the cpu controller in %s: %m",
+                                       c->root);
+                c->cpu = r >= 0;
         }
         return 0;
 }
 
-static int cgroupfs_prepare(CGroupManager *c, const char *id, uint64_t limit, cgroup_prepare_done_t done,
-                            void *userdata, char **ret_parent) {
+/* cpu.max: "<quota> <period>", or "max <period>" for cpus < 0. */
+static int write_cpu_max(const char *dir, double cpus) {
+        char file[4200], value[64];
+
+        if (cpus < 0)
+                snprintf(value, sizeof(value), "max %u", CPU_LIMIT_PERIOD_USEC);
+        else
+                snprintf(value, sizeof(value), "%llu %u", (unsigned long long) cpu_limit_quota_usec(cpus),
+                         CPU_LIMIT_PERIOD_USEC);
+        snprintf(file, sizeof(file), "%s/cpu.max", dir);
+        return cgroup_write_string_file(file, value);
+}
+
+/* v1: the memsw limit must stay >= the memory limit, so which goes first
+ * depends on the direction: try memory first, and memsw first if refused. */
+static int write_memory_v1(const char *dir, uint64_t limit) {
+        char file[4200], memsw[4200], value[32];
+        bool has_memsw;
+        int r;
+
+        snprintf(value, sizeof(value), "%llu", (unsigned long long) limit);
+        snprintf(file, sizeof(file), "%s/memory.limit_in_bytes", dir);
+        snprintf(memsw, sizeof(memsw), "%s/memory.memsw.limit_in_bytes", dir);
+        has_memsw = access(memsw, F_OK) >= 0; /* absent without swap accounting */
+        r = cgroup_write_string_file(file, value);
+        if (r >= 0)
+                return has_memsw ? cgroup_write_string_file(memsw, value) : 0;
+        if (r != -EINVAL || !has_memsw)
+                return r;
+        r = cgroup_write_string_file(memsw, value);
+        return r < 0 ? r : cgroup_write_string_file(file, value);
+}
+
+static int cgroupfs_set_limits(CGroupManager *c, const char *id, uint64_t memory_bytes, double cpus) {
+        char dir[4096], file[4200], value[32];
+        int r;
+
+        snprintf(dir, sizeof(dir), "%s/%s", c->root, id);
+        if (access(dir, F_OK) < 0)
+                return -errno;
+        if (memory_bytes > 0) {
+                if (c->version == 2) {
+                        snprintf(value, sizeof(value), "%llu", (unsigned long long) memory_bytes);
+                        snprintf(file, sizeof(file), "%s/memory.max", dir);
+                        r = cgroup_write_string_file(file, value);
+                } else
+                        r = write_memory_v1(dir, memory_bytes);
+                if (r < 0)
+                        return r;
+        }
+        if (cpus != 0) {
+                if (c->version != 2)
+                        return -EOPNOTSUPP;
+                r = write_cpu_max(dir, cpus);
+                if (r < 0)
+                        return r;
+        }
+        return 0;
+}
+
+static int cgroupfs_prepare(CGroupManager *c, const char *id, uint64_t limit, double cpus,
+                            cgroup_prepare_done_t done, void *userdata, char **ret_parent) {
         char dir[4096], file[4200], value[32];
         char *parent;
-        int r;
+        int r = 0;
 
         snprintf(dir, sizeof(dir), "%s/%s", c->root, id);
         if (mkdir(dir, 0755) < 0 && errno != EEXIST)
                 return -errno;
         snprintf(value, sizeof(value), "%llu", (unsigned long long) limit);
-        if (c->version == 2) {
+        if (limit == 0)
+                ; /* cpu_limit only */
+        else if (c->version == 2) {
                 snprintf(file, sizeof(file), "%s/memory.max", dir);
                 r = cgroup_write_string_file(file, value);
                 if (r >= 0) {
@@ -70,6 +139,8 @@ static int cgroupfs_prepare(CGroupManager *c, const char *id, uint64_t limit, cg
                                 r = cgroup_write_string_file(file, value);
                 }
         }
+        if (r >= 0 && cpus > 0)
+                r = write_cpu_max(dir, cpus);
         if (r < 0) {
                 (void) rmdir(dir);
                 return r;
@@ -149,6 +220,7 @@ const CGroupBackend cgroup_backend_cgroupfs = {
         .name = "cgroupfs",
         .init = cgroupfs_init,
         .prepare = cgroupfs_prepare,
+        .set_limits = cgroupfs_set_limits,
         .oom_kills = cgroupfs_oom_kills,
         .remove = cgroupfs_remove,
         .sweep = cgroupfs_sweep,

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "cgroup-backend.h"
+#include "fork-options.h"
 #include "fs-util.h"
 #include "macro.h"
 #include "snapshot-meta.h"
@@ -242,8 +243,55 @@ static int scope_init(CGroupManager *c) {
                                       on_job_removed, NULL, c);
         if (r < 0)
                 return r;
+        c->cpu = true; /* CPUQuota=: systemd enables the cpu controller where it is needed */
         return sd_bus_call_method_async(c->system_bus, NULL, "org.freedesktop.systemd1", "/org/freedesktop/systemd1",
                                         "org.freedesktop.systemd1.Manager", "Subscribe", NULL, NULL, NULL);
+}
+
+/* CPUQuota= as systemd's property: CPU time per second of wall time. */
+static uint64_t cpu_quota_per_sec_usec(double cpus) {
+        return cpus < 0 ? UINT64_MAX : cpu_limit_quota_usec(cpus) * (USEC_PER_SEC / CPU_LIMIT_PERIOD_USEC);
+}
+
+static int on_set_properties_reply(sd_bus_message *m, void *userdata, sd_bus_error *ret_error) {
+        const sd_bus_error *e = sd_bus_message_get_error(m);
+
+        if (e)
+                log_warning("Failed to change the limits of %s: %s", (const char *) userdata, e->message);
+        free(userdata);
+        return 0;
+}
+
+/* Runtime properties of the running scope: systemd writes the cgroup files. */
+static int scope_set_limits(CGroupManager *c, const char *id, uint64_t memory_bytes, double cpus) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *m = NULL;
+        struct scope_unit *u = scope_find(c, id);
+        char *unit;
+        int r;
+
+        if (!u || !u->cgroup)
+                return -ENOENT;
+        r = sd_bus_message_new_method_call(c->system_bus, &m, "org.freedesktop.systemd1", "/org/freedesktop/systemd1",
+                                           "org.freedesktop.systemd1.Manager", "SetUnitProperties");
+        if (r >= 0)
+                r = sd_bus_message_append(m, "sb", u->unit, 1);
+        if (r >= 0)
+                r = sd_bus_message_open_container(m, 'a', "(sv)");
+        if (r >= 0 && memory_bytes > 0)
+                r = sd_bus_message_append(m, "(sv)", "MemoryMax", "t", memory_bytes);
+        if (r >= 0 && cpus != 0)
+                r = sd_bus_message_append(m, "(sv)", "CPUQuotaPerSecUSec", "t", cpu_quota_per_sec_usec(cpus));
+        if (r >= 0)
+                r = sd_bus_message_close_container(m);
+        if (r < 0)
+                return r;
+        unit = strdup(u->unit);
+        if (!unit)
+                return -ENOMEM;
+        r = sd_bus_call_async(c->system_bus, NULL, m, on_set_properties_reply, unit, 0);
+        if (r < 0)
+                free(unit);
+        return r;
 }
 
 static void scope_done(CGroupManager *c) {
@@ -256,7 +304,7 @@ static void scope_done(CGroupManager *c) {
         c->system_bus = sd_bus_flush_close_unref(c->system_bus);
 }
 
-static int scope_prepare(CGroupManager *c, const char *id, uint64_t limit, cgroup_prepare_done_t done,
+static int scope_prepare(CGroupManager *c, const char *id, uint64_t limit, double cpus, cgroup_prepare_done_t done,
                          void *userdata, char **ret_parent) {
         _cleanup_(sd_bus_message_unrefp) sd_bus_message *m = NULL;
         struct scope_unit *u;
@@ -299,13 +347,21 @@ static int scope_prepare(CGroupManager *c, const char *id, uint64_t limit, cgrou
         if (r >= 0)
                 r = sd_bus_message_open_container(m, 'a', "(sv)");
         if (r >= 0)
-                r = sd_bus_message_append(m, "(sv)(sv)(sv)(sv)(sv)(sv)",
+                r = sd_bus_message_append(m, "(sv)(sv)(sv)(sv)(sv)",
                                           "Description", "s", desc,
                                           "Slice", "s", "forkd.slice",
                                           "PIDs", "au", 1, (uint32_t) u->placeholder,
-                                          "MemoryMax", "t", limit,
                                           "Delegate", "b", 1,
                                           "CollectMode", "s", "inactive-or-failed");
+        if (r >= 0 && limit > 0)
+                r = sd_bus_message_append(m, "(sv)", "MemoryMax", "t", limit);
+        /* cpu_limit alone: the scope still needs its cgroup in the memory
+         * hierarchy, which the VMM joins (cgroup v1 has one only with
+         * accounting on). */
+        if (r >= 0 && limit == 0)
+                r = sd_bus_message_append(m, "(sv)", "MemoryAccounting", "b", 1);
+        if (r >= 0 && cpus > 0)
+                r = sd_bus_message_append(m, "(sv)", "CPUQuotaPerSecUSec", "t", cpu_quota_per_sec_usec(cpus));
         if (r >= 0)
                 r = sd_bus_message_close_container(m);
         if (r >= 0)
@@ -541,6 +597,7 @@ const CGroupBackend cgroup_backend_scope = {
         .init = scope_init,
         .done = scope_done,
         .prepare = scope_prepare,
+        .set_limits = scope_set_limits,
         .cancel = scope_cancel,
         .attached = scope_attached,
         .oom_kills = scope_oom_kills,

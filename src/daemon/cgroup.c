@@ -206,11 +206,21 @@ const char *cgroup_manager_name(const CGroupManager *c) {
         return c->backend->name;
 }
 
-int cgroup_prepare(CGroupManager *c, const char *id, uint64_t limit_bytes, cgroup_prepare_done_t done,
+int cgroup_prepare(CGroupManager *c, const char *id, uint64_t limit_bytes, double cpus, cgroup_prepare_done_t done,
                    void *userdata, char **ret_parent) {
-        if (!c->backend->prepare)
+        if (!c->backend->prepare || (cpus > 0 && !c->cpu))
                 return -EOPNOTSUPP;
-        return c->backend->prepare(c, id, limit_bytes, done, userdata, ret_parent);
+        return c->backend->prepare(c, id, limit_bytes, cpus, done, userdata, ret_parent);
+}
+
+bool cgroup_manager_cpu_supported(const CGroupManager *c) {
+        return c && c->backend->prepare && c->cpu;
+}
+
+int cgroup_set_limits(CGroupManager *c, const char *id, uint64_t memory_bytes, double cpus) {
+        if (!c->backend->set_limits || (cpus != 0 && !c->cpu))
+                return -EOPNOTSUPP;
+        return c->backend->set_limits(c, id, memory_bytes, cpus);
 }
 
 void cgroup_cancel(CGroupManager *c, void *userdata) {

@@ -2,12 +2,12 @@
 #pragma once
 
 /*
- * Per-sandbox memory limits, behind a small table of backends (cgroup-backend.h;
+ * Per-sandbox memory and cpu limits, behind a small table of backends (cgroup-backend.h;
  * cgroup-fs.c, cgroup-systemd.c):
  *
- *   cgroupfs-v2   <root>/<id>/memory.max
- *   cgroupfs-v1   <root>/<id>/memory.limit_in_bytes (+ memory.memsw.limit_in_bytes)
- *   systemd-scope a transient scope forkd-<id>.scope (MemoryMax=, Delegate=yes)
+ *   cgroupfs-v2   <root>/<id>/memory.max, <root>/<id>/cpu.max
+ *   cgroupfs-v1   <root>/<id>/memory.limit_in_bytes (+ memory.memsw.limit_in_bytes); no cpu limit
+ *   systemd-scope a transient scope forkd-<id>.scope (MemoryMax=, CPUQuota=, Delegate=yes)
  *                 started with StartTransientUnit and tracked through JobRemoved;
  *                 the VMM child joins the sub-cgroup <scope>/<id>
  *   none          every call -EOPNOTSUPP
@@ -36,8 +36,19 @@ CGroupManager *cgroup_manager_free(CGroupManager *c);
 bool cgroup_manager_supported(const CGroupManager *c);
 const char *cgroup_manager_name(const CGroupManager *c);
 
-int cgroup_prepare(CGroupManager *c, const char *id, uint64_t limit_bytes, cgroup_prepare_done_t done,
+/* limit_bytes: the memory limit (0: none); cpus: cpu_limit (0: none; needs
+ * cgroup_manager_cpu_supported()). */
+int cgroup_prepare(CGroupManager *c, const char *id, uint64_t limit_bytes, double cpus, cgroup_prepare_done_t done,
                    void *userdata, char **ret_parent);
+/* Whether a sandbox's cgroup can hold cpu_limit: cgroupfs v2 with the cpu
+ * controller, or systemd scopes (CPUQuota=). Not cgroupfs v1, whose
+ * sandboxes have cgroups in the memory hierarchy only. */
+bool cgroup_manager_cpu_supported(const CGroupManager *c);
+/* Change the limits of a sandbox's cgroup while it runs: memory_bytes 0
+ * leaves the memory limit, cpus 0 the cpu limit, cpus < 0 removes it.
+ * cgroupfs writes the files now; systemd-scope asks systemd to
+ * (SetUnitProperties, runtime), which applies them right after. */
+int cgroup_set_limits(CGroupManager *c, const char *id, uint64_t memory_bytes, double cpus);
 void cgroup_cancel(CGroupManager *c, void *userdata);
 void cgroup_attached(CGroupManager *c, const char *id);
 int cgroup_oom_kills(CGroupManager *c, const char *id, uint64_t *ret);

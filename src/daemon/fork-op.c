@@ -404,6 +404,7 @@ static void *fork_write_records(void *userdata) {
                 struct sandbox_params p = {
                         .id = f->ids[i], .snapshot_tag = f->template->tag, .created_at = f->created_at,
                         .memory_limit_mib = f->opts.memory_limit_mib, .has_cgroup = f->has_cgroup[i],
+                        .limits = f->opts.limits,
                         .live_fork = f->opts.live_fork, .owner_uid = f->opts.owner_uid,
                         .netns = f->opts.net ? f->netns[i] : NULL, .netns_owned = f->opts.net,
                 };
@@ -484,6 +485,8 @@ static int fork_spawn(ForkOp *f, const int *taps) {
                         .cgroup_parent = parent,
                         .netns = f->netns ? (const char *const *) f->netns + start : NULL,
                         .tap_fds = taps ? taps + start : NULL,
+                        .disk_rate = rate_limit_is_set(&f->opts.limits.disk_rate) ? &f->opts.limits.disk_rate : NULL,
+                        .net_rate = rate_limit_is_set(&f->opts.limits.net_rate) ? &f->opts.limits.net_rate : NULL,
                 };
 
                 while (end < f->n && ((!parent && !f->cgroup_parents[end]) ||
@@ -566,6 +569,7 @@ static void fork_work_done(int r, void *userdata) {
                                 .id = f->ids[i], .snapshot_tag = t->tag,
                                 .netns = f->netns ? f->netns[i] : NULL, .pid = (uint32_t) f->pids[i],
                                 .created_at = f->created_at, .memory_limit_mib = f->opts.memory_limit_mib,
+                                .limits = f->opts.limits,
                                 .has_cgroup = f->has_cgroup[i], .live_fork = f->opts.live_fork,
                                 .owner_uid = f->opts.owner_uid,
                                 .netns_owned = f->opts.net, .net_policy = f->opts.net_policy,
@@ -845,6 +849,8 @@ static int fork_op_start_full(Manager *m, Image *i, VmTemplate *t, unsigned n, c
                 return -EUSERS;
         if (o->memory_limit_mib > 0 && !cgroup_manager_supported(m->cgroups))
                 return -EOPNOTSUPP;
+        if (o->limits.cpu_limit > 0 && !cgroup_manager_cpu_supported(m->cgroups))
+                return -EOPNOTSUPP;
 
         f = calloc(1, sizeof(*f));
         if (!f)
@@ -943,13 +949,15 @@ static int fork_op_start_full(Manager *m, Image *i, VmTemplate *t, unsigned n, c
                         }
         }
 
-        if (o->memory_limit_mib > 0) {
+        /* Either limit gives each child a cgroup of its own. */
+        if (o->memory_limit_mib > 0 || o->limits.cpu_limit > 0) {
                 uint64_t bytes = (uint64_t) o->memory_limit_mib << 20;
 
                 for (unsigned k = 0; k < n; k++) {
                         char *parent = NULL;
 
-                        r = cgroup_prepare(m->cgroups, f->ids[k], bytes, on_cgroup_ready, f, &parent);
+                        r = cgroup_prepare(m->cgroups, f->ids[k], bytes, o->limits.cpu_limit, on_cgroup_ready, f,
+                                           &parent);
                         if (r < 0) {
                                 log_warning_errno(r, "Failed to create the cgroup of %s: %m", f->ids[k]);
                                 goto fail;

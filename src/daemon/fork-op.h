@@ -28,6 +28,7 @@ struct fork_options {
         bool net_policy_given;     /* the caller named one (refused for a snapshot without NIC) */
         bool agent_tcp;            /* guest_addr: inside address and AGENT_TCP_PORT */
         uint32_t memory_limit_mib; /* 0: none */
+        struct sandbox_limits limits; /* cpu_limit, disk_rate, net_rate */
         bool live_fork;
         uid_t owner_uid;           /* the caller: owner of every child */
         const char *id;            /* n 1: this id, not a new one (a resume); borrowed until done() */

@@ -2,8 +2,10 @@
 /* Fork options read from D-Bus messages: see fork-options-bus.h. */
 #include <string.h>
 
+#include "cgroup.h"
 #include "fork-op.h"
 #include "fork-options-bus.h"
+#include "forkd-bus.h"
 #include "macro.h"
 #include "time-util.h"
 
@@ -31,8 +33,160 @@ int fork_options_resolve_network(struct fork_options *o, bool has_nic, bool agen
         return 0;
 }
 
-/* Fork's options a{sv} into o; timeout_only (ForkSandboxEx): only timeout_secs
- * and on_timeout are known. */
+/* A rate's a{st} (bandwidth, ops, burst), inside its variant. */
+static int read_rate(sd_bus_message *message, const char *field, struct rate_limit *ret, sd_bus_error *error) {
+        char err[FORK_OPTION_ERROR_MAX];
+        struct rate_limit l = {};
+        unsigned given = 0;
+        int r;
+
+        r = sd_bus_message_enter_container(message, 'a', "{st}");
+        if (r < 0)
+                return r;
+        for (;;) {
+                const char *key;
+                uint64_t v;
+
+                r = sd_bus_message_read(message, "{st}", &key, &v);
+                if (r < 0)
+                        return r;
+                if (r == 0)
+                        break;
+                if (strcmp(key, "bandwidth") == 0) {
+                        l.bandwidth = v;
+                        given |= RATE_KEY_BANDWIDTH;
+                } else if (strcmp(key, "ops") == 0) {
+                        l.ops = v;
+                        given |= RATE_KEY_OPS;
+                } else if (strcmp(key, "burst") == 0) {
+                        l.burst = v;
+                        given |= RATE_KEY_BURST;
+                } else
+                        return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
+                                                 "%s takes only bandwidth, ops and burst.", field);
+        }
+        if (fork_option_check_rate(field, &l, given, err) < 0)
+                return sd_bus_error_set(error, SD_BUS_ERROR_INVALID_ARGS, err);
+        *ret = l;
+        return sd_bus_message_exit_container(message);
+}
+
+/* cpu_limit (d), disk_rate and net_rate (a{st}), the variant entered: key is
+ * one of them. vcpus is checked later (bus_check_limits()), once the snapshot
+ * is known; here only what holds for any. */
+static int read_limit(sd_bus_message *message, const char *key, struct sandbox_limits *l, sd_bus_error *error) {
+        if (strcmp(key, "cpu_limit") == 0) {
+                char err[FORK_OPTION_ERROR_MAX];
+                double d;
+                int r;
+
+                r = sd_bus_message_read(message, "d", &d);
+                if (r < 0)
+                        return r;
+                if (fork_option_check_cpu_limit_any(d, err) < 0)
+                        return sd_bus_error_set(error, SD_BUS_ERROR_INVALID_ARGS, err);
+                l->cpu_limit = d;
+                return 0;
+        }
+        return read_rate(message, key, strcmp(key, "disk_rate") == 0 ? &l->disk_rate : &l->net_rate, error);
+}
+
+int bus_read_limits(sd_bus_message *message, bool *ret_memory_given, uint32_t *ret_memory_limit_mib,
+                    struct sandbox_limits *ret, unsigned *ret_given, sd_bus_error *error) {
+        char err[FORK_OPTION_ERROR_MAX];
+        struct sandbox_limits l = *ret;
+        uint32_t mib = 0;
+        unsigned given = 0;
+        int r;
+
+        r = sd_bus_message_enter_container(message, 'a', "{sv}");
+        if (r < 0)
+                return r;
+        for (;;) {
+                const char *key, *type;
+
+                r = sd_bus_message_enter_container(message, 'e', "sv");
+                if (r < 0)
+                        return r;
+                if (r == 0)
+                        break;
+                r = sd_bus_message_read(message, "s", &key);
+                if (r < 0)
+                        return r;
+                if (strcmp(key, "cpu_limit") == 0)
+                        type = "d";
+                else if (strcmp(key, "disk_rate") == 0 || strcmp(key, "net_rate") == 0)
+                        type = "a{st}";
+                else if (strcmp(key, "memory_limit_mib") == 0)
+                        type = "u";
+                else
+                        return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
+                                                 "Unknown limit \"%.64s\" (known: cpu_limit, disk_rate, net_rate, "
+                                                 "memory_limit_mib).", key);
+                r = sd_bus_message_enter_container(message, 'v', type);
+                if (r < 0)
+                        return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "Limit %s must be of type %s.",
+                                                 key, type);
+                if (strcmp(key, "memory_limit_mib") == 0) {
+                        r = sd_bus_message_read(message, "u", &mib);
+                        if (r < 0)
+                                return r;
+                        if (fork_option_check_memory_limit_mib(mib, err) < 0)
+                                return sd_bus_error_set(error, SD_BUS_ERROR_INVALID_ARGS, err);
+                        given |= LIMIT_MEMORY;
+                } else if (strcmp(key, "cpu_limit") == 0) {
+                        double d;
+
+                        /* 0 here: remove the limit */
+                        r = sd_bus_message_read(message, "d", &d);
+                        if (r < 0)
+                                return r;
+                        if (d != 0 && fork_option_check_cpu_limit_any(d, err) < 0)
+                                return sd_bus_error_set(error, SD_BUS_ERROR_INVALID_ARGS, err);
+                        l.cpu_limit = d;
+                        given |= LIMIT_CPU;
+                } else {
+                        r = read_limit(message, key, &l, error);
+                        if (r < 0)
+                                return r;
+                        given |= strcmp(key, "disk_rate") == 0 ? LIMIT_DISK_RATE : LIMIT_NET_RATE;
+                }
+                r = sd_bus_message_exit_container(message);
+                if (r >= 0)
+                        r = sd_bus_message_exit_container(message);
+                if (r < 0)
+                        return r;
+        }
+        if (given == 0)
+                return sd_bus_error_set(error, SD_BUS_ERROR_INVALID_ARGS,
+                                        "No limit given (cpu_limit, disk_rate, net_rate, memory_limit_mib).");
+        *ret = l;
+        *ret_given = given;
+        *ret_memory_given = given & LIMIT_MEMORY;
+        *ret_memory_limit_mib = mib;
+        return sd_bus_message_exit_container(message);
+}
+
+int bus_check_limits(Manager *m, uint32_t memory_limit_mib, const struct sandbox_limits *l, uint32_t vcpus,
+                     sd_bus_error *error) {
+        char err[FORK_OPTION_ERROR_MAX];
+
+        if (l->cpu_limit > 0 && fork_option_check_cpu_limit(l->cpu_limit, vcpus, err) < 0)
+                return sd_bus_error_set(error, SD_BUS_ERROR_INVALID_ARGS, err);
+        if ((memory_limit_mib > 0 || l->cpu_limit > 0) && !cgroup_manager_supported(m->cgroups))
+                return sd_bus_error_setf(error, FORKD_ERROR_NOT_SUPPORTED,
+                                         "%s limits are not available on this host (no usable cgroup backend).",
+                                         memory_limit_mib > 0 ? "Memory" : "CPU");
+        if (l->cpu_limit > 0 && !cgroup_manager_cpu_supported(m->cgroups))
+                return sd_bus_error_setf(error, FORKD_ERROR_NOT_SUPPORTED,
+                                         "cpu_limit is not available with the %s cgroup backend here (it needs "
+                                         "cgroup v2 with the cpu controller, or systemd scopes).",
+                                         cgroup_manager_name(m->cgroups));
+        return 0;
+}
+
+/* Fork's options a{sv} into o; timeout_only (ForkSandboxEx): only timeout_secs,
+ * on_timeout and the limits are known. */
 int parse_fork_options_full(sd_bus_message *message, struct fork_options *o, bool timeout_only,
                             sd_bus_error *error) {
         static const struct {
@@ -41,6 +195,7 @@ int parse_fork_options_full(sd_bus_message *message, struct fork_options *o, boo
         } known[] = {
                 { "per_child_netns", "b", false }, { "live_fork", "b", false }, { "memory_limit_mib", "u", false },
                 { "network", "s", false }, { "timeout_secs", "u", true }, { "on_timeout", "s", true },
+                { "cpu_limit", "d", true }, { "disk_rate", "a{st}", true }, { "net_rate", "a{st}", true },
         };
         char err[FORK_OPTION_ERROR_MAX];
         bool timeout_given = false;
@@ -68,13 +223,19 @@ int parse_fork_options_full(sd_bus_message *message, struct fork_options *o, boo
                 if (!type)
                         return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
                                                  "Unknown fork option \"%.64s\" (known: %s).", key,
-                                                 timeout_only ? "timeout_secs, on_timeout" :
+                                                 timeout_only ? "timeout_secs, on_timeout, cpu_limit, disk_rate, net_rate" :
                                                  "per_child_netns, memory_limit_mib, live_fork, network, "
-                                                 "timeout_secs, on_timeout");
+                                                 "timeout_secs, on_timeout, cpu_limit, disk_rate, net_rate");
                 r = sd_bus_message_enter_container(message, 'v', type);
                 if (r < 0)
                         return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "Fork option %s must be of type %s.",
                                                  key, type);
+                if (strcmp(type, "d") == 0 || strcmp(type, "a{st}") == 0) {
+                        r = read_limit(message, key, &o->limits, error);
+                        if (r < 0)
+                                return r;
+                        goto next;
+                }
                 r = sd_bus_message_read_basic(message, type[0], type[0] == 'b' ? (void *) &b :
                                                                 type[0] == 'u' ? (void *) &u : (void *) &str);
                 if (r < 0)
@@ -103,6 +264,7 @@ int parse_fork_options_full(sd_bus_message *message, struct fork_options *o, boo
                         o->timeout_pause = strcmp(str, ON_TIMEOUT_PAUSE) == 0;
                         o->on_timeout_given = true;
                 }
+        next:
                 r = sd_bus_message_exit_container(message);
                 if (r < 0)
                         return r;

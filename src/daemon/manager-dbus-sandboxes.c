@@ -104,6 +104,9 @@ int bus_manager_method_fork(sd_bus_message *message, void *userdata, sd_bus_erro
         r = fork_options_resolve_network(&opts, i->meta.network, i->meta.agent_tcp, &why);
         if (r < 0)
                 return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "Cannot fork %s: %s.", tag, why);
+        r = bus_check_limits(m, opts.memory_limit_mib, &opts.limits, i->meta.vcpus, error);
+        if (r < 0)
+                return r;
         r = volumes_check_fork(m, i, n, error);
         if (r < 0)
                 return r;
@@ -126,7 +129,8 @@ int bus_manager_method_fork(sd_bus_message *message, void *userdata, sd_bus_erro
                         return sd_bus_error_setf(error, FORKD_ERROR_BUSY,
                                                  "At most %u sandboxes may exist at once.", SANDBOXES_MAX);
                 if (r == -EOPNOTSUPP)
-                        return sd_bus_error_setf(error, FORKD_ERROR_NOT_SUPPORTED, "Memory limits are not available.");
+                        return sd_bus_error_setf(error, FORKD_ERROR_NOT_SUPPORTED, "%s limits are not available.",
+                                                 opts.memory_limit_mib > 0 ? "Memory" : "CPU");
                 return sd_bus_error_set_errnof(error, r, "Failed to start the fork: %m");
         }
         log_info("Forking %u sandbox(es) of %s%s%s.", n, tag, opts.net ? ", network " : "",

@@ -512,6 +512,11 @@ static int method_set_sandbox_timeout(sd_bus_message *message, void *userdata, s
                                  error);
 }
 
+static int method_set_sandbox_limits(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        return forward_to_either(message, userdata, bus_sandbox_method_set_limits, bus_paused_method_set_limits,
+                                 error);
+}
+
 static int method_resume_sandbox(sd_bus_message *message, void *userdata, sd_bus_error *error) {
         return forward_to_either(message, userdata, NULL, bus_paused_method_resume, error);
 }
@@ -630,6 +635,8 @@ const sd_bus_vtable manager_vtable[] = {
                                 method_resume_sandbox, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("SetSandboxTimeout", SD_BUS_ARGS("s", id, "u", timeout_secs, "s", on_timeout),
                                 SD_BUS_RESULT("a{sv}", info), method_set_sandbox_timeout, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("SetSandboxLimits", SD_BUS_ARGS("s", id, "a{sv}", limits),
+                                SD_BUS_RESULT("a{sv}", info), method_set_sandbox_limits, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("ForkSandboxEx", SD_BUS_ARGS("s", id, "u", n, "a{sv}", options),
                                 SD_BUS_RESULT("aa{sv}", sandboxes, "t", pause_us), method_fork_sandbox,
                                 SD_BUS_VTABLE_UNPRIVILEGED),

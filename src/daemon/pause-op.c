@@ -11,6 +11,7 @@
 #include "cgroup.h"
 #include "chain.h"
 #include "fork-op.h"
+#include "fork-options-bus.h"
 #include "hashmap.h"
 #include "image.h"
 #include "macro.h"
@@ -135,6 +136,7 @@ static void pause_branch_done(Manager *m, int r, Image *i, uint64_t pause_us, co
                         .manager = m, .id = strdup(s->id), .tag = strdup(i->tag), .origin_tag = strdup(op->origin_tag),
                         .owner_uid = s->owner_uid, .created_at = s->created_at, .paused_at = (uint64_t) time(NULL),
                         .memory_limit_mib = s->memory_limit_mib, .net_policy = s->netns_owned ? s->net_policy : -1,
+                        .limits = s->limits,
                 };
                 p->pause_us = pause_us;
                 /* Its deadline goes with it, unless this pause is what it asked for. */
@@ -300,7 +302,7 @@ finish:
 
 int paused_fork_start(sd_bus_message *message, Paused *p, unsigned n, const struct fork_options *topts,
                              sd_bus_error *error) {
-        struct fork_options opts = { .memory_limit_mib = p->memory_limit_mib };
+        struct fork_options opts = { .memory_limit_mib = p->memory_limit_mib, .limits = p->limits };
         bool resume = !topts;
         Manager *m = p->manager;
         const char *why = NULL;
@@ -336,6 +338,12 @@ int paused_fork_start(sd_bus_message *message, Paused *p, unsigned n, const stru
                 return sd_bus_error_setf(error, FORKD_ERROR_NOT_SUPPORTED,
                                          "Memory limits are not available on this host, and sandbox %s has one.",
                                          p->id);
+        /* A fork keeps the paused sandbox's limits, but for those it names. */
+        if (topts)
+                sandbox_limits_override(&opts.limits, &topts->limits);
+        r = bus_check_limits(m, opts.memory_limit_mib, &opts.limits, i->meta.vcpus, error);
+        if (r < 0)
+                return r;
         r = operation_begin(m, message, NULL, &o, error);
         if (r < 0)
                 return r;

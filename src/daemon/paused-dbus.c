@@ -6,6 +6,7 @@
 
 #include "fork-op.h"
 #include "fork-options-bus.h"
+#include "image.h"
 #include "macro.h"
 #include "pause-op.h"
 #include "paused-dbus.h"
@@ -97,6 +98,45 @@ int bus_paused_method_set_timeout(sd_bus_message *message, void *userdata, sd_bu
         return sd_bus_send(NULL, reply, NULL);
 }
 
+/* A paused sandbox's limits are what its resume gets: any may change,
+ * memory_limit_mib and cpu_limit included (the resume makes the cgroup). */
+int bus_paused_method_set_limits(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
+        Paused *p = userdata;
+        struct sandbox_limits l = p->limits, old = p->limits;
+        uint32_t mib = 0, old_mib = p->memory_limit_mib;
+        bool mib_given = false;
+        unsigned given = 0;
+        Image *i;
+        int r;
+
+        r = bus_read_limits(message, &mib_given, &mib, &l, &given, error);
+        if (r < 0)
+                return r;
+        r = paused_verify(message, p, "org.forkd.pause", "limits", error);
+        if (r <= 0)
+                return r < 0 ? r : 1;
+        if (p->resuming)
+                return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "Sandbox %s is being resumed.", p->id);
+        i = hashmap_get(p->manager->images, p->tag);
+        r = bus_check_limits(p->manager, mib_given ? mib : 0, &l, i ? i->meta.vcpus : 1, error);
+        if (r < 0)
+                return r;
+        p->limits = l;
+        if (mib_given)
+                p->memory_limit_mib = mib;
+        r = paused_record_write(p);
+        if (r < 0) {
+                p->limits = old;
+                p->memory_limit_mib = old_mib;
+                return sd_bus_error_set_errnof(error, r, "Failed to record the limits of %s: %m", p->id);
+        }
+        r = bus_sandbox_info_reply(message, p, NULL, &reply);
+        if (r < 0)
+                return r;
+        return sd_bus_send(NULL, reply, NULL);
+}
+
 /* ---- the object: org.forkd.PausedSandbox at the sandbox's path ---- */
 
 /* The id's Paused, unless a running sandbox of that id is on the bus (a
@@ -171,6 +211,7 @@ static int property_get_owner(sd_bus *bus, const char *path, const char *interfa
         }
 PAUSED_OBJECT_METHOD(resume)
 PAUSED_OBJECT_METHOD(set_timeout)
+PAUSED_OBJECT_METHOD(set_limits)
 PAUSED_OBJECT_METHOD(terminate)
 PAUSED_OBJECT_METHOD(fork)
 
@@ -184,6 +225,8 @@ const sd_bus_vtable paused_vtable[] = {
                                 SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("SetTimeout", SD_BUS_ARGS("u", timeout_secs, "s", on_timeout),
                                 SD_BUS_RESULT("a{sv}", info), object_set_timeout, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("SetLimits", SD_BUS_ARGS("a{sv}", limits), SD_BUS_RESULT("a{sv}", info),
+                                object_set_limits, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("Terminate", SD_BUS_NO_ARGS, SD_BUS_NO_RESULT, object_terminate,
                                 SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("Fork", SD_BUS_ARGS("u", n), SD_BUS_RESULT("aa{sv}", sandboxes, "t", pause_us),

@@ -22,6 +22,7 @@ int bus_paused_method_resume(sd_bus_message *message, void *userdata, sd_bus_err
 int bus_paused_method_terminate(sd_bus_message *message, void *userdata, sd_bus_error *error);
 int bus_paused_method_fork(sd_bus_message *message, void *userdata, sd_bus_error *error);
 int bus_paused_method_set_timeout(sd_bus_message *message, void *userdata, sd_bus_error *error);
+int bus_paused_method_set_limits(sd_bus_message *message, void *userdata, sd_bus_error *error);
 
 /* A paused sandbox's object: org.forkd.PausedSandbox at its sandbox path
  * (FORKD_SANDBOX_PREFIX), while no running sandbox of its id is on the bus:

@@ -65,6 +65,12 @@ static int record_format(const Paused *p, char **ret) {
         json_object_object_add(o, "created_at", json_object_new_int64((int64_t) p->created_at));
         json_object_object_add(o, "paused_at", json_object_new_int64((int64_t) p->paused_at));
         json_object_object_add(o, "memory_limit_mib", json_object_new_int64(p->memory_limit_mib));
+        if (p->limits.cpu_limit > 0)
+                json_object_object_add(o, "cpu_limit", json_object_new_double(p->limits.cpu_limit));
+        if (rate_limit_is_set(&p->limits.disk_rate))
+                json_object_object_add(o, "disk_rate", rate_limit_to_json(&p->limits.disk_rate));
+        if (rate_limit_is_set(&p->limits.net_rate))
+                json_object_object_add(o, "net_rate", rate_limit_to_json(&p->limits.net_rate));
         if (p->net_policy >= 0)
                 json_object_object_add(o, "network",
                                        json_object_new_string(netns_policy_to_string((NetnsPolicy) p->net_policy)));
@@ -101,6 +107,32 @@ static bool get_uint(struct json_object *o, const char *key, uint64_t max, uint6
         return true;
 }
 
+/* cpu_limit, disk_rate, net_rate: each optional. */
+static int record_parse_limits(struct json_object *o, struct sandbox_limits *ret) {
+        char err[FORK_OPTION_ERROR_MAX];
+        struct json_object *v;
+        int r;
+
+        if (json_object_object_get_ex(o, "cpu_limit", &v)) {
+                if (!json_object_is_type(v, json_type_double) && !json_object_is_type(v, json_type_int))
+                        return -EINVAL;
+                ret->cpu_limit = json_object_get_double(v);
+                if (fork_option_check_cpu_limit_any(ret->cpu_limit, err) < 0)
+                        return -EINVAL;
+        }
+        if (json_object_object_get_ex(o, "disk_rate", &v)) {
+                r = rate_limit_from_json(v, "disk_rate", &ret->disk_rate, err);
+                if (r < 0)
+                        return r;
+        }
+        if (json_object_object_get_ex(o, "net_rate", &v)) {
+                r = rate_limit_from_json(v, "net_rate", &ret->net_rate, err);
+                if (r < 0)
+                        return r;
+        }
+        return 0;
+}
+
 /* The record in text, for the file called name ("<id>.json"): checked field
  * by field; *ret_why says what is wrong with a refused one. */
 static int record_parse(Manager *m, const char *name, const char *text, size_t len, Paused **ret,
@@ -108,10 +140,11 @@ static int record_parse(Manager *m, const char *name, const char *text, size_t l
         _cleanup_json_ struct json_object *o = NULL;
         const char *id, *tag, *origin, *net, *on_timeout, *perr = NULL;
         uint64_t owner, created, paused, mem, expires = 0;
+        struct sandbox_limits limits = {};
         size_t idlen;
         Paused *p;
 
-        if (json_parse_strict(text, len, RECORD_MAX, 2, &o, &perr) < 0) {
+        if (json_parse_strict(text, len, RECORD_MAX, 3, &o, &perr) < 0) {
                 *ret_why = "not a JSON object";
                 return -EBADMSG;
         }
@@ -135,6 +168,8 @@ static int record_parse(Manager *m, const char *name, const char *text, size_t l
                 *ret_why = "owner_uid, created_at, paused_at or memory_limit_mib is missing or out of range";
         else if (net && netns_policy_from_string(net) < 0)
                 *ret_why = "its network policy is unknown";
+        else if (record_parse_limits(o, &limits) < 0)
+                *ret_why = "its cpu_limit, disk_rate or net_rate is malformed";
         else if (json_object_object_get_ex(o, "expires_at_usec", NULL) &&
                  (!get_uint(o, "expires_at_usec", INT64_MAX, &expires) || expires == 0 || !on_timeout ||
                   (strcmp(on_timeout, ON_TIMEOUT_KILL) != 0 && strcmp(on_timeout, ON_TIMEOUT_PAUSE) != 0)))
@@ -155,6 +190,7 @@ static int record_parse(Manager *m, const char *name, const char *text, size_t l
         p->created_at = created;
         p->paused_at = paused;
         p->memory_limit_mib = (uint32_t) mem;
+        p->limits = limits;
         p->net_policy = net ? (int) netns_policy_from_string(net) : -1;
         p->expires_at = expires;
         p->timeout_pause = expires > 0 && strcmp(on_timeout, ON_TIMEOUT_PAUSE) == 0;

@@ -45,6 +45,7 @@ typedef struct Paused {
         uid_t owner_uid;
         uint64_t created_at, paused_at; /* unix seconds */
         uint32_t memory_limit_mib;
+        struct sandbox_limits limits; /* what it had running; a resume gets them again */
         int net_policy;     /* NetnsPolicy, or -1: no NIC */
         bool resuming;
         uint64_t pause_us;  /* how long the guest stood still for the pause (0: not known, after a restart) */

@@ -6,12 +6,14 @@
 
 #include "agent-proto.h"
 #include "branch.h"
+#include "cgroup.h"
 #include "file-hashes.h"
 #include "fork-op.h"
 #include "fork-options-bus.h"
 #include "pause-op.h"
 #include "sandbox-fork.h"
 #include "image-dbus.h"
+#include "image.h"
 #include "json-util.h"
 #include "strv.h"
 #include "macro.h"
@@ -763,6 +765,149 @@ int bus_sandbox_method_set_timeout(sd_bus_message *message, void *userdata, sd_b
         return sd_bus_send(NULL, reply, NULL);
 }
 
+/* ---- limits ---- */
+
+/* A SetSandboxLimits whose rates wait for the VMM's answer to set_limits. */
+typedef struct LimitsCall {
+        ControlWaiter waiter; /* first */
+        Manager *manager;
+        char *id;
+        sd_bus_message *message;
+        struct sandbox_limits limits;
+        unsigned given;
+        uint32_t memory_limit_mib;
+} LimitsCall;
+
+/* The cgroup's part, once the VMM took its part (or had none). */
+static int apply_cgroup_limits(Sandbox *s, const struct sandbox_limits *l, unsigned given, uint32_t mib) {
+        int r;
+
+        /* Removing a cpu_limit it does not have changes nothing in its cgroup. */
+        if ((given & LIMIT_CPU) && l->cpu_limit == 0 && s->limits.cpu_limit == 0)
+                given &= ~LIMIT_CPU;
+        if (!(given & (LIMIT_CPU | LIMIT_MEMORY)))
+                return 0;
+        r = cgroup_set_limits(s->manager->cgroups, s->vm_id, given & LIMIT_MEMORY ? (uint64_t) mib << 20 : 0,
+                              !(given & LIMIT_CPU) ? 0 : l->cpu_limit > 0 ? l->cpu_limit : -1);
+        if (r < 0)
+                return r;
+        if (given & LIMIT_MEMORY)
+                s->memory_limit_mib = mib;
+        if (given & LIMIT_CPU)
+                s->limits.cpu_limit = l->cpu_limit;
+        return 0;
+}
+
+static int reply_limits(sd_bus_message *message, Sandbox *s, int r) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
+
+        if (r < 0)
+                return sd_bus_reply_method_errnof(message, r, "Failed to change the limits of %s: %m", s->id);
+        r = bus_sandbox_info_reply(message, NULL, s, &reply);
+        if (r < 0)
+                return sd_bus_reply_method_errno(message, r, NULL);
+        return sd_bus_send(NULL, reply, NULL);
+}
+
+static void on_set_limits_reply(ControlWaiter *w, struct json_object *o, const char *why) {
+        LimitsCall *c = (LimitsCall *) w;
+        Sandbox *s = hashmap_get(c->manager->sandboxes, c->id);
+        struct json_object *ok, *e;
+
+        if (!o || !s)
+                (void) sd_bus_reply_method_errorf(c->message, FORKD_ERROR_NO_SUCH_SANDBOX,
+                                                  "Sandbox %s ended before its limits changed (%s).", c->id,
+                                                  why ?: "gone");
+        else if (!json_object_object_get_ex(o, "ok", &ok) || !json_object_get_boolean(ok))
+                (void) sd_bus_reply_method_errorf(c->message, FORKD_ERROR_FAILED,
+                                                  "The VMM of %s refused the new limits: %s", c->id,
+                                                  json_object_object_get_ex(o, "error", &e) ?
+                                                          json_object_get_string(e) : "no reason given");
+        else {
+                if (c->given & LIMIT_DISK_RATE)
+                        s->limits.disk_rate = c->limits.disk_rate;
+                if (c->given & LIMIT_NET_RATE)
+                        s->limits.net_rate = c->limits.net_rate;
+                (void) reply_limits(c->message, s, apply_cgroup_limits(s, &c->limits, c->given, c->memory_limit_mib));
+        }
+        sd_bus_message_unref(c->message);
+        free(c->id);
+        free(c);
+}
+
+static int send_set_limits(Sandbox *s, sd_bus_message *message, const struct sandbox_limits *l, unsigned given,
+                           uint32_t mib) {
+        _cleanup_json_ struct json_object *req = json_object_new_object();
+        LimitsCall *c;
+        int r;
+
+        if (!req)
+                return -ENOMEM;
+        json_object_object_add(req, "op", json_object_new_string("set_limits"));
+        if (given & LIMIT_DISK_RATE)
+                json_object_object_add(req, "disk_rate", rate_limit_to_json(&l->disk_rate));
+        if (given & LIMIT_NET_RATE)
+                json_object_object_add(req, "net_rate", rate_limit_to_json(&l->net_rate));
+        c = calloc(1, sizeof(*c));
+        if (!c)
+                return -ENOMEM;
+        *c = (LimitsCall) { .waiter.reply = on_set_limits_reply, .manager = s->manager, .id = strdup(s->id),
+                            .message = sd_bus_message_ref(message), .limits = *l, .given = given,
+                            .memory_limit_mib = mib };
+        r = c->id ? sandbox_control_send(s, json_object_to_json_string_ext(req, JSON_C_TO_STRING_PLAIN), -EBADF,
+                                         &c->waiter) : -ENOMEM;
+        if (r < 0) {
+                sd_bus_message_unref(c->message);
+                free(c->id);
+                free(c);
+        }
+        return r;
+}
+
+/* SetSandboxLimits and the object's SetLimits: everything is checked before
+ * anything changes; the VMM's rates first, then the cgroup's limits. */
+int bus_sandbox_method_set_limits(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        Sandbox *s = userdata;
+        Manager *m = s->manager;
+        struct sandbox_limits l = s->limits;
+        bool mib_given = false;
+        uint32_t mib = 0;
+        unsigned given = 0;
+        Image *i;
+        int r;
+
+        r = bus_read_limits(message, &mib_given, &mib, &l, &given, error);
+        if (r < 0)
+                return r;
+        r = sandbox_verify(message, s, "org.forkd.pause", "limits", error);
+        if (r <= 0)
+                return r < 0 ? r : 1;
+        i = hashmap_get(m->images, s->snapshot_tag);
+        r = bus_check_limits(m, mib_given ? mib : 0, &(struct sandbox_limits) { .cpu_limit = l.cpu_limit },
+                             i ? i->meta.vcpus : 1, error);
+        if (r < 0)
+                return r;
+        if (((given & LIMIT_MEMORY) || ((given & LIMIT_CPU) && (l.cpu_limit > 0 || s->limits.cpu_limit > 0))) &&
+            !s->has_cgroup)
+                return sd_bus_error_setf(error, FORKD_ERROR_NOT_SUPPORTED,
+                                         "Sandbox %s has no cgroup of its own: only a sandbox forked with "
+                                         "cpu_limit or memory_limit_mib can change them while it runs.", s->id);
+        if ((given & LIMIT_MEMORY) && s->memory_limit_mib == 0)
+                return sd_bus_error_setf(error, FORKD_ERROR_NOT_SUPPORTED,
+                                         "Sandbox %s was forked without memory_limit_mib; it cannot get one "
+                                         "while it runs.", s->id);
+        if ((given & (LIMIT_DISK_RATE | LIMIT_NET_RATE)) && s->control_fd < 0)
+                return sd_bus_error_setf(error, FORKD_ERROR_FAILED, "Sandbox %s has no control channel.", s->id);
+
+        if (given & (LIMIT_DISK_RATE | LIMIT_NET_RATE)) {
+                r = send_set_limits(s, message, &l, given, mib);
+                if (r < 0)
+                        return sd_bus_error_set_errnof(error, r, "Failed to change the limits of %s: %m", s->id);
+                return 1;
+        }
+        return reply_limits(message, s, apply_cgroup_limits(s, &l, given, mib));
+}
+
 /* Object-path entry points. A message may be dispatched twice (polkit
  * re-queues it once answered): start reading from its beginning each time.
  * The Manager's forwarders call the bus_sandbox_method_*() directly, after
@@ -802,6 +947,7 @@ OBJECT_METHOD(expose_port)
         }
 OBJECT_METHOD_NOT_PAUSING(pause)
 OBJECT_METHOD_NOT_PAUSING(set_timeout)
+OBJECT_METHOD_NOT_PAUSING(set_limits)
 OBJECT_METHOD(resume)
 
 const sd_bus_vtable sandbox_vtable[] = {
@@ -846,5 +992,7 @@ const sd_bus_vtable sandbox_vtable[] = {
                                 SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("SetTimeout", SD_BUS_ARGS("u", timeout_secs, "s", on_timeout),
                                 SD_BUS_RESULT("a{sv}", info), object_set_timeout, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("SetLimits", SD_BUS_ARGS("a{sv}", limits), SD_BUS_RESULT("a{sv}", info),
+                                object_set_limits, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_VTABLE_END,
 };

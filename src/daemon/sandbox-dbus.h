@@ -34,6 +34,7 @@ int bus_sandbox_method_fork(sd_bus_message *message, void *userdata, sd_bus_erro
  * after the id: a running sandbox. */
 int bus_sandbox_method_pause(sd_bus_message *message, void *userdata, sd_bus_error *error);
 int bus_sandbox_method_set_timeout(sd_bus_message *message, void *userdata, sd_bus_error *error);
+int bus_sandbox_method_set_limits(sd_bus_message *message, void *userdata, sd_bus_error *error);
 /* Resume of a running sandbox (pausing or not): NotPaused. */
 int bus_sandbox_method_resume(sd_bus_message *message, void *userdata, sd_bus_error *error);
 /* sandbox-files.c */

@@ -12,6 +12,8 @@
 #include "bus-info.h"
 #include "sandbox-fork.h"
 #include "volumes.h"
+#include "fork-options-bus.h"
+#include "image.h"
 #include "sandbox.h"
 #include "vm-template.h"
 
@@ -22,6 +24,7 @@ typedef struct SandboxFork {
         char *source_id, *tag;
         unsigned n;
         uint32_t memory_limit_mib;
+        struct sandbox_limits limits;
         uint32_t timeout_secs;
         bool timeout_pause;
         bool source_has_cgroup;
@@ -98,7 +101,8 @@ static void on_fork_done(ForkOp *op, int r, const char *error_name, const char *
  * spawn like any other event, is not waited for: a copy that fails to become
  * one closes the socket, and the spawn says so). */
 static void start_fork(SandboxFork *f) {
-        struct fork_options opts = { .memory_limit_mib = f->memory_limit_mib, .owner_uid = f->operation->owner_uid,
+        struct fork_options opts = { .memory_limit_mib = f->memory_limit_mib, .limits = f->limits,
+                                     .owner_uid = f->operation->owner_uid,
                                      .net = f->net, .net_policy = NETNS_POLICY_NONE, .agent_tcp = f->agent_tcp,
                                      .timeout_secs = f->timeout_secs, .timeout_pause = f->timeout_pause };
         Manager *m = f->manager;
@@ -160,6 +164,15 @@ int sandbox_fork_start(Sandbox *s, sd_bus_message *message, unsigned n, const st
         if (hashmap_size(m->sandboxes) + m->n_sandboxes_reserved + n > SANDBOXES_MAX)
                 return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "At most %u sandboxes may exist at once.",
                                          SANDBOXES_MAX);
+        {
+                struct sandbox_limits l = s->limits;
+                Image *i = hashmap_get(m->images, s->snapshot_tag);
+
+                sandbox_limits_override(&l, &topts->limits);
+                r = bus_check_limits(m, s->memory_limit_mib, &l, i ? i->meta.vcpus : 1, error);
+                if (r < 0)
+                        return r;
+        }
         r = operation_begin(m, message, NULL, &o, error);
         if (r < 0)
                 return r;
@@ -176,6 +189,9 @@ int sandbox_fork_start(Sandbox *s, sd_bus_message *message, unsigned n, const st
         f->n = n;
         f->tpl_fd = -EBADF;
         f->memory_limit_mib = s->memory_limit_mib;
+        /* The copies keep the source's limits, but for those the call names. */
+        f->limits = s->limits;
+        sandbox_limits_override(&f->limits, &topts->limits);
         f->timeout_secs = topts->timeout_secs;
         f->timeout_pause = topts->timeout_pause;
         f->source_has_cgroup = s->has_cgroup;

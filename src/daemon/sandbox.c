@@ -193,6 +193,7 @@ static int sandbox_new_full(Manager *m, const struct sandbox_params *p, int agen
         s->pid = p->pid;
         s->created_at = p->created_at;
         s->memory_limit_mib = p->memory_limit_mib;
+        s->limits = p->limits;
         s->owner_uid = p->owner_uid;
         s->has_cgroup = p->has_cgroup;
         s->live_fork = p->live_fork;

@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "fork-options.h"
 #include "manager.h"
 
 struct json_object;
@@ -51,6 +52,7 @@ struct Sandbox {
         uint32_t pid;
         uint64_t created_at;  /* unix seconds */
         uint32_t memory_limit_mib; /* 0: none */
+        struct sandbox_limits limits; /* cpu_limit, disk_rate, net_rate (fork-options.h) */
         uid_t owner_uid;      /* the caller that forked it (a merge keeps the id's owner) */
         bool has_cgroup;
         bool live_fork;
@@ -111,6 +113,7 @@ struct sandbox_params {
         uint32_t pid;
         uint64_t created_at;
         uint32_t memory_limit_mib;
+        struct sandbox_limits limits;
         uid_t owner_uid;
         bool has_cgroup, live_fork;
         int net_policy;       /* with netns_owned */

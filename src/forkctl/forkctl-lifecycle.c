@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
- * forkctl pause, resume and timeout: a sandbox's life after its fork.
+ * forkctl pause, resume, timeout and limits: a sandbox's life after its fork.
  */
 
 #include <stdio.h>
@@ -75,5 +75,73 @@ int verb_timeout(sd_bus *bus, const struct forkctl_options *o, char **args, size
         if (!o->json)
                 fprintf(stderr, "Sandbox '%s' expires at %s.\n", args[0],
                         jexpires(info, expires, sizeof expires) ?: "?");
+        return print_one_sandbox(&info, o->json);
+}
+
+int check_limits(struct forkctl_options *o, char **args, size_t n_args, const char *synopsis) {
+        if (!(o->given & (OPT_CPU_LIMIT | OPT_DISK_RATE | OPT_NET_RATE | OPT_MEMORY_LIMIT)))
+                return usage_error("limits wants at least one of --cpu-limit, --disk-rate, --net-rate and "
+                                   "--memory-limit-mib; usage: forkctl %s", synopsis);
+        return 0;
+}
+
+/* The limits given, into an open a{sv} (fork's options, SetSandboxLimits's). */
+static int append_rate(sd_bus_message *m, const char *key, const struct rate_limit *l) {
+        int r = sd_bus_message_open_container(m, 'e', "sv");
+
+        if (r >= 0)
+                r = sd_bus_message_append(m, "s", key);
+        if (r >= 0)
+                r = sd_bus_message_open_container(m, 'v', "a{st}");
+        if (r >= 0)
+                r = sd_bus_message_append(m, "a{st}", 3, "bandwidth", l->bandwidth, "ops", l->ops, "burst", l->burst);
+        if (r >= 0)
+                r = sd_bus_message_close_container(m);
+        if (r >= 0)
+                r = sd_bus_message_close_container(m);
+        return r;
+}
+
+int append_limit_options(sd_bus_message *m, const struct forkctl_options *o) {
+        int r = 0;
+
+        if (o->given & OPT_CPU_LIMIT)
+                r = sd_bus_message_append(m, "{sv}", "cpu_limit", "d", o->cpu_limit);
+        if (r >= 0 && (o->given & OPT_DISK_RATE))
+                r = append_rate(m, "disk_rate", &o->disk_rate);
+        if (r >= 0 && (o->given & OPT_NET_RATE))
+                r = append_rate(m, "net_rate", &o->net_rate);
+        return r;
+}
+
+int verb_limits(sd_bus *bus, const struct forkctl_options *o, char **args, size_t n_args) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *m = NULL, *reply = NULL;
+        _cleanup_(sd_bus_error_free) sd_bus_error error = SD_BUS_ERROR_NULL;
+        _cleanup_json_ struct json_object *info = NULL;
+        struct error_context ctx = { .verb = "limits", .id = args[0] };
+        int r;
+
+        r = new_call(bus, "SetSandboxLimits", &m);
+        if (r < 0)
+                return -1;
+        r = sd_bus_message_append(m, "s", args[0]);
+        if (r >= 0)
+                r = sd_bus_message_open_container(m, 'a', "{sv}");
+        if (r >= 0)
+                r = append_limit_options(m, o);
+        if (r >= 0 && (o->given & OPT_MEMORY_LIMIT))
+                r = sd_bus_message_append(m, "{sv}", "memory_limit_mib", "u", o->memory_limit_mib);
+        if (r >= 0)
+                r = sd_bus_message_close_container(m);
+        if (r < 0)
+                return report_error(NULL, r, &ctx);
+        r = sd_bus_call(bus, m, 0, &error, &reply);
+        if (r < 0)
+                return report_error(&error, r, &ctx);
+        r = bus_message_read_dict_json(reply, &info);
+        if (r < 0)
+                return report_error(NULL, r, &ctx);
+        if (!o->json)
+                fprintf(stderr, "Limits of sandbox '%s' changed.\n", args[0]);
         return print_one_sandbox(&info, o->json);
 }

@@ -35,6 +35,8 @@ int verb_fork(sd_bus *bus, const struct forkctl_options *o, char **args, size_t 
 
         if ((o->given & OPT_NETWORK) && !o->network)
                 return usage_error("fork --network wants none or egress");
+        if ((o->given & OPT_CPU_LIMIT) && o->cpu_limit == 0)
+                return usage_error("fork --cpu-limit wants a number of CPUs of at least 0.01");
         r = new_call(bus, "Fork", &m);
         if (r < 0)
                 return -1;
@@ -51,6 +53,8 @@ int verb_fork(sd_bus *bus, const struct forkctl_options *o, char **args, size_t 
                 r = sd_bus_message_append(m, "{sv}", "network", "s", o->network);
         if (r >= 0)
                 r = append_deadline_options(m, o);
+        if (r >= 0)
+                r = append_limit_options(m, o);
         if (r >= 0)
                 r = sd_bus_message_close_container(m);
         if (r < 0)

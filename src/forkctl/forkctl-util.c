@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "snapshot-meta.h"
+#include "fork-options.h"
 #include "forkctl-util.h"
 #include "macro.h"
 
@@ -273,5 +274,108 @@ int forkctl_parse_volume(char *spec, struct forkctl_volume *ret, const char **re
                 return -EINVAL;
         }
         *ret = v;
+        return 0;
+}
+
+/* A size: digits, then at most one of K, M, G, T (powers of 1024). */
+static int parse_size(const char *s, uint64_t *ret) {
+        uint64_t v = 0;
+        unsigned shift = 0;
+        const char *p = s;
+
+        if (*p < '0' || *p > '9')
+                return -EINVAL;
+        for (; *p >= '0' && *p <= '9'; p++) {
+                if (v > (UINT64_MAX - 9) / 10)
+                        return -ERANGE;
+                v = v * 10 + (uint64_t) (*p - '0');
+        }
+        switch (*p) {
+        case '\0': break;
+        case 'k': case 'K': shift = 10; p++; break;
+        case 'M': shift = 20; p++; break;
+        case 'G': shift = 30; p++; break;
+        case 'T': shift = 40; p++; break;
+        default: return -EINVAL;
+        }
+        if (*p)
+                return -EINVAL;
+        if (shift && v > (UINT64_MAX >> shift))
+                return -ERANGE;
+        *ret = v << shift;
+        return 0;
+}
+
+int forkctl_parse_rate(const char *spec, const char *field, struct rate_limit *ret, char *err, size_t err_size) {
+        _cleanup_free_ char *copy = strdup(spec ?: "");
+        char check[FORK_OPTION_ERROR_MAX], *save = NULL;
+        struct rate_limit l = {};
+        unsigned given = 0, n = 0;
+
+        if (!copy)
+                return -ENOMEM;
+        for (char *item = strtok_r(copy, ",", &save); item; item = strtok_r(NULL, ",", &save), n++) {
+                char *eq = strchr(item, '=');
+                const char *key = "bandwidth", *value = item;
+                uint64_t v;
+                int r;
+
+                if (eq) {
+                        *eq = '\0';
+                        key = item;
+                        value = eq + 1;
+                } else if (n > 0) {
+                        snprintf(err, err_size, "%s: '%s' wants a key (bandwidth=, ops=, burst=)", field, item);
+                        return -EINVAL;
+                }
+                if (strcmp(key, "ops") == 0) {
+                        uint32_t u;
+
+                        r = parse_u32(value, 0, UINT32_MAX, &u);
+                        v = u;
+                } else if (strcmp(key, "bandwidth") == 0 || strcmp(key, "burst") == 0)
+                        r = parse_size(value, &v);
+                else {
+                        snprintf(err, err_size, "%s: unknown key '%s' (bandwidth, ops, burst)", field, key);
+                        return -EINVAL;
+                }
+                if (r < 0) {
+                        snprintf(err, err_size, "%s: %s wants %s, not '%s'", field, key,
+                                 strcmp(key, "ops") == 0 ? "an integer" : "a number of bytes (K, M, G, T: KiB...)",
+                                 value);
+                        return -EINVAL;
+                }
+                if (strcmp(key, "bandwidth") == 0) {
+                        l.bandwidth = v;
+                        given |= RATE_KEY_BANDWIDTH;
+                } else if (strcmp(key, "ops") == 0) {
+                        l.ops = v;
+                        given |= RATE_KEY_OPS;
+                } else {
+                        l.burst = v;
+                        given |= RATE_KEY_BURST;
+                }
+        }
+        if (fork_option_check_rate(field, &l, given, check) < 0) {
+                snprintf(err, err_size, "%s", check);
+                return -EINVAL;
+        }
+        *ret = l;
+        return 0;
+}
+
+int forkctl_parse_cpu_limit(const char *s, bool zero_ok, double *ret) {
+        char err[FORK_OPTION_ERROR_MAX], *end = NULL;
+        double d;
+
+        if (!s || !*s || strspn(s, "0123456789.") != strlen(s))
+                return -EINVAL;
+        errno = 0;
+        d = strtod(s, &end);
+        if (errno != 0 || !end || *end)
+                return -EINVAL;
+        if (!(zero_ok && d == 0) && fork_option_check_cpu_limit_any(d, err) < 0)
+                return -ERANGE;
+        *ret = d;
         return 0;
 }

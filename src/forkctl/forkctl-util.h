@@ -47,3 +47,15 @@ struct forkctl_volume {
         const char *host, *guest, *mode;
 };
 int forkctl_parse_volume(char *spec, struct forkctl_volume *ret, const char **ret_why);
+
+/* --disk-rate and --net-rate: BW[,ops=N][,burst=N], or key=value items only
+ * (bandwidth=, ops=, burst=), comma-separated. Bandwidth and burst are bytes
+ * (per second for bandwidth) with an optional binary suffix K, M, G or T (KiB
+ * ...); ops a plain integer; 0 leaves a dimension unlimited. The values must
+ * pass fork_option_check_rate(): -EINVAL with err filled (field names the
+ * option in it, e.g. "disk_rate"). */
+struct rate_limit;
+int forkctl_parse_rate(const char *spec, const char *field, struct rate_limit *ret, char *err, size_t err_size);
+
+/* --cpu-limit: a decimal number (0.5, 2), >= 0.01; 0 too where zero_ok. */
+int forkctl_parse_cpu_limit(const char *s, bool zero_ok, double *ret);

@@ -58,10 +58,14 @@ static void help(void) {
                "Sandboxes:\n"
                "  fork TAG [-n N] [--memory-limit-mib M] [--per-child-netns] [--live-fork]\n"
                "           [--network none|egress] [--timeout S [--on-timeout kill|pause]]\n"
+               "           [--cpu-limit X] [--disk-rate R] [--net-rate R]\n"
                "                          Fork N (1..1000, default 1) sandboxes of snapshot TAG;\n"
                "                          --network: a snapshot with a NIC's policy (default none);\n"
                "                          --timeout: each is killed (or paused) S seconds\n"
-               "                          (1..86400) after the fork\n"
+               "                          (1..86400) after the fork; --cpu-limit: CPUs each may\n"
+               "                          use (0.01 to the snapshot's vcpus); --disk-rate and\n"
+               "                          --net-rate: R is BW[,ops=N][,burst=B] (BW and B bytes,\n"
+               "                          K, M, G, T for KiB...; 0: unlimited), or ops=N alone\n"
                "  ls                      List sandboxes, running and paused, with their deadline\n"
                "  kill ID...              Terminate sandboxes (a paused one is deleted)\n"
                "  ping ID                 Ask a sandbox's agent whether it is alive\n"
@@ -88,6 +92,9 @@ static void help(void) {
                "                          S seconds (1..86400) from now; at it, the sandbox is\n"
                "                          killed or paused (default: its action so far, kill\n"
                "                          when it had none)\n"
+               "  limits ID [--cpu-limit X] [--disk-rate R] [--net-rate R] [--memory-limit-mib M]\n"
+               "                          Change the limits of a running or paused sandbox (as for\n"
+               "                          fork; --cpu-limit 0 and a rate of 0 remove a limit)\n"
                "  write-file ID PATH [LOCAL|-] [--file-mode M]\n"
                "                          Create or replace the file PATH in a sandbox with the\n"
                "                          contents of LOCAL (default: standard input), at most\n"
@@ -225,10 +232,10 @@ static const struct verb verbs[] = {
           check_snapshot_diff },
         { NULL, "fork", 1, 1,
           OPT_COUNT | OPT_MEMORY_LIMIT | OPT_PER_CHILD_NETNS | OPT_LIVE_FORK | OPT_NETWORK | OPT_TIMEOUT |
-                  OPT_ON_TIMEOUT,
+                  OPT_ON_TIMEOUT | OPT_CPU_LIMIT | OPT_DISK_RATE | OPT_NET_RATE,
           VERB_DEADLINE,
-          "fork TAG [-n N] [--memory-limit-mib M] [--per-child-netns] [--live-fork] [--network none|egress] "
-          "[--timeout S [--on-timeout kill|pause]]",
+          "fork TAG [-n N] [--memory-limit-mib M] [--cpu-limit X] [--disk-rate R] [--net-rate R] "
+          "[--per-child-netns] [--live-fork] [--network none|egress] [--timeout S [--on-timeout kill|pause]]",
           verb_fork, NULL },
         { NULL, "ls", 0, 0, 0, 0, "ls", verb_ls, NULL },
         { NULL, "list", 0, 0, 0, 0, "ls", verb_ls, NULL },
@@ -245,6 +252,9 @@ static const struct verb verbs[] = {
         { NULL, "resume", 1, 1, 0, 0, "resume ID", verb_resume, NULL },
         { NULL, "timeout", 2, 2, OPT_ON_TIMEOUT, VERB_ON_TIMEOUT_ALONE, "timeout ID S [--on-timeout kill|pause]",
           verb_timeout, check_timeout },
+        { NULL, "limits", 1, 1, OPT_CPU_LIMIT | OPT_DISK_RATE | OPT_NET_RATE | OPT_MEMORY_LIMIT, 0,
+          "limits ID [--cpu-limit X] [--disk-rate R] [--net-rate R] [--memory-limit-mib M]", verb_limits,
+          check_limits },
         { NULL, "write-file", 2, 3, OPT_FILE_MODE, 0, "write-file ID PATH [LOCAL|-] [--file-mode M]", verb_write_file,
           NULL },
         { NULL, "read-file", 2, 2, 0, 0, "read-file ID PATH", verb_read_file, NULL },
@@ -294,6 +304,9 @@ enum {
         ARG_IMAGE,
         ARG_START_CMD,
         ARG_VOLUME,
+        ARG_CPU_LIMIT,
+        ARG_DISK_RATE,
+        ARG_NET_RATE,
 };
 
 struct option_spec;
@@ -363,6 +376,25 @@ static int parse_mode(struct forkctl_options *o, const struct option_spec *s, ch
         if (strcmp(value, "full") != 0 && strcmp(value, "diff") != 0 && strcmp(value, "live") != 0)
                 return usage_error("--mode wants full, diff or live, not '%s'", value);
         o->mode = value;
+        return 0;
+}
+
+/* fork takes 0.01 and more; limits 0 too (no limit), checked by check_limits(). */
+static int parse_cpu_limit_option(struct forkctl_options *o, const struct option_spec *s, char *value, int argc,
+                                  char *argv[]) {
+        if (forkctl_parse_cpu_limit(value, true, &o->cpu_limit) < 0)
+                return usage_error("--cpu-limit wants a number of CPUs of at least 0.01 (0.5, 2), not '%s'", value);
+        return 0;
+}
+
+static int parse_rate_option(struct forkctl_options *o, const struct option_spec *s, char *value, int argc,
+                             char *argv[]) {
+        bool disk = strcmp(s->shown, "--disk-rate") == 0;
+        char err[FORK_OPTION_ERROR_MAX + 64];
+
+        if (forkctl_parse_rate(value, disk ? "disk_rate" : "net_rate", disk ? &o->disk_rate : &o->net_rate, err,
+                               sizeof(err)) < 0)
+                return usage_error("%s: %s", s->shown, err);
         return 0;
 }
 
@@ -463,6 +495,9 @@ static const struct option_spec option_specs[] = {
         FLAG("agent-tcp", ARG_AGENT_TCP, OPT_AGENT_TCP, agent_tcp),
         OTHER("on-timeout", required_argument, ARG_ON_TIMEOUT, OPT_ON_TIMEOUT, parse_on_timeout),
         OTHER("volume", required_argument, ARG_VOLUME, OPT_VOLUME, parse_volume_option),
+        OTHER("cpu-limit", required_argument, ARG_CPU_LIMIT, OPT_CPU_LIMIT, parse_cpu_limit_option),
+        OTHER("disk-rate", required_argument, ARG_DISK_RATE, OPT_DISK_RATE, parse_rate_option),
+        OTHER("net-rate", required_argument, ARG_NET_RATE, OPT_NET_RATE, parse_rate_option),
 };
 
 static const struct option_spec *option_spec_by_val(int val) {
@@ -557,7 +592,7 @@ static int check_verb(const struct verb *verb, struct forkctl_options *o, char *
 
         if (n_pos < verb->min_args || n_pos > verb->max_args)
                 return usage_error("usage: forkctl %s", verb->synopsis);
-        for (unsigned bit = 1; bit <= OPT_LAST; bit <<= 1)
+        for (unsigned bit = 1; bit != 0 && bit <= OPT_LAST; bit <<= 1) /* OPT_LAST may be bit 31 */
                 if ((o->given & bit) && !(verb->options & bit))
                         return usage_error("option %s does not apply here; usage: forkctl %s", option_name(bit),
                                            verb->synopsis);

@@ -16,6 +16,7 @@
 #include <stdint.h>
 #include <systemd/sd-bus.h>
 
+#include "fork-options.h"
 #include "bus-util.h"
 #include "forkctl-util.h"
 #include "macro.h"
@@ -63,7 +64,10 @@ enum {
         OPT_IMAGE = 1u << 26,
         OPT_START_CMD = 1u << 27,
         OPT_VOLUME = 1u << 28,
-        OPT_LAST = OPT_VOLUME,
+        OPT_CPU_LIMIT = 1u << 29,
+        OPT_DISK_RATE = 1u << 30,
+        OPT_NET_RATE = 1u << 31,
+        OPT_LAST = OPT_NET_RATE,
 };
 
 /* One command line's options. The global ones apply to every verb; the others
@@ -91,6 +95,8 @@ struct forkctl_options {
         /* fork, fork-sandbox */
         uint32_t n;
         uint32_t memory_limit_mib;
+        double cpu_limit;          /* fork, limits --cpu-limit (limits: 0 removes it) */
+        struct rate_limit disk_rate, net_rate; /* --disk-rate, --net-rate */
         bool per_child_netns, live_fork;
         const char *network;       /* fork --network none|egress */
         uint32_t timeout;          /* exec, run: 0..3600; fork, fork-sandbox: the deadline, 1..86400 */
@@ -183,6 +189,10 @@ int verb_pause(sd_bus *bus, const struct forkctl_options *o, char **args, size_t
 int verb_resume(sd_bus *bus, const struct forkctl_options *o, char **args, size_t n_args);
 int verb_timeout(sd_bus *bus, const struct forkctl_options *o, char **args, size_t n_args);
 int check_timeout(struct forkctl_options *o, char **args, size_t n_args, const char *synopsis);
+int verb_limits(sd_bus *bus, const struct forkctl_options *o, char **args, size_t n_args);
+int check_limits(struct forkctl_options *o, char **args, size_t n_args, const char *synopsis);
+/* cpu_limit, disk_rate and net_rate as given, into an open a{sv}. */
+int append_limit_options(sd_bus_message *m, const struct forkctl_options *o);
 
 /* forkctl-pack.c: bundles */
 int verb_pack(sd_bus *bus, const struct forkctl_options *o, char **args, size_t n_args);

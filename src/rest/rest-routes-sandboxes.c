@@ -46,6 +46,89 @@ static int on_reply_sandbox_fork(RestRequest *req, sd_bus_message *reply) {
 
 /* ---- sandboxes ---- */
 
+/* cpu_limit, disk_rate and net_rate of a body: kept as JSON while the body
+ * lives (json_dispatch checks nothing but that they are there), then checked
+ * by limits_from_body() with the words forkd would answer with. */
+struct limits_json {
+        struct json_object *cpu_limit, *disk_rate, *net_rate;
+};
+
+static int keep_json(struct json_object *v, void *field, const char **ret_error) {
+        *(struct json_object **) field = v; /* NULL for null: not given */
+        return 0;
+}
+
+#define LIMIT_FIELDS(type, member)                                                                                \
+        { "cpu_limit", JSON_KIND_ANY, keep_json, offsetof(type, member.cpu_limit), 0, JSON_NULLABLE },           \
+        { "disk_rate", JSON_KIND_ANY, keep_json, offsetof(type, member.disk_rate), 0, JSON_NULLABLE },           \
+        { "net_rate", JSON_KIND_ANY, keep_json, offsetof(type, member.net_rate), 0, JSON_NULLABLE }
+
+/* 1 with *ret filled (*ret_given: LIMIT_* of what was given); else the 400 is
+ * queued and this returns 0 or the reply's errno. zero_cpu: cpu_limit 0 is
+ * allowed (PATCH: remove it). */
+#define LIMIT_CPU 1u
+#define LIMIT_DISK_RATE 2u
+#define LIMIT_NET_RATE 4u
+static int limits_from_body(RestRequest *req, const struct limits_json *j, bool zero_cpu, struct sandbox_limits *ret,
+                            unsigned *ret_given) {
+        char err[FORK_OPTION_ERROR_MAX];
+        struct sandbox_limits l = {};
+        unsigned given = 0;
+
+        if (j->cpu_limit) {
+                if (!json_object_is_type(j->cpu_limit, json_type_double) &&
+                    !json_object_is_type(j->cpu_limit, json_type_int))
+                        return MIN(rest_reply_error(req, 400, "cpu_limit must be a number"), 0);
+                l.cpu_limit = json_object_get_double(j->cpu_limit);
+                if (!(zero_cpu && l.cpu_limit == 0) && fork_option_check_cpu_limit_any(l.cpu_limit, err) < 0)
+                        return MIN(rest_reply_error(req, 400, "%s", err), 0);
+                given |= LIMIT_CPU;
+        }
+        if (j->disk_rate) {
+                if (rate_limit_from_json(j->disk_rate, "disk_rate", &l.disk_rate, err) < 0)
+                        return MIN(rest_reply_error(req, 400, "%s", err), 0);
+                given |= LIMIT_DISK_RATE;
+        }
+        if (j->net_rate) {
+                if (rate_limit_from_json(j->net_rate, "net_rate", &l.net_rate, err) < 0)
+                        return MIN(rest_reply_error(req, 400, "%s", err), 0);
+                given |= LIMIT_NET_RATE;
+        }
+        *ret = l;
+        *ret_given = given;
+        return 1;
+}
+
+static int append_rate(sd_bus_message *m, const char *key, const struct rate_limit *l) {
+        int r;
+
+        r = sd_bus_message_open_container(m, 'e', "sv");
+        if (r >= 0)
+                r = sd_bus_message_append(m, "s", key);
+        if (r >= 0)
+                r = sd_bus_message_open_container(m, 'v', "a{st}");
+        if (r >= 0)
+                r = sd_bus_message_append(m, "a{st}", 3, "bandwidth", l->bandwidth, "ops", l->ops, "burst", l->burst);
+        if (r >= 0)
+                r = sd_bus_message_close_container(m);
+        if (r >= 0)
+                r = sd_bus_message_close_container(m);
+        return r;
+}
+
+/* The limits given into an open a{sv}. */
+static int append_limits(sd_bus_message *m, const struct sandbox_limits *l, unsigned given) {
+        int r = 0;
+
+        if (given & LIMIT_CPU)
+                r = sd_bus_message_append(m, "{sv}", "cpu_limit", "d", l->cpu_limit);
+        if (r >= 0 && (given & LIMIT_DISK_RATE))
+                r = append_rate(m, "disk_rate", &l->disk_rate);
+        if (r >= 0 && (given & LIMIT_NET_RATE))
+                r = append_rate(m, "net_rate", &l->net_rate);
+        return r;
+}
+
 struct fork_args {
         char snapshot_tag[REST_TAG_MAX + 2];
         int64_t n;
@@ -57,6 +140,7 @@ struct fork_args {
         char network[16]; /* "": not given */
         int64_t timeout_secs; /* TIMEOUT_UNSET: not given */
         char on_timeout[8];   /* "": not given */
+        struct limits_json limits;
 };
 
 /* timeout_secs absent (or null): no deadline. */
@@ -109,12 +193,15 @@ int rest_route_sandboxes_create(RestRequest *req) {
                 { "network", JSON_KIND_STRING, NULL, offsetof(struct fork_args, network),
                   JSON_FIELD_SIZE(struct fork_args, network), JSON_NULLABLE },
                 TIMEOUT_FIELDS(struct fork_args),
+                LIMIT_FIELDS(struct fork_args, limits),
                 {}
         };
         _cleanup_(sd_bus_message_unrefp) sd_bus_message *m = NULL;
         _cleanup_json_ struct json_object *o = NULL;
         struct fork_args a = { .n = 1, .timeout_secs = TIMEOUT_UNSET };
         char err[FORK_OPTION_ERROR_MAX];
+        struct sandbox_limits limits;
+        unsigned limits_given;
         int r;
 
         r = rest_parse_body(req, false, table, &a,
@@ -130,6 +217,9 @@ int rest_route_sandboxes_create(RestRequest *req) {
         if (a.network[0] && fork_option_check_network(a.network, err) < 0)
                 return rest_reply_error(req, 400, "%s", err);
         r = check_timeout(req, a.timeout_secs, a.on_timeout, false);
+        if (r <= 0)
+                return r;
+        r = limits_from_body(req, &a.limits, false, &limits, &limits_given);
         if (r <= 0)
                 return r;
         /* A child's RAM is a MAP_PRIVATE mapping of the snapshot's memory.bin, shared
@@ -159,6 +249,8 @@ int rest_route_sandboxes_create(RestRequest *req) {
         if (r >= 0)
                 r = append_timeout(m, a.timeout_secs, a.on_timeout);
         if (r >= 0)
+                r = append_limits(m, &limits, limits_given);
+        if (r >= 0)
                 r = sd_bus_message_close_container(m);
         if (r < 0)
                 return rest_reply_error(req, 500, "cannot build D-Bus call: %s", strerror(-r));
@@ -186,6 +278,61 @@ int rest_route_sandbox_delete(RestRequest *req) {
         if (!id)
                 return 0;
         return rest_call_manager(req, "TerminateSandbox", REST_CALL_TIMEOUT_SHORT, rest_on_reply_empty_204, "s", id);
+}
+
+/* PATCH /v1/sandboxes/:id {"cpu_limit": X, "disk_rate": {...}, "net_rate": {...},
+ * "memory_limit_mib": N}: the limits of a sandbox, live. */
+struct limits_args {
+        struct limits_json limits;
+        int64_t memory_limit_mib; /* -1: not given */
+};
+
+int rest_route_sandbox_patch(RestRequest *req) {
+        static const struct json_dispatch table[] = {
+                LIMIT_FIELDS(struct limits_args, limits),
+                { "memory_limit_mib", JSON_KIND_INT64, NULL, offsetof(struct limits_args, memory_limit_mib), 0, 0 },
+                {}
+        };
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *m = NULL;
+        _cleanup_json_ struct json_object *o = NULL;
+        struct limits_args a = { .memory_limit_mib = -1 };
+        char err[FORK_OPTION_ERROR_MAX];
+        struct sandbox_limits limits;
+        unsigned given;
+        const char *id;
+        int r;
+
+        id = rest_param_or_reply(req, "sandbox id");
+        if (!id)
+                return 0;
+        r = rest_parse_body(req, false, table, &a, NULL, &o);
+        if (r <= 0)
+                return r;
+        r = limits_from_body(req, &a.limits, true, &limits, &given);
+        if (r <= 0)
+                return r;
+        if (a.memory_limit_mib != -1 && fork_option_check_memory_limit_mib(a.memory_limit_mib, err) < 0)
+                return rest_reply_error(req, 400, "%s", err);
+        if (given == 0 && a.memory_limit_mib == -1)
+                return rest_reply_error(req, 400, "give at least one of cpu_limit, disk_rate, net_rate and "
+                                                  "memory_limit_mib");
+
+        r = rest_new_manager_call(req, "SetSandboxLimits", &m);
+        if (r < 0)
+                return rest_reply_call_failed(req, r);
+        r = sd_bus_message_append(m, "s", id);
+        if (r >= 0)
+                r = sd_bus_message_open_container(m, 'a', "{sv}");
+        if (r >= 0)
+                r = append_limits(m, &limits, given);
+        if (r >= 0 && a.memory_limit_mib != -1)
+                r = sd_bus_message_append(m, "{sv}", "memory_limit_mib", "u", (uint32_t) a.memory_limit_mib);
+        if (r >= 0)
+                r = sd_bus_message_close_container(m);
+        if (r < 0)
+                return rest_reply_error(req, 500, "cannot build D-Bus call: %s", strerror(-r));
+        r = rest_call(req, m, REST_CALL_TIMEOUT_SHORT, rest_on_reply_dict_200);
+        return r < 0 ? rest_reply_call_failed(req, r) : 0;
 }
 
 struct merge_args {

@@ -9,6 +9,7 @@ int rest_route_sandboxes_create(RestRequest *req);
 int rest_route_sandboxes_list(RestRequest *req);
 int rest_route_sandbox_get(RestRequest *req);
 int rest_route_sandbox_delete(RestRequest *req);
+int rest_route_sandbox_patch(RestRequest *req);
 int rest_route_sandbox_merge(RestRequest *req);
 int rest_route_sandbox_branch(RestRequest *req);
 int rest_route_sandbox_fork(RestRequest *req);

@@ -9,6 +9,7 @@
 
 #include <json-c/json.h>
 
+#include "fork-options.h"
 #include "json-util.h"
 #include "macro.h"
 #include "vmm-client.h"
@@ -402,7 +403,7 @@ size_t vmm_spawn_batch_size(bool with_control, bool with_cgroup, bool with_netns
 
 static int send_batch(struct vmm_template *t, const char *const *ids, size_t n, const char *console_dir,
                       const char *cgroup_parent, const char *const *netns, const int *fds, unsigned n_fds,
-                      bool with_control, bool with_tap) {
+                      bool with_control, bool with_tap, const struct vmm_spawn_options *opts) {
         struct json_object *req = json_object_new_object(), *arr = json_object_new_array(), *ns = NULL;
         char cbuf[CMSG_SPACE(sizeof(int) * SPAWN_FDS_MAX)] = {};
         struct iovec iov;
@@ -427,6 +428,10 @@ static int send_batch(struct vmm_template *t, const char *const *ids, size_t n, 
         json_object_object_add(req, "netns", ns);
         if (with_tap) /* only then: a template of before the NIC knows no with_tap */
                 json_object_object_add(req, "with_tap", json_object_new_boolean(true));
+        if (opts->disk_rate) /* only then, as with_tap */
+                json_object_object_add(req, "disk_rate", rate_limit_to_json(opts->disk_rate));
+        if (opts->net_rate)
+                json_object_object_add(req, "net_rate", rate_limit_to_json(opts->net_rate));
         s = json_object_to_json_string_ext(req, JSON_C_TO_STRING_PLAIN);
         iov = (struct iovec) { .iov_base = (void *) s, .iov_len = strlen(s) };
 
@@ -535,7 +540,7 @@ int vmm_client_template_spawn_with(struct vmm_template *t, const char *const *id
                 }
                 r = send_batch(t, ids + sent, k, opts->console_dir, opts->cgroup_parent,
                                netns ? netns + sent : NULL,
-                               fds, n_fds, with_control, opts->tap_fds);
+                               fds, n_fds, with_control, opts->tap_fds, opts);
         close_batch:
                 for (unsigned i = 0; i < n_fds; i++)
                         safe_close(fds[i]);

@@ -14,6 +14,8 @@
 
 #include "time-util.h"
 
+struct rate_limit; /* fork-options.h */
+
 struct vmm_proc {
         pid_t pid;
         int control_fd; /* SOCK_SEQPACKET, ours */
@@ -140,6 +142,9 @@ struct vmm_spawn_options {
          * fd, "with_tap":true. They stay the caller's, to close once the call
          * returned. */
         const int *tap_fds;
+        /* NULL, or disk_rate and net_rate for every child (the spawn request's
+         * "disk_rate" and "net_rate"): set before its guest runs. */
+        const struct rate_limit *disk_rate, *net_rate;
 };
 
 /* How many children one spawn request carries, given which fds go along per

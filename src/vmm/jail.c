@@ -283,6 +283,7 @@ static const int syscalls_vmm[] = {
         /* time and entropy (the identity event) */
         SCMP_SYS(clock_gettime), SCMP_SYS(gettimeofday), SCMP_SYS(time), SCMP_SYS(nanosleep),
         SCMP_SYS(clock_nanosleep), SCMP_SYS(getrandom),
+        SCMP_SYS(timer_create), SCMP_SYS(timer_settime), SCMP_SYS(timer_delete), /* disk_rate, net_rate */
 #ifdef __SANITIZE_ADDRESS__
         /* what ASan and UBSan make on their own: reports, shadow memory, exit */
         SCMP_SYS(readlink), SCMP_SYS(readlinkat), SCMP_SYS(sched_getaffinity), SCMP_SYS(prlimit64),

@@ -7,6 +7,7 @@
 #include <sys/mman.h>
 
 #include "kvm.h"
+#include "vmm-limits.h"
 #include "vmm.h"
 
 #define KVM_TSS_ADDR 0xfffbd000ul
@@ -208,6 +209,7 @@ struct vmm *vmm_free(struct vmm *vmm) {
         if (vmm->mem)
                 munmap(vmm->mem, vmm->mem_size);
         safe_close(vmm->mem_fd);
+        vmm_limits_free(vmm);
         free(vmm);
         return NULL;
 }

@@ -16,6 +16,7 @@
 #include "jail.h"
 #include "json-util.h"
 #include "kvm.h"
+#include "vmm-limits.h"
 #include "machine.h"
 #include "branch.h"
 #include "run.h"
@@ -171,6 +172,14 @@ static void control_handle(struct vmm *vmm, struct vmm_host *host, const char *b
                 host->paused = true;
         } else if (strcmp(op, "resume") == 0) {
                 host->paused = false;
+        } else if (strcmp(op, "set_limits") == 0) {
+                char msg[FORK_OPTION_ERROR_MAX];
+
+                if (vmm_limits_set_json(vmm, req, reply, msg) < 0) {
+                        json_object_put(reply);
+                        control_error(host, msg);
+                        goto out;
+                }
         } else if (strcmp(op, "shutdown") == 0) {
                 vmm_request_stop(vmm, VMM_STOP_SIGNAL);
         } else if (strcmp(op, "snapshot") == 0) {
@@ -360,6 +369,7 @@ static void service_host(struct vmm *vmm, struct vmm_host *host, int timeout) {
 process:
         (void) idx_console;
         virtio_console_process(vmm, vmm->console);
+        vmm_limits_service(vmm);
 }
 
 static int handle_io(struct vmm *vmm) {

@@ -37,6 +37,11 @@
  *      namespace fd, then (with_tap) its tap fd; at most TEMPLATE_MAX_FDS in
  *      one message
  *      (vmm_spawn_batch_size() in vmm-client.h)
+ *      disk_rate, net_rate (optional, null or absent: none): the limits of
+ *      every child of the request, {"bandwidth":N,"ops":N,"burst":N} as
+ *      rate_limit_from_json() (fork-options.h) takes them; anything else
+ *      refuses the request whole. Each child has them before its guest
+ *      runs; a child changes them later with its control op set_limits.
  *   <- {"ok":true,"pids":[...]} | {"ok":false,"error":"..."}
  *   <- {"event":"ready","generation":N,"mem_size":N} once, at start
  *   <- {"event":"exit","id":"...","pid":N,"code":N,"signal":N} per child
@@ -62,6 +67,7 @@
 #include "run.h"
 #include "snapshot-meta.h"
 #include "template.h"
+#include "vmm-limits.h"
 #include "virtio-net.h"
 #include "vmm-client.h"
 
@@ -122,8 +128,15 @@ struct child_fds {
         int agent, control, cgroup, netns, tap;
 };
 
+/* A spawn's "disk_rate" and "net_rate", for every child of the request. */
+struct spawn_limits {
+        struct rate_limit disk, net;
+        bool has_disk, has_net;
+};
+
 static _Noreturn void child_main(struct template *t, const char *id, const struct child_fds *fds,
-                                 const char *console_dir, const char *cgroup_parent, const char *netns) {
+                                 const char *console_dir, const char *cgroup_parent, const char *netns,
+                                 const struct spawn_limits *limits) {
         struct machine_config cfg = { .id = id, .overlay_dir = t->overlay_dir, .agent_fd = fds->agent };
         struct machine_net net = { .tap_fd = fds->tap };
         struct vmm_host host = { .agent_listen_fd = -1, .control_listen_fd = -1, .control_fd = fds->control,
@@ -162,6 +175,10 @@ static _Noreturn void child_main(struct template *t, const char *id, const struc
                 log_error_errno(r, "Failed to restore: %m");
                 _exit(VMM_CHILD_EXIT_RESTORE);
         }
+        /* Before the guest runs a single instruction: no request escapes them. */
+        r = vmm_limits_set(vmm, limits->has_disk ? &limits->disk : NULL, limits->has_net ? &limits->net : NULL);
+        if (r < 0)
+                _exit(VMM_CHILD_EXIT_FAILED);
         r = vmm_install_signals();
         if (r < 0)
                 _exit(VMM_CHILD_EXIT_FAILED);
@@ -182,6 +199,8 @@ static void handle_spawn(struct template *t, struct json_object *req, int *fds, 
         struct json_object *ids, *o, *reply, *pids, *netns = NULL;
         const char *console_dir = NULL, *cgroup_parent = NULL;
         bool with_control = false, with_tap = false;
+        struct spawn_limits limits = {};
+        char err[FORK_OPTION_ERROR_MAX];
         int has_net;
         unsigned want, next = 0;
         size_t n;
@@ -271,6 +290,13 @@ static void handle_spawn(struct template *t, struct json_object *req, int *fds, 
                                       "namespace; its children stay in its own, empty one");
                         goto fail;
                 }
+        if (vmm_limits_parse_json(req, &limits.disk, &limits.has_disk, &limits.net, &limits.has_net, err) < 0) {
+                char msg[FORK_OPTION_ERROR_MAX + 8];
+
+                snprintf(msg, sizeof(msg), "spawn: %s", err);
+                send_error(t, msg);
+                goto fail;
+        }
         want = n * (with_control ? 2 : 1) + (cgroup_parent ? n : 0) + (with_tap ? n : 0);
         for (size_t i = 0; netns && i < n; i++)
                 if (!json_object_is_type(json_object_array_get_idx(netns, i), json_type_null))
@@ -327,7 +353,7 @@ static void handle_spawn(struct template *t, struct json_object *req, int *fds, 
                                         safe_close(fds[k]);
                         safe_close(t->control_fd);
                         safe_close(t->sig_fd);
-                        child_main(t, id, &cf, console_dir, cgroup_parent, ns);
+                        child_main(t, id, &cf, console_dir, cgroup_parent, ns, &limits);
                 }
                 t->children[t->n_children].pid = pid;
                 snprintf(t->children[t->n_children].id, sizeof(t->children[0].id), "%s", id);

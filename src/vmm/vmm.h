@@ -95,6 +95,9 @@ struct vmm {
         struct vmm_stats *stats;
         struct vmm_stats own_stats;
 
+        /* disk_rate and net_rate (vmm-limits.h); NULL: none set */
+        struct vmm_limits *limits;
+
         enum vmm_stop_reason stop;
         int exit_status;
 };

@@ -99,9 +99,23 @@ expect 2 "usage: forkctl resume ID" "resume without an id" -- resume
 expect 2 "option --timeout does not apply here" "pause --timeout" -- pause sb-1 --timeout 5
 expect 5 "$notrunning" "pause without forkd" -- --bus-address "$bus" pause sb-1
 
+# limits: the option words, before any call
+expect 2 "limits wants at least one of --cpu-limit" "limits without a limit" -- limits sb-1
+expect 2 "--cpu-limit wants a number of CPUs" "--cpu-limit not a number" -- fork t --cpu-limit 1e3
+expect 2 "--cpu-limit wants a number of CPUs" "--cpu-limit too small" -- fork t --cpu-limit 0.001
+expect 2 "fork --cpu-limit wants a number of CPUs of at least 0.01" "fork --cpu-limit 0" -- --bus-address "$bus" fork t --cpu-limit 0
+expect 2 "disk_rate.bandwidth must be 0 or between 4096" "--disk-rate below 4 KiB/s" -- fork t --disk-rate 100
+expect 2 "disk_rate.ops must be 0 or between 1 and 10000000" "--disk-rate ops too high" -- limits sb-1 --disk-rate ops=20000000
+expect 2 "net_rate.burst needs net_rate.bandwidth" "--net-rate burst alone" -- limits sb-1 --net-rate burst=1M
+expect 2 "net_rate: unknown key 'rate'" "--net-rate unknown key" -- limits sb-1 --net-rate rate=1
+expect 2 "disk_rate: '5' wants a key" "--disk-rate second item without key" -- limits sb-1 --disk-rate 1M,5
+expect 2 "disk_rate: bandwidth wants a number of bytes" "--disk-rate bad suffix" -- limits sb-1 --disk-rate 10X
+expect 2 "option --disk-rate does not apply here" "--disk-rate on ping" -- ping sb-1 --disk-rate 1M
+expect 5 "$notrunning" "limits without forkd" -- --bus-address "$bus" limits sb-1 --cpu-limit 0.5 --disk-rate 10M,ops=100,burst=1M --net-rate ops=50
+
 "$forkctl" --help >"$T/out" 2>&1; rc=$?
 missing=""
-for v in "snapshot create" "snapshot ls" "snapshot info" "snapshot rm" "snapshot compact TAG --to T" "snapshot diff --from BASE --tag T --exec CMD" "--exec-timeout-secs" "--cascade" "--force" "fork TAG" " ls " "kill ID" "ping ID" "exec ID" "eval ID" "run ID" "merge ID WINNER" "diff ID OTHER" "ports ID PORT" "pause ID" "resume ID" "timeout ID S" "--on-timeout" "--network" "--agent-tcp" "--json" "--bus-address" "FORKD_BUS_ADDRESS"; do
+for v in "snapshot create" "snapshot ls" "snapshot info" "snapshot rm" "snapshot compact TAG --to T" "snapshot diff --from BASE --tag T --exec CMD" "--exec-timeout-secs" "--cascade" "--force" "fork TAG" " ls " "kill ID" "ping ID" "exec ID" "eval ID" "run ID" "merge ID WINNER" "diff ID OTHER" "ports ID PORT" "pause ID" "resume ID" "timeout ID S" "limits ID" "--cpu-limit" "--disk-rate" "--net-rate" "--on-timeout" "--network" "--agent-tcp" "--json" "--bus-address" "FORKD_BUS_ADDRESS"; do
         grep -qF -- "$v" "$T/out" || missing="$missing [$v]"
 done
 [ "$rc" = 0 ] && [ -z "$missing" ] && ok "--help names every verb and option" || not_ok "--help: rc=$rc missing:$missing"

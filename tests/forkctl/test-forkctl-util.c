@@ -11,6 +11,7 @@
 #include <cmocka.h>
 
 #include "bus-json.h"
+#include "fork-options.h"
 #include "forkctl-util.h"
 #include "macro.h"
 #include "table.h"
@@ -235,6 +236,49 @@ static void test_parse_volume(void **state) {
         }
 }
 
+/* --disk-rate, --net-rate and --cpu-limit */
+static void test_parse_limits(void **state) {
+        struct rate_limit l;
+        char err[256];
+        double d;
+
+        (void) state;
+        assert_int_equal(forkctl_parse_rate("10M", "disk_rate", &l, err, sizeof err), 0);
+        assert_true(l.bandwidth == 10u << 20 && l.ops == 0 && l.burst == 0);
+        assert_int_equal(forkctl_parse_rate("1G,ops=500,burst=64K", "disk_rate", &l, err, sizeof err), 0);
+        assert_true(l.bandwidth == 1u << 30 && l.ops == 500 && l.burst == 64u << 10);
+        assert_int_equal(forkctl_parse_rate("ops=7", "net_rate", &l, err, sizeof err), 0);
+        assert_true(l.bandwidth == 0 && l.ops == 7);
+        assert_int_equal(forkctl_parse_rate("bandwidth=4096,burst=1T", "net_rate", &l, err, sizeof err), 0);
+        assert_true(l.bandwidth == 4096 && l.burst == UINT64_C(1) << 40);
+        assert_int_equal(forkctl_parse_rate("0", "net_rate", &l, err, sizeof err), 0); /* unlimited */
+        assert_true(l.bandwidth == 0 && l.ops == 0 && l.burst == 0);
+
+        assert_int_equal(forkctl_parse_rate("", "disk_rate", &l, err, sizeof err), -EINVAL);
+        assert_string_equal(err, "disk_rate needs at least one of bandwidth, ops and burst");
+        assert_int_equal(forkctl_parse_rate("2T", "disk_rate", &l, err, sizeof err), -EINVAL);
+        assert_string_equal(err, "disk_rate.bandwidth must be 0 or between 4096 and 1099511627776");
+        assert_int_equal(forkctl_parse_rate("99999999999999999999", "disk_rate", &l, err, sizeof err), -EINVAL);
+        assert_int_equal(forkctl_parse_rate("16777216T", "disk_rate", &l, err, sizeof err), -EINVAL);
+        assert_int_equal(forkctl_parse_rate("-1", "disk_rate", &l, err, sizeof err), -EINVAL);
+        assert_int_equal(forkctl_parse_rate("1M,ops=1.5", "disk_rate", &l, err, sizeof err), -EINVAL);
+        assert_string_equal(err, "disk_rate: ops wants an integer, not '1.5'");
+        assert_int_equal(forkctl_parse_rate("1M,,ops=1", "disk_rate", &l, err, sizeof err), 0); /* empty items skipped */
+
+        assert_int_equal(forkctl_parse_cpu_limit("0.5", false, &d), 0);
+        assert_true(d == 0.5);
+        assert_int_equal(forkctl_parse_cpu_limit("2", false, &d), 0);
+        assert_int_equal(forkctl_parse_cpu_limit("0", true, &d), 0);
+        assert_int_equal(forkctl_parse_cpu_limit("0", false, &d), -ERANGE);
+        assert_int_equal(forkctl_parse_cpu_limit("0.009", false, &d), -ERANGE);
+        {
+                static const char *const bad[] = { "", "-1", "1e2", "nan", "inf", "0x1", " 1", "1 ", "1,5", "1.2.3" };
+
+                for (size_t k = 0; k < ELEMENTSOF(bad); k++)
+                        assert_int_equal(forkctl_parse_cpu_limit(bad[k], true, &d), -EINVAL);
+        }
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_parse_u32),
@@ -244,6 +288,7 @@ int main(void) {
                 cmocka_unit_test(test_table),
                 cmocka_unit_test(test_bus_json),
                 cmocka_unit_test(test_parse_volume),
+                cmocka_unit_test(test_parse_limits),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }

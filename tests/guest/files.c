@@ -340,6 +340,22 @@ static int st_assign(const u8 *s, u32 n, u32 name_len, u32 i)
         return 0;
 }
 
+/* s[0..n) as a decimal integer, nothing else. */
+static int decimal(const u8 *s, u32 n, u64 *ret)
+{
+        u64 v = 0;
+
+        if (n == 0 || n > 12)
+                return -1;
+        for (u32 k = 0; k < n; k++) {
+                if (s[k] < '0' || s[k] > '9')
+                        return -1;
+                v = v * 10 + (u64)(s[k] - '0');
+        }
+        *ret = v;
+        return 0;
+}
+
 /* One statement, trimmed of spaces on both ends. */
 static int statement(const u8 *s, u32 n)
 {
@@ -358,6 +374,35 @@ static int statement(const u8 *s, u32 n)
                 if (hostile_parse(s + i, n - i) < 0)
                         return fail("hostile: unknown mode: ", s + i, n - i);
                 print("hostile mode set\n", 17);
+                return 0;
+        }
+        /* "disk_write N": N blocks of 4 KiB, from the disk's last one down
+         * (wrapping), one request each: what disk_rate holds back. */
+        if (span_eq(s, wl, "disk_write", 10) && i < n) {
+                u64 count = 0;
+
+                if (decimal(s + i, n - i, &count) < 0 || count == 0)
+                        return fail("disk_write: N must be a positive integer", NULL, 0);
+                if (!boot.have_blk || !boot.blk_blocks)
+                        return fail("disk_write: no disk", NULL, 0);
+                memset(blk_data, 0x5b, sizeof(blk_data));
+                for (u64 k = 0; k < count; k++)
+                        if (blk_rw(1, boot.blk_blocks - 1 - k % boot.blk_blocks, blk_data) < 0)
+                                return fail("disk_write: the write failed", NULL, 0);
+                print("disk written\n", 13);
+                return 0;
+        }
+        /* "spin MS": keeps the vCPU busy for MS milliseconds of wall time (the
+         * TSC's), for cpu_limit. */
+        if (span_eq(s, wl, "spin", 4) && i < n) {
+                u64 ms = 0, end;
+
+                if (decimal(s + i, n - i, &ms) < 0 || ms > 3600000 || !boot.tsc_khz)
+                        return fail("spin: MS must be an integer up to 3600000 (and the TSC known)", NULL, 0);
+                end = rdtsc() + ms * boot.tsc_khz;
+                while (rdtsc() < end)
+                        __asm__ __volatile__("pause");
+                print("spun\n", 5);
                 return 0;
         }
         /* "disk_write": dirties the disk's last block, so that the VMM has a disk

@@ -62,7 +62,7 @@ class _Writer:
         c = t[0]
         self.pad(_ALIGN[c])
         if c in _FIXED:
-            self.buf += struct.pack("<" + _FIXED[c], int(v))
+            self.buf += struct.pack("<" + _FIXED[c], float(v) if c == "d" else int(v))
         elif c in "so":
             b = v.encode()
             self.buf += struct.pack("<I", len(b)) + b + b"\0"

@@ -289,7 +289,7 @@ def t_unknown_route_and_method(c):
         c.expect(404, "GET", path)
     for method, path, allow in (("PUT", "/v1/snapshots", "GET, POST"), ("DELETE", "/v1/sandboxes", "GET, POST"),
                                 ("POST", "/healthz", "GET"), ("GET", "/v1/sandboxes/x/ping", "POST"),
-                                ("PATCH", "/v1/sandboxes/x", "GET, DELETE"), ("GET", "/v1/snapshots/x", "DELETE")):
+                                ("PUT", "/v1/sandboxes/x", "GET, DELETE, PATCH"), ("GET", "/v1/snapshots/x", "DELETE")):
         r = c.expect(405, method, path, token=TOKEN)
         check(r.headers.get("Allow") == allow, f"{method} {path}: Allow {r.headers.get('Allow')!r}")
 
@@ -489,6 +489,42 @@ def t_header_cap(c):
     s.close()
     check(data == b"" or data.split(b" ")[1] in (b"413", b"431", b"400"), data[:200])
     c.expect(200, "GET", "/healthz")
+
+
+def t_limits_validation(c):
+    """cpu_limit, disk_rate, net_rate on POST /v1/sandboxes and PATCH
+    /v1/sandboxes/:id: a bad value is a 400 naming the field, before any
+    D-Bus call (the daemon is absent here: a good body is a 503)."""
+    base = {"snapshot_tag": "py"}
+    bad = [({"cpu_limit": "1"}, "cpu_limit must be a number"),
+           ({"cpu_limit": 0.001}, "cpu_limit must be a number of at least 0.01"),
+           ({"cpu_limit": -1}, "cpu_limit"),
+           ({"disk_rate": 5}, "disk_rate must be an object"),
+           ({"disk_rate": {}}, "disk_rate needs at least one of bandwidth, ops and burst"),
+           ({"disk_rate": {"bandwidth": 4095}}, "disk_rate.bandwidth must be 0 or between 4096 and 1099511627776"),
+           ({"disk_rate": {"bandwidth": 2**40 + 1}}, "disk_rate.bandwidth"),
+           ({"disk_rate": {"ops": 10**7 + 1}}, "disk_rate.ops must be 0 or between 1 and 10000000"),
+           ({"disk_rate": {"ops": -1}}, "disk_rate.ops must be a non-negative integer"),
+           ({"disk_rate": {"ops": 1.5}}, "disk_rate.ops must be a non-negative integer"),
+           ({"net_rate": {"burst": 8192}}, "net_rate.burst needs net_rate.bandwidth"),
+           ({"net_rate": {"bandwidth": 4096, "burst": 2**40 + 1}}, "net_rate.burst must be at most 1099511627776"),
+           ({"net_rate": {"rate": 1}}, "net_rate takes only bandwidth, ops and burst")]
+    for extra, says in bad:
+        r = c.expect(400, "POST", "/v1/sandboxes", dict(base, **extra))
+        check(says in r.json["error"], (extra, r.json))
+        r = c.expect(400, "PATCH", "/v1/sandboxes/sb-1", extra)
+        check(says in r.json["error"], (extra, r.json))
+    r = c.expect(400, "PATCH", "/v1/sandboxes/sb-1", {})
+    check("at least one" in r.json["error"], r)
+    c.expect(400, "PATCH", "/v1/sandboxes/sb-1", {"memory_limit_mib": 8})
+    c.expect(400, "PATCH", "/v1/sandboxes/.x", {"cpu_limit": 1})
+    # well-formed: on to forkd, which is not there
+    good = {"cpu_limit": 0.5, "disk_rate": {"bandwidth": 10 << 20, "ops": 100, "burst": 1 << 20},
+            "net_rate": {"bandwidth": 4096}}
+    c.expect(503, "POST", "/v1/sandboxes", dict(base, **good))
+    c.expect(503, "PATCH", "/v1/sandboxes/sb-1", good)
+    c.expect(503, "PATCH", "/v1/sandboxes/sb-1", {"cpu_limit": 0, "disk_rate": {"bandwidth": 0}})
+    c.expect(503, "PATCH", "/v1/sandboxes/sb-1", {"memory_limit_mib": 64})
 
 
 def t_daemon_absent(c):
@@ -872,6 +908,46 @@ def t_fork(c, stack):
     Ctx.sandboxes = [sb["id"] for sb in r.json]
 
 
+def t_fork_limits(c, stack):
+    """cpu_limit, disk_rate, net_rate on POST /v1/sandboxes, shown in
+    SandboxInfo; PATCH changes them live (cpu.max too); a bad PATCH is a 400
+    and changes nothing."""
+    if not stack.cgroot or stack.cgroot.startswith("/sys/fs/cgroup/memory/"):
+        raise Skip("no cgroup v2 tree of forkd's (or not root)")
+    if not os.path.exists(os.path.join(stack.cgroot, "..", "cgroup.subtree_control")):
+        raise Skip("no cgroup.subtree_control")
+    rate = {"bandwidth": 1 << 20, "ops": 100}
+    r = c.expect(201, "POST", "/v1/sandboxes", {"snapshot_tag": Ctx.tag, "cpu_limit": 0.5, "disk_rate": rate})
+    sid = r.json[0]["id"]
+    try:
+        check(r.json[0]["cpu_limit"] == 0.5 and r.json[0]["disk_rate"] == rate, r)
+        check("net_rate" not in r.json[0], r)
+        with open(os.path.join(stack.cgroot, sid, "cpu.max")) as f:
+            check(f.read().split() == ["50000", "100000"], "cpu.max after the fork")
+        r = c.expect(200, "PATCH", f"/v1/sandboxes/{sid}", {"cpu_limit": 0.25, "net_rate": {"bandwidth": 8192}})
+        check(r.json["cpu_limit"] == 0.25 and r.json["net_rate"] == {"bandwidth": 8192}, r)
+        with open(os.path.join(stack.cgroot, sid, "cpu.max")) as f:
+            check(f.read().split() == ["25000", "100000"], "cpu.max after PATCH")
+        # a bad value: 400 naming it, and the good one beside it is not applied
+        r = c.expect(400, "PATCH", f"/v1/sandboxes/{sid}", {"cpu_limit": 0.75, "disk_rate": {"ops": 0.5}})
+        check("disk_rate.ops" in r.json["error"], r)
+        r = c.expect(400, "PATCH", f"/v1/sandboxes/{sid}", {"cpu_limit": 64})
+        check("cpu_limit must be a number between 0.01 and" in r.json["error"], r)
+        r = c.expect(200, "GET", f"/v1/sandboxes/{sid}")
+        check(r.json["cpu_limit"] == 0.25 and r.json["disk_rate"] == rate, r)
+        with open(os.path.join(stack.cgroot, sid, "cpu.max")) as f:
+            check(f.read().split() == ["25000", "100000"], "cpu.max after the refused PATCH")
+        # removed
+        r = c.expect(200, "PATCH", f"/v1/sandboxes/{sid}", {"cpu_limit": 0, "disk_rate": {"bandwidth": 0}})
+        check("cpu_limit" not in r.json and "disk_rate" not in r.json, r)
+        with open(os.path.join(stack.cgroot, sid, "cpu.max")) as f:
+            check(f.read().split()[0] == "max", "cpu.max after removing cpu_limit")
+        c.expect(200, "POST", f"/v1/sandboxes/{sid}/ping")
+    finally:
+        c.req("DELETE", f"/v1/sandboxes/{sid}")
+    c.expect(404, "PATCH", "/v1/sandboxes/sb-000000-0000", {"cpu_limit": 0.5})
+
+
 def t_fork_memory_limit(c, stack):
     """memory_limit_mib: each child in a cgroup of its own with that limit,
     shown in SandboxInfo, gone with the sandbox."""
@@ -1201,6 +1277,7 @@ def main():
         tap.run("tags, ids and n validated before any D-Bus call", t_validation, c)
         tap.run("compact, branch, fork of a running sandbox: REST API v1's 400 rows", t_not_implemented_validation, c)
         tap.run("daemon absent: 503, /metrics still answers", t_daemon_absent, c)
+        tap.run("cpu_limit, disk_rate, net_rate: 400 naming the field on POST and PATCH", t_limits_validation, c)
         tap.run("body cap: 413 from Content-Length and while streaming", t_body_cap, c)
         tap.run("header cap", t_header_cap, c)
         tap.run("slow clients are cut off while another is served", t_slow_client, c)
@@ -1218,6 +1295,8 @@ def main():
             ("POST /v1/sandboxes n=2", t_fork),
             ("POST /v1/sandboxes with memory_limit_mib; per_child_netns without the namespaces is 400",
              t_fork_memory_limit),
+            ("POST /v1/sandboxes with cpu_limit and disk_rate; PATCH /v1/sandboxes/:id changes them live",
+             t_fork_limits),
             ("GET /v1/sandboxes, /v1/sandboxes/:id, /metrics gauges", t_sandbox_list_get),
             ("POST /v1/sandboxes/:id/ping", t_ping),
             ("exec and eval: the test guest's error, passed on", t_exec_eval),

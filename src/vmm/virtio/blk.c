@@ -16,6 +16,7 @@
 
 #include "bootinfo.h"
 #include "io-util.h"
+#include "vmm-limits.h"
 #include "virtio-blk.h"
 
 #define BLK_BLOCK VIRTIO_BLK_OVERLAY_BLOCK
@@ -246,6 +247,11 @@ static bool range_ok(const struct blk *b, uint64_t sector, uint64_t bytes) {
         return sector <= cap && bytes / VIRTIO_BLK_SECTOR_SIZE <= cap - sector;
 }
 
+/* What a request moves, for disk_rate: its data, not the header or status. */
+static uint64_t request_bytes(const struct virtq_chain *c) {
+        return (c->out_len > 16 ? c->out_len - 16 : 0) + (c->in_len > 1 ? c->in_len - 1 : 0);
+}
+
 /* Runs a request; returns the status, *ret_written = data bytes written to
  * the guest (excluding the status byte). */
 static uint8_t blk_do_request(struct blk *b, const struct virtq_chain *c, uint32_t *ret_written) {
@@ -334,6 +340,12 @@ static void blk_notify(struct vmm *vmm, struct virtio_mmio *dev, unsigned q) {
                         break;
                 if (r < 0) {
                         virtio_mmio_set_needs_reset(vmm, dev);
+                        break;
+                }
+                /* No tokens: the request stays in the ring, the queue waits
+                 * for vmm_limits_service() to kick it again. */
+                if (!vmm_limits_disk_take(vmm, request_bytes(c))) {
+                        virtq_unpop(vq);
                         break;
                 }
 

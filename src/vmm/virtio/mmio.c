@@ -195,6 +195,11 @@ static void write_status(struct vmm *vmm, struct virtio_mmio *dev, uint32_t val)
                 dev->ops->notify(vmm, dev, VIRTIO_MMIO_KICK_ALL);
 }
 
+void virtio_mmio_kick(struct vmm *vmm, struct virtio_mmio *dev) {
+        if (dev && virtio_mmio_active(dev) && dev->ops->notify)
+                dev->ops->notify(vmm, dev, VIRTIO_MMIO_KICK_ALL);
+}
+
 static void write_queue_ready(struct vmm *vmm, struct virtio_mmio *dev, struct virtq *vq, uint32_t val) {
         if (val == 0) {
                 vq->ready = false;

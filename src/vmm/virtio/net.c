@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "bootinfo.h"
+#include "vmm-limits.h"
 #include "virtio-net.h"
 
 /* struct virtio_net_hdr_v1, virtio 1.x 5.1.6 (little-endian on the wire) */
@@ -180,6 +181,11 @@ void virtio_net_process_rx(struct vmm *vmm, struct virtio_mmio *dev) {
                         virtio_mmio_set_needs_reset(vmm, dev);
                         break;
                 }
+                /* net_rate: frames wait in the backend until rx has tokens */
+                if (!vmm_limits_net_rx_take(vmm)) {
+                        virtq_unpop(vq);
+                        break;
+                }
 
                 /* The backend's header goes to us (a tap leaves num_buffers
                  * unwritten), the frame straight into the guest's buffers. */
@@ -230,6 +236,7 @@ void virtio_net_process_rx(struct vmm *vmm, struct virtio_mmio *dev) {
                         virtio_mmio_set_needs_reset(vmm, dev);
                         break;
                 }
+                vmm_limits_net_rx_charge(vmm, (uint64_t) k - VIRTIO_NET_HDR_SIZE);
                 n->stats.rx_packets++;
                 n->stats.rx_bytes += (uint64_t) k - VIRTIO_NET_HDR_SIZE;
                 pushed = true;
@@ -273,6 +280,11 @@ void virtio_net_process_tx(struct vmm *vmm, struct virtio_mmio *dev) {
                 if (!link_up(n) || frame < VIRTIO_NET_FRAME_MIN || frame > VIRTIO_NET_FRAME_MAX) {
                         n->stats.tx_dropped++;
                         goto done;
+                }
+                /* net_rate: the frame stays in the ring until tx has tokens */
+                if (!vmm_limits_net_tx_take(vmm, frame)) {
+                        virtq_unpop(vq);
+                        break;
                 }
                 /* The guest's header is not passed on: with nothing offloaded it
                  * has nothing to say, and the backend gets no fields to trust. */
@@ -494,7 +506,7 @@ int virtio_net_get_stats(struct virtio_mmio *dev, struct virtio_net_stats *ret) 
 short virtio_net_poll_events(struct virtio_mmio *dev) {
         struct net *n = net_of(dev);
 
-        if (!n || !link_up(n) || !virtio_mmio_active(dev))
+        if (!n || !link_up(n) || !virtio_mmio_active(dev) || vmm_limits_net_rx_waiting(virtio_mmio_vmm(dev)))
                 return 0;
         return virtq_has_avail(virtio_mmio_vmm(dev), virtio_mmio_queue(dev, VIRTIO_NET_RX_QUEUE)) ? POLLIN : 0;
 }

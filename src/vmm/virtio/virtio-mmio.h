@@ -193,3 +193,7 @@ void virtio_mmio_signal_used(struct vmm *vmm, struct virtio_mmio *dev, unsigned 
 /* The driver broke the protocol: set DEVICE_NEEDS_RESET, raise a
  * configuration change interrupt. Idempotent. */
 void virtio_mmio_set_needs_reset(struct vmm *vmm, struct virtio_mmio *dev);
+/* Run every queue of an active device as if the driver had notified them
+ * (dev may be NULL): for a device that stopped a queue to wait, e.g. for a
+ * rate limit's tokens. */
+void virtio_mmio_kick(struct vmm *vmm, struct virtio_mmio *dev);

@@ -1,0 +1,171 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""
+bench/limits: what cpu_limit and disk_rate hold, and what cpu_limit costs a
+fork, through forkd over D-Bus (a private dbus-daemon, the real forkd with a
+cgroup v2 tree of its own, forkd-vmm, the test guest of 64 MiB):
+
+  cpu        a sandbox forked with cpu_limit 0.5 runs the guest's
+             "spin 10000" (10 s of busy vCPU by the TSC); the CPU it used is
+             its cgroup's cpu.stat usage_usec over the call's wall time
+             (cpu_used_cpus; target 0.45..0.55)
+  disk       a sandbox forked with disk_rate {bandwidth 10 MiB/s, burst
+             64 KiB} writes 100 MiB in 4 KiB requests ("disk_write 25600");
+             bytes over wall time (disk_mib_per_s; target within 10% of 10)
+  fork       Fork(tag, N) with cpu_limit 0.5 (a cgroup per child) and
+             without, until the reply (every child answered), R rounds taking
+             turns, medians (fork_cpu_limit_ms, fork_plain_ms, and their ratio)
+
+With --json the last line of stdout is one JSON object. Needs root, cgroup v2
+and a usable /dev/kvm; bench/limits runs it in the test host (--emulated)
+where there is none.
+"""
+
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import sys
+import time
+
+TOP = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BLOCK = 4096
+
+
+def load(name, path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def median(xs):
+    return round(statistics.median(xs), 3) if xs else None
+
+
+class Bench:
+    def __init__(self, args, tf):
+        self.args, self.tf = args, tf
+        self.h = tf.Harness()
+
+    def setup(self):
+        h = self.h
+        disk = os.path.join(h.tmp, "disk.img")
+        with open(disk, "wb") as f:
+            f.truncate(256 << 20)
+        h.setup_cgroups()
+        if not h.cgroot or h.cgroot.startswith("/sys/fs/cgroup/memory/"):
+            sys.exit("bench/limits: needs cgroup v2 with the memory and cpu controllers")
+        h.start_bus()
+        h.start_forkd()
+        h.m("CreateSnapshot", "sssuu", ["base", self.args.guest, disk, 64, 60], timeout=120)
+        self.end(h.fork("base", 1))  # the template runs, as for every later fork
+
+    def end(self, kids):
+        for k in kids:
+            self.h.m("TerminateSandbox", "s", [k["id"]])
+        for k in kids:
+            self.h.wait_removed(k["id"])
+
+    def run_code(self, sid, code):
+        out = json.loads(self.h.m("RunCode", "ssu", [sid, code, 600], timeout=660)[0])
+        if out.get("error"):
+            raise RuntimeError(f"{code}: {out}")
+
+    def usage_usec(self, sid):
+        with open(os.path.join(self.h.cgroot, sid, "cpu.stat")) as f:
+            for line in f:
+                k, v = line.split()
+                if k == "usage_usec":
+                    return int(v)
+        raise RuntimeError("no usage_usec in cpu.stat")
+
+    def cpu(self):
+        s = self.h.fork("base", 1, {"cpu_limit": ("d", 0.5)})[0]
+        try:
+            u0, t0 = self.usage_usec(s["id"]), time.monotonic()
+            self.run_code(s["id"], "spin 10000")
+            used = (self.usage_usec(s["id"]) - u0) / 1e6
+            wall = time.monotonic() - t0
+        finally:
+            self.end([s])
+        return {"cpu_used_cpus": round(used / wall, 3), "cpu_wall_s": round(wall, 3)}
+
+    def disk(self):
+        rate = 10 << 20
+        blocks = 10 * rate // BLOCK
+        s = self.h.fork("base", 1, {"disk_rate": ("a{st}", {"bandwidth": rate, "burst": 64 << 10})})[0]
+        try:
+            t0 = time.monotonic()
+            self.run_code(s["id"], f"disk_write {blocks}")
+            wall = time.monotonic() - t0
+        finally:
+            self.end([s])
+        return {"disk_mib_per_s": round(blocks * BLOCK / wall / (1 << 20), 3), "disk_wall_s": round(wall, 3)}
+
+    def fork(self, k):
+        r = {}
+        both = [("fork_cpu_limit_ms", {"cpu_limit": ("d", 0.5)}), ("fork_plain_ms", {})]
+        for key, opts in both[k % 2:] + both[:k % 2]:
+            t0 = time.monotonic()
+            kids = self.h.m("Fork", "sua{sv}", ["base", self.args.n, opts], timeout=600)[0]
+            r[key] = (time.monotonic() - t0) * 1000
+            self.end(kids)
+        return r
+
+
+def main():
+    ap = argparse.ArgumentParser(prog="bench/limits", description="bench/limits")
+    ap.add_argument("--vmm", required=True)
+    ap.add_argument("--forkd", required=True)
+    ap.add_argument("--guest", required=True)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--n", type=int, default=100)
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--emulated", action="store_true", help="the figures come from the QEMU test host")
+    args = ap.parse_args()
+    if not 1 <= args.rounds <= 20 or not 1 <= args.n <= 1000:
+        ap.error("--rounds must be 1..20, --n 1..1000")
+    if os.geteuid() != 0:
+        sys.exit("bench/limits: needs root (a private system bus, cgroups)")
+    if args.emulated:
+        print("bench/limits: EMULATED: in the QEMU test host (TCG, nested SVM): these are not forkd's speeds")
+    tf = load("test_forkd", os.path.join(TOP, "tests/daemon/test-forkd.py"))
+    tf.FORKD, tf.VMM, tf.GUEST = args.forkd, args.vmm, args.guest
+    os.environ["FORKD_VMM"] = args.vmm
+    b = Bench(args, tf)
+    forks = []
+    try:
+        b.setup()
+        cpu = b.cpu()
+        disk = b.disk()
+        for k in range(args.rounds):
+            forks.append(b.fork(k))
+    finally:
+        b.h.cleanup()
+
+    doc = {"rounds": args.rounds, "n": args.n, "emulated": args.emulated, **cpu, **disk,
+           "fork_cpu_limit_ms": median([r["fork_cpu_limit_ms"] for r in forks]),
+           "fork_plain_ms": median([r["fork_plain_ms"] for r in forks])}
+    doc["fork_cpu_limit_ratio"] = round(doc["fork_cpu_limit_ms"] / doc["fork_plain_ms"], 3)
+    doc["cpu_ok"] = 0.45 <= doc["cpu_used_cpus"] <= 0.55
+    doc["disk_ok"] = 9.0 <= doc["disk_mib_per_s"] <= 11.0
+    doc["rounds_ms"] = forks
+
+    print(f"bench/limits: test guest 64 MiB; fork of {args.n}, {args.rounds} rounds taking turns, medians")
+    for key, label, target in (
+            ("cpu_used_cpus", "cpu_limit 0.5, spinning guest: CPUs used", "0.45..0.55"),
+            ("cpu_wall_s", "  over (s)", ""),
+            ("disk_mib_per_s", "disk_rate 10 MiB/s, writing guest: MiB/s", "9..11"),
+            ("disk_wall_s", "  over (s)", ""),
+            ("fork_plain_ms", f"Fork of {args.n}, no limit (ms)", ""),
+            ("fork_cpu_limit_ms", f"Fork of {args.n}, cpu_limit 0.5 (ms)", ""),
+            ("fork_cpu_limit_ratio", "  / no limit", "")):
+        print(f"{label:50} {doc[key]:>10} {target}")
+    if args.json:
+        print(json.dumps(doc, separators=(",", ":")))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,224 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""
+cpu_limit, disk_rate and net_rate end to end: a private dbus-daemon, forkd
+with a cgroupfs tree of the test's own, forkd-vmm on /dev/kvm and the test
+guest (the harness of test-forkd.py).
+
+A fork with each limit: SandboxInfo shows it, cpu_limit is the sandbox's
+cgroup's cpu.max; SetSandboxLimits (and the sandbox object's SetLimits)
+changes them live; a bad value is InvalidArgs naming the field and changes
+nothing; cpu_limit on a sandbox without a cgroup of its own is NotSupported.
+Throttling itself, with generous bounds ("throttled at all"): the guest's
+run_code "disk_write N" takes at least the time disk_rate allows for it, and
+"spin MS" under cpu_limit uses less CPU time (cpu.stat usage_usec) than
+wall time. How long requests waited (the stats page's disk_throttled_usec)
+is not read here: the page is not shared with forkd yet.
+
+Environment: FORKD, FORKD_VMM, FORKD_TEST_GUEST.
+"""
+
+import importlib.util
+import json
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def load(name, file):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(HERE, file))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+tf = load("test_forkd", "test-forkd.py")
+INVALID = tf.INVALID_ARGS
+NOT_SUPPORTED = "org.forkd.Error.NotSupported"
+
+
+def rate(**kw):
+    return ("a{st}", kw)
+
+
+def main():
+    if not tf.FORKD or not tf.VMM or not tf.GUEST:
+        print("Bail out! FORKD, FORKD_VMM and FORKD_TEST_GUEST must be set")
+        return 1
+    if not tf.kvm_usable():
+        tf.skip("/dev/kvm is not usable")
+    if os.geteuid() != 0:
+        tf.skip("needs root (cgroups, the system-bus policy)")
+    h = tf.Harness()
+    try:
+        return run(h)
+    finally:
+        h.cleanup()
+
+
+def cg_file(h, sid, name):
+    with open(os.path.join(h.cgroot, sid, name)) as f:
+        return f.read()
+
+
+def run(h):
+    disk = os.path.join(h.tmp, "disk.img")
+    with open(disk, "wb") as f:
+        f.truncate(64 << 20)
+    h.setup_cgroups()
+    h.start_bus()
+    h.start_forkd()
+    v2 = bool(h.cgroot) and not h.cgroot.startswith("/sys/fs/cgroup/memory/")
+    ctx = {}
+
+    def run_code(sid, code, timeout=120):
+        out = json.loads(h.m("RunCode", "ssu", [sid, code, timeout], timeout=timeout + 30)[0])
+        assert not out.get("error"), out
+        return out
+
+    def setup():
+        h.m("CreateSnapshot", "sssuu", ["base", tf.GUEST, disk, 64, 30])
+    h.check("a snapshot of the test guest", setup)
+
+    def fork_with_limits():
+        if not v2:
+            raise AssertionError("no cgroup v2 tree of the test's own: cpu_limit needs one here")
+        kids = h.fork("base", 2, {"cpu_limit": ("d", 0.5),
+                                  "disk_rate": rate(bandwidth=1 << 20, ops=1000),
+                                  "net_rate": rate(bandwidth=1 << 20, burst=2 << 20)})
+        for k in kids:
+            assert k["cpu_limit"] == 0.5, k
+            assert k["disk_rate"] == {"bandwidth": 1 << 20, "ops": 1000}, k
+            assert k["net_rate"] == {"bandwidth": 1 << 20, "burst": 2 << 20}, k
+            assert cg_file(h, k["id"], "cpu.max").split() == ["50000", "100000"], k
+            assert cg_file(h, k["id"], "cgroup.procs").split() == [str(k["pid"])], k
+            assert json.loads(h.m("Ping", "s", [k["id"]])[0])["pong"]
+        got = h.m("GetSandbox", "s", [kids[0]["id"]])[0]
+        assert got["cpu_limit"] == 0.5 and got["disk_rate"]["bandwidth"] == 1 << 20, got
+        ctx["kids"] = kids
+    h.check("Fork with cpu_limit, disk_rate, net_rate: SandboxInfo shows them, cpu.max is 50000 100000, "
+            "each child in its cgroup", fork_with_limits)
+
+    def set_limits_live():
+        sid = ctx["kids"][0]["id"]
+        info = h.m("SetSandboxLimits", "sa{sv}", [sid, {"cpu_limit": ("d", 0.25)}])[0]
+        assert info["cpu_limit"] == 0.25, info
+        assert cg_file(h, sid, "cpu.max").split() == ["25000", "100000"]
+        # sd_bus_path_encode(): every byte but [A-Za-z0-9] as _xx
+        path = "/org/forkd/sandbox/" + "".join(ch if ch.isalnum() else f"_{ord(ch):02x}" for ch in sid)
+        info = h.bus.call(tf.DEST, path, "org.forkd.Sandbox", "SetLimits", "a{sv}",
+                          [{"disk_rate": rate(bandwidth=8 << 20), "net_rate": rate(bandwidth=0)}])[0]
+        assert info["disk_rate"] == {"bandwidth": 8 << 20} and "net_rate" not in info, info
+        info = h.m("SetSandboxLimits", "sa{sv}", [sid, {"cpu_limit": ("d", 0.0)}])[0]
+        assert "cpu_limit" not in info, info
+        assert cg_file(h, sid, "cpu.max").split()[0] == "max"
+        h.m("SetSandboxLimits", "sa{sv}", [sid, {"cpu_limit": ("d", 1.0)}])
+        assert cg_file(h, sid, "cpu.max").split() == ["100000", "100000"]
+        assert json.loads(h.m("Ping", "s", [sid])[0])["pong"]
+    h.check("SetSandboxLimits and the object's SetLimits change cpu.max and the rates live; 0 removes them",
+            set_limits_live)
+
+    def refused():
+        sid = ctx["kids"][1]["id"]
+        before = h.m("GetSandbox", "s", [sid])[0]
+        for limits, field in (({"cpu_limit": ("d", 0.001)}, "cpu_limit"),
+                              ({"cpu_limit": ("d", 2.0)}, "cpu_limit must be a number between 0.01 and 1"),
+                              ({"cpu_limit": ("d", 0.3), "disk_rate": rate(bandwidth=100)}, "disk_rate.bandwidth"),
+                              ({"net_rate": rate(ops=10**8)}, "net_rate.ops"),
+                              ({"disk_rate": rate(burst=4096)}, "disk_rate.burst needs disk_rate.bandwidth"),
+                              ({"disk_rate": rate()}, "disk_rate needs at least one"),
+                              ({"disk_rate": rate(speed=1)}, "disk_rate takes only"),
+                              ({"cpu_limit": ("u", 1)}, "cpu_limit"),
+                              ({"memory_limit_mib": ("u", 1)}, "memory_limit_mib"),
+                              ({"colour": ("s", "red")}, "Unknown limit"),
+                              ({}, "No limit given")):
+            msg = h.expect_error(INVALID, "SetSandboxLimits", "sa{sv}", [sid, limits])
+            assert field in msg, (limits, msg)
+        after = h.m("GetSandbox", "s", [sid])[0]
+        assert {k: after.get(k) for k in ("cpu_limit", "disk_rate", "net_rate")} == \
+               {k: before.get(k) for k in ("cpu_limit", "disk_rate", "net_rate")}, (before, after)
+        assert cg_file(h, sid, "cpu.max").split() == ["50000", "100000"]
+        h.expect_error("org.forkd.Error.NoSuchSandbox", "SetSandboxLimits", "sa{sv}",
+                       ["sb-000000-0000", {"cpu_limit": ("d", 0.5)}])
+        # Fork's checks: the snapshot has one vCPU
+        msg = h.expect_error(INVALID, "Fork", "sua{sv}", ["base", 1, {"cpu_limit": ("d", 1.5)}])
+        assert "cpu_limit must be a number between 0.01 and 1" in msg, msg
+        msg = h.expect_error(INVALID, "Fork", "sua{sv}", ["base", 1, {"net_rate": rate(ops=0, bandwidth=1)}])
+        assert "net_rate.bandwidth" in msg, msg
+    h.check("bad values are InvalidArgs naming the field, and change nothing", refused)
+
+    def no_cgroup():
+        plain = h.fork("base", 1, {"disk_rate": rate(ops=50)})[0]
+        assert plain["disk_rate"] == {"ops": 50} and "cpu_limit" not in plain, plain
+        assert plain["id"] not in h.cgroup_children()
+        msg = h.expect_error(NOT_SUPPORTED, "SetSandboxLimits", "sa{sv}", [plain["id"], {"cpu_limit": ("d", 0.5)}])
+        assert "no cgroup of its own" in msg, msg
+        info = h.m("SetSandboxLimits", "sa{sv}", [plain["id"], {"disk_rate": rate(ops=500)}])[0]
+        assert info["disk_rate"] == {"ops": 500}, info
+        ctx["plain"] = plain
+    h.check("a sandbox without a cgroup of its own: its rates change, cpu_limit is NotSupported", no_cgroup)
+
+    def disk_throttled():
+        sid = ctx["plain"]["id"]
+        # 256 requests of 4 KiB at 32 ops/s (the bucket holds 32): at least 7 s
+        h.m("SetSandboxLimits", "sa{sv}", [sid, {"disk_rate": rate(ops=32)}])
+        t0 = time.monotonic()
+        run_code(sid, "disk_write 256")
+        slow = time.monotonic() - t0
+        assert slow >= 6.0, f"256 writes at 32 ops/s took {slow:.2f}s"
+        # bandwidth: 2 MiB at 512 KiB/s (the bucket holds 512 KiB): at least 3 s
+        h.m("SetSandboxLimits", "sa{sv}", [sid, {"disk_rate": rate(bandwidth=512 << 10)}])
+        t0 = time.monotonic()
+        run_code(sid, "disk_write 512")
+        slow = time.monotonic() - t0
+        assert slow >= 2.5, f"2 MiB at 512 KiB/s took {slow:.2f}s"
+        # lifted: the same is quick again
+        h.m("SetSandboxLimits", "sa{sv}", [sid, {"disk_rate": rate(bandwidth=0)}])
+        t0 = time.monotonic()
+        run_code(sid, "disk_write 256")
+        fast = time.monotonic() - t0
+        assert fast < slow, (fast, slow)
+    h.check("disk_rate holds the guest's writes back (ops and bandwidth), and lets go once removed",
+            disk_throttled)
+
+    def cpu_throttled():
+        sid = ctx["kids"][1]["id"]  # cpu_limit 0.5
+        h.m("SetSandboxLimits", "sa{sv}", [sid, {"cpu_limit": ("d", 0.2)}])
+
+        def usage():
+            for line in cg_file(h, sid, "cpu.stat").splitlines():
+                k, v = line.split()
+                if k == "usage_usec":
+                    return int(v)
+            raise AssertionError("no usage_usec in cpu.stat")
+        u0, t0 = usage(), time.monotonic()
+        run_code(sid, "spin 3000")
+        used = (usage() - u0) / 1e6
+        wall = time.monotonic() - t0
+        assert wall >= 2.5 and used < 0.7 * wall, f"spun {wall:.2f}s of wall time on {used:.2f}s of CPU"
+    h.check("cpu_limit holds a spinning guest below its wall time (cpu.stat)", cpu_throttled)
+
+    def pause_resume_keeps():
+        sid = ctx["kids"][1]["id"]
+        info = h.m("PauseSandbox", "s", [sid], timeout=120)[0]
+        assert info["cpu_limit"] == 0.2 and info["disk_rate"]["bandwidth"] == 1 << 20, info
+        info = h.m("SetSandboxLimits", "sa{sv}", [sid, {"cpu_limit": ("d", 0.75)}])[0]
+        assert info["cpu_limit"] == 0.75 and info["status"] == "paused", info
+        info = h.m("ResumeSandbox", "s", [sid], timeout=120)[0]
+        assert info["cpu_limit"] == 0.75 and info["disk_rate"]["bandwidth"] == 1 << 20, info
+        assert cg_file(h, sid, "cpu.max").split() == ["75000", "100000"]
+        kids, _ = h.m("ForkSandboxEx", "sua{sv}", [sid, 1, {"disk_rate": rate(ops=5)}], timeout=120)
+        assert kids[0]["cpu_limit"] == 0.75 and kids[0]["disk_rate"] == {"ops": 5}, kids
+    h.check("pause keeps the limits, SetSandboxLimits changes a paused one's, resume and ForkSandboxEx apply them",
+            pause_resume_keeps)
+
+    h.terminate_all()
+    h.check("no sanitizer report from forkd", h.assert_no_sanitizer_report)
+    print(f"1..{h.n}", flush=True)
+    return 1 if h.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
