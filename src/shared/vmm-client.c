@@ -394,15 +394,17 @@ int vmm_client_template_start_volumes(const char *vmm_path, const char *snapshot
         return 0;
 }
 
-size_t vmm_spawn_batch_size(bool with_control, bool with_cgroup, bool with_netns, bool with_tap) {
-        unsigned per = 1u + with_control + with_cgroup + with_netns + with_tap;
+size_t vmm_spawn_batch_size_fds(unsigned per_child) {
+        return MIN((size_t) SPAWN_BATCH, (size_t) (SPAWN_FDS_MAX / MAX(per_child, 1u)));
+}
 
-        return MIN((size_t) SPAWN_BATCH, (size_t) (SPAWN_FDS_MAX / per));
+size_t vmm_spawn_batch_size(bool with_control, bool with_cgroup, bool with_netns, bool with_tap) {
+        return vmm_spawn_batch_size_fds(1u + with_control + with_cgroup + with_netns + with_tap);
 }
 
 static int send_batch(struct vmm_template *t, const char *const *ids, size_t n, const char *console_dir,
                       const char *cgroup_parent, const char *const *netns, const int *fds, unsigned n_fds,
-                      bool with_control, bool with_tap) {
+                      bool with_control, bool with_tap, bool with_stats) {
         struct json_object *req = json_object_new_object(), *arr = json_object_new_array(), *ns = NULL;
         char cbuf[CMSG_SPACE(sizeof(int) * SPAWN_FDS_MAX)] = {};
         struct iovec iov;
@@ -427,6 +429,8 @@ static int send_batch(struct vmm_template *t, const char *const *ids, size_t n, 
         json_object_object_add(req, "netns", ns);
         if (with_tap) /* only then: a template of before the NIC knows no with_tap */
                 json_object_object_add(req, "with_tap", json_object_new_boolean(true));
+        if (with_stats) /* likewise */
+                json_object_object_add(req, "with_stats", json_object_new_boolean(true));
         s = json_object_to_json_string_ext(req, JSON_C_TO_STRING_PLAIN);
         iov = (struct iovec) { .iov_base = (void *) s, .iov_len = strlen(s) };
 
@@ -457,9 +461,10 @@ int vmm_client_template_spawn_with(struct vmm_template *t, const char *const *id
         /* A confined child has no right to enter a namespace, and no need: its NIC is
          * the tap, opened in its namespace, and it may open no socket (jail.c). */
         const char *const *netns = confine.enabled ? NULL : opts->netns;
-        /* At most 5 fds a child (agent, control, cgroup, netns, tap), SCM_MAX_FD a message. */
+        /* At most 6 fds a child (agent, control, cgroup, netns, tap, stats), SCM_MAX_FD a message. */
         size_t sent = 0, got = 0,
-               batch = vmm_spawn_batch_size(with_control, opts->cgroup_parent, netns, opts->tap_fds);
+               batch = vmm_spawn_batch_size_fds(1u + with_control + !!opts->cgroup_parent + !!netns +
+                                                !!opts->tap_fds + !!opts->stats_fds);
         int r = 0;
 
         for (size_t i = 0; i < n; i++) {
@@ -532,10 +537,18 @@ int vmm_client_template_spawn_with(struct vmm_template *t, const char *const *id
                                 }
                                 n_fds++;
                         }
+                        if (opts->stats_fds) {
+                                fds[n_fds] = fcntl(opts->stats_fds[sent + i], F_DUPFD_CLOEXEC, 3);
+                                if (fds[n_fds] < 0) {
+                                        r = -errno;
+                                        goto close_batch;
+                                }
+                                n_fds++;
+                        }
                 }
                 r = send_batch(t, ids + sent, k, opts->console_dir, opts->cgroup_parent,
                                netns ? netns + sent : NULL,
-                               fds, n_fds, with_control, opts->tap_fds);
+                               fds, n_fds, with_control, opts->tap_fds, opts->stats_fds);
         close_batch:
                 for (unsigned i = 0; i < n_fds; i++)
                         safe_close(fds[i]);
