@@ -63,6 +63,10 @@ static void help(void) {
                "                          --timeout: each is killed (or paused) S seconds\n"
                "                          (1..86400) after the fork\n"
                "  ls                      List sandboxes, running and paused, with their deadline\n"
+               "  top [--once [--json]] [--sort cpu|mem|disk|net]\n"
+               "                          The running sandboxes' usage, refreshed every second\n"
+               "                          until q or Ctrl-C: CPU%%, private and shared memory,\n"
+               "                          disk and net rates (--once: one table, a second apart)\n"
                "  kill ID...              Terminate sandboxes (a paused one is deleted)\n"
                "  ping ID                 Ask a sandbox's agent whether it is alive\n"
                "  exec ID [--timeout S] -- ARGV...\n"
@@ -232,6 +236,8 @@ static const struct verb verbs[] = {
           verb_fork, NULL },
         { NULL, "ls", 0, 0, 0, 0, "ls", verb_ls, NULL },
         { NULL, "list", 0, 0, 0, 0, "ls", verb_ls, NULL },
+        { NULL, "top", 0, 0, OPT_ONCE | OPT_SORT, 0, "top [--once [--json]] [--sort cpu|mem|disk|net]", verb_top,
+          check_top },
         { NULL, "kill", 1, SIZE_MAX, 0, 0, "kill ID...", verb_kill, NULL },
         { NULL, "ping", 1, 1, 0, 0, "ping ID", verb_ping, NULL },
         { NULL, "exec", 2, SIZE_MAX, OPT_TIMEOUT, 0, "exec ID [--timeout S] -- ARGV...", verb_exec, NULL },
@@ -294,6 +300,8 @@ enum {
         ARG_IMAGE,
         ARG_START_CMD,
         ARG_VOLUME,
+        ARG_ONCE,
+        ARG_SORT,
 };
 
 struct option_spec;
@@ -388,6 +396,13 @@ static int parse_exec(struct forkctl_options *o, const struct option_spec *s, ch
         return 0;
 }
 
+static int parse_sort(struct forkctl_options *o, const struct option_spec *s, char *value, int argc, char *argv[]) {
+        if (!streq(value, "cpu") && !streq(value, "mem") && !streq(value, "disk") && !streq(value, "net"))
+                return usage_error("--sort wants cpu, mem, disk or net, not '%s'", value);
+        o->sort = value;
+        return 0;
+}
+
 static int parse_volume_option(struct forkctl_options *o, const struct option_spec *s, char *value, int argc,
                                char *argv[]) {
         const char *why = NULL;
@@ -463,6 +478,8 @@ static const struct option_spec option_specs[] = {
         FLAG("agent-tcp", ARG_AGENT_TCP, OPT_AGENT_TCP, agent_tcp),
         OTHER("on-timeout", required_argument, ARG_ON_TIMEOUT, OPT_ON_TIMEOUT, parse_on_timeout),
         OTHER("volume", required_argument, ARG_VOLUME, OPT_VOLUME, parse_volume_option),
+        FLAG("once", ARG_ONCE, OPT_ONCE, once),
+        OTHER("sort", required_argument, ARG_SORT, OPT_SORT, parse_sort),
 };
 
 static const struct option_spec *option_spec_by_val(int val) {

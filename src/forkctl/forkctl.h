@@ -63,7 +63,9 @@ enum {
         OPT_IMAGE = 1u << 26,
         OPT_START_CMD = 1u << 27,
         OPT_VOLUME = 1u << 28,
-        OPT_LAST = OPT_VOLUME,
+        OPT_ONCE = 1u << 29,
+        OPT_SORT = 1u << 30,
+        OPT_LAST = OPT_SORT,
 };
 
 /* One command line's options. The global ones apply to every verb; the others
@@ -106,6 +108,9 @@ struct forkctl_options {
         uint32_t file_mode;
         /* doctor */
         const char *state_dir, *prefix, *token_file;
+        /* top */
+        bool once;
+        const char *sort;          /* cpu, mem, disk or net */
 };
 
 #define FORKCTL_OPTIONS_INIT                                                                                           \
@@ -163,6 +168,7 @@ int check_snapshot_diff(struct forkctl_options *o, char **args, size_t n_args, c
 /* forkctl-sandboxes.c */
 int verb_fork(sd_bus *bus, const struct forkctl_options *o, char **args, size_t n_args);
 int verb_ls(sd_bus *bus, const struct forkctl_options *o, char **args, size_t n_args);
+int verb_top(sd_bus *bus, const struct forkctl_options *o, char **args, size_t n_args);
 int verb_kill(sd_bus *bus, const struct forkctl_options *o, char **args, size_t n_args);
 int verb_merge(sd_bus *bus, const struct forkctl_options *o, char **args, size_t n_args);
 int verb_diff(sd_bus *bus, const struct forkctl_options *o, char **args, size_t n_args);
@@ -183,6 +189,7 @@ int verb_pause(sd_bus *bus, const struct forkctl_options *o, char **args, size_t
 int verb_resume(sd_bus *bus, const struct forkctl_options *o, char **args, size_t n_args);
 int verb_timeout(sd_bus *bus, const struct forkctl_options *o, char **args, size_t n_args);
 int check_timeout(struct forkctl_options *o, char **args, size_t n_args, const char *synopsis);
+int check_top(struct forkctl_options *o, char **args, size_t n_args, const char *synopsis);
 
 /* forkctl-pack.c: bundles */
 int verb_pack(sd_bus *bus, const struct forkctl_options *o, char **args, size_t n_args);
