@@ -340,6 +340,50 @@ static int st_assign(const u8 *s, u32 n, u32 name_len, u32 i)
         return 0;
 }
 
+/* A decimal number that is the whole of s[i..n): 0, or -1. */
+static int st_number(const u8 *s, u32 n, u32 i, u64 *ret)
+{
+        u64 v = 0;
+
+        if (i >= n)
+                return -1;
+        for (; i < n; i++) {
+                if (s[i] < '0' || s[i] > '9' || v > 100000000ull)
+                        return -1;
+                v = v * 10 + (u64)(s[i] - '0');
+        }
+        *ret = v;
+        return 0;
+}
+
+/* "spin MS": keep the vCPU busy for MS milliseconds (at most 10000), so that
+ * the host sees its VMM use CPU time. */
+static int st_spin(const u8 *s, u32 n, u32 i)
+{
+        u64 ms, khz = boot.tsc_khz ? boot.tsc_khz : 1000000, start = rdtsc();
+
+        if (st_number(s, n, i, &ms) < 0 || ms > 10000)
+                return fail("spin: wants milliseconds, 0 to 10000", NULL, 0);
+        while (rdtsc() - start < ms * khz)
+                __asm__ __volatile__("pause");
+        print("spun\n", 5);
+        return 0;
+}
+
+/* "dirty N": write a word in each of the first N pages of the scratch area,
+ * so that the host sees the VMM's private memory grow by N pages. */
+static int st_dirty(const u8 *s, u32 n, u32 i)
+{
+        u64 pages;
+
+        if (st_number(s, n, i, &pages) < 0 || pages > boot.scratch_pages)
+                return fail("dirty: wants a page count within the scratch area", NULL, 0);
+        for (u64 k = 0; k < pages; k++)
+                *(volatile u32 *)(SCRATCH_BASE + k * PAGE_SIZE) = (u32)k ^ 0x5a5a5a5au;
+        print("dirtied\n", 8);
+        return 0;
+}
+
 /* One statement, trimmed of spaces on both ends. */
 static int statement(const u8 *s, u32 n)
 {
@@ -354,6 +398,10 @@ static int statement(const u8 *s, u32 n)
                 return st_path_op(s, n, i, 0);
         if (span_eq(s, wl, "print", 5) && i > wl)
                 return st_print(s, n, i);
+        if (span_eq(s, wl, "spin", 4) && i > wl)
+                return st_spin(s, n, i);
+        if (span_eq(s, wl, "dirty", 5) && i > wl)
+                return st_dirty(s, n, i);
         if (span_eq(s, wl, "hostile", 7) && i > wl) {
                 if (hostile_parse(s + i, n - i) < 0)
                         return fail("hostile: unknown mode: ", s + i, n - i);
