@@ -489,13 +489,15 @@ static int append_histogram(sd_bus_message *reply, const char *name, const Histo
 }
 
 /* The totals of the running sandboxes' usage and forkd's latency histograms.
- * Root and holders of org.forkd.manage-all only: the totals span every owner. */
+ * As in ListSandboxes, root and holders of org.forkd.manage-all sum every
+ * sandbox, anyone else their own; the histograms are forkd's, whole. */
 static int method_get_metrics(sd_bus_message *message, void *userdata, sd_bus_error *error) {
         _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
         Manager *m = userdata;
         HashmapIter it = {};
         uint64_t cpu = 0, priv = 0, shared = 0, rd = 0, wr = 0, rx = 0, tx = 0;
         uint32_t n = 0;
+        bool all = false;
         uid_t uid;
         void *v;
         int r;
@@ -503,17 +505,26 @@ static int method_get_metrics(sd_bus_message *message, void *userdata, sd_bus_er
         r = bus_message_sender_uid(message, &m->polkit_registry, &uid);
         if (r < 0)
                 return sd_bus_error_set_errnof(error, r, "Cannot determine the caller's credentials: %m");
-        if (uid != 0) {
+        if (uid == 0)
+                all = true;
+        else {
+                _cleanup_(sd_bus_error_free) sd_bus_error e = SD_BUS_ERROR_NULL;
+
                 r = bus_verify_polkit_async(message, POLKIT_ACTION_MANAGE_ALL,
-                                            (const char *[]) { "verb", "metrics", NULL }, &m->polkit_registry, error);
-                if (r <= 0)
+                                            (const char *[]) { "verb", "metrics", NULL }, &m->polkit_registry, &e);
+                if (r == 0)
+                        return 1;
+                if (r < 0 && r != -EACCES) {
+                        sd_bus_error_move(error, &e);
                         return r;
+                }
+                all = r > 0; /* refused: the caller's own only */
         }
         while (hashmap_iterate(m->sandboxes, &it, &v)) {
                 Sandbox *sb = v;
                 SandboxUsage u;
 
-                if (!sandbox_is_visible(sb))
+                if (!sandbox_is_visible(sb) || (!all && sb->owner_uid != uid))
                         continue;
                 sandbox_read_usage(sb, &u);
                 n++;
