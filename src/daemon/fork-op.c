@@ -895,6 +895,8 @@ static int fork_op_start_full(Manager *m, Image *i, VmTemplate *t, unsigned n, c
         f->early = calloc(n, sizeof(SandboxEarly *));
         f->pinged = calloc(n, sizeof(bool));
         f->stats_fds = calloc(n, sizeof(int));
+        for (unsigned k = 0; f->stats_fds && k < n; k++)
+                f->stats_fds[k] = -EBADF; /* before any way to fork_op_free() */
         f->stats = calloc(n, sizeof(struct vmm_stats *));
         f->vmm_path = strdup(m->vmm_path);
         f->overlay_dir = strdup(m->overlay_dir);
@@ -906,7 +908,7 @@ static int fork_op_start_full(Manager *m, Image *i, VmTemplate *t, unsigned n, c
                 goto fail;
         }
         for (unsigned k = 0; k < n; k++)
-                f->agent_fds[k] = f->control_fds[k] = f->stats_fds[k] = -EBADF;
+                f->agent_fds[k] = f->control_fds[k] = -EBADF;
 
         /* A resume: the paused sandbox's own id. */
         if (o->id) {
