@@ -363,7 +363,7 @@ void sandbox_read_usage(Sandbox *s, SandboxUsage *ret) {
         /* Its cgroup once: the VMM joined it before it answered (has_cgroup). */
         if (s->has_cgroup && !s->cpu_stat_looked_up && s->state == SANDBOX_RUNNING && s->pid > 0) {
                 s->cpu_stat_looked_up = true;
-                if (usage_cpu_stat_path((pid_t) s->pid, &s->cpu_stat_path) < 0)
+                if (usage_cpu_stat_path((pid_t) s->pid, s->vm_id, &s->cpu_stat_path) < 0)
                         s->cpu_stat_path = NULL;
         }
         usage_read((pid_t) s->pid, s->has_cgroup ? s->cpu_stat_path : NULL, s->stats, ret);

@@ -132,8 +132,9 @@ int usage_parse_proc_cgroup(const char *text, char **ret) {
         return -ENOENT;
 }
 
-int usage_cpu_stat_path(pid_t pid, char **ret) {
+int usage_cpu_stat_path(pid_t pid, const char *leaf, char **ret) {
         _cleanup_free_ char *text = NULL, *cg = NULL;
+        const char *base;
         char path[64];
         int r;
 
@@ -144,7 +145,8 @@ int usage_cpu_stat_path(pid_t pid, char **ret) {
         r = usage_parse_proc_cgroup(text, &cg);
         if (r < 0)
                 return r;
-        if (strcmp(cg, "/") == 0 || strstr(cg, "/../"))
+        base = strrchr(cg, '/');
+        if (strcmp(cg, "/") == 0 || strstr(cg, "/../") || !base || strcmp(base + 1, leaf) != 0)
                 return -ENOENT;
         return asprintf(ret, "/sys/fs/cgroup%s/cpu.stat", cg) < 0 ? -ENOMEM : 0;
 }

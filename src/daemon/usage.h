@@ -45,5 +45,7 @@ int usage_parse_proc_cgroup(const char *text, char **ret);
  * (then its /proc/PID/stat). stats: its page, or NULL. Fields it could not
  * read stay unset (their have_ false). */
 void usage_read(pid_t pid, const char *cpu_stat_path, const struct vmm_stats *stats, SandboxUsage *ret);
-/* The cpu.stat of the cgroup v2 pid is in ("/sys/fs/cgroup<path>/cpu.stat") into a new string. */
-int usage_cpu_stat_path(pid_t pid, char **ret);
+/* The cpu.stat of the cgroup v2 pid is in ("/sys/fs/cgroup<path>/cpu.stat") into a new string,
+ * if that cgroup is named leaf (the sandbox's own); else -ENOENT (on a host
+ * whose v2 hierarchy is not the one forkd limits, pid shares its v2 cgroup). */
+int usage_cpu_stat_path(pid_t pid, const char *leaf, char **ret);

@@ -154,6 +154,14 @@ static void test_stats_page(void **state) {
         close(fd);
 }
 
+static void test_cpu_stat_path(void **state) {
+        char *p = NULL;
+
+        /* a cgroup not named as the sandbox is not its own: no path */
+        assert_int_equal(usage_cpu_stat_path(getpid(), "sb-no-such-leaf", &p), -ENOENT);
+        assert_null(p);
+}
+
 static void test_read_self(void **state) {
         SandboxUsage u;
 
@@ -175,6 +183,7 @@ int main(void) {
                 cmocka_unit_test(test_parse_statm),
                 cmocka_unit_test(test_parse_proc_cgroup),
                 cmocka_unit_test(test_stats_page),
+                cmocka_unit_test(test_cpu_stat_path),
                 cmocka_unit_test(test_read_self),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
