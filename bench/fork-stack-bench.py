@@ -30,6 +30,12 @@ stack a user talks to, against the engine alone, in one run, taking turns
            one shared and gets a private copy-on-write layer of the cow one;
            against the dbus fork of the same guest without volumes, "novol"
 
+--list-usage: after each dbus fork of N (before its children are terminated),
+GET /v1/sandboxes (every sandbox with its "usage": a few small /proc and cgroup
+reads each in forkd) and GET /v1/sandboxes?usage=false (ListSandboxesEx without
+it), LIST_REPEATS times each, alternating; list_usage_ms and list_nousage_ms
+are the medians, list_usage_ratio the one over the other.
+
 nonet, nolimit and novol are the dbus measurement (the same call), run once a round.
 Before the timed rounds (--guest test): sync(2) and a settling pause, then
 --warmup W rounds (default 1) of every mode, untimed: the first round ran
@@ -96,6 +102,7 @@ from dbusmini import Bus, DBusError  # noqa: E402 (tests/lib, on the PYTHONPATH 
 DEST, PATH, IFACE = "org.forkd.Manager", "/org/forkd/Manager", "org.forkd.Manager"
 TAG, NET_TAG, VOL_TAG = "bench", "bench-net", "bench-vol"
 VOLUME_MIB = 64         # --volumes: each volume's size
+LIST_REPEATS = 5        # --list-usage: GETs of each kind per round
 PRIME_MIB = 64          # as fork-bench.c's PRIME_BYTES
 SETTLE_S = 1.0          # as fork-bench.c's SETTLE_USEC, before either reading of /proc/meminfo
 DBUS_PENDING = 100       # TerminateSandbox calls in flight on one connection
@@ -543,11 +550,29 @@ class Bench:
         r["netns_ms"], r["netns_pooled"] = self.stack.netns_ms()
         return r
 
+    def list_usage(self, kids, before):
+        """--list-usage: GET /v1/sandboxes with and without each sandbox's usage, alternating."""
+        ids = {k["id"] for k in kids}
+        times = {True: [], False: []}
+        for _ in range(LIST_REPEATS):
+            for usage in (True, False):
+                t0 = time.monotonic()
+                status, body = self.api.request("GET", "/v1/sandboxes" + ("" if usage else "?usage=false"))
+                times[usage].append((time.monotonic() - t0) * 1000)
+                if status != 200:
+                    raise RuntimeError(f"GET /v1/sandboxes (usage {usage}): HTTP {status}: {body}")
+                mine = [s for s in body if s["id"] in ids]
+                if len(mine) != len(ids) or any(("usage" in s) != usage for s in mine):
+                    raise RuntimeError(f"GET /v1/sandboxes (usage {usage}): {len(mine)} of {len(ids)} children, "
+                                       f"usage {'missing' if usage else 'present'}")
+        return {"list_usage_ms": median(times[True]), "list_nousage_ms": median(times[False])}
+
     def run(self, mode):
         if mode == "engine":
             return engine(self.args)
         if mode == "dbus":
-            return self.measure(self.fork_plain, self.terminate_dbus)
+            return self.measure(self.fork_plain, self.terminate_dbus,
+                                more=self.list_usage if self.args.list_usage else None)
         if mode == "rest":
             return self.measure(self.fork_rest, self.terminate_rest)
         if mode == "net":
@@ -739,6 +764,10 @@ def report(args, modes, rounds, bench, backend):
         doc["limit_ratio"] = ratio(doc["limit_ready_ms"], doc["nolimit_ready_ms"])
     if args.volumes:
         doc["vol_ratio"] = ratio(doc["vol_ready_ms"], doc["novol_ready_ms"])
+    if args.list_usage:
+        doc["list_usage_ms"] = med("dbus", "list_usage_ms")
+        doc["list_nousage_ms"] = med("dbus", "list_nousage_ms")
+        doc["list_usage_ratio"] = ratio(doc["list_usage_ms"], doc["list_nousage_ms"])
     if backend:
         doc["cgroup_backend"] = backend
     doc["host_memory_parts_kib_per_child"] = {
@@ -769,6 +798,9 @@ def report(args, modes, rounds, bench, backend):
                        ("net_pooled_per_fork", "namespaces a fork took from the pool (median)"),
                        ("limit_ratio", "limit / none, time to ready"),
                        ("vol_ratio", "volumes / none, time to ready (target <= 1.2)"),
+                       ("list_usage_ms", f"GET /v1/sandboxes of {args.n}, with usage (ms)"),
+                       ("list_nousage_ms", f"GET /v1/sandboxes of {args.n}, ?usage=false (ms)"),
+                       ("list_usage_ratio", "with usage / without, GET /v1/sandboxes"),
                        ("forkd_cpu_ms_per_child", "forkd CPU per forked child (ms)"),
                        ("per_child_kib", "engine: VMM's own memory per child (KiB)"),
                        ("cgroup_backend", "forkd's memory limit backend")):
@@ -795,6 +827,8 @@ def main():
     ap.add_argument("--network", action="store_true")
     ap.add_argument("--memory-limit-mib", type=int, default=0)
     ap.add_argument("--volumes", action="store_true", help="fork a snapshot with one ro and one cow volume")
+    ap.add_argument("--list-usage", action="store_true",
+                    help="after the dbus fork of N, time GET /v1/sandboxes with usage against ?usage=false")
     ap.add_argument("--netns-pool", type=int, help="with --network: forkd --netns-pool P (default N; 0: none)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--emulated", action="store_true", help="the figures come from the QEMU test host")
@@ -803,9 +837,10 @@ def main():
                     "it starts the test host)")
     args = ap.parse_args()
     linux = args.guest == "linux"
-    if linux and (args.path or args.network or args.memory_limit_mib or args.volumes or args.confine):
+    if linux and (args.path or args.network or args.memory_limit_mib or args.volumes or args.confine
+                  or args.list_usage):
         ap.error("--guest linux measures the D-Bus fork only: leave out --path, --network, --memory-limit-mib, "
-                 "--volumes and --confine")
+                 "--volumes, --list-usage and --confine")
     if linux and not args.image:
         ap.error("--guest linux needs --image DIR (tools/mkimage's output)")
     defaults = {"n": (100, 10), "mem_mib": (64, 256), "rounds": (5, 2), "path": (["engine"], ["dbus"])}
@@ -840,7 +875,7 @@ def main():
 
     modes = [m for m, on in (("engine", "engine" in args.path),
                              ("dbus", "dbus" in args.path or args.network or args.memory_limit_mib
-                              or args.volumes),
+                              or args.volumes or args.list_usage),
                              ("rest", "rest" in args.path), ("net", args.network),
                              ("limit", args.memory_limit_mib), ("vol", args.volumes), ("boot", linux)) if on]
     rounds = {m: [] for m in modes}

@@ -263,6 +263,7 @@ static void on_control_reply(ControlWaiter *w, struct json_object *o, const char
                 branch_fail(b, "Malformed control reply from the VMM of %s.", b->source_id);
                 return;
         }
+        histogram_observe(&b->manager->branch_pause, b->pause_us);
         if (b->source_has_cgroup)
                 (void) cgroup_detach(b->manager->cgroups, b->copy_pid);
         b->state = BRANCH_WRITING;

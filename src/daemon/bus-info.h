@@ -21,8 +21,10 @@ int image_append_info_fields(sd_bus_message *reply, Image *i, bool details);
 /* SnapshotNew (new) or SnapshotRemoved; none for forkd's own snapshots. */
 void image_send_signal(Manager *m, const char *tag, bool new);
 
-/* Append a SandboxInfo a{sv}. */
+/* Append a SandboxInfo a{sv}, with its "usage". */
 int sandbox_append_info(sd_bus_message *reply, Sandbox *s);
+/* The same, with "usage" only when usage is true (reading it costs a few small reads). */
+int sandbox_append_info_ex(sd_bus_message *reply, Sandbox *s, bool usage);
 /* An aa{sv} of the SandboxInfos of a fork's children, by the names their VMs were
  * spawned under (vm_id: the id too, until a merge moves another id onto one). */
 int sandbox_append_infos(sd_bus_message *reply, Manager *m, char *const *vm_ids, unsigned n);

@@ -13,6 +13,7 @@
 #include "image.h"
 #include "macro.h"
 #include "time-util.h"
+#include "usage.h"
 #include "netns-batch.h"
 #include "bus-info.h"
 #include "sandbox.h"
@@ -85,6 +86,14 @@ ForkOp *fork_op_free(ForkOp *f) {
         free(f->net);
         free(f->net_made);
         free(f->net_index);
+        if (f->stats)
+                for (unsigned i = 0; i < f->n; i++)
+                        usage_stats_page_free(f->stats[i]);
+        if (f->stats_fds)
+                for (unsigned i = 0; i < f->n; i++)
+                        safe_close(f->stats_fds[i]);
+        free(f->stats);
+        free(f->stats_fds);
         free(f->agent_fds);
         free(f->control_fds);
         free(f->pids);
@@ -209,6 +218,8 @@ static void fork_succeed(ForkOp *f) {
         f->t[FORK_T_ANNOUNCED] = now_usec();
         snprintf(what, sizeof(what), "%s", f->image ? f->image->tag : "a running sandbox");
         memcpy(t, f->t, sizeof(t));
+        /* Ready: every child answered and is announced. */
+        histogram_observe(&m->fork_latency, t[FORK_T_ANNOUNCED] - t[FORK_T_START]);
         f->done(f, 0, NULL, NULL, f->userdata); /* may free f */
         t[FORK_T_REPLIED] = now_usec();
         fork_log_stages(t, n, what);
@@ -487,6 +498,7 @@ static int fork_spawn(ForkOp *f, const int *taps) {
                         .tap_fds = taps ? taps + start : NULL,
                         .disk_rate = rate_limit_is_set(&f->opts.limits.disk_rate) ? &f->opts.limits.disk_rate : NULL,
                         .net_rate = rate_limit_is_set(&f->opts.limits.net_rate) ? &f->opts.limits.net_rate : NULL,
+                        .stats_fds = f->stats_fds + start,
                 };
 
                 while (end < f->n && ((!parent && !f->cgroup_parents[end]) ||
@@ -508,6 +520,9 @@ static int fork_spawn(ForkOp *f, const int *taps) {
         /* The children have their taps (or never will): forkd's copies go. */
         for (unsigned i = 0; i < f->n_net_picked; i++)
                 netns_child_done(&f->net[i]);
+        /* The children have their pages: only the mappings stay. */
+        for (unsigned i = 0; i < f->n; i++)
+                f->stats_fds[i] = safe_close(f->stats_fds[i]);
         if (r < 0)
                 return fork_work_error(f, r, "The template failed to spawn children");
         f->t[FORK_T_SPAWNED] = now_usec();
@@ -531,6 +546,13 @@ static int fork_work(void *userdata) {
                         return fork_work_error(f, -ENOMEM, "Failed to hand over the taps");
                 for (unsigned i = 0; i < f->n; i++)
                         taps[i] = f->net[i].tap_fd;
+        }
+
+        /* A stats page per child: the VMM counts its devices' work there. */
+        for (unsigned i = 0; i < f->n; i++) {
+                r = usage_stats_page_new(&f->stats_fds[i], &f->stats[i]);
+                if (r < 0)
+                        return fork_work_error(f, r, "Failed to make the stats pages");
         }
 
         /*
@@ -599,6 +621,7 @@ static void fork_work_done(int r, void *userdata) {
                         }
                         /* Owned by the sandbox now, its namespace included. */
                         s->control_fd = TAKE_FD(f->control_fds[i]);
+                        s->stats = TAKE_PTR(f->stats[i]);
                         if (f->opts.net) {
                                 f->net_made[i] = false;
                                 f->net_index[i] = 0;
@@ -877,10 +900,15 @@ static int fork_op_start_full(Manager *m, Image *i, VmTemplate *t, unsigned n, c
         f->slots = calloc(n, sizeof(struct ping_slot));
         f->early = calloc(n, sizeof(SandboxEarly *));
         f->pinged = calloc(n, sizeof(bool));
+        f->stats_fds = calloc(n, sizeof(int));
+        for (unsigned k = 0; f->stats_fds && k < n; k++)
+                f->stats_fds[k] = -EBADF; /* before any way to fork_op_free() */
+        f->stats = calloc(n, sizeof(struct vmm_stats *));
         f->vmm_path = strdup(m->vmm_path);
         f->overlay_dir = strdup(m->overlay_dir);
         f->sandboxes_dir = strdup(m->sandboxes_dir);
         if (!f->ids || !f->cgroup_parents || !f->has_cgroup || !f->agent_fds || !f->control_fds || !f->pids || !f->slots || !f->early || !f->pinged ||
+            !f->stats_fds || !f->stats ||
             !f->vmm_path || !f->overlay_dir || !f->sandboxes_dir) {
                 r = -ENOMEM;
                 goto fail;

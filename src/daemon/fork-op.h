@@ -95,6 +95,10 @@ struct ForkOp {
         char *vmm_path, *overlay_dir, *sandboxes_dir;
         int *agent_fds;
         int *control_fds;
+        /* per child: its stats page (usage.h), the memfd until spawned and
+         * forkd's mapping until its sandbox takes it */
+        int *stats_fds;
+        const struct vmm_stats **stats;
         pid_t *pids;
         char **events;
         unsigned n_events;

@@ -24,6 +24,7 @@
 #include "sandbox-dbus.h"
 #include "sandbox.h"
 #include "snapshot-meta.h"
+#include "usage.h"
 #include "worker.h"
 
 /* ---- properties ---- */
@@ -364,9 +365,8 @@ static int method_pull_snapshot(sd_bus_message *message, void *userdata, sd_bus_
 
 /* Root and holders of org.forkd.manage-all see every sandbox; anyone else
  * sees their own only (others' are left out, not shown without details). */
-static int method_list_sandboxes(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+static int list_sandboxes(sd_bus_message *message, Manager *m, bool usage, sd_bus_error *error) {
         _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
-        Manager *m = userdata;
         HashmapIter it = {};
         bool all = false;
         uid_t uid;
@@ -403,7 +403,7 @@ static int method_list_sandboxes(sd_bus_message *message, void *userdata, sd_bus
 
                 if (!sandbox_is_visible(sb) || (!all && sb->owner_uid != uid))
                         continue;
-                r = sandbox_append_info(reply, sb);
+                r = sandbox_append_info_ex(reply, sb, usage);
                 if (r < 0)
                         return r;
         }
@@ -418,6 +418,144 @@ static int method_list_sandboxes(sd_bus_message *message, void *userdata, sd_bus
                         return r;
         }
         r = sd_bus_message_close_container(reply);
+        if (r < 0)
+                return r;
+        return sd_bus_send(NULL, reply, NULL);
+}
+
+static int method_list_sandboxes(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        return list_sandboxes(message, userdata, true, error);
+}
+
+/* ListSandboxes with options: "usage" b (default true). Read from the start
+ * again: polkit may dispatch a call twice. */
+static int method_list_sandboxes_ex(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        bool usage = true;
+        int r;
+
+        r = sd_bus_message_rewind(message, true);
+        if (r < 0)
+                return r;
+        r = sd_bus_message_enter_container(message, 'a', "{sv}");
+        if (r < 0)
+                return r;
+        while ((r = sd_bus_message_enter_container(message, 'e', "sv")) > 0) {
+                const char *key;
+                int b;
+
+                r = sd_bus_message_read(message, "s", &key);
+                if (r < 0)
+                        return r;
+                if (!streq(key, "usage"))
+                        return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "Unknown option \"%s\"", key);
+                r = sd_bus_message_read(message, "v", "b", &b);
+                if (r < 0)
+                        return sd_bus_error_set(error, SD_BUS_ERROR_INVALID_ARGS, "Option \"usage\" must be a boolean");
+                usage = b;
+                r = sd_bus_message_exit_container(message);
+                if (r < 0)
+                        return r;
+        }
+        if (r < 0)
+                return r;
+        r = sd_bus_message_exit_container(message);
+        if (r < 0)
+                return r;
+        return list_sandboxes(message, userdata, usage, error);
+}
+
+/* A histogram as (bounds, cumulative counts, sum, count): "(atatt)", in usec. */
+static int append_histogram(sd_bus_message *reply, const char *name, const Histogram *h) {
+        uint64_t cum[HISTOGRAM_N_BOUNDS + 1];
+        int r;
+
+        histogram_cumulative(h, cum);
+        r = sd_bus_message_open_container(reply, 'e', "sv");
+        if (r >= 0)
+                r = sd_bus_message_append(reply, "s", name);
+        if (r >= 0)
+                r = sd_bus_message_open_container(reply, 'v', "(atatt)");
+        if (r >= 0)
+                r = sd_bus_message_open_container(reply, 'r', "atatt");
+        if (r >= 0)
+                r = sd_bus_message_append_array(reply, 't', histogram_bounds_usec, sizeof(histogram_bounds_usec));
+        if (r >= 0)
+                r = sd_bus_message_append_array(reply, 't', cum, sizeof(cum));
+        if (r >= 0)
+                r = sd_bus_message_append(reply, "tt", h->sum_usec, h->count);
+        for (unsigned k = 0; r >= 0 && k < 3; k++)
+                r = sd_bus_message_close_container(reply);
+        return r;
+}
+
+/* The totals of the running sandboxes' usage and forkd's latency histograms.
+ * As in ListSandboxes, root and holders of org.forkd.manage-all sum every
+ * sandbox, anyone else their own; the histograms are forkd's, whole. */
+static int method_get_metrics(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
+        Manager *m = userdata;
+        HashmapIter it = {};
+        uint64_t cpu = 0, priv = 0, shared = 0, rd = 0, wr = 0, rx = 0, tx = 0;
+        uint32_t n = 0;
+        bool all = false;
+        uid_t uid;
+        void *v;
+        int r;
+
+        r = bus_message_sender_uid(message, &m->polkit_registry, &uid);
+        if (r < 0)
+                return sd_bus_error_set_errnof(error, r, "Cannot determine the caller's credentials: %m");
+        if (uid == 0)
+                all = true;
+        else {
+                _cleanup_(sd_bus_error_free) sd_bus_error e = SD_BUS_ERROR_NULL;
+
+                r = bus_verify_polkit_async(message, POLKIT_ACTION_MANAGE_ALL,
+                                            (const char *[]) { "verb", "metrics", NULL }, &m->polkit_registry, &e);
+                if (r == 0)
+                        return 1;
+                if (r < 0 && r != -EACCES) {
+                        sd_bus_error_move(error, &e);
+                        return r;
+                }
+                all = r > 0; /* refused: the caller's own only */
+        }
+        while (hashmap_iterate(m->sandboxes, &it, &v)) {
+                Sandbox *sb = v;
+                SandboxUsage u;
+
+                if (!sandbox_is_visible(sb) || (!all && sb->owner_uid != uid))
+                        continue;
+                sandbox_read_usage(sb, &u);
+                n++;
+                cpu += u.cpu_usec;
+                priv += u.memory_private_kib;
+                shared += u.memory_shared_kib;
+                if (u.have_stats) {
+                        rd += u.stats.disk_read_bytes;
+                        wr += u.stats.disk_written_bytes;
+                        rx += u.stats.net_rx_bytes;
+                        tx += u.stats.net_tx_bytes;
+                }
+        }
+        r = sd_bus_message_new_method_return(message, &reply);
+        if (r < 0)
+                return r;
+        r = sd_bus_message_open_container(reply, 'a', "{sv}");
+        if (r < 0)
+                return r;
+        r = sd_bus_message_append(reply, "{sv}{sv}{sv}{sv}{sv}{sv}{sv}{sv}", "sandboxes", "u", n, "cpu_usec", "t", cpu,
+                                  "memory_private_kib", "t", priv, "memory_shared_kib", "t", shared,
+                                  "disk_read_bytes", "t", rd, "disk_written_bytes", "t", wr, "net_rx_bytes", "t", rx,
+                                  "net_tx_bytes", "t", tx);
+        if (r >= 0)
+                r = append_histogram(reply, "fork_latency_usec", &m->fork_latency);
+        if (r >= 0)
+                r = append_histogram(reply, "branch_pause_usec", &m->branch_pause);
+        if (r >= 0)
+                r = append_histogram(reply, "agent_call_usec", &m->agent_call);
+        if (r >= 0)
+                r = sd_bus_message_close_container(reply);
         if (r < 0)
                 return r;
         return sd_bus_send(NULL, reply, NULL);
@@ -613,6 +751,10 @@ const sd_bus_vtable manager_vtable[] = {
                                 SD_BUS_RESULT("aa{sv}", sandboxes), bus_manager_method_fork, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("ListSandboxes", SD_BUS_NO_ARGS, SD_BUS_RESULT("aa{sv}", sandboxes),
                                 method_list_sandboxes, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("ListSandboxesEx", SD_BUS_ARGS("a{sv}", options), SD_BUS_RESULT("aa{sv}", sandboxes),
+                                method_list_sandboxes_ex, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("GetMetrics", SD_BUS_NO_ARGS, SD_BUS_RESULT("a{sv}", metrics),
+                                method_get_metrics, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("GetSandbox", SD_BUS_ARGS("s", id), SD_BUS_RESULT("a{sv}", info), method_get_sandbox,
                                 SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("TerminateSandbox", SD_BUS_ARGS("s", id), SD_BUS_NO_RESULT, method_terminate_sandbox,

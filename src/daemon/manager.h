@@ -14,6 +14,7 @@
 #include "fork-options.h"
 #include "forkd-bus.h"
 #include "hashmap.h"
+#include "histogram.h"
 #include "netns-pool.h"
 
 
@@ -169,6 +170,9 @@ struct Manager {
          * writer of a predecessor (branch.c) is registered when it lands. */
         int snapshots_watch_fd;
         sd_event_source *snapshots_watch;
+        /* Latencies since start, for GetMetrics(): each Fork call to its reply
+         * (ready), each branch's pause of its source, each answered agent call. */
+        Histogram fork_latency, branch_pause, agent_call;
 };
 
 int manager_new(Manager **ret);

@@ -15,6 +15,8 @@
 #include "macro.h"
 #include "sandbox.h"
 #include "snapshot-meta.h"
+#include "time-util.h"
+#include "usage.h"
 #include "vm-template.h"
 #include "worker.h"
 
@@ -24,6 +26,7 @@ struct agent_call {
         Sandbox *sandbox;
         agent_reply_t cb;
         void *userdata;
+        uint64_t started_usec; /* for the agent call latency histogram */
         struct agent_call *next, *prev;
 };
 
@@ -350,9 +353,23 @@ Sandbox *sandbox_free(Sandbox *s) {
         if (s->netns_owned)
                 sandbox_netns_destroy(m, s->netns, s->netns_index);
 
+        s->stats = usage_stats_page_free(s->stats);
+        free(s->cpu_stat_path);
         sandbox_free_strings(s);
         free(s);
         return NULL;
+}
+
+void sandbox_read_usage(Sandbox *s, SandboxUsage *ret) {
+        /* Its cgroup once: the VMM joined it before it answered (has_cgroup). */
+        if (s->has_cgroup && !s->cpu_stat_looked_up && s->state == SANDBOX_RUNNING && s->pid > 0) {
+                s->cpu_stat_looked_up = true;
+                if (usage_cpu_stat_path((pid_t) s->pid, s->vm_id, &s->cpu_stat_path) < 0)
+                        s->cpu_stat_path = NULL;
+        }
+        usage_read((pid_t) s->pid, s->has_cgroup ? s->cpu_stat_path : NULL, s->stats, ret);
+        if (!s->has_cgroup)
+                ret->have_cpu_throttled = false; /* the template's cgroup: not its own */
 }
 
 void sandbox_exited(Sandbox *s, int code, int sig) {
@@ -557,6 +574,8 @@ static void pump(Sandbox *s, bool hangup) {
                 c = comp.userdata;
                 if (c) {
                         call_unlink(s, c);
+                        if (comp.error >= 0 && c->started_usec > 0)
+                                histogram_observe(&s->manager->agent_call, now_usec() - c->started_usec);
                         c->cb(comp.error, comp.type, comp.json, comp.obj, c->userdata);
                         free(c);
                 }
@@ -621,7 +640,7 @@ int sandbox_call(Sandbox *s, const char *json, uint64_t timeout_usec, agent_repl
         c = calloc(1, sizeof(*c));
         if (!c)
                 return -ENOMEM;
-        *c = (struct agent_call) { .cb = cb, .userdata = userdata };
+        *c = (struct agent_call) { .cb = cb, .userdata = userdata, .started_usec = now_usec() };
         r = fka_client_send(s->client, json, SIZE_MAX, fka_now_usec() + timeout_usec, c);
         if (r < 0) {
                 free(c);

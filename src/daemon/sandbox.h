@@ -102,6 +102,12 @@ struct Sandbox {
          * it ended if it ends first. Cleared by the fork when it finishes. */
         ForkOp *fork_op;
         bool fork_awaits_exit; /* its agent channel closed: the fork counts it at its exit */
+
+        /* Its VMM's stats page (usage.h), read-only; NULL: none. Unmapped when it goes. */
+        const struct vmm_stats *stats;
+        /* Its own cgroup's cpu.stat, once looked up (has_cgroup); NULL: not yet or none. */
+        char *cpu_stat_path;
+        bool cpu_stat_looked_up;
 };
 
 struct sandbox_params {
@@ -174,6 +180,10 @@ const char *sandbox_state_to_string(SandboxState s);
 /* Is the sandbox visible (on the bus, listed): running or terminating? */
 bool sandbox_is_visible(const Sandbox *s);
 int sandbox_object_path(const char *id, char **ret);
+
+/* What it uses now (usage.h): a few small reads, no request to the VMM. */
+struct SandboxUsage;
+void sandbox_read_usage(Sandbox *s, struct SandboxUsage *ret);
 
 /* The record state_dir/sandboxes/<id>.json (for the next start's cleanup). */
 int sandbox_record_format(const struct sandbox_params *p, char **ret);

@@ -109,9 +109,26 @@ const char *jexpires(struct json_object *o, char *buf, size_t size) {
         return buf;
 }
 
+/* Its "usage": CPU seconds and memory (private+shared), or NULL each when it has none. */
+static void usage_cells(struct json_object *s, char *cpu, size_t cpu_size, char *mem, size_t mem_size) {
+        struct json_object *u;
+        uint64_t v, p, sh;
+
+        *cpu = *mem = 0;
+        if (!json_object_object_get_ex(s, "usage", &u) || !json_object_is_type(u, json_type_object))
+                return;
+        if (juint(u, "cpu_usec", &v))
+                snprintf(cpu, cpu_size, "%.1fs", (double) v / 1e6);
+        if (juint(u, "memory_private_kib", &p) && juint(u, "memory_shared_kib", &sh)) {
+                char a[32], b[32];
+
+                snprintf(mem, mem_size, "%s+%s", format_bytes(a, sizeof a, p * 1024), format_bytes(b, sizeof b, sh * 1024));
+        }
+}
+
 int print_sandbox_table(struct json_object *list, bool empty_hint) {
         static const char *const headers[] = { "ID", "SNAPSHOT", "STATE", "PID", "MEMLIMIT", "NETNS", "ADDRESS", "CREATED",
-                                               "EXPIRES", "OWNER" };
+                                               "EXPIRES", "OWNER", "CPU", "MEM(PRIV+SHARED)" };
         _cleanup_table_ struct table *t = table_new(ELEMENTSOF(headers), headers);
         size_t n = json_object_array_length(list);
 
@@ -119,17 +136,18 @@ int print_sandbox_table(struct json_object *list, bool empty_hint) {
                 return -ENOMEM;
         for (size_t i = 0; i < n; i++) {
                 struct json_object *s = json_object_array_get_idx(list, i);
-                char created[64], limit[32] = "", owner[64], expires[96];
+                char created[64], limit[32] = "", owner[64], expires[96], cpu[32], mem[80];
                 uint64_t l, pid;
 
                 if (juint(s, "memory_limit_mib", &l) && l > 0)
                         snprintf(limit, sizeof limit, "%lluM", (unsigned long long) l);
+                usage_cells(s, cpu, sizeof cpu, mem, sizeof mem);
                 const char *cells[] = {
                         jstr(s, "id"), jstr(s, "snapshot_tag"), jstr(s, "state"),
                         juint(s, "pid", &pid) && pid == 0 ? NULL : jstr(s, "pid"), /* a paused one has no VMM */
                         limit, jstr(s, "netns"), jstr(s, "guest_addr"),
                         jtime(s, "created_at_unix", created, sizeof created), jexpires(s, expires, sizeof expires),
-                        jowner(s, owner, sizeof owner),
+                        jowner(s, owner, sizeof owner), cpu, mem,
                 };
                 if (table_add_row(t, cells) < 0)
                         return -ENOMEM;

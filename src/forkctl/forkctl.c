@@ -67,6 +67,10 @@ static void help(void) {
                "                          --net-rate: R is BW[,ops=N][,burst=B] (BW and B bytes,\n"
                "                          K, M, G, T for KiB...; 0: unlimited), or ops=N alone\n"
                "  ls                      List sandboxes, running and paused, with their deadline\n"
+               "  top [--once [--json]] [--sort cpu|mem|disk|net]\n"
+               "                          The running sandboxes' usage, refreshed every second\n"
+               "                          until q or Ctrl-C: CPU%%, private and shared memory,\n"
+               "                          disk and net rates (--once: one table, a second apart)\n"
                "  kill ID...              Terminate sandboxes (a paused one is deleted)\n"
                "  ping ID                 Ask a sandbox's agent whether it is alive\n"
                "  exec ID [--timeout S] -- ARGV...\n"
@@ -206,7 +210,7 @@ struct verb {
         const char *group; /* "snapshot" or NULL */
         const char *name;
         size_t min_args, max_args; /* positional arguments after the verb */
-        unsigned options;          /* OPT_* allowed */
+        uint64_t options;          /* OPT_* allowed */
         unsigned flags;            /* VERB_* */
         const char *synopsis;
         verb_run_t run;
@@ -239,6 +243,8 @@ static const struct verb verbs[] = {
           verb_fork, NULL },
         { NULL, "ls", 0, 0, 0, 0, "ls", verb_ls, NULL },
         { NULL, "list", 0, 0, 0, 0, "ls", verb_ls, NULL },
+        { NULL, "top", 0, 0, OPT_ONCE | OPT_SORT, 0, "top [--once [--json]] [--sort cpu|mem|disk|net]", verb_top,
+          check_top },
         { NULL, "kill", 1, SIZE_MAX, 0, 0, "kill ID...", verb_kill, NULL },
         { NULL, "ping", 1, 1, 0, 0, "ping ID", verb_ping, NULL },
         { NULL, "exec", 2, SIZE_MAX, OPT_TIMEOUT, 0, "exec ID [--timeout S] -- ARGV...", verb_exec, NULL },
@@ -307,6 +313,8 @@ enum {
         ARG_CPU_LIMIT,
         ARG_DISK_RATE,
         ARG_NET_RATE,
+        ARG_ONCE,
+        ARG_SORT,
 };
 
 struct option_spec;
@@ -318,7 +326,7 @@ typedef int (*option_parse_t)(struct forkctl_options *o, const struct option_spe
 struct option_spec {
         struct option getopt;   /* long name, has_arg, getopt's value */
         const char *shown;      /* the name messages use */
-        unsigned bit;           /* OPT_*; 0 for a global option */
+        uint64_t bit;           /* OPT_*; 0 for a global option */
         option_parse_t parse;
         size_t offset;          /* of the field in struct forkctl_options that parse fills in */
         uint32_t min, max;      /* parse_u32s */
@@ -420,6 +428,13 @@ static int parse_exec(struct forkctl_options *o, const struct option_spec *s, ch
         return 0;
 }
 
+static int parse_sort(struct forkctl_options *o, const struct option_spec *s, char *value, int argc, char *argv[]) {
+        if (!streq(value, "cpu") && !streq(value, "mem") && !streq(value, "disk") && !streq(value, "net"))
+                return usage_error("--sort wants cpu, mem, disk or net, not '%s'", value);
+        o->sort = value;
+        return 0;
+}
+
 static int parse_volume_option(struct forkctl_options *o, const struct option_spec *s, char *value, int argc,
                                char *argv[]) {
         const char *why = NULL;
@@ -498,6 +513,8 @@ static const struct option_spec option_specs[] = {
         OTHER("cpu-limit", required_argument, ARG_CPU_LIMIT, OPT_CPU_LIMIT, parse_cpu_limit_option),
         OTHER("disk-rate", required_argument, ARG_DISK_RATE, OPT_DISK_RATE, parse_rate_option),
         OTHER("net-rate", required_argument, ARG_NET_RATE, OPT_NET_RATE, parse_rate_option),
+        FLAG("once", ARG_ONCE, OPT_ONCE, once),
+        OTHER("sort", required_argument, ARG_SORT, OPT_SORT, parse_sort),
 };
 
 static const struct option_spec *option_spec_by_val(int val) {
@@ -507,7 +524,7 @@ static const struct option_spec *option_spec_by_val(int val) {
         return NULL;
 }
 
-static const char *option_name(unsigned bit) {
+static const char *option_name(uint64_t bit) {
         for (size_t i = 0; i < ELEMENTSOF(option_specs); i++)
                 if (option_specs[i].bit == bit)
                         return option_specs[i].shown;
@@ -592,7 +609,7 @@ static int check_verb(const struct verb *verb, struct forkctl_options *o, char *
 
         if (n_pos < verb->min_args || n_pos > verb->max_args)
                 return usage_error("usage: forkctl %s", verb->synopsis);
-        for (unsigned bit = 1; bit != 0 && bit <= OPT_LAST; bit <<= 1) /* OPT_LAST may be bit 31 */
+        for (uint64_t bit = 1; bit != 0 && bit <= OPT_LAST; bit <<= 1)
                 if ((o->given & bit) && !(verb->options & bit))
                         return usage_error("option %s does not apply here; usage: forkctl %s", option_name(bit),
                                            verb->synopsis);

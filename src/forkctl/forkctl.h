@@ -33,41 +33,44 @@
 /* snapshot diff --exec: a shell command line, at most this long */
 #define EXEC_COMMAND_MAX (64u * 1024u)
 
-/* The verb options given, to refuse ones that do not apply to the verb. */
+/* The verb options given, to refuse ones that do not apply to the verb (a
+ * 64-bit mask: uint64_t wherever a set of them is kept). */
 enum {
-        OPT_KERNEL = 1u << 0,
-        OPT_ROOTFS = 1u << 1,
-        OPT_MEM_MIB = 1u << 2,
-        OPT_BOOT_WAIT = 1u << 3,
-        OPT_CASCADE = 1u << 4,
-        OPT_FORCE = 1u << 5,
-        OPT_COUNT = 1u << 6,
-        OPT_MEMORY_LIMIT = 1u << 7,
-        OPT_PER_CHILD_NETNS = 1u << 8,
-        OPT_LIVE_FORK = 1u << 9,
-        OPT_TIMEOUT = 1u << 10,
-        OPT_TAG = 1u << 11,
-        OPT_MODE = 1u << 12,
-        OPT_NO_WAIT = 1u << 13,
-        OPT_TO = 1u << 14,
-        OPT_FROM = 1u << 15,
-        OPT_EXEC = 1u << 16,
-        OPT_EXEC_TIMEOUT = 1u << 17,
-        OPT_OUT = 1u << 18,
-        OPT_FILE_MODE = 1u << 19,
-        OPT_STATE_DIR = 1u << 20,
-        OPT_PREFIX = 1u << 21,
-        OPT_TOKEN_FILE = 1u << 22,
-        OPT_NETWORK = 1u << 23,
-        OPT_AGENT_TCP = 1u << 24,
-        OPT_ON_TIMEOUT = 1u << 25,
-        OPT_IMAGE = 1u << 26,
-        OPT_START_CMD = 1u << 27,
-        OPT_VOLUME = 1u << 28,
-        OPT_CPU_LIMIT = 1u << 29,
-        OPT_DISK_RATE = 1u << 30,
-        OPT_NET_RATE = 1u << 31,
-        OPT_LAST = OPT_NET_RATE,
+        OPT_KERNEL = 1ull << 0,
+        OPT_ROOTFS = 1ull << 1,
+        OPT_MEM_MIB = 1ull << 2,
+        OPT_BOOT_WAIT = 1ull << 3,
+        OPT_CASCADE = 1ull << 4,
+        OPT_FORCE = 1ull << 5,
+        OPT_COUNT = 1ull << 6,
+        OPT_MEMORY_LIMIT = 1ull << 7,
+        OPT_PER_CHILD_NETNS = 1ull << 8,
+        OPT_LIVE_FORK = 1ull << 9,
+        OPT_TIMEOUT = 1ull << 10,
+        OPT_TAG = 1ull << 11,
+        OPT_MODE = 1ull << 12,
+        OPT_NO_WAIT = 1ull << 13,
+        OPT_TO = 1ull << 14,
+        OPT_FROM = 1ull << 15,
+        OPT_EXEC = 1ull << 16,
+        OPT_EXEC_TIMEOUT = 1ull << 17,
+        OPT_OUT = 1ull << 18,
+        OPT_FILE_MODE = 1ull << 19,
+        OPT_STATE_DIR = 1ull << 20,
+        OPT_PREFIX = 1ull << 21,
+        OPT_TOKEN_FILE = 1ull << 22,
+        OPT_NETWORK = 1ull << 23,
+        OPT_AGENT_TCP = 1ull << 24,
+        OPT_ON_TIMEOUT = 1ull << 25,
+        OPT_IMAGE = 1ull << 26,
+        OPT_START_CMD = 1ull << 27,
+        OPT_VOLUME = 1ull << 28,
+        OPT_CPU_LIMIT = 1ull << 29,
+        OPT_DISK_RATE = 1ull << 30,
+        OPT_NET_RATE = 1ull << 31,
+        OPT_ONCE = 1ull << 32,
+        OPT_SORT = 1ull << 33,
+        OPT_LAST = OPT_SORT,
 };
 
 /* One command line's options. The global ones apply to every verb; the others
@@ -76,7 +79,7 @@ struct forkctl_options {
         /* global */
         const char *bus_address;   /* --bus-address, NULL: $FORKD_BUS_ADDRESS or the system bus */
         bool json, help, no_progress;
-        unsigned given;            /* OPT_* of the verb options given */
+        uint64_t given;            /* OPT_* of the verb options given */
 
         /* snapshot create */
         const char *kernel, *rootfs;
@@ -112,6 +115,9 @@ struct forkctl_options {
         uint32_t file_mode;
         /* doctor */
         const char *state_dir, *prefix, *token_file;
+        /* top */
+        bool once;
+        const char *sort;          /* cpu, mem, disk or net */
 };
 
 #define FORKCTL_OPTIONS_INIT                                                                                           \
@@ -169,6 +175,7 @@ int check_snapshot_diff(struct forkctl_options *o, char **args, size_t n_args, c
 /* forkctl-sandboxes.c */
 int verb_fork(sd_bus *bus, const struct forkctl_options *o, char **args, size_t n_args);
 int verb_ls(sd_bus *bus, const struct forkctl_options *o, char **args, size_t n_args);
+int verb_top(sd_bus *bus, const struct forkctl_options *o, char **args, size_t n_args);
 int verb_kill(sd_bus *bus, const struct forkctl_options *o, char **args, size_t n_args);
 int verb_merge(sd_bus *bus, const struct forkctl_options *o, char **args, size_t n_args);
 int verb_diff(sd_bus *bus, const struct forkctl_options *o, char **args, size_t n_args);
@@ -193,6 +200,7 @@ int verb_limits(sd_bus *bus, const struct forkctl_options *o, char **args, size_
 int check_limits(struct forkctl_options *o, char **args, size_t n_args, const char *synopsis);
 /* cpu_limit, disk_rate and net_rate as given, into an open a{sv}. */
 int append_limit_options(sd_bus_message *m, const struct forkctl_options *o);
+int check_top(struct forkctl_options *o, char **args, size_t n_args, const char *synopsis);
 
 /* forkctl-pack.c: bundles */
 int verb_pack(sd_bus *bus, const struct forkctl_options *o, char **args, size_t n_args);

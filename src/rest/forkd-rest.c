@@ -16,6 +16,7 @@
 
 #include "io-util.h"
 #include "macro.h"
+#include "rest-metrics.h"
 #include "rest-server.h"
 
 #define TOKEN_MAX 4096
@@ -30,6 +31,7 @@ static unsigned arg_calls_max = REST_CALLS_MAX_DEFAULT;
 static size_t arg_body_max = REST_BODY_MAX_DEFAULT;
 static size_t arg_memory_limit = REST_MEMORY_LIMIT_DEFAULT;
 static bool arg_no_direct;
+static bool arg_metrics_per_sandbox;
 
 static void help(void) {
         printf("Usage: forkd-rest [OPTIONS]\n"
@@ -51,10 +53,11 @@ static void help(void) {
                "  --max-calls N            D-Bus calls in flight before answering 503 (default %u)\n"
                "  --state-dir DIR          keep Idempotency-Key records here (default " STATE_DIR_DEFAULT ",\n"
                "                           made at first use; a directory given here is made at start)\n"
+               "  --metrics-per-sandbox    GET /metrics has series per sandbox too (at most %u sandboxes)\n"
                "  --debug                  log at debug level\n"
                "  --version                print the version\n",
                REST_CONNECTION_LIMIT_DEFAULT, REST_TIMEOUT_SECS_DEFAULT, REST_BODY_MAX_DEFAULT,
-               REST_MEMORY_LIMIT_DEFAULT, REST_CALLS_MAX_DEFAULT);
+               REST_MEMORY_LIMIT_DEFAULT, REST_CALLS_MAX_DEFAULT, REST_METRICS_SANDBOXES_MAX);
 }
 
 static int parse_ulong(const char *s, unsigned long lo, unsigned long hi, unsigned long *ret) {
@@ -71,7 +74,8 @@ static int parse_ulong(const char *s, unsigned long lo, unsigned long hi, unsign
 
 static int parse_argv(int argc, char *argv[]) {
         enum { ARG_LISTEN = 0x100, ARG_TOKEN, ARG_CERT, ARG_KEY, ARG_BUS, ARG_CONNS, ARG_TIMEOUT,
-               ARG_BODY, ARG_MEM, ARG_CALLS, ARG_DEBUG, ARG_VERSION, ARG_NO_DIRECT, ARG_STATE_DIR };
+               ARG_BODY, ARG_MEM, ARG_CALLS, ARG_DEBUG, ARG_VERSION, ARG_NO_DIRECT, ARG_STATE_DIR,
+               ARG_METRICS_PER_SANDBOX };
         static const struct option opts[] = {
                 { "listen", required_argument, NULL, ARG_LISTEN },
                 { "token-file", required_argument, NULL, ARG_TOKEN },
@@ -85,6 +89,7 @@ static int parse_argv(int argc, char *argv[]) {
                 { "memory-limit", required_argument, NULL, ARG_MEM },
                 { "max-calls", required_argument, NULL, ARG_CALLS },
                 { "state-dir", required_argument, NULL, ARG_STATE_DIR },
+                { "metrics-per-sandbox", no_argument, NULL, ARG_METRICS_PER_SANDBOX },
                 { "debug", no_argument, NULL, ARG_DEBUG },
                 { "version", no_argument, NULL, ARG_VERSION },
                 { "help", no_argument, NULL, 'h' },
@@ -101,6 +106,7 @@ static int parse_argv(int argc, char *argv[]) {
                 case ARG_KEY: arg_tls_key = optarg; break;
                 case ARG_BUS: arg_bus_address = optarg; break;
                 case ARG_NO_DIRECT: arg_no_direct = true; break;
+                case ARG_METRICS_PER_SANDBOX: arg_metrics_per_sandbox = true; break;
                 case ARG_CONNS:
                         if (parse_ulong(optarg, 1, 65536, &v) < 0)
                                 return log_error_errno(EINVAL, "--connection-limit must be 1..65536");
@@ -339,6 +345,7 @@ static int run(int argc, char *argv[]) {
                 .token = token,
                 .bus_address = arg_bus_address,
                 .no_direct = arg_no_direct,
+                .metrics_per_sandbox = arg_metrics_per_sandbox,
                 .connection_limit = arg_connection_limit,
                 .timeout_secs = arg_timeout,
                 .memory_limit = arg_memory_limit,

@@ -4,6 +4,7 @@
 /* forkd-rest's own metrics (rest-metrics.c): counted by the server, written
  * in Prometheus text format for GET /metrics. */
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -30,3 +31,17 @@ int rest_metrics_method_index(const char *m);
 void rest_metrics_record(RestServer *s, RestRequest *req);
 /* Metrics in Prometheus text format (the bridge's own counters). */
 int rest_metrics_format(RestServer *s, FILE *f);
+
+/* At most this many sandboxes get series of their own (--metrics-per-sandbox). */
+#define REST_METRICS_SANDBOXES_MAX 1000u
+
+struct json_object;
+typedef struct sd_bus_message sd_bus_message;
+/* forkd's GetMetrics reply (the running sandboxes' totals and forkd's
+ * histograms) in Prometheus text format. */
+int rest_metrics_format_forkd(sd_bus_message *reply, FILE *f);
+/* Series per sandbox from a ListSandboxes reply as JSON (the sandboxes with a
+ * "usage"), at most max of them, and how many were left out. */
+int rest_metrics_format_sandboxes(struct json_object *list, unsigned max, FILE *f);
+/* Whether forkd-rest runs with --metrics-per-sandbox. */
+bool rest_metrics_per_sandbox(RestServer *s);

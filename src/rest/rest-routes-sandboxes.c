@@ -260,8 +260,25 @@ int rest_route_sandboxes_create(RestRequest *req) {
         return 0;
 }
 
+/* ?usage=false: without each sandbox's "usage" (ListSandboxesEx), for callers that list often. */
 int rest_route_sandboxes_list(RestRequest *req) {
-        return rest_call_manager(req, "ListSandboxes", REST_CALL_TIMEOUT_SHORT, rest_on_reply_array_200, NULL);
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *m = NULL;
+        int usage = rest_parse_bool_arg(rest_request_query(req, "usage")), r;
+
+        if (usage < 0)
+                return rest_reply_error(req, 400, "usage must be true or false");
+        if (!rest_request_query(req, "usage") || usage)
+                return rest_call_manager(req, "ListSandboxes", REST_CALL_TIMEOUT_SHORT, rest_on_reply_array_200,
+                                         NULL);
+        r = rest_new_manager_call(req, "ListSandboxesEx", &m);
+        if (r >= 0)
+                r = sd_bus_message_append(m, "a{sv}", 1, "usage", "b", 0);
+        if (r < 0)
+                return rest_reply_error(req, 500, "cannot build D-Bus call: %s", strerror(-r));
+        r = rest_call(req, m, REST_CALL_TIMEOUT_SHORT, rest_on_reply_array_200);
+        if (r < 0)
+                return rest_reply_call_failed(req, r);
+        return 0;
 }
 
 int rest_route_sandbox_get(RestRequest *req) {

@@ -176,7 +176,25 @@ static int route_version(RestRequest *req) {
         return rest_reply_raw(req, 200, "application/json", body, sizeof body - 1);
 }
 
+/* What a scrape collected from forkd before it answers: its counts, then its
+ * GetMetrics and (--metrics-per-sandbox) the sandboxes' series, as text. */
+typedef struct MetricsScrape {
+        unsigned snapshots, sandboxes;
+        char *forkd;
+        size_t forkd_len;
+} MetricsScrape;
+
+static void metrics_scrape_free(void *p) {
+        MetricsScrape *m = p;
+
+        if (!m)
+                return;
+        free(m->forkd);
+        free(m);
+}
+
 static int metrics_reply(RestRequest *req, bool up, unsigned snapshots, unsigned sandboxes) {
+        MetricsScrape *ms = rest_request_data(req);
         _cleanup_free_ char *buf = NULL;
         size_t len = 0;
         FILE *f;
@@ -201,13 +219,89 @@ static int metrics_reply(RestRequest *req, bool up, unsigned snapshots, unsigned
                         "# TYPE forkd_sandboxes_active gauge\n"
                         "forkd_sandboxes_active %u\n",
                         snapshots, sandboxes);
+        if (up && ms && ms->forkd)
+                fwrite(ms->forkd, 1, ms->forkd_len, f);
         r = rest_metrics_format(rest_request_server(req), f);
         if (fclose(f) != 0 || r < 0)
                 return rest_reply_error(req, 500, "cannot format metrics");
         return rest_reply_raw(req, 200, "text/plain; version=0.0.4; charset=utf-8", buf, len);
 }
 
+/* Append to the scrape's forkd text. */
+static int scrape_append(MetricsScrape *ms, int (*format)(void *arg, FILE *f), void *arg) {
+        _cleanup_free_ char *buf = NULL;
+        size_t len = 0;
+        FILE *f;
+        int r;
+
+        f = open_memstream(&buf, &len);
+        if (!f)
+                return -ENOMEM;
+        r = format(arg, f);
+        if (fclose(f) != 0 && r >= 0)
+                r = -EIO;
+        if (r < 0)
+                return r;
+        if (len > 0) {
+                char *n = realloc(ms->forkd, ms->forkd_len + len);
+
+                if (!n)
+                        return -ENOMEM;
+                memcpy(n + ms->forkd_len, buf, len);
+                ms->forkd = n;
+                ms->forkd_len += len;
+        }
+        return 0;
+}
+
+static int format_forkd(void *arg, FILE *f) {
+        return rest_metrics_format_forkd(arg, f);
+}
+
+static int format_sandboxes(void *arg, FILE *f) {
+        return rest_metrics_format_sandboxes(arg, REST_METRICS_SANDBOXES_MAX, f);
+}
+
+/* A call of the scrape, from a reply of the one before: on failure nothing is
+ * answered yet (the caller answers). */
+static int metrics_call(RestRequest *req, const char *member, rest_reply_func cb) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *m = NULL;
+        int r;
+
+        r = rest_new_manager_call(req, member, &m);
+        return r < 0 ? r : rest_call_detached(req, m, 5 * USEC_PER_SEC, cb);
+}
+
+static int on_reply_metrics_sandboxes(RestRequest *req, sd_bus_message *reply) {
+        MetricsScrape *ms = rest_request_data(req);
+        struct json_object *list = NULL;
+
+        /* Without the series when forkd could not list: the rest stands. */
+        if (!sd_bus_message_is_method_error(reply, NULL) && rest_bus_read_dict_array_json(reply, &list) >= 0) {
+                if (scrape_append(ms, format_sandboxes, list) < 0)
+                        log_debug("Failed to format the sandboxes' metrics.");
+                json_object_put(list);
+        }
+        return metrics_reply(req, true, ms->snapshots, ms->sandboxes);
+}
+
+static int on_reply_metrics_forkd(RestRequest *req, sd_bus_message *reply) {
+        MetricsScrape *ms = rest_request_data(req);
+        int r;
+
+        /* A forkd without GetMetrics, or one that refused it: its counts only. */
+        if (!sd_bus_message_is_method_error(reply, NULL) && scrape_append(ms, format_forkd, reply) < 0)
+                log_debug("Failed to read forkd's metrics.");
+        if (rest_metrics_per_sandbox(rest_request_server(req))) {
+                r = metrics_call(req, "ListSandboxes", on_reply_metrics_sandboxes);
+                if (r >= 0)
+                        return 0;
+        }
+        return metrics_reply(req, true, ms->snapshots, ms->sandboxes);
+}
+
 static int on_reply_metrics(RestRequest *req, sd_bus_message *reply) {
+        MetricsScrape *ms;
         unsigned snapshots = 0, sandboxes = 0;
         bool have_snap = false, have_sb = false;
         int r;
@@ -232,7 +326,16 @@ static int on_reply_metrics(RestRequest *req, sd_bus_message *reply) {
                 if (sd_bus_message_exit_container(reply) < 0)
                         return metrics_reply(req, false, 0, 0);
         }
-        return metrics_reply(req, have_snap && have_sb, snapshots, sandboxes);
+        if (!have_snap || !have_sb)
+                return metrics_reply(req, false, 0, 0);
+        ms = calloc(1, sizeof(*ms));
+        if (!ms)
+                return metrics_reply(req, true, snapshots, sandboxes);
+        *ms = (MetricsScrape) { .snapshots = snapshots, .sandboxes = sandboxes };
+        rest_request_set_data(req, ms, metrics_scrape_free);
+        if (metrics_call(req, "GetMetrics", on_reply_metrics_forkd) < 0)
+                return metrics_reply(req, true, snapshots, sandboxes);
+        return 0;
 }
 
 static int route_metrics(RestRequest *req) {
@@ -242,10 +345,12 @@ static int route_metrics(RestRequest *req) {
         r = rest_new_call(req, "/org/forkd/Manager", "org.freedesktop.DBus.Properties", "GetAll", &m);
         if (r >= 0)
                 r = sd_bus_message_append(m, "s", "org.forkd.Manager");
+        /* Detached: the scrape goes on with GetMetrics (and ListSandboxes) from the replies. */
         if (r >= 0)
-                r = rest_call(req, m, 5 * USEC_PER_SEC, on_reply_metrics);
+                r = rest_call_detached(req, m, 5 * USEC_PER_SEC, on_reply_metrics);
         if (r < 0)
                 return metrics_reply(req, false, 0, 0);
+        rest_request_wait(req);
         return 0;
 }
 

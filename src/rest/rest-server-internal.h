@@ -99,6 +99,7 @@ struct RestServer {
 
         /* metrics */
         RestMetrics metrics;
+        bool metrics_per_sandbox;    /* GET /metrics has series per sandbox */
 };
 
 /* Hand resp to MHD for req, or park it while a D-Bus call is in flight

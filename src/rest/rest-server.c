@@ -447,6 +447,7 @@ int rest_server_new(sd_event *event, const RestConfig *config, RestServer **ret)
         s->body_max = config->body_max ?: REST_BODY_MAX_DEFAULT;
         s->calls_max = config->calls_max ?: REST_CALLS_MAX_DEFAULT;
         s->no_direct = config->no_direct;
+        s->metrics_per_sandbox = config->metrics_per_sandbox;
         if (config->bus_address && !(s->bus_address = strdup(config->bus_address))) {
                 safe_close(fd);
                 return -ENOMEM;

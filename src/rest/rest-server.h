@@ -33,6 +33,7 @@ typedef struct RestConfig {
         unsigned calls_max;         /* D-Bus calls in flight */
         const char *state_dir;      /* Idempotency-Key records (rest-idem.h); NULL: keys are refused */
         bool state_dir_create;      /* make state_dir now, fail if we cannot; else at first use */
+        bool metrics_per_sandbox;   /* GET /metrics: series per sandbox too (REST_METRICS_SANDBOXES_MAX) */
 } RestConfig;
 
 #define REST_CONNECTION_LIMIT_DEFAULT 256u

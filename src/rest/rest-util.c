@@ -273,6 +273,46 @@ int rest_bus_read_variant_json(sd_bus_message *m, struct json_object **ret) {
                 r = sd_bus_message_exit_container(m);
                 if (r < 0)
                         return r;
+        } else if (contents[0] == 'a' && contents[1] == '{' && contents[2] == 's' && is_basic(contents[3]) &&
+                   contents[4] == '}' && contents[5] == 0) {
+                /* A dictionary of one basic type (SandboxInfo "usage" "throttled_usec" a{st}). */
+                r = sd_bus_message_enter_container(m, 'v', contents);
+                if (r < 0)
+                        return r;
+                r = sd_bus_message_enter_container(m, 'a', contents + 1);
+                if (r < 0)
+                        return r;
+                const char entry[3] = { 's', contents[3], 0 };
+
+                o = json_object_new_object();
+                if (!o)
+                        return -ENOMEM;
+                while ((r = sd_bus_message_enter_container(m, 'e', entry)) > 0) {
+                        struct json_object *e = NULL;
+                        const char *key;
+
+                        r = sd_bus_message_read_basic(m, 's', &key);
+                        if (r < 0)
+                                return r;
+                        r = read_basic_json(m, contents[3], &e);
+                        if (r < 0)
+                                return r;
+                        if (json_object_object_add(o, key, e) < 0) {
+                                json_object_put(e);
+                                return -ENOMEM;
+                        }
+                        r = sd_bus_message_exit_container(m);
+                        if (r < 0)
+                                return r;
+                }
+                if (r < 0)
+                        return r;
+                r = sd_bus_message_exit_container(m);
+                if (r < 0)
+                        return r;
+                r = sd_bus_message_exit_container(m);
+                if (r < 0)
+                        return r;
         } else {
                 /* Nothing in the interface uses other types; skip them. */
                 r = sd_bus_message_skip(m, "v");

@@ -395,10 +395,12 @@ int vmm_client_template_start_volumes(const char *vmm_path, const char *snapshot
         return 0;
 }
 
-size_t vmm_spawn_batch_size(bool with_control, bool with_cgroup, bool with_netns, bool with_tap) {
-        unsigned per = 1u + with_control + with_cgroup + with_netns + with_tap;
+size_t vmm_spawn_batch_size_fds(unsigned per_child) {
+        return MIN((size_t) SPAWN_BATCH, (size_t) (SPAWN_FDS_MAX / MAX(per_child, 1u)));
+}
 
-        return MIN((size_t) SPAWN_BATCH, (size_t) (SPAWN_FDS_MAX / per));
+size_t vmm_spawn_batch_size(bool with_control, bool with_cgroup, bool with_netns, bool with_tap) {
+        return vmm_spawn_batch_size_fds(1u + with_control + with_cgroup + with_netns + with_tap);
 }
 
 static int send_batch(struct vmm_template *t, const char *const *ids, size_t n, const char *console_dir,
@@ -432,6 +434,8 @@ static int send_batch(struct vmm_template *t, const char *const *ids, size_t n, 
                 json_object_object_add(req, "disk_rate", rate_limit_to_json(opts->disk_rate));
         if (opts->net_rate)
                 json_object_object_add(req, "net_rate", rate_limit_to_json(opts->net_rate));
+        if (opts->stats_fds) /* likewise */
+                json_object_object_add(req, "with_stats", json_object_new_boolean(true));
         s = json_object_to_json_string_ext(req, JSON_C_TO_STRING_PLAIN);
         iov = (struct iovec) { .iov_base = (void *) s, .iov_len = strlen(s) };
 
@@ -462,9 +466,10 @@ int vmm_client_template_spawn_with(struct vmm_template *t, const char *const *id
         /* A confined child has no right to enter a namespace, and no need: its NIC is
          * the tap, opened in its namespace, and it may open no socket (jail.c). */
         const char *const *netns = confine.enabled ? NULL : opts->netns;
-        /* At most 5 fds a child (agent, control, cgroup, netns, tap), SCM_MAX_FD a message. */
+        /* At most 6 fds a child (agent, control, cgroup, netns, tap, stats), SCM_MAX_FD a message. */
         size_t sent = 0, got = 0,
-               batch = vmm_spawn_batch_size(with_control, opts->cgroup_parent, netns, opts->tap_fds);
+               batch = vmm_spawn_batch_size_fds(1u + with_control + !!opts->cgroup_parent + !!netns +
+                                                !!opts->tap_fds + !!opts->stats_fds);
         int r = 0;
 
         for (size_t i = 0; i < n; i++) {
@@ -531,6 +536,14 @@ int vmm_client_template_spawn_with(struct vmm_template *t, const char *const *id
                         if (opts->tap_fds) {
                                 /* A copy, closed with the batch: the caller keeps its own. */
                                 fds[n_fds] = fcntl(opts->tap_fds[sent + i], F_DUPFD_CLOEXEC, 3);
+                                if (fds[n_fds] < 0) {
+                                        r = -errno;
+                                        goto close_batch;
+                                }
+                                n_fds++;
+                        }
+                        if (opts->stats_fds) {
+                                fds[n_fds] = fcntl(opts->stats_fds[sent + i], F_DUPFD_CLOEXEC, 3);
                                 if (fds[n_fds] < 0) {
                                         r = -errno;
                                         goto close_batch;

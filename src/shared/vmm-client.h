@@ -145,11 +145,17 @@ struct vmm_spawn_options {
         /* NULL, or disk_rate and net_rate for every child (the spawn request's
          * "disk_rate" and "net_rate"): set before its guest runs. */
         const struct rate_limit *disk_rate, *net_rate;
+        /* NULL, or one stats memfd per id (vmm-stats.h: VMM_STATS_SIZE bytes
+         * at least), sent last, "with_stats":true: the child counts its
+         * devices' work in it. They stay the caller's, like tap_fds. */
+        const int *stats_fds;
 };
 
 /* How many children one spawn request carries, given which fds go along per
  * child: at most 100, and at most SCM_MAX_FD (253) fds a message. */
 size_t vmm_spawn_batch_size(bool with_control, bool with_cgroup, bool with_netns, bool with_tap);
+/* The same for a child with per_child fds in all (1 to 6). */
+size_t vmm_spawn_batch_size_fds(unsigned per_child);
 int vmm_client_template_spawn_with(struct vmm_template *t, const char *const *ids, size_t n,
                                    const struct vmm_spawn_options *o, int *agent_fds, int *control_fds, pid_t *pids,
                                    vmm_batch_sent_t on_batch, void *userdata);

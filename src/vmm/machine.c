@@ -31,6 +31,8 @@ static int machine_new_common(int kvm_fd, const struct machine_config *cfg, stru
                 return r;
         if (cfg->id)
                 snprintf(vmm->id, sizeof(vmm->id), "%s", cfg->id);
+        if (cfg->stats)
+                vmm->stats = cfg->stats;
         r = vmm_create_vm(vmm);
         if (r < 0) {
                 machine_free(vmm);

@@ -50,6 +50,9 @@ struct machine_config {
          * (struct snapshot's volumes, all of them with an fd, else -ENXIO). */
         const struct machine_volume *volumes;
         unsigned n_volumes;
+        /* The devices' counters: a page shared with forkd (vmm-stats.h, set up
+         * by the caller), or NULL for the VMM's own. */
+        struct vmm_stats *stats;
 };
 
 #define MACHINE_LINUX_CMDLINE VMM_LINUX_CMDLINE_DEFAULT

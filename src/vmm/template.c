@@ -10,7 +10,7 @@
  * Control protocol: SOCK_SEQPACKET, one JSON object per message.
  *   -> {"op":"spawn","ids":[...],"with_control":bool,"console_dir":str|null,
  *       "cgroup_parent":str|null,"netns":[str|null,...]|null,
- *       "with_tap":bool}
+ *       "with_tap":bool,"with_stats":bool}
  *      cgroup_parent: each child joins the cgroup <cgroup_parent>/<id> (which
  *      the controller created and limited) before it restores anything, and
  *      exits with status 3 (VMM_CHILD_EXIT_CGROUP) rather than run outside it.
@@ -32,9 +32,15 @@
  *      when the snapshot has a NIC, and every tap must pass
  *      virtio_net_check_backend(); else the request is refused whole. The
  *      child's NIC keeps the snapshot's MAC (children are clones).
+ *      with_stats: each child gets a memfd of at least VMM_STATS_SIZE bytes
+ *      (vmm-stats.h) that it maps read-write before it restores its devices,
+ *      stamps with the magic and version, and counts its devices' work in;
+ *      the controller maps it read-only. A child whose page cannot be mapped
+ *      exits with VMM_CHILD_EXIT_RESTORE rather than run uncounted.
  *      with SCM_RIGHTS: per id, its agent fd, then (with_control) its control
  *      fd, then (cgroup_parent) its cgroup.procs fd, then (a netns name) its
- *      namespace fd, then (with_tap) its tap fd; at most TEMPLATE_MAX_FDS in
+ *      namespace fd, then (with_tap) its tap fd, then (with_stats) its stats
+ *      memfd; at most TEMPLATE_MAX_FDS in
  *      one message
  *      (vmm_spawn_batch_size() in vmm-client.h)
  *      disk_rate, net_rate (optional, null or absent: none): the limits of
@@ -54,6 +60,7 @@
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
+#include <sys/stat.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 
@@ -125,7 +132,7 @@ static void send_error(struct template *t, const char *msg) {
 
 /* The fds a child gets from a spawn request (-1: none). */
 struct child_fds {
-        int agent, control, cgroup, netns, tap;
+        int agent, control, cgroup, netns, tap, stats;
 };
 
 /* A spawn's "disk_rate" and "net_rate", for every child of the request. */
@@ -133,6 +140,26 @@ struct spawn_limits {
         struct rate_limit disk, net;
         bool has_disk, has_net;
 };
+
+/* Map the controller's stats page (vmm-stats.h) and stamp it; the VMM counts in it
+ * from then on. The mapping lives as long as the child. */
+static int child_map_stats(int fd, struct vmm_stats **ret) {
+        struct vmm_stats *st;
+        struct stat sb;
+
+        if (fstat(fd, &sb) < 0)
+                return -errno;
+        if (!S_ISREG(sb.st_mode) || sb.st_size < VMM_STATS_SIZE)
+                return -EBADF;
+        st = mmap(NULL, VMM_STATS_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (st == MAP_FAILED)
+                return -errno;
+        *st = (struct vmm_stats) { .version = VMM_STATS_VERSION };
+        /* the magic last: a reader that sees it sees the rest zeroed */
+        __atomic_store_n(&st->magic, VMM_STATS_MAGIC, __ATOMIC_RELEASE);
+        *ret = st;
+        return 0;
+}
 
 static _Noreturn void child_main(struct template *t, const char *id, const struct child_fds *fds,
                                  const char *console_dir, const char *cgroup_parent, const char *netns,
@@ -169,6 +196,14 @@ static _Noreturn void child_main(struct template *t, const char *id, const struc
         }
         if (fds->tap >= 0)
                 cfg.net = &net;
+        if (fds->stats >= 0) {
+                r = child_map_stats(fds->stats, &cfg.stats);
+                if (r < 0) {
+                        log_error_errno(r, "Failed to map the stats page: %m");
+                        _exit(VMM_CHILD_EXIT_RESTORE);
+                }
+                safe_close(fds->stats);
+        }
         r = machine_restore(t->kvm_fd, t->snap, t->mem, &cfg, &vmm);
         safe_close(fds->tap); /* the NIC has its own */
         if (r < 0) {
@@ -198,7 +233,7 @@ static void close_fds(int *fds, unsigned n) {
 static void handle_spawn(struct template *t, struct json_object *req, int *fds, unsigned n_fds) {
         struct json_object *ids, *o, *reply, *pids, *netns = NULL;
         const char *console_dir = NULL, *cgroup_parent = NULL;
-        bool with_control = false, with_tap = false;
+        bool with_control = false, with_tap = false, with_stats = false;
         struct spawn_limits limits = {};
         char err[FORK_OPTION_ERROR_MAX];
         int has_net;
@@ -231,6 +266,13 @@ static void handle_spawn(struct template *t, struct json_object *req, int *fds, 
                         goto fail;
                 }
                 with_tap = json_object_get_boolean(o);
+        }
+        if (json_object_object_get_ex(req, "with_stats", &o)) {
+                if (!json_object_is_type(o, json_type_boolean)) {
+                        send_error(t, "\"with_stats\" must be a boolean");
+                        goto fail;
+                }
+                with_stats = json_object_get_boolean(o);
         }
         /* Fail closed, before any child exists: a clone of a guest with a NIC
          * gets a tap, and one without gets none. */
@@ -297,7 +339,7 @@ static void handle_spawn(struct template *t, struct json_object *req, int *fds, 
                 send_error(t, msg);
                 goto fail;
         }
-        want = n * (with_control ? 2 : 1) + (cgroup_parent ? n : 0) + (with_tap ? n : 0);
+        want = n * (with_control ? 2 : 1) + (cgroup_parent ? n : 0) + (with_tap ? n : 0) + (with_stats ? n : 0);
         for (size_t i = 0; netns && i < n; i++)
                 if (!json_object_is_type(json_object_array_get_idx(netns, i), json_type_null))
                         want++;
@@ -323,13 +365,16 @@ static void handle_spawn(struct template *t, struct json_object *req, int *fds, 
                         goto fail;
                 }
                 k++;
+                if (with_stats)
+                        k++;
         }
 
         pids = json_object_new_array();
         for (size_t i = 0; i < n; i++) {
                 const char *id = json_object_get_string(json_object_array_get_idx(ids, i));
                 const char *ns = netns ? json_object_get_string(json_object_array_get_idx(netns, i)) : NULL;
-                struct child_fds cf = { .agent = fds[next++], .control = -1, .cgroup = -1, .netns = -1, .tap = -1 };
+                struct child_fds cf = { .agent = fds[next++], .control = -1, .cgroup = -1, .netns = -1, .tap = -1,
+                                       .stats = -1 };
                 unsigned first = next - 1;
                 pid_t pid;
 
@@ -341,6 +386,8 @@ static void handle_spawn(struct template *t, struct json_object *req, int *fds, 
                         cf.netns = fds[next++];
                 if (with_tap)
                         cf.tap = fds[next++];
+                if (with_stats)
+                        cf.stats = fds[next++];
                 pid = fork();
                 if (pid < 0) {
                         json_object_array_add(pids, json_object_new_int(-errno));

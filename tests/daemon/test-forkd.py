@@ -614,6 +614,56 @@ def run(h):
         assert os.path.exists(os.path.join(h.state, "sandboxes", ids[2] + ".json"))
     h.check("fork 3, ping each, terminate, signals", fork_ping_terminate)
 
+    def usage():
+        infos = h.fork("t1", 1)
+        sid = infos[0]["id"]
+        assert "usage" not in infos[0], infos[0]  # a fork's reply goes without
+        h.bus.wait_signal(lambda m, b: m == "SandboxNew" and b[0] == sid)
+
+        def get():
+            return h.m("GetSandbox", "s", [sid])[0]["usage"]
+        u0 = get()
+        for k in ("cpu_usec", "memory_private_kib", "memory_shared_kib", "disk_read_bytes", "disk_written_bytes",
+                  "net_rx_bytes", "net_tx_bytes", "throttled_usec"):
+            assert k in u0, (k, u0)
+        assert set(u0["throttled_usec"]) >= {"disk", "net"}, u0
+        assert u0["memory_shared_kib"] > 0, u0  # the snapshot's pages the guest touched, from the page cache
+        # CPU grows while the guest spins.
+        out = h.m("RunCode", "ssu", [sid, "spin 1500", 30])[0]
+        assert "spun" in out, out
+        u1 = get()
+        assert u1["cpu_usec"] - u0["cpu_usec"] >= 700000, (u0, u1)
+        # Private memory grows by what the guest writes: 2048 pages, 8 MiB.
+        out = h.m("RunCode", "ssu", [sid, "dirty 2048", 30])[0]
+        assert "dirtied" in out, out
+        u2 = get()
+        assert u2["memory_private_kib"] - u1["memory_private_kib"] >= 7 * 1024, (u1, u2)
+        # The disk's counters: one block written.
+        out = h.m("RunCode", "ssu", [sid, "disk_write", 30])[0]
+        assert "disk written" in out, out
+        u3 = get()
+        assert u3["disk_written_bytes"] - u2["disk_written_bytes"] >= 512, (u2, u3)
+        assert u3["disk_read_bytes"] >= u2["disk_read_bytes"], (u2, u3)
+        # ListSandboxes has it, ListSandboxesEx can leave it out.
+        assert "usage" in h.sandboxes()[sid]
+        assert all("usage" not in s for s in h.m("ListSandboxesEx", "a{sv}", [{"usage": ("b", False)}])[0])
+        assert "usage" in {s["id"]: s for s in h.m("ListSandboxesEx", "a{sv}", [{}])[0]}[sid]
+        h.expect_error(INVALID_ARGS, "ListSandboxesEx", "a{sv}", [{"bogus": ("b", True)}])
+        h.expect_error(INVALID_ARGS, "ListSandboxesEx", "a{sv}", [{"usage": ("u", 1)}])
+        # The totals and histograms.
+        m = h.m("GetMetrics")[0]
+        assert m["sandboxes"] >= 1 and m["cpu_usec"] >= u3["cpu_usec"], m
+        assert m["disk_written_bytes"] >= u3["disk_written_bytes"], m
+        for name in ("fork_latency_usec", "branch_pause_usec", "agent_call_usec"):
+            bounds, counts, total, count = m[name]
+            assert len(counts) == len(bounds) + 1 and counts[-1] == count, (name, m[name])
+            assert list(counts) == sorted(counts), (name, m[name])
+        assert m["fork_latency_usec"][3] >= 1 and m["agent_call_usec"][3] >= 3, m
+        h.m("TerminateSandbox", "s", [sid])
+        assert h.wait_removed(sid) == "terminated"
+    h.check("usage: cpu grows while the guest spins, private memory as it writes, disk counters; "
+            "ListSandboxesEx, GetMetrics", usage)
+
     def terminate_many():
         infos = h.fork("t1", 3)
         ids = [i["id"] for i in infos]

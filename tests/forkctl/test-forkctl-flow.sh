@@ -51,7 +51,7 @@ ok()     { n=$((n + 1)); echo "ok $n - $*"; }
 not_ok() { n=$((n + 1)); failed=$((failed + 1)); echo "not ok $n - $*"; }
 fc() { "$forkctl" --no-progress "$@" 2>"$state/err"; }
 
-echo "1..24"
+echo "1..28"
 tag=flow-$$
 if fc snapshot create "$tag" --kernel "$FORKD_GUEST_KERNEL" --rootfs "$FORKD_GUEST_ROOTFS" --boot-wait 240 --json >"$state/out" && jsonok <"$state/out"; then
         ok "snapshot create $tag (--json parses)"
@@ -76,6 +76,23 @@ mapfile -t ids < <(pyq "[s['id'] for s in j['sandboxes']]" "$state/fork.json")
 fc ls --json >"$state/ls.json" && jsonok <"$state/ls.json" && ok "ls --json parses" || not_ok "ls --json"
 [ "$(pyq "len(j['sandboxes'])" "$state/ls.json")" = 3 ] && ok "ls shows the 3 sandboxes" || not_ok "ls count: $(cat "$state/ls.json")"
 fc ls | head -1 | grep -q '^ID  *SNAPSHOT  *STATE' && ok "ls table has a header" || not_ok "ls table"
+[ "$(pyq "all('cpu_usec' in s['usage'] for s in j['sandboxes'])" "$state/ls.json")" = True ] \
+        && ok "ls --json has each sandbox's usage" || not_ok "ls usage: $(cat "$state/ls.json")"
+
+# top --once: one table of the 3, sorted by CPU; --json with --once only; a bad --sort is a usage error
+fc top --once >"$state/top" && head -1 "$state/top" | grep -q '^ID  *STATE  *CPU%  *MEM PRIVATE' &&
+        [ "$(grep -c '^sb-' "$state/top")" = 3 ] && ok "top --once prints a table of the 3" \
+        || not_ok "top --once: $(cat "$state/top" "$state/err")"
+if fc top --once --json --sort mem >"$state/top.json" &&
+        pyq "len(j['sandboxes']) == 3 and all(k in s for s in j['sandboxes'] for k in ('id', 'cpu_percent', 'memory_private_kib', 'memory_shared_kib', 'disk_bytes_per_sec', 'net_bytes_per_sec')) and [s['memory_private_kib'] for s in j['sandboxes']] == sorted([s['memory_private_kib'] for s in j['sandboxes']], reverse=True)" \
+                "$state/top.json" | grep -q True; then
+        ok "top --once --json --sort mem: the 3, largest first"
+else
+        not_ok "top --once --json: $(cat "$state/top.json" "$state/err")"
+fi
+fc top --json; rc=$?
+[ $rc = 2 ] && grep -q -- "--json goes with --once" "$state/err" && ok "top --json without --once: usage error" \
+        || not_ok "top --json: rc=$rc $(cat "$state/err")"
 
 if [ ${#ids[@]} -ge 1 ] && fc ping "${ids[0]}" --json >"$state/out" && pyq "j['pong'] is True" "$state/out" >/dev/null; then
         ok "ping ${ids[0]} answers pong"

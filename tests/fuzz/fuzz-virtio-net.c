@@ -77,6 +77,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (size < hdr_len)
                 return 0;
 
+        v.stats = &v.own_stats; /* as vmm_new(): never NULL */
         v.mem = calloc(1, MEM_SIZE);
         if (!v.mem)
                 abort();

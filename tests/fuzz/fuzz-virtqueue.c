@@ -93,6 +93,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 
         if (size < HDR)
                 return 0;
+        v.stats = &v.own_stats; /* as vmm_new(): never NULL */
         v.mem = calloc(1, MEM_SIZE);
         if (!v.mem)
                 abort();

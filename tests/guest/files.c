@@ -356,6 +356,20 @@ static int decimal(const u8 *s, u32 n, u64 *ret)
         return 0;
 }
 
+/* "dirty N": write a word in each of the first N pages of the scratch area,
+ * so that the host sees the VMM's private memory grow by N pages. */
+static int st_dirty(const u8 *s, u32 n, u32 i)
+{
+        u64 pages;
+
+        if (decimal(s + i, n - i, &pages) < 0 || pages > boot.scratch_pages)
+                return fail("dirty: wants a page count within the scratch area", NULL, 0);
+        for (u64 k = 0; k < pages; k++)
+                *(volatile u32 *)(SCRATCH_BASE + k * PAGE_SIZE) = (u32)k ^ 0x5a5a5a5au;
+        print("dirtied\n", 8);
+        return 0;
+}
+
 /* One statement, trimmed of spaces on both ends. */
 static int statement(const u8 *s, u32 n)
 {
@@ -370,6 +384,8 @@ static int statement(const u8 *s, u32 n)
                 return st_path_op(s, n, i, 0);
         if (span_eq(s, wl, "print", 5) && i > wl)
                 return st_print(s, n, i);
+        if (span_eq(s, wl, "dirty", 5) && i > wl)
+                return st_dirty(s, n, i);
         if (span_eq(s, wl, "hostile", 7) && i > wl) {
                 if (hostile_parse(s + i, n - i) < 0)
                         return fail("hostile: unknown mode: ", s + i, n - i);

@@ -989,6 +989,46 @@ def t_sandbox_list_get(c, stack):
     check("forkd_rest_daemon_up 1" in m, m[:300])
     check(any(l.startswith("forkd_snapshots_total ") and int(l.split()[1]) >= 1 for l in m.splitlines()), m[:600])
     check(any(l.startswith("forkd_sandboxes_active ") and int(l.split()[1]) >= 2 for l in m.splitlines()), m[:600])
+    # each sandbox's usage as a JSON object, left out with ?usage=false
+    for sb in r_list_usage(c):
+        u = sb["usage"]
+        check(isinstance(u, dict) and u["cpu_usec"] >= 0 and u["memory_shared_kib"] > 0, sb)
+        check(isinstance(u["throttled_usec"], dict) and "disk" in u["throttled_usec"], sb)
+    r = c.expect(200, "GET", f"/v1/sandboxes/{Ctx.sandboxes[0]}")
+    check("disk_written_bytes" in r.json["usage"], r)
+    r = c.expect(200, "GET", "/v1/sandboxes?usage=false")
+    check(set(Ctx.sandboxes) <= {sb["id"] for sb in r.json} and all("usage" not in sb for sb in r.json), r)
+    c.expect(400, "GET", "/v1/sandboxes?usage=maybe")
+    # forkd's totals and histograms; no series per sandbox without --metrics-per-sandbox
+    lines = m.splitlines()
+    for name in ("forkd_fork_duration_seconds", "forkd_branch_pause_seconds", "forkd_agent_call_duration_seconds"):
+        check(f"# TYPE {name} histogram" in lines and any(l.startswith(f'{name}_bucket{{le="+Inf"}} ') for l in lines)
+              and any(l.startswith(f"{name}_count ") for l in lines), (name, m[-3000:]))
+    fork_count = [int(l.split()[1]) for l in lines if l.startswith("forkd_fork_duration_seconds_count ")]
+    check(fork_count and fork_count[0] >= 1, fork_count)
+    buckets = [int(l.split()[1]) for l in lines if l.startswith("forkd_fork_duration_seconds_bucket")]
+    check(buckets == sorted(buckets) and buckets[-1] == fork_count[0], buckets)
+    for name in ("forkd_sandboxes_cpu_seconds", "forkd_sandboxes_memory_private_bytes",
+                 "forkd_sandboxes_memory_shared_bytes", "forkd_sandboxes_disk_read_bytes",
+                 "forkd_sandboxes_disk_written_bytes", "forkd_sandboxes_net_rx_bytes", "forkd_sandboxes_net_tx_bytes"):
+        check(any(l.startswith(name + " ") for l in lines), (name, m[-3000:]))
+    check("forkd_sandbox_cpu_seconds_total" not in m and "forkd_rest_metrics_sandboxes_left_out" not in m, m[-2000:])
+    # with --metrics-per-sandbox: one series per sandbox and the gauge of those left out
+    p, port = stack.start_rest("--metrics-per-sandbox")
+    try:
+        m2 = Client(port).expect(200, "GET", "/metrics").data.decode()
+        for sid in Ctx.sandboxes:
+            for name in ("forkd_sandbox_cpu_seconds_total", "forkd_sandbox_memory_private_bytes",
+                         "forkd_sandbox_disk_read_bytes_total", "forkd_sandbox_net_tx_bytes_total"):
+                check(f'{name}{{id="{sid}"}} ' in m2, (name, sid, m2[-3000:]))
+        check("forkd_rest_metrics_sandboxes_left_out 0" in m2, m2[-1000:])
+    finally:
+        stack.stop(p)
+
+
+def r_list_usage(c):
+    r = c.expect(200, "GET", "/v1/sandboxes")
+    return [sb for sb in r.json if sb["id"] in Ctx.sandboxes]
 
 
 def t_ping(c, stack):

@@ -113,6 +113,11 @@ static void test_batch_size(void **state) {
                 bool c = m & 1, g = m & 2, n = m & 4, t = m & 8;
                 assert_true(vmm_spawn_batch_size(c, g, n, t) * (1u + c + g + n + t) <= 253);
         }
+        /* with a stats page: 6 fds a child at most */
+        assert_int_equal(vmm_spawn_batch_size_fds(2), 100);
+        assert_int_equal(vmm_spawn_batch_size_fds(6), 42);
+        for (unsigned per = 1; per <= 6; per++)
+                assert_true(vmm_spawn_batch_size_fds(per) * per <= 253);
 }
 
 int main(void) {

@@ -57,6 +57,7 @@ static void net_blob(struct vmstate_dev *d) {
         v->mem = mmap(NULL, MEM_SIZE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         assert_true(v->mem != MAP_FAILED);
         v->mem_size = MEM_SIZE;
+        v->stats = &v->own_stats; /* as vmm_new(): never NULL */
         assert_int_equal(virtio_net_new(v, FORKD_VIRTIO_MMIO_BASE, 7, mac_a, &dev), 0);
         assert_int_equal(virtio_mmio_save(dev, d->blob, sizeof d->blob, &len), 0);
         d->kind = VMSTATE_DEV_VIRTIO_NET;

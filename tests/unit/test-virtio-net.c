@@ -213,6 +213,9 @@ static struct vmm *test_vmm_new(void) {
         v->mem = mmap(NULL, MEM_SIZE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         assert_true(v->mem != MAP_FAILED);
         v->mem_size = MEM_SIZE;
+        /* as vmm_new(): the devices count in the VMM's own page */
+        v->own_stats = (struct vmm_stats) { .magic = VMM_STATS_MAGIC, .version = VMM_STATS_VERSION };
+        v->stats = &v->own_stats;
         return v;
 }
 
@@ -384,6 +387,9 @@ static void test_tx(void **state) {
 
         assert_int_equal(stats(f->dev).tx_packets, 2);
         assert_int_equal(stats(f->dev).tx_bytes, sizeof frame1 + sizeof frame2);
+        /* the same in the stats page shared with forkd */
+        assert_int_equal(tv->stats->net_tx_packets, 2);
+        assert_int_equal(tv->stats->net_tx_bytes, sizeof frame1 + sizeof frame2);
         assert_int_equal(stats(f->dev).tx_dropped, 0);
         assert_false(needs_reset(f->dev));
 }
@@ -533,6 +539,8 @@ static void test_rx(void **state) {
         }
         assert_int_equal(stats(f->dev).rx_packets, 3);
         assert_int_equal(stats(f->dev).rx_dropped, 0);
+        assert_int_equal(tv->stats->net_rx_packets, 3);
+        assert_int_equal(tv->stats->net_rx_bytes, stats(f->dev).rx_bytes);
         assert_false(needs_reset(f->dev));
 
         /* the backend hangs up: link down, no longer polled */

@@ -85,6 +85,9 @@ static struct vmm *test_vmm_new(void) {
         v->mem = mmap(NULL, MEM_SIZE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         assert_true(v->mem != MAP_FAILED);
         v->mem_size = MEM_SIZE;
+        /* as vmm_new(): the devices count in the VMM's own page */
+        v->own_stats = (struct vmm_stats) { .magic = VMM_STATS_MAGIC, .version = VMM_STATS_VERSION };
+        v->stats = &v->own_stats;
         return v;
 }
 
@@ -466,10 +469,14 @@ static void test_blk_roundtrip(void **state) {
         blk_write_bytes(f, CAP_SECTORS - 2, 2, 5); /* inside the short last block */
         blk_write_bytes(f, 17, 1, 6);      /* rewrite a block already in the overlay */
         assert_int_equal(virtio_blk_overlay_blocks(f->dev), 1 + 1 + 2 + 6 + 1);
+        /* the stats page: six writes of 8 + 1 + 6 + 40 + 2 + 1 sectors */
+        assert_int_equal(tv->stats->disk_write_ops, 6);
+        assert_int_equal(tv->stats->disk_written_bytes, 58 * 512);
         blk_check_all(f);
 
         /* a read whose data is spread over odd-sized descriptors */
         {
+                uint64_t ops = tv->stats->disk_read_ops, bytes = tv->stats->disk_read_bytes;
                 struct gbuf d[3] = {
                         { DATA_GPA, 100, true },
                         { DATA_GPA + 0x10000, 412, true },
@@ -481,6 +488,8 @@ static void test_blk_roundtrip(void **state) {
                 assert_memory_equal(G(DATA_GPA), f->expect + 16 * 512, 100);
                 assert_memory_equal(G(DATA_GPA + 0x10000), f->expect + 16 * 512 + 100, 412);
                 assert_memory_equal(G(DATA_GPA + 0x20000), f->expect + 17 * 512, 1024);
+                assert_int_equal(tv->stats->disk_read_ops, ops + 1);
+                assert_int_equal(tv->stats->disk_read_bytes, bytes + 1536);
         }
 
         /* the base file never changed */

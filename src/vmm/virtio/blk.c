@@ -322,6 +322,23 @@ static uint8_t blk_do_request(struct blk *b, const struct virtq_chain *c, uint32
         }
 }
 
+/* Count a request that completed with status in the VMM's stats page (vmm-stats.h):
+ * the bytes of a read or a write, and one op. */
+static void blk_account(struct vmm *vmm, const struct virtq_chain *c, uint8_t status) {
+        uint32_t type;
+
+        if (status != VIRTIO_BLK_S_OK || virtq_chain_read(c, 0, &type, sizeof type) != sizeof type)
+                return;
+        type = le32toh(type);
+        if (type == VIRTIO_BLK_T_IN) {
+                vmm_stats_add(&vmm->stats->disk_read_bytes, c->in_len - 1);
+                vmm_stats_add(&vmm->stats->disk_read_ops, 1);
+        } else if (type == VIRTIO_BLK_T_OUT) {
+                vmm_stats_add(&vmm->stats->disk_written_bytes, c->out_len - 16);
+                vmm_stats_add(&vmm->stats->disk_write_ops, 1);
+        }
+}
+
 static void blk_notify(struct vmm *vmm, struct virtio_mmio *dev, unsigned q) {
         struct blk *b = virtio_mmio_priv(dev);
         struct virtq *vq = virtio_mmio_queue(dev, 0);
@@ -351,6 +368,7 @@ static void blk_notify(struct vmm *vmm, struct virtio_mmio *dev, unsigned q) {
 
                 if (c->in_len > 0) {
                         uint8_t status = blk_do_request(b, c, &written);
+                        blk_account(vmm, c, status);
                         /* the status is the last writable byte */
                         (void) virtq_chain_write(c, c->in_len - 1, &status, 1);
                         written++;

@@ -239,6 +239,8 @@ void virtio_net_process_rx(struct vmm *vmm, struct virtio_mmio *dev) {
                 vmm_limits_net_rx_charge(vmm, (uint64_t) k - VIRTIO_NET_HDR_SIZE);
                 n->stats.rx_packets++;
                 n->stats.rx_bytes += (uint64_t) k - VIRTIO_NET_HDR_SIZE;
+                vmm_stats_add(&vmm->stats->net_rx_packets, 1);
+                vmm_stats_add(&vmm->stats->net_rx_bytes, (uint64_t) k - VIRTIO_NET_HDR_SIZE);
                 pushed = true;
         }
         if (pushed)
@@ -309,6 +311,8 @@ void virtio_net_process_tx(struct vmm *vmm, struct virtio_mmio *dev) {
                 }
                 n->stats.tx_packets++;
                 n->stats.tx_bytes += frame;
+                vmm_stats_add(&vmm->stats->net_tx_packets, 1);
+                vmm_stats_add(&vmm->stats->net_tx_bytes, frame);
         done:
                 if (virtq_push(vmm, vq, ch->head, 0) < 0) {
                         virtio_mmio_set_needs_reset(vmm, dev);

@@ -1,0 +1,205 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "io-util.h"
+#include "macro.h"
+#include "time-util.h"
+#include "usage.h"
+
+#define USAGE_FILE_MAX 4096
+
+int usage_stats_page_new(int *ret_fd, const struct vmm_stats **ret_map) {
+        _cleanup_close_ int fd = memfd_create("forkd-vmm-stats", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+        void *p;
+
+        if (fd < 0)
+                return -errno;
+        if (ftruncate(fd, VMM_STATS_SIZE) < 0)
+                return -errno;
+        /* The VMM may write the page, never make it smaller than forkd maps it. */
+        if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_SEAL) < 0)
+                return -errno;
+        p = mmap(NULL, VMM_STATS_SIZE, PROT_READ, MAP_SHARED, fd, 0);
+        if (p == MAP_FAILED)
+                return -errno;
+        *ret_map = p;
+        *ret_fd = TAKE_FD(fd);
+        return 0;
+}
+
+const struct vmm_stats *usage_stats_page_free(const struct vmm_stats *map) {
+        if (map)
+                (void) munmap((void *) map, VMM_STATS_SIZE);
+        return NULL;
+}
+
+int usage_stats_read(const struct vmm_stats *map, struct vmm_stats *ret) {
+        if (!map || __atomic_load_n(&map->magic, __ATOMIC_ACQUIRE) != VMM_STATS_MAGIC ||
+            vmm_stats_get(&map->version) != VMM_STATS_VERSION)
+                return -ENODATA;
+        *ret = (struct vmm_stats) {
+                .magic = VMM_STATS_MAGIC,
+                .version = VMM_STATS_VERSION,
+                .disk_read_bytes = vmm_stats_get(&map->disk_read_bytes),
+                .disk_written_bytes = vmm_stats_get(&map->disk_written_bytes),
+                .disk_read_ops = vmm_stats_get(&map->disk_read_ops),
+                .disk_write_ops = vmm_stats_get(&map->disk_write_ops),
+                .disk_throttled_usec = vmm_stats_get(&map->disk_throttled_usec),
+                .net_rx_bytes = vmm_stats_get(&map->net_rx_bytes),
+                .net_tx_bytes = vmm_stats_get(&map->net_tx_bytes),
+                .net_rx_packets = vmm_stats_get(&map->net_rx_packets),
+                .net_tx_packets = vmm_stats_get(&map->net_tx_packets),
+                .net_throttled_usec = vmm_stats_get(&map->net_throttled_usec),
+        };
+        return 0;
+}
+
+/* The number after "key " at the start of a line of text. */
+static bool find_key(const char *text, const char *key, uint64_t *ret) {
+        size_t n = strlen(key);
+
+        for (const char *l = text; l && *l; l = strchr(l, '\n'), l = l ? l + 1 : NULL) {
+                char *end;
+
+                if (strncmp(l, key, n) != 0 || l[n] != ' ')
+                        continue;
+                errno = 0;
+                *ret = strtoull(l + n + 1, &end, 10);
+                return errno == 0 && end != l + n + 1;
+        }
+        return false;
+}
+
+int usage_parse_cpu_stat(const char *text, uint64_t *ret_usage, bool *ret_have_throttled, uint64_t *ret_throttled) {
+        uint64_t u, t = 0;
+        bool ht;
+
+        if (!find_key(text, "usage_usec", &u))
+                return -ENODATA;
+        ht = find_key(text, "throttled_usec", &t);
+        if (ret_usage)
+                *ret_usage = u;
+        if (ret_have_throttled)
+                *ret_have_throttled = ht;
+        if (ret_throttled)
+                *ret_throttled = ht ? t : 0;
+        return 0;
+}
+
+int usage_parse_proc_stat(const char *text, uint64_t *ret_ticks) {
+        /* comm may hold anything, ")" included: the fields start after the last one */
+        const char *p = strrchr(text, ')');
+        unsigned long long ut, st;
+
+        /* ") S ppid pgrp session tty_nr tpgid flags minflt cminflt majflt cmajflt utime stime" */
+        if (!p || sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2)
+                return -EBADMSG;
+        *ret_ticks = (uint64_t) ut + (uint64_t) st;
+        return 0;
+}
+
+int usage_parse_statm(const char *text, uint64_t *ret_resident, uint64_t *ret_shared) {
+        unsigned long long size, res, shared;
+
+        if (sscanf(text, "%llu %llu %llu", &size, &res, &shared) != 3 || shared > res)
+                return -EBADMSG;
+        *ret_resident = res;
+        *ret_shared = shared;
+        return 0;
+}
+
+int usage_parse_proc_cgroup(const char *text, char **ret) {
+        for (const char *l = text; l && *l; l = strchr(l, '\n'), l = l ? l + 1 : NULL) {
+                const char *e;
+                char *s;
+
+                if (strncmp(l, "0::/", 4) != 0)
+                        continue;
+                e = strchrnul(l, '\n');
+                s = strndup(l + 3, (size_t) (e - l - 3));
+                if (!s)
+                        return -ENOMEM;
+                *ret = s;
+                return 0;
+        }
+        return -ENOENT;
+}
+
+int usage_cpu_stat_path(pid_t pid, const char *leaf, char **ret) {
+        _cleanup_free_ char *text = NULL, *cg = NULL;
+        const char *base;
+        char path[64];
+        int r;
+
+        snprintf(path, sizeof(path), "/proc/%d/cgroup", (int) pid);
+        r = read_file_capped_at(AT_FDCWD, path, USAGE_FILE_MAX, &text, NULL);
+        if (r < 0)
+                return r;
+        r = usage_parse_proc_cgroup(text, &cg);
+        if (r < 0)
+                return r;
+        base = strrchr(cg, '/');
+        if (strcmp(cg, "/") == 0 || strstr(cg, "/../") || !base || strcmp(base + 1, leaf) != 0)
+                return -ENOENT;
+        return asprintf(ret, "/sys/fs/cgroup%s/cpu.stat", cg) < 0 ? -ENOMEM : 0;
+}
+
+void usage_read(pid_t pid, const char *cpu_stat_path, const struct vmm_stats *stats, SandboxUsage *ret) {
+        char path[64], buf[USAGE_FILE_MAX];
+        uint64_t res, shared;
+        ssize_t n;
+        long page_kib = sysconf(_SC_PAGESIZE) / 1024;
+        int fd;
+
+        *ret = (SandboxUsage) {};
+        ret->have_stats = usage_stats_read(stats, &ret->stats) >= 0;
+
+        /* One read of a small file each: no buffered I/O, no allocation. */
+        if (cpu_stat_path) {
+                fd = open(cpu_stat_path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+                n = fd >= 0 ? read(fd, buf, sizeof(buf) - 1) : -1;
+                safe_close(fd);
+                if (n > 0) {
+                        buf[n] = '\0';
+                        ret->have_cpu = usage_parse_cpu_stat(buf, &ret->cpu_usec, &ret->have_cpu_throttled,
+                                                             &ret->cpu_throttled_usec) >= 0;
+                }
+        }
+        if (pid > 0 && !ret->have_cpu) {
+                uint64_t ticks;
+                long hz = sysconf(_SC_CLK_TCK);
+
+                snprintf(path, sizeof(path), "/proc/%d/stat", (int) pid);
+                fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+                n = fd >= 0 ? read(fd, buf, sizeof(buf) - 1) : -1;
+                safe_close(fd);
+                if (n > 0 && hz > 0) {
+                        buf[n] = '\0';
+                        if (usage_parse_proc_stat(buf, &ticks) >= 0) {
+                                ret->cpu_usec = ticks * (USEC_PER_SEC / (uint64_t) hz);
+                                ret->have_cpu = true;
+                        }
+                }
+        }
+        if (pid > 0) {
+                snprintf(path, sizeof(path), "/proc/%d/statm", (int) pid);
+                fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+                n = fd >= 0 ? read(fd, buf, sizeof(buf) - 1) : -1;
+                safe_close(fd);
+                if (n > 0) {
+                        buf[n] = '\0';
+                        if (usage_parse_statm(buf, &res, &shared) >= 0) {
+                                ret->memory_private_kib = (res - shared) * (uint64_t) page_kib;
+                                ret->memory_shared_kib = shared * (uint64_t) page_kib;
+                                ret->have_memory = true;
+                        }
+                }
+        }
+}

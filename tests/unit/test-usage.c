@@ -1,0 +1,190 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+/* forkd's latency histograms (src/daemon/histogram.c) and what a sandbox's
+ * usage is read from (src/daemon/usage.c): cpu.stat, /proc/PID/stat and statm,
+ * /proc/PID/cgroup, and the stats page shared with a VMM. */
+
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "histogram.h"
+#include "usage.h"
+
+static void test_histogram_buckets(void **state) {
+        Histogram h = {};
+        uint64_t cum[HISTOGRAM_N_BOUNDS + 1];
+
+        /* bounds are strictly increasing */
+        for (unsigned i = 1; i < HISTOGRAM_N_BOUNDS; i++)
+                assert_true(histogram_bounds_usec[i] > histogram_bounds_usec[i - 1]);
+
+        histogram_observe(&h, 0);        /* <= 1 ms */
+        histogram_observe(&h, 1000);     /* exactly on the first bound: in it */
+        histogram_observe(&h, 1001);     /* the second */
+        histogram_observe(&h, 60000000); /* the last bound */
+        histogram_observe(&h, 60000001); /* above all: +Inf only */
+        assert_int_equal(h.count, 5);
+        assert_int_equal(h.sum_usec, 0 + 1000 + 1001 + 60000000 + 60000001);
+        assert_int_equal(h.buckets[0], 2);
+        assert_int_equal(h.buckets[1], 1);
+        assert_int_equal(h.buckets[HISTOGRAM_N_BOUNDS - 1], 1);
+        assert_int_equal(h.buckets[HISTOGRAM_N_BOUNDS], 1);
+
+        histogram_cumulative(&h, cum);
+        assert_int_equal(cum[0], 2);
+        assert_int_equal(cum[1], 3);
+        assert_int_equal(cum[HISTOGRAM_N_BOUNDS - 2], 3);
+        assert_int_equal(cum[HISTOGRAM_N_BOUNDS - 1], 4);
+        assert_int_equal(cum[HISTOGRAM_N_BOUNDS], h.count);
+        for (unsigned i = 1; i <= HISTOGRAM_N_BOUNDS; i++)
+                assert_true(cum[i] >= cum[i - 1]);
+}
+
+static void test_histogram_every_bound(void **state) {
+        Histogram h = {};
+        uint64_t cum[HISTOGRAM_N_BOUNDS + 1];
+
+        /* one observation on each bound and one just above: bucket i holds two
+         * (bound i-1 + 1 and bound i), bucket 0 one */
+        for (unsigned i = 0; i < HISTOGRAM_N_BOUNDS; i++) {
+                histogram_observe(&h, histogram_bounds_usec[i]);
+                histogram_observe(&h, histogram_bounds_usec[i] + 1);
+        }
+        histogram_cumulative(&h, cum);
+        for (unsigned i = 0; i < HISTOGRAM_N_BOUNDS; i++)
+                assert_int_equal(cum[i], 2 * i + 1);
+        assert_int_equal(cum[HISTOGRAM_N_BOUNDS], 2 * HISTOGRAM_N_BOUNDS);
+}
+
+static void test_parse_cpu_stat(void **state) {
+        uint64_t u = 0, t = 0;
+        bool ht = true;
+
+        assert_int_equal(usage_parse_cpu_stat("usage_usec 1234\nuser_usec 1000\nsystem_usec 234\n"
+                                              "nr_periods 5\nnr_throttled 2\nthrottled_usec 77\n", &u, &ht, &t), 0);
+        assert_int_equal(u, 1234);
+        assert_true(ht);
+        assert_int_equal(t, 77);
+        /* without the cpu controller: no throttled_usec */
+        assert_int_equal(usage_parse_cpu_stat("usage_usec 9\nuser_usec 5\nsystem_usec 4\n", &u, &ht, &t), 0);
+        assert_int_equal(u, 9);
+        assert_false(ht);
+        assert_int_equal(t, 0);
+        /* a key that only ends like another is not it */
+        assert_int_equal(usage_parse_cpu_stat("xusage_usec 5\n", &u, NULL, NULL), -ENODATA);
+        assert_int_equal(usage_parse_cpu_stat("", &u, NULL, NULL), -ENODATA);
+}
+
+static void test_parse_proc_stat(void **state) {
+        uint64_t ticks = 0;
+
+        assert_int_equal(usage_parse_proc_stat("42 (forkd-vmm) S 1 42 42 0 -1 4194560 100 0 0 0 250 17 0 0 20 0 "
+                                               "3 0 100 1000 50\n", &ticks), 0);
+        assert_int_equal(ticks, 267);
+        /* a comm with spaces and parentheses */
+        assert_int_equal(usage_parse_proc_stat("7 (a) b (c)) R 1 7 7 0 -1 0 0 0 0 0 5 6 0 0\n", &ticks), 0);
+        assert_int_equal(ticks, 11);
+        assert_int_equal(usage_parse_proc_stat("7 no paren\n", &ticks), -EBADMSG);
+}
+
+static void test_parse_statm(void **state) {
+        uint64_t res = 0, shared = 0;
+
+        assert_int_equal(usage_parse_statm("1000 300 120 10 0 200 0\n", &res, &shared), 0);
+        assert_int_equal(res, 300);
+        assert_int_equal(shared, 120);
+        assert_int_equal(usage_parse_statm("1000 3 120 10 0 200 0\n", &res, &shared), -EBADMSG);
+        assert_int_equal(usage_parse_statm("", &res, &shared), -EBADMSG);
+}
+
+static void test_parse_proc_cgroup(void **state) {
+        char *p = NULL;
+
+        assert_int_equal(usage_parse_proc_cgroup("0::/forkd.slice/forkd-sb-1.scope/sb-1\n", &p), 0);
+        assert_string_equal(p, "/forkd.slice/forkd-sb-1.scope/sb-1");
+        free(p);
+        p = NULL;
+        assert_int_equal(usage_parse_proc_cgroup("12:memory:/forkd/sb-1\n0::/forkd/sb-1", &p), 0);
+        assert_string_equal(p, "/forkd/sb-1");
+        free(p);
+        assert_int_equal(usage_parse_proc_cgroup("12:memory:/forkd/sb-1\n", &p), -ENOENT);
+}
+
+static void test_stats_page(void **state) {
+        const struct vmm_stats *map = NULL;
+        struct vmm_stats copy;
+        struct vmm_stats *rw;
+        int fd = -1;
+
+        assert_int_equal(usage_stats_page_new(&fd, &map), 0);
+        assert_true(fd >= 0);
+        /* nothing until the VMM stamps it */
+        assert_int_equal(usage_stats_read(map, &copy), -ENODATA);
+        assert_int_equal(usage_stats_read(NULL, &copy), -ENODATA);
+        /* sealed: it cannot shrink under forkd's mapping */
+        assert_true(ftruncate(fd, 0) < 0);
+
+        /* the VMM's side: a shared read-write mapping of the same memfd */
+        rw = mmap(NULL, VMM_STATS_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        assert_true(rw != MAP_FAILED);
+        rw->version = VMM_STATS_VERSION;
+        rw->magic = VMM_STATS_MAGIC;
+        vmm_stats_add(&rw->disk_read_bytes, 4096);
+        vmm_stats_add(&rw->net_tx_bytes, 60);
+        vmm_stats_add(&rw->net_throttled_usec, 5);
+        assert_int_equal(usage_stats_read(map, &copy), 0);
+        assert_int_equal(copy.disk_read_bytes, 4096);
+        assert_int_equal(copy.net_tx_bytes, 60);
+        assert_int_equal(copy.net_throttled_usec, 5);
+        /* a wrong version is no figures */
+        rw->version = VMM_STATS_VERSION + 1;
+        assert_int_equal(usage_stats_read(map, &copy), -ENODATA);
+
+        munmap(rw, VMM_STATS_SIZE);
+        usage_stats_page_free(map);
+        close(fd);
+}
+
+static void test_cpu_stat_path(void **state) {
+        char *p = NULL;
+
+        /* a cgroup not named as the sandbox is not its own: no path */
+        assert_int_equal(usage_cpu_stat_path(getpid(), "sb-no-such-leaf", &p), -ENOENT);
+        assert_null(p);
+}
+
+static void test_read_self(void **state) {
+        SandboxUsage u;
+
+        /* This process: CPU and memory from /proc, no stats page. */
+        usage_read(getpid(), NULL, NULL, &u);
+        assert_true(u.have_cpu);
+        assert_true(u.have_memory);
+        assert_false(u.have_stats);
+        assert_false(u.have_cpu_throttled);
+        assert_true(u.memory_private_kib + u.memory_shared_kib > 0);
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_histogram_buckets),
+                cmocka_unit_test(test_histogram_every_bound),
+                cmocka_unit_test(test_parse_cpu_stat),
+                cmocka_unit_test(test_parse_proc_stat),
+                cmocka_unit_test(test_parse_statm),
+                cmocka_unit_test(test_parse_proc_cgroup),
+                cmocka_unit_test(test_stats_page),
+                cmocka_unit_test(test_cpu_stat_path),
+                cmocka_unit_test(test_read_self),
+        };
+        return cmocka_run_group_tests(tests, NULL, NULL);
+}
