@@ -50,6 +50,8 @@ struct machine_config {
          * (struct snapshot's volumes, all of them with an fd, else -ENXIO). */
         const struct machine_volume *volumes;
         unsigned n_volumes;
+        /* boot: the vCPUs, 1..VMM_VCPUS_MAX (0: 1). restore: ignored, the snapshot's. */
+        unsigned vcpus;
 };
 
 #define MACHINE_LINUX_CMDLINE VMM_LINUX_CMDLINE_DEFAULT
