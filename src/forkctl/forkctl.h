@@ -63,7 +63,8 @@ enum {
         OPT_IMAGE = 1u << 26,
         OPT_START_CMD = 1u << 27,
         OPT_VOLUME = 1u << 28,
-        OPT_LAST = OPT_VOLUME,
+        OPT_VCPUS = 1u << 29,
+        OPT_LAST = OPT_VCPUS,
 };
 
 /* One command line's options. The global ones apply to every verb; the others
@@ -78,6 +79,7 @@ struct forkctl_options {
         const char *kernel, *rootfs;
         const char *image;         /* --image: an OCI image instead of --rootfs */
         uint32_t mem_mib, boot_wait;
+        uint32_t vcpus;            /* snapshot create --vcpus, 0: not given */
         bool agent_tcp;            /* --network --agent-tcp */
         bool start_cmd;            /* --image --start-cmd */
         struct forkctl_volume volumes[24]; /* --volume HOST:GUEST[:MODE], repeatable */
