@@ -25,6 +25,8 @@ _spec.loader.exec_module(tf)
 
 DEST, PATH, IFACE = tf.DEST, tf.PATH, tf.IFACE
 SCRATCH = 16 << 20  # the test guest's scratch area starts at 16 MiB
+# The test-branch-smp2 run gives every snapshot 2 vCPUs (forkd's FORKD_DEFAULT_VCPUS).
+VCPUS = int(os.environ.get("FORKD_DEFAULT_VCPUS") or 1)
 NO_SANDBOX = "org.forkd.Error.NoSuchSandbox"
 EXISTS = "org.forkd.Error.SnapshotExists"
 BUSY = "org.forkd.Error.Busy"
@@ -104,7 +106,7 @@ def run(h):
                     "the frozen templates to exit")
 
     def setup():
-        h.m("CreateSnapshot", "sssuu", ["base", tf.GUEST, disk, 64, 30])
+        assert h.m("CreateSnapshot", "sssuu", ["base", tf.GUEST, disk, 64, 30])[0]["vcpus"] == VCPUS
         p = h.fork("base", 1)[0]
         ctx["parent"] = p
         poke(p["pid"], b"before-branch")
@@ -120,6 +122,7 @@ def run(h):
         assert info["branched_from"] == p["id"], info
         assert "pause_ms" in info and info["pause_us"] > 0 and info["pause_ms"] == (info["pause_us"] + 500) // 1000, info
         assert info["mem_size"] == 64 << 20 and info["generation"] == 1, info
+        assert info["vcpus"] == VCPUS, info  # a branch keeps the source's vCPUs
         h.bus.wait_signal(lambda m, b: m == "SnapshotNew" and b[0] == "b1")
         # The listing and snapshot.json keep where it came from and its pause (REST API v1's SnapshotInfo).
         listed = {s["tag"]: s for s in h.m("ListSnapshots")[0]}
@@ -129,6 +132,7 @@ def run(h):
         with open(os.path.join(h.state, "snapshots", "b1", "snapshot.json")) as f:
             meta = json.load(f)
         assert meta["branched_from"] == p["id"] and meta["pause_us"] == info["pause_us"], meta
+        assert meta["vcpus"] == VCPUS, meta
         # The source runs on with its state, and what it does now is its own.
         ping(p["id"])
         assert peek(p["pid"], 13) == b"before-branch"
@@ -258,6 +262,7 @@ def run(h):
         details = h.m("GetSnapshotInfo", "s", ["d2-flat"])[0]
         assert details["chain_depth"] == 0 and details["ancestors"] == [] and "parent_content_hash" not in details, \
             details
+        assert details["vcpus"] == VCPUS, details
         assert not os.path.exists(f"{snaps}/d2-flat/memory.map")
         with open(f"{snaps}/d2-flat/snapshot.json") as f:
             meta = json.load(f)

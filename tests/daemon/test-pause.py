@@ -84,7 +84,9 @@ def run(h):
             return False
 
     def setup():
-        h.m("CreateSnapshot", "sssuu", ["base", tf.GUEST, disk, 64, 30])
+        # test-pause-smp2 gives every snapshot 2 vCPUs (forkd's FORKD_DEFAULT_VCPUS).
+        info = h.m("CreateSnapshot", "sssuu", ["base", tf.GUEST, disk, 64, 30])[0]
+        assert info["vcpus"] == int(os.environ.get("FORKD_DEFAULT_VCPUS") or 1), info
         p = h.fork("base", 1)[0]
         tb.poke(p["pid"], b"state-at-pause")
         ping(p["id"])
