@@ -96,6 +96,19 @@ def run(h):
     def ping(sid):
         assert json.loads(h.m("Ping", "s", [sid])[0])["pong"], sid
 
+    def aps_counting(*sids):
+        """With several vCPUs: every AP of each sandbox runs on, its counter (the test
+        guest's run_code "cpus") growing. Nothing to check with one vCPU."""
+        if VCPUS < 2:
+            return
+        for sid in sids:
+            def counters():
+                return json.loads(json.loads(h.m("RunCode", "ssu", [sid, "cpus", 10])[0])["stdout"])
+            first = counters()
+            assert first["cpus"] == VCPUS and all(c > 0 for c in first["counters"][1:]), (sid, first)
+            tf.wait_for(lambda: all(b > a for a, b in zip(first["counters"][1:], counters()["counters"][1:])), 30,
+                        f"every AP of {sid} to go on counting")
+
     def terminate(*sandboxes):
         for k in sandboxes:
             h.m("TerminateSandbox", "s", [k["id"]])
@@ -111,6 +124,7 @@ def run(h):
         ctx["parent"] = p
         poke(p["pid"], b"before-branch")
         ping(p["id"])
+        aps_counting(p["id"])
     h.check("a running sandbox of the test guest", setup)
 
     def full():
@@ -146,6 +160,7 @@ def run(h):
         assert peek(c[1]["pid"], 13) == b"before-branch"
         assert peek(p["pid"], 13) == b"after--branch"
         ctx["b1_children"] = c
+        aps_counting(p["id"], *[ch["id"] for ch in c])
         assert os.path.isfile(os.path.join(h.state, "snapshots/b1/snapshot.json"))
         # No copy of the disk: the branch's disk.img is the source snapshot's, hard-linked.
         snaps = os.path.join(h.state, "snapshots")
@@ -353,6 +368,7 @@ def run(h):
         poke(kids[0]["pid"], b"kid0-changed!")
         assert peek(kids[1]["pid"], 13) == b"parent-state!"
         assert peek(p["pid"], 13) == b"parent-later!"
+        aps_counting(p["id"], *[k["id"] for k in kids])
         # The Sandbox object has the verb too; a child of a child.
         obj = tf.path_encode("/org/forkd/sandbox", kids[0]["id"])
         grand, _ = h.bus.call(DEST, obj, "org.forkd.Sandbox", "Fork", "u", [1])
