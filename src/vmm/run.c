@@ -155,7 +155,9 @@ void vmm_vcpus_stop(struct vmm *vmm) {
         /* The caller (main thread, servicing the host) holds the device lock,
          * which an AP may wait for to finish an exit before it parks. */
         pthread_mutex_unlock(&vmm->dev_lock);
-        while (vmm->n_parked < n_aps)
+        /* An AP that stops the VM (vmm_request_stop() broadcasts) leaves its loop
+         * instead of parking: then the VM is going down and nothing waits for it. */
+        while (vmm->n_parked < n_aps && vmm->stop == VMM_RUNNING)
                 pthread_cond_wait(&vmm->vcpu_cond, &vmm->vcpu_lock);
         pthread_mutex_unlock(&vmm->vcpu_lock);
         pthread_mutex_lock(&vmm->dev_lock);
