@@ -11,6 +11,7 @@
 
 #include "crc32c.h"
 #include "macro.h"
+#include "io-util.h"
 #include "vmstate.h"
 
 #define SECTION_HEADER_SIZE 16
@@ -583,7 +584,7 @@ int vmstate_decode(const void *buf, size_t len, struct vmstate *ret, const char 
 int vmstate_write_file(const char *path, const struct vmstate *s) {
         _cleanup_free_ void *buf = NULL;
         _cleanup_close_ int fd = -EBADF;
-        size_t len, done = 0;
+        size_t len;
         int r;
 
         r = vmstate_encode(s, &buf, &len);
@@ -594,17 +595,9 @@ int vmstate_write_file(const char *path, const struct vmstate *s) {
         if (fd < 0)
                 return negative_errno();
 
-        while (done < len) {
-                ssize_t k = write(fd, (const uint8_t *) buf + done, len - done);
-                if (k < 0) {
-                        if (errno == EINTR)
-                                continue;
-                        return negative_errno();
-                }
-                if (k == 0)
-                        return -EIO;
-                done += (size_t) k;
-        }
+        r = loop_write(fd, buf, len);
+        if (r < 0)
+                return r;
 
         if (fsync(fd) < 0)
                 return negative_errno();
