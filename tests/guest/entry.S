@@ -215,6 +215,7 @@ ap_tramp_start:
         wrmsr
         lgdtl   AP_TRAMP_GPA + (ap_tramp_gdtr - ap_tramp_start)
         movl    %cr0, %eax
+        andl    $0x9fffffff, %eax               /* caches on: CD and NW are set after INIT */
         orl     $0x80010023, %eax               /* PG, WP, NE, MP, PE */
         movl    %eax, %cr0
         ljmpl   $0x08, $(AP_TRAMP_GPA + (ap_tramp_64 - ap_tramp_start))
