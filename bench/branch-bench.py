@@ -17,6 +17,10 @@ bench/branch: branching and forking a running sandbox of the test guest
            per child of a running-sandbox fork, measured as bench/fork does
            (Private_Dirty + page tables of each idle child).
 
+--vcpus N (1..32, default 1): every snapshot of the run has N vCPUs (the test
+guest's APs counting in a loop), on both paths; run it with and without to
+compare the pause with N vCPUs to the 1-vCPU pause ("vcpus" in the JSON).
+
 With --json the last line of stdout is one JSON object; its headline keys
 pause_ms_full, pause_ms_diff, pause_ms_live, fork5_ms, fork5_parent_pause_ms
 are p50s of the user path (each also as *_p99), "engine" holds the rest.
@@ -110,7 +114,8 @@ def engine(args, ac, tmp):
             c.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))])
         return json.loads(c.recv(65536))
 
-    p, c, a = start("boot", ["boot", "--kernel", args.guest, "--disk", disk, "--mem-mib", str(MEM_MIB)])
+    p, c, a = start("boot", ["boot", "--kernel", args.guest, "--disk", disk, "--mem-mib", str(MEM_MIB),
+                                 "--vcpus", str(args.vcpus)])
     a.call("ping")
     base = os.path.join(tmp, "base")
     assert control(c, {"op": "snapshot", "dir": base, "tag": "base"})["ok"]
@@ -203,7 +208,7 @@ def user(args, tf, tmp):
         with open(disk, "wb") as f:
             f.truncate(16 << 20)
         h.start_bus()
-        h.start_forkd(["--max-branches", "64"])
+        h.start_forkd(["--max-branches", "64", "--default-vcpus", str(args.vcpus)])
         h.m("CreateSnapshot", "sssuu", ["base", args.guest, disk, MEM_MIB, 60], timeout=120)
         p = h.fork("base", 1)[0]
         # 64 MiB written since the restore: copy-on-write faults in the VMM, as the guest's would be.
@@ -268,7 +273,10 @@ def main():
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--emulated", action="store_true", help="the figures come from the QEMU test host")
     ap.add_argument("--fork-n", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 5, 32])
+    ap.add_argument("--vcpus", type=int, default=1)
     args = ap.parse_args()
+    if not 1 <= args.vcpus <= 32:
+        sys.exit("bench/branch: --vcpus must be 1..32")
     if os.geteuid() != 0:
         sys.exit("bench/branch: needs root (a private system bus, /proc/<pid>/mem of the VMMs)")
     if args.runs < 1:
@@ -299,6 +307,7 @@ def main():
     for n in args.fork_n:
         rows += [(f"engine: fork n={n}, all answered", eng[f"fork{n}_ms"]),
                  (f"engine: fork n={n}, parent pause", eng[f"fork{n}_parent_pause_ms"])]
+    print(f"vCPUs per snapshot: {args.vcpus}")
     print(f"{'figure (ms)':44} {'p50':>9} {'p99':>9} {'runs':>5}")
     for name, s in rows:
         print(f"{name:44} {s['p50']:9.3f} {s['p99']:9.3f} {s['n']:5}")
@@ -316,7 +325,7 @@ def main():
             "fork5_ms_p99": usr["fork5_ms"]["p99"] if "fork5_ms" in usr else None,
             "fork5_parent_pause_ms": usr["fork5_parent_pause_ms"]["p50"] if "fork5_ms" in usr else None,
             "fork5_parent_pause_ms_p99": usr["fork5_parent_pause_ms"]["p99"] if "fork5_ms" in usr else None,
-            "runs": args.runs, "guest_mib": MEM_MIB, "written_mib": WRITTEN_MIB,
+            "runs": args.runs, "guest_mib": MEM_MIB, "written_mib": WRITTEN_MIB, "vcpus": args.vcpus,
             "emulated": args.emulated, "user": usr, "engine": eng,
         }
         print(json.dumps(doc, separators=(",", ":")))

@@ -21,7 +21,7 @@
 #include "vmm-client.h"
 
 static const char *arg_vmm, *arg_guest, *arg_workdir;
-static unsigned arg_n = 100, arg_mem_mib = 64, arg_rounds = 3;
+static unsigned arg_n = 100, arg_mem_mib = 64, arg_rounds = 3, arg_vcpus = 1;
 static bool arg_json, arg_confine, arg_emulated;
 
 /* How long memory may settle before the whole host's memory is read: after the
@@ -51,6 +51,8 @@ static void help(void) {
                "--confine: in the same run, R rounds (default 3, 1..20) each of an unconfined and a\n"
                "confined template (forkd-vmm --confine, as forkd starts them; uid %u), taking turns;\n"
                "prints the medians of both and their ratio (root only).\n"
+               "--vcpus N: also fork N children of a snapshot of N vCPUs (2..32; the test guest's APs\n"
+               "count in a loop) and compare with the 1-vCPU fork (not with --confine).\n"
                "--emulated: say that the figures come from the QEMU test host (bench/in-test-host.sh).\n",
                VMM_USER_DEFAULT_UID);
 }
@@ -74,6 +76,7 @@ static int parse_argv(int argc, char *argv[]) {
                 { "work-dir", required_argument, NULL, 'w' }, { "json", no_argument, NULL, 'j' },
                 { "confine", no_argument, NULL, 'c' },     { "rounds", required_argument, NULL, 'r' },
                 { "emulated", no_argument, NULL, 'e' },    { "help", no_argument, NULL, 'h' },
+                { "vcpus", required_argument, NULL, 'C' },
                 {}
         };
         int c;
@@ -98,11 +101,17 @@ static int parse_argv(int argc, char *argv[]) {
                         if (parse_uint(optarg, 16, 3072, &arg_mem_mib) < 0 || arg_mem_mib % 2)
                                 return log_error_errno(EINVAL, "--mem-mib must be even, 16..3072");
                         break;
+                case 'C':
+                        if (parse_uint(optarg, 2, 32, &arg_vcpus) < 0)
+                                return log_error_errno(EINVAL, "--vcpus must be 2..32");
+                        break;
                 case 'h': help(); return 0;
                 default: return -EINVAL;
                 }
         if (!arg_vmm || !arg_guest)
                 return log_error_errno(EINVAL, "--vmm and --guest are required");
+        if (arg_confine && arg_vcpus > 1)
+                return log_error_errno(EINVAL, "--vcpus and --confine exclude each other");
         if (arg_confine && geteuid() != 0)
                 return log_error_errno(EPERM, "--confine needs root (the VMM's jail)");
         return 1;
@@ -435,6 +444,54 @@ static void print_result(const char *what, const struct result *res, uint64_t co
         printf("  %-34s %12.1f\n", "template CPU (ms)", res->template_cpu_ms);
 }
 
+/* --vcpus N: boot, snapshot and fork the same guest with N vCPUs; print it
+ * beside the 1-vCPU fork (one). */
+static int smp_round(const char *dir, const char *disk, uint64_t cold_boot_us, const struct result *one) {
+        struct vmm_proc boot = { .pid = 0, .control_fd = -EBADF, .agent_fd = -EBADF };
+        _cleanup_free_ char *reply = NULL;
+        char snap[PATH_MAX], log[PATH_MAX], req[PATH_MAX + 64];
+        struct result smp = {};
+        uint64_t t0, smp_boot_us;
+        int r;
+
+        snprintf(snap, sizeof(snap), "%s/snap-smp", dir);
+        snprintf(log, sizeof(log), "%s/boot-smp.log", dir);
+        struct vmm_boot_args a = { .vmm_path = arg_vmm, .kernel = arg_guest, .disk = disk, .mem_mib = arg_mem_mib,
+                                   .vcpus = arg_vcpus, .id = "bench-smp", .console_log = log, .overlay_dir = dir };
+        t0 = now_usec();
+        r = vmm_client_boot(&a, &boot);
+        if (r < 0)
+                return log_error_errno(r, "Failed to start forkd-vmm --vcpus %u: %m", arg_vcpus);
+        r = fka_call(boot.agent_fd, "{\"op\":\"ping\"}", 60 * 1000000ull, NULL, NULL);
+        if (r < 0) {
+                log_error_errno(r, "The %u-vCPU guest did not answer ping: %m (console: %s)", arg_vcpus, log);
+                vmm_proc_stop(&boot, 1000000ull);
+                return r;
+        }
+        smp_boot_us = now_usec() - t0;
+        snprintf(req, sizeof(req), "{\"op\":\"snapshot\",\"dir\":\"%s\",\"tag\":\"bench-smp\"}", snap);
+        r = vmm_client_control(boot.control_fd, req, 60 * 1000000ull, &reply);
+        vmm_proc_stop(&boot, 2 * 1000000ull);
+        if (r < 0)
+                return log_error_errno(r, "Snapshot of the %u-vCPU guest failed: %s", arg_vcpus, reply ?: strerror(-r));
+        r = fork_round(snap, dir, &smp);
+        if (r < 0 || smp.ready_us == 0)
+                return r < 0 ? r : -ETIMEDOUT;
+        printf("%u vCPUs:\n", arg_vcpus);
+        print_result("unconfined", &smp, smp_boot_us);
+        printf("%-36s %12.3f\n", "N vCPUs / 1 vCPU, time to ready", (double) smp.ready_us / one->ready_us);
+        if (arg_json)
+                printf("{\"n\": %u, \"ready\": %u, \"ready_ms\": %.2f, \"per_child_kib\": %.1f, "
+                       "\"host_kib_per_child\": %.1f, \"cold_boot_ms\": %.2f, \"vcpus\": %u, "
+                       "\"smp\": {\"ready\": %u, \"ready_ms\": %.2f, \"per_child_kib\": %.1f, "
+                       "\"host_kib_per_child\": %.1f, \"cold_boot_ms\": %.2f}, \"smp_ratio\": %.3f, \"emulated\": %s}\n",
+                       arg_n, one->ready, one->ready_us / 1000.0, one->per_child_kib, one->host_kib_per_child,
+                       cold_boot_us / 1000.0, arg_vcpus, smp.ready, smp.ready_us / 1000.0, smp.per_child_kib,
+                       smp.host_kib_per_child, smp_boot_us / 1000.0, (double) smp.ready_us / one->ready_us,
+                       arg_emulated ? "true" : "false");
+        return 0;
+}
+
 int main(int argc, char *argv[]) {
         char tmpl[] = "/var/tmp/forkd-bench.XXXXXX", disk[PATH_MAX], snap[PATH_MAX], req[PATH_MAX + 64],
              log[PATH_MAX];
@@ -493,6 +550,10 @@ int main(int argc, char *argv[]) {
                 if (plain[0].ready_us == 0)
                         goto finish;
                 print_result("unconfined", &plain[0], cold_boot_us);
+                if (arg_vcpus > 1) {
+                        r = smp_round(dir, disk, cold_boot_us, &plain[0]);
+                        goto finish;
+                }
                 if (arg_json)
                         printf("{\"n\": %u, \"ready\": %u, \"ready_ms\": %.2f, \"per_child_kib\": %.1f, "
                                "\"host_kib_per_child\": %.1f, \"cold_boot_ms\": %.2f, \"emulated\": %s}\n",

@@ -161,6 +161,8 @@ int image_append_info_fields(sd_bus_message *reply, Image *i, bool details) {
         if (r >= 0)
                 r = sd_bus_message_append(reply, "{sv}{sv}", "network", "b", (int) i->meta.network,
                                           "agent_tcp", "b", (int) i->meta.agent_tcp);
+        if (r >= 0)
+                r = sd_bus_message_append(reply, "{sv}", "vcpus", "u", i->meta.vcpus);
         if (r < 0)
                 return r;
         if (i->meta.parent_tag[0]) {

@@ -21,6 +21,7 @@
 #include "polkit.h"
 #include "pushpull-op.h"
 #include "worker.h"
+#include "snapshot-meta.h"
 
 #ifndef FORKD_VMM_DEFAULT
 #define FORKD_VMM_DEFAULT "/usr/libexec/forkd/forkd-vmm"
@@ -45,6 +46,7 @@ static unsigned arg_max_branches = BRANCHES_MAX_DEFAULT;
 static unsigned arg_control_timeout_sec = CONTROL_TIMEOUT_DEFAULT_SEC;
 static unsigned arg_netns_pool = 0;
 static const char *arg_default_mem_mib = NULL; /* --default-mem-mib, else $FORKD_DEFAULT_MEM_MIB */
+static const char *arg_default_vcpus = NULL; /* --default-vcpus, else $FORKD_DEFAULT_VCPUS */
 static const char *arg_default_kernel = NULL;  /* --default-kernel, else $FORKD_DEFAULT_KERNEL */
 static const char *arg_default_initrd = NULL;  /* --default-initrd, else $FORKD_DEFAULT_INITRD */
 static const char *arg_registry_config = NULL; /* --registry-config, else $FORKD_REGISTRY_CONFIG */
@@ -85,6 +87,8 @@ static void help(void) {
                "     --default-mem-mib N  Guest RAM of a snapshot whose request names none: 0, or\n"
                "                          an even number from 16 to %u (default 0: forkd-vmm's,\n"
                "                          %u MiB; also FORKD_DEFAULT_MEM_MIB=N)\n"
+               "     --default-vcpus N    vCPUs of a snapshot whose request names none: 1..32\n"
+               "                          (default 1; also FORKD_DEFAULT_VCPUS=N)\n"
                "     --default-kernel PATH\n"
                "                          The Linux kernel of a snapshot of a container image whose\n"
                "                          request names none (CreateSnapshotFromImage); its\n"
@@ -158,7 +162,7 @@ static int setup_image_paths(Manager *m) {
 static int parse_argv(int argc, char *argv[]) {
         enum { ARG_VERSION = 0x100, ARG_STATE_DIR, ARG_RUNTIME_DIR, ARG_VMM, ARG_BUS_ADDRESS, ARG_CGROUP_ROOT, ARG_MAX_OPERATIONS,
                ARG_MAX_BRANCHES, ARG_CONTROL_TIMEOUT, ARG_VMM_USER, ARG_NO_CONFINE,
-               ARG_TRUSTED_BRIDGE_USER, ARG_NETNS_POOL, ARG_DEFAULT_MEM_MIB, ARG_DEFAULT_KERNEL, ARG_DEFAULT_INITRD,
+               ARG_TRUSTED_BRIDGE_USER, ARG_NETNS_POOL, ARG_DEFAULT_MEM_MIB, ARG_DEFAULT_VCPUS, ARG_DEFAULT_KERNEL, ARG_DEFAULT_INITRD,
                ARG_REGISTRY_CONFIG };
         static const struct option options[] = {
                 { "help", no_argument, NULL, 'h' },
@@ -176,6 +180,7 @@ static int parse_argv(int argc, char *argv[]) {
                 { "trusted-bridge-user", required_argument, NULL, ARG_TRUSTED_BRIDGE_USER },
                 { "netns-pool", required_argument, NULL, ARG_NETNS_POOL },
                 { "default-mem-mib", required_argument, NULL, ARG_DEFAULT_MEM_MIB },
+                { "default-vcpus", required_argument, NULL, ARG_DEFAULT_VCPUS },
                 { "default-kernel", required_argument, NULL, ARG_DEFAULT_KERNEL },
                 { "default-initrd", required_argument, NULL, ARG_DEFAULT_INITRD },
                 { "registry-config", required_argument, NULL, ARG_REGISTRY_CONFIG },
@@ -246,6 +251,9 @@ static int parse_argv(int argc, char *argv[]) {
                         break;
                 case ARG_DEFAULT_MEM_MIB:
                         arg_default_mem_mib = optarg;
+                        break;
+                case ARG_DEFAULT_VCPUS:
+                        arg_default_vcpus = optarg;
                         break;
                 case ARG_VMM_USER:
                         if (vmm_parse_user(optarg, &arg_vmm_uid, &arg_vmm_gid) < 0)
@@ -411,6 +419,11 @@ static int run(int argc, char *argv[]) {
         if (arg_default_mem_mib && parse_default_mem_mib(arg_default_mem_mib, &m->default_mem_mib) < 0)
                 return log_error_errno(EINVAL, "--default-mem-mib (FORKD_DEFAULT_MEM_MIB) takes 0 or an even number "
                                        "from 16 to %u, not '%s'.", MEM_MIB_MAX, arg_default_mem_mib);
+        if (!arg_default_vcpus)
+                arg_default_vcpus = getenv("FORKD_DEFAULT_VCPUS");
+        if (arg_default_vcpus && parse_bounded(arg_default_vcpus, 1, SNAPSHOT_VCPUS_MAX, &m->default_vcpus) < 0)
+                return log_error_errno(EINVAL, "--default-vcpus (FORKD_DEFAULT_VCPUS) takes a number from 1 to %u, "
+                                       "not '%s'.", SNAPSHOT_VCPUS_MAX, arg_default_vcpus);
         m->confine = arg_confine && !(getenv("FORKD_NO_CONFINE") && strcmp(getenv("FORKD_NO_CONFINE"), "1") == 0);
         m->vmm_uid = arg_vmm_uid;
         m->vmm_gid = arg_vmm_gid;

@@ -468,6 +468,7 @@ int image_create_work(void *userdata) {
         struct vmm_boot_args a = {
                 .vmm_path = c->vmm_path,
                 .mem_mib = c->mem_mib,
+                .vcpus = c->vcpus,
                 .id = c->tag,
                 .console_log = c->console_log,
                 .overlay_dir = c->overlay_dir,

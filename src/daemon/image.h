@@ -84,6 +84,7 @@ typedef struct ImageCreate {
         int kernel_fd, initrd_fd, rootfs_fd; /* checked by the caller; initrd_fd may be -EBADF */
         uint64_t kernel_size, initrd_size, rootfs_size;
         uint64_t mem_mib;
+        unsigned vcpus;                    /* CreateSnapshotFrom* option "vcpus"; 0: 1 */
         unsigned boot_wait_secs;
         /* network: boot with a NIC, its tap in a throwaway namespace made for
          * the boot (netns.c, policy none) and removed after; agent_tcp: and

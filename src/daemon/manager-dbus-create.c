@@ -159,6 +159,7 @@ static int create_snapshot_start(Manager *m, sd_bus_message *message, const char
         o->create = c;
         c->netns_prefix = m->netns_prefix;
         c->mem_mib = mem_mib ?: m->default_mem_mib;
+        c->vcpus = c->vcpus ?: m->default_vcpus;
         c->boot_wait_secs = boot_wait;
         c->vmm_path = strdup(m->vmm_path);
         c->tag = strdup(tag);
@@ -246,6 +247,7 @@ int bus_manager_method_create_snapshot(sd_bus_message *message, void *userdata, 
 struct create_options {
         int kernel_fd, initrd_fd;
         int network, agent_tcp, start_cmd;
+        uint32_t vcpus; /* 0: not given */
         struct image_volume volumes[SNAPSHOT_VOLUMES_MAX]; /* fds borrowed */
         unsigned n_volumes;
 };
@@ -341,6 +343,7 @@ static int read_create_options(sd_bus_message *message, bool image, struct creat
                 const char *key;
                 char type;
                 int *b = NULL, *h = NULL;
+                uint32_t *u = NULL;
 
                 r = sd_bus_message_enter_container(message, 'e', "sv");
                 if (r < 0)
@@ -368,17 +371,22 @@ static int read_create_options(sd_bus_message *message, bool image, struct creat
                         h = &o->initrd_fd;
                 else if (image && streq(key, "kernel"))
                         h = &o->kernel_fd;
+                else if (streq(key, "vcpus"))
+                        u = &o->vcpus;
                 else
                         return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
                                                  "Unknown option \"%.64s\" (known: %s).", key,
-                                                 image ? "kernel, initrd, start_cmd, network, agent_tcp, volumes" :
-                                                         "initrd, network, agent_tcp, volumes");
-                type = b ? 'b' : 'h';
-                r = sd_bus_message_enter_container(message, 'v', b ? "b" : "h");
+                                                 image ? "kernel, initrd, start_cmd, network, agent_tcp, volumes, vcpus" :
+                                                         "initrd, network, agent_tcp, volumes, vcpus");
+                type = b ? 'b' : u ? 'u' : 'h';
+                r = sd_bus_message_enter_container(message, 'v', b ? "b" : u ? "u" : "h");
                 if (r < 0)
                         return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "Option %s must be of type %c.",
                                                  key, type);
-                r = sd_bus_message_read_basic(message, type, b ?: h);
+                r = sd_bus_message_read_basic(message, type, b ? (void *) b : u ? (void *) u : (void *) h);
+                if (r >= 0 && u && (*u < 1 || *u > SNAPSHOT_VCPUS_MAX))
+                        return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
+                                                 "Option vcpus must be from 1 to %u.", SNAPSHOT_VCPUS_MAX);
                 if (r >= 0)
                         r = sd_bus_message_exit_container(message);
                 if (r >= 0)
@@ -423,6 +431,7 @@ int bus_manager_method_create_snapshot_from_fds(sd_bus_message *message, void *u
                 return -ENOMEM;
         c->network = opt.network;
         c->agent_tcp = opt.agent_tcp;
+        c->vcpus = opt.vcpus;
         r = take_boot_fd("kernel", kernel_fd, BOOT_KERNEL_SIZE_MAX, &c->kernel_fd, &c->kernel_size, error);
         if (r >= 0)
                 r = take_boot_fd("rootfs", rootfs_fd, BOOT_ROOTFS_SIZE_MAX, &c->rootfs_fd, &c->rootfs_size, error);
@@ -505,6 +514,7 @@ static int create_from_image(Manager *m, sd_bus_message *message, const char *ta
         c->network = opt->network;
         c->agent_tcp = opt->agent_tcp;
         c->start_cmd = opt->start_cmd;
+        c->vcpus = opt->vcpus;
         r = image_boot_files(m, opt, c, error);
         if (r >= 0)
                 r = take_volumes(opt, c, error);

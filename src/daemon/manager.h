@@ -122,6 +122,7 @@ struct Manager {
         Hashmap *branching;   /* tag -> BranchOp: branches of running sandboxes in flight */
         unsigned max_branches;
         unsigned default_mem_mib; /* guest RAM when CreateSnapshot names none (forkd --default-mem-mib); 0: forkd-vmm's */
+        unsigned default_vcpus;   /* vCPUs when a create request names none (forkd --default-vcpus); 0: 1 */
         uint64_t control_timeout_usec; /* a VMM's control reply; past it the sandbox is killed */
         Hashmap *sandboxes;   /* id -> Sandbox, starting ones included */
         Hashmap *vms;         /* vm_id -> Sandbox: every sandbox, retired ones (merged away) too */

@@ -223,7 +223,7 @@ int print_info(struct json_object *o, const char *const *keys) {
 
 const char *const snapshot_keys[] = {
         "tag", "status", "owner_uid", "guest", "network", "agent_tcp", "dir", "created_at_unix", "mem_size", "disk_size",
-        "generation",
+        "generation", "vcpus",
         "parent_tag", "branched_from", "pause_ms", "pause_us", "memory_logical_bytes", "memory_physical_bytes",
         "vmstate_bytes", "parent_content_hash", "chain_depth", "ancestors", "dependents", NULL,
 };

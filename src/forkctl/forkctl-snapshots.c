@@ -152,6 +152,8 @@ int verb_snapshot_create(sd_bus *bus, const struct forkctl_options *o, char **ar
                 r = sd_bus_message_append(m, "{sv}", "network", "b", 1);
         if (r >= 0 && o->agent_tcp)
                 r = sd_bus_message_append(m, "{sv}", "agent_tcp", "b", 1);
+        if (r >= 0 && (o->given & OPT_VCPUS))
+                r = sd_bus_message_append(m, "{sv}", "vcpus", "u", o->vcpus);
         if (r >= 0 && o->n_volumes > 0) {
                 r = sd_bus_message_open_container(m, 'e', "sv");
                 if (r >= 0)

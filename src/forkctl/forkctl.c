@@ -33,8 +33,10 @@ static void help(void) {
                "Snapshots:\n"
                "  snapshot create TAG --kernel K --rootfs R [--mem-mib M] [--boot-wait S]\n"
                "                  [--network [--agent-tcp]] [--volume HOST:GUEST[:ro|cow|rw]]...\n"
+               "                  [--vcpus N]\n"
                "                          Boot kernel K with root disk R, wait until its agent\n"
                "                          answers (at most S seconds, 1..600), snapshot it as TAG;\n"
+               "                          --vcpus: N vCPUs (1..32, default 1), kept by every fork;\n"
                "                          --network: with a NIC, --agent-tcp: and the agent on TCP;\n"
                "                          --volume: an ext4 image mounted at GUEST (up to 24)\n"
                "  snapshot create TAG --image I [--kernel K] [--start-cmd] [...]\n"
@@ -220,7 +222,7 @@ struct verb {
 static const struct verb verbs[] = {
         { "snapshot", "create", 1, 1,
           OPT_KERNEL | OPT_ROOTFS | OPT_IMAGE | OPT_START_CMD | OPT_MEM_MIB | OPT_BOOT_WAIT | OPT_NETWORK |
-                  OPT_AGENT_TCP | OPT_VOLUME,
+                  OPT_AGENT_TCP | OPT_VOLUME | OPT_VCPUS,
           0, "snapshot create TAG (--kernel K --rootfs R | --image I [--kernel K]) [--mem-mib M] [--boot-wait S]",
           verb_snapshot_create,
           check_snapshot_create },
@@ -315,6 +317,7 @@ enum {
         ARG_NET_RATE,
         ARG_ONCE,
         ARG_SORT,
+        ARG_VCPUS,
 };
 
 struct option_spec;
@@ -483,6 +486,7 @@ static const struct option_spec option_specs[] = {
         FLAG("start-cmd", ARG_START_CMD, OPT_START_CMD, start_cmd),
         NUMBER("mem-mib", ARG_MEM_MIB, OPT_MEM_MIB, mem_mib, 0, UINT32_MAX),
         NUMBER("boot-wait", ARG_BOOT_WAIT, OPT_BOOT_WAIT, boot_wait, 1, 600),
+        NUMBER("vcpus", ARG_VCPUS, OPT_VCPUS, vcpus, 1, 32),
         FLAG("cascade", ARG_CASCADE, OPT_CASCADE, cascade),
         FLAG("force", ARG_FORCE, OPT_FORCE, force),
         /* messages name it -n, whichever was given */

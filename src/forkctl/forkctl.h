@@ -70,7 +70,8 @@ enum {
         OPT_NET_RATE = 1ull << 31,
         OPT_ONCE = 1ull << 32,
         OPT_SORT = 1ull << 33,
-        OPT_LAST = OPT_SORT,
+        OPT_VCPUS = 1ull << 34,
+        OPT_LAST = OPT_VCPUS,
 };
 
 /* One command line's options. The global ones apply to every verb; the others
@@ -85,6 +86,7 @@ struct forkctl_options {
         const char *kernel, *rootfs;
         const char *image;         /* --image: an OCI image instead of --rootfs */
         uint32_t mem_mib, boot_wait;
+        uint32_t vcpus;            /* snapshot create --vcpus, 0: not given */
         bool agent_tcp;            /* --network --agent-tcp */
         bool start_cmd;            /* --image --start-cmd */
         struct forkctl_volume volumes[24]; /* --volume HOST:GUEST[:MODE], repeatable */

@@ -89,6 +89,7 @@ struct snapshot_create_args {
         char image[PATH_MAX];
         int64_t boot_wait_secs;
         int64_t mem_mib;
+        int64_t vcpus;  /* 0: not given (forkd's default, 1) */
         bool rw;
         bool network;   /* "network": true */
         bool agent_tcp;
@@ -205,6 +206,7 @@ int rest_route_snapshots_create(RestRequest *req) {
                 { "start_cmd", JSON_KIND_BOOL, NULL, offsetof(struct snapshot_create_args, start_cmd), 0, 0 },
                 { "boot_wait_secs", JSON_KIND_INT64, NULL, offsetof(struct snapshot_create_args, boot_wait_secs), 0, 0 },
                 { "mem_mib", JSON_KIND_INT64, NULL, offsetof(struct snapshot_create_args, mem_mib), 0, JSON_NULLABLE },
+                { "vcpus", JSON_KIND_INT64, NULL, offsetof(struct snapshot_create_args, vcpus), 0, 0 },
                 /* accepted for compatibility; forkd has no rw switch here */
                 { "rw", JSON_KIND_BOOL, NULL, offsetof(struct snapshot_create_args, rw), 0, JSON_NULLABLE },
                 { "network", JSON_KIND_BOOL, NULL, offsetof(struct snapshot_create_args, network), 0, 0 },
@@ -244,6 +246,8 @@ int rest_route_snapshots_create(RestRequest *req) {
                 return rest_reply_error(req, 400, "boot_wait_secs must be between 1 and %d", BOOT_WAIT_MAX);
         if (ap->mem_mib < 0 || ap->mem_mib > 1024 * 1024)
                 return rest_reply_error(req, 400, "mem_mib out of range");
+        if (json_object_object_get_ex(o, "vcpus", NULL) && (ap->vcpus < 1 || ap->vcpus > SNAPSHOT_VCPUS_MAX))
+                return rest_reply_error(req, 400, "vcpus must be between 1 and %u", SNAPSHOT_VCPUS_MAX);
         if (ap->agent_tcp && !ap->network)
                 return rest_reply_error(req, 400, "agent_tcp needs network: true (the guest agent's TCP port is "
                                                   "reached through the NIC)");
@@ -311,6 +315,8 @@ int rest_route_snapshots_create(RestRequest *req) {
                 r = sd_bus_message_append(m, "{sv}", "agent_tcp", "b", 1);
         if (r >= 0 && ap->start_cmd)
                 r = sd_bus_message_append(m, "{sv}", "start_cmd", "b", 1);
+        if (r >= 0 && ap->vcpus > 0)
+                r = sd_bus_message_append(m, "{sv}", "vcpus", "u", (uint32_t) ap->vcpus);
         if (r >= 0 && ap->n_volumes > 0) {
                 r = sd_bus_message_open_container(m, 'e', "sv");
                 if (r >= 0)

@@ -206,8 +206,8 @@ int snapshot_meta_validate(const struct snapshot_meta *m, const char **ret_error
                 e = "mem_size is not a non-zero multiple of 2 MiB";
         else if (m->mem_size > SNAPSHOT_MEM_MAX)
                 e = "mem_size is larger than 3 GiB";
-        else if (m->vcpus != 1)
-                e = "vcpus must be 1";
+        else if (m->vcpus < 1 || m->vcpus > SNAPSHOT_VCPUS_MAX)
+                e = "vcpus must be 1..32";
         else if (!snapshot_file_name_is_valid(m->memory_file))
                 e = "memory_file is not a plain file name";
         else if (!snapshot_file_name_is_valid(m->vmstate_file))

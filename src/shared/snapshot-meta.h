@@ -10,7 +10,8 @@
  *   tag                  ^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$
  *   created_at_unix      integer seconds, >= 0
  *   mem_size             bytes, non-zero multiple of 2 MiB, <= 3 GiB
- *   vcpus                1
+ *   vcpus                1..SNAPSHOT_VCPUS_MAX (32): the VM's vCPUs, fixed when the
+ *                        snapshot is created; every fork and branch keeps it
  *   generation           unsigned integer
  *   memory_file          plain file name inside the snapshot directory
  *   vmstate_file         plain file name
@@ -57,6 +58,7 @@
 
 #define SNAPSHOT_META_FORMAT 1
 #define SNAPSHOT_TAG_MAX 64
+#define SNAPSHOT_VCPUS_MAX 32u
 #define SNAPSHOT_FILE_NAME_MAX 64
 #define SNAPSHOT_KERNEL_PATH_MAX 1024 /* buffer size, including the NUL */
 #define SNAPSHOT_HASH_LEN 64

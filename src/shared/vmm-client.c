@@ -115,8 +115,8 @@ static int spawn_with_fds(char *const argv[], const int *fds, unsigned n_fds, pi
 
 int vmm_client_boot(const struct vmm_boot_args *a, struct vmm_proc *ret) {
         int agent[2] = { -1, -1 }, ctl[2] = { -1, -1 };
-        char mem[32], vol[VMM_CLIENT_VOLUMES_MAX][320];
-        const char *argv[34 + VMM_CLIENT_VOLUMES_MAX];
+        char mem[32], vcpus[16], vol[VMM_CLIENT_VOLUMES_MAX][320];
+        const char *argv[36 + VMM_CLIENT_VOLUMES_MAX];
         int fds[3 + VMM_CLIENT_VOLUMES_MAX];
         unsigned n = 0, n_fds;
         pid_t pid = 0;
@@ -139,6 +139,11 @@ int vmm_client_boot(const struct vmm_boot_args *a, struct vmm_proc *ret) {
         if (a->mem_mib > 0) {
                 argv[n++] = "--mem-mib";
                 argv[n++] = mem;
+        }
+        if (a->vcpus > 1) {
+                snprintf(vcpus, sizeof(vcpus), "%u", a->vcpus);
+                argv[n++] = "--vcpus";
+                argv[n++] = vcpus;
         }
         argv[n++] = "--agent-fd=3";
         argv[n++] = "--control-fd=4";

@@ -39,6 +39,7 @@ struct vmm_boot_args {
         const char *kernel;
         const char *disk;
         uint64_t mem_mib;        /* 0: forkd-vmm's default, VMM_MEM_MIB_DEFAULT */
+        unsigned vcpus;          /* 0: forkd-vmm's default, 1 */
         const char *id;
         const char *console_log; /* may be NULL */
         const char *overlay_dir; /* may be NULL */

@@ -77,9 +77,15 @@ static void copy_catch_sigbus(int result_fd) {
 static void frozen_copy_detach(struct vmm *vmm, struct vmm_host *host, const char *name, bool close_kvm) {
         struct sigaction sa = { .sa_handler = SIG_DFL };
 
-        (void) munmap(vmm->run, vmm->run_size); /* holds the vCPU file too */
+        for (unsigned i = 0; i < vmm->n_vcpus; i++) {
+                (void) munmap(vmm->vcpus[i].run, vmm->run_size); /* holds the vCPU file too */
+                vmm->vcpus[i].run = NULL;
+                vmm->vcpus[i].fd = safe_close(vmm->vcpus[i].fd);
+                vmm->vcpus[i].tid = 0;
+                vmm->vcpus[i].thread_started = false; /* fork(2) copied no other thread */
+        }
         vmm->run = NULL;
-        vmm->vcpu_fd = safe_close(vmm->vcpu_fd);
+        vmm->vcpu_fd = -EBADF;
         vmm->vm_fd = safe_close(vmm->vm_fd);
         if (close_kvm)
                 vmm->kvm_fd = safe_close(vmm->kvm_fd);
@@ -208,7 +214,7 @@ static _Noreturn void frozen_template_main(struct vmm *vmm, struct vmm_host *hos
                 log_error("Fork of %s: the saved state does not decode: %s", vmm->id, err ?: strerror(-r));
                 _exit(1);
         }
-        snap->meta = (struct snapshot_meta) { .format = SNAPSHOT_META_FORMAT, .mem_size = vmm->mem_size, .vcpus = 1,
+        snap->meta = (struct snapshot_meta) { .format = SNAPSHOT_META_FORMAT, .mem_size = vmm->mem_size, .vcpus = vmm->n_vcpus,
                                               .generation = vmm->generation };
         snprintf(snap->meta.tag, sizeof(snap->meta.tag), "%s", vmm->id);
         snprintf(snap->meta.kernel, sizeof(snap->meta.kernel), "%s", host->kernel ?: "");

@@ -13,7 +13,8 @@ static inline void vmm_freep(struct vmm **v) {
 
 int vmm_create_vm(struct vmm *vmm);
 int vmm_set_memory(struct vmm *vmm, uint8_t *mem, uint64_t size);
-int vmm_create_vcpu(struct vmm *vmm);
+int vmm_create_vcpus(struct vmm *vmm, unsigned n);
+void vmm_cpuid_set_topology(struct kvm_cpuid2 *cpuid, unsigned apic_id, unsigned n);
 int vmm_setup_cpuid(struct vmm *vmm, struct kvm_cpuid2 *cpuid, uint32_t max_entries);
 
 struct mmio_dev *vmm_find_mmio(struct vmm *vmm, uint64_t addr, uint32_t len);

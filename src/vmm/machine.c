@@ -196,6 +196,8 @@ int machine_boot(int kvm_fd, const char *kernel, const char *disk, uint64_t mem_
                 return log_debug_errno(EINVAL, "Guest memory must be 16..3072 MiB in 2 MiB steps");
         if (cfg->n_volumes > VMM_VOLUMES_MAX)
                 return log_debug_errno(E2BIG, "At most %u volumes", VMM_VOLUMES_MAX);
+        if (cfg->vcpus > VMM_VCPUS_MAX)
+                return log_debug_errno(EINVAL, "At most %u vCPUs", VMM_VCPUS_MAX);
         if (cfg->net && !virtio_net_mac_is_valid(cfg->net->mac))
                 return log_debug_errno(EINVAL, "The NIC's MAC must be unicast and not all zeros");
 
@@ -231,7 +233,7 @@ int machine_boot(int kvm_fd, const char *kernel, const char *disk, uint64_t mem_
         }
         vmm->mem_owned = true;
 
-        r = vmm_create_vcpu(vmm);
+        r = vmm_create_vcpus(vmm, cfg->vcpus ?: 1);
         if (r < 0)
                 goto fail;
 
@@ -372,13 +374,16 @@ int machine_restore(int kvm_fd, const struct snapshot *snap, uint8_t *mem, const
         r = vmm_set_memory(vmm, mem, s->memory.mem_size);
         if (r < 0)
                 goto fail;
-        r = vmm_create_vcpu(vmm);
+        r = vmm_create_vcpus(vmm, s->n_vcpus);
         if (r < 0)
                 goto fail;
 
-        r = x86_vcpu_restore(vmm, &s->vcpus[0]);
-        if (r < 0)
-                goto fail;
+        /* Every vCPU, the BSP's and the APs' MP state included, before the VM-wide state. */
+        for (unsigned i = 0; i < s->n_vcpus; i++) {
+                r = x86_vcpu_restore(vmm, i, &s->vcpus[i]);
+                if (r < 0)
+                        goto fail;
+        }
         r = x86_vm_restore(vmm, s);
         if (r < 0)
                 goto fail;
@@ -420,7 +425,8 @@ int machine_restore(int kvm_fd, const struct snapshot *snap, uint8_t *mem, const
                 goto fail;
 
         /* Tell a kvmclock-aware guest that it was paused; harmless otherwise. */
-        (void) ioctl(vmm->vcpu_fd, KVM_KVMCLOCK_CTRL, 0);
+        for (unsigned i = 0; i < vmm->n_vcpus; i++)
+                (void) ioctl(vmm->vcpus[i].fd, KVM_KVMCLOCK_CTRL, 0);
 
         /* The vCPU's CPUID travels with every generation of snapshots. */
         vmm->cpuid = calloc(1, sizeof(struct kvm_cpuid2) + CPUID_MAX_ENTRIES * sizeof(struct kvm_cpuid_entry2));

@@ -53,6 +53,8 @@ struct machine_config {
         /* The devices' counters: a page shared with forkd (vmm-stats.h, set up
          * by the caller), or NULL for the VMM's own. */
         struct vmm_stats *stats;
+        /* boot: the vCPUs, 1..VMM_VCPUS_MAX (0: 1). restore: ignored, the snapshot's. */
+        unsigned vcpus;
 };
 
 #define MACHINE_LINUX_CMDLINE VMM_LINUX_CMDLINE_DEFAULT

@@ -27,6 +27,7 @@ static const char *arg_initrd, *arg_cmdline;
 static const char *arg_kernel, *arg_disk, *arg_snapshot, *arg_console_log, *arg_agent_socket,
         *arg_control_socket, *arg_overlay_dir, *arg_id = "vm", *arg_tag;
 static uint64_t arg_mem_mib = VMM_MEM_MIB_DEFAULT;
+static unsigned arg_vcpus = 1;
 static int arg_agent_fd = -1, arg_control_fd = -1, arg_net_tap_fd = -1;
 static uint8_t arg_net_mac[VIRTIO_NET_MAC_LEN] = VIRTIO_NET_MAC_DEFAULT;
 static bool arg_net_mac_set;
@@ -54,6 +55,8 @@ static void help(void) {
                "\n"
                "Options:\n"
                "  --mem-mib N           guest RAM in MiB, 16..3072, even (boot; default %u)\n"
+               "  --vcpus N             vCPUs, 1..32 (boot; default 1); restore and template take\n"
+               "                        the snapshot's\n"
                "  --initrd PATH         initramfs for a Linux guest (default: where Debian puts it,\n"
                "                        beside the kernel: vmlinuz[-V] -> initrd.img[-V], if present)\n"
                "  --cmdline TEXT        kernel command line for a Linux guest (default\n"
@@ -144,7 +147,7 @@ static int parse_volume(char *s, bool is_fd, struct arg_volume *ret) {
 static int parse_argv(int argc, char *argv[]) {
         enum { ARG_KERNEL = 0x100, ARG_DISK, ARG_SNAPSHOT, ARG_MEM, ARG_ID, ARG_CONSOLE, ARG_ASOCK, ARG_AFD,
                ARG_CSOCK, ARG_CFD, ARG_OVERLAY, ARG_VERSION, ARG_INITRD, ARG_CMDLINE, ARG_TAG,
-               ARG_CONFINE, ARG_JAIL_BIND, ARG_NET_TAP_FD, ARG_NET_MAC, ARG_VOLUME, ARG_VOLUME_FD };
+               ARG_CONFINE, ARG_JAIL_BIND, ARG_NET_TAP_FD, ARG_NET_MAC, ARG_VOLUME, ARG_VOLUME_FD, ARG_VCPUS };
         static const struct option opts[] = {
                 { "kernel", required_argument, NULL, ARG_KERNEL },
                 { "disk", required_argument, NULL, ARG_DISK },
@@ -152,6 +155,7 @@ static int parse_argv(int argc, char *argv[]) {
                 { "cmdline", required_argument, NULL, ARG_CMDLINE },
                 { "snapshot", required_argument, NULL, ARG_SNAPSHOT },
                 { "mem-mib", required_argument, NULL, ARG_MEM },
+                { "vcpus", required_argument, NULL, ARG_VCPUS },
                 { "id", required_argument, NULL, ARG_ID },
                 { "console-log", required_argument, NULL, ARG_CONSOLE },
                 { "agent-socket", required_argument, NULL, ARG_ASOCK },
@@ -204,6 +208,15 @@ static int parse_argv(int argc, char *argv[]) {
                         if (errno || *end || end == optarg || v < 16 || v > 3072 || v % 2)
                                 return log_error_errno(EINVAL, "--mem-mib must be an even number from 16 to 3072");
                         arg_mem_mib = v;
+                        break;
+                }
+                case ARG_VCPUS: {
+                        char *end;
+                        errno = 0;
+                        unsigned long v = strtoul(optarg, &end, 10);
+                        if (errno || *end || end == optarg || optarg[0] == '-' || v < 1 || v > VMM_VCPUS_MAX)
+                                return log_error_errno(EINVAL, "--vcpus must be a number from 1 to %u", VMM_VCPUS_MAX);
+                        arg_vcpus = (unsigned) v;
                         break;
                 }
                 case ARG_ID:
@@ -416,7 +429,8 @@ static int boot_volumes(struct machine_volume *vols, struct snapshot_volume *met
 /* cmd_boot() and cmd_restore() return the process's exit status. */
 static int cmd_boot(int kvm_fd) {
         struct machine_config cfg = { .id = arg_id, .console_log = arg_console_log, .overlay_dir = arg_overlay_dir,
-                                      .agent_fd = arg_agent_fd, .initrd = arg_initrd, .cmdline = arg_cmdline };
+                                      .agent_fd = arg_agent_fd, .initrd = arg_initrd, .cmdline = arg_cmdline,
+                                      .vcpus = arg_vcpus };
         struct machine_net net = { .tap_fd = arg_net_tap_fd };
         struct vmm *vmm = NULL;
         int r;

@@ -1,12 +1,15 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
- * The run loop: KVM_RUN in the main thread, exits dispatched to the buses,
- * host fds serviced between runs. A host fd that becomes ready raises SIGIO
- * (O_ASYNC), whose handler sets immediate_exit so a vCPU sleeping in a halted
- * guest comes back to us at once.
+ * The run loop: vCPU 0's KVM_RUN in the main thread, exits dispatched to the
+ * buses, host fds serviced between runs. A host fd that becomes ready raises
+ * SIGIO (O_ASYNC), whose handler sets immediate_exit so a vCPU sleeping in a
+ * halted guest comes back to us at once. The other vCPUs run in threads of
+ * their own (vcpu_thread()); device emulation is serialised by vmm->dev_lock
+ * (see vmm.h).
  */
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
@@ -30,30 +33,36 @@
 #define CONTROL_MSG_MAX (64u << 10)
 #define CONTROL_FDS_MAX 4u
 
-static struct kvm_run *volatile current_run;
+/* The kvm_run of the vCPU the calling thread runs, if it runs one. */
+static __thread struct kvm_run *volatile current_run;
 static volatile sig_atomic_t got_term;
-static volatile pid_t vcpu_tid;
+static volatile pid_t vcpu_tid; /* the main thread, vCPU 0's */
 
 /* KVM may add its own worker threads to our thread group (for instance the
  * NX huge page recovery task); a process-directed signal can land there and
- * would then not interrupt KVM_RUN. SIGIO is aimed at the vCPU thread
- * (F_OWNER_TID); other signals are passed on to it. */
-static void kick_vcpu(int sig) {
+ * would then not interrupt KVM_RUN. SIGIO is aimed at the main thread
+ * (F_OWNER_TID) or at an AP's thread (a kick); other signals, and SIGIO that
+ * lands on a thread that runs no vCPU, are passed on to the main thread. */
+static void kick_vcpu(int sig, bool to_main) {
         struct kvm_run *run = current_run;
 
         if (run)
                 run->immediate_exit = 1;
-        if (vcpu_tid > 0 && gettid() != vcpu_tid)
+        if ((to_main || !run) && vcpu_tid > 0 && gettid() != vcpu_tid)
                 (void) tgkill(getpid(), vcpu_tid, sig);
 }
 
+pid_t vmm_event_tid(void) {
+        return vcpu_tid > 0 ? vcpu_tid : gettid();
+}
+
 static void on_sigio(int sig) {
-        kick_vcpu(sig);
+        kick_vcpu(sig, false);
 }
 
 static void on_term(int sig) {
         got_term = 1;
-        kick_vcpu(sig);
+        kick_vcpu(sig, true);
 }
 
 int vmm_install_signals(void) {
@@ -111,13 +120,63 @@ static void control_error(struct vmm_host *host, const char *msg) {
         json_object_put(o);
 }
 
-/* Complete any in-flight PIO/MMIO so that the register state is consistent. */
-int vcpu_quiesce(struct vmm *vmm) {
-        vmm->run->immediate_exit = 1;
-        if (ioctl(vmm->vcpu_fd, KVM_RUN, 0) < 0 && errno != EINTR)
+static int quiesce_one(struct vmm_vcpu *c) {
+        c->run->immediate_exit = 1;
+        if (ioctl(c->fd, KVM_RUN, 0) < 0 && errno != EINTR)
                 return -errno;
-        vmm->run->immediate_exit = 0;
+        c->run->immediate_exit = 0;
         return 0;
+}
+
+/* Complete any in-flight PIO/MMIO so that the register state is consistent.
+ * The APs do it for themselves before they park (vcpu_park()). */
+int vcpu_quiesce(struct vmm *vmm) {
+        return quiesce_one(&vmm->vcpus[0]);
+}
+
+/* Whether the AP threads run: not before vmm_run() starts them, and not in a
+ * frozen copy (fork(2) copies no threads). */
+static bool aps_running(struct vmm *vmm) {
+        return vmm->n_vcpus > 1 && vmm->vcpus[1].thread_started;
+}
+
+void vmm_vcpus_stop(struct vmm *vmm) {
+        unsigned n_aps = 0;
+
+        if (!aps_running(vmm))
+                return;
+        pthread_mutex_lock(&vmm->vcpu_lock);
+        vmm->vcpus_hold++;
+        for (unsigned i = 1; i < vmm->n_vcpus; i++) {
+                struct vmm_vcpu *c = &vmm->vcpus[i];
+
+                if (!c->thread_started)
+                        continue;
+                n_aps++;
+                c->run->immediate_exit = 1;
+                if (c->tid > 0)
+                        (void) tgkill(getpid(), c->tid, SIGIO);
+        }
+        /* The caller (main thread, servicing the host) holds the device lock,
+         * which an AP may wait for to finish an exit before it parks. */
+        pthread_mutex_unlock(&vmm->dev_lock);
+        /* An AP that stops the VM (vmm_request_stop() broadcasts) leaves its loop
+         * instead of parking: then the VM is going down and nothing waits for it. */
+        while (vmm->n_parked < n_aps && vmm->stop == VMM_RUNNING)
+                pthread_cond_wait(&vmm->vcpu_cond, &vmm->vcpu_lock);
+        pthread_mutex_unlock(&vmm->vcpu_lock);
+        pthread_mutex_lock(&vmm->dev_lock);
+}
+
+void vmm_vcpus_resume(struct vmm *vmm) {
+        if (!aps_running(vmm))
+                return;
+        pthread_mutex_lock(&vmm->vcpu_lock);
+        if (vmm->vcpus_hold > 0)
+                vmm->vcpus_hold--;
+        if (vmm->vcpus_hold == 0)
+                pthread_cond_broadcast(&vmm->vcpu_cond);
+        pthread_mutex_unlock(&vmm->vcpu_lock);
 }
 
 /* The NIC in a status reply: MAC, link, counters. */
@@ -169,8 +228,13 @@ static void control_handle(struct vmm *vmm, struct vmm_host *host, const char *b
                 if (vmm->net)
                         json_object_object_add(reply, "net", net_status(vmm->net));
         } else if (strcmp(op, "pause") == 0) {
+                /* vCPU 0 stays out of KVM_RUN while paused; the APs are held. */
+                if (!host->paused)
+                        vmm_vcpus_stop(vmm);
                 host->paused = true;
         } else if (strcmp(op, "resume") == 0) {
+                if (host->paused)
+                        vmm_vcpus_resume(vmm);
                 host->paused = false;
         } else if (strcmp(op, "set_limits") == 0) {
                 char msg[FORK_OPTION_ERROR_MAX];
@@ -204,9 +268,11 @@ static void control_handle(struct vmm *vmm, struct vmm_host *host, const char *b
                         control_error(host, "snapshot \"tag\" must match ^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$");
                         goto out;
                 }
+                vmm_vcpus_stop(vmm);
                 r = vcpu_quiesce(vmm);
                 if (r >= 0)
                         r = snapshot_write(vmm, dir, tag, host->kernel);
+                vmm_vcpus_resume(vmm);
                 if (r < 0) {
                         char msg[256];
                         json_object_put(reply);
@@ -218,10 +284,14 @@ static void control_handle(struct vmm *vmm, struct vmm_host *host, const char *b
         } else if (strcmp(op, "branch") == 0 || strcmp(op, "fork") == 0) {
                 char msg[256] = "";
 
+                /* Every vCPU out of KVM_RUN while the state is saved; the APs run
+                 * again once the copy is forked (in the copy they do not exist). */
+                vmm_vcpus_stop(vmm);
                 if (strcmp(op, "branch") == 0)
                         r = vmm_branch(vmm, host, req, fd, reply, msg, sizeof(msg));
                 else
                         r = vmm_fork_template(vmm, host, req, fd, reply, msg, sizeof(msg));
+                vmm_vcpus_resume(vmm);
                 if (r < 0) {
                         json_object_put(reply);
                         control_error(host, msg[0] ? msg : strerror(-r));
@@ -372,8 +442,7 @@ process:
         vmm_limits_service(vmm);
 }
 
-static int handle_io(struct vmm *vmm) {
-        struct kvm_run *run = vmm->run;
+static int handle_io(struct vmm *vmm, struct kvm_run *run) {
         uint8_t *data = (uint8_t *) run + run->io.data_offset;
         uint32_t sz = run->io.size;
 
@@ -398,8 +467,7 @@ static int handle_io(struct vmm *vmm) {
         return 0;
 }
 
-static int handle_mmio(struct vmm *vmm) {
-        struct kvm_run *run = vmm->run;
+static int handle_mmio(struct vmm *vmm, struct kvm_run *run) {
         uint32_t len = run->mmio.len;
         struct mmio_dev *d;
 
@@ -416,6 +484,132 @@ static int handle_mmio(struct vmm *vmm) {
         else
                 d->read(vmm, d, run->mmio.phys_addr - d->base, run->mmio.data, len);
         return 0;
+}
+
+/* Dispatch one exit of vCPU c, with vmm->dev_lock held. */
+static void handle_exit(struct vmm *vmm, struct vmm_vcpu *c) {
+        struct kvm_run *run = c->run;
+        int r;
+
+        switch (run->exit_reason) {
+        case KVM_EXIT_IO:
+                r = handle_io(vmm, run);
+                break;
+        case KVM_EXIT_MMIO:
+                r = handle_mmio(vmm, run);
+                break;
+        case KVM_EXIT_HLT:
+                /* With the in-kernel irqchip KVM handles HLT; a guest that
+                 * halts with interrupts off is dead. */
+                log_warning("%s: guest halted with no way to wake up (vCPU %u)", vmm->id, c->index);
+                vmm_request_stop(vmm, VMM_STOP_HALTED);
+                r = 0;
+                break;
+        case KVM_EXIT_SHUTDOWN:
+                log_warning("%s: guest triple-faulted (vCPU %u)", vmm->id, c->index);
+                vmm_request_stop(vmm, VMM_STOP_SHUTDOWN);
+                r = 0;
+                break;
+        case KVM_EXIT_SYSTEM_EVENT:
+                vmm_request_stop(vmm, VMM_STOP_RESET);
+                r = 0;
+                break;
+        case KVM_EXIT_INTR:
+                r = 0;
+                break;
+        case KVM_EXIT_FAIL_ENTRY:
+                log_error("%s: KVM entry failed, reason 0x%llx", vmm->id,
+                          (unsigned long long) run->fail_entry.hardware_entry_failure_reason);
+                vmm_request_stop(vmm, VMM_STOP_ERROR);
+                r = 0;
+                break;
+        case KVM_EXIT_INTERNAL_ERROR:
+                log_error("%s: KVM internal error, suberror %u", vmm->id, run->internal.suberror);
+                vmm_request_stop(vmm, VMM_STOP_ERROR);
+                r = 0;
+                break;
+        default:
+                log_error("%s: unhandled exit reason %u", vmm->id, run->exit_reason);
+                vmm_request_stop(vmm, VMM_STOP_ERROR);
+                r = 0;
+        }
+        if (r < 0) {
+                log_error_errno(r, "%s: bad exit data from KVM: %m", vmm->id);
+                vmm_request_stop(vmm, VMM_STOP_ERROR);
+        }
+}
+
+/* An AP's thread: KVM_RUN until the VM stops, parked while vmm_vcpus_stop()
+ * holds the APs. */
+static void *vcpu_thread(void *userdata) {
+        struct vmm_vcpu *c = userdata;
+        struct vmm *vmm = c->vmm;
+
+        current_run = c->run;
+        c->tid = gettid();
+        for (;;) {
+                bool stop;
+
+                pthread_mutex_lock(&vmm->vcpu_lock);
+                if (vmm->vcpus_hold > 0 && vmm->stop == VMM_RUNNING) {
+                        /* Complete an in-flight PIO/MMIO: the saved registers must be whole. */
+                        (void) quiesce_one(c);
+                        c->parked = true;
+                        vmm->n_parked++;
+                        pthread_cond_broadcast(&vmm->vcpu_cond);
+                        while (vmm->vcpus_hold > 0 && vmm->stop == VMM_RUNNING)
+                                pthread_cond_wait(&vmm->vcpu_cond, &vmm->vcpu_lock);
+                        c->parked = false;
+                        vmm->n_parked--;
+                }
+                stop = vmm->stop != VMM_RUNNING;
+                pthread_mutex_unlock(&vmm->vcpu_lock);
+                if (stop)
+                        break;
+
+                if (ioctl(c->fd, KVM_RUN, 0) < 0) {
+                        if (errno == EINTR || errno == EAGAIN) {
+                                /* A kick; what it asked for is checked above, under the lock. */
+                                c->run->immediate_exit = 0;
+                                continue;
+                        }
+                        log_error_errno(errno, "KVM_RUN of vCPU %u failed: %m", c->index);
+                        pthread_mutex_lock(&vmm->dev_lock);
+                        vmm_request_stop(vmm, VMM_STOP_ERROR);
+                        pthread_mutex_unlock(&vmm->dev_lock);
+                        break;
+                }
+                pthread_mutex_lock(&vmm->dev_lock);
+                handle_exit(vmm, c);
+                pthread_mutex_unlock(&vmm->dev_lock);
+        }
+        current_run = NULL;
+        return NULL;
+}
+
+static int start_aps(struct vmm *vmm) {
+        for (unsigned i = 1; i < vmm->n_vcpus; i++) {
+                struct vmm_vcpu *c = &vmm->vcpus[i];
+                int r;
+
+                r = pthread_create(&c->thread, NULL, vcpu_thread, c);
+                if (r != 0)
+                        return log_error_errno(r, "Failed to start the thread of vCPU %u: %m", i);
+                c->thread_started = true;
+        }
+        return 0;
+}
+
+static void join_aps(struct vmm *vmm) {
+        for (unsigned i = 1; i < vmm->n_vcpus; i++) {
+                struct vmm_vcpu *c = &vmm->vcpus[i];
+
+                if (!c->thread_started)
+                        continue;
+                (void) pthread_join(c->thread, NULL);
+                c->thread_started = false;
+                c->tid = 0;
+        }
 }
 
 int vmm_run(struct vmm *vmm, struct vmm_host *host) {
@@ -435,14 +629,24 @@ int vmm_run(struct vmm *vmm, struct vmm_host *host) {
                 return log_error_errno(r, "Failed to set up host fds: %m");
 
         current_run = run;
+        vmm->vcpus[0].tid = vcpu_tid;
+        /* The APs' threads: here, so that a template's child starts its own after fork(2). */
+        r = start_aps(vmm);
+        if (r < 0)
+                vmm_request_stop(vmm, VMM_STOP_ERROR);
         while (vmm->stop == VMM_RUNNING) {
+                bool stop;
+
                 /* Clear before servicing: a SIGIO arriving after the poll below
                  * makes the next KVM_RUN return at once instead of being lost. */
                 run->immediate_exit = 0;
+                pthread_mutex_lock(&vmm->dev_lock);
                 service_host(vmm, host, host->paused ? 1000 : 0);
                 if (got_term)
                         vmm_request_stop(vmm, VMM_STOP_SIGNAL);
-                if (vmm->stop != VMM_RUNNING)
+                stop = vmm->stop != VMM_RUNNING;
+                pthread_mutex_unlock(&vmm->dev_lock);
+                if (stop)
                         break;
                 if (host->paused)
                         continue;
@@ -451,57 +655,19 @@ int vmm_run(struct vmm *vmm, struct vmm_host *host) {
                         if (errno == EINTR || errno == EAGAIN)
                                 continue;
                         r = log_error_errno(errno, "KVM_RUN failed: %m");
+                        pthread_mutex_lock(&vmm->dev_lock);
                         vmm_request_stop(vmm, VMM_STOP_ERROR);
+                        pthread_mutex_unlock(&vmm->dev_lock);
                         break;
                 }
 
-                switch (run->exit_reason) {
-                case KVM_EXIT_IO:
-                        r = handle_io(vmm);
-                        break;
-                case KVM_EXIT_MMIO:
-                        r = handle_mmio(vmm);
-                        break;
-                case KVM_EXIT_HLT:
-                        /* With the in-kernel irqchip KVM handles HLT; a guest that
-                         * halts with interrupts off is dead. */
-                        log_warning("%s: guest halted with no way to wake up", vmm->id);
-                        vmm_request_stop(vmm, VMM_STOP_HALTED);
-                        r = 0;
-                        break;
-                case KVM_EXIT_SHUTDOWN:
-                        log_warning("%s: guest triple-faulted", vmm->id);
-                        vmm_request_stop(vmm, VMM_STOP_SHUTDOWN);
-                        r = 0;
-                        break;
-                case KVM_EXIT_SYSTEM_EVENT:
-                        vmm_request_stop(vmm, VMM_STOP_RESET);
-                        r = 0;
-                        break;
-                case KVM_EXIT_INTR:
-                        r = 0;
-                        break;
-                case KVM_EXIT_FAIL_ENTRY:
-                        log_error("%s: KVM entry failed, reason 0x%llx", vmm->id,
-                                  (unsigned long long) run->fail_entry.hardware_entry_failure_reason);
-                        vmm_request_stop(vmm, VMM_STOP_ERROR);
-                        r = 0;
-                        break;
-                case KVM_EXIT_INTERNAL_ERROR:
-                        log_error("%s: KVM internal error, suberror %u", vmm->id, run->internal.suberror);
-                        vmm_request_stop(vmm, VMM_STOP_ERROR);
-                        r = 0;
-                        break;
-                default:
-                        log_error("%s: unhandled exit reason %u", vmm->id, run->exit_reason);
-                        vmm_request_stop(vmm, VMM_STOP_ERROR);
-                        r = 0;
-                }
-                if (r < 0) {
-                        log_error_errno(r, "%s: bad exit data from KVM: %m", vmm->id);
-                        vmm_request_stop(vmm, VMM_STOP_ERROR);
-                }
+                pthread_mutex_lock(&vmm->dev_lock);
+                handle_exit(vmm, &vmm->vcpus[0]);
+                pthread_mutex_unlock(&vmm->dev_lock);
         }
+        /* vmm_request_stop() kicked the APs and woke the parked ones. */
+        join_aps(vmm);
+        vmm->vcpus[0].tid = 0;
         current_run = NULL;
         serial_flush(vmm->serial);
 

@@ -15,6 +15,9 @@ struct vmm_host {
 };
 
 int vmm_install_signals(void);
+/* The thread that handles host events (the main one, vCPU 0's): where a signal
+ * that asks for them must go (a SIGIO on an AP's thread only kicks that AP). */
+pid_t vmm_event_tid(void);
 
 /* Complete any in-flight PIO/MMIO exit (KVM_RUN with immediate_exit), so
  * that the saved register state is consistent. */

@@ -159,12 +159,15 @@ static int collect_state(struct vmm *vmm, struct vmstate *s) {
         s->memory.mem_size = vmm->mem_size;
         s->memory.tsc_khz = vmm->tsc_khz;
         s->memory.generation = vmm->generation;
-        s->n_vcpus = 1;
+        s->n_vcpus = vmm->n_vcpus;
 
-        /* MP state is read first inside x86_vcpu_save, as Firecracker does. */
-        r = x86_vcpu_save(vmm, vmm->cpuid, &s->vcpus[0]);
-        if (r < 0)
-                return r;
+        /* MP state is read first inside x86_vcpu_save, as Firecracker does.
+         * The caller stopped every vCPU (vmm_vcpus_stop()). */
+        for (unsigned i = 0; i < vmm->n_vcpus; i++) {
+                r = x86_vcpu_save(vmm, i, vmm->cpuid, &s->vcpus[i]);
+                if (r < 0)
+                        return r;
+        }
         r = x86_vm_save(vmm, s);
         if (r < 0)
                 return r;
@@ -366,7 +369,7 @@ int snapshot_write_collected(struct vmm *vmm, const char *dir, const char *tag, 
         }
         meta.created_at_unix = (int64_t) time(NULL);
         meta.mem_size = vmm->mem_size;
-        meta.vcpus = 1;
+        meta.vcpus = vmm->n_vcpus;
         meta.generation = vmm->generation;
         snprintf(meta.memory_file, sizeof(meta.memory_file), "%s", SNAPSHOT_MEMORY_FILE);
         snprintf(meta.vmstate_file, sizeof(meta.vmstate_file), "%s", SNAPSHOT_VMSTATE_FILE);

@@ -10,6 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "run.h"
 #include "vmm-limits.h"
 #include "ratelimit.h"
 #include "time-util.h"
@@ -109,7 +110,7 @@ static void arm_timer(struct vmm_limits *l, uint64_t due) {
         if (l->timer_pid != getpid()) {
                 struct sigevent sev = { .sigev_notify = SIGEV_THREAD_ID, .sigev_signo = SIGIO };
 
-                sev._sigev_un._tid = gettid();
+                sev._sigev_un._tid = vmm_event_tid(); /* not an AP's: it must run the queues */
                 if (timer_create(CLOCK_MONOTONIC, &sev, &l->timer) < 0) {
                         log_debug_errno(errno, "Failed to create the rate limit timer, polling instead: %m");
                         return;

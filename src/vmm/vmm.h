@@ -2,16 +2,28 @@
 #pragma once
 
 /*
- * forkd-vmm core: one process per microVM, one vCPU, single-threaded.
+ * forkd-vmm core: one process per microVM, 1..VMM_VCPUS_MAX vCPUs.
  *
- * The vCPU runs in the main thread. Host-side events (agent channel data,
- * control requests, frames on the NIC's tap) arrive as SIGIO on O_ASYNC fds; the signal handler sets
- * kvm_run->immediate_exit so KVM_RUN returns -EINTR, the loop polls the fds,
- * then re-enters the guest. Device emulation therefore never races with the
- * vCPU and needs no locks.
+ * vCPU 0 (the BSP) runs in the main thread, which also services the host:
+ * host-side events (agent channel data, control requests, frames on the NIC's
+ * tap) arrive as SIGIO on O_ASYNC fds aimed at the main thread; the signal
+ * handler sets vCPU 0's kvm_run->immediate_exit so KVM_RUN returns -EINTR,
+ * the loop polls the fds, then re-enters the guest.
+ *
+ * Each further vCPU (an AP) runs KVM_RUN in a thread of its own, created
+ * when the guest first runs (after fork(2) in a template's child). Device
+ * emulation is serialised by one lock, vmm->dev_lock: every MMIO/PIO exit of
+ * any vCPU and every servicing of host fds by the main thread hold it, so
+ * device code still never races with itself and needs no locks of its own.
+ * Whatever needs vCPU state (snapshot, branch, fork of a running VM, pause,
+ * compact) first stops every AP out of KVM_RUN (vmm_vcpus_stop(): each AP's
+ * immediate_exit plus SIGIO to its thread, then a wait until all are parked)
+ * and lets them run again after (vmm_vcpus_resume()). With one vCPU there are
+ * no threads and both are no-ops.
  */
 
 #include <linux/kvm.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -24,6 +36,7 @@
 #define VMM_MAX_PIO_DEVS 8
 #define VMM_MEM_MIN (16ull << 20)
 #define VMM_MEM_MAX (3072ull << 20)
+#define VMM_VCPUS_MAX 32
 
 struct vmm;
 
@@ -56,12 +69,32 @@ enum vmm_stop_reason {
         VMM_STOP_ERROR,     /* internal error or unhandled exit */
 };
 
+/* One vCPU. vCPU 0 runs in the main thread; the others in threads of their own. */
+struct vmm_vcpu {
+        struct vmm *vmm;
+        unsigned index;        /* also its APIC id */
+        int fd;
+        struct kvm_run *run;
+        pthread_t thread;
+        bool thread_started;
+        volatile pid_t tid;    /* its thread, once it runs */
+        bool parked;           /* out of KVM_RUN, waiting (under vmm->vcpu_lock) */
+};
+
 struct vmm {
         int kvm_fd;
         int vm_fd;
-        int vcpu_fd;
-        struct kvm_run *run;
+        int vcpu_fd;           /* vCPU 0's: vcpus[0].fd */
+        struct kvm_run *run;   /* vCPU 0's: vcpus[0].run */
         size_t run_size;
+
+        unsigned n_vcpus;
+        struct vmm_vcpu vcpus[VMM_VCPUS_MAX];
+        pthread_mutex_t dev_lock;   /* device emulation, see the top of this file */
+        pthread_mutex_t vcpu_lock;  /* the fields below and each vCPU's parked */
+        pthread_cond_t vcpu_cond;
+        unsigned vcpus_hold;        /* > 0: APs stay out of KVM_RUN (vmm_vcpus_stop() nests) */
+        unsigned n_parked;
 
         uint8_t *mem;          /* guest RAM, GPA 0 .. mem_size */
         uint64_t mem_size;
@@ -116,5 +149,15 @@ int vmm_register_pio(struct vmm *vmm, struct pio_dev *dev);
 /* Raise an edge on an IOAPIC pin. */
 int vmm_irq_pulse(struct vmm *vmm, uint32_t gsi);
 
-/* Ask the run loop to stop with the given reason (callable from device code). */
+/* Ask the run loop to stop with the given reason (callable from device code,
+ * on any vCPU's thread). */
 void vmm_request_stop(struct vmm *vmm, enum vmm_stop_reason reason);
+
+/* Bring every AP out of KVM_RUN and keep it out (returns once all are
+ * parked, each with its in-flight PIO/MMIO completed), and let them run
+ * again; calls nest. Main thread only, with vmm->dev_lock held (it is
+ * dropped while waiting, so that an AP can finish the exit it handles);
+ * no-ops with one vCPU or without AP threads (before vmm_run(), in a frozen
+ * copy). */
+void vmm_vcpus_stop(struct vmm *vmm);
+void vmm_vcpus_resume(struct vmm *vmm);

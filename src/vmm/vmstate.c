@@ -11,6 +11,7 @@
 
 #include "crc32c.h"
 #include "macro.h"
+#include "io-util.h"
 #include "vmstate.h"
 
 #define SECTION_HEADER_SIZE 16
@@ -279,6 +280,7 @@ static uint64_t section_rank(enum vmstate_section type, uint32_t index) {
 
 struct decoder {
         struct vmstate *s;
+        uint32_t version;
         bool seen_vcpu[VMSTATE_MAX_VCPUS][_VMSTATE_SEC_MAX];
         bool seen_vm[_VMSTATE_SEC_MAX];
         bool seen_dev[VMSTATE_MAX_DEVS];
@@ -447,6 +449,10 @@ static int decode_check_complete(const struct decoder *d, const char **ret_error
                         if (d->seen_vcpu[i][t])
                                 n_vcpus = i + 1;
         n_vcpus = MAX(n_vcpus, 1u);
+        if (d->version < 2 && n_vcpus > 1) {
+                set_error(ret_error, "a version 1 vmstate has exactly one vCPU");
+                return -EBADMSG;
+        }
 
         for (uint32_t i = 0; i < n_vcpus; i++)
                 for (int t = VMSTATE_SEC_MEMORY; t < _VMSTATE_SEC_MAX; t++)
@@ -492,8 +498,8 @@ int vmstate_decode(const void *buf, size_t len, struct vmstate *ret, const char 
                 set_error(ret_error, "CRC mismatch in header");
                 return -EBADMSG;
         }
-        if (get_le32(h + 8) != VMSTATE_VERSION) {
-                set_error(ret_error, "unsupported vmstate version (expected 1)");
+        if (get_le32(h + 8) < VMSTATE_VERSION_MIN || get_le32(h + 8) > VMSTATE_VERSION) {
+                set_error(ret_error, "unsupported vmstate version (expected 1 or 2)");
                 return -EPROTONOSUPPORT;
         }
         if (get_le32(h + 12) != 0) {
@@ -522,6 +528,7 @@ int vmstate_decode(const void *buf, size_t len, struct vmstate *ret, const char 
         if (!d || !s)
                 return -ENOMEM;
         d->s = s;
+        d->version = get_le32(h + 8);
 
         for (off = 0; off < payload_len;) {
                 uint32_t type, index, slen;
@@ -577,7 +584,7 @@ int vmstate_decode(const void *buf, size_t len, struct vmstate *ret, const char 
 int vmstate_write_file(const char *path, const struct vmstate *s) {
         _cleanup_free_ void *buf = NULL;
         _cleanup_close_ int fd = -EBADF;
-        size_t len, done = 0;
+        size_t len;
         int r;
 
         r = vmstate_encode(s, &buf, &len);
@@ -588,17 +595,9 @@ int vmstate_write_file(const char *path, const struct vmstate *s) {
         if (fd < 0)
                 return negative_errno();
 
-        while (done < len) {
-                ssize_t k = write(fd, (const uint8_t *) buf + done, len - done);
-                if (k < 0) {
-                        if (errno == EINTR)
-                                continue;
-                        return negative_errno();
-                }
-                if (k == 0)
-                        return -EIO;
-                done += (size_t) k;
-        }
+        r = loop_write(fd, buf, len);
+        if (r < 0)
+                return r;
 
         if (fsync(fd) < 0)
                 return negative_errno();

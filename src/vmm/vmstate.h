@@ -9,7 +9,9 @@
  *
  *   header (32 bytes)
  *     u8[8]  magic        "FKVMSTAT"
- *     u32    version      VMSTATE_VERSION
+ *     u32    version      VMSTATE_VERSION (2); version 1 files, written
+ *                         before snapshots had several vCPUs, are still read:
+ *                         they have the same layout and exactly one vCPU
  *     u32    flags        0 (reserved; non-zero is refused)
  *     u64    payload_len  bytes that follow the header
  *     u32    payload_crc  CRC-32C of the payload
@@ -39,7 +41,7 @@
  *     the u32 pad after a count or device kind is 0; padding bytes are 0;
  *   - every section except DEVICE is mandatory; vCPU sections carry the vCPU
  *     index (< VMSTATE_MAX_VCPUS, numbered from 0 without gaps, at least one
- *     vCPU), VM-wide sections index 0, DEVICE sections slots 0, 1, 2, ...
+ *     vCPU; exactly one in a version 1 file), VM-wide sections index 0, DEVICE sections slots 0, 1, 2, ...
  *     without gaps (index < VMSTATE_MAX_DEVS);
  *   - order is strictly MEMORY; per vCPU in index order the vCPU sections in
  *     enum order; PIT, CLOCK, PIC_MASTER, PIC_SLAVE, IOAPIC; devices by slot;
@@ -56,9 +58,10 @@
 #include <stdint.h>
 
 #define VMSTATE_MAGIC "FKVMSTAT"
-#define VMSTATE_VERSION 1
+#define VMSTATE_VERSION 2
+#define VMSTATE_VERSION_MIN 1 /* version 1: one vCPU only, otherwise the same layout */
 #define VMSTATE_HEADER_SIZE 32
-#define VMSTATE_MAX_VCPUS 1
+#define VMSTATE_MAX_VCPUS 32
 #define VMSTATE_MAX_MSRS 64
 #define VMSTATE_MAX_CPUID 96
 #define VMSTATE_MAX_DEVS 32

@@ -25,6 +25,8 @@ _spec.loader.exec_module(tf)
 
 DEST, PATH, IFACE = tf.DEST, tf.PATH, tf.IFACE
 SCRATCH = 16 << 20  # the test guest's scratch area starts at 16 MiB
+# The test-branch-smp2 run gives every snapshot 2 vCPUs (forkd's FORKD_DEFAULT_VCPUS).
+VCPUS = int(os.environ.get("FORKD_DEFAULT_VCPUS") or 1)
 NO_SANDBOX = "org.forkd.Error.NoSuchSandbox"
 EXISTS = "org.forkd.Error.SnapshotExists"
 BUSY = "org.forkd.Error.Busy"
@@ -94,6 +96,19 @@ def run(h):
     def ping(sid):
         assert json.loads(h.m("Ping", "s", [sid])[0])["pong"], sid
 
+    def aps_counting(*sids):
+        """With several vCPUs: every AP of each sandbox runs on, its counter (the test
+        guest's run_code "cpus") growing. Nothing to check with one vCPU."""
+        if VCPUS < 2:
+            return
+        for sid in sids:
+            def counters():
+                return json.loads(json.loads(h.m("RunCode", "ssu", [sid, "cpus", 10])[0])["stdout"])
+            first = counters()
+            assert first["cpus"] == VCPUS and all(c > 0 for c in first["counters"][1:]), (sid, first)
+            tf.wait_for(lambda: all(b > a for a, b in zip(first["counters"][1:], counters()["counters"][1:])), 30,
+                        f"every AP of {sid} to go on counting")
+
     def terminate(*sandboxes):
         for k in sandboxes:
             h.m("TerminateSandbox", "s", [k["id"]])
@@ -104,11 +119,12 @@ def run(h):
                     "the frozen templates to exit")
 
     def setup():
-        h.m("CreateSnapshot", "sssuu", ["base", tf.GUEST, disk, 64, 30])
+        assert h.m("CreateSnapshot", "sssuu", ["base", tf.GUEST, disk, 64, 30])[0]["vcpus"] == VCPUS
         p = h.fork("base", 1)[0]
         ctx["parent"] = p
         poke(p["pid"], b"before-branch")
         ping(p["id"])
+        aps_counting(p["id"])
     h.check("a running sandbox of the test guest", setup)
 
     def full():
@@ -120,6 +136,7 @@ def run(h):
         assert info["branched_from"] == p["id"], info
         assert "pause_ms" in info and info["pause_us"] > 0 and info["pause_ms"] == (info["pause_us"] + 500) // 1000, info
         assert info["mem_size"] == 64 << 20 and info["generation"] == 1, info
+        assert info["vcpus"] == VCPUS, info  # a branch keeps the source's vCPUs
         h.bus.wait_signal(lambda m, b: m == "SnapshotNew" and b[0] == "b1")
         # The listing and snapshot.json keep where it came from and its pause (REST API v1's SnapshotInfo).
         listed = {s["tag"]: s for s in h.m("ListSnapshots")[0]}
@@ -129,6 +146,7 @@ def run(h):
         with open(os.path.join(h.state, "snapshots", "b1", "snapshot.json")) as f:
             meta = json.load(f)
         assert meta["branched_from"] == p["id"] and meta["pause_us"] == info["pause_us"], meta
+        assert meta["vcpus"] == VCPUS, meta
         # The source runs on with its state, and what it does now is its own.
         ping(p["id"])
         assert peek(p["pid"], 13) == b"before-branch"
@@ -142,6 +160,7 @@ def run(h):
         assert peek(c[1]["pid"], 13) == b"before-branch"
         assert peek(p["pid"], 13) == b"after--branch"
         ctx["b1_children"] = c
+        aps_counting(p["id"], *[ch["id"] for ch in c])
         assert os.path.isfile(os.path.join(h.state, "snapshots/b1/snapshot.json"))
         # No copy of the disk: the branch's disk.img is the source snapshot's, hard-linked.
         snaps = os.path.join(h.state, "snapshots")
@@ -258,6 +277,7 @@ def run(h):
         details = h.m("GetSnapshotInfo", "s", ["d2-flat"])[0]
         assert details["chain_depth"] == 0 and details["ancestors"] == [] and "parent_content_hash" not in details, \
             details
+        assert details["vcpus"] == VCPUS, details
         assert not os.path.exists(f"{snaps}/d2-flat/memory.map")
         with open(f"{snaps}/d2-flat/snapshot.json") as f:
             meta = json.load(f)
@@ -348,6 +368,7 @@ def run(h):
         poke(kids[0]["pid"], b"kid0-changed!")
         assert peek(kids[1]["pid"], 13) == b"parent-state!"
         assert peek(p["pid"], 13) == b"parent-later!"
+        aps_counting(p["id"], *[k["id"] for k in kids])
         # The Sandbox object has the verb too; a child of a child.
         obj = tf.path_encode("/org/forkd/sandbox", kids[0]["id"])
         grand, _ = h.bus.call(DEST, obj, "org.forkd.Sandbox", "Fork", "u", [1])

@@ -391,6 +391,7 @@ def run(h):
 
     def create():
         info = h.m("CreateSnapshot", "sssuu", ["t1", GUEST, disk, 64, 30])[0]
+        assert info["vcpus"] == int(os.environ.get("FORKD_DEFAULT_VCPUS") or 1), info
         assert info["tag"] == "t1" and info["status"] == "ready" and info["mem_size"] == 64 << 20, info
         h.bus.wait_signal(lambda m, b: m == "SnapshotNew" and b == ["t1", "/org/forkd/snapshot/t1"])
         assert h.m("ListSnapshots")[0][0]["tag"] == "t1"
@@ -420,6 +421,20 @@ def run(h):
         assert "--default-mem-mib N" in r.stdout and "FORKD_DEFAULT_MEM_MIB" in r.stdout, r.stdout
     h.check("--default-mem-mib (or FORKD_DEFAULT_MEM_MIB): not a size mem_mib takes is refused, --help names it",
             default_mem_mib)
+
+    def default_vcpus():
+        # --default-vcpus (or FORKD_DEFAULT_VCPUS): 1..32, anything else stops forkd at start.
+        env = {k: v for k, v in os.environ.items() if k != "FORKD_DEFAULT_VCPUS"}
+        for args, var in ((["--default-vcpus", "0"], None), (["--default-vcpus", "33"], None),
+                          (["--default-vcpus", "x"], None), ([], "-2"), ([], "2 ")):
+            e = env if var is None else dict(env, FORKD_DEFAULT_VCPUS=var)
+            r = subprocess.run([FORKD, "--state-dir", h.state + "-never"] + args, capture_output=True, text=True,
+                               timeout=30, env=e)
+            assert r.returncode != 0 and "takes a number from 1 to 32" in r.stderr, (args, var, r)
+        assert not os.path.exists(h.state + "-never")
+        r = subprocess.run([FORKD, "--help"], capture_output=True, text=True, timeout=30)
+        assert "--default-vcpus N" in r.stdout and "FORKD_DEFAULT_VCPUS" in r.stdout, r.stdout
+    h.check("--default-vcpus (or FORKD_DEFAULT_VCPUS): 1..32 only, --help names it", default_vcpus)
 
     def triple_fault():
         # tests/guest/triple-fault.S, built beside the test guest: it prints two
@@ -465,9 +480,19 @@ def run(h):
             refused([g, d], ["t8", 0, 1, 64, 30, {"bogus": ("h", 0)}], "Unknown option")
             refused([g, d], ["t8", 0, 1, 64, 30, {"initrd": ("s", "/boot/initrd.img")}], "initrd must be of type h")
             refused([g, d], ["t8", 0, 1, 64, 0, {}], "boot_wait_secs")
-            info = b.call(DEST, PATH, IFACE, "CreateSnapshotFromFds", "shhuua{sv}", ["t8", 0, 1, 64, 30, {}],
-                          fds=[g, d])[0]
-            assert info["tag"] == "t8" and info["owner_uid"] == 0, info
+            refused([g, d], ["t8", 0, 1, 64, 30, {"vcpus": ("u", 0)}], "Option vcpus must be from 1 to 32")
+            refused([g, d], ["t8", 0, 1, 64, 30, {"vcpus": ("u", 33)}], "Option vcpus must be from 1 to 32")
+            refused([g, d], ["t8", 0, 1, 64, 30, {"vcpus": ("s", "2")}], "vcpus must be of type u")
+            # Two vCPUs: the snapshot says so, and a fork of it answers its agent.
+            info = b.call(DEST, PATH, IFACE, "CreateSnapshotFromFds", "shhuua{sv}",
+                          ["t8", 0, 1, 64, 30, {"vcpus": ("u", 2)}], fds=[g, d])[0]
+            assert info["tag"] == "t8" and info["owner_uid"] == 0 and info["vcpus"] == 2, info
+            with open(os.path.join(h.state, "snapshots", "t8", "snapshot.json")) as f:
+                assert json.load(f)["vcpus"] == 2
+            child = h.fork("t8", 1)[0]
+            assert json.loads(h.m("Ping", "s", [child["id"]])[0])["pong"], child
+            h.m("TerminateSandbox", "s", [child["id"]])
+            h.wait_removed(child["id"])
             assert not any(n.startswith(".boot-") for n in os.listdir(os.path.join(h.state, "snapshots")))
             h.m("DeleteSnapshot", "sbb", ["t8", False, False])
         finally:

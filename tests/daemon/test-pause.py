@@ -83,11 +83,28 @@ def run(h):
         except OSError:
             return False
 
+    def aps_counting(sid):
+        """With several vCPUs (test-pause-smp2): each AP's counter (the test guest's
+        run_code "cpus") goes on growing. Nothing to check with one vCPU."""
+        n = int(os.environ.get("FORKD_DEFAULT_VCPUS") or 1)
+        if n < 2:
+            return
+
+        def counters():
+            return json.loads(json.loads(h.m("RunCode", "ssu", [sid, "cpus", 10])[0])["stdout"])
+        first = counters()
+        assert first["cpus"] == n and all(c > 0 for c in first["counters"][1:]), first
+        tf.wait_for(lambda: all(b > a for a, b in zip(first["counters"][1:], counters()["counters"][1:])), 30,
+                    "every AP to go on counting")
+
     def setup():
-        h.m("CreateSnapshot", "sssuu", ["base", tf.GUEST, disk, 64, 30])
+        # test-pause-smp2 gives every snapshot 2 vCPUs (forkd's FORKD_DEFAULT_VCPUS).
+        info = h.m("CreateSnapshot", "sssuu", ["base", tf.GUEST, disk, 64, 30])[0]
+        assert info["vcpus"] == int(os.environ.get("FORKD_DEFAULT_VCPUS") or 1), info
         p = h.fork("base", 1)[0]
         tb.poke(p["pid"], b"state-at-pause")
         ping(p["id"])
+        aps_counting(p["id"])
         ctx["s"] = p
     h.check("a running sandbox of the test guest, a pattern in its RAM", setup)
 
@@ -181,6 +198,7 @@ def run(h):
         assert info["snapshot_tag"] == "base" and info["created_at_unix"] == ctx["s"]["created_at_unix"], info
         assert tb.peek(info["pid"], 14) == b"state-at-pause"
         ping(sid)
+        aps_counting(sid)
         assert records() == [], records()
         h.expect_error(NOT_PAUSED, "ResumeSandbox", "s", [sid])
         ctx["s"] = info

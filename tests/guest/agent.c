@@ -278,6 +278,11 @@ static void handle_request(u32 id, const u8 *p, u32 n)
                 agent_reply(id, &o);
         } else if (json_str_eq(p, &op, "identity")) {
                 op_identity(id);
+        } else if (json_str_eq(p, &op, "cpus")) {
+                struct out o = agent_reply_begin();
+
+                smp_out(&o);
+                agent_reply(id, &o);
         } else if (json_str_eq(p, &op, "mem_write")) {
                 op_mem(id, p, n, 1);
         } else if (json_str_eq(p, &op, "mem_checksum")) {

@@ -189,6 +189,86 @@ user_start:
         call    user_main
         ud2
 
+/*
+ * The APs (smp.c). ap_tramp_start..ap_tramp_end is copied to AP_TRAMP_GPA and
+ * entered by SIPI in real mode (CS = AP_TRAMP_GPA >> 4, IP = 0): PAE, forkd-vmm's
+ * page tables, EFER.LME, then PE and PG at once straight into long mode on
+ * forkd-vmm's GDT (bootinfo.h: its numbers are written out here, the header
+ * being C), and on to ap_start64 in the image.
+ */
+        .section .rodata
+        .globl ap_tramp_start
+        .globl ap_tramp_end
+        .code16
+ap_tramp_start:
+        cli
+        xorw    %ax, %ax
+        movw    %ax, %ds
+        movl    $0x1000, %eax                   /* FORKD_PML4_GPA */
+        movl    %eax, %cr3
+        movl    %cr4, %eax
+        orl     $0x20, %eax                     /* PAE */
+        movl    %eax, %cr4
+        movl    $0xc0000080, %ecx               /* EFER */
+        rdmsr
+        orl     $0x101, %eax                    /* SCE, LME */
+        wrmsr
+        lgdtl   AP_TRAMP_GPA + (ap_tramp_gdtr - ap_tramp_start)
+        movl    %cr0, %eax
+        andl    $0x9fffffff, %eax               /* caches on: CD and NW are set after INIT */
+        orl     $0x80010023, %eax               /* PG, WP, NE, MP, PE */
+        movl    %eax, %cr0
+        ljmpl   $0x08, $(AP_TRAMP_GPA + (ap_tramp_64 - ap_tramp_start))
+        .code64
+ap_tramp_64:
+        movabsq $ap_start64, %rax
+        jmp     *%rax
+        .balign 8
+ap_tramp_gdtr:
+        .word   8 * 8 - 1
+        .long   0x7000                          /* FORKD_GDT_GPA */
+ap_tramp_end:
+
+        .text
+/* Long mode, CPL 0, IF=0: our GDT, a ring-0 stack of its own (only for the
+ * iretq), then ring 3 with interrupts off, counting for good. */
+ap_start64:
+        lgdt    g_gdtr(%rip)
+        movl    $G_SEL_KDATA, %eax
+        movl    %eax, %ds
+        movl    %eax, %es
+        movl    %eax, %ss
+        movabsq $(LAPIC_BASE + 0x20), %rax
+        movl    (%rax), %eax
+        shrl    $24, %eax                       /* APIC id = CPU index */
+        andl    $(SMP_MAX_CPUS - 1), %eax
+        movq    %rax, %rcx
+        shlq    $6, %rcx
+        leaq    ap_counters(%rip), %rdi
+        addq    %rcx, %rdi                      /* &ap_counters[id][0] */
+        movq    $1, 8(%rdi)                     /* up */
+        shlq    $4, %rax
+        leaq    ap_stacks+16(%rip), %rsp
+        addq    %rax, %rsp                      /* 16 bytes each, for the frame below */
+        leaq    ap_stacks_end(%rip), %rax
+        pushq   $(G_SEL_UDATA | 3)
+        pushq   %rax                            /* ring 3 needs no stack */
+        pushq   $0x2                            /* IF=0 */
+        pushq   $(G_SEL_UCODE | 3)
+        leaq    ap_user_loop(%rip), %rax
+        pushq   %rax
+        iretq
+
+ap_user_loop:
+        incq    (%rdi)
+        jmp     ap_user_loop
+
+        .bss
+        .balign 16
+ap_stacks:
+        .skip   16 * SMP_MAX_CPUS + 64
+ap_stacks_end:
+
         .section .rodata
         .balign 8
         .globl exc_handlers

@@ -421,6 +421,16 @@ static int statement(const u8 *s, u32 n)
                 print("spun\n", 5);
                 return 0;
         }
+        /* "cpus": the vCPUs and each AP's counter, as the agent op "cpus" (smp.c). */
+        if (span_eq(s, wl, "cpus", 4) && i == n) {
+                static u8 buf[64 + 24 * SMP_MAX_CPUS];
+                struct out o = { .buf = buf, .cap = sizeof(buf) };
+
+                smp_out(&o);
+                print(buf, o.len);
+                print("\n", 1);
+                return 0;
+        }
         /* "disk_write": dirties the disk's last block, so that the VMM has a disk
          * overlay (a branch or a fork of the running sandbox then has a layer). */
         if (span_eq(s, wl, "disk_write", 10) && i == n) {

@@ -30,6 +30,8 @@
 #define HOT_PENDING_OFF (USTACK_SIZE + KSTACK_SIZE) /* offsetof(struct hot, pending) */
 
 #define LAPIC_BASE      0xfee00000
+#define AP_TRAMP_GPA    0x9000  /* the APs' real-mode trampoline (smp.c): page 9, free below 1 MiB */
+#define SMP_MAX_CPUS    32
 #define IOAPIC_BASE     0xfec00000
 
 #ifndef __ASSEMBLER__
@@ -278,6 +280,10 @@ void tx_commit_raw(u32 len);
 
 /* ---- files.c ---- */
 void op_run_code(u32 id, const u8 *p, u32 n);
+
+/* ---- smp.c ---- */
+void smp_start(u32 n_cpus);
+void smp_out(struct out *o);
 void op_exec(u32 id, const u8 *p, u32 n);
 void op_hash_files(u32 id, const u8 *p, u32 n);
 void op_write_file(u32 id, const u8 *p, u32 n);

@@ -74,6 +74,7 @@ void user_main(const struct forkd_bootinfo *bi)
                         serial_puts("forkd-test-guest: unknown hostile mode on the disk\n");
         }
 
+        smp_start(bi->n_cpus);
         serial_puts("forkd-test-guest: ready\n");
         hostile_start(); /* a mode from the disk: before the first request is read */
         agent_loop();

@@ -8,6 +8,9 @@ frozen one) reach neither that branch nor the next; refusals; a frozen copy
 that dies half-way leaves no snapshot. TAP output.
 
 Usage: test-branch-vmm.py FORKD_VMM TEST_GUEST_ELF AGENT_CHECK_PY
+
+FORKD_TEST_VCPUS=N boots the base snapshot with N vCPUs (test-branch-vmm-smp2):
+every check then also sees each AP's counter go on growing (the guest's "cpus").
 """
 
 import array
@@ -32,6 +35,20 @@ _spec.loader.exec_module(ac)
 
 tap = Tap()
 check = tap.run  # check(name, fn): fn raises to fail
+VCPUS = int(os.environ.get("FORKD_TEST_VCPUS") or 1)
+
+
+def aps_counting(call):
+    """call(op) -> the answer of the test guest's agent: with several vCPUs, every AP
+    counts and goes on counting."""
+    first = call("cpus")
+    assert first["cpus"] == VCPUS and all(c > 0 for c in first["counters"][1:]), first
+    for _ in range(300):
+        now = call("cpus")
+        if all(b > a for a, b in zip(first["counters"][1:], now["counters"][1:])):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"an AP stopped counting: {first} then {now}")
 
 
 def connect(path, kind):
@@ -128,13 +145,16 @@ def run(tmp, vms):
     ctx = {}
 
     def make_base():
-        v = VM(tmp, "boot", ["boot", "--kernel", GUEST, "--disk", disk, "--mem-mib", "64"])
+        v = VM(tmp, "boot", ["boot", "--kernel", GUEST, "--disk", disk, "--mem-mib", "64", "--vcpus", str(VCPUS)])
         vms.append(v)
         assert v.a("ping")["pong"]
+        aps_counting(v.a)
         # A booted VM's RAM is a shared memfd: a fork would not freeze it.
         r, _ = v.branch(os.path.join(tmp, "nope"), "nope")
         assert not r["ok"] and "restored" in r["error"], r
         assert v.control({"op": "snapshot", "dir": base, "tag": "base"})["ok"]
+        aps_counting(v.a)
+        assert json.load(open(os.path.join(base, "snapshot.json")))["vcpus"] == VCPUS
         v.stop()
     check("a snapshot to start from; a booted VM refuses to branch", make_base)
 
@@ -271,7 +291,9 @@ def run(tmp, vms):
             ag.s, ag.next_id, ag.buf = p[0], 1, b""
             p[0].settimeout(10)
             agents.append(ag)
+        aps_counting(v.a)
         for k, ag in enumerate(agents):
+            aps_counting(lambda op: ag.call(op)[1])
             t, got = ag.call("mem_checksum", offset_pages=8, pages=16)
             assert t == ac.RESP and got["checksum"] == want, (k, got, want)
             t, got = ag.call("disk_read", block=4)

@@ -16,6 +16,8 @@ then each capability's part, in this order, on that one stack:
   linux-boot-fork.py    the boot and the fork above, each child's agent, isolation,
                         clocks, timeouts, memory limits, run_code, diff, merge, files
   linux-branch.py       fork and branch of a running sandbox
+  linux-smp.py          a 2-vCPU snapshot: nproc in its children, a thread counting
+                        on each CPU through a branch and a fork of a running sandbox
   linux-lifecycle.py    pause, resume, deadlines, idempotency, kill -9 of forkd
   linux-branch.py       the errors of branch and fork with something in flight
   linux-chain-pack.py   diff-snapshot chains, compact, pack and unpack, push and pull
@@ -62,8 +64,8 @@ def main():
     args = ap.parse_args()
     top = os.path.dirname(os.path.dirname(HERE))
     build = os.path.abspath(args.build)
-    boot, branch, lifecycle, chain_pack, image, net, sdk = (
-        part(n) for n in ("boot-fork", "branch", "lifecycle", "chain-pack", "image", "net", "sdk"))
+    boot, branch, lifecycle, chain_pack, image, net, sdk, smp = (
+        part(n) for n in ("boot-fork", "branch", "lifecycle", "chain-pack", "image", "net", "sdk", "smp"))
     t = Tap()
 
     g = LinuxStack(t, top, build, args.image)
@@ -72,6 +74,7 @@ def main():
         body = boot.boot_and_fork(t, fc, stack, args.image, state)
         if body is not None:
             branch.fork_and_branch_running(t, stack)
+            smp.smp_linux(t, stack, body)
             lifecycle.pause_resume_linux(t, stack, g.restart, state)
             branch.branch_and_fork_errors(t, fc, stack, g.restart)
             chain_pack.chains(t, fc, stack, state)  # ends with snapshot rm --cascade of TAG

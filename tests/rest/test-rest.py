@@ -331,7 +331,10 @@ def t_wrong_types(c):
                        ({"tag": "t", "image": "/nonexistent/image.tar"}, "cannot open image"),
                        ({"tag": "t", "image": "/dev/null"}, "neither a directory"),
                        ({"tag": "t", "image": 7}, "image"),
-                       (dict(snap, start_cmd=True), "start_cmd needs image")):
+                       (dict(snap, start_cmd=True), "start_cmd needs image"),
+                       (dict(snap, vcpus=0), "vcpus must be between 1 and 32"),
+                       (dict(snap, vcpus=33), "vcpus must be between 1 and 32"),
+                       (dict(snap, vcpus="2"), "vcpus"), (dict(snap, vcpus=1.5), "vcpus")):
         r = c.expect(400, "POST", "/v1/snapshots", body)
         check(says in r.json["error"], (body, r.json))
     # volumes: checked before anything is opened, then opened as forkd-rest's user

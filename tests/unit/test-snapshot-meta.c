@@ -514,6 +514,27 @@ static int meta_parse(const char *json, struct snapshot_meta *ret, const char **
         return r;
 }
 
+/* vcpus takes 1..32, and a snapshot of several vCPUs says so when written back. */
+static void test_meta_vcpus_range(void **state) {
+        static const unsigned counts[] = { 1, 2, 32 };
+
+        for (size_t i = 0; i < ELEMENTSOF(counts); i++) {
+                char json[sizeof(valid_json) + 8], needle[32], *p, *out = NULL;
+                struct snapshot_meta m;
+
+                p = strstr(valid_json, "\"vcpus\": 1,");
+                assert_non_null(p);
+                snprintf(json, sizeof(json), "%.*s\"vcpus\": %u,%s", (int) (p - valid_json), valid_json, counts[i],
+                         p + strlen("\"vcpus\": 1,"));
+                assert_int_equal(meta_parse(json, &m, NULL), 0);
+                assert_int_equal(m.vcpus, counts[i]);
+                assert_int_equal(snapshot_meta_format(&m, &out), 0);
+                snprintf(needle, sizeof(needle), "\"vcpus\": %u,", counts[i]);
+                assert_non_null(strstr(out, needle));
+                free(out);
+        }
+}
+
 static void test_meta_valid_roundtrip(void **state) {
         struct snapshot_meta m, m2;
         char *json = NULL, *json2 = NULL;
@@ -587,7 +608,7 @@ static void test_meta_invalid_fields(void **state) {
                 { "mem_size", "0" }, { "mem_size", "1048576" }, { "mem_size", "2101248" },
                 { "mem_size", "3223322624" }, /* 3 GiB + 2 MiB */
                 { "mem_size", "-2097152" }, { "mem_size", "\"2097152\"" }, { "mem_size", "18446744073709551616" },
-                { "vcpus", "0" }, { "vcpus", "2" }, { "vcpus", "4294967297" }, { "vcpus", "-1" },
+                { "vcpus", "0" }, { "vcpus", "33" }, { "vcpus", "4294967297" }, { "vcpus", "-1" },
                 { "vcpus", "1.0" },
                 { "generation", "-1" }, { "generation", "\"1\"" },
                 { "memory_file", "\"\"" }, { "memory_file", "\".\"" }, { "memory_file", "\"..\"" },
@@ -1092,7 +1113,8 @@ static void test_meta_format_refuses_invalid(void **state) {
         REFUSE(strcpy(c.tag, "../x"));
         REFUSE(c.mem_size = 1);
         REFUSE(c.mem_size = SNAPSHOT_MEM_MAX + SNAPSHOT_MEM_ALIGN);
-        REFUSE(c.vcpus = 2);
+        REFUSE(c.vcpus = 0);
+        REFUSE(c.vcpus = SNAPSHOT_VCPUS_MAX + 1);
         REFUSE(c.created_at_unix = -1);
         REFUSE(strcpy(c.memory_file, ".."));
         REFUSE(strcpy(c.guest, "dos"));
@@ -1179,6 +1201,7 @@ int main(void) {
                 cmocka_unit_test(test_dispatch_strings),
                 cmocka_unit_test(test_dispatch_custom),
                 cmocka_unit_test(test_meta_valid_roundtrip),
+                cmocka_unit_test(test_meta_vcpus_range),
                 cmocka_unit_test(test_meta_invalid_fields),
                 cmocka_unit_test(test_meta_valid_variants),
                 cmocka_unit_test(test_meta_keys),

@@ -107,6 +107,30 @@ static struct vmstate *make_state(uint32_t n_cpuid, uint32_t n_msrs, uint32_t n_
         return s;
 }
 
+/* More vCPUs: each with its own random state, as an SMP guest's differ. */
+static struct vmstate *make_smp_state(uint32_t n_vcpus) {
+        struct vmstate *s = make_state(5, 10, 3, 0);
+
+        s->n_vcpus = n_vcpus;
+        for (uint32_t i = 1; i < n_vcpus; i++) {
+                struct vmstate_vcpu *v = &s->vcpus[i];
+
+                v->n_cpuid = 5;
+                fill_random(v->cpuid, v->n_cpuid * sizeof(v->cpuid[0]));
+                fill_random(&v->mp_state, sizeof(v->mp_state));
+                fill_random(&v->regs, sizeof(v->regs));
+                fill_random(&v->sregs, sizeof(v->sregs));
+                fill_random(&v->xsave, sizeof(v->xsave));
+                fill_random(&v->xcrs, sizeof(v->xcrs));
+                fill_random(&v->debugregs, sizeof(v->debugregs));
+                fill_random(&v->lapic, sizeof(v->lapic));
+                v->n_msrs = 10;
+                fill_random(v->msrs, v->n_msrs * sizeof(v->msrs[0]));
+                fill_random(&v->events, sizeof(v->events));
+        }
+        return s;
+}
+
 static struct vmstate *default_state(void) {
         return make_state(5, 10, 3, 0);
 }
@@ -120,7 +144,7 @@ struct tsec {
 };
 
 struct tbuild {
-        struct tsec secs[64];
+        struct tsec secs[16 + 10 * VMSTATE_MAX_VCPUS + VMSTATE_MAX_DEVS];
         size_t n;
 };
 
@@ -254,7 +278,7 @@ static uint8_t *tb_serialize(const struct tbuild *b, size_t *ret_len) {
         buf = calloc(1, len);
         assert_non_null(buf);
         memcpy(buf, "FKVMSTAT", 8);
-        put32(buf + 8, 1);
+        put32(buf + 8, 2);
         put32(buf + 12, 0);
         put64(buf + 16, len - 32);
 
@@ -408,6 +432,46 @@ static void test_roundtrip_maximal(void **state) {
         free(s);
 }
 
+static void test_roundtrip_smp(void **state) {
+        static const uint32_t counts[] = { 2, VMSTATE_MAX_VCPUS };
+
+        for (size_t i = 0; i < ELEMENTSOF(counts); i++) {
+                struct vmstate *s = make_smp_state(counts[i]);
+
+                roundtrip(s);
+                free(s);
+        }
+}
+
+/* A version 1 file (one vCPU, written before snapshots had several) still
+ * decodes; a version 1 header on a state with two vCPUs is refused. */
+static void test_version1(void **state) {
+        struct vmstate *s = default_state(), *out = calloc(1, sizeof(*out));
+        const char *error = NULL;
+        uint8_t *buf;
+        size_t len;
+
+        assert_non_null(out);
+        assert_int_equal(vmstate_encode(s, (void **) &buf, &len), 0);
+        assert_int_equal(buf[8], VMSTATE_VERSION);
+        put32(buf + 8, 1);
+        fix_crcs(buf);
+        assert_int_equal(vmstate_decode(buf, len, out, &error), 0);
+        assert_int_equal(out->n_vcpus, 1);
+        assert_true(memcmp(out, s, sizeof(*s)) == 0);
+        free(buf);
+        free(s);
+
+        s = make_smp_state(2);
+        assert_int_equal(vmstate_encode(s, (void **) &buf, &len), 0);
+        put32(buf + 8, 1);
+        fix_crcs(buf);
+        assert_decode_fails(buf, len, -EBADMSG, "a version 1 vmstate has exactly one vCPU");
+        free(buf);
+        free(s);
+        free(out);
+}
+
 static void test_truncated(void **state) {
         struct vmstate *s = default_state();
         void *buf;
@@ -461,7 +525,7 @@ static void test_payload_byte_flips(void **state) {
 }
 
 static void test_wrong_version(void **state) {
-        static const uint32_t versions[] = { 0, 2, 7, UINT32_MAX };
+        static const uint32_t versions[] = { 0, 3, 7, UINT32_MAX };
         struct vmstate *s = default_state();
         uint8_t *buf;
         size_t len;
@@ -1026,6 +1090,8 @@ int main(void) {
                 cmocka_unit_test(test_roundtrip),
                 cmocka_unit_test(test_roundtrip_minimal),
                 cmocka_unit_test(test_roundtrip_maximal),
+                cmocka_unit_test(test_roundtrip_smp),
+                cmocka_unit_test(test_version1),
                 cmocka_unit_test(test_truncated),
                 cmocka_unit_test(test_header_byte_flips),
                 cmocka_unit_test(test_payload_byte_flips),

@@ -204,7 +204,7 @@ int acpi_build(struct vmm *vmm, const struct acpi_dev *devs, unsigned n_devs) {
         rsdp_gpa = ALLOC(36);
         xsdt_gpa = ALLOC(36 + 2 * 8);
         fadt_gpa = ALLOC(276);
-        madt_gpa = ALLOC(44 + 8 + 12);
+        madt_gpa = ALLOC(44 + 8 * vmm->n_vcpus + 12);
         dsdt_gpa = ALLOC(36 + dsdt_body.len);
 #undef ALLOC
         if (off > ACPI_TABLES_SIZE) {
@@ -219,18 +219,25 @@ int acpi_build(struct vmm *vmm, const struct acpi_dev *devs, unsigned n_devs) {
                 memcpy(base + dsdt_gpa + 36, dsdt_body.b, dsdt_body.len);
                 h->checksum = checksum(h, h->length);
         }
-        /* MADT: local APIC 0, IOAPIC at the usual address, GSI base 0. */
+        /* MADT: a local APIC per vCPU (processor i, APIC id i, enabled), the
+         * IOAPIC at the usual address, GSI base 0. Linux starts the APs itself
+         * with INIT/SIPI through the in-kernel LAPIC. */
         {
-                uint8_t *m = base + madt_gpa;
+                uint8_t *m = base + madt_gpa, *io;
                 struct acpi_header *h = (void *) m;
                 uint32_t lapic = (uint32_t) FORKD_LAPIC_GPA, ioapic = (uint32_t) FORKD_IOAPIC_GPA;
 
-                header(h, "APIC", 44 + 8 + 12, 4);
+                header(h, "APIC", 44 + 8 * vmm->n_vcpus + 12, 4);
                 memcpy(m + 36, &lapic, 4);
                 /* flags 0: no dual 8259 setup to worry about */
-                m[44] = 0; m[45] = 8; m[46] = 0; m[47] = 0; m[48] = 1; /* processor 0, APIC 0, enabled */
-                m[52] = 1; m[53] = 12; m[54] = 0; /* IOAPIC id 0 */
-                memcpy(m + 56, &ioapic, 4);
+                for (unsigned i = 0; i < vmm->n_vcpus; i++) {
+                        uint8_t *e = m + 44 + 8 * i;
+
+                        e[0] = 0; e[1] = 8; e[2] = (uint8_t) i; e[3] = (uint8_t) i; e[4] = 1;
+                }
+                io = m + 44 + 8 * vmm->n_vcpus;
+                io[0] = 1; io[1] = 12; io[2] = 0; /* IOAPIC id 0 */
+                memcpy(io + 4, &ioapic, 4);
                 /* GSI base 0 (already zero) */
                 h->checksum = checksum(h, h->length);
         }

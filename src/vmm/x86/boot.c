@@ -180,6 +180,7 @@ int x86_boot_setup(struct vmm *vmm, int elf_fd, const struct forkd_bootinfo_dev 
         bi->n_devs = n_devs;
         bi->mem_size = vmm->mem_size;
         bi->tsc_khz = vmm->tsc_khz;
+        bi->n_cpus = vmm->n_vcpus;
         memcpy(bi->devs, devs, n_devs * sizeof(*devs));
         if (cmdline)
                 snprintf(bi->cmdline, sizeof(bi->cmdline), "%s", cmdline);

@@ -6,8 +6,8 @@
  * This header is included by both sides, so it uses only <stdint.h>.
  *
  * The VMM loads an ELF64 image (PT_LOAD segments at their physical addresses,
- * at or above FORKD_KERNEL_MIN_GPA) and starts the single vCPU straight in
- * 64-bit long mode:
+ * at or above FORKD_KERNEL_MIN_GPA) and starts vCPU 0 (the BSP) straight in
+ * 64-bit long mode (the APs of a VM of several vCPUs wait for INIT/SIPI):
  *   - CS = FORKD_SEL_KCODE (64-bit, DPL 0), DS/ES/SS/FS/GS = FORKD_SEL_KDATA
  *   - CR0 = PE|MP|ET|NE|WP|PG, CR4 = PAE, EFER = SCE|LME|LMA
  *   - CR3 = FORKD_PML4_GPA; page tables identity-map guest RAM [0, mem_size)
@@ -72,4 +72,8 @@ struct forkd_bootinfo {
         uint64_t tsc_khz;   /* guest TSC frequency, 0 if unknown */
         struct forkd_bootinfo_dev devs[FORKD_BOOTINFO_MAX_DEVS];
         char cmdline[256];
+        /* vCPUs, APIC ids 0..n_cpus-1 (0 from a VMM of before: one). Only the
+         * BSP (APIC id 0) is started; the others wait for INIT/SIPI. */
+        uint32_t n_cpus;
+        uint32_t reserved;
 };

@@ -7,6 +7,7 @@
  */
 #include <sys/ioctl.h>
 
+#include "kvm.h"
 #include "x86.h"
 
 /* MSRs we carry across a snapshot. Those KVM does not know are dropped at
@@ -38,7 +39,7 @@ struct msrs_buf {
         struct kvm_msr_entry e[VMSTATE_MAX_MSRS];
 };
 
-static int save_msrs(struct vmm *vmm, struct vmstate_vcpu *v) {
+static int save_msrs(int fd, struct vmstate_vcpu *v) {
         struct msrs_buf b = {};
         unsigned n = 0;
         int r;
@@ -49,7 +50,7 @@ static int save_msrs(struct vmm *vmm, struct vmstate_vcpu *v) {
 
         /* KVM_GET_MSRS stops at the first MSR it does not know; drop it and retry. */
         for (;;) {
-                r = ioctl(vmm->vcpu_fd, KVM_GET_MSRS, &b);
+                r = ioctl(fd, KVM_GET_MSRS, &b);
                 if (r < 0)
                         return log_debug_errno(errno, "KVM_GET_MSRS failed: %m");
                 if ((unsigned) r >= b.hdr.nmsrs)
@@ -62,13 +63,21 @@ static int save_msrs(struct vmm *vmm, struct vmstate_vcpu *v) {
         return 0;
 }
 
-int x86_vcpu_save(struct vmm *vmm, const struct kvm_cpuid2 *cpuid, struct vmstate_vcpu *v) {
-        int fd = vmm->vcpu_fd, r;
+int x86_vcpu_save(struct vmm *vmm, unsigned index, const struct kvm_cpuid2 *cpuid, struct vmstate_vcpu *v) {
+        struct {
+                struct kvm_cpuid2 hdr;
+                struct kvm_cpuid_entry2 e[VMSTATE_MAX_CPUID];
+        } own;
+        int fd = vmm->vcpus[index].fd, r;
 
         if (cpuid->nent > VMSTATE_MAX_CPUID)
                 return -E2BIG;
-        v->n_cpuid = cpuid->nent;
-        memcpy(v->cpuid, cpuid->entries, cpuid->nent * sizeof(cpuid->entries[0]));
+        /* cpuid is vCPU 0's: each vCPU saves what it was given, its APIC id. */
+        own.hdr = (struct kvm_cpuid2) { .nent = cpuid->nent };
+        memcpy(own.e, cpuid->entries, cpuid->nent * sizeof(cpuid->entries[0]));
+        vmm_cpuid_set_topology(&own.hdr, index, vmm->n_vcpus);
+        v->n_cpuid = own.hdr.nent;
+        memcpy(v->cpuid, own.e, own.hdr.nent * sizeof(own.e[0]));
 
         if (ioctl(fd, KVM_GET_MP_STATE, &v->mp_state) < 0)
                 return log_debug_errno(errno, "KVM_GET_MP_STATE failed: %m");
@@ -84,7 +93,7 @@ int x86_vcpu_save(struct vmm *vmm, const struct kvm_cpuid2 *cpuid, struct vmstat
                 return log_debug_errno(errno, "KVM_GET_DEBUGREGS failed: %m");
         if (ioctl(fd, KVM_GET_LAPIC, &v->lapic) < 0)
                 return log_debug_errno(errno, "KVM_GET_LAPIC failed: %m");
-        r = save_msrs(vmm, v);
+        r = save_msrs(fd, v);
         if (r < 0)
                 return r;
         if (ioctl(fd, KVM_GET_VCPU_EVENTS, &v->events) < 0)
@@ -92,13 +101,13 @@ int x86_vcpu_save(struct vmm *vmm, const struct kvm_cpuid2 *cpuid, struct vmstat
         return 0;
 }
 
-int x86_vcpu_restore(struct vmm *vmm, const struct vmstate_vcpu *v) {
+int x86_vcpu_restore(struct vmm *vmm, unsigned index, const struct vmstate_vcpu *v) {
         struct {
                 struct kvm_cpuid2 hdr;
                 struct kvm_cpuid_entry2 e[VMSTATE_MAX_CPUID];
         } cpuid;
         struct msrs_buf msrs;
-        int fd = vmm->vcpu_fd, r;
+        int fd = vmm->vcpus[index].fd, r;
 
         if (v->n_cpuid > VMSTATE_MAX_CPUID || v->n_msrs > VMSTATE_MAX_MSRS)
                 return -EINVAL;

@@ -18,7 +18,8 @@ int x86_linux_setup(struct vmm *vmm, int kernel_fd, int initrd_fd, const char *c
                     unsigned n_devs);
 
 /* cpu.c */
-int x86_vcpu_save(struct vmm *vmm, const struct kvm_cpuid2 *cpuid, struct vmstate_vcpu *v);
-int x86_vcpu_restore(struct vmm *vmm, const struct vmstate_vcpu *v);
+/* vCPU index of vmm; cpuid is vCPU 0's (vmm->cpuid), given the vCPU's APIC id on save. */
+int x86_vcpu_save(struct vmm *vmm, unsigned index, const struct kvm_cpuid2 *cpuid, struct vmstate_vcpu *v);
+int x86_vcpu_restore(struct vmm *vmm, unsigned index, const struct vmstate_vcpu *v);
 int x86_vm_save(struct vmm *vmm, struct vmstate *s);
 int x86_vm_restore(struct vmm *vmm, const struct vmstate *s);
