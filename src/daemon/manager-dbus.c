@@ -464,7 +464,7 @@ static int method_list_sandboxes_ex(sd_bus_message *message, void *userdata, sd_
         return list_sandboxes(message, userdata, usage, error);
 }
 
-/* A histogram as (bounds, cumulative counts, sum, count): "(atatt)", in usec. */
+/* A histogram as (bounds, cumulative counts, sum, count): "(atattt)", in usec. */
 static int append_histogram(sd_bus_message *reply, const char *name, const Histogram *h) {
         uint64_t cum[HISTOGRAM_N_BOUNDS + 1];
         int r;
@@ -474,9 +474,9 @@ static int append_histogram(sd_bus_message *reply, const char *name, const Histo
         if (r >= 0)
                 r = sd_bus_message_append(reply, "s", name);
         if (r >= 0)
-                r = sd_bus_message_open_container(reply, 'v', "(atatt)");
+                r = sd_bus_message_open_container(reply, 'v', "(atattt)");
         if (r >= 0)
-                r = sd_bus_message_open_container(reply, 'r', "atatt");
+                r = sd_bus_message_open_container(reply, 'r', "atattt");
         if (r >= 0)
                 r = sd_bus_message_append_array(reply, 't', histogram_bounds_usec, sizeof(histogram_bounds_usec));
         if (r >= 0)

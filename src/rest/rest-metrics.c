@@ -172,10 +172,10 @@ static int format_histogram(sd_bus_message *reply, const char *name, const char 
         uint64_t sum, count;
         int r;
 
-        r = sd_bus_message_enter_container(reply, 'v', "(atatt)");
+        r = sd_bus_message_enter_container(reply, 'v', "(atattt)");
         if (r < 0)
                 return r;
-        r = sd_bus_message_enter_container(reply, 'r', "atatt");
+        r = sd_bus_message_enter_container(reply, 'r', "atattt");
         if (r < 0)
                 return r;
         r = sd_bus_message_read_array(reply, 't', (const void **) &bounds, &nb);

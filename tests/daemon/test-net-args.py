@@ -94,6 +94,15 @@ def rest_checks(tmp, address):
         for bad in (0, 65536, -1, "80", None, 1.5):
             st, text = http(port, "POST", "/v1/sandboxes/sb-nope-0000/ports", {"port": bad})
             ok(st == 400, f"REST ports: port {bad!r} is 400", f"{st} {text}")
+        st, text = http(port, "GET", "/metrics", None)
+        ok(st == 200 and "# TYPE forkd_fork_duration_seconds histogram" in text
+           and 'forkd_agent_call_duration_seconds_bucket{le="+Inf"} 0' in text
+           and "forkd_sandboxes_cpu_seconds 0" in text and "forkd_sandbox_cpu_seconds_total" not in text,
+           "REST /metrics: forkd's histograms and totals, no series per sandbox", f"{st} {text[-1500:]}")
+        st, text = http(port, "GET", "/v1/sandboxes?usage=false", None)
+        ok(st == 200 and json.loads(text) == [], "REST GET /v1/sandboxes?usage=false", f"{st} {text}")
+        st, text = http(port, "GET", "/v1/sandboxes?usage=sometimes", None)
+        ok(st == 400, "REST GET /v1/sandboxes?usage=sometimes is 400", f"{st} {text}")
         st, text = http(port, "POST", "/v1/sandboxes/sb-nope-0000/ports", {"port": 8080})
         ok(st == 404, "REST ports: an unknown sandbox is 404", f"{st} {text}")
         st, text = http(port, "POST", "/v1/sandboxes", {"snapshot_tag": "plain", "n": 1, "network": "egress"})
@@ -249,6 +258,17 @@ def main():
         intro = bus.call(DEST, PATH, "org.freedesktop.DBus.Introspectable", "Introspect")[0]
         ok('<method name="ExposePort">' in intro and 'name="port"' in intro, "the Manager introspects ExposePort",
            intro[-400:])
+
+        # usage and metrics, without any sandbox: the reply's shapes
+        m = bus.call(DEST, PATH, IFACE, "GetMetrics")[0]
+        ok(m.get("sandboxes") == 0 and m.get("cpu_usec") == 0 and
+           all(len(m[h][1]) == len(m[h][0]) + 1 and m[h][3] == 0 and not any(m[h][1])
+               for h in ("fork_latency_usec", "branch_pause_usec", "agent_call_usec")),
+           "GetMetrics: no sandboxes, three empty histograms (bounds, cumulative counts, sum, count)", m)
+        ok(bus.call(DEST, PATH, IFACE, "ListSandboxesEx", "a{sv}", [{"usage": ("b", False)}])[0] == [],
+           "ListSandboxesEx usage false: no sandboxes")
+        good, why = expect_error(bus, INVALID, "ListSandboxesEx", "a{sv}", [{"usages": ("b", False)}], "usages")
+        ok(good, "ListSandboxesEx: an unknown option is InvalidArgs", why)
 
         if REST and os.access(REST, os.X_OK):
             rest_checks(tmp, address)
