@@ -10,6 +10,7 @@
  * (uid_range_reserve_running()), so that no id of a VMM still on its way out
  * goes to a new one.
  */
+#include <assert.h>
 #include <ctype.h>
 #include <dirent.h>
 #include <fcntl.h>
@@ -51,7 +52,7 @@ int uid_range_parse(const char *s, uid_t *ret_first, uint32_t *ret_count) {
                 r = parse_u32(colon + 1, strlen(colon + 1), &count);
         if (r < 0)
                 return r;
-        if (count == 0)
+        if (count == 0 || count > VMM_UID_RANGE_COUNT_MAX)
                 return -EINVAL;
         *ret_first = (uid_t) first;
         *ret_count = count;
@@ -61,7 +62,7 @@ int uid_range_parse(const char *s, uid_t *ret_first, uint32_t *ret_count) {
 int uid_range_check(uid_t first, uint32_t count, uid_t also_refused, uid_t *ret_id) {
         const uid_t reserved[] = { 0, 65533, 65534, also_refused };
 
-        if (count == 0)
+        if (count == 0 || count > VMM_UID_RANGE_COUNT_MAX)
                 return -EINVAL;
         /* The last id must stay below (uid_t) -1, which means "unchanged" to setresuid(). */
         if ((uint64_t) first + count > (uint64_t) (uid_t) -1)
@@ -112,46 +113,27 @@ int uid_range_init(UidRange *r, uid_t first, uint32_t count) {
         *r = (UidRange) { .first = first, .count = count };
         if (count == 0)
                 return 0;
-        r->used = calloc(((size_t) count + 63) / 64, sizeof(uint64_t));
-        return r->used ? 0 : -ENOMEM;
+        r->refs = calloc(count, 1);
+        return r->refs ? 0 : -ENOMEM;
 }
 
 void uid_range_done(UidRange *r) {
-        free(r->used);
+        free(r->refs);
         *r = (UidRange) {};
 }
 
-static bool bit_get(const UidRange *r, uint32_t k) {
-        return r->used[k / 64] & (UINT64_C(1) << (k % 64));
-}
-
-static void bit_set(UidRange *r, uint32_t k, bool on) {
-        if (on)
-                r->used[k / 64] |= UINT64_C(1) << (k % 64);
-        else
-                r->used[k / 64] &= ~(UINT64_C(1) << (k % 64));
-}
-
 int uid_range_alloc(UidRange *r, uid_t *ret) {
-        uint32_t k = r->next;
+        uint8_t *p;
+        uint32_t k;
 
         if (r->n_used >= r->count)
                 return -EBUSY;
-        /* Word by word from next: at most count / 64 steps, and one id is free. */
-        for (;;) {
-                uint64_t w = r->used[k / 64] | ((UINT64_C(1) << (k % 64)) - 1);
-
-                if (k / 64 == (r->count - 1) / 64 && r->count % 64)
-                        w |= ~((UINT64_C(1) << (r->count % 64)) - 1);
-                if (w != UINT64_MAX) {
-                        k = (k / 64) * 64 + (uint32_t) __builtin_ctzll(~w);
-                        break;
-                }
-                k = (k / 64 + 1) * 64;
-                if (k >= r->count)
-                        k = 0;
-        }
-        bit_set(r, k, true);
+        p = memchr(r->refs + r->next, 0, r->count - r->next);
+        if (!p)
+                p = memchr(r->refs, 0, r->next);
+        assert(p); /* n_used < count */
+        k = (uint32_t) (p - r->refs);
+        r->refs[k] = 1;
         r->n_used++;
         r->next = k + 1 < r->count ? k + 1 : 0;
         *ret = r->first + k;
@@ -159,28 +141,39 @@ int uid_range_alloc(UidRange *r, uid_t *ret) {
 }
 
 int uid_range_reserve(UidRange *r, uid_t uid) {
-        uint32_t k;
-
         if (!uid_range_contains(r, uid))
                 return -ERANGE;
-        k = uid - r->first;
-        if (bit_get(r, k))
+        if (r->refs[uid - r->first] > 0)
                 return -EEXIST;
-        bit_set(r, k, true);
+        r->refs[uid - r->first] = 1;
         r->n_used++;
         return 0;
 }
 
+int uid_range_ref(UidRange *r, uid_t uid) {
+        uint8_t *c;
+
+        if (!uid_range_contains(r, uid))
+                return -ERANGE;
+        c = &r->refs[uid - r->first];
+        if (*c == 0)
+                return -ENOENT;
+        if (*c == UINT8_MAX)
+                return -EOVERFLOW;
+        (*c)++;
+        return 0;
+}
+
 void uid_range_free(UidRange *r, uid_t uid) {
-        uint32_t k;
+        uint8_t *c;
 
         if (!uid_range_contains(r, uid))
                 return;
-        k = uid - r->first;
-        if (!bit_get(r, k))
+        c = &r->refs[uid - r->first];
+        if (*c == 0)
                 return;
-        bit_set(r, k, false);
-        r->n_used--;
+        if (--(*c) == 0)
+                r->n_used--;
 }
 
 /* The real, effective and saved uid of "Uid:\tR\tE\tS\tFS" in a status file. */

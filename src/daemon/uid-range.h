@@ -15,15 +15,19 @@
 #define VMM_UID_RANGE_DEFAULT_FIRST UINT32_C(0x70000000)
 #define VMM_UID_RANGE_DEFAULT_COUNT UINT32_C(65536)
 
+/* The most ids a range may have: the map takes a byte per id. */
+#define VMM_UID_RANGE_COUNT_MAX (UINT32_C(1) << 24)
+
 typedef struct UidRange {
         uid_t first;
         uint32_t count;
-        uint64_t *used; /* one bit per id */
+        uint8_t *refs;  /* per id, how many hold it (a sandbox, the frozen copy of its VMM); 0: free */
         uint32_t n_used;
-        uint32_t next; /* where the next search starts: a freed id is handed out again last */
+        uint32_t next;  /* where the next search starts: a freed id is handed out again last */
 } UidRange;
 
-/* "FIRST:COUNT", decimal numbers, COUNT at least 1. Checks nothing else. */
+/* "FIRST:COUNT", decimal numbers, COUNT from 1 to VMM_UID_RANGE_COUNT_MAX.
+ * Checks nothing else. */
 int uid_range_parse(const char *s, uid_t *ret_first, uint32_t *ret_count);
 
 /* The range in itself: no overflow (the last id below (uid_t) -1), and none of
@@ -51,7 +55,13 @@ int uid_range_alloc(UidRange *r, uid_t *ret);
  * if used already. */
 int uid_range_reserve(UidRange *r, uid_t uid);
 
-/* Hands uid back; ids outside the range, or free, are ignored. */
+/* One more holder of a used id (the frozen copy of a VMM runs under its
+ * sandbox's id): -ERANGE outside the range, -ENOENT if free, -EOVERFLOW past
+ * 255 holders. */
+int uid_range_ref(UidRange *r, uid_t uid);
+
+/* One holder fewer: the id is free when none is left. Ids outside the range,
+ * or free, are ignored. */
 void uid_range_free(UidRange *r, uid_t uid);
 
 /* Marks used every id of the range that a process still runs under (its real,

@@ -35,6 +35,8 @@ static void test_parse(void **state) {
         assert_int_equal(uid_range_parse("5:5:5", &first, &count), -EINVAL);
         assert_int_equal(uid_range_parse("4294967296:1", &first, &count), -ERANGE);
         assert_int_equal(uid_range_parse("12345678901:1", &first, &count), -EINVAL);
+        assert_int_equal(uid_range_parse("100000:16777216", &first, &count), 0);
+        assert_int_equal(uid_range_parse("100000:16777217", &first, &count), -EINVAL);
 }
 
 static void test_check(void **state) {
@@ -53,7 +55,8 @@ static void test_check(void **state) {
         /* (uid_t) -1 is no id; the last one below it is */
         assert_int_equal(uid_range_check(4294967294u, 1, (uid_t) -1, &id), 0);
         assert_int_equal(uid_range_check(4294967294u, 2, (uid_t) -1, &id), -ERANGE);
-        assert_int_equal(uid_range_check(4000000000u, 400000000u, (uid_t) -1, &id), -ERANGE);
+        assert_int_equal(uid_range_check(4294967000u, 1000, (uid_t) -1, &id), -ERANGE);
+        assert_int_equal(uid_range_check(100000, VMM_UID_RANGE_COUNT_MAX + 1, (uid_t) -1, &id), -EINVAL);
         assert_int_equal(uid_range_check(100000, 0, (uid_t) -1, &id), -EINVAL);
 }
 
@@ -92,10 +95,22 @@ static void test_alloc(void **state) {
         assert_int_equal(d, b);
         assert_int_equal(uid_range_reserve(&r, b), -EEXIST);
         assert_int_equal(uid_range_reserve(&r, 100003), -ERANGE);
+        /* a second holder: free once more before it goes */
+        assert_int_equal(uid_range_ref(&r, a), 0);
+        uid_range_free(&r, a);
+        assert_int_equal(r.n_used, 3);
+        assert_int_equal(uid_range_reserve(&r, a), -EEXIST);
+        uid_range_free(&r, a);
+        assert_int_equal(r.n_used, 2);
+        assert_int_equal(uid_range_ref(&r, a), -ENOENT);
+        assert_int_equal(uid_range_ref(&r, 5), -ERANGE);
+        for (unsigned i = 1; i < 255; i++)
+                assert_int_equal(uid_range_ref(&r, c), 0);
+        assert_int_equal(uid_range_ref(&r, c), -EOVERFLOW);
         uid_range_done(&r);
 }
 
-/* A freed id goes to the back of the line, across words of the bitmap. */
+/* A freed id goes to the back of the line. */
 static void test_alloc_round_robin(void **state) {
         UidRange r;
         uid_t u, first;
