@@ -402,7 +402,7 @@ size_t vmm_spawn_batch_size(bool with_control, bool with_cgroup, bool with_netns
 
 static int send_batch(struct vmm_template *t, const char *const *ids, size_t n, const char *console_dir,
                       const char *cgroup_parent, const char *const *netns, const int *fds, unsigned n_fds,
-                      bool with_control, bool with_tap) {
+                      bool with_control, bool with_tap, bool with_userns) {
         struct json_object *req = json_object_new_object(), *arr = json_object_new_array(), *ns = NULL;
         char cbuf[CMSG_SPACE(sizeof(int) * SPAWN_FDS_MAX)] = {};
         struct iovec iov;
@@ -427,6 +427,8 @@ static int send_batch(struct vmm_template *t, const char *const *ids, size_t n, 
         json_object_object_add(req, "netns", ns);
         if (with_tap) /* only then: a template of before the NIC knows no with_tap */
                 json_object_object_add(req, "with_tap", json_object_new_boolean(true));
+        if (with_userns)
+                json_object_object_add(req, "with_userns", json_object_new_boolean(true));
         s = json_object_to_json_string_ext(req, JSON_C_TO_STRING_PLAIN);
         iov = (struct iovec) { .iov_base = (void *) s, .iov_len = strlen(s) };
 
@@ -457,10 +459,16 @@ int vmm_client_template_spawn_with(struct vmm_template *t, const char *const *id
         /* A confined child has no right to enter a namespace, and no need: its NIC is
          * the tap, opened in its namespace, and it may open no socket (jail.c). */
         const char *const *netns = confine.enabled ? NULL : opts->netns;
-        /* At most 5 fds a child (agent, control, cgroup, netns, tap), SCM_MAX_FD a message. */
+        /* At most 6 fds a child (agent, control, cgroup, netns, tap, userns), SCM_MAX_FD a message. */
         size_t sent = 0, got = 0,
                batch = vmm_spawn_batch_size(with_control, opts->cgroup_parent, netns, opts->tap_fds);
         int r = 0;
+
+        if (opts->userns_fds) {
+                unsigned per = 2u + with_control + !!opts->cgroup_parent + !!netns + !!opts->tap_fds;
+
+                batch = MIN((size_t) SPAWN_BATCH, (size_t) (SPAWN_FDS_MAX / per));
+        }
 
         for (size_t i = 0; i < n; i++) {
                 agent_fds[i] = -1;
@@ -532,10 +540,18 @@ int vmm_client_template_spawn_with(struct vmm_template *t, const char *const *id
                                 }
                                 n_fds++;
                         }
+                        if (opts->userns_fds) {
+                                fds[n_fds] = fcntl(opts->userns_fds[sent + i], F_DUPFD_CLOEXEC, 3);
+                                if (fds[n_fds] < 0) {
+                                        r = -errno;
+                                        goto close_batch;
+                                }
+                                n_fds++;
+                        }
                 }
                 r = send_batch(t, ids + sent, k, opts->console_dir, opts->cgroup_parent,
                                netns ? netns + sent : NULL,
-                               fds, n_fds, with_control, opts->tap_fds);
+                               fds, n_fds, with_control, opts->tap_fds, opts->userns_fds);
         close_batch:
                 for (unsigned i = 0; i < n_fds; i++)
                         safe_close(fds[i]);

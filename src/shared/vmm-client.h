@@ -140,6 +140,11 @@ struct vmm_spawn_options {
          * fd, "with_tap":true. They stay the caller's, to close once the call
          * returned. */
         const int *tap_fds;
+        /* NULL, or one user namespace fd per id (a confined template only;
+         * vmm-userns.c in forkd makes them): child i runs under the ids it
+         * maps (forkd-vmm(8), CONFINEMENT). Sent last, "with_userns":true;
+         * they stay the caller's. */
+        const int *userns_fds;
 };
 
 /* How many children one spawn request carries, given which fds go along per

@@ -32,10 +32,18 @@
  *      when the snapshot has a NIC, and every tap must pass
  *      virtio_net_check_backend(); else the request is refused whole. The
  *      child's NIC keeps the snapshot's MAC (children are clones).
+ *      with_userns (a confined template only): each child gets the fd of a
+ *      user namespace that forkd made for it, owned by the template's uid,
+ *      mapping uid and gid 0 to the sandbox's own id and gid 1 to the
+ *      template's group; the child enters it and becomes 0:0 there (its own
+ *      id on the host) after its cgroup and before it restores anything, and
+ *      exits with status 1 rather than run as the template's user
+ *      (jail_enter_user()). Every confined child then seals its identity
+ *      (jail_seal_identity()).
  *      with SCM_RIGHTS: per id, its agent fd, then (with_control) its control
  *      fd, then (cgroup_parent) its cgroup.procs fd, then (a netns name) its
- *      namespace fd, then (with_tap) its tap fd; at most TEMPLATE_MAX_FDS in
- *      one message
+ *      namespace fd, then (with_tap) its tap fd, then (with_userns) its user
+ *      namespace fd; at most TEMPLATE_MAX_FDS in one message
  *      (vmm_spawn_batch_size() in vmm-client.h)
  *   <- {"ok":true,"pids":[...]} | {"ok":false,"error":"..."}
  *   <- {"event":"ready","generation":N,"mem_size":N} once, at start
@@ -119,7 +127,7 @@ static void send_error(struct template *t, const char *msg) {
 
 /* The fds a child gets from a spawn request (-1: none). */
 struct child_fds {
-        int agent, control, cgroup, netns, tap;
+        int agent, control, cgroup, netns, tap, userns;
 };
 
 static _Noreturn void child_main(struct template *t, const char *id, const struct child_fds *fds,
@@ -150,6 +158,11 @@ static _Noreturn void child_main(struct template *t, const char *id, const struc
                 _exit(VMM_CHILD_EXIT_NETNS);
         }
         safe_close(fds->netns);
+        if (fds->userns >= 0 && jail_enter_user(fds->userns) < 0)
+                _exit(VMM_CHILD_EXIT_FAILED); /* never as the template's user */
+        safe_close(fds->userns);
+        if (jail_seal_identity() < 0)
+                _exit(VMM_CHILD_EXIT_FAILED);
         if (console_dir) {
                 snprintf(log_path, sizeof(log_path), "%s/%s.log", console_dir, id);
                 cfg.console_log = log_path;
@@ -181,7 +194,7 @@ static void close_fds(int *fds, unsigned n) {
 static void handle_spawn(struct template *t, struct json_object *req, int *fds, unsigned n_fds) {
         struct json_object *ids, *o, *reply, *pids, *netns = NULL;
         const char *console_dir = NULL, *cgroup_parent = NULL;
-        bool with_control = false, with_tap = false;
+        bool with_control = false, with_tap = false, with_userns = false;
         int has_net;
         unsigned want, next = 0;
         size_t n;
@@ -212,6 +225,17 @@ static void handle_spawn(struct template *t, struct json_object *req, int *fds, 
                         goto fail;
                 }
                 with_tap = json_object_get_boolean(o);
+        }
+        if (json_object_object_get_ex(req, "with_userns", &o)) {
+                if (!json_object_is_type(o, json_type_boolean)) {
+                        send_error(t, "\"with_userns\" must be a boolean");
+                        goto fail;
+                }
+                with_userns = json_object_get_boolean(o);
+        }
+        if (with_userns && !jail.enabled) {
+                send_error(t, "spawn: only a confined template switches its children's user (\"with_userns\")");
+                goto fail;
         }
         /* Fail closed, before any child exists: a clone of a guest with a NIC
          * gets a tap, and one without gets none. */
@@ -271,7 +295,7 @@ static void handle_spawn(struct template *t, struct json_object *req, int *fds, 
                                       "namespace; its children stay in its own, empty one");
                         goto fail;
                 }
-        want = n * (with_control ? 2 : 1) + (cgroup_parent ? n : 0) + (with_tap ? n : 0);
+        want = n * (with_control ? 2 : 1) + (cgroup_parent ? n : 0) + (with_tap ? n : 0) + (with_userns ? n : 0);
         for (size_t i = 0; netns && i < n; i++)
                 if (!json_object_is_type(json_object_array_get_idx(netns, i), json_type_null))
                         want++;
@@ -297,13 +321,16 @@ static void handle_spawn(struct template *t, struct json_object *req, int *fds, 
                         goto fail;
                 }
                 k++;
+                if (with_userns)
+                        k++;
         }
 
         pids = json_object_new_array();
         for (size_t i = 0; i < n; i++) {
                 const char *id = json_object_get_string(json_object_array_get_idx(ids, i));
                 const char *ns = netns ? json_object_get_string(json_object_array_get_idx(netns, i)) : NULL;
-                struct child_fds cf = { .agent = fds[next++], .control = -1, .cgroup = -1, .netns = -1, .tap = -1 };
+                struct child_fds cf = { .agent = fds[next++], .control = -1, .cgroup = -1, .netns = -1, .tap = -1,
+                                        .userns = -1 };
                 unsigned first = next - 1;
                 pid_t pid;
 
@@ -315,6 +342,8 @@ static void handle_spawn(struct template *t, struct json_object *req, int *fds, 
                         cf.netns = fds[next++];
                 if (with_tap)
                         cf.tap = fds[next++];
+                if (with_userns)
+                        cf.userns = fds[next++];
                 pid = fork();
                 if (pid < 0) {
                         json_object_array_add(pids, json_object_new_int(-errno));
