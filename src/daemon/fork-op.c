@@ -18,6 +18,7 @@
 #include "sandbox.h"
 #include "vm-template.h"
 #include "vmm-client.h"
+#include "vmm-userns.h"
 #include "worker.h"
 
 #define PING_TIMEOUT_USEC (60 * USEC_PER_SEC)
@@ -85,6 +86,10 @@ ForkOp *fork_op_free(ForkOp *f) {
         free(f->net);
         free(f->net_made);
         free(f->net_index);
+        if (f->vmm_uids)
+                for (unsigned i = 0; i < f->n; i++)
+                        uid_range_free(&f->manager->vmm_uids, f->vmm_uids[i]);
+        free(f->vmm_uids);
         free(f->agent_fds);
         free(f->control_fds);
         free(f->pids);
@@ -452,9 +457,39 @@ static void fork_on_batch(size_t first, size_t k, void *userdata) {
 }
 
 /* Start the template if it is not running, and have it fork the children. */
+/* Each child's user namespace (vmm-userns.c), before the first is spawned. */
+static int fork_make_userns(ForkOp *f, int **ret) {
+        int *fds;
+
+        fds = malloc(f->n * sizeof(int));
+        if (!fds)
+                return -ENOMEM;
+        for (unsigned k = 0; k < f->n; k++)
+                fds[k] = -EBADF;
+        for (unsigned k = 0; k < f->n; k++) {
+                int r = vmm_userns_new(f->userns_owner, f->vmm_uids[k], f->userns_group, &fds[k]);
+
+                if (r < 0) {
+                        for (unsigned i = 0; i < k; i++)
+                                safe_close(fds[i]);
+                        free(fds);
+                        return r;
+                }
+        }
+        *ret = fds;
+        return 0;
+}
+
 static int fork_spawn(ForkOp *f, const int *taps) {
         VmTemplate *t = f->template;
+        _cleanup_free_ int *userns = NULL;
         int r = 0;
+
+        if (f->vmm_uids) {
+                r = fork_make_userns(f, &userns);
+                if (r < 0)
+                        return fork_work_error(f, r, "Failed to make the user namespaces of the VMMs");
+        }
 
         if (f->need_start) {
                 _cleanup_free_ char *err = NULL;
@@ -484,6 +519,7 @@ static int fork_spawn(ForkOp *f, const int *taps) {
                         .cgroup_parent = parent,
                         .netns = f->netns ? (const char *const *) f->netns + start : NULL,
                         .tap_fds = taps ? taps + start : NULL,
+                        .userns_fds = userns ? userns + start : NULL,
                 };
 
                 while (end < f->n && ((!parent && !f->cgroup_parents[end]) ||
@@ -502,6 +538,9 @@ static int fork_spawn(ForkOp *f, const int *taps) {
         }
         t->vt.on_event = NULL;
         t->vt.event_userdata = NULL;
+        /* The namespaces live on in the children that entered them. */
+        for (unsigned k = 0; userns && k < f->n; k++)
+                safe_close(userns[k]);
         /* The children have their taps (or never will): forkd's copies go. */
         for (unsigned i = 0; i < f->n_net_picked; i++)
                 netns_child_done(&f->net[i]);
@@ -568,6 +607,7 @@ static void fork_work_done(int r, void *userdata) {
                                 .created_at = f->created_at, .memory_limit_mib = f->opts.memory_limit_mib,
                                 .has_cgroup = f->has_cgroup[i], .live_fork = f->opts.live_fork,
                                 .owner_uid = f->opts.owner_uid,
+                                .vmm_uid = f->vmm_uids ? f->vmm_uids[i] : 0,
                                 .netns_owned = f->opts.net, .net_policy = f->opts.net_policy,
                                 .host_addr = f->opts.net ? f->net[i].host_addr : NULL,
                                 .inside_addr = f->opts.net ? f->net[i].inside_addr : NULL,
@@ -593,8 +633,10 @@ static void fork_work_done(int r, void *userdata) {
                                 (void) kill(f->pids[i], SIGKILL);
                                 continue;
                         }
-                        /* Owned by the sandbox now, its namespace included. */
+                        /* Owned by the sandbox now, its namespace and its id included. */
                         s->control_fd = TAKE_FD(f->control_fds[i]);
+                        if (f->vmm_uids)
+                                f->vmm_uids[i] = 0;
                         if (f->opts.net) {
                                 f->net_made[i] = false;
                                 f->net_index[i] = 0;
@@ -941,6 +983,27 @@ static int fork_op_start_full(Manager *m, Image *i, VmTemplate *t, unsigned n, c
                                 r = -ENOMEM;
                                 goto fail;
                         }
+        }
+
+        /* Each child of a snapshot's template gets an id of its own; a frozen
+         * copy's children (t) run under the copy's (vm-template.h). */
+        if (m->vmm_uids.count > 0 && !t) {
+                f->vmm_uids = calloc(n, sizeof(uid_t));
+                if (!f->vmm_uids) {
+                        r = -ENOMEM;
+                        goto fail;
+                }
+                for (unsigned k = 0; k < n; k++) {
+                        r = uid_range_alloc(&m->vmm_uids, &f->vmm_uids[k]);
+                        if (r < 0) {
+                                log_warning("All %u ids of --vmm-uid-range are in use: no VMM may start.",
+                                            m->vmm_uids.count);
+                                r = -EUSERS;
+                                goto fail;
+                        }
+                }
+                f->userns_owner = m->vmm_uid;
+                f->userns_group = m->vmm_gid;
         }
 
         if (o->memory_limit_mib > 0) {

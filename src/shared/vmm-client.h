@@ -141,7 +141,7 @@ struct vmm_spawn_options {
          * returned. */
         const int *tap_fds;
         /* NULL, or one user namespace fd per id (a confined template only;
-         * vmm-userns.c in forkd makes them): child i runs under the ids it
+         * vmm_userns_new() makes them): child i runs under the ids it
          * maps (forkd-vmm(8), CONFINEMENT). Sent last, "with_userns":true;
          * they stay the caller's. */
         const int *userns_fds;

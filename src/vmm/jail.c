@@ -21,9 +21,14 @@
  * 3. Then, before it reads anything of the snapshot, every process drops
  *    everything (jail_drop_privileges()): no supplementary groups, the VMM's
  *    gid and uid, an empty bounding set, no capabilities in any set (ambient
- *    included), no_new_privs. The template does this too, so it and its
- *    children share one uid: it may kill them, and the kernel lets its death
- *    signal them, without CAP_KILL. A child needs no privilege of its own:
+ *    included), no_new_privs. The template does this too, and keeps no
+ *    capability at all. A child that forkd sent a user namespace then
+ *    switches to its sandbox's own id there (jail_enter_user()): the
+ *    namespace is owned by the template's uid, and the owner of a user
+ *    namespace has every capability in it and in no other, so the template
+ *    needs none to send its child there, and may still kill it, and the
+ *    kernel lets its death signal it, without CAP_KILL (as it may a child of
+ *    its own uid, when there is no namespace). A child needs no privilege of its own:
  *    it joins its cgroup by writing to a cgroup.procs fd that forkd opened
  *    (the kernel checks the opener's rights) and its NIC is a tap fd that
  *    forkd opened in the sandbox's namespace. So a confined child never
@@ -42,10 +47,15 @@
  * loop, the snapshot/branch code and a restore use, and the few terminal and
  * file ioctls the C library makes.
  *
- * What this does not do: every VMM shares one uid, so a VMM that escapes its
- * guest and then its filter could read other snapshots in the state
- * directory; a uid per template would close that. "compact" and "check" run
- * no guest and are not confined.
+ * 5. Every confined child of a template seals its identity after the switch
+ *    (jail_seal_identity()): a second filter kills the calls of the switch,
+ *    which the template's own filter has to allow.
+ *
+ * What this does not do: the jail binds the whole state directory and the
+ * VMMs share the VMM group, so a VMM that escapes its guest and then its
+ * filters could read other snapshots in the state directory (not another
+ * sandbox's files, memory or /proc entries). "compact" and "check" run no
+ * guest and are not confined.
  */
 #include <fcntl.h>
 #include <linux/capability.h>

@@ -3,7 +3,8 @@
 
 #include <sys/types.h>
 
-/* A user namespace for one confined VMM (forkd(8), VMM USERS): owned by
+/* A user namespace for one confined VMM (forkd(8), VMM USERS; forkd's forks,
+ * and bench/fork): owned by
  * owner, the uid of the template that forks the VMM, so that the template,
  * which holds no capability, may enter its child into it; uid and gid 0 in it
  * are id outside, and gid 1 is group (the template's, the VMMs' way through
