@@ -310,7 +310,8 @@ static int setup_vmm_uid_range(Manager *m, const char *spec) {
         }
         if (spec && uid_range_parse(spec, &first, &count) < 0)
                 return log_error_errno(EINVAL, "--vmm-uid-range (FORKD_VMM_UID_RANGE) takes FIRST:COUNT, decimal "
-                                       "numbers, COUNT from 1 to %u, or 'shared', not '%s'.", VMM_UID_RANGE_COUNT_MAX, spec);
+                                       "numbers, COUNT from 1 to %u, or 'shared', not '%s'.",
+                                       VMM_UID_RANGE_COUNT_MAX, spec);
         r = uid_range_check(first, count, m->vmm_uid, &id);
         if (r == -EEXIST)
                 return log_error_errno(r, "--vmm-uid-range %u:%u holds %u, which no VMM may run as (root, nobody, "

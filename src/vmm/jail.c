@@ -28,8 +28,8 @@
  *    namespace has every capability in it and in no other, so the template
  *    needs none to send its child there, and may still kill it, and the
  *    kernel lets its death signal it, without CAP_KILL (as it may a child of
- *    its own uid, when there is no namespace). A child needs no privilege of its own:
- *    it joins its cgroup by writing to a cgroup.procs fd that forkd opened
+ *    its own uid, when there is no namespace). A child needs no privilege of
+ *    its own: it joins its cgroup by writing to a cgroup.procs fd that forkd opened
  *    (the kernel checks the opener's rights) and its NIC is a tap fd that
  *    forkd opened in the sandbox's namespace. So a confined child never
  *    enters a network namespace (setns() needs CAP_SYS_ADMIN): it stays in
