@@ -313,9 +313,12 @@ static int setup_vmm_uid_range(Manager *m, const char *spec) {
                                        "numbers, COUNT from 1 to %u, or 'shared', not '%s'.",
                                        VMM_UID_RANGE_COUNT_MAX, spec);
         r = uid_range_check(first, count, m->vmm_uid, &id);
+        if (r >= 0) /* the VMM group is every such VMM's too */
+                r = uid_range_check(first, count, m->vmm_gid, &id);
         if (r == -EEXIST)
                 return log_error_errno(r, "--vmm-uid-range %u:%u holds %u, which no VMM may run as (root, nobody, "
-                                       "65533, or the --vmm-user).", (unsigned) first, (unsigned) count, (unsigned) id);
+                                       "65533, or the --vmm-user's uid or gid).", (unsigned) first, (unsigned) count,
+                                       (unsigned) id);
         if (r < 0)
                 return log_error_errno(r, "--vmm-uid-range %u:%u goes past the last uid, %u.", (unsigned) first,
                                        (unsigned) count, (unsigned) ((uid_t) -1 - 1));

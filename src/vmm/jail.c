@@ -483,7 +483,7 @@ void jail_test_hook(uint8_t what) {
                 return;
         switch (what) {
         case JAIL_TEST_SETRESUID:
-                /* The template's filter had it once, when the template switched its children's uid. */
+                /* The template's filter has it, for its children's switch of user; their seal kills it. */
                 log_info("test hook: calling setresuid(-1, -1, -1), which the allow-list does not have");
                 (void) setresuid((uid_t) -1, (uid_t) -1, (uid_t) -1);
                 break;

@@ -66,9 +66,11 @@ def run(h):
                      refused(h, ["--vmm-uid-range", "65500:100"], ["holds 65533,"]),
                      refused(h, ["--vmm-uid-range", "65534:1"], ["holds 65534,"])))
 
-    h.check("a range with the --vmm-user is refused",
-            lambda: refused(h, ["--vmm-user", "1879048300", "--vmm-uid-range", "1879048192:65536"],
-                            ["holds 1879048300,"]))
+    h.check("a range with the --vmm-user's uid or gid is refused",
+            lambda: (refused(h, ["--vmm-user", "1879048300", "--vmm-uid-range", "1879048192:65536"],
+                             ["holds 1879048300,"]),
+                     refused(h, ["--vmm-user", "65533:1879048301", "--vmm-uid-range", "1879048192:65536"],
+                             ["holds 1879048301,"])))
 
     def users_and_groups():
         u = next(p for p in pwd.getpwall() if 0 < p.pw_uid < 65533)
