@@ -161,7 +161,9 @@ def run(h):
         (a, b) = ctx["ids"]
         pa, pb = ctx["pids"][a], ctx["pids"][b]
         ua, ub = ctx["uids"][a], ctx["uids"][b]
-        # b's overlay: an unnamed file of b's id, 0600, that only b holds
+        # b's overlay: an unnamed file of b's id, 0600, that only b holds (made at its first write)
+        out = json.loads(h.m("RunCode", "ssu", [b, "disk_write", 10])[0])
+        assert "disk written" in json.dumps(out), out
         overlays = []
         for fd in os.listdir(f"/proc/{pb}/fd"):
             target = os.readlink(f"/proc/{pb}/fd/{fd}")
