@@ -104,7 +104,7 @@ static void help(void) {
                "                          in no /etc/passwd; see forkd-vmm(8), CONFINEMENT)\n"
                "     --vmm-uid-range FIRST:COUNT|shared\n"
                "                          The ids confined VMMs run under, as uid and gid; no\n"
-               "                          user or group may have one (default %u:%u;\n"
+               "                          user or group may have one (e.g. %u:%u; default\n"
                "                          'shared': every VMM runs as --vmm-user; also\n"
                "                          FORKD_VMM_UID_RANGE; see forkd(8), VMM USERS)\n"
                "     --no-confine         Run VMMs as forkd itself, without their jail, seccomp\n"
@@ -303,7 +303,9 @@ static int setup_vmm_uid_range(Manager *m, const char *spec) {
         uint32_t count = VMM_UID_RANGE_DEFAULT_COUNT;
         int r;
 
-        if (spec && streq(spec, "shared")) {
+        /* Not yet the default: a flat branch hard-links its parent's files, which
+         * a VMM under an id of its own may not (fs.protected_hardlinks). */
+        if (!spec || streq(spec, "shared")) {
                 log_info("Every confined VMM runs as %u:%u (--vmm-uid-range shared).", (unsigned) m->vmm_uid,
                          (unsigned) m->vmm_gid);
                 return 0;

@@ -38,7 +38,8 @@ tf = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(tf)
 
 VMM_UID = 65533  # forkd's default --vmm-user
-RANGE_FIRST, RANGE_COUNT = 0x70000000, 65536  # its default --vmm-uid-range
+RANGE_FIRST, RANGE_COUNT = 0x70000000, 65536  # the --vmm-uid-range forkd(8) suggests
+RANGE = ["--vmm-uid-range", f"{RANGE_FIRST}:{RANGE_COUNT}"]
 
 
 def own_id(pid):
@@ -84,7 +85,7 @@ def run(h):
         f.truncate(16 << 20)
     os.environ["FORKD_VMM_TEST_HOOKS"] = "1"
     h.start_bus()
-    h.start_forkd()
+    h.start_forkd(RANGE)
     opts = {"memory_limit_mib": ("u", 128)} if h.cgroot else {}
     ctx = {}
 
@@ -347,12 +348,12 @@ def run(h):
         assert h.stop_forkd() == 0
         assert glob.glob(h.cgroot + "/tpl-*/") == [], os.listdir(h.cgroot)
         # A killed one's are the next start's to remove.
-        h.start_forkd()
+        h.start_forkd(RANGE)
         h.fork("t1", 1)
         assert len(glob.glob(h.cgroot + "/tpl-*/")) == 1, os.listdir(h.cgroot)
         h.stop_forkd(signal.SIGKILL)
         tf.wait_for(lambda: not tf.vmm_processes(h.tmp), 10, "the VMMs to die with forkd")
-        h.start_forkd()
+        h.start_forkd(RANGE)
         # removed by the start's sweep, retried while the dead VMMs' tasks are released
         tf.wait_for(lambda: glob.glob(h.cgroot + "/tpl-*/") == [], 10, "the killed forkd's template cgroup to go")
     h.check("a template's cgroup goes when it dies, when forkd stops, and at the start after a kill -9",

@@ -57,9 +57,13 @@ def starts(h, extra, env=None):
 def run(h):
     h.start_bus()
 
-    h.check("the default range, another free one and 'shared' start",
-            lambda: (starts(h, []), starts(h, ["--vmm-uid-range", "1879179264:1000"]),
-                     starts(h, ["--vmm-uid-range", "shared"])))
+    def default_shared():
+        starts(h, [])
+        with open(h.logs[-1]) as f:
+            assert "(--vmm-uid-range shared)" in f.read()
+    h.check("the default ('shared'), the suggested range, another free one and 'shared' start",
+            lambda: (default_shared(), starts(h, ["--vmm-uid-range", "1879048192:65536"]),
+                     starts(h, ["--vmm-uid-range", "1879179264:1000"]), starts(h, ["--vmm-uid-range", "shared"])))
 
     h.check("a range with root, 65533 or nobody is refused",
             lambda: (refused(h, ["--vmm-uid-range", "0:1000"], ["holds 0,"]),
