@@ -19,10 +19,17 @@
 #include "agent-proto.h"
 #include "macro.h"
 #include "vmm-client.h"
+#include "vmm-userns.h"
 
 static const char *arg_vmm, *arg_guest, *arg_workdir;
 static unsigned arg_n = 100, arg_mem_mib = 64, arg_rounds = 3, arg_vcpus = 1;
-static bool arg_json, arg_confine, arg_emulated;
+static bool arg_json, arg_confine, arg_uid_range, arg_emulated;
+
+/* --uid-range: the ids of the children, from forkd's default --vmm-uid-range. */
+#define BENCH_UID_FIRST UINT32_C(0x70000000)
+
+/* Per round: the children's user namespaces (--uid-range), or none. */
+static bool round_userns;
 
 /* How long memory may settle before the whole host's memory is read: after the
  * boot VM's exit (its teardown frees late) and after the children answered
@@ -44,7 +51,7 @@ struct run {
 
 static void help(void) {
         printf("Usage: fork-bench --vmm PATH --guest ELF [--n N] [--mem-mib M] [--work-dir DIR] [--json]\n"
-               "                  [--confine [--rounds R]] [--emulated]\n"
+               "                  [--confine [--uid-range] [--rounds R]] [--emulated]\n"
                "Forks N (1..1000, default 100) children of the test guest from one snapshot, measures\n"
                "time until all have answered ping and host memory per idle child, and cold-boots\n"
                "the same guest for comparison. --json prints one JSON object on the last line.\n"
@@ -53,6 +60,9 @@ static void help(void) {
                "prints the medians of both and their ratio (root only).\n"
                "--vcpus N: also fork N children of a snapshot of N vCPUs (2..32; the test guest's APs\n"
                "count in a loop) and compare with the 1-vCPU fork (not with --confine).\n"
+               "--uid-range: with --confine, the rounds are of confined templates both, whose children\n"
+               "run as the template's uid, or each under an id of its own (a user namespace made per\n"
+               "child, as forkd --vmm-uid-range makes them, timed with the fork), taking turns.\n"
                "--emulated: say that the figures come from the QEMU test host (bench/in-test-host.sh).\n",
                VMM_USER_DEFAULT_UID);
 }
@@ -77,6 +87,7 @@ static int parse_argv(int argc, char *argv[]) {
                 { "confine", no_argument, NULL, 'c' },     { "rounds", required_argument, NULL, 'r' },
                 { "emulated", no_argument, NULL, 'e' },    { "help", no_argument, NULL, 'h' },
                 { "vcpus", required_argument, NULL, 'C' },
+                { "uid-range", no_argument, NULL, 'u' },
                 {}
         };
         int c;
@@ -88,6 +99,7 @@ static int parse_argv(int argc, char *argv[]) {
                 case 'w': arg_workdir = optarg; break;
                 case 'j': arg_json = true; break;
                 case 'c': arg_confine = true; break;
+                case 'u': arg_uid_range = true; break;
                 case 'e': arg_emulated = true; break;
                 case 'r':
                         if (parse_uint(optarg, 1, 20, &arg_rounds) < 0)
@@ -114,6 +126,8 @@ static int parse_argv(int argc, char *argv[]) {
                 return log_error_errno(EINVAL, "--vcpus and --confine exclude each other");
         if (arg_confine && geteuid() != 0)
                 return log_error_errno(EPERM, "--confine needs root (the VMM's jail)");
+        if (arg_uid_range && !arg_confine)
+                return log_error_errno(EINVAL, "--uid-range needs --confine");
         return 1;
 }
 
@@ -311,6 +325,7 @@ static int fork_round(const char *snap, const char *dir, struct result *res) {
         char **ids = NULL;
         long kib_sum = 0, kib_n = 0;
         long long cpu_ns_sum = 0, cpu_n = 0;
+        int *userns = NULL;
         uint64_t t0;
         int r;
 
@@ -348,8 +363,27 @@ static int fork_round(const char *snap, const char *dir, struct result *res) {
                 goto finish;
         }
         run.t0 = now_usec();
-        r = vmm_client_template_spawn(&t, (const char *const *) ids, arg_n, NULL, NULL, run.agent_fds, NULL, run.pids,
-                                      send_pings, &run);
+        if (round_userns) {
+                /* As forkd's fork does, before it sends the first spawn request. */
+                userns = calloc(arg_n, sizeof(int));
+                if (!userns) {
+                        r = log_oom();
+                        goto finish;
+                }
+                for (unsigned i = 0; i < arg_n; i++)
+                        userns[i] = -EBADF;
+                for (unsigned i = 0; i < arg_n; i++) {
+                        r = vmm_userns_new(VMM_USER_DEFAULT_UID, BENCH_UID_FIRST + i, VMM_USER_DEFAULT_GID,
+                                           &userns[i]);
+                        if (r < 0) {
+                                log_error_errno(r, "Failed to make a user namespace: %m");
+                                goto finish;
+                        }
+                }
+        }
+        const struct vmm_spawn_options so = { .userns_fds = userns };
+        r = vmm_client_template_spawn_with(&t, (const char *const *) ids, arg_n, &so, run.agent_fds, NULL, run.pids,
+                                           send_pings, &run);
         res->spawn_us = now_usec() - run.t0;
         if (r < 0) {
                 log_error_errno(r, "Spawn failed: %m");
@@ -398,6 +432,9 @@ finish:
                         free(ids[i]);
         }
         free(ids);
+        for (unsigned i = 0; userns && i < arg_n; i++)
+                safe_close(userns[i]);
+        free(userns);
         free(run.agent_fds);
         free(run.pids);
         free(run.clients);
@@ -571,19 +608,53 @@ int main(int argc, char *argv[]) {
                 log_error_errno(r, "Failed to hand %s to the VMM user: %m", dir);
                 goto finish;
         }
+        /* --uid-range: children of other ids write their overlays here, as in
+         * forkd's overlays/ (src/daemon/confine.c). */
+        if (arg_uid_range && chmod(dir, 01770) < 0) {
+                r = log_error_errno(errno, "Failed to open %s to the VMM group: %m", dir);
+                goto finish;
+        }
         for (unsigned i = 0; i < arg_rounds; i++) {
-                r = vmm_client_set_confine(NULL);
+                /* --uid-range: both confined, the first as one uid, the second an id per child. */
+                r = vmm_client_set_confine(arg_uid_range ? &c : NULL);
+                round_userns = false;
                 if (r >= 0)
                         r = fork_round(snap, dir, &plain[i]);
                 if (r >= 0)
                         r = vmm_client_set_confine(&c);
+                round_userns = arg_uid_range;
                 if (r >= 0)
                         r = fork_round(snap, dir, &jailed[i]);
+                round_userns = false;
                 (void) vmm_client_set_confine(NULL);
                 if (r < 0)
                         goto finish;
         }
-        {
+        if (arg_uid_range) {
+                uint64_t p = median_ready(plain, arg_rounds, get_ready), j = median_ready(jailed, arg_rounds, get_ready);
+                struct result pm = plain[0], jm = jailed[0];
+
+                for (unsigned i = 0; i < arg_rounds; i++) {
+                        if (plain[i].ready_us == p)
+                                pm = plain[i];
+                        if (jailed[i].ready_us == j)
+                                jm = jailed[i];
+                }
+                print_result("confined, one uid (median round)", &pm, cold_boot_us);
+                print_result("confined, an id per child (median round)", &jm, cold_boot_us);
+                printf("%-36s %12.3f\n", "id per child / one uid, to ready", (double) j / p);
+                printf("rounds (ms to all ready, one uid/id per child):");
+                for (unsigned i = 0; i < arg_rounds; i++)
+                        printf(" %.1f/%.1f", plain[i].ready_us / 1000.0, jailed[i].ready_us / 1000.0);
+                printf("\n");
+                if (arg_json)
+                        printf("{\"n\": %u, \"rounds\": %u, \"shared_uid\": {\"ready\": %u, \"ready_ms\": %.2f, "
+                               "\"spawn_ms\": %.2f}, \"uid_per_child\": {\"ready\": %u, \"ready_ms\": %.2f, "
+                               "\"spawn_ms\": %.2f}, \"uid_ratio\": %.3f, \"cold_boot_ms\": %.2f, \"emulated\": %s}\n",
+                               arg_n, arg_rounds, pm.ready, p / 1000.0, pm.spawn_us / 1000.0, jm.ready, j / 1000.0,
+                               jm.spawn_us / 1000.0, (double) j / p, cold_boot_us / 1000.0,
+                               arg_emulated ? "true" : "false");
+        } else {
                 uint64_t p = median_ready(plain, arg_rounds, get_ready), j = median_ready(jailed, arg_rounds, get_ready);
                 uint64_t ps = median_ready(plain, arg_rounds, get_start), js = median_ready(jailed, arg_rounds, get_start);
                 struct result pm = plain[0], jm = jailed[0];

@@ -736,7 +736,7 @@ def report(args, modes, rounds, bench, backend):
 
     doc = {"n": args.n, "rounds": args.rounds, "mem_mib": args.mem_mib, "paths": args.path,
            "network": args.network, "memory_limit_mib": args.memory_limit_mib, "volumes": args.volumes,
-           "emulated": args.emulated}
+           "vmm_uid_range": args.vmm_uid_range or "default", "emulated": args.emulated}
     plain_names = [x for x, on in (("dbus", "dbus" in args.path), ("nonet", args.network),
                                    ("nolimit", bool(args.memory_limit_mib)), ("novol", args.volumes)) if on]
     for mode in modes:
@@ -829,6 +829,7 @@ def main():
     ap.add_argument("--volumes", action="store_true", help="fork a snapshot with one ro and one cow volume")
     ap.add_argument("--list-usage", action="store_true",
                     help="after the dbus fork of N, time GET /v1/sandboxes with usage against ?usage=false")
+    ap.add_argument("--vmm-uid-range", help="forkd --vmm-uid-range for the stack's forkd ('shared': the baseline)")
     ap.add_argument("--netns-pool", type=int, help="with --network: forkd --netns-pool P (default N; 0: none)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--emulated", action="store_true", help="the figures come from the QEMU test host")
@@ -875,7 +876,7 @@ def main():
 
     modes = [m for m, on in (("engine", "engine" in args.path),
                              ("dbus", "dbus" in args.path or args.network or args.memory_limit_mib
-                              or args.volumes or args.list_usage),
+                              or args.volumes or args.list_usage or args.vmm_uid_range),
                              ("rest", "rest" in args.path), ("net", args.network),
                              ("limit", args.memory_limit_mib), ("vol", args.volumes), ("boot", linux)) if on]
     rounds = {m: [] for m in modes}
@@ -890,6 +891,8 @@ def main():
                 rounds["engine"].append(engine(args))
         else:
             forkd_args = ["--netns-pool", str(args.netns_pool)] if args.netns_pool else []
+            if args.vmm_uid_range:
+                forkd_args += ["--vmm-uid-range", args.vmm_uid_range]
             with Stack(args.build, args.emulated, args.image if linux else None, forkd_args) as stack:
                 backend = stack.cgroup_backend()
                 bench = (LinuxBench if linux else Bench)(args, stack)

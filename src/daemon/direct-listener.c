@@ -33,9 +33,10 @@ int manager_trust_bridge(Manager *m, uid_t uid) {
 
         if (uid == 0 || uid == OWNER_UID_INVALID)
                 return -EINVAL;
-        /* A confined VMM runs as vmm_uid and sees the state directory, where the
-         * socket may be: it must never pass for the bridge. */
-        if (uid == m->vmm_uid)
+        /* A confined VMM runs as vmm_uid, or an id of --vmm-uid-range, and sees
+         * the state directory, where the socket may be: it must never pass for
+         * the bridge. */
+        if (uid == m->vmm_uid || uid_range_contains(&m->vmm_uids, uid))
                 return -EEXIST;
         r = polkit_registry_trust_bridge(&m->polkit_registry, uid);
         if (r < 0)

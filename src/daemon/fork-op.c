@@ -19,6 +19,7 @@
 #include "sandbox.h"
 #include "vm-template.h"
 #include "vmm-client.h"
+#include "vmm-userns.h"
 #include "worker.h"
 
 #define PING_TIMEOUT_USEC (60 * USEC_PER_SEC)
@@ -94,6 +95,10 @@ ForkOp *fork_op_free(ForkOp *f) {
                         safe_close(f->stats_fds[i]);
         free(f->stats);
         free(f->stats_fds);
+        if (f->vmm_uids)
+                for (unsigned i = 0; i < f->n; i++)
+                        uid_range_free(&f->manager->vmm_uids, f->vmm_uids[i]);
+        free(f->vmm_uids);
         free(f->agent_fds);
         free(f->control_fds);
         free(f->pids);
@@ -464,9 +469,39 @@ static void fork_on_batch(size_t first, size_t k, void *userdata) {
 }
 
 /* Start the template if it is not running, and have it fork the children. */
+/* Each child's user namespace (vmm-userns.c), before the first is spawned. */
+static int fork_make_userns(ForkOp *f, int **ret) {
+        int *fds;
+
+        fds = malloc(f->n * sizeof(int));
+        if (!fds)
+                return -ENOMEM;
+        for (unsigned k = 0; k < f->n; k++)
+                fds[k] = -EBADF;
+        for (unsigned k = 0; k < f->n; k++) {
+                int r = vmm_userns_new(f->userns_owner, f->vmm_uids[k], f->userns_group, &fds[k]);
+
+                if (r < 0) {
+                        for (unsigned i = 0; i < k; i++)
+                                safe_close(fds[i]);
+                        free(fds);
+                        return r;
+                }
+        }
+        *ret = fds;
+        return 0;
+}
+
 static int fork_spawn(ForkOp *f, const int *taps) {
         VmTemplate *t = f->template;
+        _cleanup_free_ int *userns = NULL;
         int r = 0;
+
+        if (f->vmm_uids) {
+                r = fork_make_userns(f, &userns);
+                if (r < 0)
+                        return fork_work_error(f, r, "Failed to make the user namespaces of the VMMs");
+        }
 
         if (f->need_start) {
                 _cleanup_free_ char *err = NULL;
@@ -499,6 +534,7 @@ static int fork_spawn(ForkOp *f, const int *taps) {
                         .disk_rate = rate_limit_is_set(&f->opts.limits.disk_rate) ? &f->opts.limits.disk_rate : NULL,
                         .net_rate = rate_limit_is_set(&f->opts.limits.net_rate) ? &f->opts.limits.net_rate : NULL,
                         .stats_fds = f->stats_fds + start,
+                        .userns_fds = userns ? userns + start : NULL,
                 };
 
                 while (end < f->n && ((!parent && !f->cgroup_parents[end]) ||
@@ -517,6 +553,9 @@ static int fork_spawn(ForkOp *f, const int *taps) {
         }
         t->vt.on_event = NULL;
         t->vt.event_userdata = NULL;
+        /* The namespaces live on in the children that entered them. */
+        for (unsigned k = 0; userns && k < f->n; k++)
+                safe_close(userns[k]);
         /* The children have their taps (or never will): forkd's copies go. */
         for (unsigned i = 0; i < f->n_net_picked; i++)
                 netns_child_done(&f->net[i]);
@@ -594,6 +633,7 @@ static void fork_work_done(int r, void *userdata) {
                                 .limits = f->opts.limits,
                                 .has_cgroup = f->has_cgroup[i], .live_fork = f->opts.live_fork,
                                 .owner_uid = f->opts.owner_uid,
+                                .vmm_uid = f->vmm_uids ? f->vmm_uids[i] : 0,
                                 .netns_owned = f->opts.net, .net_policy = f->opts.net_policy,
                                 .host_addr = f->opts.net ? f->net[i].host_addr : NULL,
                                 .inside_addr = f->opts.net ? f->net[i].inside_addr : NULL,
@@ -619,9 +659,11 @@ static void fork_work_done(int r, void *userdata) {
                                 (void) kill(f->pids[i], SIGKILL);
                                 continue;
                         }
-                        /* Owned by the sandbox now, its namespace included. */
+                        /* Owned by the sandbox now, its namespace and its id included. */
                         s->control_fd = TAKE_FD(f->control_fds[i]);
                         s->stats = TAKE_PTR(f->stats[i]);
+                        if (f->vmm_uids)
+                                f->vmm_uids[i] = 0;
                         if (f->opts.net) {
                                 f->net_made[i] = false;
                                 f->net_index[i] = 0;
@@ -975,6 +1017,27 @@ static int fork_op_start_full(Manager *m, Image *i, VmTemplate *t, unsigned n, c
                                 r = -ENOMEM;
                                 goto fail;
                         }
+        }
+
+        /* Each child of a snapshot's template gets an id of its own; a frozen
+         * copy's children (t) run under the copy's (vm-template.h). */
+        if (m->vmm_uids.count > 0 && !t) {
+                f->vmm_uids = calloc(n, sizeof(uid_t));
+                if (!f->vmm_uids) {
+                        r = -ENOMEM;
+                        goto fail;
+                }
+                for (unsigned k = 0; k < n; k++) {
+                        r = uid_range_alloc(&m->vmm_uids, &f->vmm_uids[k]);
+                        if (r < 0) {
+                                log_warning("All %u ids of --vmm-uid-range are in use: no VMM may start.",
+                                            m->vmm_uids.count);
+                                r = -EUSERS;
+                                goto fail;
+                        }
+                }
+                f->userns_owner = m->vmm_uid;
+                f->userns_group = m->vmm_gid;
         }
 
         /* Either limit gives each child a cgroup of its own. */

@@ -85,6 +85,13 @@ struct ForkOp {
         NetnsPrefix net_prefix;
         bool *has_cgroup;
         unsigned n_cgroups_pending;
+        /* Per child, its id of --vmm-uid-range, held until its sandbox takes it
+         * (0 then); NULL: none (shared, unconfined, or the children of a
+         * frozen copy, which run under its id). The worker makes each a user
+         * namespace owned by userns_owner, the template's uid (vmm-userns.h). */
+        uid_t *vmm_uids;
+        uid_t userns_owner;
+        gid_t userns_group;
         int cgroup_error;
         bool reserved;             /* n counted in manager->n_sandboxes_reserved */
 

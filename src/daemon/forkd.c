@@ -53,6 +53,7 @@ static const char *arg_registry_config = NULL; /* --registry-config, else $FORKD
 static bool arg_confine = true;
 static uid_t arg_vmm_uid = VMM_USER_DEFAULT_UID;
 static gid_t arg_vmm_gid = VMM_USER_DEFAULT_GID;
+static const char *arg_vmm_uid_range = NULL; /* --vmm-uid-range, else $FORKD_VMM_UID_RANGE */
 static const char *arg_bridge_user = NULL; /* --trusted-bridge-user, resolved in run() */
 
 static void help(void) {
@@ -105,6 +106,11 @@ static void help(void) {
                "                          also FORKD_REGISTRY_CONFIG)\n"
                "     --vmm-user UID[:GID] The user (and group) confined VMMs run as (default %u:%u,\n"
                "                          in no /etc/passwd; see forkd-vmm(8), CONFINEMENT)\n"
+               "     --vmm-uid-range FIRST:COUNT|shared\n"
+               "                          The ids confined VMMs run under, as uid and gid; no\n"
+               "                          user or group may have one (e.g. %u:%u; default\n"
+               "                          'shared': every VMM runs as --vmm-user; also\n"
+               "                          FORKD_VMM_UID_RANGE; see forkd(8), VMM USERS)\n"
                "     --no-confine         Run VMMs as forkd itself, without their jail, seccomp\n"
                "                          filter or user (for measurements and debugging;\n"
                "                          also FORKD_NO_CONFINE=1)\n"
@@ -116,7 +122,7 @@ static void help(void) {
                FORKD_VMM_DEFAULT, OPERATIONS_MAX_LIMIT, OPERATIONS_MAX_DEFAULT, BRANCHES_MAX_LIMIT,
                BRANCHES_MAX_DEFAULT, CONTROL_TIMEOUT_MAX_SEC, CONTROL_TIMEOUT_DEFAULT_SEC, NETNS_POOL_MAX, MEM_MIB_MAX,
                VMM_MEM_MIB_DEFAULT, VMM_USER_DEFAULT_UID,
-               VMM_USER_DEFAULT_GID);
+               VMM_USER_DEFAULT_GID, VMM_UID_RANGE_DEFAULT_FIRST, VMM_UID_RANGE_DEFAULT_COUNT);
 }
 
 /* A decimal number from min to max, digits only. */
@@ -161,7 +167,7 @@ static int setup_image_paths(Manager *m) {
 
 static int parse_argv(int argc, char *argv[]) {
         enum { ARG_VERSION = 0x100, ARG_STATE_DIR, ARG_RUNTIME_DIR, ARG_VMM, ARG_BUS_ADDRESS, ARG_CGROUP_ROOT, ARG_MAX_OPERATIONS,
-               ARG_MAX_BRANCHES, ARG_CONTROL_TIMEOUT, ARG_VMM_USER, ARG_NO_CONFINE,
+               ARG_MAX_BRANCHES, ARG_CONTROL_TIMEOUT, ARG_VMM_USER, ARG_VMM_UID_RANGE, ARG_NO_CONFINE,
                ARG_TRUSTED_BRIDGE_USER, ARG_NETNS_POOL, ARG_DEFAULT_MEM_MIB, ARG_DEFAULT_VCPUS, ARG_DEFAULT_KERNEL, ARG_DEFAULT_INITRD,
                ARG_REGISTRY_CONFIG };
         static const struct option options[] = {
@@ -176,6 +182,7 @@ static int parse_argv(int argc, char *argv[]) {
                 { "max-branches", required_argument, NULL, ARG_MAX_BRANCHES },
                 { "control-timeout-sec", required_argument, NULL, ARG_CONTROL_TIMEOUT },
                 { "vmm-user", required_argument, NULL, ARG_VMM_USER },
+                { "vmm-uid-range", required_argument, NULL, ARG_VMM_UID_RANGE },
                 { "no-confine", no_argument, NULL, ARG_NO_CONFINE },
                 { "trusted-bridge-user", required_argument, NULL, ARG_TRUSTED_BRIDGE_USER },
                 { "netns-pool", required_argument, NULL, ARG_NETNS_POOL },
@@ -259,6 +266,9 @@ static int parse_argv(int argc, char *argv[]) {
                         if (vmm_parse_user(optarg, &arg_vmm_uid, &arg_vmm_gid) < 0)
                                 return log_error_errno(EINVAL, "--vmm-user takes UID[:GID], numbers other than 0.");
                         break;
+                case ARG_VMM_UID_RANGE:
+                        arg_vmm_uid_range = optarg;
+                        break;
                 case ARG_NO_CONFINE:
                         arg_confine = false;
                         break;
@@ -291,6 +301,53 @@ static int parse_default_mem_mib(const char *s, unsigned *ret) {
 /* --trusted-bridge-user: a decimal uid, or a user name looked up in the user
  * database. "" is none (OWNER_UID_INVALID). -EINVAL for anything malformed, root
  * or (uid_t) -1; -ENOENT for a well-formed name with no such user. */
+/* forkd --vmm-uid-range (forkd(8), VMM USERS): refused whole if it holds a
+ * reserved id, the --vmm-user, or any user's or group's id; then the ids of
+ * the range that a process still runs under (a VMM of a forkd that went away,
+ * not dead yet) are marked used. */
+static int setup_vmm_uid_range(Manager *m, const char *spec) {
+        _cleanup_free_ char *what = NULL;
+        uid_t first = VMM_UID_RANGE_DEFAULT_FIRST, id = 0;
+        uint32_t count = VMM_UID_RANGE_DEFAULT_COUNT;
+        int r;
+
+        /* Not yet the default: a flat branch hard-links its parent's files, which
+         * a VMM under an id of its own may not (fs.protected_hardlinks). */
+        if (!spec || streq(spec, "shared")) {
+                log_info("Every confined VMM runs as %u:%u (--vmm-uid-range shared).", (unsigned) m->vmm_uid,
+                         (unsigned) m->vmm_gid);
+                return 0;
+        }
+        if (spec && uid_range_parse(spec, &first, &count) < 0)
+                return log_error_errno(EINVAL, "--vmm-uid-range (FORKD_VMM_UID_RANGE) takes FIRST:COUNT, decimal "
+                                       "numbers, COUNT from 1 to %u, or 'shared', not '%s'.",
+                                       VMM_UID_RANGE_COUNT_MAX, spec);
+        r = uid_range_check(first, count, m->vmm_uid, &id);
+        if (r >= 0) /* the VMM group is every such VMM's too */
+                r = uid_range_check(first, count, m->vmm_gid, &id);
+        if (r == -EEXIST)
+                return log_error_errno(r, "--vmm-uid-range %u:%u holds %u, which no VMM may run as (root, nobody, "
+                                       "65533, or the --vmm-user's uid or gid).", (unsigned) first, (unsigned) count,
+                                       (unsigned) id);
+        if (r < 0)
+                return log_error_errno(r, "--vmm-uid-range %u:%u goes past the last uid, %u.", (unsigned) first,
+                                       (unsigned) count, (unsigned) ((uid_t) -1 - 1));
+        r = uid_range_check_databases(first, count, &what);
+        if (r < 0)
+                return log_error_errno(r, "--vmm-uid-range %u:%u holds the id of %s; pick a range no user or group "
+                                       "has an id in.", (unsigned) first, (unsigned) count, what);
+        r = uid_range_init(&m->vmm_uids, first, count);
+        if (r < 0)
+                return log_oom();
+        r = uid_range_reserve_running(&m->vmm_uids, "/proc");
+        if (r < 0)
+                return log_error_errno(r, "Failed to read /proc for processes that run under an id of "
+                                       "--vmm-uid-range: %m");
+        if (r > 0)
+                log_info("%d id(s) of --vmm-uid-range still in use by a running process: kept out of use.", r);
+        return 0;
+}
+
 static int resolve_bridge_user(const char *s, uid_t *ret) {
         struct passwd pw, *found = NULL;
         char buf[4096];
@@ -427,6 +484,11 @@ static int run(int argc, char *argv[]) {
         m->confine = arg_confine && !(getenv("FORKD_NO_CONFINE") && strcmp(getenv("FORKD_NO_CONFINE"), "1") == 0);
         m->vmm_uid = arg_vmm_uid;
         m->vmm_gid = arg_vmm_gid;
+        if (m->confine) {
+                r = setup_vmm_uid_range(m, arg_vmm_uid_range ?: getenv("FORKD_VMM_UID_RANGE"));
+                if (r < 0)
+                        return r;
+        }
         if (arg_bridge_user) {
                 uid_t uid;
 
@@ -439,6 +501,10 @@ static int run(int argc, char *argv[]) {
                                                "(or an empty value for none).");
                 else if (uid != OWNER_UID_INVALID) {
                         r = manager_trust_bridge(m, uid);
+                        if (r == -EEXIST && uid != m->vmm_uid)
+                                return log_error_errno(r, "--trusted-bridge-user: uid %u is one of --vmm-uid-range; "
+                                                       "a confined VMM must not pass for the bridge.",
+                                                       (unsigned) uid);
                         if (r == -EEXIST)
                                 return log_error_errno(r, "--trusted-bridge-user: uid %u is the VMM user "
                                                        "(--vmm-user); a confined VMM must not pass for the bridge.",

@@ -98,6 +98,7 @@ Manager *manager_free(Manager *m) {
                 image_free(hashmap_first(m->images));
 
         m->cgroups = cgroup_manager_free(m->cgroups);
+        uid_range_done(&m->vmm_uids);
         m->images = hashmap_free(m->images);
         m->creating = hashmap_free(m->creating);
         m->branching = hashmap_free(m->branching);

@@ -15,6 +15,7 @@
 #include "forkd-bus.h"
 #include "hashmap.h"
 #include "histogram.h"
+#include "uid-range.h"
 #include "netns-pool.h"
 
 
@@ -116,6 +117,10 @@ struct Manager {
         bool confine;         /* VMMs run confined (confine.c; forkd --no-confine: false) */
         uid_t vmm_uid;        /* their user and group (forkd --vmm-user) */
         gid_t vmm_gid;
+        /* forkd --vmm-uid-range FIRST:COUNT: the ids a VMM of its own may run
+         * under (uid-range.c), checked and recovered at start; count 0 with
+         * --vmm-uid-range shared, or unconfined. */
+        UidRange vmm_uids;
 
         Hashmap *images;      /* tag -> Image */
         Hashmap *creating;    /* tag -> Operation: snapshots being created */

@@ -34,6 +34,7 @@ typedef struct SandboxFork {
         int tpl_fd;
         pid_t pid;
         uint64_t pause_us;
+        uid_t vmm_uid;        /* the source's id of --vmm-uid-range, held for the frozen copy; 0: none */
 } SandboxFork;
 
 /* Freed with its operation (operation_free()). */
@@ -41,6 +42,7 @@ static void sandbox_fork_release(void *p) {
         SandboxFork *f = p;
 
         safe_close(f->tpl_fd); /* a template we never adopted ends with its children */
+        uid_range_free(&f->manager->vmm_uids, f->vmm_uid);
         free(f->source_id);
         free(f->tag);
         free(f);
@@ -115,6 +117,8 @@ static void start_fork(SandboxFork *f) {
                 return;
         }
         f->tpl_fd = -EBADF; /* the template's now */
+        t->vmm_uid = f->vmm_uid; /* and so is the id */
+        f->vmm_uid = 0;
         r = fork_op_start_template(m, t, f->n, &opts, on_fork_done, f, &f->operation->fork);
         if (r < 0) {
                 if (r == -EUSERS)
@@ -203,6 +207,18 @@ int sandbox_fork_start(Sandbox *s, sd_bus_message *message, unsigned n, const st
         if (!f->source_id || !f->tag) {
                 sandbox_fork_free(f);
                 return -ENOMEM;
+        }
+        /* The frozen copy is a fork of the source's VMM: it runs under the
+         * same id, and so do its children, which it cannot switch (the
+         * source sealed its identity). Held until the copy goes, whenever the
+         * source goes. */
+        if (s->vmm_uid != 0) {
+                r = uid_range_ref(&m->vmm_uids, s->vmm_uid);
+                if (r < 0) {
+                        sandbox_fork_free(f);
+                        return r;
+                }
+                f->vmm_uid = s->vmm_uid;
         }
         if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0) {
                 r = -errno;

@@ -198,6 +198,7 @@ static int sandbox_new_full(Manager *m, const struct sandbox_params *p, int agen
         s->memory_limit_mib = p->memory_limit_mib;
         s->limits = p->limits;
         s->owner_uid = p->owner_uid;
+        s->vmm_uid = p->vmm_uid;
         s->has_cgroup = p->has_cgroup;
         s->live_fork = p->live_fork;
         s->net_policy = p->net_policy;
@@ -341,6 +342,8 @@ Sandbox *sandbox_free(Sandbox *s) {
                 s->retire_reply = sd_bus_message_unref(s->retire_reply);
         }
         fail_all_calls(s, -ECONNRESET);
+        /* Its VMM is gone (or killed, at shutdown): another may have its id. */
+        uid_range_free(&m->vmm_uids, s->vmm_uid);
         m->hooks->sandbox_gone(s);
         s->control_source = sd_event_source_disable_unref(s->control_source);
         s->control_timer = sd_event_source_disable_unref(s->control_timer);

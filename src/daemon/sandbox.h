@@ -54,6 +54,7 @@ struct Sandbox {
         uint32_t memory_limit_mib; /* 0: none */
         struct sandbox_limits limits; /* cpu_limit, disk_rate, net_rate (fork-options.h) */
         uid_t owner_uid;      /* the caller that forked it (a merge keeps the id's owner) */
+        uid_t vmm_uid;        /* the id of --vmm-uid-range its VMM runs under, held till it goes; 0: none */
         bool has_cgroup;
         bool live_fork;
         bool killed;          /* by us: the exit reason is "terminated" */
@@ -121,6 +122,7 @@ struct sandbox_params {
         uint32_t memory_limit_mib;
         struct sandbox_limits limits;
         uid_t owner_uid;
+        uid_t vmm_uid;        /* an id of --vmm-uid-range, taken over by the sandbox; 0: none */
         bool has_cgroup, live_fork;
         int net_policy;       /* with netns_owned */
 };

@@ -113,6 +113,7 @@ VmTemplate *vm_template_free(VmTemplate *t) {
                 m->templates = t->next;
         if (t->next)
                 t->next->prev = t->prev;
+        uid_range_free(&m->vmm_uids, t->vmm_uid);
         free(t->tag);
         free(t->snapshot_dir);
         free(t);

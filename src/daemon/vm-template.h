@@ -25,6 +25,11 @@ struct VmTemplate {
 
         struct vmm_template vt;  /* vt.pid == 0: no process */
         pid_t cgroup_pid;        /* its cgroup is tpl-<this> (cgroup_template_join()); 0: none */
+        /* The frozen copy of a running sandbox: the id of --vmm-uid-range that
+         * sandbox's VMM, and so this copy and its children, run under, held
+         * till the copy goes; 0: none (a snapshot's template runs as
+         * --vmm-user and gives each child an id of its own). */
+        uid_t vmm_uid;
         bool cgroup_tried;       /* cgroup_template_join() was called for this process, once */
         int pidfd;
         sd_event_source *io_source, *pid_source;

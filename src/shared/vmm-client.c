@@ -441,6 +441,8 @@ static int send_batch(struct vmm_template *t, const char *const *ids, size_t n, 
                 json_object_object_add(req, "net_rate", rate_limit_to_json(opts->net_rate));
         if (opts->stats_fds) /* likewise */
                 json_object_object_add(req, "with_stats", json_object_new_boolean(true));
+        if (opts->userns_fds)
+                json_object_object_add(req, "with_userns", json_object_new_boolean(true));
         s = json_object_to_json_string_ext(req, JSON_C_TO_STRING_PLAIN);
         iov = (struct iovec) { .iov_base = (void *) s, .iov_len = strlen(s) };
 
@@ -471,10 +473,10 @@ int vmm_client_template_spawn_with(struct vmm_template *t, const char *const *id
         /* A confined child has no right to enter a namespace, and no need: its NIC is
          * the tap, opened in its namespace, and it may open no socket (jail.c). */
         const char *const *netns = confine.enabled ? NULL : opts->netns;
-        /* At most 6 fds a child (agent, control, cgroup, netns, tap, stats), SCM_MAX_FD a message. */
+        /* At most 7 fds a child (agent, control, cgroup, netns, tap, stats, userns), SCM_MAX_FD a message. */
         size_t sent = 0, got = 0,
                batch = vmm_spawn_batch_size_fds(1u + with_control + !!opts->cgroup_parent + !!netns +
-                                                !!opts->tap_fds + !!opts->stats_fds);
+                                                !!opts->tap_fds + !!opts->stats_fds + !!opts->userns_fds);
         int r = 0;
 
         for (size_t i = 0; i < n; i++) {
@@ -549,6 +551,14 @@ int vmm_client_template_spawn_with(struct vmm_template *t, const char *const *id
                         }
                         if (opts->stats_fds) {
                                 fds[n_fds] = fcntl(opts->stats_fds[sent + i], F_DUPFD_CLOEXEC, 3);
+                                if (fds[n_fds] < 0) {
+                                        r = -errno;
+                                        goto close_batch;
+                                }
+                                n_fds++;
+                        }
+                        if (opts->userns_fds) {
+                                fds[n_fds] = fcntl(opts->userns_fds[sent + i], F_DUPFD_CLOEXEC, 3);
                                 if (fds[n_fds] < 0) {
                                         r = -errno;
                                         goto close_batch;

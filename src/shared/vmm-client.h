@@ -150,6 +150,11 @@ struct vmm_spawn_options {
          * at least), sent last, "with_stats":true: the child counts its
          * devices' work in it. They stay the caller's, like tap_fds. */
         const int *stats_fds;
+        /* NULL, or one user namespace fd per id (a confined template only;
+         * vmm_userns_new() makes them): child i runs under the ids it
+         * maps (forkd-vmm(8), CONFINEMENT). Sent last (after the stats memfd), "with_userns":true;
+         * they stay the caller's. */
+        const int *userns_fds;
 };
 
 /* How many children one spawn request carries, given which fds go along per

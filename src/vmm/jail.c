@@ -21,10 +21,15 @@
  * 3. Then, before it reads anything of the snapshot, every process drops
  *    everything (jail_drop_privileges()): no supplementary groups, the VMM's
  *    gid and uid, an empty bounding set, no capabilities in any set (ambient
- *    included), no_new_privs. The template does this too, so it and its
- *    children share one uid: it may kill them, and the kernel lets its death
- *    signal them, without CAP_KILL. A child needs no privilege of its own:
- *    it joins its cgroup by writing to a cgroup.procs fd that forkd opened
+ *    included), no_new_privs. The template does this too, and keeps no
+ *    capability at all. A child that forkd sent a user namespace then
+ *    switches to its sandbox's own id there (jail_enter_user()): the
+ *    namespace is owned by the template's uid, and the owner of a user
+ *    namespace has every capability in it and in no other, so the template
+ *    needs none to send its child there, and may still kill it, and the
+ *    kernel lets its death signal it, without CAP_KILL (as it may a child of
+ *    its own uid, when there is no namespace). A child needs no privilege of
+ *    its own: it joins its cgroup by writing to a cgroup.procs fd that forkd opened
  *    (the kernel checks the opener's rights) and its NIC is a tap fd that
  *    forkd opened in the sandbox's namespace. So a confined child never
  *    enters a network namespace (setns() needs CAP_SYS_ADMIN): it stays in
@@ -42,13 +47,20 @@
  * loop, the snapshot/branch code and a restore use, and the few terminal and
  * file ioctls the C library makes.
  *
- * What this does not do: every VMM shares one uid, so a VMM that escapes its
- * guest and then its filter could read other snapshots in the state
- * directory; a uid per template would close that. "compact" and "check" run
- * no guest and are not confined.
+ * 5. Every confined child of a template seals its identity after the switch
+ *    (jail_seal_identity()): a second filter kills the calls of the switch,
+ *    which the template's own filter has to allow.
+ *
+ * What this does not do: the jail binds the whole state directory and the
+ * VMMs share the VMM group, so a VMM that escapes its guest and then its
+ * filters could read other snapshots in the state directory (not another
+ * sandbox's files, memory or /proc entries). "compact" and "check" run no
+ * guest and are not confined.
  */
 #include <fcntl.h>
 #include <linux/capability.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
 #include <linux/fs.h>
 #include <linux/if_tun.h>
 #include <linux/kvm.h>
@@ -64,8 +76,10 @@
 #include <sys/syscall.h>
 #include <termios.h>
 #include <unistd.h>
+#include <assert.h>
 #include <grp.h>
 #include <limits.h>
+#include <stddef.h>
 
 #include "jail.h"
 #include "macro.h"
@@ -311,6 +325,15 @@ static const unsigned long ioctls_kvm[] = {
         TUNGETIFF, TUNGETVNETHDRSZ,
 };
 
+/* A template's, for its children's switch to a user of their own
+ * (jail_enter_user()) and the filter that seals it (jail_seal_identity()),
+ * which kills each of these again. */
+static const int syscalls_template[] = {
+        SCMP_SYS(setns), SCMP_SYS(setresuid), SCMP_SYS(setresgid), SCMP_SYS(setgroups), SCMP_SYS(capset),
+        SCMP_SYS(seccomp),
+};
+static const int prctls_template[] = { PR_CAPBSET_READ, PR_CAPBSET_DROP, PR_CAP_AMBIENT };
+
 /* prctl() options the VMM uses after its filter is on (the dumpable flag: chain.c's
  * open_self_pagemap()). */
 static const int prctls_vmm[] = { PR_SET_NAME, PR_GET_NAME, PR_SET_PDEATHSIG, PR_GET_PDEATHSIG, PR_GET_DUMPABLE,
@@ -345,6 +368,11 @@ static int build_filter(scmp_filter_ctx *ret) {
         for (size_t i = 0; r >= 0 && i < ELEMENTSOF(prctls_vmm); i++)
                 r = seccomp_rule_add(ctx, SCMP_ACT_ALLOW, SCMP_SYS(prctl), 1,
                                      SCMP_A0(SCMP_CMP_EQ, (scmp_datum_t) prctls_vmm[i], 0));
+        if (r >= 0 && jail.template)
+                r = add_all(ctx, syscalls_template, ELEMENTSOF(syscalls_template));
+        for (size_t i = 0; r >= 0 && jail.template && i < ELEMENTSOF(prctls_template); i++)
+                r = seccomp_rule_add(ctx, SCMP_ACT_ALLOW, SCMP_SYS(prctl), 1,
+                                     SCMP_A0(SCMP_CMP_EQ, (scmp_datum_t) prctls_template[i], 0));
         if (r < 0) {
                 seccomp_release(ctx);
                 return r;
@@ -370,6 +398,72 @@ int jail_apply_seccomp(void) {
         return 0;
 }
 
+int jail_enter_user(int userns_fd) {
+        const gid_t group = 1; /* the template's group in the namespace */
+        pid_t parent = getppid();
+        int pdeath = 0, r;
+
+        (void) prctl(PR_GET_PDEATHSIG, &pdeath, 0, 0, 0);
+        if (setns(userns_fd, CLONE_NEWUSER) < 0)
+                return log_error_errno(errno, "jail: entering the sandbox's user namespace failed: %m");
+        if (setgroups(1, &group) < 0 || setresgid(0, 0, 0) < 0 || setresuid(0, 0, 0) < 0)
+                return log_error_errno(errno, "jail: switching to the sandbox's user failed: %m");
+        /* Entering gave every capability, in the namespace only: none stays. */
+        r = bounding_set_keep(0);
+        if (r >= 0)
+                r = caps_set(0);
+        if (r < 0)
+                return log_error_errno(r, "jail: dropping the namespace's capabilities failed: %m");
+        if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) < 0 && errno != EINVAL)
+                return log_error_errno(errno, "jail: clearing the ambient set failed: %m");
+        if (pdeath > 0) {
+                if (prctl(PR_SET_PDEATHSIG, pdeath, 0, 0, 0) < 0)
+                        return log_error_errno(errno, "jail: setting the parent-death signal again failed: %m");
+                if (getppid() != parent)
+                        return log_error_errno(ESRCH, "jail: the template died while this child switched users");
+        }
+        return 0;
+}
+
+int jail_seal_identity(void) {
+        /* Kill on the calls of syscalls_template[], their older relatives, and
+         * the prctl() options of prctls_template[]; allow the rest (the first
+         * filter still applies). */
+        static const int nrs[] = {
+                __NR_setns, __NR_setresuid, __NR_setresgid, __NR_setgroups, __NR_capset, __NR_seccomp,
+                __NR_setuid, __NR_setgid, __NR_setreuid, __NR_setregid, __NR_setfsuid, __NR_setfsgid, __NR_unshare,
+        };
+        struct sock_filter f[3 + 1 + 2 * ELEMENTSOF(nrs) + 8];
+        struct sock_fprog prog = { .filter = f };
+        unsigned n = 0;
+
+        if (!jail.template || !jail.enabled || jail.sealed)
+                return 0;
+        f[n++] = (struct sock_filter) BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch));
+        f[n++] = (struct sock_filter) BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0);
+        f[n++] = (struct sock_filter) BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS);
+        f[n++] = (struct sock_filter) BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr));
+        for (size_t i = 0; i < ELEMENTSOF(nrs); i++) {
+                f[n++] = (struct sock_filter) BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t) nrs[i], 0, 1);
+                f[n++] = (struct sock_filter) BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS);
+        }
+        /* prctl(): its option, the low word of args[0] (x86-64 is little-endian) */
+        f[n++] = (struct sock_filter) BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_prctl, 0, 6);
+        f[n++] = (struct sock_filter) BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[0]));
+        f[n++] = (struct sock_filter) BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, PR_CAPBSET_READ, 3, 0);
+        f[n++] = (struct sock_filter) BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, PR_CAPBSET_DROP, 2, 0);
+        f[n++] = (struct sock_filter) BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, PR_CAP_AMBIENT, 1, 0);
+        f[n++] = (struct sock_filter) BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW);
+        f[n++] = (struct sock_filter) BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS);
+        f[n++] = (struct sock_filter) BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW);
+        assert(n <= ELEMENTSOF(f));
+        prog.len = (unsigned short) n;
+        if (syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog) < 0)
+                return log_error_errno(errno, "jail: loading the filter that seals the child's user failed: %m");
+        jail.sealed = true;
+        return 0;
+}
+
 int jail_confine_vmm(void) {
         int r;
 
@@ -390,7 +484,7 @@ void jail_test_hook(uint8_t what) {
                 return;
         switch (what) {
         case JAIL_TEST_SETRESUID:
-                /* The template's filter had it once, when the template switched its children's uid. */
+                /* The template's filter has it, for its children's switch of user; their seal kills it. */
                 log_info("test hook: calling setresuid(-1, -1, -1), which the allow-list does not have");
                 (void) setresuid((uid_t) -1, (uid_t) -1, (uid_t) -1);
                 break;

@@ -21,9 +21,11 @@ struct jail {
         const char *binds[JAIL_BINDS_MAX]; /* bound read-write at the same path */
         unsigned n_binds;
         bool test_hooks;  /* FORKD_VMM_TEST_HOOKS=1 */
+        bool template;    /* "template": its filter lets a child switch to its own user (jail_enter_user()) */
         bool dropped;     /* this process already runs as the VMM's user, without capabilities */
         bool filtered;    /* ... under the VMM's seccomp filter (a template's child: inherited) */
         bool confined;    /* jail_confine_vmm() is done */
+        bool sealed;      /* jail_seal_identity() is done (inherited by a fork, as the filter is) */
 };
 
 /* The one configuration of this process (main.c fills it from argv). A fork
@@ -45,6 +47,23 @@ int jail_drop_privileges(void);
 /* The VMM's seccomp allow-list; anything else kills the process. The template
  * loads it for itself and its children; a no-op once loaded (jail.filtered). */
 int jail_apply_seccomp(void);
+
+/* A template's child, confined, before it restores anything: enters the
+ * user namespace forkd made for it (userns_fd), which maps its uid and gid 0
+ * to the sandbox's own id and its gid 1 to the template's group, owned by the
+ * template's uid; becomes 0:0 there, with group 1 as its one supplementary
+ * group; then drops the capabilities that entering gave it, every set
+ * (bounding and ambient included) emptied. So it runs under an id of its own
+ * without the template holding any capability: the owner of a user namespace
+ * has them all in it, and nothing more. The parent-death signal is set again. */
+int jail_enter_user(int userns_fd);
+
+/* A template's child, confined, right after jail_enter_user() (or in its
+ * place): a second filter that kills the process on any call that changes
+ * its identity or filter (setns, set*id, setgroups, capset, seccomp, unshare,
+ * prctl on capability sets), which the template's own filter allows for the
+ * switch. A no-op anywhere else. */
+int jail_seal_identity(void);
 
 /* Everything a process that runs a guest does before its first KVM_RUN:
  * jail_drop_privileges() and jail_apply_seccomp(), each a no-op if done (a

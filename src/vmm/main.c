@@ -638,6 +638,7 @@ int main(int argc, char *argv[]) {
         if (jail.enabled) {
                 /* Before the snapshot is parsed: the template runs no guest, but
                  * reads files, and its children inherit all of this. */
+                jail.template = true;
                 r = jail_enter();
                 if (r >= 0)
                         r = jail_drop_privileges();

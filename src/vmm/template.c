@@ -37,11 +37,19 @@
  *      stamps with the magic and version, and counts its devices' work in;
  *      the controller maps it read-only. A child whose page cannot be mapped
  *      exits with VMM_CHILD_EXIT_RESTORE rather than run uncounted.
+ *      with_userns (a confined template only): each child gets the fd of a
+ *      user namespace that forkd made for it, owned by the template's uid,
+ *      mapping uid and gid 0 to the sandbox's own id and gid 1 to the
+ *      template's group; the child enters it and becomes 0:0 there (its own
+ *      id on the host) after its cgroup and before it restores anything, and
+ *      exits with status 1 rather than run as the template's user
+ *      (jail_enter_user()). Every confined child then seals its identity
+ *      (jail_seal_identity()).
  *      with SCM_RIGHTS: per id, its agent fd, then (with_control) its control
  *      fd, then (cgroup_parent) its cgroup.procs fd, then (a netns name) its
  *      namespace fd, then (with_tap) its tap fd, then (with_stats) its stats
- *      memfd; at most TEMPLATE_MAX_FDS in
- *      one message
+ *      memfd, then (with_userns) its user namespace fd; at most
+ *      TEMPLATE_MAX_FDS in one message
  *      (vmm_spawn_batch_size() in vmm-client.h)
  *      disk_rate, net_rate (optional, null or absent: none): the limits of
  *      every child of the request, {"bandwidth":N,"ops":N,"burst":N} as
@@ -132,7 +140,7 @@ static void send_error(struct template *t, const char *msg) {
 
 /* The fds a child gets from a spawn request (-1: none). */
 struct child_fds {
-        int agent, control, cgroup, netns, tap, stats;
+        int agent, control, cgroup, netns, tap, stats, userns;
 };
 
 /* A spawn's "disk_rate" and "net_rate", for every child of the request. */
@@ -190,6 +198,11 @@ static _Noreturn void child_main(struct template *t, const char *id, const struc
                 _exit(VMM_CHILD_EXIT_NETNS);
         }
         safe_close(fds->netns);
+        if (fds->userns >= 0 && jail_enter_user(fds->userns) < 0)
+                _exit(VMM_CHILD_EXIT_FAILED); /* never as the template's user */
+        safe_close(fds->userns);
+        if (jail_seal_identity() < 0)
+                _exit(VMM_CHILD_EXIT_FAILED);
         if (console_dir) {
                 snprintf(log_path, sizeof(log_path), "%s/%s.log", console_dir, id);
                 cfg.console_log = log_path;
@@ -233,7 +246,7 @@ static void close_fds(int *fds, unsigned n) {
 static void handle_spawn(struct template *t, struct json_object *req, int *fds, unsigned n_fds) {
         struct json_object *ids, *o, *reply, *pids, *netns = NULL;
         const char *console_dir = NULL, *cgroup_parent = NULL;
-        bool with_control = false, with_tap = false, with_stats = false;
+        bool with_control = false, with_tap = false, with_stats = false, with_userns = false;
         struct spawn_limits limits = {};
         char err[FORK_OPTION_ERROR_MAX];
         int has_net;
@@ -273,6 +286,17 @@ static void handle_spawn(struct template *t, struct json_object *req, int *fds, 
                         goto fail;
                 }
                 with_stats = json_object_get_boolean(o);
+        }
+        if (json_object_object_get_ex(req, "with_userns", &o)) {
+                if (!json_object_is_type(o, json_type_boolean)) {
+                        send_error(t, "\"with_userns\" must be a boolean");
+                        goto fail;
+                }
+                with_userns = json_object_get_boolean(o);
+        }
+        if (with_userns && !jail.enabled) {
+                send_error(t, "spawn: only a confined template switches its children's user (\"with_userns\")");
+                goto fail;
         }
         /* Fail closed, before any child exists: a clone of a guest with a NIC
          * gets a tap, and one without gets none. */
@@ -339,7 +363,8 @@ static void handle_spawn(struct template *t, struct json_object *req, int *fds, 
                 send_error(t, msg);
                 goto fail;
         }
-        want = n * (with_control ? 2 : 1) + (cgroup_parent ? n : 0) + (with_tap ? n : 0) + (with_stats ? n : 0);
+        want = n * (with_control ? 2 : 1) + (cgroup_parent ? n : 0) + (with_tap ? n : 0) + (with_stats ? n : 0) +
+               (with_userns ? n : 0);
         for (size_t i = 0; netns && i < n; i++)
                 if (!json_object_is_type(json_object_array_get_idx(netns, i), json_type_null))
                         want++;
@@ -355,7 +380,7 @@ static void handle_spawn(struct template *t, struct json_object *req, int *fds, 
                 }
         }
         for (size_t i = 0, k = 0; with_tap && i < n; i++) {
-                /* the tap is the last fd of each id's group */
+                /* the tap comes after the netns fd, before the stats and userns fds */
                 k += (with_control ? 2 : 1) + (cgroup_parent ? 1 : 0);
                 if (netns && !json_object_is_type(json_object_array_get_idx(netns, i), json_type_null))
                         k++;
@@ -367,6 +392,8 @@ static void handle_spawn(struct template *t, struct json_object *req, int *fds, 
                 k++;
                 if (with_stats)
                         k++;
+                if (with_userns)
+                        k++;
         }
 
         pids = json_object_new_array();
@@ -374,7 +401,7 @@ static void handle_spawn(struct template *t, struct json_object *req, int *fds, 
                 const char *id = json_object_get_string(json_object_array_get_idx(ids, i));
                 const char *ns = netns ? json_object_get_string(json_object_array_get_idx(netns, i)) : NULL;
                 struct child_fds cf = { .agent = fds[next++], .control = -1, .cgroup = -1, .netns = -1, .tap = -1,
-                                       .stats = -1 };
+                                       .stats = -1, .userns = -1 };
                 unsigned first = next - 1;
                 pid_t pid;
 
@@ -388,6 +415,8 @@ static void handle_spawn(struct template *t, struct json_object *req, int *fds, 
                         cf.tap = fds[next++];
                 if (with_stats)
                         cf.stats = fds[next++];
+                if (with_userns)
+                        cf.userns = fds[next++];
                 pid = fork();
                 if (pid < 0) {
                         json_object_array_add(pids, json_object_new_int(-errno));

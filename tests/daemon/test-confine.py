@@ -5,8 +5,14 @@ The confined VMM (src/vmm/jail.c, forkd-vmm(8) CONFINEMENT), through the real
 forkd on a private bus, the real forkd-vmm on /dev/kvm, the test guest and
 real cgroups:
 - /proc shows the confinement of a running sandbox's VMM: seccomp filter mode,
-  no capabilities in any set, the VMM user, no_new_privs, a root that holds
-  only the jail, no network but lo; and the same for the template;
+  no capabilities in any set, a uid and gid of its own from --vmm-uid-range
+  (the VMM group its one supplementary group), no_new_privs, a root that holds
+  only the jail, no network but lo; and the same for the template, as the VMM
+  user, with no capability either;
+- one sandbox's VMM cannot open another's: its files under /proc/PID/root and
+  /proc/PID/fd, its memory (/proc/PID/mem), its overlay (its own id's, 0600);
+- the children of a running sandbox's frozen copy (ForkSandbox) run under
+  that sandbox's id;
 - a forbidden syscall kills the VMM (SIGSYS): forkd reports the sandbox as
   crashed, announces it, frees its cgroup and serves the others;
 - forkd --no-confine runs VMMs as before, and there the same guest request
@@ -32,6 +38,19 @@ tf = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(tf)
 
 VMM_UID = 65533  # forkd's default --vmm-user
+RANGE_FIRST, RANGE_COUNT = 0x70000000, 65536  # the --vmm-uid-range forkd(8) suggests
+RANGE = ["--vmm-uid-range", f"{RANGE_FIRST}:{RANGE_COUNT}"]
+
+
+def own_id(pid):
+    # a sandbox's VMM: one id of the range as its uid and gid, the VMM group besides
+    s = status(pid)
+    uid = int(s["Uid"].split()[0])
+    assert RANGE_FIRST <= uid < RANGE_FIRST + RANGE_COUNT, s["Uid"]
+    assert s["Uid"].split() == [str(uid)] * 4, s["Uid"]
+    assert s["Gid"].split() == [str(uid)] * 4, s["Gid"]
+    assert s["Groups"].split() == [str(VMM_UID)], s["Groups"]
+    return uid
 
 
 def status(pid):
@@ -66,7 +85,7 @@ def run(h):
         f.truncate(16 << 20)
     os.environ["FORKD_VMM_TEST_HOOKS"] = "1"
     h.start_bus()
-    h.start_forkd()
+    h.start_forkd(RANGE)
     opts = {"memory_limit_mib": ("u", 128)} if h.cgroot else {}
     ctx = {}
 
@@ -93,9 +112,7 @@ def run(h):
             for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
                 assert s[k] == "0000000000000000", (k, s[k])
             assert s["NoNewPrivs"] == "1"
-            assert s["Uid"].split() == [str(VMM_UID)] * 4, s["Uid"]
-            assert s["Gid"].split() == [str(VMM_UID)] * 4, s["Gid"]
-            assert s["Groups"].split() == [str(VMM_UID)], s["Groups"]
+            ctx.setdefault("uids", {})[i["id"]] = own_id(pid)
             root = f"/proc/{pid}/root"
             top = h.state.strip("/").split("/")[0]
             assert sorted(os.listdir(root)) == sorted({"proc", top}), os.listdir(root)
@@ -110,6 +127,7 @@ def run(h):
             if h.cgroot:
                 with open(f"/proc/{pid}/cgroup") as f:
                     assert i["id"] in f.read()
+        assert len(set(ctx["uids"].values())) == 2, ctx["uids"]
         for sid in ctx["ids"]:
             assert json.loads(h.m("Ping", "s", [sid])[0])["pong"] is True
         tpls = template_pids(h)
@@ -135,9 +153,66 @@ def run(h):
                 assert mine in f.read(), open(f"/proc/{kid['pid']}/cgroup").read()
             h.m("TerminateSandbox", "s", [kid["id"]])
             h.wait_removed(kid["id"])
-    h.check("/proc of a sandbox's VMM and its template: Seccomp 2, no capabilities, uid 65533, no_new_privs, "
-            "only the jail, only lo; the template in a cgroup of its own, with its children that have no limit",
+    h.check("/proc of a sandbox's VMM and its template: Seccomp 2, no capabilities, an id of its own (the "
+            "template 65533), no_new_privs, only the jail, only lo; the template in a cgroup of its own, with its "
+            "children that have no limit",
             proc_shows_it)
+
+    def neither_opens_the_other():
+        (a, b) = ctx["ids"]
+        pa, pb = ctx["pids"][a], ctx["pids"][b]
+        ua, ub = ctx["uids"][a], ctx["uids"][b]
+        # b's overlay: an unnamed file of b's id, 0600, that only b holds (made at its first write)
+        out = json.loads(h.m("RunCode", "ssu", [b, "disk_write", 10])[0])
+        assert "disk written" in json.dumps(out), out
+        overlays = []
+        for fd in os.listdir(f"/proc/{pb}/fd"):
+            target = os.readlink(f"/proc/{pb}/fd/{fd}")
+            if target.startswith(os.path.join(h.state, "overlays") + "/"):
+                st = os.stat(f"/proc/{pb}/fd/{fd}")
+                assert st.st_uid == ub and st.st_gid == ub and (st.st_mode & 0o777) == 0o600, (target, st)
+                overlays.append(fd)
+        assert overlays, os.listdir(f"/proc/{pb}/fd")
+        r, w = os.pipe()
+        child = os.fork()
+        if child == 0:
+            # as a's VMM: its ids, the VMM group, no capability
+            os.close(r)
+            bad = []
+            try:
+                os.setgroups([VMM_UID])
+                os.setresgid(ua, ua, ua)
+                os.setresuid(ua, ua, ua)
+                for path in ([f"/proc/{pb}/mem", f"/proc/{pb}/root{h.state}/snapshots/t1/memory.bin",
+                              f"/proc/{pb}/environ"] + [f"/proc/{pb}/fd/{fd}" for fd in overlays]):
+                    try:
+                        os.close(os.open(path, os.O_RDONLY))
+                        bad.append(path)
+                    except PermissionError:
+                        pass
+                try:
+                    os.listdir(f"/proc/{pb}/fd")
+                    bad.append(f"/proc/{pb}/fd")
+                except PermissionError:
+                    pass
+                try:
+                    os.kill(pb, 0)
+                    bad.append(f"kill({pb})")
+                except PermissionError:
+                    pass
+            except BaseException as e:
+                bad.append(repr(e))
+            os.write(w, json.dumps(bad).encode())
+            os._exit(0)
+        os.close(w)
+        with os.fdopen(r) as f:
+            bad = json.loads(f.read())
+        os.waitpid(child, 0)
+        assert bad == [], bad
+        assert json.loads(h.m("Ping", "s", [a])[0])["pong"] is True
+        assert json.loads(h.m("Ping", "s", [b])[0])["pong"] is True
+    h.check("one sandbox's VMM opens nothing of another's: /proc/PID/mem, root, fd (its 0600 overlay), no kill",
+            neither_opens_the_other)
 
     def branch_and_fork_confined():
         # A branch is written by a fork of a confined VMM, into snapshots/ (the VMM user's)
@@ -160,6 +235,8 @@ def run(h):
         for sb in h.sandboxes().values():
             if sb["id"] not in ctx["ids"]:
                 assert status(sb["pid"])["Seccomp"] == "2"
+                # a copy of the source's VMM: the source's id
+                assert own_id(sb["pid"]) == ctx["uids"][sid], (sb, ctx["uids"])
                 assert json.loads(h.m("Ping", "s", [sb["id"]])[0])["pong"] is True
                 if h.cgroot:
                     with open(f"/proc/{sb['pid']}/cgroup") as f:
@@ -271,12 +348,12 @@ def run(h):
         assert h.stop_forkd() == 0
         assert glob.glob(h.cgroot + "/tpl-*/") == [], os.listdir(h.cgroot)
         # A killed one's are the next start's to remove.
-        h.start_forkd()
+        h.start_forkd(RANGE)
         h.fork("t1", 1)
         assert len(glob.glob(h.cgroot + "/tpl-*/")) == 1, os.listdir(h.cgroot)
         h.stop_forkd(signal.SIGKILL)
         tf.wait_for(lambda: not tf.vmm_processes(h.tmp), 10, "the VMMs to die with forkd")
-        h.start_forkd()
+        h.start_forkd(RANGE)
         # removed by the start's sweep, retried while the dead VMMs' tasks are released
         tf.wait_for(lambda: glob.glob(h.cgroot + "/tpl-*/") == [], 10, "the killed forkd's template cgroup to go")
     h.check("a template's cgroup goes when it dies, when forkd stops, and at the start after a kill -9",

@@ -1,0 +1,112 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+/*
+ * The user namespace of one confined VMM: a helper, a clone() of the calling
+ * thread that shares its memory (CLONE_VM: no copy of forkd's page tables),
+ * takes the template's uid as its effective one, keeping its capabilities
+ * (SECBIT_NO_SETUID_FIXUP), so that the namespace it then unshares is owned by
+ * that uid, and stops itself. forkd writes the maps of the stopped helper,
+ * opens its namespace, and kills it: the fd keeps the namespace.
+ *
+ * The helper runs on a stack of its own beside a thread of the C library
+ * without being one, so it makes raw system calls only; set*id() of the C
+ * library would signal every thread of forkd to switch with it.
+ */
+#include <fcntl.h>
+#include <linux/securebits.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "macro.h"
+#include "vmm-userns.h"
+
+#define HELPER_STACK (64u << 10)
+
+enum {
+        HELPER_EXIT_SECUREBITS = 10,
+        HELPER_EXIT_SETUID,
+        HELPER_EXIT_UNSHARE,
+};
+
+static int helper(void *userdata) {
+        uid_t owner = *(const uid_t *) userdata;
+
+        if (syscall(SYS_prctl, PR_SET_SECUREBITS, SECBIT_NO_SETUID_FIXUP, 0, 0, 0) < 0)
+                syscall(SYS_exit, HELPER_EXIT_SECUREBITS);
+        if (syscall(SYS_setresuid, (uid_t) -1, owner, (uid_t) -1) < 0)
+                syscall(SYS_exit, HELPER_EXIT_SETUID);
+        if (syscall(SYS_unshare, CLONE_NEWUSER) < 0)
+                syscall(SYS_exit, HELPER_EXIT_UNSHARE);
+        syscall(SYS_kill, syscall(SYS_getpid), SIGSTOP);
+        syscall(SYS_exit, 0);
+        return 0;
+}
+
+static int write_map(pid_t pid, const char *which, const char *map) {
+        _cleanup_close_ int fd = -EBADF;
+        char path[64];
+        ssize_t n;
+
+        snprintf(path, sizeof(path), "/proc/%d/%s", (int) pid, which);
+        fd = open(path, O_WRONLY | O_CLOEXEC | O_NOCTTY);
+        if (fd < 0)
+                return -errno;
+        /* One write(), whole, as the kernel wants a map. */
+        n = write(fd, map, strlen(map));
+        if (n < 0)
+                return -errno;
+        return (size_t) n == strlen(map) ? 0 : -EIO;
+}
+
+int vmm_userns_new(uid_t owner, uid_t id, gid_t group, int *ret_fd) {
+        _cleanup_free_ void *stack = NULL;
+        char uid_map[64], gid_map[96], path[64];
+        int status, fd = -EBADF, r = 0;
+        pid_t pid;
+
+        stack = malloc(HELPER_STACK);
+        if (!stack)
+                return -ENOMEM;
+        /* No exit signal: forkd's own SIGCHLD handling never sees it (waited with __WALL). */
+        pid = clone(helper, (uint8_t *) stack + HELPER_STACK, CLONE_VM, &owner);
+        if (pid < 0)
+                return -errno;
+        while (waitpid(pid, &status, WUNTRACED | __WALL) < 0)
+                if (errno != EINTR) {
+                        r = -errno;
+                        (void) kill(pid, SIGKILL);
+                        goto reap;
+                }
+        if (!WIFSTOPPED(status)) {
+                r = WIFEXITED(status) && WEXITSTATUS(status) == HELPER_EXIT_UNSHARE ? -EPERM : -ECHILD;
+                return log_debug_errno(r, "The user namespace helper ended with %d before it made one.",
+                                       WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+        }
+        snprintf(uid_map, sizeof(uid_map), "0 %u 1\n", (unsigned) id);
+        snprintf(gid_map, sizeof(gid_map), "0 %u 1\n1 %u 1\n", (unsigned) id, (unsigned) group);
+        r = write_map(pid, "uid_map", uid_map);
+        if (r >= 0)
+                r = write_map(pid, "gid_map", gid_map);
+        if (r >= 0) {
+                snprintf(path, sizeof(path), "/proc/%d/ns/user", (int) pid);
+                fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+                if (fd < 0)
+                        r = -errno;
+        }
+        (void) kill(pid, SIGKILL);
+reap:
+        while (waitpid(pid, &status, __WALL) < 0 && errno == EINTR)
+                ;
+        if (r < 0) {
+                safe_close(fd);
+                return r;
+        }
+        *ret_fd = fd;
+        return 0;
+}

@@ -1,0 +1,171 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+/* A confined VMM's user of its own (forkd's src/daemon/vmm-userns.c, forkd-vmm's
+ * jail_enter_user() and jail_seal_identity()): a process with the template's
+ * uid and no capability enters the namespace forkd made and runs as the
+ * sandbox's id, its gid, the template's group as its one supplementary group,
+ * without any capability; then a set*id() call kills it. Needs root and user
+ * namespaces: skipped without. */
+
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "jail.h"
+#include "vmm-userns.h"
+
+#define TEMPLATE_UID 65533
+#define SANDBOX_ID 1879048197u
+
+static char *status_line(pid_t pid, const char *key) {
+        char path[64], line[512];
+        FILE *f;
+
+        snprintf(path, sizeof(path), "/proc/%d/status", (int) pid);
+        f = fopen(path, "re");
+        assert_non_null(f);
+        while (fgets(line, sizeof(line), f))
+                if (strncmp(line, key, strlen(key)) == 0 && line[strlen(key)] == ':') {
+                        fclose(f);
+                        line[strcspn(line, "\n")] = 0;
+                        while (strlen(line) > 0 && line[strlen(line) - 1] == ' ')
+                                line[strlen(line) - 1] = 0;
+                        return strdup(line + strlen(key) + 1 + strspn(line + strlen(key) + 1, " \t"));
+                }
+        fclose(f);
+        return NULL;
+}
+
+static void assert_status(pid_t pid, const char *key, const char *want) {
+        char *v = status_line(pid, key);
+
+        assert_non_null(v);
+        if (strcmp(v, want) != 0)
+                fail_msg("%s: '%s', not '%s'", key, v, want);
+        free(v);
+}
+
+/* As a confined template: the template's ids, no capability, no_new_privs. */
+static void become_template(void) {
+        gid_t g = TEMPLATE_UID;
+
+        if (setgroups(1, &g) < 0 || setresgid(g, g, g) < 0 || setresuid(TEMPLATE_UID, TEMPLATE_UID, TEMPLATE_UID) < 0 ||
+            prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
+                _exit(90);
+}
+
+static void test_switch(void **state) {
+        int fd = -1, p[2], r;
+        pid_t pid;
+        char c;
+
+        if (geteuid() != 0)
+                skip();
+        r = vmm_userns_new(TEMPLATE_UID, SANDBOX_ID, TEMPLATE_UID, &fd);
+        if (r == -EPERM || r == -ENOSPC || r == -EINVAL || r == -ENOSYS) {
+                print_message("no user namespaces here (%s): skipped\n", strerror(-r));
+                skip();
+        }
+        assert_int_equal(r, 0);
+        assert_int_equal(pipe2(p, O_CLOEXEC), 0);
+        pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+                become_template();
+                jail.enabled = jail.template = true;
+                if (jail_enter_user(fd) < 0)
+                        _exit(91);
+                if (jail_seal_identity() < 0)
+                        _exit(92);
+                (void) write(p[1], "x", 1);
+                pause();
+                _exit(0);
+        }
+        close(p[1]);
+        assert_int_equal(read(p[0], &c, 1), 1);
+        assert_status(pid, "Uid", "1879048197\t1879048197\t1879048197\t1879048197");
+        assert_status(pid, "Gid", "1879048197\t1879048197\t1879048197\t1879048197");
+        assert_status(pid, "Groups", "65533");
+        assert_status(pid, "CapEff", "0000000000000000");
+        assert_status(pid, "CapPrm", "0000000000000000");
+        assert_status(pid, "CapBnd", "0000000000000000");
+        assert_status(pid, "Seccomp", "2");
+        assert_int_equal(kill(pid, SIGKILL), 0);
+        assert_int_equal(waitpid(pid, NULL, 0), pid);
+        close(p[0]);
+        close(fd);
+}
+
+/* Sealed: the switch's own calls kill the process. */
+static void test_sealed(void **state) {
+        int fd = -1, status, r;
+        pid_t pid;
+
+        if (geteuid() != 0)
+                skip();
+        r = vmm_userns_new(TEMPLATE_UID, SANDBOX_ID, TEMPLATE_UID, &fd);
+        if (r < 0)
+                skip();
+        pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+                become_template();
+                jail.enabled = jail.template = true;
+                if (jail_enter_user(fd) < 0 || jail_seal_identity() < 0)
+                        _exit(91);
+                (void) setresuid((uid_t) -1, (uid_t) -1, (uid_t) -1);
+                _exit(0);
+        }
+        assert_int_equal(waitpid(pid, &status, 0), pid);
+        assert_true(WIFSIGNALED(status));
+        assert_int_equal(WTERMSIG(status), SIGSYS);
+        close(fd);
+}
+
+/* The template's uid owns the namespace: without it a process may not enter. */
+static void test_owner_only(void **state) {
+        int fd = -1, status, r;
+        pid_t pid;
+
+        if (geteuid() != 0)
+                skip();
+        r = vmm_userns_new(TEMPLATE_UID, SANDBOX_ID, TEMPLATE_UID, &fd);
+        if (r < 0)
+                skip();
+        pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+                gid_t g = 65534;
+
+                if (setgroups(1, &g) < 0 || setresgid(g, g, g) < 0 || setresuid(65534, 65534, 65534) < 0)
+                        _exit(90);
+                jail.enabled = jail.template = true;
+                _exit(jail_enter_user(fd) < 0 ? 0 : 1);
+        }
+        assert_int_equal(waitpid(pid, &status, 0), pid);
+        assert_true(WIFEXITED(status));
+        assert_int_equal(WEXITSTATUS(status), 0);
+        close(fd);
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_switch),
+                cmocka_unit_test(test_sealed),
+                cmocka_unit_test(test_owner_only),
+        };
+        return cmocka_run_group_tests(tests, NULL, NULL);
+}
