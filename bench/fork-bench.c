@@ -465,6 +465,24 @@ static uint64_t get_start(const struct result *r) {
         return r->template_start_us;
 }
 
+/* The round whose time to ready is median_us (the last such), for the other figures. */
+static struct result median_round(const struct result *rs, unsigned n, uint64_t median_us) {
+        struct result m = rs[0];
+
+        for (unsigned i = 0; i < n; i++)
+                if (rs[i].ready_us == median_us)
+                        m = rs[i];
+        return m;
+}
+
+/* Each round's time to all ready, a's and b's. */
+static void print_rounds(const char *what, const struct result *a, const struct result *b, unsigned n) {
+        printf("rounds (ms to all ready, %s):", what);
+        for (unsigned i = 0; i < n; i++)
+                printf(" %.1f/%.1f", a[i].ready_us / 1000.0, b[i].ready_us / 1000.0);
+        printf("\n");
+}
+
 static void print_result(const char *what, const struct result *res, uint64_t cold_boot_us) {
         printf("%s\n", what);
         printf("  %-34s %12u\n", "children forked", arg_n);
@@ -630,23 +648,14 @@ int main(int argc, char *argv[]) {
                 if (r < 0)
                         goto finish;
         }
-        if (arg_uid_range) {
-                uint64_t p = median_ready(plain, arg_rounds, get_ready), j = median_ready(jailed, arg_rounds, get_ready);
-                struct result pm = plain[0], jm = jailed[0];
+        uint64_t p = median_ready(plain, arg_rounds, get_ready), j = median_ready(jailed, arg_rounds, get_ready);
+        struct result pm = median_round(plain, arg_rounds, p), jm = median_round(jailed, arg_rounds, j);
 
-                for (unsigned i = 0; i < arg_rounds; i++) {
-                        if (plain[i].ready_us == p)
-                                pm = plain[i];
-                        if (jailed[i].ready_us == j)
-                                jm = jailed[i];
-                }
+        if (arg_uid_range) {
                 print_result("confined, one uid (median round)", &pm, cold_boot_us);
                 print_result("confined, an id per child (median round)", &jm, cold_boot_us);
                 printf("%-36s %12.3f\n", "id per child / one uid, to ready", (double) j / p);
-                printf("rounds (ms to all ready, one uid/id per child):");
-                for (unsigned i = 0; i < arg_rounds; i++)
-                        printf(" %.1f/%.1f", plain[i].ready_us / 1000.0, jailed[i].ready_us / 1000.0);
-                printf("\n");
+                print_rounds("one uid/id per child", plain, jailed, arg_rounds);
                 if (arg_json)
                         printf("{\"n\": %u, \"rounds\": %u, \"shared_uid\": {\"ready\": %u, \"ready_ms\": %.2f, "
                                "\"spawn_ms\": %.2f}, \"uid_per_child\": {\"ready\": %u, \"ready_ms\": %.2f, "
@@ -655,25 +664,13 @@ int main(int argc, char *argv[]) {
                                jm.spawn_us / 1000.0, (double) j / p, cold_boot_us / 1000.0,
                                arg_emulated ? "true" : "false");
         } else {
-                uint64_t p = median_ready(plain, arg_rounds, get_ready), j = median_ready(jailed, arg_rounds, get_ready);
                 uint64_t ps = median_ready(plain, arg_rounds, get_start), js = median_ready(jailed, arg_rounds, get_start);
-                struct result pm = plain[0], jm = jailed[0];
 
-                /* The round whose time to ready is the median, for the other figures. */
-                for (unsigned i = 0; i < arg_rounds; i++) {
-                        if (plain[i].ready_us == p)
-                                pm = plain[i];
-                        if (jailed[i].ready_us == j)
-                                jm = jailed[i];
-                }
                 print_result("unconfined (median round)", &pm, cold_boot_us);
                 print_result("confined (median round)", &jm, cold_boot_us);
                 printf("%-36s %12.3f\n", "confined / unconfined, time to ready", (double) j / p);
                 printf("%-36s %12.3f\n", "confined / unconfined, template start", (double) js / ps);
-                printf("rounds (ms to all ready, unconfined/confined):");
-                for (unsigned i = 0; i < arg_rounds; i++)
-                        printf(" %.1f/%.1f", plain[i].ready_us / 1000.0, jailed[i].ready_us / 1000.0);
-                printf("\n");
+                print_rounds("unconfined/confined", plain, jailed, arg_rounds);
                 if (arg_json)
                         printf("{\"n\": %u, \"rounds\": %u, \"ready\": %u, \"ready_ms\": %.2f, \"per_child_kib\": %.1f, "
                                "\"host_kib_per_child\": %.1f, \"cold_boot_ms\": %.2f, \"template_start_ms\": %.2f, "

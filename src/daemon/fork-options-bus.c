@@ -52,16 +52,7 @@ static int read_rate(sd_bus_message *message, const char *field, struct rate_lim
                         return r;
                 if (r == 0)
                         break;
-                if (strcmp(key, "bandwidth") == 0) {
-                        l.bandwidth = v;
-                        given |= RATE_KEY_BANDWIDTH;
-                } else if (strcmp(key, "ops") == 0) {
-                        l.ops = v;
-                        given |= RATE_KEY_OPS;
-                } else if (strcmp(key, "burst") == 0) {
-                        l.burst = v;
-                        given |= RATE_KEY_BURST;
-                } else
+                if (rate_limit_set(&l, &given, key, v) < 0)
                         return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
                                                  "%s takes only bandwidth, ops and burst.", field);
         }

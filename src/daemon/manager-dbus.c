@@ -363,6 +363,36 @@ static int method_pull_snapshot(sd_bus_message *message, void *userdata, sd_bus_
 
 /* ---- sandboxes ---- */
 
+/* Root and holders of org.forkd.manage-all see every sandbox (*ret_all),
+ * anyone else their own only. Returns 1 once decided, 0 while polkit's answer
+ * is awaited (the call is dispatched again), or a negative errno. */
+static int caller_sees_all(sd_bus_message *message, Manager *m, const char *verb, uid_t *ret_uid, bool *ret_all,
+                           sd_bus_error *error) {
+        uid_t uid;
+        int r;
+
+        r = bus_message_sender_uid(message, &m->polkit_registry, &uid);
+        if (r < 0)
+                return sd_bus_error_set_errnof(error, r, "Cannot determine the caller's credentials: %m");
+        if (uid == 0)
+                *ret_all = true;
+        else {
+                _cleanup_(sd_bus_error_free) sd_bus_error e = SD_BUS_ERROR_NULL;
+
+                r = bus_verify_polkit_async(message, POLKIT_ACTION_MANAGE_ALL,
+                                            (const char *[]) { "verb", verb, NULL }, &m->polkit_registry, &e);
+                if (r == 0)
+                        return 0;
+                if (r < 0 && r != -EACCES) {
+                        sd_bus_error_move(error, &e);
+                        return r;
+                }
+                *ret_all = r > 0; /* refused: the caller's own only */
+        }
+        *ret_uid = uid;
+        return 1;
+}
+
 /* Root and holders of org.forkd.manage-all see every sandbox; anyone else
  * sees their own only (others' are left out, not shown without details). */
 static int list_sandboxes(sd_bus_message *message, Manager *m, bool usage, sd_bus_error *error) {
@@ -373,24 +403,9 @@ static int list_sandboxes(sd_bus_message *message, Manager *m, bool usage, sd_bu
         void *v;
         int r;
 
-        r = bus_message_sender_uid(message, &m->polkit_registry, &uid);
-        if (r < 0)
-                return sd_bus_error_set_errnof(error, r, "Cannot determine the caller's credentials: %m");
-        if (uid == 0)
-                all = true;
-        else {
-                _cleanup_(sd_bus_error_free) sd_bus_error e = SD_BUS_ERROR_NULL;
-
-                r = bus_verify_polkit_async(message, POLKIT_ACTION_MANAGE_ALL,
-                                            (const char *[]) { "verb", "list", NULL }, &m->polkit_registry, &e);
-                if (r == 0)
-                        return 1;
-                if (r < 0 && r != -EACCES) {
-                        sd_bus_error_move(error, &e);
-                        return r;
-                }
-                all = r > 0; /* refused: the caller's own only */
-        }
+        r = caller_sees_all(message, m, "list", &uid, &all, error);
+        if (r <= 0)
+                return r < 0 ? r : 1;
 
         r = sd_bus_message_new_method_return(message, &reply);
         if (r < 0)
@@ -502,24 +517,9 @@ static int method_get_metrics(sd_bus_message *message, void *userdata, sd_bus_er
         void *v;
         int r;
 
-        r = bus_message_sender_uid(message, &m->polkit_registry, &uid);
-        if (r < 0)
-                return sd_bus_error_set_errnof(error, r, "Cannot determine the caller's credentials: %m");
-        if (uid == 0)
-                all = true;
-        else {
-                _cleanup_(sd_bus_error_free) sd_bus_error e = SD_BUS_ERROR_NULL;
-
-                r = bus_verify_polkit_async(message, POLKIT_ACTION_MANAGE_ALL,
-                                            (const char *[]) { "verb", "metrics", NULL }, &m->polkit_registry, &e);
-                if (r == 0)
-                        return 1;
-                if (r < 0 && r != -EACCES) {
-                        sd_bus_error_move(error, &e);
-                        return r;
-                }
-                all = r > 0; /* refused: the caller's own only */
-        }
+        r = caller_sees_all(message, m, "metrics", &uid, &all, error);
+        if (r <= 0)
+                return r < 0 ? r : 1;
         while (hashmap_iterate(m->sandboxes, &it, &v)) {
                 Sandbox *sb = v;
                 SandboxUsage u;

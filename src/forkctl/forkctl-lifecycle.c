@@ -8,6 +8,7 @@
 
 #include "bus-json.h"
 #include "forkctl.h"
+#include "rate-bus.h"
 
 int check_timeout(struct forkctl_options *o, char **args, size_t n_args, const char *synopsis) {
         if (parse_u32(args[1], 1, SANDBOX_TIMEOUT_SECS_MAX, &o->deadline_secs) < 0)
@@ -86,31 +87,15 @@ int check_limits(struct forkctl_options *o, char **args, size_t n_args, const ch
 }
 
 /* The limits given, into an open a{sv} (fork's options, SetSandboxLimits's). */
-static int append_rate(sd_bus_message *m, const char *key, const struct rate_limit *l) {
-        int r = sd_bus_message_open_container(m, 'e', "sv");
-
-        if (r >= 0)
-                r = sd_bus_message_append(m, "s", key);
-        if (r >= 0)
-                r = sd_bus_message_open_container(m, 'v', "a{st}");
-        if (r >= 0)
-                r = sd_bus_message_append(m, "a{st}", 3, "bandwidth", l->bandwidth, "ops", l->ops, "burst", l->burst);
-        if (r >= 0)
-                r = sd_bus_message_close_container(m);
-        if (r >= 0)
-                r = sd_bus_message_close_container(m);
-        return r;
-}
-
 int append_limit_options(sd_bus_message *m, const struct forkctl_options *o) {
         int r = 0;
 
         if (o->given & OPT_CPU_LIMIT)
                 r = sd_bus_message_append(m, "{sv}", "cpu_limit", "d", o->cpu_limit);
         if (r >= 0 && (o->given & OPT_DISK_RATE))
-                r = append_rate(m, "disk_rate", &o->disk_rate);
+                r = bus_append_rate(m, "disk_rate", &o->disk_rate);
         if (r >= 0 && (o->given & OPT_NET_RATE))
-                r = append_rate(m, "net_rate", &o->net_rate);
+                r = bus_append_rate(m, "net_rate", &o->net_rate);
         return r;
 }
 

@@ -345,16 +345,7 @@ int forkctl_parse_rate(const char *spec, const char *field, struct rate_limit *r
                                  value);
                         return -EINVAL;
                 }
-                if (strcmp(key, "bandwidth") == 0) {
-                        l.bandwidth = v;
-                        given |= RATE_KEY_BANDWIDTH;
-                } else if (strcmp(key, "ops") == 0) {
-                        l.ops = v;
-                        given |= RATE_KEY_OPS;
-                } else {
-                        l.burst = v;
-                        given |= RATE_KEY_BURST;
-                }
+                (void) rate_limit_set(&l, &given, key, v); /* the key is one of the three, checked above */
         }
         if (fork_option_check_rate(field, &l, given, check) < 0) {
                 snprintf(err, err_size, "%s", check);

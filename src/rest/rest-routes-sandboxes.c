@@ -7,6 +7,7 @@
 #include "forkd-bus.h"
 #include "json-util.h"
 #include "macro.h"
+#include "rate-bus.h"
 #include "rest-bus.h"
 #include "rest-reply.h"
 #include "rest-routes-common.h"
@@ -99,23 +100,6 @@ static int limits_from_body(RestRequest *req, const struct limits_json *j, bool 
         return 1;
 }
 
-static int append_rate(sd_bus_message *m, const char *key, const struct rate_limit *l) {
-        int r;
-
-        r = sd_bus_message_open_container(m, 'e', "sv");
-        if (r >= 0)
-                r = sd_bus_message_append(m, "s", key);
-        if (r >= 0)
-                r = sd_bus_message_open_container(m, 'v', "a{st}");
-        if (r >= 0)
-                r = sd_bus_message_append(m, "a{st}", 3, "bandwidth", l->bandwidth, "ops", l->ops, "burst", l->burst);
-        if (r >= 0)
-                r = sd_bus_message_close_container(m);
-        if (r >= 0)
-                r = sd_bus_message_close_container(m);
-        return r;
-}
-
 /* The limits given into an open a{sv}. */
 static int append_limits(sd_bus_message *m, const struct sandbox_limits *l, unsigned given) {
         int r = 0;
@@ -123,9 +107,9 @@ static int append_limits(sd_bus_message *m, const struct sandbox_limits *l, unsi
         if (given & LIMIT_CPU)
                 r = sd_bus_message_append(m, "{sv}", "cpu_limit", "d", l->cpu_limit);
         if (r >= 0 && (given & LIMIT_DISK_RATE))
-                r = append_rate(m, "disk_rate", &l->disk_rate);
+                r = bus_append_rate(m, "disk_rate", &l->disk_rate);
         if (r >= 0 && (given & LIMIT_NET_RATE))
-                r = append_rate(m, "net_rate", &l->net_rate);
+                r = bus_append_rate(m, "net_rate", &l->net_rate);
         return r;
 }
 

@@ -158,6 +158,81 @@ static bool is_basic(char c) {
         return c && strchr("ybnqiuxtdsog", c);
 }
 
+/* An array of one basic type, as a JSON array. */
+static int read_basic_array_json(sd_bus_message *m, const char *contents, struct json_object **ret) {
+        _cleanup_(json_putp) struct json_object *o = NULL;
+        int r;
+
+        r = sd_bus_message_enter_container(m, 'a', contents + 1);
+        if (r < 0)
+                return r;
+        o = json_object_new_array();
+        if (!o)
+                return -ENOMEM;
+        for (;;) {
+                struct json_object *e = NULL;
+
+                r = sd_bus_message_at_end(m, false);
+                if (r < 0)
+                        return r;
+                if (r > 0)
+                        break;
+                r = read_basic_json(m, contents[1], &e);
+                if (r < 0)
+                        return r;
+                if (json_object_array_add(o, e) < 0) {
+                        json_object_put(e);
+                        return -ENOMEM;
+                }
+        }
+        r = sd_bus_message_exit_container(m);
+        if (r < 0)
+                return r;
+
+        *ret = TAKE_PTR(o);
+        return 0;
+}
+
+/* A dictionary of one basic type (SandboxInfo "disk_rate", "usage", a{st}), as a JSON object. */
+static int read_basic_dict_json(sd_bus_message *m, const char *contents, struct json_object **ret) {
+        _cleanup_(json_putp) struct json_object *o = NULL;
+        const char entry[3] = { 's', contents[3], 0 };
+        int r;
+
+        r = sd_bus_message_enter_container(m, 'a', contents + 1);
+        if (r < 0)
+                return r;
+        o = json_object_new_object();
+        if (!o)
+                return -ENOMEM;
+        while ((r = sd_bus_message_enter_container(m, 'e', entry)) > 0) {
+                struct json_object *e = NULL;
+                const char *key;
+
+                r = sd_bus_message_read_basic(m, 's', &key);
+                if (r < 0)
+                        return r;
+                r = read_basic_json(m, contents[3], &e);
+                if (r < 0)
+                        return r;
+                if (json_object_object_add(o, key, e) < 0) {
+                        json_object_put(e);
+                        return -ENOMEM;
+                }
+                r = sd_bus_message_exit_container(m);
+                if (r < 0)
+                        return r;
+        }
+        if (r < 0)
+                return r;
+        r = sd_bus_message_exit_container(m);
+        if (r < 0)
+                return r;
+
+        *ret = TAKE_PTR(o);
+        return 0;
+}
+
 int rest_bus_read_variant_json(sd_bus_message *m, struct json_object **ret) {
         _cleanup_(json_putp) struct json_object *o = NULL;
         const char *contents;
@@ -170,155 +245,39 @@ int rest_bus_read_variant_json(sd_bus_message *m, struct json_object **ret) {
         if (r == 0 || type != 'v')
                 return -EBADMSG;
 
-        if (is_basic(contents[0]) && contents[1] == 0) {
-                r = sd_bus_message_enter_container(m, 'v', contents);
-                if (r < 0)
-                        return r;
-                r = read_basic_json(m, contents[0], &o);
-                if (r < 0)
-                        return r;
-                r = sd_bus_message_exit_container(m);
-                if (r < 0)
-                        return r;
-        } else if (contents[0] == 'a' && is_basic(contents[1]) && contents[2] == 0) {
-                r = sd_bus_message_enter_container(m, 'v', contents);
-                if (r < 0)
-                        return r;
-                r = sd_bus_message_enter_container(m, 'a', contents + 1);
-                if (r < 0)
-                        return r;
-                o = json_object_new_array();
-                if (!o)
-                        return -ENOMEM;
-                for (;;) {
-                        struct json_object *e = NULL;
-
-                        r = sd_bus_message_at_end(m, false);
-                        if (r < 0)
-                                return r;
-                        if (r > 0)
-                                break;
-                        r = read_basic_json(m, contents[1], &e);
-                        if (r < 0)
-                                return r;
-                        if (json_object_array_add(o, e) < 0) {
-                                json_object_put(e);
-                                return -ENOMEM;
-                        }
-                }
-                r = sd_bus_message_exit_container(m);
-                if (r < 0)
-                        return r;
-                r = sd_bus_message_exit_container(m);
-                if (r < 0)
-                        return r;
-        } else if (contents[0] == 'a' && contents[1] == '{' && contents[2] == 's' && is_basic(contents[3]) &&
-                   contents[4] == '}' && contents[5] == 0) {
-                /* A dictionary of basic values (SandboxInfo "disk_rate", a{st}). */
-                char entry[4] = { 's', contents[3], 0 };
-
-                r = sd_bus_message_enter_container(m, 'v', contents);
-                if (r < 0)
-                        return r;
-                r = sd_bus_message_enter_container(m, 'a', contents + 1);
-                if (r < 0)
-                        return r;
-                o = json_object_new_object();
-                if (!o)
-                        return -ENOMEM;
-                while ((r = sd_bus_message_enter_container(m, 'e', entry)) > 0) {
-                        struct json_object *e = NULL;
-                        const char *key;
-
-                        r = sd_bus_message_read_basic(m, 's', &key);
-                        if (r >= 0)
-                                r = read_basic_json(m, contents[3], &e);
-                        if (r < 0)
-                                return r;
-                        if (json_object_object_add(o, key, e) < 0) {
-                                json_object_put(e);
-                                return -ENOMEM;
-                        }
-                        r = sd_bus_message_exit_container(m);
-                        if (r < 0)
-                                return r;
-                }
-                if (r < 0)
-                        return r;
-                r = sd_bus_message_exit_container(m);
-                if (r < 0)
-                        return r;
-                r = sd_bus_message_exit_container(m);
-                if (r < 0)
-                        return r;
-        } else if (streq(contents, "a{sv}")) {
-                /* A nested dictionary (SnapshotInfo "image"). */
-                r = sd_bus_message_enter_container(m, 'v', contents);
-                if (r < 0)
-                        return r;
-                r = rest_bus_read_dict_json(m, &o);
-                if (r < 0)
-                        return r;
-                r = sd_bus_message_exit_container(m);
-                if (r < 0)
-                        return r;
-        } else if (streq(contents, "aa{sv}")) {
-                /* A list of dictionaries (SnapshotInfo and SandboxInfo "volumes"). */
-                r = sd_bus_message_enter_container(m, 'v', contents);
-                if (r < 0)
-                        return r;
-                r = rest_bus_read_dict_array_json(m, &o);
-                if (r < 0)
-                        return r;
-                r = sd_bus_message_exit_container(m);
-                if (r < 0)
-                        return r;
-        } else if (contents[0] == 'a' && contents[1] == '{' && contents[2] == 's' && is_basic(contents[3]) &&
-                   contents[4] == '}' && contents[5] == 0) {
-                /* A dictionary of one basic type (SandboxInfo "usage" "throttled_usec" a{st}). */
-                r = sd_bus_message_enter_container(m, 'v', contents);
-                if (r < 0)
-                        return r;
-                r = sd_bus_message_enter_container(m, 'a', contents + 1);
-                if (r < 0)
-                        return r;
-                const char entry[3] = { 's', contents[3], 0 };
-
-                o = json_object_new_object();
-                if (!o)
-                        return -ENOMEM;
-                while ((r = sd_bus_message_enter_container(m, 'e', entry)) > 0) {
-                        struct json_object *e = NULL;
-                        const char *key;
-
-                        r = sd_bus_message_read_basic(m, 's', &key);
-                        if (r < 0)
-                                return r;
-                        r = read_basic_json(m, contents[3], &e);
-                        if (r < 0)
-                                return r;
-                        if (json_object_object_add(o, key, e) < 0) {
-                                json_object_put(e);
-                                return -ENOMEM;
-                        }
-                        r = sd_bus_message_exit_container(m);
-                        if (r < 0)
-                                return r;
-                }
-                if (r < 0)
-                        return r;
-                r = sd_bus_message_exit_container(m);
-                if (r < 0)
-                        return r;
-                r = sd_bus_message_exit_container(m);
-                if (r < 0)
-                        return r;
-        } else {
+        if (!(is_basic(contents[0]) && contents[1] == 0) &&
+            !(contents[0] == 'a' && is_basic(contents[1]) && contents[2] == 0) &&
+            !(contents[0] == 'a' && contents[1] == '{' && contents[2] == 's' && is_basic(contents[3]) &&
+              contents[4] == '}' && contents[5] == 0) &&
+            !streq(contents, "a{sv}") && !streq(contents, "aa{sv}")) {
                 /* Nothing in the interface uses other types; skip them. */
                 r = sd_bus_message_skip(m, "v");
                 if (r < 0)
                         return r;
+                *ret = NULL;
+                return 0;
         }
+
+        r = sd_bus_message_enter_container(m, 'v', contents);
+        if (r < 0)
+                return r;
+        if (contents[0] != 'a')
+                r = read_basic_json(m, contents[0], &o);
+        else if (contents[1] != '{' && contents[1] != 'a')
+                r = read_basic_array_json(m, contents, &o);
+        else if (streq(contents, "a{sv}"))
+                /* A nested dictionary (SnapshotInfo "image"). */
+                r = rest_bus_read_dict_json(m, &o);
+        else if (streq(contents, "aa{sv}"))
+                /* A list of dictionaries (SnapshotInfo and SandboxInfo "volumes"). */
+                r = rest_bus_read_dict_array_json(m, &o);
+        else
+                r = read_basic_dict_json(m, contents, &o);
+        if (r < 0)
+                return r;
+        r = sd_bus_message_exit_container(m);
+        if (r < 0)
+                return r;
 
         *ret = TAKE_PTR(o);
         return 0;

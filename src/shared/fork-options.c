@@ -105,17 +105,28 @@ int fork_option_check_rate(const char *field, const struct rate_limit *l, unsign
         return 0;
 }
 
+static const struct {
+        const char *key;
+        unsigned bit;
+        size_t offset;
+} rate_keys[] = {
+        { "bandwidth", RATE_KEY_BANDWIDTH, offsetof(struct rate_limit, bandwidth) },
+        { "ops", RATE_KEY_OPS, offsetof(struct rate_limit, ops) },
+        { "burst", RATE_KEY_BURST, offsetof(struct rate_limit, burst) },
+};
+
+int rate_limit_set(struct rate_limit *l, unsigned *given, const char *key, uint64_t v) {
+        for (size_t i = 0; i < ELEMENTSOF(rate_keys); i++)
+                if (strcmp(key, rate_keys[i].key) == 0) {
+                        *(uint64_t *) ((uint8_t *) l + rate_keys[i].offset) = v;
+                        *given |= rate_keys[i].bit;
+                        return 0;
+                }
+        return -EINVAL;
+}
+
 int rate_limit_from_json(struct json_object *o, const char *field, struct rate_limit *ret,
                          char err[static FORK_OPTION_ERROR_MAX]) {
-        static const struct {
-                const char *key;
-                unsigned bit;
-                size_t offset;
-        } keys[] = {
-                { "bandwidth", RATE_KEY_BANDWIDTH, offsetof(struct rate_limit, bandwidth) },
-                { "ops", RATE_KEY_OPS, offsetof(struct rate_limit, ops) },
-                { "burst", RATE_KEY_BURST, offsetof(struct rate_limit, burst) },
-        };
         struct rate_limit l = {};
         unsigned given = 0;
         int r;
@@ -127,10 +138,10 @@ int rate_limit_from_json(struct json_object *o, const char *field, struct rate_l
         json_object_object_foreach(o, key, v) {
                 size_t i;
 
-                for (i = 0; i < ELEMENTSOF(keys); i++)
-                        if (strcmp(key, keys[i].key) == 0)
+                for (i = 0; i < ELEMENTSOF(rate_keys); i++)
+                        if (strcmp(key, rate_keys[i].key) == 0)
                                 break;
-                if (i == ELEMENTSOF(keys)) {
+                if (i == ELEMENTSOF(rate_keys)) {
                         snprintf(err, FORK_OPTION_ERROR_MAX, "%s takes only bandwidth, ops and burst", field);
                         return -EINVAL;
                 }
@@ -138,8 +149,8 @@ int rate_limit_from_json(struct json_object *o, const char *field, struct rate_l
                         snprintf(err, FORK_OPTION_ERROR_MAX, "%s.%s must be a non-negative integer", field, key);
                         return -EINVAL;
                 }
-                *(uint64_t *) ((uint8_t *) &l + keys[i].offset) = (uint64_t) json_object_get_int64(v);
-                given |= keys[i].bit;
+                *(uint64_t *) ((uint8_t *) &l + rate_keys[i].offset) = (uint64_t) json_object_get_int64(v);
+                given |= rate_keys[i].bit;
         }
         r = fork_option_check_rate(field, &l, given, err);
         if (r < 0)

@@ -70,6 +70,9 @@ static inline bool rate_limit_is_set(const struct rate_limit *l) {
 #define RATE_KEY_BURST 4u
 int fork_option_check_rate(const char *field, const struct rate_limit *l, unsigned given,
                            char err[static FORK_OPTION_ERROR_MAX]);
+/* Sets key ("bandwidth", "ops" or "burst") of l to v and its RATE_KEY_* bit in
+ * *given; -EINVAL for any other key. */
+int rate_limit_set(struct rate_limit *l, unsigned *given, const char *key, uint64_t v);
 
 /* A rate as JSON, {"bandwidth":N,"ops":N,"burst":N}: the REST body's, and the
  * VMM's spawn and set_limits requests. Refuses other keys, non-integers and

@@ -65,18 +65,7 @@ def comm(pid):
 
 
 def main():
-    if not tf.FORKD or not tf.VMM or not tf.GUEST:
-        print("Bail out! FORKD, FORKD_VMM and FORKD_TEST_GUEST must be set")
-        return 1
-    if not tf.kvm_usable():
-        tf.skip("/dev/kvm is not usable")
-    if os.geteuid() != 0:
-        tf.skip("needs root (the system-bus policy, /proc/<pid>/mem of the VMMs)")
-    h = tf.Harness()
-    try:
-        return run(h)
-    finally:
-        h.cleanup()
+    return tf.run_on_harness(run, "the system-bus policy, /proc/<pid>/mem of the VMMs")
 
 
 def run(h):

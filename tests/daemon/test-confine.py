@@ -367,18 +367,7 @@ def run(h):
 
 
 def main():
-    if not tf.FORKD or not tf.VMM or not tf.GUEST:
-        print("Bail out! FORKD, FORKD_VMM and FORKD_TEST_GUEST must be set")
-        return 1
-    if not tf.kvm_usable():
-        tf.skip("/dev/kvm is not usable")
-    if os.geteuid() != 0:
-        tf.skip("needs root (the jail, cgroups, the system-bus policy)")
-    h = tf.Harness()
-    try:
-        return run(h)
-    finally:
-        h.cleanup()
+    return tf.run_on_harness(run, "the jail, cgroups, the system-bus policy")
 
 
 if __name__ == "__main__":

@@ -295,6 +295,24 @@ class Harness:
         return [os.path.basename(d.rstrip("/")) for d in glob.glob(self.cgroot + "/sb-*/")]
 
 
+def run_on_harness(run, root_needs):
+    """main() of the tests on this harness: the environment, /dev/kvm and root
+    checked (root_needs says what for), then run(h) on a Harness that is
+    always cleaned up."""
+    if not FORKD or not VMM or not GUEST:
+        print("Bail out! FORKD, FORKD_VMM and FORKD_TEST_GUEST must be set")
+        return 1
+    if not kvm_usable():
+        skip("/dev/kvm is not usable")
+    if os.geteuid() != 0:
+        skip(f"needs root ({root_needs})")
+    h = Harness()
+    try:
+        return run(h)
+    finally:
+        h.cleanup()
+
+
 def main():
     if not FORKD or not VMM or not GUEST:
         print("Bail out! FORKD, FORKD_VMM and FORKD_TEST_GUEST must be set")

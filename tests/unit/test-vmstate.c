@@ -64,17 +64,8 @@ static void fill_random(void *p, size_t n) {
         }
 }
 
-static struct vmstate *make_state(uint32_t n_cpuid, uint32_t n_msrs, uint32_t n_devs, size_t blob_len) {
-        struct vmstate *s = calloc(1, sizeof(*s));
-        struct vmstate_vcpu *v;
-
-        assert_non_null(s);
-        s->memory.mem_size = 512 * MiB;
-        s->memory.tsc_khz = 2999999;
-        s->memory.generation = 7;
-
-        s->n_vcpus = 1;
-        v = &s->vcpus[0];
+/* A vCPU's state, random but for its counts, in a fixed order. */
+static void fill_random_vcpu(struct vmstate_vcpu *v, uint32_t n_cpuid, uint32_t n_msrs) {
         v->n_cpuid = n_cpuid;
         fill_random(v->cpuid, n_cpuid * sizeof(v->cpuid[0]));
         fill_random(&v->mp_state, sizeof(v->mp_state));
@@ -87,6 +78,20 @@ static struct vmstate *make_state(uint32_t n_cpuid, uint32_t n_msrs, uint32_t n_
         v->n_msrs = n_msrs;
         fill_random(v->msrs, n_msrs * sizeof(v->msrs[0]));
         fill_random(&v->events, sizeof(v->events));
+}
+
+static struct vmstate *make_state(uint32_t n_cpuid, uint32_t n_msrs, uint32_t n_devs, size_t blob_len) {
+        struct vmstate *s = calloc(1, sizeof(*s));
+        struct vmstate_vcpu *v;
+
+        assert_non_null(s);
+        s->memory.mem_size = 512 * MiB;
+        s->memory.tsc_khz = 2999999;
+        s->memory.generation = 7;
+
+        s->n_vcpus = 1;
+        v = &s->vcpus[0];
+        fill_random_vcpu(v, n_cpuid, n_msrs);
 
         fill_random(&s->pit, sizeof(s->pit));
         fill_random(&s->clock, sizeof(s->clock));
@@ -115,18 +120,7 @@ static struct vmstate *make_smp_state(uint32_t n_vcpus) {
         for (uint32_t i = 1; i < n_vcpus; i++) {
                 struct vmstate_vcpu *v = &s->vcpus[i];
 
-                v->n_cpuid = 5;
-                fill_random(v->cpuid, v->n_cpuid * sizeof(v->cpuid[0]));
-                fill_random(&v->mp_state, sizeof(v->mp_state));
-                fill_random(&v->regs, sizeof(v->regs));
-                fill_random(&v->sregs, sizeof(v->sregs));
-                fill_random(&v->xsave, sizeof(v->xsave));
-                fill_random(&v->xcrs, sizeof(v->xcrs));
-                fill_random(&v->debugregs, sizeof(v->debugregs));
-                fill_random(&v->lapic, sizeof(v->lapic));
-                v->n_msrs = 10;
-                fill_random(v->msrs, v->n_msrs * sizeof(v->msrs[0]));
-                fill_random(&v->events, sizeof(v->events));
+                fill_random_vcpu(v, 5, 10);
         }
         return s;
 }
