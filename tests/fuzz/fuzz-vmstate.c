@@ -7,7 +7,9 @@
  * the bytes (as a writer would), so that the fuzzer gets past the CRCs into
  * the section walker; clear: the bytes go in as they are. What decodes must
  * encode back to exactly the bytes that decoded (the format has one encoding
- * of each state: exact section sizes, zero padding and reserved fields).
+ * of each state: exact section sizes, zero padding and reserved fields); an
+ * older version's file is written as the current version, which must then
+ * decode and encode to itself.
  */
 
 #include <errno.h>
@@ -24,6 +26,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 static void put_le32(uint8_t *p, uint32_t v) {
         for (unsigned i = 0; i < 4; i++)
                 p[i] = (uint8_t) (v >> (8 * i));
+}
+
+static uint32_t get_le32(const uint8_t *p) {
+        return (uint32_t) p[0] | (uint32_t) p[1] << 8 | (uint32_t) p[2] << 16 | (uint32_t) p[3] << 24;
 }
 
 static void put_le64(uint8_t *p, uint64_t v) {
@@ -57,6 +63,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (r >= 0) {
                 if (vmstate_encode(&s, &out, &out_len) < 0)
                         abort();
+                if (get_le32(buf + 8) != VMSTATE_VERSION) {
+                        /* an older version: its current-version encoding is the reference */
+                        free(buf);
+                        buf = out;
+                        n = out_len;
+                        out = NULL;
+                        if (vmstate_decode(buf, n, &s, &e) < 0 || vmstate_encode(&s, &out, &out_len) < 0)
+                                abort();
+                }
                 if (out_len != n || memcmp(out, buf, n) != 0)
                         abort();
                 free(out);
