@@ -96,7 +96,7 @@ fc pause "$s" >"$state/out" && grep -q "^$s  *$tag  *paused  *- " "$state/out" &
         grep -qF "Paused sandbox '$s'; resume it with 'forkctl resume $s'." "$state/err" \
         && ok "pause: its row, paused, no pid; says how to resume" || not_ok "pause: $(cat "$state/out" "$state/err")"
 row "$s" >"$state/out"
-head -1 "$state/out" | grep -q '^ID  *SNAPSHOT  *STATE  *PID  *MEMLIMIT  *NETNS  *ADDRESS  *CREATED  *EXPIRES  *OWNER$' &&
+head -1 "$state/out" | grep -q '^ID  *SNAPSHOT  *STATE  *PID  *MEMLIMIT  *NETNS  *ADDRESS  *CREATED  *EXPIRES  *OWNER  *CPU  *MEM(PRIV+SHARED)$' &&
         grep -q "^$s  *$tag  *paused  *-  " "$state/out" \
         && ok "ls: the EXPIRES column; $s paused with no pid" || not_ok "ls: $(cat "$state/out" "$state/err")"
 fc ls --json | pyq "[(x['status'], x['pid']) for x in j['sandboxes'] if x['id'] == '$s'] == [('paused', 0)]" >/dev/null \
