@@ -336,63 +336,6 @@ static int fork_work_error(ForkOp *f, int r, const char *what) {
         return r;
 }
 
-/* opts.net: a namespace per child, a few at a time. On failure what was made
- * stays in f->net (net_made[]) for cleanup_unowned(). */
-static int fork_make_namespaces(ForkOp *f) {
-        const char *step = NULL;
-        uint64_t start = now_usec();
-        unsigned failed = 0, pooled, rest;
-        long ncpu;
-        int r = 0;
-
-        /* What the pool has ready first: those are the fork's as if it had made them. */
-        pooled = netns_pool_take(f->manager->netns_pool, f->opts.net_policy, f->net, f->n);
-        for (unsigned i = 0; i < pooled; i++) {
-                f->net_index[i] = f->net[i].index;
-                f->net_made[i] = true;
-        }
-        f->n_net_picked = pooled;
-        rest = f->n - pooled;
-        if (rest > 0) {
-                r = netns_pick_free(&f->net_prefix, rest, f->net_index + pooled);
-                if (r < 0) {
-                        free(f->error);
-                        if (asprintf(&f->error, "No free network namespace index for %u children in %s (%s)",
-                                     rest, NETNS_DEFAULT_PREFIX, strerror(-r)) < 0)
-                                f->error = NULL;
-                        return r;
-                }
-                f->n_net_picked = f->n;
-                /* No more threads than CPUs: on 2 CPUs, 4 threads made 10 namespaces slower than 2. */
-                ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-                r = netns_children_create(&f->net_prefix, f->net_index + pooled, rest, f->opts.net_policy,
-                                          (unsigned) MIN(MAX(ncpu, 1L), (long) NETNS_BATCH_THREADS_MAX),
-                                          f->net + pooled, f->net_made + pooled, &failed, &step);
-                failed += pooled;
-        }
-        for (unsigned i = 0; r >= 0 && i < f->n; i++) {
-                f->netns[i] = strdup(f->net[i].name);
-                if (!f->netns[i])
-                        r = -ENOMEM;
-        }
-        if (r >= 0) {
-                /* Only the owner (and root) may dial the guests from the host. */
-                r = netns_children_allow(f->net, f->n, f->opts.owner_uid);
-                failed = 0;
-                step = "who may dial the guests (nftables chain ip forkd dial)";
-        }
-        if (r < 0) {
-                free(f->error);
-                if (asprintf(&f->error, "Failed to create the network namespace of %s (%s%s%s)", f->ids[failed],
-                             step ?: "", step ? ": " : "", strerror(-r)) < 0)
-                        f->error = NULL;
-                return r;
-        }
-        log_info("Made %u network namespace(s) in %" PRIu64 " ms, %u of them taken from the pool.", f->n,
-                 (now_usec() - start) / 1000, pooled);
-        return 0;
-}
-
 /* The sandbox records: one file per child, then one fsync of the directory.
  * Not synced one by one: a killed forkd needs no fsync (the page cache keeps
  * them), and a power loss ends the VMMs, cgroups and namespaces they name
@@ -577,7 +520,7 @@ static int fork_work(void *userdata) {
         int r;
 
         if (f->opts.net) {
-                r = fork_make_namespaces(f);
+                r = fork_op_make_namespaces(f);
                 if (r < 0)
                         return r;
                 taps = calloc(f->n, sizeof(int));
@@ -755,84 +698,6 @@ static int fork_run(ForkOp *f) {
                 return r;
         }
         return 0;
-}
-
-typedef struct TemplateWarm {
-        VmTemplate *t;
-        char *vmm_path, *overlay_dir, *error;
-        void (*then)(Manager *m, void *userdata);
-        void *userdata;
-} TemplateWarm;
-
-static int warm_work(void *userdata) {
-        TemplateWarm *w = userdata;
-
-        return vm_template_start(w->t, w->vmm_path, w->overlay_dir, &w->error);
-}
-
-static void warm_done(int r, void *userdata) {
-        TemplateWarm *w = userdata;
-        VmTemplate *t = w->t;
-
-        if (r < 0 && !t->image)
-                log_debug("The template of %s did not start: its snapshot went meanwhile.", t->tag);
-        else if (r < 0)
-                log_warning("The template of %s did not start ahead of its first fork (%s); that fork starts it.",
-                            t->tag, w->error ?: strerror(-r));
-        else
-                log_info("Template of %s started ahead of its first fork (pid %d).", t->tag, (int) t->vt.pid);
-        vm_template_end_work(t);
-        fork_op_run_next(t);
-        if (w->then)
-                w->then(t->manager, w->userdata);
-        vm_template_maybe_gc(t);
-        free(w->vmm_path);
-        free(w->overlay_dir);
-        free(w->error);
-        free(w);
-}
-
-int fork_op_warm_template_then(Manager *m, Image *i, void (*then)(Manager *m, void *userdata), void *userdata) {
-        TemplateWarm *w;
-        VmTemplate *t;
-        int r;
-
-        r = vm_template_get(i, &t);
-        if (r < 0)
-                return r;
-        if (t->vt.pid != 0 || t->busy)
-                return 0;
-        w = calloc(1, sizeof(*w));
-        if (!w)
-                return -ENOMEM;
-        w->t = t;
-        w->then = then;
-        w->userdata = userdata;
-        w->vmm_path = strdup(m->vmm_path);
-        w->overlay_dir = strdup(m->overlay_dir);
-        if (!w->vmm_path || !w->overlay_dir) {
-                r = -ENOMEM;
-                goto fail;
-        }
-        vm_template_begin_work(t);
-        r = worker_pool_submit(m->workers, warm_work, warm_done, w);
-        if (r < 0) {
-                vm_template_end_work(t);
-                goto fail;
-        }
-        return 1;
-fail:
-        free(w->vmm_path);
-        free(w->overlay_dir);
-        free(w);
-        vm_template_maybe_gc(t);
-        return r;
-}
-
-int fork_op_warm_template(Manager *m, Image *i) {
-        int r = fork_op_warm_template_then(m, i, NULL, NULL);
-
-        return r < 0 ? r : 0;
 }
 
 void fork_op_run_next(VmTemplate *t) {

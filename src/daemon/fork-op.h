@@ -148,15 +148,11 @@ ForkOp *fork_op_free(ForkOp *f);
 bool fork_op_child_exited(ForkOp *f, Sandbox *s, int code, int sig);
 void fork_op_child_gone(ForkOp *f);
 
+/* On the fork's worker (fork-netns.c): the network namespace of every child
+ * (opts.net), the pool's first. On failure f->error says why and what was
+ * made stays in f->net (net_made[]) for the fork's cleanup. */
+int fork_op_make_namespaces(ForkOp *f);
+
 /* The template became free: run the next waiting fork. */
 void fork_op_run_next(VmTemplate *t);
 
-/* Starts the template of i on a worker, ahead of its first fork, so that the
- * first fork costs what the next ones do; a fork that comes meanwhile waits
- * for it as for another fork. Nothing if it runs already. A template that does
- * not start is logged and tried again by the first fork. */
-int fork_op_warm_template(Manager *m, Image *i);
-/* The same, and then(m, userdata) once the start ended, well or not: returns 1.
- * 0 when nothing was started (running or busy already), then() not called;
- * < 0 on failure, then() not called. */
-int fork_op_warm_template_then(Manager *m, Image *i, void (*then)(Manager *m, void *userdata), void *userdata);

@@ -7,7 +7,6 @@
 #include <unistd.h>
 
 #include "boot-files.h"
-#include "fork-op.h"
 #include "fs-util.h"
 #include "image-dbus.h"
 #include "image.h"
@@ -16,6 +15,7 @@
 #include "operation.h"
 #include "polkit.h"
 #include "snapshot-meta.h"
+#include "vm-template.h"
 
 #define IMAGE_REF_MAX 512u
 
@@ -104,7 +104,7 @@ static void create_done(int r, void *userdata) {
 
         log_info("Snapshot %s created.", i->tag);
         image_send_signal(m, i->tag, true);
-        r = fork_op_warm_template(m, i);
+        r = vm_template_warm(m, i);
         if (r < 0)
                 log_warning_errno(r, "Could not start the template of %s ahead of its first fork: %m", i->tag);
         r = sd_bus_message_new_method_return(o->message, &reply);

@@ -97,7 +97,7 @@ static void paused_warm(Manager *m, Image *i, Sandbox *s) {
                         vm_template_stop_idle(t);
         }
         vm_id = strdup(s->vm_id);
-        r = vm_id ? fork_op_warm_template_then(m, i, pause_kill_vm, vm_id) : -ENOMEM;
+        r = vm_id ? vm_template_warm_then(m, i, pause_kill_vm, vm_id) : -ENOMEM;
         if (r > 0)
                 return;
         if (r < 0)

@@ -9,11 +9,13 @@
 #include "snapshot-meta.h"
 #include "volumes.h"
 #include "cgroup.h"
+#include "fork-op.h"
 #include "image.h"
 #include "json-util.h"
 #include "macro.h"
 #include "sandbox.h"
 #include "vm-template.h"
+#include "worker.h"
 
 #define TEMPLATE_MSG_MAX (64u << 10)
 
@@ -367,4 +369,82 @@ void vm_template_maybe_gc(VmTemplate *t) {
                         return;
         }
         vm_template_free(t);
+}
+
+typedef struct TemplateWarm {
+        VmTemplate *t;
+        char *vmm_path, *overlay_dir, *error;
+        void (*then)(Manager *m, void *userdata);
+        void *userdata;
+} TemplateWarm;
+
+static int warm_work(void *userdata) {
+        TemplateWarm *w = userdata;
+
+        return vm_template_start(w->t, w->vmm_path, w->overlay_dir, &w->error);
+}
+
+static void warm_done(int r, void *userdata) {
+        TemplateWarm *w = userdata;
+        VmTemplate *t = w->t;
+
+        if (r < 0 && !t->image)
+                log_debug("The template of %s did not start: its snapshot went meanwhile.", t->tag);
+        else if (r < 0)
+                log_warning("The template of %s did not start ahead of its first fork (%s); that fork starts it.",
+                            t->tag, w->error ?: strerror(-r));
+        else
+                log_info("Template of %s started ahead of its first fork (pid %d).", t->tag, (int) t->vt.pid);
+        vm_template_end_work(t);
+        fork_op_run_next(t);
+        if (w->then)
+                w->then(t->manager, w->userdata);
+        vm_template_maybe_gc(t);
+        free(w->vmm_path);
+        free(w->overlay_dir);
+        free(w->error);
+        free(w);
+}
+
+int vm_template_warm_then(Manager *m, Image *i, void (*then)(Manager *m, void *userdata), void *userdata) {
+        TemplateWarm *w;
+        VmTemplate *t;
+        int r;
+
+        r = vm_template_get(i, &t);
+        if (r < 0)
+                return r;
+        if (t->vt.pid != 0 || t->busy)
+                return 0;
+        w = calloc(1, sizeof(*w));
+        if (!w)
+                return -ENOMEM;
+        w->t = t;
+        w->then = then;
+        w->userdata = userdata;
+        w->vmm_path = strdup(m->vmm_path);
+        w->overlay_dir = strdup(m->overlay_dir);
+        if (!w->vmm_path || !w->overlay_dir) {
+                r = -ENOMEM;
+                goto fail;
+        }
+        vm_template_begin_work(t);
+        r = worker_pool_submit(m->workers, warm_work, warm_done, w);
+        if (r < 0) {
+                vm_template_end_work(t);
+                goto fail;
+        }
+        return 1;
+fail:
+        free(w->vmm_path);
+        free(w->overlay_dir);
+        free(w);
+        vm_template_maybe_gc(t);
+        return r;
+}
+
+int vm_template_warm(Manager *m, Image *i) {
+        int r = vm_template_warm_then(m, i, NULL, NULL);
+
+        return r < 0 ? r : 0;
 }

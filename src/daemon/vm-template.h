@@ -80,5 +80,15 @@ void vm_template_stop_idle(VmTemplate *t);
 /* Stop and free if the snapshot is gone and nothing uses the template. */
 void vm_template_maybe_gc(VmTemplate *t);
 
+/* Starts the template of i on a worker, ahead of its first fork, so that the
+ * first fork costs what the next ones do; a fork that comes meanwhile waits
+ * for it as for another fork. Nothing if it runs already. A template that does
+ * not start is logged and tried again by the first fork. */
+int vm_template_warm(Manager *m, Image *i);
+/* The same, and then(m, userdata) once the start ended, well or not: returns 1.
+ * 0 when nothing was started (running or busy already), then() not called;
+ * < 0 on failure, then() not called. */
+int vm_template_warm_then(Manager *m, Image *i, void (*then)(Manager *m, void *userdata), void *userdata);
+
 void vm_template_add_sandbox(VmTemplate *t, Sandbox *s);
 void vm_template_remove_sandbox(VmTemplate *t, Sandbox *s);
