@@ -40,6 +40,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+import time
 import traceback
 
 from linuxguest import LinuxStack, dump_logs
@@ -68,20 +69,30 @@ def main():
         part(n) for n in ("boot-fork", "branch", "lifecycle", "chain-pack", "image", "net", "sdk", "smp"))
     t = Tap()
 
+    t0 = time.monotonic()
     g = LinuxStack(t, top, build, args.image)
     fc, stack, state = g.fc, g.stack, g.state
+    print(f"# part: the stack up, {time.monotonic() - t0:.0f} s", flush=True)
+
+    def timed(name, fn, *a):
+        """fn(*a), then a TAP comment with the part's wall time (under TCG: not the product's speed)."""
+        start = time.monotonic()
+        try:
+            return fn(*a)
+        finally:
+            print(f"# part: {name}, {time.monotonic() - start:.0f} s", flush=True)
     try:
-        body = boot.boot_and_fork(t, fc, stack, args.image, state)
+        body = timed("boot and fork", boot.boot_and_fork, t, fc, stack, args.image, state)
         if body is not None:
-            branch.fork_and_branch_running(t, stack)
-            smp.smp_linux(t, stack, body)
-            lifecycle.pause_resume_linux(t, stack, g.restart, state)
-            branch.branch_and_fork_errors(t, fc, stack, g.restart)
-            chain_pack.chains(t, fc, stack, state)  # ends with snapshot rm --cascade of TAG
-            boot.triple_fault(t, stack, body)
-        image.images(t, fc, stack, build, args.image, state)
-        net.networking(t, fc, stack, g.restart, state)
-        sdk.sdk_python(t, top, stack, args.image, g.env)
+            timed("fork and branch of a running sandbox", branch.fork_and_branch_running, t, stack)
+            timed("two vCPUs", smp.smp_linux, t, stack, body)
+            timed("pause and resume", lifecycle.pause_resume_linux, t, stack, g.restart, state)
+            timed("branch and fork errors", branch.branch_and_fork_errors, t, fc, stack, g.restart)
+            timed("chains and pack", chain_pack.chains, t, fc, stack, state)  # ends with rm --cascade of TAG
+            timed("triple fault", boot.triple_fault, t, stack, body)
+        timed("images", image.images, t, fc, stack, build, args.image, state)
+        timed("networking", net.networking, t, fc, stack, g.restart, state)
+        timed("sdk", sdk.sdk_python, t, top, stack, args.image, g.env)
     except Exception:
         t.ok(False, "the test ran to its end", traceback.format_exc())
     finally:
@@ -90,6 +101,7 @@ def main():
         g.down()
         leftovers = subprocess.run(["pgrep", "-f", "forkd-vmm"], capture_output=True, text=True).stdout.split()
         t.ok(not leftovers, "forkd-stack down leaves no forkd-vmm behind", leftovers)
+        print(f"# part: all, {time.monotonic() - t0:.0f} s", flush=True)
     sys.exit(t.done())
 
 
