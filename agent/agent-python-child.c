@@ -82,6 +82,14 @@ int agent_python_init(void) {
                 return r;
         }
         r = child_start();
+        if (r == -ETIMEDOUT) {
+                /* Slow, not absent (a loaded host, numpy's import): the first eval or
+                 * run_code starts it again rather than calling it missing for good. */
+                log_warning("%s did not answer within %u s; eval and run_code start it again at their first call.",
+                            pc.python, (unsigned) (PYCHILD_HELLO_USEC / USEC_PER_SEC));
+                pc.have = true;
+                return 0;
+        }
         if (r == -EPROTONOSUPPORT) {
                 log_warning("%s is older than 3.8 or cannot run the agent's bootstrap: eval and run_code are not available.",
                             pc.python);
@@ -270,7 +278,11 @@ static int py_op(Agent *a, uint32_t id, struct json_object *req, const char *op)
                 r = child_start();
                 if (r < 0)
                         return agent_send_error(a, id, "failed to start %s again: %s", pc.python, strerror(-r)), 0;
-                restarted = true;
+                restarted = pc.version != NULL; /* a first start that ran out of time lost nothing */
+                if (!pc.version)
+                        pc.version = strdup_or_null(pc.child.version);
+                if (!pc.numpy_version)
+                        pc.numpy_version = strdup_or_null(pc.child.numpy_version);
         }
 
         r = pychild_call(&pc.child, op, code, args.timeout_secs, &reply, &status);
