@@ -90,6 +90,10 @@ def boot_and_fork(t, fc, stack, image, state):
     # Clocks.
     # The guest's time is read somewhere between t0 and t1 (an eval's round trip takes
     # seconds under TCG): its offset is its distance from that interval, 0 inside it.
+    # A child's agent sets the wall clock to the time its VMM stamped on the identity
+    # event, so the clock lags by that event's way to the agent:
+    # 1.6-2.1 s in a loaded TCG test host and once 5.4-6.2 s while the machine also
+    # built and ran the sanitizer build's tests. Hence 10 s here.
     skew = {}
     for sid in ids:
         t0 = time.time()
@@ -100,8 +104,8 @@ def boot_and_fork(t, fc, stack, image, state):
             skew[sid] = g - t1 if g > t1 else g - t0 if g < t0 else 0.0
         except (TypeError, KeyError, ValueError):
             skew[sid] = None
-    t.ok(all(s is not None and abs(s) < 5 for s in skew.values()),
-         "each child's clock is within 5 s of the host's", skew)
+    t.ok(all(s is not None and abs(s) < 10 for s in skew.values()),
+         "each child's clock is within 10 s of the host's", skew)
     t.note("clock offsets (s): " + ", ".join(f"{k}: {v:+.3f}" for k, v in skew.items() if v is not None))
 
     # A command that outlives its timeout is killed; the agent still answers.
