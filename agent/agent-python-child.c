@@ -52,6 +52,10 @@ void agent_python_reaped(pid_t pid, int status) {
         (void) pychild_reaped(&pc.child, pid, status);
 }
 
+static char *strdup_or_null(const char *s) {
+        return s ? strdup(s) : NULL;
+}
+
 static int child_start(void) {
         const AgentDefaults *d = pc.defaults;
         extern char **environ;
@@ -62,11 +66,11 @@ static int child_start(void) {
         if (r < 0)
                 return r;
         pc.ready = true;
+        if (!pc.version) { /* the first start that answered */
+                pc.version = strdup_or_null(pc.child.version);
+                pc.numpy_version = strdup_or_null(pc.child.numpy_version);
+        }
         return 0;
-}
-
-static char *strdup_or_null(const char *s) {
-        return s ? strdup(s) : NULL;
 }
 
 int agent_python_init(void) {
@@ -102,8 +106,6 @@ int agent_python_init(void) {
                 return r;
         }
         pc.have = true;
-        pc.version = strdup_or_null(pc.child.version);
-        pc.numpy_version = strdup_or_null(pc.child.numpy_version);
         if (!pc.numpy_version)
                 log_info("numpy is not importable; continuing without it.");
         return 0;
@@ -275,14 +277,10 @@ static int py_op(Agent *a, uint32_t id, struct json_object *req, const char *op)
                 return agent_send_error(a, id, NO_PYTHON), 0;
 
         if (!pc.ready) {
+                restarted = pc.version != NULL; /* a first start that ran out of time lost nothing */
                 r = child_start();
                 if (r < 0)
                         return agent_send_error(a, id, "failed to start %s again: %s", pc.python, strerror(-r)), 0;
-                restarted = pc.version != NULL; /* a first start that ran out of time lost nothing */
-                if (!pc.version)
-                        pc.version = strdup_or_null(pc.child.version);
-                if (!pc.numpy_version)
-                        pc.numpy_version = strdup_or_null(pc.child.numpy_version);
         }
 
         r = pychild_call(&pc.child, op, code, args.timeout_secs, &reply, &status);
