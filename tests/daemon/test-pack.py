@@ -19,7 +19,8 @@ import os
 import subprocess
 import sys
 import tarfile
-import tempfile
+
+from ociimage import zstd
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -38,23 +39,8 @@ FORKCTL = os.environ.get("FORKCTL")
 ZERO_HASH = "0" * 64
 
 
-def _zstd(args, data):
-    """zstd ARGS on data, through files: a pipe moves subprocess's input 512 bytes a
-    write, tens of thousands of system calls for a bundle (slow under TCG)."""
-    with tempfile.TemporaryFile() as src, tempfile.TemporaryFile() as dst:
-        src.write(data)
-        src.seek(0)
-        subprocess.run(["zstd", "-q", "-c", *args], stdin=src, stdout=dst, check=True)
-        dst.seek(0)
-        return dst.read()
-
-
-def zstd(data):
-    return _zstd([], data)
-
-
 def unzstd(data):
-    return _zstd(["-d"], data)
+    return zstd(data, decompress=True)
 
 
 def tar_bytes(members):
