@@ -198,11 +198,20 @@ int jail_enter(void) {
         r = links_check();
         if (r < 0)
                 return r;
+        /* Before the new mount namespace: the descriptors keep forkd's own mounts,
+         * on which forkd's directories (a branch's) lie too. */
+        r = links_open(links);
+        if (r < 0)
+                goto out;
 
-        if (unshare(CLONE_NEWNS) < 0)
-                return log_error_errno(errno, "jail: unshare(CLONE_NEWNS) failed: %m");
-        if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
-                return log_error_errno(errno, "jail: making / private failed: %m");
+        if (unshare(CLONE_NEWNS) < 0) {
+                r = log_error_errno(errno, "jail: unshare(CLONE_NEWNS) failed: %m");
+                goto out;
+        }
+        if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0) {
+                r = log_error_errno(errno, "jail: making / private failed: %m");
+                goto out;
+        }
 
         /* Open what is bound before the tmpfs hides anything (a bind may live under /tmp). */
         for (unsigned i = 0; i < jail.n_binds; i++) {
@@ -217,10 +226,6 @@ int jail_enter(void) {
                         goto out;
                 }
         }
-
-        r = links_open(links);
-        if (r < 0)
-                goto out;
 
         if (mount("tmpfs", JAIL_ROOT, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0755,size=64k") < 0) {
                 r = log_error_errno(errno, "jail: mounting its tmpfs failed: %m");
