@@ -458,6 +458,8 @@ int snapshot_write_handoff(struct vmm *vmm, int dfd, const char *tag, const char
         r = write_into(vmm, dfd, tag, kernel, vbuf, vlen, link_disk, diff, origin);
         virtio_blk_on_link_refused(NULL);
         handoff = NULL;
+        if (r >= 0)
+                test_crash_point("rename"); /* written, not yet the caller's to rename */
         if (r < 0 && h)
                 snapshot_handoff_done(h);
         return r;
