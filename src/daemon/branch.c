@@ -25,6 +25,7 @@
 #include "sandbox.h"
 #include "snapshot-meta.h"
 #include "uid-range.h"
+#include "vm-template.h"
 
 #define CONTROL_REPLY_MAX (64u << 10)
 
@@ -722,6 +723,17 @@ static int send_request(Sandbox *s, BranchOp *b, int fd) {
         return sandbox_control_send(s, json_object_to_json_string_ext(req, JSON_C_TO_STRING_PLAIN), fd, &b->waiter);
 }
 
+/* The id s's VMM, and so its branch's writer, runs under: its own of
+ * --vmm-uid-range; a child of a running sandbox's frozen copy (ForkSandbox)
+ * that sandbox's, which the copy holds; else the VMM user. */
+static uid_t writer_uid(const Sandbox *s) {
+        if (s->vmm_uid > 0)
+                return s->vmm_uid;
+        if (s->template && s->template->vmm_uid > 0)
+                return s->template->vmm_uid;
+        return s->manager->vmm_uid;
+}
+
 int branch_start(Sandbox *s, const char *tag, const char *mode, bool wait, uid_t owner, sd_bus_message *message,
                  branch_done_t done, void *userdata, sd_bus_error *error) {
         Manager *m = s->manager;
@@ -793,8 +805,8 @@ int branch_start(Sandbox *s, const char *tag, const char *mode, bool wait, uid_t
         b->result_fd = sv[0];
         /* Its writer's directory, made before the writer exists (named after it
          * once it does): the VMM takes it off the result socket with the request. */
-        r = confine_staging_dir(m->snapshots_dir, tag, 0, m->confine ? (s->vmm_uid > 0 ? s->vmm_uid : m->vmm_uid) :
-                                (uid_t) -1, s->vmm_uid > 0 ? (gid_t) s->vmm_uid : m->vmm_gid, &b->staging_name,
+        r = confine_staging_dir(m->snapshots_dir, tag, 0, m->confine ? writer_uid(s) : (uid_t) -1,
+                                writer_uid(s) != m->vmm_uid ? (gid_t) writer_uid(s) : m->vmm_gid, &b->staging_name,
                                 &b->staging_fd);
         if (r >= 0)
                 r = send_fd(sv[0], b->staging_fd);
