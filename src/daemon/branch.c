@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 /* Branching a running sandbox: see branch.h. */
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <sys/syscall.h>
@@ -13,6 +14,7 @@
 
 #include "branch.h"
 #include "cgroup.h"
+#include "confine.h"
 #include "fs-util.h"
 #include "bus-info.h"
 #include "image.h"
@@ -22,6 +24,8 @@
 #include "paused.h"
 #include "sandbox.h"
 #include "snapshot-meta.h"
+#include "uid-range.h"
+#include "vm-template.h"
 
 #define CONTROL_REPLY_MAX (64u << 10)
 
@@ -32,6 +36,8 @@ static BranchOp *branch_op_free(BranchOp *b) {
                 hashmap_remove(b->manager->branching, b->tag);
         b->result_source = sd_event_source_disable_unref(b->result_source);
         safe_close(b->result_fd);
+        safe_close(b->staging_fd);
+        free(b->staging_name);
         if (b->message) {
                 (void) sd_bus_reply_method_errorf(b->message, FORKD_ERROR_FAILED, OPERATION_SHUTTING_DOWN);
                 sd_bus_message_unref(b->message);
@@ -47,6 +53,35 @@ static BranchOp *branch_op_free(BranchOp *b) {
         free(b->error);
         free(b);
         return NULL;
+}
+
+static char *free_staging_name(char *name) {
+        free(name);
+        return NULL;
+}
+
+/* The staging directory forkd made, removed (nothing renamed it into place). */
+static void staging_remove(BranchOp *b) {
+        _cleanup_free_ char *path = NULL;
+
+        if (b->staging_name && asprintf(&path, "%s/%s", b->manager->snapshots_dir, b->staging_name) >= 0)
+                (void) rm_rf(path);
+        b->staging_name = free_staging_name(b->staging_name);
+        b->staging_fd = safe_close(b->staging_fd);
+}
+
+/* One descriptor, with one byte, on a socket. */
+static int send_fd(int sock, int fd) {
+        char cbuf[CMSG_SPACE(sizeof(int))] = {}, byte = 0;
+        struct iovec iov = { .iov_base = &byte, .iov_len = 1 };
+        struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof(cbuf) };
+        struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(c), &fd, sizeof(int));
+        return sendmsg(sock, &mh, MSG_DONTWAIT | MSG_NOSIGNAL) < 0 ? -errno : 0;
 }
 
 static unsigned count_state(Manager *m, int state, bool equal) {
@@ -76,6 +111,7 @@ static void branch_fail(BranchOp *b, const char *fmt, ...) {
                 if (asprintf(&staging, "%s.tmp.%d", b->dir, (int) b->copy_pid) >= 0)
                         (void) rm_rf(staging);
         }
+        staging_remove(b); /* the one forkd made, maybe before its writer was known */
         if (b->done) {
                 branch_done_t done = TAKE_PTR(b->done);
                 void *userdata = b->userdata;
@@ -212,33 +248,154 @@ static void branch_written(BranchOp *b) {
         branch_op_free(b);
 }
 
+#define BRANCH_RESULT_FDS_MAX 250u /* the writer's SNAPSHOT_HANDOFF_MAX */
+
+/* A name the writer may leave to forkd: a file of the snapshot directory itself. */
+static bool link_name_is_valid(const char *name) {
+        return name[0] && name[0] != '.' && strlen(name) < 32 && !strchr(name, '/');
+}
+
+/* A copy of fd's data, its size, as dfd/name (0640), synced. */
+static int copy_into(int fd, int dfd, const char *name) {
+        _cleanup_close_ int out = -EBADF;
+        struct stat st;
+        loff_t in = 0;
+
+        if (fstat(fd, &st) < 0)
+                return -errno;
+        out = openat(dfd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0640);
+        if (out < 0)
+                return -errno;
+        while (in < st.st_size) {
+                ssize_t n = copy_file_range(fd, &in, out, NULL, (size_t) MIN(st.st_size - in, (off_t) 1 << 30), 0);
+
+                if (n < 0 && errno == EINTR)
+                        continue;
+                if (n < 0)
+                        return -errno;
+                if (n == 0)
+                        return -EIO;
+        }
+        return fsync(out) < 0 ? -errno : 0;
+}
+
+/* Links each file the writer handed over (fds, in the order of the names in
+ * links) into the staging directory: root may link what the VMM's id may not
+ * (fs.protected_hardlinks). Only a regular file of a VMM's id is linked (the
+ * writer holds it open anyway, and its registration hands it to the VMM user,
+ * which it is already); any other is copied, so no file outside the VMMs'
+ * becomes part of a snapshot. */
+static int link_handed_over(BranchOp *b, struct json_object *links, const int *fds, size_t n_fds,
+                            const char **ret_why) {
+        Manager *m = b->manager;
+        size_t n = links ? json_object_array_length(links) : 0;
+
+        if (n != n_fds || (n > 0 && b->staging_fd < 0)) {
+                *ret_why = "its files to link do not match their descriptors";
+                return -EBADMSG;
+        }
+        for (size_t i = 0; i < n; i++) {
+                struct json_object *e = json_object_array_get_idx(links, i);
+                const char *name = json_object_is_type(e, json_type_string) ? json_object_get_string(e) : "";
+                char proc[64];
+                struct stat st;
+
+                int r;
+
+                if (!link_name_is_valid(name) || fstat(fds[i], &st) < 0 || !S_ISREG(st.st_mode)) {
+                        *ret_why = "it handed over something that is not a file of a snapshot";
+                        return -EPERM;
+                }
+                if (st.st_uid != m->vmm_uid && !uid_range_contains(&m->vmm_uids, st.st_uid)) {
+                        r = copy_into(fds[i], b->staging_fd, name);
+                        if (r < 0) {
+                                *ret_why = "copying a file it handed over failed";
+                                return r;
+                        }
+                        continue;
+                }
+                snprintf(proc, sizeof(proc), "/proc/self/fd/%d", fds[i]);
+                if (linkat(AT_FDCWD, proc, b->staging_fd, name, AT_SYMLINK_FOLLOW) < 0) {
+                        *ret_why = "linking a file it handed over failed";
+                        return -errno;
+                }
+        }
+        if (n > 0 && fsync(b->staging_fd) < 0) {
+                *ret_why = "syncing the snapshot directory failed";
+                return -errno;
+        }
+        return 0;
+}
+
 static int on_result(sd_event_source *es, int fd, uint32_t revents, void *userdata) {
         _cleanup_json_ struct json_object *o = NULL;
         BranchOp *b = userdata;
-        char buf[4096];
-        struct json_object *ok, *err;
-        const char *perr = NULL;
+        _cleanup_free_ char *buf = malloc(CONTROL_REPLY_MAX + 1);
+        char cbuf[CMSG_SPACE(sizeof(int) * BRANCH_RESULT_FDS_MAX)];
+        int fds[BRANCH_RESULT_FDS_MAX];
+        struct iovec iov = { .iov_base = buf, .iov_len = CONTROL_REPLY_MAX };
+        struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof(cbuf) };
+        struct json_object *ok, *err, *links = NULL;
+        const char *perr = NULL, *why = NULL;
+        size_t n_fds = 0;
         ssize_t n;
+        int r;
 
-        n = recv(fd, buf, sizeof(buf) - 1, MSG_DONTWAIT);
+        if (!buf)
+                return log_oom();
+        n = recvmsg(fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
         if (n < 0 && (errno == EAGAIN || errno == EINTR))
                 return 0;
+        for (struct cmsghdr *c = n > 0 ? CMSG_FIRSTHDR(&mh) : NULL; c; c = CMSG_NXTHDR(&mh, c)) {
+                if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+                        continue;
+                for (size_t i = 0; i < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int); i++) {
+                        int k;
+
+                        memcpy(&k, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+                        if (n_fds < ELEMENTSOF(fds))
+                                fds[n_fds++] = k;
+                        else
+                                safe_close(k);
+                }
+        }
         if (n <= 0) {
                 branch_fail(b, "The process writing the snapshot exited without a word (killed?).");
                 return 0;
         }
-        if (json_parse_strict(buf, (size_t) n, sizeof(buf), 4, &o, &perr) < 0 ||
-            !json_object_object_get_ex(o, "ok", &ok) || !json_object_is_type(ok, json_type_boolean)) {
+        if ((mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) ||
+            json_parse_strict(buf, (size_t) n, CONTROL_REPLY_MAX, 4, &o, &perr) < 0 ||
+            !json_object_object_get_ex(o, "ok", &ok) || !json_object_is_type(ok, json_type_boolean) ||
+            (json_object_object_get_ex(o, "links", &links) && !json_object_is_type(links, json_type_array))) {
+                for (size_t i = 0; i < n_fds; i++)
+                        safe_close(fds[i]);
                 branch_fail(b, "Malformed report from the process writing the snapshot.");
                 return 0;
         }
         if (!json_object_get_boolean(ok)) {
+                for (size_t i = 0; i < n_fds; i++)
+                        safe_close(fds[i]);
                 branch_fail(b, "%s",
                             json_object_object_get_ex(o, "error", &err) && json_object_is_type(err, json_type_string) ?
                                     json_object_get_string(err) :
                                     "writing the snapshot failed");
                 return 0;
         }
+        r = link_handed_over(b, links, fds, n_fds, &why);
+        for (size_t i = 0; i < n_fds; i++)
+                safe_close(fds[i]);
+        if (r >= 0 && b->staging_name) {
+                r = confine_staging_finish(b->manager->snapshots_dir, b->staging_name, b->tag);
+                if (r < 0)
+                        why = "renaming it into place failed";
+                else
+                        b->staging_name = free_staging_name(b->staging_name);
+        }
+        if (r < 0) {
+                branch_fail(b, "Finishing the snapshot: %s (%s).", why, strerror(-r));
+                return 0;
+        }
+        b->staging_fd = safe_close(b->staging_fd);
         branch_written(b);
         return 0;
 }
@@ -266,6 +423,22 @@ static void on_control_reply(ControlWaiter *w, struct json_object *o, const char
         histogram_observe(&b->manager->branch_pause, b->pause_us);
         if (b->source_has_cgroup)
                 (void) cgroup_detach(b->manager->cgroups, b->copy_pid);
+        if (b->staging_name) {
+                /* Named after its writer now, as a writer names its own ("<tag>.tmp.<pid>"). */
+                _cleanup_free_ char *name = NULL;
+
+                if (asprintf(&name, "%s.tmp.%d", b->tag, (int) b->copy_pid) < 0) {
+                        branch_fail(b, "Out of memory.");
+                        return;
+                }
+                r = confine_staging_rename(b->manager->snapshots_dir, b->staging_name, name);
+                if (r < 0) {
+                        branch_fail(b, "Failed to name the branch's directory after its writer: %s", strerror(-r));
+                        return;
+                }
+                free(b->staging_name);
+                b->staging_name = TAKE_PTR(name);
+        }
         b->state = BRANCH_WRITING;
         r = sd_event_add_io(b->manager->event, &b->result_source, b->result_fd, EPOLLIN, on_result, b);
         if (r < 0) {
@@ -394,10 +567,16 @@ void branch_free_all(Manager *m) {
 static int on_copy_exit(sd_event_source *es, int fd, uint32_t revents, void *userdata) {
         BranchOp *b = userdata;
 
+        /* A writer that found forkd gone marked its directory whole: forkd's to rename. */
+        if (access(b->dir, F_OK) < 0 && b->staging_name &&
+            confine_staging_is_whole(b->manager->snapshots_dir, b->staging_name) &&
+            confine_staging_finish(b->manager->snapshots_dir, b->staging_name, b->tag) >= 0)
+                b->staging_name = free_staging_name(b->staging_name);
         if (access(b->dir, F_OK) < 0) {
                 branch_fail(b, "The process writing the snapshot exited without finishing it.");
                 return 0;
         }
+        b->staging_name = free_staging_name(b->staging_name);
         branch_written(b);
         return 0;
 }
@@ -441,13 +620,15 @@ int branch_adopt_staging(Manager *m, const char *name) {
         b->manager = m;
         b->wait = true;
         b->state = BRANCH_WRITING;
+        b->staging_fd = -EBADF;
+        b->staging_name = strdup(name);
         b->copy_pid = (pid_t) pid;
         b->started_at = (uint64_t) time(NULL);
         b->result_fd = fd; /* a pidfd: readable once the copy exited */
         snprintf(b->mode, sizeof(b->mode), "full");
         b->tag = TAKE_PTR(tag);
         b->source_id = strdup("");
-        if (!b->source_id || asprintf(&b->dir, "%s/%s", m->snapshots_dir, b->tag) < 0) {
+        if (!b->source_id || !b->staging_name || asprintf(&b->dir, "%s/%s", m->snapshots_dir, b->tag) < 0) {
                 b->dir = NULL;
                 branch_op_free(b);
                 return -ENOMEM;
@@ -529,6 +710,8 @@ static int send_request(Sandbox *s, BranchOp *b, int fd) {
         json_object_object_add(req, "dir", json_object_new_string(b->dir));
         json_object_object_add(req, "branched_from", json_object_new_string(b->source_id));
         json_object_object_add(req, "tag", json_object_new_string(b->tag));
+        /* Into the directory forkd made, queued on the result socket (the writer may not reach snapshots/) */
+        json_object_object_add(req, "staging", json_object_new_boolean(true));
         if (strcmp(b->mode, "diff") == 0) {
                 /* Against the snapshot the sandbox was forked from. */
                 json_object_object_add(req, "mode", json_object_new_string("diff"));
@@ -538,6 +721,17 @@ static int send_request(Sandbox *s, BranchOp *b, int fd) {
                 json_object_object_add(req, "mode", json_object_new_string("full"));
         b->waiter.reply = on_control_reply;
         return sandbox_control_send(s, json_object_to_json_string_ext(req, JSON_C_TO_STRING_PLAIN), fd, &b->waiter);
+}
+
+/* The id s's VMM, and so its branch's writer, runs under: its own of
+ * --vmm-uid-range; a child of a running sandbox's frozen copy (ForkSandbox)
+ * that sandbox's, which the copy holds; else the VMM user. */
+static uid_t writer_uid(const Sandbox *s) {
+        if (s->vmm_uid > 0)
+                return s->vmm_uid;
+        if (s->template && s->template->vmm_uid > 0)
+                return s->template->vmm_uid;
+        return s->manager->vmm_uid;
 }
 
 int branch_start(Sandbox *s, const char *tag, const char *mode, bool wait, uid_t owner, sd_bus_message *message,
@@ -569,6 +763,7 @@ int branch_start(Sandbox *s, const char *tag, const char *mode, bool wait, uid_t
                 return -ENOMEM;
         b->manager = m;
         b->result_fd = -EBADF;
+        b->staging_fd = -EBADF;
         b->wait = wait;
         b->owner_uid = owner;
         b->started_at = (uint64_t) time(NULL);
@@ -608,9 +803,23 @@ int branch_start(Sandbox *s, const char *tag, const char *mode, bool wait, uid_t
                 return r;
         }
         b->result_fd = sv[0];
+        /* Its writer's directory, made before the writer exists (named after it
+         * once it does): the VMM takes it off the result socket with the request. */
+        r = confine_staging_dir(m->snapshots_dir, tag, 0, m->confine ? writer_uid(s) : (uid_t) -1,
+                                writer_uid(s) != m->vmm_uid ? (gid_t) writer_uid(s) : m->vmm_gid, &b->staging_name,
+                                &b->staging_fd);
+        if (r >= 0)
+                r = send_fd(sv[0], b->staging_fd);
+        if (r < 0) {
+                safe_close(sv[1]);
+                staging_remove(b);
+                branch_op_free(b);
+                return sd_bus_error_set_errnof(error, r, "Failed to make the branch's directory: %m");
+        }
         r = send_request(s, b, sv[1]);
         safe_close(sv[1]);
         if (r < 0) {
+                staging_remove(b);
                 branch_op_free(b);
                 return sd_bus_error_set_errnof(error, r, "Failed to ask the VMM of %s for a branch: %m", s->id);
         }

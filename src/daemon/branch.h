@@ -64,6 +64,10 @@ struct BranchOp {
         bool source_agent_tcp;     /* its guest answers on AGENT_TCP_PORT: so does the branch's */
         char *image_config;        /* its snapshot's "image" (snapshot.json), NULL: none */
         int result_fd;
+        /* The directory in snapshots/ the writer writes into (confine_staging_dir()),
+         * until forkd renamed it into place; -EBADF/NULL: none (yet) */
+        int staging_fd;
+        char *staging_name;
         sd_event_source *result_source;
         pid_t copy_pid;
         uint64_t pause_us, started_at;

@@ -107,10 +107,12 @@ static void help(void) {
                "     --vmm-user UID[:GID] The user (and group) confined VMMs run as (default %u:%u,\n"
                "                          in no /etc/passwd; see forkd-vmm(8), CONFINEMENT)\n"
                "     --vmm-uid-range FIRST:COUNT|shared\n"
-               "                          The ids confined VMMs run under, as uid and gid; no\n"
-               "                          user or group may have one (e.g. %u:%u; default\n"
-               "                          'shared': every VMM runs as --vmm-user; also\n"
-               "                          FORKD_VMM_UID_RANGE; see forkd(8), VMM USERS)\n"
+               "                          The ids confined VMMs run under, one a sandbox, as uid\n"
+               "                          and gid; no user or group may have one (default\n"
+               "                          %u:%u, or 'shared' with a warning where a user or\n"
+               "                          group has an id in it; 'shared': every VMM runs as\n"
+               "                          --vmm-user; also FORKD_VMM_UID_RANGE; see forkd(8),\n"
+               "                          VMM USERS)\n"
                "     --no-confine         Run VMMs as forkd itself, without their jail, seccomp\n"
                "                          filter or user (for measurements and debugging;\n"
                "                          also FORKD_NO_CONFINE=1)\n"
@@ -301,23 +303,26 @@ static int parse_default_mem_mib(const char *s, unsigned *ret) {
 /* --trusted-bridge-user: a decimal uid, or a user name looked up in the user
  * database. "" is none (OWNER_UID_INVALID). -EINVAL for anything malformed, root
  * or (uid_t) -1; -ENOENT for a well-formed name with no such user. */
+static int setup_shared(Manager *m) {
+        log_info("Every confined VMM runs as %u:%u (--vmm-uid-range shared).", (unsigned) m->vmm_uid,
+                 (unsigned) m->vmm_gid);
+        return 0;
+}
+
 /* forkd --vmm-uid-range (forkd(8), VMM USERS): refused whole if it holds a
  * reserved id, the --vmm-user, or any user's or group's id; then the ids of
  * the range that a process still runs under (a VMM of a forkd that went away,
- * not dead yet) are marked used. */
+ * not dead yet) are marked used. Without the option (spec NULL), the default
+ * range, or 'shared' with a warning where the default range is refused. */
 static int setup_vmm_uid_range(Manager *m, const char *spec) {
         _cleanup_free_ char *what = NULL;
         uid_t first = VMM_UID_RANGE_DEFAULT_FIRST, id = 0;
         uint32_t count = VMM_UID_RANGE_DEFAULT_COUNT;
+        bool implicit = !spec;
         int r;
 
-        /* Not yet the default: a flat branch hard-links its parent's files, which
-         * a VMM under an id of its own may not (fs.protected_hardlinks). */
-        if (!spec || streq(spec, "shared")) {
-                log_info("Every confined VMM runs as %u:%u (--vmm-uid-range shared).", (unsigned) m->vmm_uid,
-                         (unsigned) m->vmm_gid);
-                return 0;
-        }
+        if (spec && streq(spec, "shared"))
+                return setup_shared(m);
         if (spec && uid_range_parse(spec, &first, &count) < 0)
                 return log_error_errno(EINVAL, "--vmm-uid-range (FORKD_VMM_UID_RANGE) takes FIRST:COUNT, decimal "
                                        "numbers, COUNT from 1 to %u, or 'shared', not '%s'.",
@@ -325,6 +330,12 @@ static int setup_vmm_uid_range(Manager *m, const char *spec) {
         r = uid_range_check(first, count, m->vmm_uid, &id);
         if (r >= 0) /* the VMM group is every such VMM's too */
                 r = uid_range_check(first, count, m->vmm_gid, &id);
+        if (r == -EEXIST && implicit) {
+                log_warning("The default --vmm-uid-range %u:%u holds %u, the --vmm-user's uid or gid: every "
+                            "confined VMM runs as --vmm-user instead (shared).", (unsigned) first, (unsigned) count,
+                            (unsigned) id);
+                return setup_shared(m);
+        }
         if (r == -EEXIST)
                 return log_error_errno(r, "--vmm-uid-range %u:%u holds %u, which no VMM may run as (root, nobody, "
                                        "65533, or the --vmm-user's uid or gid).", (unsigned) first, (unsigned) count,
@@ -333,12 +344,20 @@ static int setup_vmm_uid_range(Manager *m, const char *spec) {
                 return log_error_errno(r, "--vmm-uid-range %u:%u goes past the last uid, %u.", (unsigned) first,
                                        (unsigned) count, (unsigned) ((uid_t) -1 - 1));
         r = uid_range_check_databases(first, count, &what);
+        if (r < 0 && implicit) {
+                log_warning("The default --vmm-uid-range %u:%u holds the id of %s: every confined VMM runs as "
+                            "--vmm-user instead (shared); pick a free range with --vmm-uid-range.",
+                            (unsigned) first, (unsigned) count, what);
+                return setup_shared(m);
+        }
         if (r < 0)
                 return log_error_errno(r, "--vmm-uid-range %u:%u holds the id of %s; pick a range no user or group "
                                        "has an id in.", (unsigned) first, (unsigned) count, what);
         r = uid_range_init(&m->vmm_uids, first, count);
         if (r < 0)
                 return log_oom();
+        log_info("Each sandbox's confined VMM runs under an id of its own from --vmm-uid-range %u:%u.",
+                 (unsigned) first, (unsigned) count);
         r = uid_range_reserve_running(&m->vmm_uids, "/proc");
         if (r < 0)
                 return log_error_errno(r, "Failed to read /proc for processes that run under an id of "

@@ -12,6 +12,7 @@
 #include "fs-util.h"
 #include "confine.h"
 #include "image.h"
+#include "strv.h"
 #include "netns-batch.h"
 #include "macro.h"
 #include "time-util.h"
@@ -258,6 +259,8 @@ ImageCreate *image_create_free(ImageCreate *c) {
         if (c->staging)
                 (void) rm_rf(c->staging);
         free(c->staging);
+        free(c->snapshots_dir);
+        strv_free(c->jail_links);
         free(c->vmm_path);
         free(c->tag);
         free(c->dir);
@@ -474,9 +477,10 @@ int image_create_work(void *userdata) {
                 .overlay_dir = c->overlay_dir,
         };
         struct vmm_proc p = { .pid = 0, .control_fd = -EBADF, .agent_fd = -EBADF };
-        _cleanup_free_ char *reply = NULL;
+        _cleanup_free_ char *reply = NULL, *staging_name = NULL;
         struct json_object *req = NULL, *o = NULL, *e;
         NetnsChild net = { .tap_fd = -EBADF };
+        int staging_fd = -EBADF;
         unsigned net_index = 0;
         uint16_t type = 0;
         int r;
@@ -556,6 +560,7 @@ int image_create_work(void *userdata) {
                                                     .guest_path = c->volumes[i].guest_path };
         a.volumes = vols;
         a.n_volumes = c->n_volumes;
+        a.jail_links = (const char *const *) c->jail_links;
         r = vmm_client_boot(&a, &p);
         netns_child_done(&net); /* the VMM has its own copy */
         if (r < 0) {
@@ -596,9 +601,25 @@ int image_create_work(void *userdata) {
         json_object_object_add(req, "op", json_object_new_string("snapshot"));
         json_object_object_add(req, "dir", json_object_new_string(c->dir));
         json_object_object_add(req, "tag", json_object_new_string(c->tag));
-        r = vmm_client_control(p.control_fd, json_object_to_json_string_ext(req, JSON_C_TO_STRING_PLAIN),
-                               300 * USEC_PER_SEC, &reply);
+        /* Into "<tag>.tmp.<pid>", which forkd makes and renames into place: the VMM may not reach snapshots/. */
+        json_object_object_add(req, "staging", json_object_new_boolean(true));
+        r = c->snapshots_dir ? confine_staging_dir(c->snapshots_dir, c->tag, p.pid, c->writer_uid, c->writer_gid,
+                                                   &staging_name, &staging_fd) : -EINVAL;
         if (r < 0) {
+                image_create_set_error(c, r, "Cannot make the directory for the snapshot: %s", strerror(-r));
+                goto finish;
+        }
+        r = vmm_client_control_fd(p.control_fd, json_object_to_json_string_ext(req, JSON_C_TO_STRING_PLAIN),
+                                  staging_fd, 300 * USEC_PER_SEC, &reply);
+        if (r >= 0) {
+                r = confine_staging_finish(c->snapshots_dir, staging_name, c->tag);
+                if (r < 0)
+                        image_create_set_error(c, r, "Cannot move the snapshot into place: %s", strerror(-r));
+                else {
+                        free(staging_name);
+                        staging_name = NULL; /* in place: nothing to remove */
+                }
+        } else {
                 const char *why = NULL;
 
                 if (reply) {
@@ -612,6 +633,13 @@ finish:
         json_object_put(req);
         json_object_put(o);
         vmm_proc_stop(&p, 2 * USEC_PER_SEC);
+        safe_close(staging_fd);
+        if (staging_name) {
+                _cleanup_free_ char *path = NULL;
+
+                if (asprintf(&path, "%s/%s", c->snapshots_dir, staging_name) >= 0)
+                        (void) rm_rf(path);
+        }
         (void) rm_rf(c->staging); /* the snapshot holds its own copy of the disk */
         if (net_index > 0) {
                 /* The snapshot is written or the boot failed: the namespace goes. */

@@ -81,6 +81,10 @@ struct image_volume {
 typedef struct ImageCreate {
         char *vmm_path, *tag, *dir, *overlay_dir, *console_log;
         char *staging;                     /* snapshots/.boot-<tag> */
+        char *snapshots_dir;
+        char **jail_links;                 /* the boot VMM's --jail-link (confine_jail_links()); NULL: none */
+        uid_t writer_uid;                  /* owns the directory the snapshot is written into; -1: root */
+        gid_t writer_gid;
         int kernel_fd, initrd_fd, rootfs_fd; /* checked by the caller; initrd_fd may be -EBADF */
         uint64_t kernel_size, initrd_size, rootfs_size;
         uint64_t mem_mib;

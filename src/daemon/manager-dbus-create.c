@@ -9,6 +9,7 @@
 #include "boot-files.h"
 #include "fs-util.h"
 #include "image-dbus.h"
+#include "confine.h"
 #include "image.h"
 #include "macro.h"
 #include "manager-dbus.h"
@@ -169,7 +170,13 @@ static int create_snapshot_start(Manager *m, sd_bus_message *message, const char
                 c->console_log = NULL;
         if (asprintf(&c->staging, "%s/" IMAGE_BOOT_STAGING_PREFIX "%s", m->snapshots_dir, tag) < 0)
                 c->staging = NULL;
-        if (!c->vmm_path || !c->tag || !c->dir || !c->overlay_dir || !c->console_log || !c->staging) {
+        /* The boot VMM reaches the overlay and console directories only, and
+         * writes the snapshot into a directory forkd makes for it. */
+        c->snapshots_dir = strdup(m->snapshots_dir);
+        c->writer_uid = m->confine ? m->vmm_uid : (uid_t) -1;
+        c->writer_gid = m->vmm_gid;
+        if (!c->vmm_path || !c->tag || !c->dir || !c->overlay_dir || !c->console_log || !c->staging ||
+            !c->snapshots_dir || confine_jail_links(m, NULL, &c->jail_links) < 0) {
                 operation_free(o);
                 return -ENOMEM;
         }

@@ -156,6 +156,28 @@ static bool is_staging_name(const char *name) {
         return true;
 }
 
+/* A branch's writer that outlived forkd and marked its directory whole
+ * (SNAPSHOT_STAGING_WHOLE_FILE): renamed into place and registered. 1 if so. */
+static int staging_finish(Manager *m, const char *name) {
+        _cleanup_free_ char *tag = NULL;
+        const char *last = strstr(name, ".tmp.");
+        int r;
+
+        for (const char *p = last; p; p = strstr(p + 1, ".tmp."))
+                last = p;
+        tag = last ? strndup(name, (size_t) (last - name)) : NULL;
+        if (!tag || !snapshot_tag_is_valid(tag) || hashmap_get(m->images, tag) ||
+            !confine_staging_is_whole(m->snapshots_dir, name))
+                return 0;
+        r = confine_staging_finish(m->snapshots_dir, name, tag);
+        if (r >= 0)
+                r = image_load(m, tag, NULL, NULL);
+        if (r < 0)
+                return 0;
+        log_info("Registered %s, which a branch finished after forkd stopped.", tag);
+        return 1;
+}
+
 static int load_snapshots(Manager *m) {
         DIR *d = opendir(m->snapshots_dir);
         struct dirent *de;
@@ -182,6 +204,7 @@ static int load_snapshots(Manager *m) {
                 }
                 if (strncmp(de->d_name, ".deleted-", 9) == 0 ||
                     strncmp(de->d_name, IMAGE_BOOT_STAGING_PREFIX, strlen(IMAGE_BOOT_STAGING_PREFIX)) == 0 ||
+                    strncmp(de->d_name, SNAPSHOT_STAGING_HIDDEN_PREFIX, strlen(SNAPSHOT_STAGING_HIDDEN_PREFIX)) == 0 ||
                     strncmp(de->d_name, PACK_STAGING_PREFIX, strlen(PACK_STAGING_PREFIX)) == 0) {
                         log_info("Finishing the deletion of %s.", path);
                         r = rm_rf(path);
@@ -206,6 +229,8 @@ static int load_snapshots(Manager *m) {
                         log_info("A branch is still writing %s; it is registered once written.", path);
                         continue;
                 }
+                if (is_staging_name(de->d_name) && staging_finish(m, de->d_name) > 0)
+                        continue;
                 if (is_staging_name(de->d_name)) {
                         /* A snapshot that was being written when its VMM died: never complete. */
                         log_info("Removing the unfinished snapshot %s.", path);

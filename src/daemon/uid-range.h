@@ -5,7 +5,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-/* The suggested range (not yet the default, which is 'shared') of the uids (and gids, the same numbers) that confined
+/* The default range of the uids (and gids, the same numbers) that confined
  * VMMs get one each of (forkd --vmm-uid-range): 65536 ids from 0x70000000.
  * systemd's ranges end below it: its dynamic users (61184..65519) and the
  * containers of systemd-nspawn -U and systemd-homed (0x80000..0x6FFFFFFF,

@@ -9,11 +9,13 @@
 #include "snapshot-meta.h"
 #include "volumes.h"
 #include "cgroup.h"
+#include "confine.h"
 #include "fork-op.h"
 #include "image.h"
 #include "json-util.h"
 #include "macro.h"
 #include "sandbox.h"
+#include "strv.h"
 #include "vm-template.h"
 #include "worker.h"
 
@@ -50,7 +52,7 @@ int vm_template_get(Image *i, VmTemplate **ret) {
         t->vt.control_fd = -EBADF;
         t->tag = strdup(i->tag);
         t->snapshot_dir = strdup(i->dir);
-        if (!t->tag || !t->snapshot_dir) {
+        if (!t->tag || !t->snapshot_dir || confine_jail_links(m, i, &t->jail_links) < 0) {
                 free(t->tag);
                 free(t->snapshot_dir);
                 free(t);
@@ -118,6 +120,7 @@ VmTemplate *vm_template_free(VmTemplate *t) {
         uid_range_free(&m->vmm_uids, t->vmm_uid);
         free(t->tag);
         free(t->snapshot_dir);
+        strv_free(t->jail_links);
         free(t);
         return NULL;
 }
@@ -285,8 +288,8 @@ int vm_template_start(VmTemplate *t, const char *vmm_path, const char *overlay_d
         /* A snapshot's rw volumes, reopened as it recorded them (volumes.h). */
         r = volumes_open_rw(t->snapshot_dir, rw_fds, &n_rw, ret_error);
         if (r >= 0) {
-                r = vmm_client_template_start_volumes(vmm_path, t->snapshot_dir, overlay_dir, rw_fds, n_rw, &t->vt,
-                                                      ret_error);
+                r = vmm_client_template_start_links(vmm_path, t->snapshot_dir, overlay_dir, rw_fds, n_rw,
+                                                    (const char *const *) t->jail_links, &t->vt, ret_error);
                 for (unsigned k = 0; k < n_rw; k++)
                         safe_close(rw_fds[k]);
         }

@@ -22,6 +22,7 @@ struct VmTemplate {
         Image *image;            /* NULL once the snapshot was deleted */
         char *tag;
         char *snapshot_dir;
+        char **jail_links;       /* what the confined template reaches: its chain (confine_jail_links()) */
 
         struct vmm_template vt;  /* vt.pid == 0: no process */
         pid_t cgroup_pid;        /* its cgroup is tpl-<this> (cgroup_template_join()); 0: none */

@@ -69,6 +69,11 @@
 #define SNAPSHOT_MEM_MAX (UINT64_C(3) << 30)
 #define SNAPSHOT_PAUSE_US_MAX (UINT64_C(3600) * 1000000) /* pause_us beyond an hour is refused */
 #define SNAPSHOT_META_FILE_MAX (64u * 1024u) /* a larger snapshot.json is refused */
+/* In a staging directory that forkd made (a branch's), written by the writer
+ * once the snapshot is whole when forkd was not there to take it: the next
+ * forkd renames such a directory into place. Never in a snapshot. */
+#define SNAPSHOT_STAGING_WHOLE_FILE ".whole"
+
 #define SNAPSHOT_VOLUMES_MAX 24u
 #define SNAPSHOT_VOLUME_PATH_MAX 256  /* guest_path buffer, including the NUL */
 #define SNAPSHOT_VOLUME_HOST_PATH_MAX 1024 /* host_path buffer, including the NUL */

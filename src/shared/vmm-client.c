@@ -68,16 +68,28 @@ int vmm_client_set_confine(const struct vmm_confine *c) {
         return 0;
 }
 
-/* Appends --confine and the --jail-bind options to argv at *n (room for 2 + 2 * 4 more). */
-static void add_confine_args(const char **argv, unsigned *n) {
+/* Appends --confine and the --jail-link options for links (when not NULL),
+ * else the --jail-bind ones, to argv at *n (room for 2 + 2 *
+ * VMM_CLIENT_JAIL_LINKS_MAX more). */
+static int add_confine_args(const char **argv, unsigned *n, const char *const *links) {
         if (!confine.enabled)
-                return;
+                return 0;
         argv[(*n)++] = "--confine";
         argv[(*n)++] = confine.user;
+        if (links) {
+                for (unsigned i = 0; links[i]; i++) {
+                        if (i >= VMM_CLIENT_JAIL_LINKS_MAX)
+                                return -E2BIG;
+                        argv[(*n)++] = "--jail-link";
+                        argv[(*n)++] = links[i];
+                }
+                return 0;
+        }
         for (unsigned i = 0; i < confine.n_binds; i++) {
                 argv[(*n)++] = "--jail-bind";
                 argv[(*n)++] = confine.binds[i];
         }
+        return 0;
 }
 
 /* fork+exec argv with the given fds placed at 3, 4, ... in the child. */
@@ -116,7 +128,7 @@ static int spawn_with_fds(char *const argv[], const int *fds, unsigned n_fds, pi
 int vmm_client_boot(const struct vmm_boot_args *a, struct vmm_proc *ret) {
         int agent[2] = { -1, -1 }, ctl[2] = { -1, -1 };
         char mem[32], vcpus[16], vol[VMM_CLIENT_VOLUMES_MAX][320];
-        const char *argv[36 + VMM_CLIENT_VOLUMES_MAX];
+        const char *argv[36 + VMM_CLIENT_VOLUMES_MAX + 2 * VMM_CLIENT_JAIL_LINKS_MAX];
         int fds[3 + VMM_CLIENT_VOLUMES_MAX];
         unsigned n = 0, n_fds;
         pid_t pid = 0;
@@ -180,7 +192,9 @@ int vmm_client_boot(const struct vmm_boot_args *a, struct vmm_proc *ret) {
                 argv[n++] = vol[i];
                 fds[n_fds++] = a->volumes[i].fd;
         }
-        add_confine_args(argv, &n);
+        r = add_confine_args(argv, &n, a->jail_links);
+        if (r < 0)
+                goto fail;
         argv[n] = NULL;
 
         r = spawn_with_fds((char *const *) argv, fds, n_fds, &pid);
@@ -234,9 +248,27 @@ static int recv_json(int fd, uint64_t deadline, struct json_object **ret) {
 }
 
 int vmm_client_control(int control_fd, const char *request, uint64_t timeout_usec, char **ret_reply) {
-        uint64_t deadline = now_usec() + timeout_usec;
+        return vmm_client_control_fd(control_fd, request, -EBADF, timeout_usec, ret_reply);
+}
 
-        if (send(control_fd, request, strlen(request), MSG_NOSIGNAL) < 0)
+int vmm_client_control_fd(int control_fd, const char *request, int fd, uint64_t timeout_usec, char **ret_reply) {
+        uint64_t deadline = now_usec() + timeout_usec;
+        char cbuf[CMSG_SPACE(sizeof(int))] = {};
+        struct iovec iov = { .iov_base = (void *) request, .iov_len = strlen(request) };
+        struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
+
+        if (fd >= 0) {
+                struct cmsghdr *c;
+
+                mh.msg_control = cbuf;
+                mh.msg_controllen = sizeof(cbuf);
+                c = CMSG_FIRSTHDR(&mh);
+                c->cmsg_level = SOL_SOCKET;
+                c->cmsg_type = SCM_RIGHTS;
+                c->cmsg_len = CMSG_LEN(sizeof(int));
+                memcpy(CMSG_DATA(c), &fd, sizeof(int));
+        }
+        if (sendmsg(control_fd, &mh, MSG_NOSIGNAL) < 0)
                 return -errno;
         for (;;) {
                 struct json_object *o = NULL, *ev;
@@ -318,9 +350,16 @@ int vmm_client_template_start(const char *vmm_path, const char *snapshot_dir, co
 
 int vmm_client_template_start_volumes(const char *vmm_path, const char *snapshot_dir, const char *overlay_dir,
                                       const int *rw_fds, unsigned n_rw, struct vmm_template *ret, char **ret_error) {
+        return vmm_client_template_start_links(vmm_path, snapshot_dir, overlay_dir, rw_fds, n_rw, NULL, ret,
+                                               ret_error);
+}
+
+int vmm_client_template_start_links(const char *vmm_path, const char *snapshot_dir, const char *overlay_dir,
+                                    const int *rw_fds, unsigned n_rw, const char *const *jail_links,
+                                    struct vmm_template *ret, char **ret_error) {
         int ctl[2] = { -1, -1 }, fds[1 + VMM_CLIENT_VOLUMES_MAX];
         char vol[VMM_CLIENT_VOLUMES_MAX][32];
-        const char *argv[20 + VMM_CLIENT_VOLUMES_MAX];
+        const char *argv[20 + VMM_CLIENT_VOLUMES_MAX + 2 * VMM_CLIENT_JAIL_LINKS_MAX];
         struct json_object *o = NULL, *ev = NULL, *g;
         unsigned n = 0;
         pid_t pid = 0;
@@ -343,7 +382,12 @@ int vmm_client_template_start_volumes(const char *vmm_path, const char *snapshot
                 argv[n++] = vol[i];
                 fds[1 + i] = rw_fds[i];
         }
-        add_confine_args(argv, &n);
+        r = add_confine_args(argv, &n, jail_links);
+        if (r < 0) {
+                safe_close(ctl[0]);
+                safe_close(ctl[1]);
+                return r;
+        }
         argv[n] = NULL;
 
         r = spawn_with_fds((char *const *) argv, fds, 1 + MIN(n_rw, (unsigned) VMM_CLIENT_VOLUMES_MAX), &pid);

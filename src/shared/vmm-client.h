@@ -56,7 +56,14 @@ struct vmm_boot_args {
                 const char *guest_path;
         } *volumes;
         unsigned n_volumes;
+        /* With confinement (vmm_client_set_confine()): the directories the VMM
+         * reaches (forkd-vmm --jail-link), in place of the --jail-bind ones;
+         * NULL-terminated, or NULL for those. */
+        const char *const *jail_links;
 };
+
+/* The most --jail-link directories forkd-vmm takes. */
+#define VMM_CLIENT_JAIL_LINKS_MAX 72u
 
 /* The default identity of a confined VMM (forkd --vmm-user): 65533, from the
  * block 65520..65533 that systemd's UID allocation leaves unused, so it is no
@@ -69,7 +76,8 @@ int vmm_parse_user(const char *s, uid_t *ret_uid, gid_t *ret_gid);
 
 /* Confinement of every forkd-vmm this process starts from now on (boot and
  * template; forkd-vmm(8), CONFINEMENT): forkd-vmm gets --confine UID:GID and
- * --jail-bind for each directory. NULL (the default): none, as before. The
+ * --jail-bind for each directory (unless the caller names --jail-link ones
+ * for that VMM). NULL (the default): none, as before. The
  * strings are copied. Call it before any thread starts VMMs. */
 struct vmm_confine {
         uid_t uid;
@@ -85,6 +93,8 @@ int vmm_client_boot(const struct vmm_boot_args *a, struct vmm_proc *ret);
 /* Send one JSON control request and wait up to timeout_usec for its reply.
  * Template events ({"event":...}) met on the way are skipped. */
 int vmm_client_control(int control_fd, const char *request, uint64_t timeout_usec, char **ret_reply);
+/* The same, with fd (>= 0) sent along (SCM_RIGHTS). */
+int vmm_client_control_fd(int control_fd, const char *request, int fd, uint64_t timeout_usec, char **ret_reply);
 
 /* Wait up to timeout_usec for a VM process to exit by itself, and reap it:
  * *ret_status gets its waitpid() status. -ETIMEDOUT if it still runs (it is
@@ -116,6 +126,12 @@ int vmm_client_template_start(const char *vmm_path, const char *snapshot_dir, co
  * template --volume-fd); they stay the caller's. */
 int vmm_client_template_start_volumes(const char *vmm_path, const char *snapshot_dir, const char *overlay_dir,
                                       const int *rw_fds, unsigned n_rw, struct vmm_template *ret, char **ret_error);
+/* The same, and with confinement, jail_links (NULL-terminated; NULL: none) as
+ * its --jail-link directories in place of the --jail-bind ones: what every
+ * child of the template reaches. */
+int vmm_client_template_start_links(const char *vmm_path, const char *snapshot_dir, const char *overlay_dir,
+                                    const int *rw_fds, unsigned n_rw, const char *const *jail_links,
+                                    struct vmm_template *ret, char **ret_error);
 
 /* Fork n children. For each: a connected agent socket is returned in
  * agent_fds[i], a control socket in control_fds[i] if control_fds is not NULL,

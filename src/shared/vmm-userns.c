@@ -4,7 +4,7 @@
  * thread that shares its memory (CLONE_VM: no copy of forkd's page tables),
  * takes the template's uid as its effective one, keeping its capabilities
  * (SECBIT_NO_SETUID_FIXUP), so that the namespace it then unshares is owned by
- * that uid, and stops itself. forkd writes the maps of the stopped helper,
+ * that uid, and stops itself, with SIGKILL as its parent-death signal. forkd writes the maps of the stopped helper,
  * opens its namespace, and kills it: the fd keeps the namespace.
  *
  * The helper runs on a stack of its own beside a thread of the C library
@@ -32,17 +32,28 @@ enum {
         HELPER_EXIT_SECUREBITS = 10,
         HELPER_EXIT_SETUID,
         HELPER_EXIT_UNSHARE,
+        HELPER_EXIT_PARENT,
+};
+
+struct helper_args {
+        uid_t owner;
+        pid_t parent;
 };
 
 static int helper(void *userdata) {
-        uid_t owner = *(const uid_t *) userdata;
+        const struct helper_args *a = userdata;
 
         if (syscall(SYS_prctl, PR_SET_SECUREBITS, SECBIT_NO_SETUID_FIXUP, 0, 0, 0) < 0)
                 syscall(SYS_exit, HELPER_EXIT_SECUREBITS);
-        if (syscall(SYS_setresuid, (uid_t) -1, owner, (uid_t) -1) < 0)
+        if (syscall(SYS_setresuid, (uid_t) -1, a->owner, (uid_t) -1) < 0)
                 syscall(SYS_exit, HELPER_EXIT_SETUID);
         if (syscall(SYS_unshare, CLONE_NEWUSER) < 0)
                 syscall(SYS_exit, HELPER_EXIT_UNSHARE);
+        /* Stopped, it would outlive a killed forkd, holding a copy of every fd of
+         * forkd's (the state directory's lock among them): it dies with forkd.
+         * Set here, after the switch of uid, which clears it. */
+        if (syscall(SYS_prctl, PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0 || syscall(SYS_getppid) != a->parent)
+                syscall(SYS_exit, HELPER_EXIT_PARENT);
         syscall(SYS_kill, syscall(SYS_getpid), SIGSTOP);
         syscall(SYS_exit, 0);
         return 0;
@@ -66,6 +77,7 @@ static int write_map(pid_t pid, const char *which, const char *map) {
 
 int vmm_userns_new(uid_t owner, uid_t id, gid_t group, int *ret_fd) {
         _cleanup_free_ void *stack = NULL;
+        struct helper_args args = { .owner = owner, .parent = getpid() };
         char uid_map[64], gid_map[96], path[64];
         int status, fd = -EBADF, r = 0;
         pid_t pid;
@@ -74,7 +86,7 @@ int vmm_userns_new(uid_t owner, uid_t id, gid_t group, int *ret_fd) {
         if (!stack)
                 return -ENOMEM;
         /* No exit signal: forkd's own SIGCHLD handling never sees it (waited with __WALL). */
-        pid = clone(helper, (uint8_t *) stack + HELPER_STACK, CLONE_VM, &owner);
+        pid = clone(helper, (uint8_t *) stack + HELPER_STACK, CLONE_VM, &args);
         if (pid < 0)
                 return -errno;
         while (waitpid(pid, &status, WUNTRACED | __WALL) < 0)

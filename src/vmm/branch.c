@@ -6,6 +6,7 @@
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <json-c/json.h>
@@ -19,9 +20,14 @@
 #include "virtio-net.h"
 #include "vmm-client.h"
 
-static void send_result(int fd, int r, const char *dir) {
+/* The result, and with h the files forkd is to link (their names in "links",
+ * their descriptors alongside): false if it could not be sent. */
+static bool send_result(int fd, int r, const char *dir, const struct snapshot_handoff *h) {
+        char cbuf[CMSG_SPACE(sizeof(int) * SNAPSHOT_HANDOFF_MAX)] = {};
         struct json_object *o = json_object_new_object();
-        const char *s;
+        struct iovec iov;
+        struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
+        bool sent;
 
         json_object_object_add(o, "ok", json_object_new_boolean(r >= 0));
         if (r >= 0)
@@ -31,11 +37,53 @@ static void send_result(int fd, int r, const char *dir) {
                 snprintf(msg, sizeof(msg), "writing the snapshot failed: %s", strerror(-r));
                 json_object_object_add(o, "error", json_object_new_string(msg));
         }
-        s = json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN);
-        /* send() on a socket, write() on a pipe */
-        if (send(fd, s, strlen(s), MSG_NOSIGNAL) < 0 && errno == ENOTSOCK)
-                (void) !write(fd, s, strlen(s));
+        if (r >= 0 && h && h->n > 0) {
+                struct json_object *names = json_object_new_array();
+                struct cmsghdr *c;
+
+                for (unsigned i = 0; i < h->n; i++)
+                        json_object_array_add(names, json_object_new_string(h->names[i]));
+                json_object_object_add(o, "links", names);
+                mh.msg_control = cbuf;
+                mh.msg_controllen = CMSG_SPACE(sizeof(int) * h->n);
+                c = CMSG_FIRSTHDR(&mh);
+                c->cmsg_level = SOL_SOCKET;
+                c->cmsg_type = SCM_RIGHTS;
+                c->cmsg_len = CMSG_LEN(sizeof(int) * h->n);
+                memcpy(CMSG_DATA(c), h->fds, sizeof(int) * h->n);
+        }
+        iov = (struct iovec) { .iov_base = (void *) json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN) };
+        iov.iov_len = strlen(iov.iov_base);
+        /* sendmsg() on a socket, write() on a pipe (which takes no descriptors) */
+        sent = sendmsg(fd, &mh, MSG_NOSIGNAL) >= 0;
+        if (!sent && errno == ENOTSOCK && mh.msg_controllen == 0)
+                sent = write(fd, iov.iov_base, iov.iov_len) == (ssize_t) iov.iov_len;
         json_object_put(o);
+        return sent;
+}
+
+/* The directory forkd made for the branch (a "staging" request): one
+ * descriptor, queued on the result socket before the request was sent. */
+static int recv_staging_dir(int fd) {
+        char cbuf[CMSG_SPACE(sizeof(int))] = {}, b;
+        struct iovec iov = { .iov_base = &b, .iov_len = 1 };
+        struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof(cbuf) };
+        struct cmsghdr *c;
+        struct stat st;
+        int dfd = -EBADF;
+
+        if (recvmsg(fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC) < 0)
+                return -errno;
+        c = CMSG_FIRSTHDR(&mh);
+        if (c && c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS && c->cmsg_len == CMSG_LEN(sizeof(int)))
+                memcpy(&dfd, CMSG_DATA(c), sizeof(int));
+        if (dfd < 0 || (mh.msg_flags & MSG_CTRUNC))
+                return -EBADMSG;
+        if (fstat(dfd, &st) < 0 || !S_ISDIR(st.st_mode)) {
+                safe_close(dfd);
+                return -ENOTDIR;
+        }
+        return dfd;
 }
 
 /* Guest RAM is a MAP_PRIVATE mapping of the snapshot's memory.bin: a read of a
@@ -106,8 +154,9 @@ static void frozen_copy_detach(struct vmm *vmm, struct vmm_host *host, const cha
 static _Noreturn void frozen_copy_main(struct vmm *vmm, struct vmm_host *host, const char *dir, const char *tag,
                                        const void *vbuf, size_t vlen, int result_fd,
                                        const struct snapshot_parent *diff, const char *branched_from,
-                                       int pause_fd) {
+                                       int pause_fd, int staging_fd) {
         struct snapshot_origin origin = { .branched_from = branched_from };
+        static struct snapshot_handoff h;
         uint64_t pause_us;
         int r;
 
@@ -117,11 +166,35 @@ static _Noreturn void frozen_copy_main(struct vmm *vmm, struct vmm_host *host, c
         if (read(pause_fd, &pause_us, sizeof(pause_us)) == (ssize_t) sizeof(pause_us))
                 origin.pause_us = pause_us;
         safe_close(pause_fd);
-        r = snapshot_write_collected(vmm, dir, tag, host->kernel, vbuf, vlen, true, diff,
-                                     branched_from ? &origin : NULL);
+        if (staging_fd < 0) {
+                r = snapshot_write_collected(vmm, dir, tag, host->kernel, vbuf, vlen, true, diff,
+                                             branched_from ? &origin : NULL);
+                if (r < 0)
+                        log_error_errno(r, "Branch %s: writing %s failed: %m", tag, dir);
+                send_result(result_fd, r, dir, NULL);
+                _exit(r < 0 ? 1 : 0);
+        }
+
+        /* Into forkd's directory; forkd links what this process may not, and renames it into place. */
+        r = snapshot_write_handoff(vmm, staging_fd, tag, host->kernel, vbuf, vlen, true, diff,
+                                   branched_from ? &origin : NULL, &h);
         if (r < 0)
                 log_error_errno(r, "Branch %s: writing %s failed: %m", tag, dir);
-        send_result(result_fd, r, dir);
+        if (!send_result(result_fd, r, dir, &h) && r >= 0) {
+                /* forkd went away: copy what it was to link, and mark the directory whole
+                 * for the forkd that starts next (it renames it into place then). */
+                r = snapshot_handoff_copy(&h, staging_fd);
+                if (r >= 0) {
+                        int k = openat(staging_fd, SNAPSHOT_STAGING_WHOLE_FILE,
+                                       O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0640);
+
+                        r = k < 0 || fsync(k) < 0 || fsync(staging_fd) < 0 ? -errno : 0;
+                        safe_close(k);
+                }
+                if (r < 0)
+                        log_error_errno(r, "Branch %s: finishing %s without forkd failed: %m", tag, dir);
+        }
+        snapshot_handoff_done(&h);
         _exit(r < 0 ? 1 : 0);
 }
 
@@ -260,7 +333,7 @@ int vmm_branch(struct vmm *vmm, struct vmm_host *host, struct json_object *req, 
         _cleanup_free_ void *vbuf = NULL;
         struct json_object *o;
         const char *dir, *tag, *mode = "full", *branched_from = NULL;
-        int pause_pipe[2];
+        int pause_pipe[2], staging_fd = -EBADF;
         struct snapshot_parent parent = {};
         uint64_t pause_us;
         size_t vlen;
@@ -313,14 +386,25 @@ int vmm_branch(struct vmm *vmm, struct vmm_host *host, struct json_object *req, 
                 snprintf(msg, msg_size, "%s exists already", dir);
                 return -EEXIST;
         }
+        if (json_object_object_get_ex(req, "staging", &o) && json_object_get_boolean(o)) {
+                staging_fd = recv_staging_dir(*result_fd);
+                if (staging_fd < 0) {
+                        snprintf(msg, msg_size, "a \"staging\" branch needs the directory's descriptor first "
+                                 "on its result socket");
+                        return staging_fd;
+                }
+        }
 
         if (pipe2(pause_pipe, O_CLOEXEC) < 0) {
                 snprintf(msg, msg_size, "pipe failed: %s", strerror(errno));
+                safe_close(staging_fd);
                 return -errno;
         }
         pid = pause_and_fork(vmm, &vbuf, &vlen, &pause_us, msg, msg_size);
-        if (pid != 0)
+        if (pid != 0) {
                 safe_close(pause_pipe[0]);
+                staging_fd = safe_close(staging_fd);
+        }
         if (pid < 0) {
                 safe_close(pause_pipe[1]);
                 if (pid == -EOPNOTSUPP)
@@ -330,7 +414,8 @@ int vmm_branch(struct vmm *vmm, struct vmm_host *host, struct json_object *req, 
         if (pid == 0) {
                 safe_close(pause_pipe[1]);
                 frozen_copy_main(vmm, host, dir, tag, vbuf, vlen, *result_fd,
-                                 strcmp(mode, "diff") == 0 ? &parent : NULL, branched_from, pause_pipe[0]);
+                                 strcmp(mode, "diff") == 0 ? &parent : NULL, branched_from, pause_pipe[0],
+                                 staging_fd);
         }
         (void) !write(pause_pipe[1], &pause_us, sizeof(pause_us)); /* 8 bytes into an empty pipe: not short */
         safe_close(pause_pipe[1]);

@@ -12,12 +12,20 @@
  *    holding only a /proc of our own (the branch code reads /proc/self/fd and
  *    /proc/self/pagemap) and the --jail-bind directories at their own paths,
  *    nosuid, nodev, noexec; pivot_root into it, the old root detached, the
- *    new root made read-only. forkd binds its whole state directory as one
- *    mount, so that the snapshot, its chain parents, the overlays, the console
- *    logs and a branch's new snapshot are all reachable under the paths forkd
- *    already sends, and linkat() of a frozen overlay into a snapshot stays on
- *    one mount. Then a new network namespace with nothing but a down lo,
- *    which a template's children share (step 3).
+ *    new root made read-only. forkd binds nothing: it names, with
+ *    --jail-link, the directories of the snapshot's own chain, the overlay
+ *    directory and the console directory, and each becomes, at its own path
+ *    in the new root, a symbolic link to /proc/self/fd/N, N a descriptor of
+ *    the directory opened here, before the switch, and never closed (every
+ *    fork has it at the same number). So the VMM sees no other snapshot, and
+ *    what it opens through those links lies on forkd's own mount of the state
+ *    directory: a branch's writer may linkat() the parent's disk and its own
+ *    frozen overlay into the new snapshot directory, which forkd makes and
+ *    hands over as a descriptor (src/vmm/branch.c), and forkd may link what
+ *    the writer may not (fs.protected_hardlinks). The VMM user may not pass
+ *    through forkd's snapshots directory itself (root's, 0700), so ".." out
+ *    of a linked snapshot leads nowhere. Then a new network namespace with
+ *    nothing but a down lo, which a template's children share (step 3).
  * 3. Then, before it reads anything of the snapshot, every process drops
  *    everything (jail_drop_privileges()): no supplementary groups, the VMM's
  *    gid and uid, an empty bounding set, no capabilities in any set (ambient
@@ -51,11 +59,11 @@
  *    (jail_seal_identity()): a second filter kills the calls of the switch,
  *    which the template's own filter has to allow.
  *
- * What this does not do: the jail binds the whole state directory and the
- * VMMs share the VMM group, so a VMM that escapes its guest and then its
- * filters could read other snapshots in the state directory (not another
- * sandbox's files, memory or /proc entries). "compact" and "check" run no
- * guest and are not confined.
+ * What this does not do: the VMMs share the VMM group, and the sandboxes of
+ * one snapshot share its template's view, so a VMM that escapes its guest and
+ * then its filters could read its own chain's snapshots and the console logs
+ * (not another snapshot, nor another sandbox's files, memory or /proc
+ * entries). "compact" and "check" run no guest and are not confined.
  */
 #include <fcntl.h>
 #include <linux/capability.h>
@@ -115,18 +123,95 @@ static bool bind_path_is_valid(const char *p) {
 
 #define JAIL_ROOT "/tmp"
 
+/* a is b, or a directory above it */
+static bool path_is_prefix(const char *a, const char *b) {
+        size_t n = strlen(a);
+
+        return strncmp(a, b, n) == 0 && (b[n] == 0 || b[n] == '/');
+}
+
+/* Every --jail-link a plain path that no other link or bind lies under or
+ * above: mkdir_p_at() must never walk through one of the links. */
+static int links_check(void) {
+        for (unsigned i = 0; i < jail.n_links; i++) {
+                if (!bind_path_is_valid(jail.links[i]))
+                        return log_error_errno(EINVAL, "jail: --jail-link %s is not a plain absolute path",
+                                               jail.links[i]);
+                for (unsigned k = 0; k < jail.n_links; k++)
+                        if (k != i && path_is_prefix(jail.links[k], jail.links[i]))
+                                return log_error_errno(EINVAL, "jail: --jail-link %s lies in --jail-link %s",
+                                                       jail.links[i], jail.links[k]);
+                for (unsigned k = 0; k < jail.n_binds; k++)
+                        if (path_is_prefix(jail.binds[k], jail.links[i]) ||
+                            path_is_prefix(jail.links[i], jail.binds[k]))
+                                return log_error_errno(EINVAL, "jail: --jail-link %s overlaps --jail-bind %s",
+                                                       jail.links[i], jail.binds[k]);
+        }
+        return 0;
+}
+
+/* Opens each --jail-link directory, as root, into a descriptor at
+ * JAIL_LINK_FD_MIN or above (where the limit allows) that stays open. */
+static int links_open(int *fds) {
+        for (unsigned i = 0; i < jail.n_links; i++) {
+                int fd = open(jail.links[i], O_PATH | O_DIRECTORY | O_CLOEXEC), k;
+
+                if (fd < 0)
+                        return log_error_errno(errno, "jail: cannot open %s: %m", jail.links[i]);
+                k = fcntl(fd, F_DUPFD_CLOEXEC, JAIL_LINK_FD_MIN);
+                if (k >= 0) {
+                        safe_close(fd);
+                        fd = k;
+                }
+                fds[i] = fd;
+        }
+        return 0;
+}
+
+/* In the new root (root), at each link's path: a symbolic link to its descriptor. */
+static int links_make(int root, const int *fds) {
+        for (unsigned i = 0; i < jail.n_links; i++) {
+                char target[64], parent[PATH_MAX];
+                const char *slash = strrchr(jail.links[i], '/');
+                int r;
+
+                snprintf(parent, sizeof(parent), "%.*s", (int) (slash - jail.links[i]), jail.links[i]);
+                r = parent[0] ? mkdir_p_at(root, parent + 1) : 0;
+                if (r < 0)
+                        return log_error_errno(r, "jail: cannot make %s: %m", parent);
+                snprintf(target, sizeof(target), "/proc/self/fd/%d", fds[i]);
+                if (symlinkat(target, root, jail.links[i] + 1) < 0)
+                        return log_error_errno(errno, "jail: cannot link %s: %m", jail.links[i]);
+        }
+        return 0;
+}
+
 int jail_enter(void) {
-        int src[JAIL_BINDS_MAX];
+        int src[JAIL_BINDS_MAX], links[JAIL_LINKS_MAX];
         _cleanup_close_ int root = -EBADF;
         int r = 0;
 
         for (unsigned i = 0; i < jail.n_binds; i++)
                 src[i] = -EBADF;
+        for (unsigned i = 0; i < jail.n_links; i++)
+                links[i] = -EBADF;
+        r = links_check();
+        if (r < 0)
+                return r;
+        /* Before the new mount namespace: the descriptors keep forkd's own mounts,
+         * on which forkd's directories (a branch's) lie too. */
+        r = links_open(links);
+        if (r < 0)
+                goto out;
 
-        if (unshare(CLONE_NEWNS) < 0)
-                return log_error_errno(errno, "jail: unshare(CLONE_NEWNS) failed: %m");
-        if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
-                return log_error_errno(errno, "jail: making / private failed: %m");
+        if (unshare(CLONE_NEWNS) < 0) {
+                r = log_error_errno(errno, "jail: unshare(CLONE_NEWNS) failed: %m");
+                goto out;
+        }
+        if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0) {
+                r = log_error_errno(errno, "jail: making / private failed: %m");
+                goto out;
+        }
 
         /* Open what is bound before the tmpfs hides anything (a bind may live under /tmp). */
         for (unsigned i = 0; i < jail.n_binds; i++) {
@@ -169,6 +254,10 @@ int jail_enter(void) {
                 }
         }
 
+        r = links_make(root, links);
+        if (r < 0)
+                goto out;
+
         /* A procfs of our own: process directories only, other users' hidden. */
         if (mkdirat(root, "proc", 0555) < 0) {
                 r = log_error_errno(errno, "jail: %m");
@@ -202,6 +291,9 @@ int jail_enter(void) {
 out:
         for (unsigned i = 0; i < jail.n_binds; i++)
                 safe_close(src[i]);
+        /* The links' descriptors stay open for good, unless the jail failed. */
+        for (unsigned i = 0; r < 0 && i < jail.n_links; i++)
+                safe_close(links[i]);
         return r;
 }
 

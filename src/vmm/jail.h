@@ -8,6 +8,14 @@
 /* How many --jail-bind directories forkd-vmm takes. */
 #define JAIL_BINDS_MAX 8
 
+/* How many --jail-link directories: a snapshot chain (CHAIN_DEPTH_MAX links)
+ * and the overlay and console directories. */
+#define JAIL_LINKS_MAX 72
+
+/* The descriptors of the --jail-link directories are moved up to here and
+ * above, out of the way of the ones a VMM hands out and receives. */
+#define JAIL_LINK_FD_MIN 900
+
 /* The I/O port a guest writes to make a VMM started with
  * FORKD_VMM_TEST_HOOKS=1 call a syscall that no seccomp profile allows
  * (tests/daemon/test-confine.py). Without that variable the port is an empty
@@ -20,6 +28,8 @@ struct jail {
         gid_t gid;
         const char *binds[JAIL_BINDS_MAX]; /* bound read-write at the same path */
         unsigned n_binds;
+        const char *links[JAIL_LINKS_MAX]; /* reached at the same path through a descriptor */
+        unsigned n_links;
         bool test_hooks;  /* FORKD_VMM_TEST_HOOKS=1 */
         bool template;    /* "template": its filter lets a child switch to its own user (jail_enter_user()) */
         bool dropped;     /* this process already runs as the VMM's user, without capabilities */
@@ -33,9 +43,12 @@ struct jail {
 extern struct jail jail;
 
 /* While still root: a private mount namespace whose root is an empty,
- * read-only tmpfs holding only a /proc of our own and the --jail-bind
- * directories at their own paths; pivot_root into it; and a new, empty
- * network namespace. Files opened before (/dev/kvm...) stay usable. */
+ * read-only tmpfs holding only a /proc of our own, the --jail-bind
+ * directories at their own paths, and at the path of each --jail-link
+ * directory a symbolic link to /proc/self/fd/N, N a descriptor of that
+ * directory opened here and kept open (inherited by every fork); pivot_root
+ * into it; and a new, empty network namespace. Files opened before
+ * (/dev/kvm...) stay usable. */
 int jail_enter(void);
 
 /* Every confined process, the template included, before it reads the

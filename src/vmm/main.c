@@ -89,6 +89,8 @@ static void help(void) {
                "                        allow-list before the guest runs (see forkd-vmm(8))\n"
                "  --jail-bind DIR       with --confine: a directory the VMM reaches at the same path,\n"
                "                        read-write (up to 8)\n"
+               "  --jail-link DIR       with --confine: a directory the VMM reaches at the same path\n"
+               "                        through a descriptor held open, not a mount (up to 72)\n"
                "  -h --help             show this help\n"
                "     --version          show the version\n"
                "\n"
@@ -147,7 +149,7 @@ static int parse_volume(char *s, bool is_fd, struct arg_volume *ret) {
 static int parse_argv(int argc, char *argv[]) {
         enum { ARG_KERNEL = 0x100, ARG_DISK, ARG_SNAPSHOT, ARG_MEM, ARG_ID, ARG_CONSOLE, ARG_ASOCK, ARG_AFD,
                ARG_CSOCK, ARG_CFD, ARG_OVERLAY, ARG_VERSION, ARG_INITRD, ARG_CMDLINE, ARG_TAG,
-               ARG_CONFINE, ARG_JAIL_BIND, ARG_NET_TAP_FD, ARG_NET_MAC, ARG_VOLUME, ARG_VOLUME_FD, ARG_VCPUS };
+               ARG_CONFINE, ARG_JAIL_BIND, ARG_JAIL_LINK, ARG_NET_TAP_FD, ARG_NET_MAC, ARG_VOLUME, ARG_VOLUME_FD, ARG_VCPUS };
         static const struct option opts[] = {
                 { "kernel", required_argument, NULL, ARG_KERNEL },
                 { "disk", required_argument, NULL, ARG_DISK },
@@ -166,6 +168,7 @@ static int parse_argv(int argc, char *argv[]) {
                 { "tag", required_argument, NULL, ARG_TAG },
                 { "confine", required_argument, NULL, ARG_CONFINE },
                 { "jail-bind", required_argument, NULL, ARG_JAIL_BIND },
+                { "jail-link", required_argument, NULL, ARG_JAIL_LINK },
                 { "net-tap-fd", required_argument, NULL, ARG_NET_TAP_FD },
                 { "net-mac", required_argument, NULL, ARG_NET_MAC },
                 { "volume", required_argument, NULL, ARG_VOLUME },
@@ -260,6 +263,13 @@ static int parse_argv(int argc, char *argv[]) {
                         if (optarg[0] != '/')
                                 return log_error_errno(EINVAL, "--jail-bind takes an absolute path");
                         jail.binds[jail.n_binds++] = optarg;
+                        break;
+                case ARG_JAIL_LINK:
+                        if (jail.n_links >= JAIL_LINKS_MAX)
+                                return log_error_errno(E2BIG, "At most %u --jail-link directories", JAIL_LINKS_MAX);
+                        if (optarg[0] != '/')
+                                return log_error_errno(EINVAL, "--jail-link takes an absolute path");
+                        jail.links[jail.n_links++] = optarg;
                         break;
                 case ARG_NET_TAP_FD:
                         if (parse_fd(optarg, &arg_net_tap_fd) < 0)

@@ -247,8 +247,9 @@ static void control_handle(struct vmm *vmm, struct vmm_host *host, const char *b
         } else if (strcmp(op, "shutdown") == 0) {
                 vmm_request_stop(vmm, VMM_STOP_SIGNAL);
         } else if (strcmp(op, "snapshot") == 0) {
-                struct json_object *d, *t;
+                struct json_object *d, *t, *st;
                 const char *dir, *tag;
+                bool staging;
 
                 if (!json_object_object_get_ex(req, "dir", &d) || !json_object_is_type(d, json_type_string) ||
                     !json_object_object_get_ex(req, "tag", &t) || !json_object_is_type(t, json_type_string)) {
@@ -268,10 +269,19 @@ static void control_handle(struct vmm *vmm, struct vmm_host *host, const char *b
                         control_error(host, "snapshot \"tag\" must match ^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$");
                         goto out;
                 }
+                /* "staging": written into the directory forkd made and sent (the one
+                 * descriptor), which forkd renames into place: dir is only named. */
+                staging = json_object_object_get_ex(req, "staging", &st) && json_object_get_boolean(st);
+                if (staging && *fd < 0) {
+                        json_object_put(reply);
+                        control_error(host, "a \"staging\" snapshot needs the directory's descriptor");
+                        goto out;
+                }
                 vmm_vcpus_stop(vmm);
                 r = vcpu_quiesce(vmm);
                 if (r >= 0)
-                        r = snapshot_write(vmm, dir, tag, host->kernel);
+                        r = staging ? snapshot_write_at(vmm, *fd, tag, host->kernel) :
+                                      snapshot_write(vmm, dir, tag, host->kernel);
                 vmm_vcpus_resume(vmm);
                 if (r < 0) {
                         char msg[256];

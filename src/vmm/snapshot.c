@@ -258,13 +258,146 @@ static int write_volumes(struct vmm *vmm, int dfd, bool link, struct snapshot_me
         return 0;
 }
 
+/* A branch's writer hands forkd the files it may not link (snapshot.h). */
+static struct snapshot_handoff *handoff;
+
+static int handoff_take(int fd, int dfd, const char *name) {
+        struct stat st;
+        int k;
+
+        if (!handoff || handoff->n >= SNAPSHOT_HANDOFF_MAX || strlen(name) >= sizeof(handoff->names[0]))
+                return -EXDEV;
+        /* A regular file only. Which user owns it says little here: in a sandbox's
+         * user namespace the VMM user's files show as the overflow uid, as root's
+         * do; forkd looks at the owner (and copies what is not a VMM's). */
+        if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode))
+                return -EXDEV;
+        k = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+        if (k < 0)
+                return -errno;
+        handoff->fds[handoff->n] = k;
+        snprintf(handoff->names[handoff->n], sizeof(handoff->names[0]), "%s", name);
+        handoff->n++;
+        return 0;
+}
+
+/* The size of name in dfd, or of the file handed over for it. */
+static int stat_written(int dfd, const char *name, struct stat *ret) {
+        if (fstatat(dfd, name, ret, AT_SYMLINK_NOFOLLOW) >= 0)
+                return 0;
+        for (unsigned i = 0; handoff && i < handoff->n; i++)
+                if (strcmp(handoff->names[i], name) == 0)
+                        return fstat(handoff->fds[i], ret) < 0 ? -errno : 0;
+        return -errno;
+}
+
+/* Everything of the snapshot into the directory dfd, synced. */
+static int write_into(struct vmm *vmm, int dfd, const char *tag, const char *kernel, const void *vbuf, size_t vlen,
+                      bool link_disk, const struct snapshot_parent *diff, const struct snapshot_origin *origin) {
+        _cleanup_free_ char *json = NULL;
+        _cleanup_close_ int disk_fd = -EBADF;
+        struct snapshot_meta meta = {};
+        struct stat st;
+        int r;
+
+        test_stall();
+
+        if (diff) {
+                _cleanup_close_ int pdfd = -EBADF, pmem = -EBADF;
+                struct snapshot_meta pm;
+                const char *err = NULL;
+                char path[PATH_MAX];
+
+                /* The parent: the snapshot the VM was restored from, unchanged since. */
+                snprintf(path, sizeof(path), "%s/%s", diff->dir, SNAPSHOT_META_FILE);
+                r = snapshot_meta_read_file(path, &pm, &err);
+                if (r < 0)
+                        return r;
+                if (strcmp(pm.tag, diff->tag) != 0 || pm.mem_size != vmm->mem_size)
+                        return -EBADMSG;
+                pdfd = open(diff->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+                pmem = pdfd < 0 ? -EBADF : openat(pdfd, pm.memory_file, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+                if (pmem < 0)
+                        return -errno;
+                r = chain_hash_file_cached(pdfd, pm.memory_file, pmem, meta.parent_content_hash);
+                if (r < 0)
+                        return r;
+                snprintf(meta.parent_tag, sizeof(meta.parent_tag), "%s", diff->tag);
+                /* The guest's agent keeps the TCP port its parent was booted with. */
+                meta.agent_tcp = pm.agent_tcp && vmm->net;
+                r = chain_write_memory_diff(dfd, vmm);
+        } else
+                r = write_memory(dfd, vmm);
+        if (r < 0)
+                return r;
+        test_crash_point("memory");
+
+        r = write_file_at(dfd, SNAPSHOT_VMSTATE_FILE, vbuf, vlen);
+        if (r < 0)
+                return r;
+        test_crash_point("vmstate");
+
+        if (link_disk) {
+                unsigned n = handoff ? handoff->n : 0;
+
+                r = virtio_blk_link_layers(vmm->blk, dfd, SNAPSHOT_DISK_FILE, &meta.disk_layers);
+                /* Exported after all: nothing of the disk is forkd's to link. */
+                while (r < 0 && handoff && handoff->n > n)
+                        safe_close(handoff->fds[--handoff->n]);
+        }
+        if (link_disk && r >= 0) {
+                r = stat_written(dfd, SNAPSHOT_DISK_FILE, &st);
+                if (r < 0)
+                        return r;
+        } else {
+                meta.disk_layers = 0;
+                disk_fd = openat(dfd, SNAPSHOT_DISK_FILE, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0640);
+                if (disk_fd < 0)
+                        return -errno;
+                r = virtio_blk_export(vmm->blk, disk_fd);
+                if (r < 0)
+                        return r;
+                if (fsync(disk_fd) < 0 || fstat(disk_fd, &st) < 0)
+                        return -errno;
+        }
+        r = write_volumes(vmm, dfd, link_disk, &meta);
+        if (r < 0)
+                return r;
+        test_crash_point("disk");
+
+        meta.format = 1;
+        snprintf(meta.tag, sizeof(meta.tag), "%s", tag);
+        if (origin && origin->branched_from) {
+                snprintf(meta.branched_from, sizeof(meta.branched_from), "%s", origin->branched_from);
+                meta.pause_us = MIN(origin->pause_us, SNAPSHOT_PAUSE_US_MAX);
+        }
+        meta.created_at_unix = (int64_t) time(NULL);
+        meta.mem_size = vmm->mem_size;
+        meta.vcpus = vmm->n_vcpus;
+        meta.generation = vmm->generation;
+        snprintf(meta.memory_file, sizeof(meta.memory_file), "%s", SNAPSHOT_MEMORY_FILE);
+        snprintf(meta.vmstate_file, sizeof(meta.vmstate_file), "%s", SNAPSHOT_VMSTATE_FILE);
+        snprintf(meta.disk_file, sizeof(meta.disk_file), "%s", SNAPSHOT_DISK_FILE);
+        meta.disk_size = (uint64_t) st.st_size;
+        snprintf(meta.kernel, sizeof(meta.kernel), "%s", kernel ?: "");
+        snprintf(meta.guest, sizeof(meta.guest), "%s", vmm->guest_kind[0] ? vmm->guest_kind : "test");
+        meta.network = vmm->net != NULL; /* restoring it needs a tap (forkd-vmm(8), NETWORK) */
+        r = snapshot_meta_format(&meta, &json);
+        if (r < 0)
+                return r;
+        r = write_file_at(dfd, SNAPSHOT_META_FILE, json, strlen(json));
+        if (r < 0)
+                return r;
+        test_crash_point("meta");
+
+        return fsync(dfd) < 0 ? -errno : 0;
+}
+
 int snapshot_write_collected(struct vmm *vmm, const char *dir, const char *tag, const char *kernel, const void *vbuf,
                              size_t vlen, bool link_disk, const struct snapshot_parent *diff,
                              const struct snapshot_origin *origin) {
-        _cleanup_free_ char *json = NULL, *staging = NULL, *parent = NULL;
-        _cleanup_close_ int dfd = -EBADF, pfd = -EBADF, disk_fd = -EBADF;
-        struct snapshot_meta meta = {};
-        struct stat st;
+        _cleanup_free_ char *staging = NULL, *parent = NULL;
+        _cleanup_close_ int dfd = -EBADF, pfd = -EBADF;
         char *slash;
         int r;
 
@@ -294,102 +427,9 @@ int snapshot_write_collected(struct vmm *vmm, const char *dir, const char *tag, 
                 r = -errno;
                 goto fail;
         }
-        test_stall();
-
-        if (diff) {
-                _cleanup_close_ int pdfd = -EBADF, pmem = -EBADF;
-                struct snapshot_meta pm;
-                const char *err = NULL;
-                char path[PATH_MAX];
-
-                /* The parent: the snapshot the VM was restored from, unchanged since. */
-                snprintf(path, sizeof(path), "%s/%s", diff->dir, SNAPSHOT_META_FILE);
-                r = snapshot_meta_read_file(path, &pm, &err);
-                if (r < 0)
-                        goto fail;
-                if (strcmp(pm.tag, diff->tag) != 0 || pm.mem_size != vmm->mem_size) {
-                        r = -EBADMSG;
-                        goto fail;
-                }
-                pdfd = open(diff->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-                pmem = pdfd < 0 ? -EBADF : openat(pdfd, pm.memory_file, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-                if (pmem < 0) {
-                        r = -errno;
-                        goto fail;
-                }
-                r = chain_hash_file_cached(pdfd, pm.memory_file, pmem, meta.parent_content_hash);
-                if (r < 0)
-                        goto fail;
-                snprintf(meta.parent_tag, sizeof(meta.parent_tag), "%s", diff->tag);
-                /* The guest's agent keeps the TCP port its parent was booted with. */
-                meta.agent_tcp = pm.agent_tcp && vmm->net;
-                r = chain_write_memory_diff(dfd, vmm);
-        } else
-                r = write_memory(dfd, vmm);
+        r = write_into(vmm, dfd, tag, kernel, vbuf, vlen, link_disk, diff, origin);
         if (r < 0)
                 goto fail;
-        test_crash_point("memory");
-
-        r = write_file_at(dfd, SNAPSHOT_VMSTATE_FILE, vbuf, vlen);
-        if (r < 0)
-                goto fail;
-        test_crash_point("vmstate");
-
-        if (link_disk && virtio_blk_link_layers(vmm->blk, dfd, SNAPSHOT_DISK_FILE, &meta.disk_layers) >= 0) {
-                disk_fd = openat(dfd, SNAPSHOT_DISK_FILE, O_RDONLY | O_CLOEXEC);
-                if (disk_fd < 0 || fstat(disk_fd, &st) < 0) {
-                        r = -errno;
-                        goto fail;
-                }
-        } else {
-                meta.disk_layers = 0;
-                disk_fd = openat(dfd, SNAPSHOT_DISK_FILE, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0640);
-                if (disk_fd < 0) {
-                        r = -errno;
-                        goto fail;
-                }
-                r = virtio_blk_export(vmm->blk, disk_fd);
-                if (r < 0)
-                        goto fail;
-                if (fsync(disk_fd) < 0 || fstat(disk_fd, &st) < 0) {
-                        r = -errno;
-                        goto fail;
-                }
-        }
-        r = write_volumes(vmm, dfd, link_disk, &meta);
-        if (r < 0)
-                goto fail;
-        test_crash_point("disk");
-
-        meta.format = 1;
-        snprintf(meta.tag, sizeof(meta.tag), "%s", tag);
-        if (origin && origin->branched_from) {
-                snprintf(meta.branched_from, sizeof(meta.branched_from), "%s", origin->branched_from);
-                meta.pause_us = MIN(origin->pause_us, SNAPSHOT_PAUSE_US_MAX);
-        }
-        meta.created_at_unix = (int64_t) time(NULL);
-        meta.mem_size = vmm->mem_size;
-        meta.vcpus = vmm->n_vcpus;
-        meta.generation = vmm->generation;
-        snprintf(meta.memory_file, sizeof(meta.memory_file), "%s", SNAPSHOT_MEMORY_FILE);
-        snprintf(meta.vmstate_file, sizeof(meta.vmstate_file), "%s", SNAPSHOT_VMSTATE_FILE);
-        snprintf(meta.disk_file, sizeof(meta.disk_file), "%s", SNAPSHOT_DISK_FILE);
-        meta.disk_size = (uint64_t) st.st_size;
-        snprintf(meta.kernel, sizeof(meta.kernel), "%s", kernel ?: "");
-        snprintf(meta.guest, sizeof(meta.guest), "%s", vmm->guest_kind[0] ? vmm->guest_kind : "test");
-        meta.network = vmm->net != NULL; /* restoring it needs a tap (forkd-vmm(8), NETWORK) */
-        r = snapshot_meta_format(&meta, &json);
-        if (r < 0)
-                goto fail;
-        r = write_file_at(dfd, SNAPSHOT_META_FILE, json, strlen(json));
-        if (r < 0)
-                goto fail;
-        test_crash_point("meta");
-
-        if (fsync(dfd) < 0) {
-                r = -errno;
-                goto fail;
-        }
         if (rename(staging, dir) < 0) {
                 r = -errno;
                 goto fail;
@@ -401,6 +441,92 @@ int snapshot_write_collected(struct vmm *vmm, const char *dir, const char *tag, 
 fail:
         remove_dir_files(staging);
         return r;
+}
+
+int snapshot_write_handoff(struct vmm *vmm, int dfd, const char *tag, const char *kernel, const void *vbuf,
+                           size_t vlen, bool link_disk, const struct snapshot_parent *diff,
+                           const struct snapshot_origin *origin, struct snapshot_handoff *h) {
+        int r;
+
+        if (dfd < 0 || !snapshot_tag_is_valid(tag))
+                return -EINVAL;
+        if (h) {
+                h->n = 0;
+                handoff = h;
+                virtio_blk_on_link_refused(handoff_take);
+        }
+        r = write_into(vmm, dfd, tag, kernel, vbuf, vlen, link_disk, diff, origin);
+        virtio_blk_on_link_refused(NULL);
+        handoff = NULL;
+        if (r >= 0)
+                test_crash_point("rename"); /* written, not yet the caller's to rename */
+        if (r < 0 && h)
+                snapshot_handoff_done(h);
+        return r;
+}
+
+int snapshot_write_at(struct vmm *vmm, int dfd, const char *tag, const char *kernel) {
+        _cleanup_free_ void *vbuf = NULL;
+        size_t vlen;
+        int r;
+
+        r = snapshot_collect(vmm, &vbuf, &vlen);
+        if (r < 0)
+                return r;
+        return snapshot_write_handoff(vmm, dfd, tag, kernel, vbuf, vlen, false, NULL, NULL, NULL);
+}
+
+void snapshot_handoff_done(struct snapshot_handoff *h) {
+        for (unsigned i = 0; i < h->n; i++)
+                safe_close(h->fds[i]);
+        h->n = 0;
+}
+
+/* A copy of the data of fd (from 0 to its size) as dfd/name, holes kept where the source has them. */
+static int copy_file_at(int fd, int dfd, const char *name) {
+        _cleanup_close_ int out = -EBADF;
+        struct stat st;
+        off_t off = 0;
+
+        if (fstat(fd, &st) < 0)
+                return -errno;
+        out = openat(dfd, name, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0640);
+        if (out < 0 || ftruncate(out, st.st_size) < 0)
+                return -errno;
+        while (off < st.st_size) {
+                off_t data = lseek(fd, off, SEEK_DATA), hole;
+
+                if (data < 0 && errno == ENXIO)
+                        break; /* a hole to the end */
+                if (data < 0)
+                        return -errno;
+                hole = lseek(fd, data, SEEK_HOLE);
+                if (hole < 0)
+                        return -errno;
+                for (off_t in = data, o = data; in < hole;) {
+                        ssize_t n = copy_file_range(fd, &in, out, &o, (size_t) MIN(hole - in, (off_t) 1 << 30), 0);
+
+                        if (n < 0 && errno == EINTR)
+                                continue;
+                        if (n < 0)
+                                return -errno;
+                        if (n == 0)
+                                return -EIO;
+                }
+                off = hole;
+        }
+        return fsync(out) < 0 ? -errno : 0;
+}
+
+int snapshot_handoff_copy(struct snapshot_handoff *h, int dfd) {
+        for (unsigned i = 0; i < h->n; i++) {
+                int r = copy_file_at(h->fds[i], dfd, h->names[i]);
+
+                if (r < 0)
+                        return r;
+        }
+        snapshot_handoff_done(h);
+        return fsync(dfd) < 0 ? -errno : 0;
 }
 
 static int set_error(char **ret_error, const char *fmt, ...) _printf_(2, 3);

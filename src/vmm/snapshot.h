@@ -95,3 +95,30 @@ struct snapshot_origin {
 int snapshot_write_collected(struct vmm *vmm, const char *dir, const char *tag, const char *kernel, const void *vbuf,
                              size_t vlen, bool link_disk, const struct snapshot_parent *diff,
                              const struct snapshot_origin *origin);
+
+/* What a writer leaves to forkd: the files of a snapshot it may not link
+ * itself (fs.protected_hardlinks: a file of the VMM user, not of the
+ * sandbox's own id; or one on another mount), each as a name in the snapshot
+ * directory and a descriptor of the file (a regular one), for forkd (root, on
+ * its own mount) to link. */
+#define SNAPSHOT_HANDOFF_MAX 250u /* one message's descriptors (SCM_MAX_FD 253) */
+struct snapshot_handoff {
+        unsigned n;
+        int fds[SNAPSHOT_HANDOFF_MAX];
+        char names[SNAPSHOT_HANDOFF_MAX][32];
+};
+
+/* As snapshot_write_collected(), into the directory dfd that forkd made
+ * (and renames into place once written, so this renames nothing): every file
+ * synced, snapshot.json last. With h, the links refused are handed over in it
+ * (snapshot_handoff_done() closes them); without, they are exported. */
+int snapshot_write_handoff(struct vmm *vmm, int dfd, const char *tag, const char *kernel, const void *vbuf,
+                           size_t vlen, bool link_disk, const struct snapshot_parent *diff,
+                           const struct snapshot_origin *origin, struct snapshot_handoff *h);
+/* snapshot_collect() and snapshot_write_handoff(), without links: the
+ * "snapshot" control request with a directory from forkd. */
+int snapshot_write_at(struct vmm *vmm, int dfd, const char *tag, const char *kernel);
+void snapshot_handoff_done(struct snapshot_handoff *h);
+/* When nobody takes them (forkd went away): each handed-over file copied
+ * into dfd under its name (holes kept), then closed. */
+int snapshot_handoff_copy(struct snapshot_handoff *h, int dfd);

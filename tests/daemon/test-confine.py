@@ -9,6 +9,10 @@ real cgroups:
   (the VMM group its one supplementary group), no_new_privs, a root that holds
   only the jail, no network but lo; and the same for the template, as the VMM
   user, with no capability either;
+- a VMM reaches only its own snapshot chain (the snapshot and its parents)
+  and the overlay and console directories, each through a descriptor of its
+  own: no mount of the state directory, no other snapshot's directory or
+  memory file in its root; snapshots/ itself is root's, 0700;
 - one sandbox's VMM cannot open another's: its files under /proc/PID/root and
   /proc/PID/fd, its memory (/proc/PID/mem), its overlay (its own id's, 0600);
 - the children of a running sandbox's frozen copy (ForkSandbox) run under
@@ -78,7 +82,30 @@ def cmdline(pid):
         return ""
 
 
+def reached(pid):
+    """What a confined VMM reaches of the state directory: at each path in its
+    root, a link to /proc/self/fd/N, one of its own descriptors (--jail-link);
+    the paths of those directories, relative to the state directory."""
+    out = set()
+    base = f"/proc/{pid}/root"
+    for top, dirs, files in os.walk(base + STATE[0]):
+        for name in dirs + files:
+            path = os.path.join(top, name)
+            if not os.path.islink(path):
+                continue
+            target = os.readlink(path)
+            assert target.startswith("/proc/self/fd/"), (path, target)
+            real = os.readlink(f"/proc/{pid}/fd/{target.rsplit('/', 1)[1]}")
+            assert real == path[len(base):], (path, real)
+            out.add(os.path.relpath(real, STATE[0]))
+    return out
+
+
+STATE = []
+
+
 def run(h):
+    STATE.append(h.state)
     h.setup_cgroups()
     disk = os.path.join(h.tmp, "disk.img")
     with open(disk, "wb") as f:
@@ -94,7 +121,9 @@ def run(h):
         snaps = os.path.join(h.state, "snapshots")
         st = os.stat(os.path.join(snaps, "t1", "memory.bin"))
         assert st.st_uid == VMM_UID and st.st_gid == VMM_UID, (st.st_uid, st.st_gid)
-        assert os.stat(snaps).st_uid == VMM_UID
+        # no VMM passes through snapshots/: each reaches its own chain's directories only
+        st = os.stat(snaps)
+        assert st.st_uid == 0 and (st.st_mode & 0o777) == 0o700, (st.st_uid, oct(st.st_mode))
         st = os.stat(h.state)
         assert st.st_uid == 0 and st.st_gid == VMM_UID and (st.st_mode & 0o777) == 0o710, oct(st.st_mode)
         assert os.stat(os.path.join(h.state, "sandboxes")).st_uid == 0
@@ -117,13 +146,13 @@ def run(h):
             top = h.state.strip("/").split("/")[0]
             assert sorted(os.listdir(root)) == sorted({"proc", top}), os.listdir(root)
             assert not os.path.exists(root + "/etc/shadow") and not os.path.exists(root + "/dev/kvm")
-            assert os.path.isdir(root + h.state + "/snapshots/t1")
+            assert reached(pid) == {"snapshots/t1", "overlays", "logs"}, reached(pid)
             with open(f"/proc/{pid}/net/dev") as f:
                 ifaces = [line.split(":")[0].strip() for line in f.readlines()[2:]]
             assert ifaces == ["lo"], ifaces
             with open(f"/proc/{pid}/mountinfo") as f:
                 points = sorted(line.split()[4] for line in f)
-            assert points == sorted(["/", h.state, "/proc"]), points
+            assert points == sorted(["/", "/proc"]), points
             if h.cgroot:
                 with open(f"/proc/{pid}/cgroup") as f:
                     assert i["id"] in f.read()
@@ -224,6 +253,17 @@ def run(h):
         assert "disk written" in json.dumps(out), out
         h.m("BranchSandbox", "sssb", [sid, "b1", "diff", True], timeout=120)
         infos = h.fork("b1", 1, opts)
+        # a sandbox of b1 reaches b1 and its parent t1, and their files; one of t1
+        # reaches t1 only: no other snapshot's directory or memory file
+        pb1, pt1 = infos[0]["pid"], ctx["pids"][sid]
+        assert reached(pb1) == {"snapshots/b1", "snapshots/t1", "overlays", "logs"}, reached(pb1)
+        parent = [n for n in os.listdir(f"/proc/{pb1}/fd")
+                  if os.readlink(f"/proc/{pb1}/fd/{n}") == os.path.join(h.state, "snapshots", "t1")]
+        assert parent and os.path.exists(f"/proc/{pb1}/fd/{parent[0]}/memory.bin"), parent
+        assert reached(pt1) == {"snapshots/t1", "overlays", "logs"}, reached(pt1)
+        snaps_in_jail = f"/proc/{pt1}/root{h.state}/snapshots"
+        assert sorted(os.listdir(snaps_in_jail)) == ["t1"], os.listdir(snaps_in_jail)
+        assert not os.path.lexists(f"{snaps_in_jail}/b1") and not os.path.lexists(f"{snaps_in_jail}/b1/memory.bin")
         out = json.loads(h.m("RunCode", "ssu", [infos[0]["id"], "cat /x.txt", 10])[0])
         assert "hello" in json.dumps(out), out
         assert status(infos[0]["pid"])["Seccomp"] == "2"
@@ -255,7 +295,8 @@ def run(h):
         # anyway refuses the request whole: its children could not enter it.
         snap = os.path.join(h.state, "snapshots", "t1")
         with tf.template_process(snap, os.path.join(h.state, "overlays"),
-                                 ["--confine", f"{VMM_UID}:{VMM_UID}", "--jail-bind", h.state]) as (p, a):
+                                 ["--confine", f"{VMM_UID}:{VMM_UID}", "--jail-link", snap,
+                                  "--jail-link", os.path.join(h.state, "overlays")]) as (p, a):
             assert json.loads(a.recv(65536))["event"] == "ready"
             s = status(p.pid)
             assert s["Uid"].split()[0] == str(VMM_UID) and s["CapEff"] == "0000000000000000", s

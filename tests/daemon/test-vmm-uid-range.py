@@ -4,8 +4,9 @@
 forkd --vmm-uid-range (forkd(8), VMM USERS), checked at start before any VM
 runs: a range holding root, nobody, 65533, the --vmm-user, an existing user or
 group, or one past the last uid, and a malformed one, stop forkd with a message
-that names what is wrong; the default range, another free one and 'shared'
-start; FORKD_VMM_UID_RANGE is read when the option is absent; --no-confine
+that names what is wrong; the default range (1879048192:65536), another free
+one and 'shared' start; a default range in the way of the --vmm-user (or of a
+user or group) falls back to 'shared' with a warning; FORKD_VMM_UID_RANGE is read when the option is absent; --no-confine
 checks nothing; a trusted bridge uid inside the range is refused. Needs no
 /dev/kvm. TAP output.
 """
@@ -57,13 +58,31 @@ def starts(h, extra, env=None):
 def run(h):
     h.start_bus()
 
-    def default_shared():
+    def default_range():
         starts(h, [])
         with open(h.logs[-1]) as f:
+            assert "from --vmm-uid-range 1879048192:65536." in f.read()
+
+    def shared():
+        starts(h, ["--vmm-uid-range", "shared"])
+        with open(h.logs[-1]) as f:
             assert "(--vmm-uid-range shared)" in f.read()
-    h.check("the default ('shared'), the suggested range, another free one and 'shared' start",
-            lambda: (default_shared(), starts(h, ["--vmm-uid-range", "1879048192:65536"]),
-                     starts(h, ["--vmm-uid-range", "1879179264:1000"]), starts(h, ["--vmm-uid-range", "shared"])))
+    h.check("the default (1879048192:65536), the same given, another free range and 'shared' start",
+            lambda: (default_range(), starts(h, ["--vmm-uid-range", "1879048192:65536"]),
+                     starts(h, ["--vmm-uid-range", "1879179264:1000"]), shared()))
+
+    def default_falls_back():
+        # The default range refused (here: it holds the --vmm-user) is no reason not to
+        # start: 'shared', with a warning that names what is in the way.
+        starts(h, ["--vmm-user", "1879048300"])
+        with open(h.logs[-1]) as f:
+            log = f.read()
+        assert "The default --vmm-uid-range 1879048192:65536 holds 1879048300" in log, log[-1500:]
+        assert "(--vmm-uid-range shared)" in log, log[-1500:]
+    h.check("a default range that collides falls back to 'shared' with a warning; a given one is refused",
+            lambda: (default_falls_back(),
+                     refused(h, ["--vmm-user", "1879048300", "--vmm-uid-range", "1879048192:65536"],
+                             ["holds 1879048300,"])))
 
     h.check("a range with root, 65533 or nobody is refused",
             lambda: (refused(h, ["--vmm-uid-range", "0:1000"], ["holds 0,"]),

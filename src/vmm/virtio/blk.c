@@ -694,11 +694,24 @@ int virtio_blk_push_layer(struct virtio_mmio *dev, int fd, int map_fd) {
         return 0;
 }
 
+static virtio_blk_link_refused_t link_refused;
+
+void virtio_blk_on_link_refused(virtio_blk_link_refused_t fn) {
+        link_refused = fn;
+}
+
 static int link_fd(int fd, int dfd, const char *name) {
         char path[64];
+        int r;
 
         snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
-        return linkat(AT_FDCWD, path, dfd, name, AT_SYMLINK_FOLLOW) < 0 ? negative_errno() : 0;
+        if (linkat(AT_FDCWD, path, dfd, name, AT_SYMLINK_FOLLOW) >= 0)
+                return 0;
+        r = negative_errno();
+        /* Not ours to link (fs.protected_hardlinks), or on another mount: maybe the caller's. */
+        if ((r == -EPERM || r == -EXDEV) && link_refused)
+                return link_refused(fd, dfd, name);
+        return r;
 }
 
 int virtio_blk_link_layers(struct virtio_mmio *dev, int dfd, const char *disk_name, unsigned *ret_n) {

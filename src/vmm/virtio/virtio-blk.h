@@ -96,6 +96,14 @@ int virtio_blk_push_layer(struct virtio_mmio *dev, int fd, int map_fd);
  * unlinked file); the caller then exports. *ret_n: the number of layers. */
 int virtio_blk_link_layers(struct virtio_mmio *dev, int dfd, const char *disk_name, unsigned *ret_n);
 
+/* Where linkat() of a file (the base, a layer) refuses with EPERM or EXDEV,
+ * virtio_blk_link_layers() and virtio_blk_link_base() ask fn, when set, and
+ * take its answer instead: 0 when it will see to dfd/name itself (a branch's
+ * writer hands such a file to forkd, which links it), else a negative errno.
+ * One per process (a branch's writer sets it). */
+typedef int (*virtio_blk_link_refused_t)(int fd, int dfd, const char *name);
+void virtio_blk_on_link_refused(virtio_blk_link_refused_t fn);
+
 /* Hard-link the base (never written in place) as dfd/name. */
 int virtio_blk_link_base(struct virtio_mmio *dev, int dfd, const char *name);
 
