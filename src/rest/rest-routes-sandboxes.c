@@ -528,18 +528,22 @@ struct sandbox_fork_args {
         int64_t n;
         int64_t timeout_secs;
         char on_timeout[8];
+        struct limits_json limits;
 };
 
 int rest_route_sandbox_fork(RestRequest *req) {
         static const struct json_dispatch table[] = {
                 { "n", JSON_KIND_INT64, NULL, offsetof(struct sandbox_fork_args, n), 0, 0 },
                 TIMEOUT_FIELDS(struct sandbox_fork_args),
+                LIMIT_FIELDS(struct sandbox_fork_args, limits),
                 {}
         };
         _cleanup_(sd_bus_message_unrefp) sd_bus_message *m = NULL;
         _cleanup_json_ struct json_object *o = NULL;
         struct sandbox_fork_args a = { .n = 1, .timeout_secs = TIMEOUT_UNSET };
         const char *field = NULL, *reason = NULL, *id;
+        struct sandbox_limits limits;
+        unsigned limits_given;
         int r;
 
         id = rest_param_or_reply(req, "sandbox id");
@@ -558,10 +562,13 @@ int rest_route_sandbox_fork(RestRequest *req) {
         r = check_timeout(req, a.timeout_secs, a.on_timeout, false);
         if (r <= 0)
                 return r;
-        if (a.timeout_secs == TIMEOUT_UNSET)
+        r = limits_from_body(req, &a.limits, false, &limits, &limits_given);
+        if (r <= 0)
+                return r;
+        if (a.timeout_secs == TIMEOUT_UNSET && limits_given == 0)
                 return rest_call_manager(req, "ForkSandbox", REST_CALL_TIMEOUT_FORK, on_reply_sandbox_fork, "su", id,
                                          (uint32_t) a.n);
-        /* With a deadline for the children. */
+        /* With a deadline or limits for the children. */
         r = rest_new_manager_call(req, "ForkSandboxEx", &m);
         if (r < 0)
                 return rest_reply_call_failed(req, r);
@@ -570,6 +577,8 @@ int rest_route_sandbox_fork(RestRequest *req) {
                 r = sd_bus_message_open_container(m, 'a', "{sv}");
         if (r >= 0)
                 r = append_timeout(m, a.timeout_secs, a.on_timeout);
+        if (r >= 0)
+                r = append_limits(m, &limits, limits_given);
         if (r >= 0)
                 r = sd_bus_message_close_container(m);
         if (r < 0)

@@ -285,6 +285,14 @@ def t_timeouts(c, stack):
         check(c.expect(200, "GET", f"/v1/sandboxes/{k}").json["expires_at"], f"{k} has a deadline")
         c.expect(204, "DELETE", f"/v1/sandboxes/{k}")
     c.expect(400, "POST", f"/v1/sandboxes/{pid}/fork", {"n": 1, "timeout_secs": -1})
+    # limits on the copies of a running sandbox; the source keeps none
+    rate = {"bandwidth": 1 << 20, "ops": 50}
+    r = c.expect(200, "POST", f"/v1/sandboxes/{pid}/fork", {"n": 1, "disk_rate": rate})
+    k = r.json["children"][0]
+    check(c.expect(200, "GET", f"/v1/sandboxes/{k}").json.get("disk_rate") == rate, "the copy has its disk_rate")
+    check("disk_rate" not in c.expect(200, "GET", f"/v1/sandboxes/{pid}").json, "the source has none")
+    c.expect(204, "DELETE", f"/v1/sandboxes/{k}")
+    c.expect(400, "POST", f"/v1/sandboxes/{pid}/fork", {"n": 1, "net_rate": {"burst": 8192}})
     for k in (pid, paused):
         c.expect(204, "DELETE", f"/v1/sandboxes/{k}")
 

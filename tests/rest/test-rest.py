@@ -495,8 +495,8 @@ def t_header_cap(c):
 
 
 def t_limits_validation(c):
-    """cpu_limit, disk_rate, net_rate on POST /v1/sandboxes and PATCH
-    /v1/sandboxes/:id: a bad value is a 400 naming the field, before any
+    """cpu_limit, disk_rate, net_rate on POST /v1/sandboxes, POST
+    /v1/sandboxes/:id/fork and PATCH /v1/sandboxes/:id: a bad value is a 400 naming the field, before any
     D-Bus call (the daemon is absent here: a good body is a 503)."""
     base = {"snapshot_tag": "py"}
     bad = [({"cpu_limit": "1"}, "cpu_limit must be a number"),
@@ -517,6 +517,8 @@ def t_limits_validation(c):
         check(says in r.json["error"], (extra, r.json))
         r = c.expect(400, "PATCH", "/v1/sandboxes/sb-1", extra)
         check(says in r.json["error"], (extra, r.json))
+        r = c.expect(400, "POST", "/v1/sandboxes/sb-1/fork", dict({"n": 1}, **extra))
+        check(says in r.json["error"], (extra, r.json))
     r = c.expect(400, "PATCH", "/v1/sandboxes/sb-1", {})
     check("at least one" in r.json["error"], r)
     c.expect(400, "PATCH", "/v1/sandboxes/sb-1", {"memory_limit_mib": 8})
@@ -526,6 +528,7 @@ def t_limits_validation(c):
             "net_rate": {"bandwidth": 4096}}
     c.expect(503, "POST", "/v1/sandboxes", dict(base, **good))
     c.expect(503, "PATCH", "/v1/sandboxes/sb-1", good)
+    c.expect(503, "POST", "/v1/sandboxes/sb-1/fork", dict({"n": 2}, **good))
     c.expect(503, "PATCH", "/v1/sandboxes/sb-1", {"cpu_limit": 0, "disk_rate": {"bandwidth": 0}})
     c.expect(503, "PATCH", "/v1/sandboxes/sb-1", {"memory_limit_mib": 64})
 
