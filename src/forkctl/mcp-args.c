@@ -50,6 +50,35 @@ int mcp_json_add(struct json_object *o, const char *key, struct json_object *v) 
         return 0;
 }
 
+/* disk_rate, net_rate: forkd's rate object; its bounds are forkd's (the tool checks them). */
+static int rate_schema(struct json_object *o) {
+        _cleanup_json_ struct json_object *props = json_object_new_object();
+        int r;
+
+        if (!props)
+                return -ENOMEM;
+        r = mcp_json_add(o, "type", json_object_new_string("object"));
+        for (size_t k = 0; r >= 0 && k < 3; k++) {
+                static const char *const keys[] = { "bandwidth", "ops", "burst" };
+                _cleanup_json_ struct json_object *i = json_object_new_object();
+
+                if (!i)
+                        return -ENOMEM;
+                r = mcp_json_add(i, "type", json_object_new_string("integer"));
+                if (r >= 0)
+                        r = mcp_json_add(i, "minimum", json_object_new_int64(0));
+                if (r >= 0)
+                        r = mcp_json_add(props, keys[k], TAKE_PTR(i));
+        }
+        if (r >= 0)
+                r = mcp_json_add(o, "properties", TAKE_PTR(props));
+        if (r >= 0)
+                r = mcp_json_add(o, "minProperties", json_object_new_int64(1));
+        if (r >= 0)
+                r = mcp_json_add(o, "additionalProperties", json_object_new_boolean(0));
+        return r;
+}
+
 static int param_schema(const struct mcp_param *p, struct json_object **ret) {
         _cleanup_json_ struct json_object *o = json_object_new_object(), *e = NULL;
         int r = 0;
@@ -116,6 +145,14 @@ static int param_schema(const struct mcp_param *p, struct json_object **ret) {
                         r = mcp_json_add(o, "minItems", json_object_new_int64(p->min));
                 if (r >= 0)
                         r = mcp_json_add(o, "maxItems", json_object_new_int64(p->max));
+                break;
+        case MCP_NUMBER:
+                r = mcp_json_add(o, "type", json_object_new_string("number"));
+                if (r >= 0)
+                        r = mcp_json_add(o, "exclusiveMinimum", json_object_new_int64(p->min));
+                break;
+        case MCP_RATE:
+                r = rate_schema(o);
                 break;
         }
         if (r >= 0)
@@ -274,6 +311,28 @@ static int param_parse(const char *tool, const struct mcp_param *p, struct json_
                 *(bool *) field = json_object_get_boolean(v);
                 return 0;
 
+        case MCP_NUMBER: {
+                double d;
+
+                if (!json_object_is_type(v, json_type_int) && !json_object_is_type(v, json_type_double))
+                        goto wrong_type;
+                d = json_object_get_double(v);
+                if (!(d > (double) p->min)) {
+                        *ret_error = mcp_asprintf("%s: argument '%s' must be a number above %" PRId64 ", not %s", tool,
+                                                  p->name, p->min,
+                                                  json_object_to_json_string_ext(v, JSON_C_TO_STRING_PLAIN));
+                        return -ERANGE;
+                }
+                *(double *) field = d;
+                return 0;
+        }
+
+        case MCP_RATE:
+                if (!json_object_is_type(v, json_type_object))
+                        goto wrong_type;
+                *(struct json_object **) field = v;
+                return 0;
+
         case MCP_STRING_ARRAY: {
                 size_t n;
 
@@ -302,7 +361,8 @@ wrong_type: {
         static const char *const expected[] = {
                 [MCP_NAME] = "a string", [MCP_PATH] = "a string", [MCP_TEXT] = "a string",
                 [MCP_ENUM] = "a string", [MCP_INTEGER] = "an integer", [MCP_BOOLEAN] = "a boolean",
-                [MCP_STRING_ARRAY] = "an array of strings",
+                [MCP_STRING_ARRAY] = "an array of strings", [MCP_NUMBER] = "a number",
+                [MCP_RATE] = "an object",
         };
         *ret_error = mcp_asprintf("%s: argument '%s' must be %s, not %s", tool, p->name, expected[p->type],
                                   type_name(v));

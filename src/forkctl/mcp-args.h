@@ -27,6 +27,8 @@ enum mcp_param_type {
         MCP_INTEGER,      /* min..max, stored as uint32_t */
         MCP_BOOLEAN,      /* stored as bool */
         MCP_STRING_ARRAY, /* min..max strings, stored as the borrowed array */
+        MCP_NUMBER,       /* a number above min, stored as double (0: not given) */
+        MCP_RATE,         /* {"bandwidth", "ops", "burst"}, stored as the borrowed object */
 };
 
 /* What the arguments are parsed into: one struct for every tool, each tool's
@@ -34,7 +36,8 @@ enum mcp_param_type {
  * the request. */
 struct mcp_args {
         const char *tag, *kernel, *rootfs, *snapshot_tag, *sandbox_id, *code, *mode;
-        struct json_object *argv;
+        struct json_object *argv, *disk_rate, *net_rate;
+        double cpu_limit;
         uint32_t n, mem_mib, boot_wait_secs, timeout_secs, memory_limit_mib;
         bool per_child_netns, live_fork, wait;
 };

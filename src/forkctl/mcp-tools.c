@@ -13,12 +13,14 @@
 #include "boot-files.h"
 #include "bus-json.h"
 #include "bus-util.h"
+#include "fork-options.h"
 #include "forkctl-util.h"
 #include "json-util.h"
 #include "macro.h"
 #include "mcp-args.h"
 #include "mcp-tools.h"
 #include "mcp.h"
+#include "rate-bus.h"
 
 struct mcp_tool {
         const char *name;
@@ -153,6 +155,45 @@ static int tool_list_snapshots(sd_bus *bus, const struct mcp_args *a, struct jso
         return wrap("snapshots", list, ret);
 }
 
+/* cpu_limit, disk_rate and net_rate given to a fork tool, checked with forkd's
+ * words and appended to the open options a{sv}. 1 when any was given. */
+static int append_limits(const char *tool, const struct mcp_args *a, sd_bus_message *m, char **ret_error) {
+        static const struct {
+                const char *name;
+                size_t offset;
+        } rates[] = { { "disk_rate", offsetof(struct mcp_args, disk_rate) },
+                      { "net_rate", offsetof(struct mcp_args, net_rate) } };
+        char err[FORK_OPTION_ERROR_MAX];
+        int r, given = 0;
+
+        if (a->cpu_limit > 0) {
+                if (fork_option_check_cpu_limit_any(a->cpu_limit, err) < 0) {
+                        *ret_error = mcp_asprintf("%s: %s", tool, err);
+                        return -EINVAL;
+                }
+                r = sd_bus_message_append(m, "{sv}", "cpu_limit", "d", a->cpu_limit);
+                if (r < 0)
+                        return r;
+                given = 1;
+        }
+        for (size_t k = 0; k < ELEMENTSOF(rates); k++) {
+                struct json_object *o = *(struct json_object *const *) ((const uint8_t *) a + rates[k].offset);
+                struct rate_limit l;
+
+                if (!o)
+                        continue;
+                if (rate_limit_from_json(o, rates[k].name, &l, err) < 0) {
+                        *ret_error = mcp_asprintf("%s: %s", tool, err);
+                        return -EINVAL;
+                }
+                r = bus_append_rate(m, rates[k].name, &l);
+                if (r < 0)
+                        return r;
+                given = 1;
+        }
+        return given;
+}
+
 static int tool_spawn_sandboxes(sd_bus *bus, const struct mcp_args *a, struct json_object **ret, char **ret_error) {
         _cleanup_(sd_bus_message_unrefp) sd_bus_message *m = NULL, *reply = NULL;
         struct error_context ctx = { .verb = "spawn_sandboxes", .tag = a->snapshot_tag };
@@ -170,6 +211,8 @@ static int tool_spawn_sandboxes(sd_bus *bus, const struct mcp_args *a, struct js
                 r = sd_bus_message_append(m, "{sv}", "memory_limit_mib", "u", a->memory_limit_mib);
         if (r >= 0 && a->live_fork)
                 r = sd_bus_message_append(m, "{sv}", "live_fork", "b", 1);
+        if (r >= 0)
+                r = append_limits("spawn_sandboxes", a, m, ret_error);
         if (r >= 0)
                 r = sd_bus_message_close_container(m);
         if (r < 0)
@@ -270,9 +313,17 @@ static int tool_fork_sandbox(sd_bus *bus, const struct mcp_args *a, struct json_
         uint64_t pause_us = 0;
         int r;
 
-        r = new_call(bus, "ForkSandbox", &m);
+        /* ForkSandboxEx with the limits given, else ForkSandbox as before. */
+        r = new_call(bus, a->cpu_limit > 0 || a->disk_rate || a->net_rate ? "ForkSandboxEx" : "ForkSandbox", &m);
         if (r >= 0)
                 r = sd_bus_message_append(m, "su", a->sandbox_id, a->n);
+        if (r >= 0 && (a->cpu_limit > 0 || a->disk_rate || a->net_rate)) {
+                r = sd_bus_message_open_container(m, 'a', "{sv}");
+                if (r >= 0)
+                        r = append_limits("fork_sandbox", a, m, ret_error);
+                if (r >= 0)
+                        r = sd_bus_message_close_container(m);
+        }
         if (r < 0)
                 return r;
         r = call(bus, m, 0, &ctx, &reply, ret_error);
@@ -390,6 +441,18 @@ static const struct mcp_param params_create_snapshot[] = {
 
 static const struct mcp_param params_none[] = { {} };
 
+/* The limits a fork tool takes (forkd's fork options of the same names). */
+#define P_LIMITS                                                                                                   \
+        { .name = "cpu_limit", .type = MCP_NUMBER, .min = 0, .offset = ARG(cpu_limit),                          \
+          .description = "CPUs each sandbox may use, e.g. 0.5 (at least 0.01, at most the snapshot's vCPUs); "     \
+                         "needs a cgroup per sandbox" },                                                            \
+        { .name = "disk_rate", .type = MCP_RATE, .offset = ARG(disk_rate),                                        \
+          .description = "Disk rate limit of each sandbox: bandwidth (bytes/s, 4096..2^40), ops (per second) and " \
+                         "burst (bytes), each optional, 0 for unlimited" },                                        \
+        { .name = "net_rate", .type = MCP_RATE, .offset = ARG(net_rate),                                          \
+          .description = "Network rate limit of each sandbox, as disk_rate" }
+
+
 static const struct mcp_param params_spawn_sandboxes[] = {
         { .name = "snapshot_tag", .type = MCP_NAME, .required = true, .offset = ARG(snapshot_tag),
           .description = "The snapshot to fork (a tag from list_snapshots)" },
@@ -404,6 +467,7 @@ static const struct mcp_param params_spawn_sandboxes[] = {
                          "administrator with tools/netns-setup)" },
         { .name = "live_fork", .type = MCP_BOOLEAN, .has_default = true, .def = false, .offset = ARG(live_fork),
           .description = "Accepted for compatibility; changes nothing (every sandbox can take every kind of branch)" },
+        P_LIMITS,
         {}
 };
 
@@ -436,6 +500,7 @@ static const struct mcp_param params_fork_sandbox[] = {
         P_SANDBOX_ID("The running sandbox to fork"),
         { .name = "n", .type = MCP_INTEGER, .min = 1, .max = 32, .has_default = true, .def = 1, .offset = ARG(n),
           .description = "How many sandboxes to make" },
+        P_LIMITS,
         {}
 };
 

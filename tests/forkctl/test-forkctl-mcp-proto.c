@@ -13,6 +13,7 @@
 
 #include "json-util.h"
 #include "macro.h"
+#include "mcp-args.h"
 #include "mcp-tools.h"
 #include "mcp.h"
 
@@ -235,6 +236,60 @@ static void test_schemas(void **state) {
         json_object_put(list);
 }
 
+/* MCP_NUMBER and MCP_RATE: JSON types exactly; the values' bounds are forkd's,
+ * checked by the tools (test-forkctl-mcp). */
+static void test_number_and_rate(void **state) {
+        static const struct mcp_param params[] = {
+                { .name = "cpu_limit", .type = MCP_NUMBER, .min = 0, .offset = ARG(cpu_limit), .description = "c" },
+                { .name = "disk_rate", .type = MCP_RATE, .offset = ARG(disk_rate), .description = "d" },
+                {}
+        };
+        static const struct {
+                const char *json;
+                int r;
+                const char *error;
+        } cases[] = {
+                { "{}", 0, NULL },
+                { "{\"cpu_limit\": 0.5, \"disk_rate\": {\"ops\": 5}}", 0, NULL },
+                { "{\"cpu_limit\": 2}", 0, NULL },
+                { "{\"cpu_limit\": 0}", -ERANGE, "must be a number above 0, not 0" },
+                { "{\"cpu_limit\": -1.5}", -ERANGE, "above 0" },
+                { "{\"cpu_limit\": \"1\"}", -EINVAL, "'cpu_limit' must be a number, not a string" },
+                { "{\"cpu_limit\": true}", -EINVAL, "must be a number, not a boolean" },
+                { "{\"disk_rate\": 5}", -EINVAL, "'disk_rate' must be an object, not an integer" },
+                { "{\"disk_rate\": [1]}", -EINVAL, "must be an object, not an array" },
+        };
+        struct json_object *schema = NULL, *p;
+
+        for (size_t i = 0; i < ELEMENTSOF(cases); i++) {
+                struct json_object *o = json_tokener_parse(cases[i].json);
+                struct mcp_args a = {};
+                char *error = NULL;
+
+                assert_non_null(o);
+                assert_int_equal(mcp_args_parse("t", params, o, &a, &error), cases[i].r);
+                if (cases[i].error) {
+                        assert_non_null(error);
+                        assert_non_null(strstr(error, cases[i].error));
+                } else {
+                        assert_null(error);
+                        assert_true(a.cpu_limit == 0 || a.cpu_limit == 0.5 || a.cpu_limit == 2);
+                        assert_true(!a.disk_rate || json_object_is_type(a.disk_rate, json_type_object));
+                }
+                free(error);
+                json_object_put(o);
+        }
+        assert_int_equal(mcp_params_schema(params, &schema), 0);
+        p = json_object_object_get(json_object_object_get(schema, "properties"), "cpu_limit");
+        assert_string_equal(json_object_get_string(json_object_object_get(p, "type")), "number");
+        assert_int_equal(json_object_get_int(json_object_object_get(p, "exclusiveMinimum")), 0);
+        p = json_object_object_get(json_object_object_get(schema, "properties"), "disk_rate");
+        assert_string_equal(json_object_get_string(json_object_object_get(p, "type")), "object");
+        assert_false(json_object_get_boolean(json_object_object_get(p, "additionalProperties")));
+        assert_non_null(json_object_object_get(json_object_object_get(p, "properties"), "burst"));
+        json_object_put(schema);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_line_limits),
@@ -242,6 +297,7 @@ int main(void) {
                 cmocka_unit_test(test_many_values),
                 cmocka_unit_test(test_envelope),
                 cmocka_unit_test(test_schemas),
+                cmocka_unit_test(test_number_and_rate),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -213,7 +213,8 @@ def main():
                 for req in sc.get("required", []):
                     check(req in sc["properties"], f"{t['name']}: required {req} not a property")
                 for pname, prop in sc["properties"].items():
-                    check(prop.get("type") in ("string", "integer", "boolean", "array"), f"{t['name']}.{pname}: {prop}")
+                    check(prop.get("type") in ("string", "integer", "number", "boolean", "array", "object"),
+                          f"{t['name']}.{pname}: {prop}")
                     check(isinstance(prop.get("description"), str) and prop["description"], f"{t['name']}.{pname}")
                     if prop["type"] == "integer":
                         check(prop["minimum"] <= prop.get("default", prop["minimum"]) <= prop["maximum"], f"{pname}")
@@ -224,6 +225,10 @@ def main():
                     json.dumps(prop)  # plain JSON
             spawn = next(t for t in tools if t["name"] == "spawn_sandboxes")["inputSchema"]
             check(spawn["required"] == ["snapshot_tag"] and spawn["properties"]["n"]["maximum"] == 1000, spawn)
+            for t in ("spawn_sandboxes", "fork_sandbox"):
+                props = next(x for x in tools if x["name"] == t)["inputSchema"]["properties"]
+                check(props["cpu_limit"]["type"] == "number" and props["disk_rate"]["type"] == "object" and
+                      set(props["net_rate"]["properties"]) == {"bandwidth", "ops", "burst"}, (t, props))
 
         def create_snapshot():
             info = s.ok("create_snapshot", {"tag": tag, "kernel": kernel, "rootfs": rootfs, "boot_wait_secs": 60},
@@ -273,6 +278,13 @@ def main():
             s.ok("run_code", {"sandbox_id": kids[0], "code": "x = 6"})
             check(s.ok("run_code", {"sandbox_id": kids[1], "code": "print x"})["stdout"] == "5\n", "fork state")
             check(s.ok("run_code", {"sandbox_id": sb, "code": "print x"})["stdout"] == "5\n", "parent state")
+            # a limit given to fork_sandbox (ForkSandboxEx): the child has it, its source not
+            r = s.ok("fork_sandbox", {"sandbox_id": sb, "disk_rate": {"bandwidth": 1 << 20, "ops": 50}}, timeout=300)
+            kid = r["sandboxes"][0]["id"]
+            ctx["ids"].append(kid)
+            listed = {x["id"]: x for x in s.ok("list_sandboxes")["sandboxes"]}
+            check(listed[kid].get("disk_rate") == {"bandwidth": 1 << 20, "ops": 50}, listed[kid])
+            check("disk_rate" not in listed[sb], listed[sb])
             info = s.ok("branch_sandbox", {"sandbox_id": kids[0], "tag": tag + "-br", "mode": "full"}, timeout=300)
             check(info["tag"] == tag + "-br" and info["branched_from"] == kids[0] and info["status"] == "ready", info)
             s.tool_error("branch_sandbox", {"sandbox_id": kids[0], "tag": tag + "-br"}, "already exists")
@@ -341,6 +353,13 @@ def main():
                 ("run_code", {"sandbox_id": "sb", "code": "print x", "timeout_secs": 3601}, "from 0 to 3600"),
                 ("branch_sandbox", {"sandbox_id": "sb", "mode": "half"}, "one of full, diff, live"),
                 ("fork_sandbox", {"sandbox_id": "sb", "n": 33}, "from 1 to 32"),
+                ("fork_sandbox", {"sandbox_id": "sb", "cpu_limit": "1"}, "'cpu_limit' must be a number, not a string"),
+                ("fork_sandbox", {"sandbox_id": "sb", "cpu_limit": 0}, "must be a number above 0"),
+                ("fork_sandbox", {"sandbox_id": "sb", "cpu_limit": 0.001}, "cpu_limit must be a number of at least 0.01"),
+                ("spawn_sandboxes", {"snapshot_tag": tag, "disk_rate": {}}, "disk_rate needs at least one of"),
+                ("spawn_sandboxes", {"snapshot_tag": tag, "net_rate": {"rate": 1}},
+                 "net_rate takes only bandwidth, ops and burst"),
+                ("spawn_sandboxes", {"snapshot_tag": tag, "net_rate": 5}, "'net_rate' must be an object"),
                 ("list_snapshots", {"all": True}, "unknown argument 'all'; it takes no arguments"),
                 ("kill_sandbox", None, "missing required argument 'sandbox_id'"),
             ]
