@@ -68,6 +68,25 @@ def _check_int(value, what, lo, hi):
     return value
 
 
+RATE_KEYS = ("bandwidth", "ops", "burst")
+
+
+def _limits(body, cpu_limit, disk_rate, net_rate):
+    """cpu_limit (CPUs), disk_rate and net_rate ({"bandwidth", "ops", "burst"}) into
+    body where given; their bounds are forkd's, which answers 400 naming the field."""
+    if cpu_limit is not None:
+        if isinstance(cpu_limit, bool) or not isinstance(cpu_limit, (int, float)):
+            raise InvalidArgument(f"cpu_limit must be a number of CPUs, not {cpu_limit!r}")
+        body["cpu_limit"] = cpu_limit
+    for name, rate in (("disk_rate", disk_rate), ("net_rate", net_rate)):
+        if rate is None:
+            continue
+        if not isinstance(rate, dict) or not rate or any(k not in RATE_KEYS for k in rate):
+            raise InvalidArgument(f"{name} must be a dict of some of {', '.join(RATE_KEYS)}, not {rate!r}")
+        body[name] = {k: _check_int(v, f"{name}.{k}", 0, 2**63 - 1) for k, v in rate.items()}
+    return body
+
+
 def _check_path(value, what="path"):
     if not isinstance(value, str) or not value.startswith("/") or "\0" in value or len(value.encode()) > PATH_MAX:
         raise InvalidArgument(f"{what} must be an absolute path of at most {PATH_MAX} bytes without NUL, "
@@ -274,10 +293,13 @@ class Controller:
     # ------------------------------------------------------------ sandboxes
 
     def spawn_sandboxes(self, snapshot_tag, n=1, per_child_netns=False, memory_limit_mib=None, prewarm=False,
-                        live_fork=False, hugepages=False, timeout=None):
+                        live_fork=False, hugepages=False, timeout=None, cpu_limit=None, disk_rate=None,
+                        net_rate=None):
         """POST /v1/sandboxes: fork n sandboxes from a snapshot. Returns their
         SandboxInfos (id, snapshot_tag, pid, created_at_unix, ...). prewarm,
-        live_fork and hugepages are sent only when set, as forkd's SDK does."""
+        live_fork and hugepages are sent only when set, as forkd's SDK does.
+        cpu_limit (CPUs), disk_rate and net_rate ({"bandwidth": bytes/s, "ops":
+        ops/s, "burst": bytes}) limit each child, where given."""
         body = {"snapshot_tag": _check_name(snapshot_tag, "snapshot_tag"), "n": _check_int(n, "n", 1, SPAWN_N_MAX),
                 "per_child_netns": bool(per_child_netns)}
         if memory_limit_mib is not None:
@@ -288,6 +310,7 @@ class Controller:
             body["live_fork"] = True
         if hugepages:
             body["hugepages"] = True
+        _limits(body, cpu_limit, disk_rate, net_rate)
         return self._call("POST", "/v1/sandboxes", body, timeout=self._timeout(timeout, SERVER_LONG + MARGIN))
 
     def list_sandboxes(self):
@@ -297,6 +320,16 @@ class Controller:
     def get_sandbox(self, sandbox_id):
         """GET /v1/sandboxes/:id: one SandboxInfo."""
         return self._call("GET", f"/v1/sandboxes/{_check_name(sandbox_id, 'sandbox id')}")
+
+    def set_limits(self, sandbox_id, cpu_limit=None, disk_rate=None, net_rate=None, memory_limit_mib=None):
+        """PATCH /v1/sandboxes/:id: change a sandbox's limits live (cpu_limit 0
+        removes it; a rate of all zeros removes it). Returns its SandboxInfo."""
+        body = _limits({}, cpu_limit, disk_rate, net_rate)
+        if memory_limit_mib is not None:
+            body["memory_limit_mib"] = _check_int(memory_limit_mib, "memory_limit_mib", 0, 2**32 - 1)
+        if not body:
+            raise InvalidArgument("give at least one of cpu_limit, disk_rate, net_rate and memory_limit_mib")
+        return self._call("PATCH", f"/v1/sandboxes/{_check_name(sandbox_id, 'sandbox id')}", body)
 
     def kill_sandbox(self, sandbox_id):
         """DELETE /v1/sandboxes/:id."""
@@ -324,11 +357,12 @@ class Controller:
         return self._call("POST", f"/v1/sandboxes/{sid}/branch", body,
                           timeout=self._timeout(timeout, SERVER_LONG + MARGIN))
 
-    def fork_sandbox(self, sandbox_id, n=1, timeout=None):
+    def fork_sandbox(self, sandbox_id, n=1, timeout=None, cpu_limit=None, disk_rate=None, net_rate=None):
         """POST /v1/sandboxes/:id/fork (Podflare's): n children of the running
-        sandbox, each with its state at the fork. Returns {"children": [ids]}."""
+        sandbox, each with its state at the fork. Returns {"children": [ids]}.
+        The children keep the source's limits but for those given here."""
         sid = _check_name(sandbox_id, "sandbox id")
-        body = {"n": _check_int(n, "n", 1, FORK_N_MAX)}
+        body = _limits({"n": _check_int(n, "n", 1, FORK_N_MAX)}, cpu_limit, disk_rate, net_rate)
         r = self._call("POST", f"/v1/sandboxes/{sid}/fork", body, timeout=self._timeout(timeout, SERVER_LONG + MARGIN))
         if not isinstance(r, dict) or not isinstance(r.get("children"), list) or \
                 not all(isinstance(c, str) and NAME_RE.match(c) for c in r["children"]):

@@ -207,11 +207,17 @@ class Sandbox:
 
     # ---------------------------------------------------------------- Podflare
 
-    def fork(self, n=1):
+    def fork(self, n=1, cpu_limit=None, disk_rate=None, net_rate=None):
         """n children (1 to 32), each starting from this sandbox's state now
-        (memory: REPL globals, files); returns them as Sandboxes."""
-        r = self._ctl.fork_sandbox(self._live_id(), n)
+        (memory: REPL globals, files); returns them as Sandboxes. They keep this
+        sandbox's limits but for those given (Controller.spawn_sandboxes says how)."""
+        r = self._ctl.fork_sandbox(self._live_id(), n, cpu_limit=cpu_limit, disk_rate=disk_rate, net_rate=net_rate)
         return [Sandbox(sandbox_id=cid, controller=self._ctl) for cid in r["children"]]
+
+    def set_limits(self, cpu_limit=None, disk_rate=None, net_rate=None, memory_limit_mib=None):
+        """Change this sandbox's limits while it runs; returns its SandboxInfo."""
+        return self._ctl.set_limits(self._live_id(), cpu_limit=cpu_limit, disk_rate=disk_rate, net_rate=net_rate,
+                                    memory_limit_mib=memory_limit_mib)
 
     def diff(self, other, paths=None):
         """Files of other compared with this sandbox's, under paths (default /root and

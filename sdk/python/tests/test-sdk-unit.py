@@ -71,7 +71,7 @@ class Server:
                 self.wfile.write(data)
                 self.close_connection = True
 
-            do_GET = do_POST = do_DELETE = handle_any
+            do_GET = do_POST = do_DELETE = do_PATCH = handle_any
 
         self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
@@ -227,6 +227,20 @@ def t_wire():
                       hugepages=True)
     check(S.last_body() == {"snapshot_tag": "base", "n": 3, "per_child_netns": True, "memory_limit_mib": 64,
                             "prewarm": True, "live_fork": True, "hugepages": True}, S.last_body())
+    rate = {"bandwidth": 10 << 20, "ops": 100}
+    c.spawn_sandboxes("base", cpu_limit=0.5, disk_rate=rate, net_rate={"bandwidth": 4096})
+    check(S.last_body() == {"snapshot_tag": "base", "n": 1, "per_child_netns": False, "cpu_limit": 0.5,
+                            "disk_rate": rate, "net_rate": {"bandwidth": 4096}}, S.last_body())
+    S.json(200, {"children": ["sb-2"]})
+    c.fork_sandbox("sb-1", 2, cpu_limit=1, disk_rate=rate)
+    check(S.last()["path"] == "/v1/sandboxes/sb-1/fork" and
+          S.last_body() == {"n": 2, "cpu_limit": 1, "disk_rate": rate}, S.last())
+    c.fork_sandbox("sb-1")
+    check(S.last_body() == {"n": 1}, S.last_body())
+    S.json(200, {"id": "sb-1"})
+    c.set_limits("sb-1", cpu_limit=0, net_rate={"bandwidth": 0}, memory_limit_mib=64)
+    check(S.last()["method"] == "PATCH" and S.last()["path"] == "/v1/sandboxes/sb-1" and
+          S.last_body() == {"cpu_limit": 0, "net_rate": {"bandwidth": 0}, "memory_limit_mib": 64}, S.last())
     S.json(201, {"tag": "b"})
     for kw, want in (({}, {}), ({"tag": "b"}, {"tag": "b"}), ({"diff": True}, {"diff": True}),
                      ({"mode": "live", "diff": True, "wait": False}, {"mode": "live", "wait": False}),
@@ -258,7 +272,10 @@ def t_wire():
                  lambda: c.exec_sandbox("sb-1", "ls"), lambda: c.exec_sandbox("sb-1", []),
                  lambda: c.exec_sandbox("sb-1", ["ls"], timeout_secs=3601), lambda: c.diff("sb-1", "sb-2", paths="/x"),
                  lambda: c.create_snapshot("t", "rel", "/r"), lambda: c.compact_snapshot("a", "a"),
-                 lambda: c.run_code("sb-1", "y" * (256 * 1024 + 1))):
+                 lambda: c.run_code("sb-1", "y" * (256 * 1024 + 1)), lambda: c.set_limits("sb-1"),
+                 lambda: c.spawn_sandboxes("t", cpu_limit="1"), lambda: c.fork_sandbox("sb-1", cpu_limit=True),
+                 lambda: c.fork_sandbox("sb-1", disk_rate={"rate": 1}), lambda: c.set_limits("sb-1", disk_rate={}),
+                 lambda: c.set_limits("sb-1", net_rate={"ops": -1}), lambda: c.set_limits("sb-1", net_rate=5)):
         raises(InvalidArgument, call)
     check(len(S.requests) == n, "a refused argument sent a request")
 
