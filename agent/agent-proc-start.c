@@ -292,16 +292,16 @@ int agent_op_proc_start(Agent *a, uint32_t id, struct json_object *req) {
                 int p[2];
 
                 if (pipe2(p, O_CLOEXEC) < 0)
-                        return -errno;
+                        return agent_send_error_errno(a, id, errno, "cannot make a pipe: %m"), 0;
                 e->out_fd = p[0];
                 child_out = p[1];
                 if (pipe2(p, O_CLOEXEC) < 0)
-                        return -errno;
+                        return agent_send_error_errno(a, id, errno, "cannot make a pipe: %m"), 0;
                 e->err_fd = p[0];
                 child_err = p[1];
                 if (args.stdin) {
                         if (pipe2(p, O_CLOEXEC) < 0)
-                                return -errno;
+                                return agent_send_error_errno(a, id, errno, "cannot make a pipe: %m"), 0;
                         child_in = p[0];
                         e->in_fd = p[1];
                 }

@@ -337,7 +337,7 @@ int agent_op_proc_list(Agent *a, uint32_t id, struct json_object *req) {
                 json_object_object_add(p, "args", args);
                 for (char **s = e->argv; *s; s++)
                         json_object_array_add(args, json_object_new_string(*s));
-                json_object_object_add(p, "cwd", json_object_new_string(e->cwd));
+                json_object_object_add(p, "cwd", json_string_sanitized(e->cwd, strlen(e->cwd)));
                 json_object_object_add(p, "pty", json_object_new_boolean(e->pty));
                 json_object_object_add(p, "running", json_object_new_boolean(!e->exited));
                 add_exit_status(p, e);
