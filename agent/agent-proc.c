@@ -309,42 +309,73 @@ typedef struct ProcPidArgs {
 
 #define PID_FIELD { "pid", JSON_KIND_INT64, NULL, offsetof(ProcPidArgs, pid), 0, JSON_MANDATORY }
 
-int agent_op_proc_list(Agent *a, uint32_t id, struct json_object *req) {
-        static const struct json_dispatch table[] = { PROC_OP_FIELD, {} };
-        _cleanup_json_ struct json_object *o = NULL;
-        struct json_object *list;
-        int r;
+/* A string cut to at most max bytes (not inside a UTF-8 sequence). */
+static struct json_object *json_string_cut(const char *s, size_t max) {
+        size_t n = strlen(s);
 
-        r = proc_dispatch(a, id, req, table, NULL);
-        if (r <= 0)
-                return r;
-        o = json_object_new_object();
-        list = json_object_new_array();
+        return json_string_sanitized(s, n <= max ? n : utf8_prefix(s, max));
+}
+
+/* The list; with cut, args (in all) and cwd are cut to cut bytes each. */
+static struct json_object *proc_list_reply(const ProcTable *t, size_t cut) {
+        _cleanup_json_ struct json_object *o = json_object_new_object();
+        struct json_object *list = json_object_new_array();
+
         if (!o || !list || json_object_object_add(o, "processes", list) < 0) {
                 json_object_put(list);
-                return -ENOMEM;
+                return NULL;
         }
-        for (unsigned i = 0; a->procs && i < a->procs->n; i++) {
-                const ProcEntry *e = a->procs->entries[i];
+        for (unsigned i = 0; t && i < t->n; i++) {
+                const ProcEntry *e = t->entries[i];
                 struct json_object *p = json_object_new_object(), *args = json_object_new_array();
+                size_t room = cut ?: SIZE_MAX;
 
                 if (!p || !args || json_object_array_add(list, p) < 0) {
                         json_object_put(p);
                         json_object_put(args);
-                        return -ENOMEM;
+                        return NULL;
                 }
                 json_object_object_add(p, "pid", json_object_new_int(e->pid));
                 json_object_object_add(p, "args", args);
-                for (char **s = e->argv; *s; s++)
-                        json_object_array_add(args, json_object_new_string(*s));
-                json_object_object_add(p, "cwd", json_string_sanitized(e->cwd, strlen(e->cwd)));
+                for (char **s = e->argv; *s && room > 0; s++) {
+                        size_t l = strlen(*s);
+
+                        if (json_object_array_add(args, json_string_cut(*s, room)) < 0)
+                                return NULL;
+                        room -= MIN(l + 1, room); /* an empty string counts too */
+                }
+                json_object_object_add(p, "cwd", json_string_cut(e->cwd, cut ?: SIZE_MAX));
                 json_object_object_add(p, "pty", json_object_new_boolean(e->pty));
                 json_object_object_add(p, "running", json_object_new_boolean(!e->exited));
                 add_exit_status(p, e);
                 json_object_object_add(p, "end_offset", json_object_new_int64((int64_t) e->ring.end));
                 json_object_object_add(p, "started_ns", json_object_new_int64((int64_t) e->started_ns));
         }
-        return agent_send_json(a, FKA_RESPONSE, id, TAKE_PTR(o));
+        return TAKE_PTR(o);
+}
+
+int agent_op_proc_list(Agent *a, uint32_t id, struct json_object *req) {
+        static const struct json_dispatch table[] = { PROC_OP_FIELD, {} };
+        /* a full table of long command lines does not fit one reply: cut them until it does */
+        static const size_t cuts[] = { 0, 1024, 128 };
+        int r;
+
+        r = proc_dispatch(a, id, req, table, NULL);
+        if (r <= 0)
+                return r;
+        for (size_t i = 0; i < ELEMENTSOF(cuts); i++) {
+                struct json_object *o = proc_list_reply(a->procs, cuts[i]);
+                size_t len;
+
+                if (!o || !json_plain(o, &len)) {
+                        json_object_put(o);
+                        return -ENOMEM;
+                }
+                if (len + 64 <= AGENT_MAX_PAYLOAD || i + 1 == ELEMENTSOF(cuts))
+                        return agent_send_json(a, FKA_RESPONSE, id, o);
+                json_object_put(o);
+        }
+        return 0;
 }
 
 int agent_op_proc_signal(Agent *a, uint32_t id, struct json_object *req) {

@@ -323,6 +323,22 @@ class TestLimits(ProcTest):
         self.a.ok("proc_signal", pid=pid, signal=9)
         self.follow(pid)
 
+    def test_list_of_long_command_lines_fits(self):
+        pids = [self.start(args=["sh", "-c", "exec sleep 1000", "x" * 120_000], stdin=False) for _ in range(10)]
+        entries = [self.entry(pid) for pid in pids]  # each a proc_list that fits in one reply
+        for e in entries:
+            self.assertEqual(e["args"][:3], ["sh", "-c", "exec sleep 1000"])
+            self.assertLessEqual(sum(len(x) for x in e["args"]), 1024)
+        for pid in pids:
+            self.a.ok("proc_signal", pid=pid, signal=9)
+        for pid in pids:
+            self.follow(pid)
+        # one alone is listed whole
+        pid = self.start(args=["sh", "-c", "exec sleep 1000", "y" * 120_000], stdin=False)
+        self.assertEqual(self.entry(pid)["args"][3], "y" * 120_000)
+        self.a.ok("proc_signal", pid=pid, signal=9)
+        self.follow(pid)
+
     def test_table_is_full_at_256(self):
         pids = [self.start(args=["sleep", "1000"], stdin=False) for _ in range(MAX_PROCS - self.count())]
         msg = self.errno("proc_start", "EAGAIN", args=["true"])
