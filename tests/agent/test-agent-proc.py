@@ -239,9 +239,10 @@ class TestPty(ProcTest):
     def test_interactive_shell(self):
         pid = self.start(args=["sh", "-i"], pty={"cols": 100, "rows": 30},
                          env={"PS1": "$ ", "ENV": "/dev/null", "HOME": "/tmp"})
+        out, _, r = self.follow(pid, until=lambda out: out.endswith(b"$ "))  # the prompt
         self.a.ok("proc_stdin", pid=pid, data_b64=b64(b"echo $((6*7))\n"))
-        out, _, r = self.follow(pid, until=lambda out: b"\n42\r\n" in out)
-        self.assertIn(b"\n42\r\n", out)
+        out, _, r = self.follow(pid, offset=r["next_offset"], until=lambda out: b"\n42\r\n" in out)
+        self.assertEqual(out, b"echo $((6*7))\r\n42\r\n$ "[:len(out)])
         self.a.ok("proc_stdin", pid=pid, data_b64="", eof=True)  # ^D ends the shell
         out, _, r = self.follow(pid, offset=r["next_offset"])
         self.assertEqual((r["exited"], r["end"]), (True, True))
