@@ -19,6 +19,7 @@
 #include <spawn.h>
 #include <sys/wait.h>
 
+#include "agent-proc.h"
 #include "agent-python.h"
 #include "agent-spawn.h"
 #include "agent.h"
@@ -509,9 +510,9 @@ void agent_reap(Agent *a) {
                         /* anything left in the group outlives its leader: fine, unless it holds our pipes */
                         break;
                 }
-                /* the image's service, the python3 child of the portable agent; else an
-                 * orphan (PID 1 or subreaper), or a child of the embedded Python: reaped */
-                if (!agent_service_reaped(a, pid, status))
+                /* a process of the table, the image's service, the python3 child of the portable
+                 * agent; else an orphan (PID 1 or subreaper), or a child of the embedded Python */
+                if (!agent_proc_reaped(a, pid, status) && !agent_service_reaped(a, pid, status))
                         agent_python_reaped(pid, status);
         }
 }

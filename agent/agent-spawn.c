@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <signal.h>
+#include <sys/ioctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -46,6 +47,8 @@ static _Noreturn void spawn_child(const SpawnParams *p, int err_fd) {
         for (int i = 0; i < 5; i++)
                 if (src[i] >= 0 && dup2(src[i], i) < 0) /* dup2 clears FD_CLOEXEC on the copy */
                         child_fail(err_fd, errno);
+        if (p->new_session && p->controlling_tty && ioctl(STDIN_FILENO, TIOCSCTTY, 0) < 0)
+                child_fail(err_fd, errno);
 
         if (p->user) {
                 if (setgroups(p->user->n_groups, p->user->groups) < 0 ||

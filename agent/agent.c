@@ -11,6 +11,7 @@
 #include <termios.h>
 
 #include "agent-init.h"
+#include "agent-proc.h"
 #include "agent-python.h"
 #include "agent-tcp.h"
 #include "agent.h"
@@ -19,7 +20,7 @@
 
 #define READ_CHUNK (64u * 1024u)
 #define TTY_REOPEN_USEC (100u * 1000u)
-#define POLL_MAX (3u + 2u * AGENT_EXEC_MAX_IN_FLIGHT + 1u + AGENT_TCP_MAX_CONNECTIONS)
+#define POLL_MAX (3u + 2u * AGENT_EXEC_MAX_IN_FLIGHT + AGENT_PROC_POLL_MAX + 1u + AGENT_TCP_MAX_CONNECTIONS)
 
 /* ---- output queue ---- */
 
@@ -212,6 +213,7 @@ static int op_shutdown(Agent *a, uint32_t id, struct json_object *req) {
         log_info("Shutdown requested.");
         (void) agent_flush(a, true, 2 * 1000 * 1000);
         agent_exec_kill_all(a);
+        agent_proc_kill_all(a);
         if (a->config.pid1)
                 agent_poweroff(true); /* does not return */
         a->quit = true;
@@ -234,6 +236,12 @@ static const struct {
         { "read_file", agent_op_read_file },
         { "shutdown", op_shutdown },
         { "mount_volumes", agent_op_mount_volumes },
+        { "proc_start", agent_op_proc_start },
+        { "proc_list", agent_op_proc_list },
+        { "proc_signal", agent_op_proc_signal },
+        { "proc_stdin", agent_op_proc_stdin },
+        { "proc_resize", agent_op_proc_resize },
+        { "proc_read", agent_op_proc_read },
 };
 
 static void handle_request(Agent *a, uint32_t id, const char *payload, size_t len) {
@@ -552,7 +560,7 @@ int agent_run(Agent *a) {
         while (!a->quit) {
                 struct pollfd fds[POLL_MAX];
                 ExecJob *owners[POLL_MAX];
-                size_t n = 0, chan = SIZE_MAX, lst = SIZE_MAX, sig, first_job, first_tcp, n_tcp;
+                size_t n = 0, chan = SIZE_MAX, lst = SIZE_MAX, sig, first_job, first_proc, n_proc, first_tcp, n_tcp;
                 uint64_t deadline, now;
                 int timeout, r;
 
@@ -579,11 +587,15 @@ int agent_run(Agent *a) {
                 fds[n++] = (struct pollfd) { .fd = a->sigchld_pipe[0], .events = POLLIN };
                 first_job = n;
                 n += agent_exec_pollfds(a, fds + n, owners + n, POLL_MAX - n);
+                first_proc = n;
+                n_proc = agent_proc_pollfds(a, fds + n, POLL_MAX - n);
+                n += n_proc;
                 first_tcp = n;
                 n_tcp = agent_tcp_pollfds(a, fds + n, POLL_MAX - n);
                 n += n_tcp;
 
                 deadline = MIN(agent_exec_next_deadline(a), agent_tcp_next_deadline(a));
+                deadline = MIN(deadline, agent_proc_next_deadline(a));
                 if (a->reopen_usec > 0)
                         deadline = MIN(deadline, a->reopen_usec);
                 if (a->fd >= 0 && a->in_start < a->in_end && outq_size(&a->out) < AGENT_OUTQ_HIGH)
@@ -614,9 +626,10 @@ int agent_run(Agent *a) {
                 /* reap on every turn: cheap, and covers a signal that raced the pipe */
                 agent_reap(a);
 
-                for (size_t i = first_job; i < first_tcp; i++)
+                for (size_t i = first_job; i < first_proc; i++)
                         if (fds[i].revents)
                                 agent_exec_io(a, owners[i], fds[i].fd, fds[i].revents);
+                agent_proc_io(a, fds + first_proc, n_proc);
 
                 if (chan != SIZE_MAX && a->fd == fds[chan].fd) {
                         short ev = fds[chan].revents;
@@ -634,6 +647,7 @@ int agent_run(Agent *a) {
 
                 now = now_usec();
                 agent_exec_tick(a, now);
+                agent_proc_tick(a, now);
                 agent_tcp_tick(a, now);
 
                 if (a->kind == CHANNEL_TTY && a->fd < 0 && a->reopen_usec > 0 && now >= a->reopen_usec) {
@@ -708,6 +722,8 @@ Agent *agent_free(Agent *a) {
         agent_exec_kill_all(a);
         for (unsigned i = 0; i < a->n_jobs; i++)
                 exec_job_free(a->jobs[i]);
+        agent_proc_kill_all(a);
+        proc_table_free(a->procs);
         agent_tcp_free(a->tcp);
         a->fd = safe_close(a->fd);
         a->listen_fd = safe_close(a->listen_fd);

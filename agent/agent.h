@@ -110,6 +110,8 @@ struct Agent {
         ExecJob *jobs[AGENT_EXEC_MAX_IN_FLIGHT];
         unsigned n_jobs;
 
+        struct ProcTable *procs; /* background processes (agent-proc.c); NULL until the first */
+
         Identity identity;
         AgentDefaults defaults;
 
