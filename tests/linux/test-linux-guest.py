@@ -33,7 +33,11 @@ is tests/lib/linuxguest.py (PYTHONPATH: tests/lib). Timings are printed as TAP
 comments: they are TCG figures (every instruction emulated, ~100 us a VM exit), not
 the product's speed.
 
-Usage: test-linux-guest.py --build DIR --image DIR
+Usage: test-linux-guest.py --build DIR --image DIR [--parts NAME,...]
+
+--parts (or $FORKD_LINUX_PARTS) runs only the parts named, after the boot and the
+first fork, which always run: branch, smp, lifecycle, branch-errors, chain-pack,
+triple-fault, image, net, sdk. Everything runs without it.
 """
 import argparse
 import importlib.util
@@ -47,6 +51,10 @@ from linuxguest import LinuxStack, dump_logs
 from tap import Tap
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# The parts --parts can choose, by their names in the TAP comments.
+PARTS = {"fork and branch of a running sandbox": "branch", "two vCPUs": "smp", "pause and resume": "lifecycle",
+         "branch and fork errors": "branch-errors", "chains and pack": "chain-pack", "triple fault": "triple-fault",
+         "images": "image", "networking": "net", "sdk": "sdk"}
 
 
 def part(name):
@@ -62,7 +70,12 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", required=True)
     ap.add_argument("--image", required=True)
+    ap.add_argument("--parts", default=os.environ.get("FORKD_LINUX_PARTS", ""))
     args = ap.parse_args()
+    only = {x for x in args.parts.split(",") if x}
+    unknown = only - set(PARTS.values())
+    if unknown:
+        ap.error(f"unknown parts {', '.join(sorted(unknown))} (parts: {', '.join(PARTS.values())})")
     top = os.path.dirname(os.path.dirname(HERE))
     build = os.path.abspath(args.build)
     boot, branch, lifecycle, chain_pack, image, net, sdk, smp = (
@@ -75,7 +88,12 @@ def main():
     print(f"# part: the stack up, {time.monotonic() - t0:.0f} s", flush=True)
 
     def timed(name, fn, *a):
-        """fn(*a), then a TAP comment with the part's wall time (under TCG: not the product's speed)."""
+        """fn(*a), then a TAP comment with the part's wall time (under TCG: not the product's speed).
+        A part that --parts leaves out is not run, and says so."""
+        key = PARTS.get(name)
+        if only and key and key not in only:
+            print(f"# part: {name}, not run (--parts)", flush=True)
+            return None
         start = time.monotonic()
         try:
             return fn(*a)
