@@ -109,9 +109,10 @@ class TestOutput(ProcTest):
         out, streams, r = self.follow(pid)
         self.assertEqual(streams["stdout"].decode().splitlines(), [f"line {i}" for i in range(1, 31)])
         self.assertEqual(streams["stderr"].decode().splitlines(), [f"warn {i}" for i in range(1, 31)])
-        lines = out.decode().splitlines()
-        self.assertEqual(lines[0], "line 1")
-        self.assertEqual(lines.index("line 2") > lines.index("warn 1"), True)
+        # Both streams in the one log, each line whole. Their order across the two pipes is
+        # the order the agent read them in, which the machine's load decides.
+        self.assertEqual(sorted(out.decode().splitlines()),
+                         sorted([f"line {i}" for i in range(1, 31)] + [f"warn {i}" for i in range(1, 31)]))
         self.assertEqual((r["exited"], r["exit_code"], r["signal"], r["end"]), (True, 0, None, True))
         # its end was read: the entry is gone
         self.assertIsNone(self.entry(pid))
