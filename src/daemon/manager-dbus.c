@@ -820,7 +820,7 @@ const sd_bus_vtable manager_vtable[] = {
         SD_BUS_METHOD_WITH_ARGS("ResizeSandboxPty", SD_BUS_ARGS("s", id, "u", pid, "q", cols, "q", rows),
                                 SD_BUS_NO_RESULT, method_resize_pty, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("ReadSandboxOutput", SD_BUS_ARGS("s", id, "u", pid, "t", offset, "u", max),
-                                SD_BUS_RESULT("a(sty)", chunks, "t", next_offset, "t", gap, "b", exited, "i",
+                                SD_BUS_RESULT("a(stay)", chunks, "t", next_offset, "t", gap, "b", exited, "i",
                                               exit_code, "i", signal),
                                 method_read_output, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("OpenSandboxOutputStream", SD_BUS_ARGS("s", id, "u", pid, "t", offset),

@@ -32,8 +32,6 @@
 #include "sandbox.h"
 #include "time-util.h"
 
-#define PROC_CALL_TIMEOUT_USEC (30 * USEC_PER_SEC)
-
 static const char *const proc_op_name[] = {
         [PROC_OP_START] = "proc_start",   [PROC_OP_LIST] = "proc_list",     [PROC_OP_SIGNAL] = "proc_signal",
         [PROC_OP_STDIN] = "proc_stdin",   [PROC_OP_RESIZE] = "proc_resize", [PROC_OP_READ] = "proc_read",
@@ -306,9 +304,9 @@ static int reply_read(sd_bus_message *message, struct json_object *o, uint64_t o
                 return proc_invalid_answer(message, PROC_OP_READ, why);
         r = sd_bus_message_new_method_return(message, &reply);
         if (r >= 0)
-                r = sd_bus_message_open_container(reply, 'a', "(sty)");
+                r = sd_bus_message_open_container(reply, 'a', "(stay)");
         for (size_t i = 0; r >= 0 && i < a.n_chunks; i++) {
-                r = sd_bus_message_open_container(reply, 'r', "sty");
+                r = sd_bus_message_open_container(reply, 'r', "stay");
                 if (r >= 0)
                         r = sd_bus_message_append(reply, "st",
                                                   a.chunks[i].kind == PROC_STREAM_STDOUT ? "stdout" : "stderr",
@@ -793,7 +791,7 @@ const sd_bus_vtable sandbox_proc_vtable[] = {
         SD_BUS_METHOD_WITH_ARGS("ResizePty", SD_BUS_ARGS("u", pid, "q", cols, "q", rows), SD_BUS_NO_RESULT,
                                 object_resize_pty, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("ReadOutput", SD_BUS_ARGS("u", pid, "t", offset, "u", max),
-                                SD_BUS_RESULT("a(sty)", chunks, "t", next_offset, "t", gap, "b", exited, "i",
+                                SD_BUS_RESULT("a(stay)", chunks, "t", next_offset, "t", gap, "b", exited, "i",
                                               exit_code, "i", signal),
                                 object_read_output, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("OpenOutputStream", SD_BUS_ARGS("u", pid, "t", offset), SD_BUS_RESULT("h", fd),

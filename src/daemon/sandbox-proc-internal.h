@@ -9,10 +9,11 @@
 #include <systemd/sd-bus.h>
 
 #include "manager.h"
+#include "time-util.h"
 
 struct json_object;
 
-#define PROC_MARGIN_USEC (5 * USEC_PER_SEC)
+#define PROC_CALL_TIMEOUT_USEC (30 * USEC_PER_SEC) /* a guest's answer, beyond a read's wait_ms */
 #define IN_SET_CONN(r) ((r) == -ECONNRESET || (r) == -EPIPE || (r) == -ENOTCONN || (r) == -ESHUTDOWN)
 
 typedef enum ProcOp {

@@ -150,7 +150,7 @@ static int stream_read(ProcStream *ps, uint32_t wait_ms) {
                 return -ECONNRESET;
         json_object_object_add(req, "op", json_object_new_string("proc_read"));
         r = sandbox_call(s, json_object_to_json_string_ext(req, JSON_C_TO_STRING_PLAIN),
-                         (uint64_t) wait_ms * USEC_PER_MSEC + PROC_MARGIN_USEC, stream_reply, ps);
+                         (uint64_t) wait_ms * USEC_PER_MSEC + PROC_CALL_TIMEOUT_USEC, stream_reply, ps);
         if (r < 0)
                 return r;
         ps->in_call = true;
@@ -172,6 +172,15 @@ static int on_stream_timer(sd_event_source *source, uint64_t usec, void *userdat
         ps->timer = sd_event_source_disable_unref(ps->timer);
         stream_next(ps);
         return 0;
+}
+
+/* The next read after usec, from the event loop: never from inside the
+ * sandbox's dispatch of an answer. */
+static void stream_schedule(ProcStream *ps, uint64_t usec) {
+        int r = sd_event_add_time_relative(ps->manager->event, &ps->timer, CLOCK_MONOTONIC, usec, 0, on_stream_timer,
+                                           ps);
+        if (r < 0)
+                stream_stop(ps, "out of resources");
 }
 
 /* Write what is buffered; once all is out, the next read (or the end). */
@@ -198,7 +207,7 @@ static void stream_flush(ProcStream *ps) {
         if (ps->ending)
                 stream_stop(ps, "the process's output ended");
         else
-                stream_next(ps);
+                stream_schedule(ps, 0);
 }
 
 static int on_stream_io(sd_event_source *source, int fd, uint32_t revents, void *userdata) {
@@ -239,8 +248,10 @@ static int stream_open(ProcStream *ps) {
         if (r < 0)
                 return r;
         r = sd_bus_reply_method_return(ps->open, "h", peer);
+        if (r < 0)
+                return r;
         ps->open = sd_bus_message_unref(ps->open);
-        return r;
+        return 0;
 }
 
 static void stream_reply(int r, uint16_t type, const char *json, struct json_object *obj, void *userdata) {
@@ -257,7 +268,7 @@ static void stream_reply(int r, uint16_t type, const char *json, struct json_obj
         }
         if (r == -ETIMEDOUT && !ps->open) {
                 /* A long poll the guest dropped (its channel was reset): ask again. */
-                stream_next(ps);
+                stream_schedule(ps, 0);
                 return;
         }
         if (r < 0 || type != FKA_RESPONSE || !obj) {
@@ -281,12 +292,11 @@ static void stream_reply(int r, uint16_t type, const char *json, struct json_obj
         }
         first = ps->open;
         r = stream_frames(ps, &a);
-        if (r >= 0 && ps->open) {
+        if (r >= 0 && ps->open)
                 r = stream_open(ps);
-                if (r < 0 && ps->open) {
-                        (void) sd_bus_reply_method_errnof(ps->open, r, "Failed to open the output stream: %m");
-                        ps->open = sd_bus_message_unref(ps->open);
-                }
+        if (r < 0 && ps->open) {
+                (void) sd_bus_reply_method_errnof(ps->open, r, "Failed to open the output stream: %m");
+                ps->open = sd_bus_message_unref(ps->open);
         }
         if (r < 0) {
                 stream_stop(ps, "out of resources");
@@ -300,10 +310,7 @@ static void stream_reply(int r, uint16_t type, const char *json, struct json_obj
          * later, wait a little first, so that a guest that answers at once (a
          * process that exited, its pipe held open by another) is not asked in
          * a tight loop. */
-        r = sd_event_add_time_relative(ps->manager->event, &ps->timer, CLOCK_MONOTONIC,
-                                       first ? 0 : PROC_STREAM_IDLE_USEC, 0, on_stream_timer, ps);
-        if (r < 0)
-                stream_stop(ps, "out of resources");
+        stream_schedule(ps, first ? 0 : PROC_STREAM_IDLE_USEC);
 }
 
 static unsigned streams_of(Manager *m, Sandbox *s) {
@@ -328,6 +335,9 @@ int bus_sandbox_method_open_output_stream(sd_bus_message *message, void *userdat
         r = proc_read_offset(message, &offset, error);
         if (r < 0)
                 return r;
+        if (sd_bus_can_send(sd_bus_message_get_bus(message), SD_BUS_TYPE_UNIX_FD) <= 0)
+                return sd_bus_error_setf(error, FORKD_ERROR_NOT_SUPPORTED,
+                                         "This connection cannot pass file descriptors; an output stream needs one.");
         r = proc_verify(message, s, "output-stream", error);
         if (r <= 0)
                 return r < 0 ? r : 1;

@@ -351,14 +351,14 @@ static int logs_read_once(sd_bus *bus, const char *id, uint32_t pid, uint64_t of
                                pid, offset, LOGS_READ_MAX);
         if (r < 0)
                 return report_error(&error, r, ctx);
-        r = sd_bus_message_enter_container(reply, 'a', "(sty)");
+        r = sd_bus_message_enter_container(reply, 'a', "(stay)");
         while (r >= 0) {
                 const char *stream;
                 const void *data;
                 uint64_t at;
                 size_t len;
 
-                r = sd_bus_message_enter_container(reply, 'r', "sty");
+                r = sd_bus_message_enter_container(reply, 'r', "stay");
                 if (r <= 0)
                         break;
                 r = sd_bus_message_read(reply, "st", &stream, &at);
