@@ -137,7 +137,7 @@ void proc_read_answer_done(ProcReadAnswer *a) {
 /* A proc_read answer for a read at offset of at most max bytes: the chunks
  * contiguous from offset + gap, within max, next_offset at their end. */
 int proc_read_answer_parse(struct json_object *o, uint64_t offset, uint32_t max, ProcReadAnswer *ret,
-                             const char **why) {
+                           const char **why) {
         _cleanup_(proc_read_answer_done) ProcReadAnswer a = {};
         struct json_object *chunks;
         int64_t next, gap, code, sig;
@@ -397,12 +397,14 @@ static int proc_send(sd_bus_message *message, Sandbox *s, ProcOp op, struct json
 /* ---- arguments ---- */
 
 int proc_read_pid(sd_bus_message *message, uint32_t *ret, sd_bus_error *error) {
-        int r = sd_bus_message_read(message, "u", ret);
+        uint32_t pid;
+        int r = sd_bus_message_read(message, "u", &pid);
 
         if (r < 0)
                 return r;
-        if (*ret == 0 || *ret > INT32_MAX)
-                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "Invalid pid %u.", *ret);
+        if (pid == 0 || pid > INT32_MAX)
+                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "Invalid pid %u.", pid);
+        *ret = pid;
         return 0;
 }
 
@@ -712,13 +714,15 @@ int bus_sandbox_method_resize_pty(sd_bus_message *message, void *userdata, sd_bu
 }
 
 int proc_read_offset(sd_bus_message *message, uint64_t *ret, sd_bus_error *error) {
-        int r = sd_bus_message_read(message, "t", ret);
+        uint64_t offset;
+        int r = sd_bus_message_read(message, "t", &offset);
 
         if (r < 0)
                 return r;
-        if (*ret > INT64_MAX)
+        if (offset > INT64_MAX)
                 return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "offset must be at most %" PRIi64 ".",
                                          INT64_MAX);
+        *ret = offset;
         return 0;
 }
 
