@@ -339,13 +339,15 @@ int check_logs(struct forkctl_options *o, char **args, size_t n_args, const char
         return 0;
 }
 
-/* One ReadSandboxOutput answer out; *next: where the next read starts. */
+/* One ReadSandboxOutput answer out; *next: where the next read starts; 1: the
+ * process exited and this answer reached the end of its output (the guest
+ * forgets a process once a read returned its end: no read may follow). */
 static int logs_read_once(sd_bus *bus, const char *id, uint32_t pid, uint64_t offset, uint64_t *next,
                           const struct error_context *ctx) {
         _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
         _cleanup_(sd_bus_error_free) sd_bus_error error = SD_BUS_ERROR_NULL;
-        uint64_t gap;
-        int r;
+        uint64_t gap, bytes = 0;
+        int r, exited = 0;
 
         r = sd_bus_call_method(bus, BUS_NAME, BUS_PATH, BUS_INTERFACE, "ReadSandboxOutput", &error, &reply, "sutu", id,
                                pid, offset, LOGS_READ_MAX);
@@ -368,6 +370,7 @@ static int logs_read_once(sd_bus *bus, const char *id, uint32_t pid, uint64_t of
                         r = sd_bus_message_exit_container(reply);
                 if (r < 0)
                         break;
+                bytes += len;
                 if (strcmp(stream, "stderr") == 0) {
                         fflush(stdout);
                         r = loop_write(STDERR_FILENO, data, len);
@@ -379,12 +382,12 @@ static int logs_read_once(sd_bus *bus, const char *id, uint32_t pid, uint64_t of
         if (r >= 0)
                 r = sd_bus_message_exit_container(reply);
         if (r >= 0)
-                r = sd_bus_message_read(reply, "tt", next, &gap);
+                r = sd_bus_message_read(reply, "ttb", next, &gap, &exited);
         if (r < 0)
                 return report_error(NULL, r, ctx);
         if (gap > 0)
                 say_dropped(gap);
-        return 0;
+        return exited && bytes < LOGS_READ_MAX;
 }
 
 int verb_logs(sd_bus *bus, const struct forkctl_options *o, char **args, size_t n_args) {
@@ -409,7 +412,7 @@ int verb_logs(sd_bus *bus, const struct forkctl_options *o, char **args, size_t 
                 r = logs_read_once(bus, args[0], pid, offset, &next, &ctx);
                 if (r < 0)
                         return r;
-                if (next == offset)
+                if (r > 0 || next == offset)
                         return 0;
                 offset = next;
         }

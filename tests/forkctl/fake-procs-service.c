@@ -15,7 +15,9 @@
  *                         stdout "cut" and the end without an exit frame.
  *                         Each frame written in bytes of its own.
  *   ReadSandboxOutput     pid 42: TEXT from the offset (at most max bytes),
- *                         pid 7: the same with the ring started at 4 (a gap)
+ *                         pid 7: the same with the ring started at 4 (a gap);
+ *                         pid 8: TEXT of an exited process, forgotten (NoSuchProcess)
+ *                         once a read returned its end
  *   ListSandboxProcesses  one running process 42, one killed (SIGTERM) 15
  *   SignalSandboxProcess  NoSuchProcess for pid 99, else nothing
  *
@@ -168,6 +170,7 @@ static int method_open_stream(sd_bus_message *m, void *userdata, sd_bus_error *e
 }
 
 static int method_read(sd_bus_message *m, void *userdata, sd_bus_error *error) {
+        static bool forgotten = false;
         _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
         const char *id;
         uint32_t pid, max;
@@ -179,7 +182,9 @@ static int method_read(sd_bus_message *m, void *userdata, sd_bus_error *error) {
                 return r;
         if (pid == 7)
                 start = 4;
-        else if (pid != 42)
+        else if (pid == 8 && forgotten)
+                return sd_bus_error_set(error, "org.forkd.Error.NoSuchProcess", "no such process");
+        else if (pid != 42 && pid != 8)
                 return sd_bus_error_set(error, "org.forkd.Error.NoSuchProcess", "no such process");
         if (offset > end)
                 return sd_bus_error_set(error, SD_BUS_ERROR_INVALID_ARGS, "offset beyond the end");
@@ -202,8 +207,10 @@ static int method_read(sd_bus_message *m, void *userdata, sd_bus_error *error) {
         }
         if (r >= 0)
                 r = sd_bus_message_close_container(reply);
+        if (pid == 8 && offset + n == end)
+                forgotten = true;
         if (r >= 0)
-                r = sd_bus_message_append(reply, "ttbii", offset + n, gap, 0, -1, 0);
+                r = sd_bus_message_append(reply, "ttbii", offset + n, gap, pid == 8, pid == 8 ? 0 : -1, 0);
         if (r < 0)
                 return r;
         return sd_bus_send(NULL, reply, NULL);

@@ -42,7 +42,7 @@ is() {
         fi
 }
 
-echo "1..10"
+echo "1..11"
 run a exec --follow sb-1 -- exit3 arg
 is a 3 $'out\ntail\n' "forkctl: 5 bytes dropped" "exec --follow: stdout, a gap said on stderr, exit status 3"
 grep -qx "err" "$T/a.err" && ok "exec --follow: the process's stderr on ours" || not_ok "stderr: $(cat "$T/a.err")"
@@ -54,6 +54,8 @@ run d logs sb-1 42 --offset 12
 is d 0 $'line3\n' "" "logs --offset 12: ReadSandboxOutput from byte 12 until it stops moving"
 run e logs sb-1 7
 is e 0 $'1\nline2\nline3\n' "forkctl: 4 bytes dropped" "logs across the ring's start: the gap said, the rest written"
+run e2 logs sb-1 8
+is e2 0 $'line1\nline2\nline3\n' "" "logs of an exited process: its output, no read after its end"
 run f logs sb-1 66 --follow
 is f 1 "" "invalid frame on the output stream" "logs --follow of an invalid frame: exit 1"
 run g logs sb-1 67 --follow
