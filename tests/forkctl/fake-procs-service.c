@@ -2,18 +2,24 @@
 
 /*
  * A stand-in for forkd's process methods on a private bus, for forkctl's
- * exec --follow, ps, signal and logs without a guest (test-forkctl-procs.sh).
+ * exec --follow, ps, signal, logs and shell without a guest
+ * (test-forkctl-procs.sh).
  * It owns org.forkd.Manager and answers:
  *
- *   StartSandboxProcess   pid 3 for argv[0] "exit3", 15 for "term", else 42;
- *                         InvalidArgs unless the option stdin is false
+ *   StartSandboxProcess   pid 3 for argv[0] "exit3", 15 for "term", else 42,
+ *                         InvalidArgs unless the option stdin is false; a
+ *                         shell (argv /bin/sh -i or the option cmd, stdin
+ *                         true, pty 80x24): pid 50
+ *   WriteSandboxStdin     pid 50: the bytes come back on its stream as stdout;
+ *                         eof ends it with exit code 7
  *   OpenSandboxOutputStream
  *                         pid 3: stdout "out\n", stderr "err\n", a gap of 5,
  *                         stdout "tail\n", exit 3; pid 15: stdout "bye\n", killed
  *                         by signal 15; pid 42: TEXT from the offset, exit 0;
  *                         pid 66: a frame with a non-zero pad byte; pid 67:
- *                         stdout "cut" and the end without an exit frame.
- *                         Each frame written in bytes of its own.
+ *                         stdout "cut" and the end without an exit frame; pid
+ *                         50: kept open for WriteSandboxStdin. Each frame
+ *                         written in bytes of its own.
  *   ReadSandboxOutput     pid 42: TEXT from the offset (at most max bytes),
  *                         pid 7: the same with the ring started at 4 (a gap);
  *                         pid 8: TEXT of an exited process, forgotten (NoSuchProcess)
@@ -41,10 +47,15 @@
 
 static const char TEXT[] = "line1\nline2\nline3\n";
 
+/* The shell's stream (pid 50) and where its output is. */
+static int shell_fd = -EBADF;
+static uint64_t shell_offset;
+
 static int method_start(sd_bus_message *m, void *userdata, sd_bus_error *error) {
         _cleanup_strv_free_ char **argv = NULL;
         int with_stdin = -1, r;
-        const char *id;
+        uint32_t cols = 0, rows = 0;
+        const char *id, *cmd = NULL;
 
         r = sd_bus_message_read(m, "s", &id);
         if (r >= 0)
@@ -63,6 +74,10 @@ static int method_start(sd_bus_message *m, void *userdata, sd_bus_error *error) 
                 r = sd_bus_message_read(m, "s", &key);
                 if (r >= 0 && strcmp(key, "stdin") == 0)
                         r = sd_bus_message_read(m, "v", "b", &with_stdin);
+                else if (r >= 0 && strcmp(key, "cmd") == 0)
+                        r = sd_bus_message_read(m, "v", "s", &cmd);
+                else if (r >= 0 && strcmp(key, "pty") == 0)
+                        r = sd_bus_message_read(m, "v", "(uu)", &cols, &rows);
                 else if (r >= 0)
                         r = sd_bus_message_skip(m, "v");
                 if (r >= 0)
@@ -72,6 +87,10 @@ static int method_start(sd_bus_message *m, void *userdata, sd_bus_error *error) 
         }
         if (r < 0)
                 return r;
+        if (with_stdin == 1 && cols == 80 && rows == 24 &&
+            ((cmd && strv_length(argv) == 0) ||
+             (!cmd && strv_length(argv) == 2 && strcmp(argv[0], "/bin/sh") == 0 && strcmp(argv[1], "-i") == 0)))
+                return sd_bus_reply_method_return(m, "u", 50u);
         if (!argv || !argv[0] || with_stdin != 0)
                 return sd_bus_error_set(error, SD_BUS_ERROR_INVALID_ARGS, "argv and stdin=false wanted");
         return sd_bus_reply_method_return(m, "u", strcmp(argv[0], "exit3") == 0 ? 3u :
@@ -160,6 +179,11 @@ static int method_open_stream(sd_bus_message *m, void *userdata, sd_bus_error *e
         }
         case 67:
                 r = put_frame(ours, PROC_STREAM_STDOUT, 0, "cut", 3);
+                break;
+        case 50:
+                safe_close(shell_fd);
+                shell_fd = TAKE_FD(ours);
+                shell_offset = 0;
                 break;
         default:
                 return sd_bus_error_set(error, "org.forkd.Error.NoSuchProcess", "no such process");
@@ -262,6 +286,37 @@ static int method_signal(sd_bus_message *m, void *userdata, sd_bus_error *error)
         return sd_bus_reply_method_return(m, NULL);
 }
 
+static int method_write_stdin(sd_bus_message *m, void *userdata, sd_bus_error *error) {
+        const void *data;
+        const char *id;
+        uint32_t pid;
+        size_t len;
+        int eof, r;
+
+        r = sd_bus_message_read(m, "su", &id, &pid);
+        if (r >= 0)
+                r = sd_bus_message_read_array(m, 'y', &data, &len);
+        if (r >= 0)
+                r = sd_bus_message_read(m, "b", &eof);
+        if (r < 0)
+                return r;
+        if (pid != 50 || shell_fd < 0)
+                return sd_bus_error_set(error, "org.forkd.Error.NoSuchProcess", "no such process");
+        if (len > 0) {
+                r = put_frame(shell_fd, PROC_STREAM_STDOUT, shell_offset, data, (uint32_t) len);
+                if (r < 0)
+                        return r;
+                shell_offset += len;
+        }
+        if (eof) {
+                r = put_fixed(shell_fd, encode_exit, shell_offset, 7, 0);
+                shell_fd = safe_close(shell_fd);
+                if (r < 0)
+                        return r;
+        }
+        return sd_bus_reply_method_return(m, "u", (uint32_t) len);
+}
+
 static const sd_bus_vtable vtable[] = {
         SD_BUS_VTABLE_START(0),
         SD_BUS_METHOD("StartSandboxProcess", "sasa{sv}", "u", method_start, SD_BUS_VTABLE_UNPRIVILEGED),
@@ -269,6 +324,7 @@ static const sd_bus_vtable vtable[] = {
         SD_BUS_METHOD("ReadSandboxOutput", "sutu", "a(stay)ttbii", method_read, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD("ListSandboxProcesses", "s", "aa{sv}", method_list, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD("SignalSandboxProcess", "sus", "", method_signal, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD("WriteSandboxStdin", "suayb", "u", method_write_stdin, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_VTABLE_END,
 };
 

@@ -5,7 +5,7 @@
 # methods on a private bus (fake-procs-service.c): the frames of an output stream
 # to stdout and stderr, gaps said on stderr, the exit status (128+N for a signal),
 # a stream cut short or invalid, logs at an offset and across a gap, ps's table
-# and --json, signal's errors. No guest, no /dev/kvm.
+# and --json, signal's errors, shell with its input from a file. No guest, no /dev/kvm.
 # usage: test-forkctl-procs.sh FORKCTL FAKE-SERVICE
 
 set -u
@@ -42,7 +42,7 @@ is() {
         fi
 }
 
-echo "1..11"
+echo "1..13"
 run a exec --follow sb-1 -- exit3 arg
 is a 3 $'out\ntail\n' "forkctl: 5 bytes dropped" "exec --follow: stdout, a gap said on stderr, exit status 3"
 grep -qx "err" "$T/a.err" && ok "exec --follow: the process's stderr on ours" || not_ok "stderr: $(cat "$T/a.err")"
@@ -69,3 +69,10 @@ if [ "$(cat "$T/i.rc")" = 0 ] && grep -Eq '^42 +running +no +18 ' "$T/i.out" &&
 else
         not_ok "ps: $(cat "$T/i.out" "$T/i.err")"
 fi
+
+printf 'echo hi\nexit\n' >"$T/shell.in"
+"$forkctl" --bus-address "$bus" shell sb-1 <"$T/shell.in" >"$T/j.out" 2>"$T/j.err"; echo $? >"$T/j.rc"
+is j 7 $'echo hi\nexit\n' "" "shell: /bin/sh -i on an 80x24 pty, stdin to it and its output back, its exit status"
+"$forkctl" --bus-address "$bus" shell sb-1 --cmd 'echo x' </dev/null >"$T/k.out" 2>"$T/k.err"; echo $? >"$T/k.rc"
+is k 7 "" "" "shell --cmd: sh -c CMD; the end of our input closes its stdin"
+[ "$failed" = 0 ]
