@@ -8,6 +8,7 @@
 #include "pause-op.h"
 #include "paused.h"
 #include "sandbox-dbus.h"
+#include "sandbox-proc-dbus.h"
 
 static void free_operations(Manager *m) {
         branch_free_all(m);
@@ -18,6 +19,11 @@ static void free_operations(Manager *m) {
 static void free_paused(Manager *m) {
         while (hashmap_size(m->paused) > 0)
                 paused_free(hashmap_first(m->paused));
+}
+
+static void sandbox_gone(Sandbox *s) {
+        branch_sandbox_gone(s);
+        proc_streams_sandbox_gone(s);
 }
 
 static int pause_on_deadline(Sandbox *s) {
@@ -32,7 +38,7 @@ const ManagerHooks daemon_hooks = {
         .load_paused = paused_load_all,
         .free_operations = free_operations,
         .free_paused = free_paused,
-        .sandbox_gone = branch_sandbox_gone,
+        .sandbox_gone = sandbox_gone,
         .fork_child_exited = fork_op_child_exited,
         .fork_child_gone = fork_op_child_gone,
         .snapshot_is_forkds = snapshot_tag_is_forkds,

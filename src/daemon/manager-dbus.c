@@ -22,6 +22,7 @@
 #include "branch.h"
 #include "sandbox-fork.h"
 #include "sandbox-dbus.h"
+#include "sandbox-proc-dbus.h"
 #include "sandbox.h"
 #include "snapshot-meta.h"
 #include "usage.h"
@@ -691,6 +692,18 @@ static int method_diff_sandboxes(sd_bus_message *message, void *userdata, sd_bus
         return forward_to_sandbox(message, userdata, bus_sandbox_method_diff, error);
 }
 
+#define FORWARD(name)                                                                                 \
+        static int method_##name(sd_bus_message *message, void *userdata, sd_bus_error *error) {       \
+                return forward_to_sandbox(message, userdata, bus_sandbox_method_##name, error);         \
+        }
+FORWARD(start_process)
+FORWARD(list_processes)
+FORWARD(signal_process)
+FORWARD(write_stdin)
+FORWARD(resize_pty)
+FORWARD(read_output)
+FORWARD(open_output_stream)
+
 static int method_write_file(sd_bus_message *message, void *userdata, sd_bus_error *error) {
         return forward_to_sandbox(message, userdata, bus_sandbox_method_write_file, error);
 }
@@ -796,6 +809,22 @@ const sd_bus_vtable manager_vtable[] = {
                                 method_read_file, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("ExposePort", SD_BUS_ARGS("s", id, "q", port), SD_BUS_RESULT("s", host_addr),
                                 method_expose_port, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("StartSandboxProcess", SD_BUS_ARGS("s", id, "as", argv, "a{sv}", options),
+                                SD_BUS_RESULT("u", pid), method_start_process, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("ListSandboxProcesses", SD_BUS_ARGS("s", id), SD_BUS_RESULT("aa{sv}", processes),
+                                method_list_processes, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("SignalSandboxProcess", SD_BUS_ARGS("s", id, "u", pid, "s", signal), SD_BUS_NO_RESULT,
+                                method_signal_process, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("WriteSandboxStdin", SD_BUS_ARGS("s", id, "u", pid, "ay", data, "b", eof),
+                                SD_BUS_RESULT("u", written), method_write_stdin, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("ResizeSandboxPty", SD_BUS_ARGS("s", id, "u", pid, "q", cols, "q", rows),
+                                SD_BUS_NO_RESULT, method_resize_pty, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("ReadSandboxOutput", SD_BUS_ARGS("s", id, "u", pid, "t", offset, "u", max),
+                                SD_BUS_RESULT("a(stay)", chunks, "t", next_offset, "t", gap, "b", exited, "i",
+                                              exit_code, "i", signal),
+                                method_read_output, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("OpenSandboxOutputStream", SD_BUS_ARGS("s", id, "u", pid, "t", offset),
+                                SD_BUS_RESULT("h", fd), method_open_output_stream, SD_BUS_VTABLE_UNPRIVILEGED),
 
         SD_BUS_SIGNAL_WITH_ARGS("SnapshotNew", SD_BUS_ARGS("s", tag, "o", object), 0),
         SD_BUS_SIGNAL_WITH_ARGS("SnapshotRemoved", SD_BUS_ARGS("s", tag, "o", object), 0),
@@ -821,6 +850,11 @@ int manager_add_bus_objects_to(Manager *m, sd_bus *bus) {
                                        sandbox_object_find, m);
         if (r < 0)
                 return log_error_errno(r, "Failed to add the sandbox objects: %m");
+        /* Processes (sandbox-proc-dbus.c): more methods of the same interface. */
+        r = sd_bus_add_fallback_vtable(bus, NULL, FORKD_SANDBOX_PREFIX, "org.forkd.Sandbox", sandbox_proc_vtable,
+                                       sandbox_object_find, m);
+        if (r < 0)
+                return log_error_errno(r, "Failed to add the sandbox process methods: %m");
         r = sd_bus_add_node_enumerator(bus, NULL, FORKD_SANDBOX_PREFIX, sandbox_node_enumerator, m);
         if (r < 0)
                 return log_error_errno(r, "Failed to add the sandbox enumerator: %m");

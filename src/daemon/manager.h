@@ -55,6 +55,7 @@ typedef struct BranchOp BranchOp;
 typedef struct ControlWaiter ControlWaiter;
 typedef struct CGroupManager CGroupManager;
 typedef struct WorkerPool WorkerPool;
+typedef struct ProcStream ProcStream;
 struct polkit_registry;
 
 /* What the layers above the models (operations: branches, forks, pauses; the
@@ -179,6 +180,9 @@ struct Manager {
         /* Latencies since start, for GetMetrics(): each Fork call to its reply
          * (ready), each branch's pause of its source, each answered agent call. */
         Histogram fork_latency, branch_pause, agent_call;
+        /* Output streams of processes in sandboxes (sandbox-proc-dbus.c). */
+        ProcStream *proc_streams;
+        unsigned n_proc_streams;
 };
 
 int manager_new(Manager **ret);

@@ -85,6 +85,8 @@ int verb_exec(sd_bus *bus, const struct forkctl_options *o, char **args, size_t 
         uint64_t timeout;
         int r;
 
+        if (o->follow)
+                return verb_exec_follow(bus, o, args, n_args);
         r = new_call(bus, "Exec", &m);
         if (r < 0)
                 return -1;

@@ -77,6 +77,22 @@ static void help(void) {
                "  ping ID                 Ask a sandbox's agent whether it is alive\n"
                "  exec ID [--timeout S] -- ARGV...\n"
                "                          Run a command in a sandbox (S 0..3600, 0 = forkd's 30)\n"
+               "  exec --follow ID [--timeout S] -- ARGV...\n"
+               "                          Start ARGV as a background process of the sandbox and\n"
+               "                          follow it: its stdout and stderr to ours as they come,\n"
+               "                          its exit code as ours (128+N when signal N killed it);\n"
+               "                          --timeout: it is killed after S seconds (0: never)\n"
+               "  ps ID                   List a sandbox's background processes, running and\n"
+               "                          exited\n"
+               "  signal ID PID SIG       Send signal SIG (TERM, SIGKILL, 1..64) to process PID\n"
+               "                          of a sandbox and its process group\n"
+               "  logs ID PID [--follow] [--offset N]\n"
+               "                          The output of process PID from byte N on (default 0):\n"
+               "                          what there is, or with --follow all that comes until it\n"
+               "                          exits; dropped bytes are said on stderr\n"
+               "  shell ID [--cmd CMD]    An interactive shell (/bin/sh -i, or sh -c CMD) on a\n"
+               "                          terminal of the sandbox's; the window size follows ours;\n"
+               "                          exits with its status\n"
                "  eval ID CODE            Evaluate an expression in a sandbox\n"
                "  run ID [--timeout S] CODE\n"
                "                          Run statements in a sandbox's REPL, its globals kept\n"
@@ -249,7 +265,13 @@ static const struct verb verbs[] = {
           check_top },
         { NULL, "kill", 1, SIZE_MAX, 0, 0, "kill ID...", verb_kill, NULL },
         { NULL, "ping", 1, 1, 0, 0, "ping ID", verb_ping, NULL },
-        { NULL, "exec", 2, SIZE_MAX, OPT_TIMEOUT, 0, "exec ID [--timeout S] -- ARGV...", verb_exec, NULL },
+        { NULL, "exec", 2, SIZE_MAX, OPT_TIMEOUT | OPT_FOLLOW, 0, "exec ID [--timeout S] [--follow] -- ARGV...",
+          verb_exec, NULL },
+        { NULL, "ps", 1, 1, 0, 0, "ps ID", verb_ps, NULL },
+        { NULL, "signal", 3, 3, 0, 0, "signal ID PID SIG", verb_signal, check_signal },
+        { NULL, "logs", 2, 2, OPT_FOLLOW | OPT_OFFSET, 0, "logs ID PID [--follow] [--offset N]", verb_logs,
+          check_logs },
+        { NULL, "shell", 1, 1, OPT_CMD, 0, "shell ID [--cmd CMD]", verb_shell, NULL },
         { NULL, "eval", 2, 2, 0, 0, "eval ID CODE", verb_eval, NULL },
         { NULL, "run", 2, 2, OPT_TIMEOUT, 0, "run ID [--timeout S] CODE", verb_run, NULL },
         { NULL, "merge", 2, 2, 0, 0, "merge ID WINNER", verb_merge, NULL },
@@ -317,6 +339,9 @@ enum {
         ARG_NET_RATE,
         ARG_ONCE,
         ARG_SORT,
+        ARG_FOLLOW,
+        ARG_OFFSET,
+        ARG_CMD,
         ARG_VCPUS,
 };
 
@@ -519,6 +544,10 @@ static const struct option_spec option_specs[] = {
         OTHER("net-rate", required_argument, ARG_NET_RATE, OPT_NET_RATE, parse_rate_option),
         FLAG("once", ARG_ONCE, OPT_ONCE, once),
         OTHER("sort", required_argument, ARG_SORT, OPT_SORT, parse_sort),
+        FLAG("follow", ARG_FOLLOW, OPT_FOLLOW, follow),
+        /* parsed by logs' check (a 64-bit offset) */
+        STRING("offset", ARG_OFFSET, OPT_OFFSET, parse_string, offset_str),
+        STRING("cmd", ARG_CMD, OPT_CMD, parse_string, cmd),
 };
 
 static const struct option_spec *option_spec_by_val(int val) {

@@ -71,7 +71,10 @@ enum {
         OPT_ONCE = 1ull << 32,
         OPT_SORT = 1ull << 33,
         OPT_VCPUS = 1ull << 34,
-        OPT_LAST = OPT_VCPUS,
+        OPT_FOLLOW = 1ull << 35,
+        OPT_OFFSET = 1ull << 36,
+        OPT_CMD = 1ull << 37,
+        OPT_LAST = OPT_CMD,
 };
 
 /* One command line's options. The global ones apply to every verb; the others
@@ -120,6 +123,11 @@ struct forkctl_options {
         /* top */
         bool once;
         const char *sort;          /* cpu, mem, disk or net */
+        /* exec --follow, logs, shell */
+        bool follow;
+        const char *offset_str;    /* logs --offset as given */
+        uint64_t offset;
+        const char *cmd;           /* shell --cmd */
 };
 
 #define FORKCTL_OPTIONS_INIT                                                                                           \
@@ -192,6 +200,15 @@ int verb_eval(sd_bus *bus, const struct forkctl_options *o, char **args, size_t 
 int verb_run(sd_bus *bus, const struct forkctl_options *o, char **args, size_t n_args);
 int verb_write_file(sd_bus *bus, const struct forkctl_options *o, char **args, size_t n_args);
 int verb_read_file(sd_bus *bus, const struct forkctl_options *o, char **args, size_t n_args);
+
+/* forkctl-procs.c: processes in a sandbox */
+int verb_exec_follow(sd_bus *bus, const struct forkctl_options *o, char **args, size_t n_args);
+int verb_ps(sd_bus *bus, const struct forkctl_options *o, char **args, size_t n_args);
+int verb_signal(sd_bus *bus, const struct forkctl_options *o, char **args, size_t n_args);
+int check_signal(struct forkctl_options *o, char **args, size_t n_args, const char *synopsis);
+int verb_logs(sd_bus *bus, const struct forkctl_options *o, char **args, size_t n_args);
+int check_logs(struct forkctl_options *o, char **args, size_t n_args, const char *synopsis);
+int verb_shell(sd_bus *bus, const struct forkctl_options *o, char **args, size_t n_args);
 
 /* forkctl-lifecycle.c */
 int verb_pause(sd_bus *bus, const struct forkctl_options *o, char **args, size_t n_args);

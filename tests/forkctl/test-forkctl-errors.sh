@@ -32,7 +32,7 @@ expect() {
         fi
 }
 
-echo "1..51"
+echo "1..63"
 notrunning="forkd is not running; start it with 'systemctl start forkd' or 'tools/forkd-stack up'"
 expect 5 "$notrunning" "ls without forkd" -- --bus-address "$bus" ls
 expect 5 "$notrunning" "ls --json without forkd" -- --bus-address "$bus" ls --json
@@ -113,9 +113,23 @@ expect 2 "disk_rate: bandwidth wants a number of bytes" "--disk-rate bad suffix"
 expect 2 "option --disk-rate does not apply here" "--disk-rate on ping" -- ping sb-1 --disk-rate 1M
 expect 5 "$notrunning" "limits without forkd" -- --bus-address "$bus" limits sb-1 --cpu-limit 0.5 --disk-rate 10M,ops=100,burst=1M --net-rate ops=50
 
+# processes: arguments checked before any call
+expect 2 "invalid PID '0'" "signal with PID 0" -- signal sb-1 0 TERM
+expect 2 "invalid PID 'x'" "logs with a PID that is no number" -- logs sb-1 x
+expect 2 "unknown signal 'NOPE'" "signal with an unknown signal" -- signal sb-1 7 NOPE
+expect 2 "unknown signal '65'" "signal 65" -- signal sb-1 7 65
+expect 2 "--offset wants a number of bytes" "logs --offset -1" -- logs sb-1 7 --offset -1
+expect 2 "usage: forkctl ps ID" "ps without an id" -- ps
+expect 2 "option --follow does not apply here" "--follow on ps" -- ps sb-1 --follow
+expect 2 "option --cmd does not apply here" "--cmd on exec" -- exec sb-1 --cmd x -- true
+expect 2 "usage: forkctl exec ID [--timeout S] [--follow] -- ARGV..." "exec --follow without a command" -- exec --follow sb-1
+expect 5 "$notrunning" "exec --follow without forkd" -- --bus-address "$bus" exec --follow sb-1 -- true
+expect 5 "$notrunning" "logs without forkd" -- --bus-address "$bus" logs sb-1 7 --offset 3
+expect 5 "$notrunning" "shell without forkd" -- --bus-address "$bus" shell sb-1 --cmd true
+
 "$forkctl" --help >"$T/out" 2>&1; rc=$?
 missing=""
-for v in "snapshot create" "snapshot ls" "snapshot info" "snapshot rm" "snapshot compact TAG --to T" "snapshot diff --from BASE --tag T --exec CMD" "--exec-timeout-secs" "--cascade" "--force" "fork TAG" " ls " "kill ID" "ping ID" "exec ID" "eval ID" "run ID" "merge ID WINNER" "diff ID OTHER" "ports ID PORT" "pause ID" "resume ID" "timeout ID S" "limits ID" "--cpu-limit" "--disk-rate" "--net-rate" "--on-timeout" "--network" "--agent-tcp" "--json" "--bus-address" "FORKD_BUS_ADDRESS"; do
+for v in "snapshot create" "snapshot ls" "snapshot info" "snapshot rm" "snapshot compact TAG --to T" "snapshot diff --from BASE --tag T --exec CMD" "--exec-timeout-secs" "--cascade" "--force" "fork TAG" " ls " "kill ID" "ping ID" "exec ID" "eval ID" "run ID" "merge ID WINNER" "diff ID OTHER" "ports ID PORT" "exec --follow ID" "ps ID" "signal ID PID SIG" "logs ID PID" "--offset N" "shell ID [--cmd CMD]" "pause ID" "resume ID" "timeout ID S" "limits ID" "--cpu-limit" "--disk-rate" "--net-rate" "--on-timeout" "--network" "--agent-tcp" "--json" "--bus-address" "FORKD_BUS_ADDRESS"; do
         grep -qF -- "$v" "$T/out" || missing="$missing [$v]"
 done
 [ "$rc" = 0 ] && [ -z "$missing" ] && ok "--help names every verb and option" || not_ok "--help: rc=$rc missing:$missing"

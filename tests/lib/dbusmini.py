@@ -160,6 +160,7 @@ class Bus:
         self.serial = 0
         self.inbuf = bytearray()
         self.signals = []
+        self.fds = []  # descriptors received (unix_fds=True), in order: take_fds()
         self.unique_name = None
         if hello:
             self.unique_name = self.call("org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus",
@@ -223,7 +224,13 @@ class Bus:
             r, _, _ = select.select([self.sock], [], [], left)
             if not r:
                 continue
-            data = self.sock.recv(1 << 16)
+            data, anc, _, _ = self.sock.recvmsg(1 << 16, socket.CMSG_SPACE(16 * 4))
+            for level, kind, payload in anc:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    import array
+                    got = array.array("i")
+                    got.frombytes(payload[:len(payload) - len(payload) % got.itemsize])
+                    self.fds.extend(got)
             if not data:
                 raise ConnectionError("bus connection closed")
             self.inbuf += data
@@ -272,6 +279,12 @@ class Bus:
         if want:
             self._dispatch_until(take, timeout)
         return got
+
+    def take_fds(self):
+        """The descriptors received so far (an 'h' in a reply is an index into its
+        message's own); the caller owns them now."""
+        fds, self.fds = self.fds, []
+        return fds
 
     def call(self, dest, path, iface, member, sig="", args=(), timeout=60.0, fds=()):
         return self.wait_reply(self.send(dest, path, iface, member, sig, args, fds=fds), timeout)

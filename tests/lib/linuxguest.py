@@ -44,6 +44,11 @@ class Forkctl:
             doc = None
         return p.returncode, doc, p.stderr.strip() or p.stdout.strip()
 
+    def run(self, *args, timeout=600):
+        """Run forkctl without --json: the CompletedProcess, its output as text."""
+        return subprocess.run([self.path, "--no-progress", *args], env=self.env, capture_output=True, text=True,
+                              timeout=timeout)
+
 
 class LinuxStack:
     """tools/forkd-stack up with the Linux image as its default guest, on a state

@@ -18,6 +18,8 @@ then each capability's part, in this order, on that one stack:
   linux-branch.py       fork and branch of a running sandbox
   linux-smp.py          a 2-vCPU snapshot: nproc in its children, a thread counting
                         on each CPU through a branch and a fork of a running sandbox
+  linux-processes.py    background processes over D-Bus and forkctl: output followed
+                        live, stdin, signals, a counter through a fork into 3
   linux-lifecycle.py    pause, resume, deadlines, idempotency, kill -9 of forkd
   linux-branch.py       the errors of branch and fork with something in flight
   linux-chain-pack.py   diff-snapshot chains, compact, pack and unpack, push and pull
@@ -78,8 +80,9 @@ def main():
         ap.error(f"unknown parts {', '.join(sorted(unknown))} (parts: {', '.join(PARTS.values())})")
     top = os.path.dirname(os.path.dirname(HERE))
     build = os.path.abspath(args.build)
-    boot, branch, lifecycle, chain_pack, image, net, sdk, smp = (
-        part(n) for n in ("boot-fork", "branch", "lifecycle", "chain-pack", "image", "net", "sdk", "smp"))
+    boot, branch, lifecycle, chain_pack, image, net, sdk, smp, processes = (
+        part(n) for n in ("boot-fork", "branch", "lifecycle", "chain-pack", "image", "net", "sdk", "smp",
+                          "processes"))
     t = Tap()
 
     t0 = time.monotonic()
@@ -104,6 +107,7 @@ def main():
         if body is not None:
             timed("fork and branch of a running sandbox", branch.fork_and_branch_running, t, stack)
             timed("two vCPUs", smp.smp_linux, t, stack, body)
+            timed("processes", processes.processes, t, fc, stack)
             timed("pause and resume", lifecycle.pause_resume_linux, t, stack, g.restart, state)
             timed("branch and fork errors", branch.branch_and_fork_errors, t, fc, stack, g.restart)
             timed("chains and pack", chain_pack.chains, t, fc, stack, state)  # ends with rm --cascade of TAG
