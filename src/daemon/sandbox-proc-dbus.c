@@ -12,6 +12,7 @@
  *   ESRCH                      org.forkd.Error.NoSuchProcess
  *   EAGAIN                     org.forkd.Error.Busy (too many processes, stdin full)
  *   EINVAL, E2BIG, ENOTTY      org.freedesktop.DBus.Error.InvalidArgs
+ *   EOPNOTSUPP                 org.forkd.Error.NotSupported (an agent without processes)
  *   anything else              org.forkd.Error.GuestError
  *
  * OpenOutputStream's streams are sandbox-proc-stream.c's.
@@ -55,6 +56,7 @@ static const struct {
         { "EINVAL", SD_BUS_ERROR_INVALID_ARGS },
         { "E2BIG", SD_BUS_ERROR_INVALID_ARGS },
         { "ENOTTY", SD_BUS_ERROR_INVALID_ARGS },
+        { "EOPNOTSUPP", FORKD_ERROR_NOT_SUPPORTED },
 };
 
 static const char *bus_error_for(struct json_object *obj) {

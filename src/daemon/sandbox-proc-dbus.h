@@ -23,7 +23,7 @@
 #define PROC_TIMEOUT_SECS_MAX 86400u
 #define PROC_STRING_MAX 4096u             /* cwd, user */
 /* Output streams open at once (Busy beyond). */
-#define PROC_STREAMS_PER_SANDBOX_MAX 64u
+#define PROC_STREAMS_PER_SANDBOX_MAX 16u /* each holds one of the sandbox's AGENT_CALLS_MAX calls */
 #define PROC_STREAMS_MAX 1024u
 
 /* The org.forkd.Sandbox methods of this file, registered beside sandbox_vtable

@@ -310,6 +310,10 @@ static void handle_request(u32 id, const u8 *p, u32 n)
                 op_exec(id, p, n);
         } else if (json_str_eq(p, &op, "eval")) {
                 agent_reply_error(id, "not supported by the test guest");
+        } else if (json_str_eq(p, &op, "proc_start") || json_str_eq(p, &op, "proc_list") ||
+                   json_str_eq(p, &op, "proc_signal") || json_str_eq(p, &op, "proc_stdin") ||
+                   json_str_eq(p, &op, "proc_resize") || json_str_eq(p, &op, "proc_read")) {
+                agent_reply_error_errno(id, "processes are not supported by the test guest", "EOPNOTSUPP");
         } else {
                 agent_reply_error(id, "unknown op");
         }

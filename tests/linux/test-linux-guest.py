@@ -38,8 +38,8 @@ the product's speed.
 Usage: test-linux-guest.py --build DIR --image DIR [--parts NAME,...]
 
 --parts (or $FORKD_LINUX_PARTS) runs only the parts named, after the boot and the
-first fork, which always run: branch, smp, lifecycle, branch-errors, chain-pack,
-triple-fault, image, net, sdk. Everything runs without it.
+first fork, which always run: branch, smp, processes, lifecycle, branch-errors,
+chain-pack, triple-fault, image, net, sdk. Everything runs without it.
 """
 import argparse
 import importlib.util
@@ -56,7 +56,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # The parts --parts can choose, by their names in the TAP comments.
 PARTS = {"fork and branch of a running sandbox": "branch", "two vCPUs": "smp", "pause and resume": "lifecycle",
          "branch and fork errors": "branch-errors", "chains and pack": "chain-pack", "triple fault": "triple-fault",
-         "images": "image", "networking": "net", "sdk": "sdk"}
+         "images": "image", "networking": "net", "sdk": "sdk", "processes": "processes"}
 
 
 def part(name):
