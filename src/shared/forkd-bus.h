@@ -35,3 +35,5 @@
 #define FORKD_ERROR_NO_SUCH_FILE "org.forkd.Error.NoSuchFile"
 #define FORKD_ERROR_NOT_REGULAR_FILE "org.forkd.Error.NotRegularFile"
 #define FORKD_ERROR_FILE_TOO_LARGE "org.forkd.Error.FileTooLarge"
+/* A process of a sandbox (StartProcess and the verbs after it) that its guest does not know, or that exited. */
+#define FORKD_ERROR_NO_SUCH_PROCESS "org.forkd.Error.NoSuchProcess"
