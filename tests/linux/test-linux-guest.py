@@ -26,6 +26,10 @@ then each capability's part, in this order, on that one stack:
                         Python image made from the Linux image's tree
   linux-net.py          networking: NICs, namespaces, exposed ports, cleanup
   linux-sdk.py          sdk/python/tests/test-sdk.py with the Linux guest
+  linux-processes-rest.py
+                        processes over forkd-rest: NDJSON output followed live and
+                        at an offset, stdin, signals, the WebSocket terminal, exec
+                        with "stream" (a snapshot of its own)
 
 The parts before linux-net.py use the boot snapshot TAG (linux-chain-pack.py removes
 it at its end): when the boot or the first fork fails, they do not run. Shared code
@@ -65,8 +69,9 @@ def main():
     args = ap.parse_args()
     top = os.path.dirname(os.path.dirname(HERE))
     build = os.path.abspath(args.build)
-    boot, branch, lifecycle, chain_pack, image, net, sdk, smp = (
-        part(n) for n in ("boot-fork", "branch", "lifecycle", "chain-pack", "image", "net", "sdk", "smp"))
+    boot, branch, lifecycle, chain_pack, image, net, sdk, smp, processes_rest = (
+        part(n) for n in ("boot-fork", "branch", "lifecycle", "chain-pack", "image", "net", "sdk", "smp",
+                          "processes-rest"))
     t = Tap()
 
     t0 = time.monotonic()
@@ -93,6 +98,7 @@ def main():
         timed("images", image.images, t, fc, stack, build, args.image, state)
         timed("networking", net.networking, t, fc, stack, g.restart, state)
         timed("sdk", sdk.sdk_python, t, top, stack, args.image, g.env)
+        timed("processes over REST", processes_rest.processes_rest, t, stack)
     except Exception:
         t.ok(False, "the test ran to its end", traceback.format_exc())
     finally:
