@@ -620,6 +620,8 @@ typedef struct OutputStream {
         uint32_t pid;
         uint64_t offset;             /* the next ReadSandboxOutput's */
         bool follow, reading, done, failed;
+        bool exited;                 /* the last ReadSandboxOutput said so, with: */
+        int32_t exit_code, signal;
         LineBuf out;
         /* follow: forkd's stream */
         int fd;
@@ -748,10 +750,19 @@ static int on_stream_readable(sd_event_source *es, int fd, uint32_t revents, voi
 /* A ReadSandboxOutput answer into lines. Sets done once next_offset did
  * not move. */
 static int read_reply_lines(OutputStream *os, sd_bus_message *reply) {
-        uint64_t next, gap;
+        uint64_t next, gap, bytes = 0;
         int exited, code, sig, r;
 
-        r = sd_bus_message_enter_container(reply, 'a', "(stay)");
+        /* the gap first: it comes before the chunks it explains */
+        r = sd_bus_message_skip(reply, "a(stay)");
+        if (r >= 0)
+                r = sd_bus_message_read(reply, "ttbii", &next, &gap, &exited, &code, &sig);
+        if (r >= 0)
+                r = sd_bus_message_rewind(reply, true);
+        if (r >= 0 && gap > 0)
+                r = lines_add_gap(&os->out, gap, os->offset + gap);
+        if (r >= 0)
+                r = sd_bus_message_enter_container(reply, 'a', "(stay)");
         if (r < 0)
                 return r;
         while ((r = sd_bus_message_enter_container(reply, 'r', "stay")) > 0) {
@@ -771,41 +782,16 @@ static int read_reply_lines(OutputStream *os, sd_bus_message *reply) {
                         return -EBADMSG;
                 if (len > 0 && (r = lines_add_chunk(&os->out, stream, offset, data, len)) < 0)
                         return r;
+                bytes += len;
         }
         if (r < 0)
                 return r;
-        r = sd_bus_message_exit_container(reply);
-        if (r >= 0)
-                r = sd_bus_message_read(reply, "ttbii", &next, &gap, &exited, &code, &sig);
-        if (r < 0)
-                return r;
-        /* the gap comes before the chunks it explains */
-        if (gap > 0) {
-                LineBuf chunks = os->out;
-
-                os->out = (LineBuf) {};
-                r = lines_add_gap(&os->out, gap, os->offset + gap);
-                if (r >= 0 && chunks.len > chunks.pos) {
-                        if (os->out.len + chunks.len - chunks.pos > os->out.alloc) {
-                                char *d = realloc(os->out.data, os->out.len + chunks.len - chunks.pos);
-
-                                if (!d)
-                                        r = -ENOMEM;
-                                else {
-                                        os->out.data = d;
-                                        os->out.alloc = os->out.len + chunks.len - chunks.pos;
-                                }
-                        }
-                        if (r >= 0) {
-                                memcpy(os->out.data + os->out.len, chunks.data + chunks.pos, chunks.len - chunks.pos);
-                                os->out.len += chunks.len - chunks.pos;
-                        }
-                }
-                free(chunks.data);
-                if (r < 0)
-                        return r;
-        }
-        if (next == os->offset && gap == 0) {
+        os->exited = exited;
+        os->exit_code = code;
+        os->signal = sig;
+        /* The end: nothing new, or an exited process's read that max did not
+         * cut (the guest forgets it once a read returned its end). */
+        if ((next == os->offset && gap == 0) || (exited && bytes < REST_PROC_READ_MAX)) {
                 os->done = true;
                 if (exited)
                         r = lines_add_exit(&os->out, code, sig);
@@ -818,7 +804,12 @@ static int on_reply_read_more(RestRequest *req, sd_bus_message *reply) {
         OutputStream *os = rest_request_data(req);
 
         os->reading = false;
-        if (sd_bus_message_is_method_error(reply, NULL) || read_reply_lines(os, reply) < 0)
+        if (os->exited && sd_bus_message_is_method_error(reply, FORKD_ERROR_NO_SUCH_PROCESS)) {
+                /* the last read returned its end, and the guest forgot it */
+                os->done = true;
+                if (lines_add_exit(&os->out, os->exit_code, os->signal) < 0)
+                        os->failed = true;
+        } else if (sd_bus_message_is_method_error(reply, NULL) || read_reply_lines(os, reply) < 0)
                 os->failed = true; /* the client sees the body cut */
         rest_stream_resume(req);
         return 0;
