@@ -288,11 +288,16 @@ static void client_feed(Tty *t) {
                         if (send_message(t, WS_OP_PONG, msg.data, msg.len) < 0)
                                 send_close(t, WS_CLOSE_INTERNAL_ERROR, "out of memory");
                         break;
-                case WS_OP_CLOSE:
-                        /* echo its code; the end once it is written */
-                        send_close(t, msg.len >= 2 ? (uint16_t) (msg.data[0] << 8 | msg.data[1]) : WS_CLOSE_NORMAL,
-                                   NULL);
+                case WS_OP_CLOSE: {
+                        /* echo its code (one a peer may send); the end once it is written */
+                        uint16_t code = msg.len >= 2 ? (uint16_t) (msg.data[0] << 8 | msg.data[1]) : WS_CLOSE_NORMAL;
+
+                        if (code < 1000 || code > 4999 || code == 1004 || code == 1005 || code == 1006 ||
+                            code == 1015)
+                                code = WS_CLOSE_PROTOCOL_ERROR;
+                        send_close(t, code, NULL);
                         break;
+                }
                 default: /* pong */
                         break;
                 }
