@@ -12,7 +12,7 @@
 
 enum { REST_METHOD_GET, REST_METHOD_POST, REST_METHOD_DELETE, REST_METHOD_OTHER, _REST_METHOD_MAX };
 
-#define REST_METRICS_ROUTES 32  /* routes counted, "unknown" included */
+#define REST_METRICS_ROUTES 40  /* routes counted, "unknown" included */
 #define REST_METRICS_CODES 16   /* the statuses counted one by one, and "other" */
 #define REST_METRICS_BUCKETS 18 /* latency histogram buckets, without +Inf */
 

@@ -4,6 +4,7 @@
  * passing the Idempotency-Key glue (rest-idem-glue.c) before it goes to MHD,
  * and D-Bus errors as HTTP statuses (rest_status_from_bus_error()). */
 
+#include <assert.h>
 #include <stdarg.h>
 
 #include "forkd-bus.h"
@@ -178,4 +179,87 @@ void rest_stream_resume(RestRequest *req) {
         req->stream_suspended = false;
         MHD_resume_connection(req->connection);
         (void) sd_event_source_set_enabled(req->server->resume_source, SD_EVENT_ONESHOT);
+}
+
+bool rest_stream_slot_take(RestServer *s) {
+        if (s->streams_open >= REST_STREAMS_MAX)
+                return false;
+        s->streams_open++;
+        return true;
+}
+
+void rest_stream_slot_release(RestServer *s) {
+        assert(s->streams_open > 0);
+        s->streams_open--;
+}
+
+static void upgrade_handler(void *cls, struct MHD_Connection *connection, void *con_cls, const char *extra_in,
+                            size_t extra_in_size, MHD_socket sock, struct MHD_UpgradeResponseHandle *urh) {
+        RestRequest *req = con_cls;
+        RestUpgrade *u = req->upgrade;
+        RestServer *s = req->server;
+
+        /* The request is done with: its data goes to the new protocol. */
+        if (req->conn)
+                req->conn->upgraded = true;
+        req->upgrade = NULL;
+        u->urh = urh;
+        u->userdata = req->data;
+        req->data = NULL;
+        req->free_data = NULL;
+        u->next = s->upgrades;
+        if (s->upgrades)
+                s->upgrades->prev = u;
+        s->upgrades = u;
+        u->on_upgrade(u, sock, extra_in, extra_in_size, u->userdata);
+}
+
+int rest_reply_upgrade(RestRequest *req, const char *protocol, const char *accept, rest_upgrade_func on_upgrade,
+                       rest_upgrade_stop_func on_stop) {
+        struct MHD_Response *resp;
+        RestUpgrade *u;
+        int r;
+
+        u = calloc(1, sizeof *u);
+        if (!u)
+                return -ENOMEM;
+        *u = (RestUpgrade) { .server = req->server, .on_upgrade = on_upgrade, .on_stop = on_stop };
+        resp = MHD_create_response_for_upgrade(upgrade_handler, NULL);
+        if (!resp) {
+                free(u);
+                return -ENOMEM;
+        }
+        if (MHD_add_response_header(resp, MHD_HTTP_HEADER_UPGRADE, protocol) != MHD_YES ||
+            (accept && MHD_add_response_header(resp, "Sec-WebSocket-Accept", accept) != MHD_YES)) {
+                MHD_destroy_response(resp);
+                free(u);
+                return -ENOMEM;
+        }
+        free(req->upgrade);
+        req->upgrade = u;
+        r = rest_queue_response(req, MHD_HTTP_SWITCHING_PROTOCOLS, resp);
+        if (r < 0) {
+                free(req->upgrade);
+                req->upgrade = NULL;
+        }
+        return r;
+}
+
+void rest_upgrade_close(RestUpgrade *u) {
+        RestServer *s;
+
+        if (!u)
+                return;
+        s = u->server;
+        if (u->prev)
+                u->prev->next = u->next;
+        else if (s->upgrades == u)
+                s->upgrades = u->next;
+        if (u->next)
+                u->next->prev = u->prev;
+        (void) MHD_upgrade_action(u->urh, MHD_UPGRADE_ACTION_CLOSE);
+        /* MHD closes it on its next run. */
+        if (!s->stopping)
+                (void) sd_event_source_set_enabled(s->resume_source, SD_EVENT_ONESHOT);
+        free(u);
 }

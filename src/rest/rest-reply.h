@@ -5,6 +5,7 @@
  * even the reply failed). */
 
 #include <json-c/json.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
 #include <systemd/sd-bus.h>
@@ -30,3 +31,26 @@ int rest_reply_bus_error(RestRequest *req, const sd_bus_error *e, unsigned overr
 typedef ssize_t (*rest_stream_read_func)(RestRequest *req, char *buf, size_t max);
 int rest_reply_stream(RestRequest *req, unsigned status, const char *content_type, rest_stream_read_func read);
 void rest_stream_resume(RestRequest *req);
+
+/* Output streams of processes and their terminals (rest-routes-processes.c):
+ * at most REST_STREAMS_MAX at once per server. take: false when all are in
+ * use (the route answers 503 "too many streams"). */
+#define REST_STREAMS_MAX 64u
+bool rest_stream_slot_take(RestServer *s);
+void rest_stream_slot_release(RestServer *s);
+
+/* Protocol upgrades (a WebSocket). rest_reply_upgrade() answers 101 with
+ * the headers given ("Upgrade: <protocol>", and "Sec-WebSocket-Accept" when
+ * accept is set); once MHD sent it, on_upgrade() gets the client's socket
+ * (MHD's: never close() it, rest_upgrade_close() does), the bytes the client
+ * sent after its request, and the request's data (rest_request_set_data()),
+ * which it owns from then on. If the client goes before, the data is freed
+ * with the request as always. on_stop(userdata): the server stops, the owner
+ * must call rest_upgrade_close() at once. */
+typedef struct RestUpgrade RestUpgrade;
+typedef void (*rest_upgrade_func)(RestUpgrade *u, int fd, const char *extra, size_t extra_len, void *userdata);
+typedef void (*rest_upgrade_stop_func)(void *userdata);
+int rest_reply_upgrade(RestRequest *req, const char *protocol, const char *accept, rest_upgrade_func on_upgrade,
+                       rest_upgrade_stop_func on_stop);
+/* Give the socket back to MHD, which closes it; frees u. */
+void rest_upgrade_close(RestUpgrade *u);

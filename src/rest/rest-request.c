@@ -73,6 +73,10 @@ int rest_request_body_fd(RestRequest *req) {
         return req->body_fd;
 }
 
+const char *rest_request_param2(RestRequest *req) {
+        return req->has_param2 ? req->param2 : NULL;
+}
+
 const char *rest_request_body(RestRequest *req, size_t *ret_len) {
         *ret_len = req->body_len;
         return req->body ?: "";
@@ -80,6 +84,10 @@ const char *rest_request_body(RestRequest *req, size_t *ret_len) {
 
 const char *rest_request_query(RestRequest *req, const char *key) {
         return MHD_lookup_connection_value(req->connection, MHD_GET_ARGUMENT_KIND, key);
+}
+
+const char *rest_request_header(RestRequest *req, const char *name) {
+        return MHD_lookup_connection_value(req->connection, MHD_HEADER_KIND, name);
 }
 
 RestServer *rest_request_server(RestRequest *req) {

@@ -12,6 +12,7 @@ typedef struct RestServer RestServer;
 typedef struct RestRequest RestRequest;
 
 const char *rest_request_param(RestRequest *req);             /* the '%' segment, or NULL */
+const char *rest_request_param2(RestRequest *req);            /* a second '%' segment, or NULL */
 const char *rest_request_body(RestRequest *req, size_t *ret_len);
 /* A method with a body_fd_max (rest-routes.h): the body in an unlinked
  * temporary file ($TMPDIR, else /var/tmp; a memfd if neither takes one), at
@@ -19,6 +20,7 @@ const char *rest_request_body(RestRequest *req, size_t *ret_len);
  * on failure. */
 int rest_request_body_fd(RestRequest *req);
 const char *rest_request_query(RestRequest *req, const char *key);
+const char *rest_request_header(RestRequest *req, const char *name);
 RestServer *rest_request_server(RestRequest *req);
 
 /* Parse the body as one strict JSON object. An empty body yields an empty

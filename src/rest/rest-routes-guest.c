@@ -10,6 +10,7 @@
 #include "rest-reply.h"
 #include "rest-routes-common.h"
 #include "rest-routes-guest.h"
+#include "rest-routes-processes.h"
 #include "rest-util.h"
 #include "time-util.h"
 
@@ -47,12 +48,15 @@ int rest_route_sandbox_ping(RestRequest *req) {
 struct exec_args {
         struct json_object *args;
         int64_t timeout_secs;
+        bool stream;
 };
 
 int rest_route_sandbox_exec(RestRequest *req) {
         static const struct json_dispatch table[] = {
                 { "args", JSON_KIND_ARRAY, NULL, offsetof(struct exec_args, args), 0, JSON_MANDATORY },
                 { "timeout_secs", JSON_KIND_INT64, NULL, offsetof(struct exec_args, timeout_secs), 0, 0 },
+                /* the output as NDJSON while it runs (rest-routes-processes.c) */
+                { "stream", JSON_KIND_BOOL, NULL, offsetof(struct exec_args, stream), 0, 0 },
                 {}
         };
         _cleanup_(sd_bus_message_unrefp) sd_bus_message *m = NULL;
@@ -73,6 +77,21 @@ int rest_route_sandbox_exec(RestRequest *req) {
                 return rest_reply_error(req, 400, "args must hold 1 to %d strings", EXEC_ARGS_MAX);
         if (a.timeout_secs < 0 || a.timeout_secs > EXEC_TIMEOUT_MAX)
                 return rest_reply_error(req, 400, "timeout_secs must be between 0 and %d", EXEC_TIMEOUT_MAX);
+        if (a.stream) {
+                for (size_t i = 0; i < n; i++) {
+                        struct json_object *e = json_object_array_get_idx(a.args, i);
+                        const char *s;
+                        size_t len;
+
+                        if (!e || !json_object_is_type(e, json_type_string))
+                                return rest_reply_error(req, 400, "args[%zu]: expected a string", i);
+                        s = json_object_get_string(e);
+                        len = (size_t) json_object_get_string_len(e);
+                        if (memchr(s, 0, len) || !utf8_is_valid_n(s, len))
+                                return rest_reply_error(req, 400, "args[%zu]: invalid string", i);
+                }
+                return rest_proc_exec_stream(req, id, a.args, (uint32_t) a.timeout_secs);
+        }
 
         r = rest_new_manager_call(req, "Exec", &m);
         if (r < 0)

@@ -16,6 +16,7 @@
 #include "rest-reply.h"
 #include "rest-routes-common.h"
 #include "rest-routes-guest.h"
+#include "rest-routes-processes.h"
 #include "rest-routes-sandboxes.h"
 #include "rest-routes-snapshots.h"
 #include "rest-routes.h"
@@ -389,5 +390,12 @@ const RestRoute rest_routes[] = {
         { "/v1/sandboxes/%/ports", false, { { "POST", rest_route_sandbox_ports, 0 } }, "POST" },
         { "/v1/sandboxes/%/files/write", false, { { "POST", rest_route_sandbox_files_write, 0 } }, "POST" },
         { "/v1/sandboxes/%/files/read", false, { { "POST", rest_route_sandbox_files_read, 0 } }, "POST" },
+        { "/v1/sandboxes/%/processes", false,
+          { { "GET", rest_route_processes_list, 0 }, { "POST", rest_route_processes_start, 0 } }, "GET, POST" },
+        { "/v1/sandboxes/%/processes/%/output", false, { { "GET", rest_route_process_output, 0 } }, "GET" },
+        { "/v1/sandboxes/%/processes/%/stdin", false, { { "POST", rest_route_process_stdin, 0 } }, "POST" },
+        { "/v1/sandboxes/%/processes/%/signal", false, { { "POST", rest_route_process_signal, 0 } }, "POST" },
+        { "/v1/sandboxes/%/processes/%/resize", false, { { "POST", rest_route_process_resize, 0 } }, "POST" },
+        { "/v1/sandboxes/%/processes/%/tty", false, { { "GET", rest_route_process_tty, 0 } }, "GET" },
 };
 const size_t rest_routes_count = ELEMENTSOF(rest_routes);

@@ -23,10 +23,20 @@
 
 typedef struct RestConn RestConn;
 
+struct RestUpgrade {
+        RestServer *server;
+        struct MHD_UpgradeResponseHandle *urh;
+        rest_upgrade_func on_upgrade;
+        rest_upgrade_stop_func on_stop;
+        void *userdata;
+        RestUpgrade *prev, *next;
+};
+
 struct RestConn {
         RestServer *server;
         int fd;
         uint64_t deadline; /* CLOCK_MONOTONIC usec; 0: none */
+        bool upgraded;     /* another protocol's now (rest_reply_upgrade()): no deadline */
         RestConn *prev, *next;
 };
 
@@ -39,7 +49,8 @@ struct RestRequest {
         int route_index; /* rest_routes_count: unknown */
         int method_index;
         char param[REST_PARAM_MAX];
-        bool has_param;
+        char param2[REST_PARAM_MAX]; /* a second '%' segment (a process's pid) */
+        bool has_param, has_param2;
 
         char *body;
         size_t body_len, body_alloc;
@@ -63,6 +74,9 @@ struct RestRequest {
         RestRequest *stream_prev, *stream_next;
         void *data;
         void (*free_data)(void *data);
+
+        /* a protocol upgrade not yet done (rest_reply_upgrade()) */
+        RestUpgrade *upgrade;
 
         /* Idempotency-Key (rest-idem.c) */
         char *idem_key;             /* a valid key on a route that takes one */
@@ -94,6 +108,8 @@ struct RestServer {
         unsigned conns_active;
         RestRequest *suspended;
         RestRequest *streams;        /* replies being streamed */
+        RestUpgrade *upgrades;       /* connections handed over to another protocol */
+        unsigned streams_open;       /* process output streams and terminals (rest_stream_slot_take()) */
         RestIdem *idem;              /* NULL: no state directory, keys are refused */
         bool stopping;
 

@@ -24,21 +24,24 @@
 
 /* ---------------- routing ---------------- */
 
-static bool route_match(const char *pattern, const char *url, char *param, size_t param_size, bool *has_param) {
+/* '%' matches one segment; the first two go to params[0] and params[1]. */
+static bool route_match(const char *pattern, const char *url, char params[static 2][REST_PARAM_MAX],
+                        unsigned *ret_n_params) {
         const char *p = pattern, *u = url;
+        unsigned n_params = 0;
 
-        *has_param = false;
+        *ret_n_params = 0;
         while (*p && *u) {
                 if (*p == '%') {
                         size_t n = strcspn(u, "/");
 
-                        if (n == 0)
+                        if (n == 0 || n_params >= 2)
                                 return false;
-                        if (n >= param_size)
-                                n = param_size - 1; /* too long: validation refuses it later */
-                        memcpy(param, u, n);
-                        param[n] = 0;
-                        *has_param = true;
+                        if (n >= REST_PARAM_MAX)
+                                n = REST_PARAM_MAX - 1; /* too long: validation refuses it later */
+                        memcpy(params[n_params], u, n);
+                        params[n_params][n] = 0;
+                        n_params++;
                         u += strcspn(u, "/");
                         p++;
                         continue;
@@ -47,6 +50,7 @@ static bool route_match(const char *pattern, const char *url, char *param, size_
                         return false;
                 p++, u++;
         }
+        *ret_n_params = n_params;
         return *p == 0 && *u == 0;
 }
 
@@ -75,14 +79,20 @@ static enum MHD_Result request_begin(RestRequest *req, const char *url, const ch
 
         req->route_index = (int) rest_routes_count;
         req->method_index = rest_metrics_method_index(method);
-        for (size_t i = 0; i < rest_routes_count; i++)
-                if (route_match(rest_routes[i].pattern, url, req->param, sizeof req->param, &req->has_param)) {
+        for (size_t i = 0; i < rest_routes_count; i++) {
+                char params[2][REST_PARAM_MAX];
+                unsigned n_params;
+
+                if (route_match(rest_routes[i].pattern, url, params, &n_params)) {
                         req->route = &rest_routes[i];
                         req->route_index = (int) i;
+                        req->has_param = n_params >= 1;
+                        req->has_param2 = n_params >= 2;
+                        memcpy(req->param, params[0], sizeof req->param);
+                        memcpy(req->param2, params[1], sizeof req->param2);
                         break;
                 }
-        if (!req->route)
-                req->has_param = false;
+        }
 
         if (req->conn)
                 req->conn->deadline = now_usec() + s->timeout_secs * USEC_PER_SEC; /* now for the body */
@@ -278,6 +288,7 @@ static void handle_completed(void *cls, struct MHD_Connection *connection, void 
         }
         if (req->free_data)
                 req->free_data(req->data);
+        free(req->upgrade); /* an upgrade that did not happen */
         if (req->pending)
                 MHD_destroy_response(req->pending);
         if (req->conn) /* the next request on this connection has its own deadline */
@@ -392,7 +403,7 @@ static int dispatch_deadlines(sd_event_source *es, uint64_t usec, void *userdata
         uint64_t now = now_usec();
 
         for (RestConn *c = s->conns; c; c = c->next)
-                if (c->deadline > 0 && now > c->deadline && c->fd >= 0) {
+                if (c->deadline > 0 && now > c->deadline && c->fd >= 0 && !c->upgraded) {
                         (void) shutdown(c->fd, SHUT_RDWR);
                         c->deadline = 0;
                         s->metrics.conns_cut++;
@@ -431,7 +442,7 @@ static void mhd_logger(void *cls, const char *fmt, va_list ap) {
 
 int rest_server_new(sd_event *event, const RestConfig *config, RestServer **ret) {
         _cleanup_(rest_server_freep) RestServer *s = NULL;
-        unsigned flags = MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
+        unsigned flags = MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_ALLOW_UPGRADE | MHD_USE_ERROR_LOG;
         struct MHD_OptionItem opts[16];
         const union MHD_DaemonInfo *info;
         size_t n = 0;
@@ -562,6 +573,14 @@ RestServer *rest_server_free(RestServer *s) {
                                 req->stream_suspended = false;
                                 MHD_resume_connection(req->connection);
                         }
+                }
+                /* Upgraded connections (terminals) are closed by their owners. */
+                while (s->upgrades) {
+                        RestUpgrade *u = s->upgrades;
+
+                        u->on_stop(u->userdata);
+                        if (s->upgrades == u)
+                                rest_upgrade_close(u);
                 }
                 while (s->suspended) {
                         RestRequest *req = s->suspended;

@@ -6,9 +6,10 @@
  * by sd-event (its epoll fd is one io source, its timeout one timer), the
  * request lifecycle (routing, auth, body cap, suspend while a D-Bus call is in
  * flight, resume on the reply) and request deadlines (rest-server.c). The D-Bus
- * client is rest-bus.c, the answers rest-reply.c, Idempotency-Key
- * rest-idem-glue.c (the store rest-idem.c), the metrics rest-metrics.c. No
- * threads.
+ * client is rest-bus.c, the answers rest-reply.c (with protocol upgrades: a
+ * WebSocket's socket goes to its route, which watches it on sd-event beside
+ * MHD's loop), Idempotency-Key rest-idem-glue.c (the store rest-idem.c), the
+ * metrics rest-metrics.c. No threads.
  */
 
 #include <stdbool.h>

@@ -62,6 +62,7 @@ static const struct {
         { "org.freedesktop.DBus.Error.InteractiveAuthorizationRequired", 403 },
         { FORKD_ERROR_NO_SUCH_SNAPSHOT, 404 },
         { FORKD_ERROR_NO_SUCH_SANDBOX, 404 },
+        { FORKD_ERROR_NO_SUCH_PROCESS, 404 },
         { FORKD_ERROR_SNAPSHOT_EXISTS, 409 },
         { FORKD_ERROR_HAS_DEPENDENTS, 409 },
         { FORKD_ERROR_CHAIN_BROKEN, 409 },

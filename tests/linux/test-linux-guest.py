@@ -20,6 +20,10 @@ then each capability's part, in this order, on that one stack:
                         on each CPU through a branch and a fork of a running sandbox
   linux-processes.py    background processes over D-Bus and forkctl: output followed
                         live, stdin, signals, a counter through a fork into 3
+  linux-processes-rest.py
+                        the same over forkd-rest: NDJSON output followed live and
+                        at an offset, stdin, signals, the WebSocket terminal, exec
+                        with "stream"
   linux-lifecycle.py    pause, resume, deadlines, idempotency, kill -9 of forkd
   linux-branch.py       the errors of branch and fork with something in flight
   linux-chain-pack.py   diff-snapshot chains, compact, pack and unpack, push and pull
@@ -38,7 +42,7 @@ the product's speed.
 Usage: test-linux-guest.py --build DIR --image DIR [--parts NAME,...]
 
 --parts (or $FORKD_LINUX_PARTS) runs only the parts named, after the boot and the
-first fork, which always run: branch, smp, processes, lifecycle, branch-errors,
+first fork, which always run: branch, smp, processes, processes-rest, lifecycle, branch-errors,
 chain-pack, triple-fault, image, net, sdk. Everything runs without it.
 """
 import argparse
@@ -56,7 +60,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # The parts --parts can choose, by their names in the TAP comments.
 PARTS = {"fork and branch of a running sandbox": "branch", "two vCPUs": "smp", "pause and resume": "lifecycle",
          "branch and fork errors": "branch-errors", "chains and pack": "chain-pack", "triple fault": "triple-fault",
-         "images": "image", "networking": "net", "sdk": "sdk", "processes": "processes"}
+         "images": "image", "networking": "net", "sdk": "sdk", "processes": "processes",
+         "processes over REST": "processes-rest"}
 
 
 def part(name):
@@ -80,9 +85,9 @@ def main():
         ap.error(f"unknown parts {', '.join(sorted(unknown))} (parts: {', '.join(PARTS.values())})")
     top = os.path.dirname(os.path.dirname(HERE))
     build = os.path.abspath(args.build)
-    boot, branch, lifecycle, chain_pack, image, net, sdk, smp, processes = (
+    boot, branch, lifecycle, chain_pack, image, net, sdk, smp, processes, processes_rest = (
         part(n) for n in ("boot-fork", "branch", "lifecycle", "chain-pack", "image", "net", "sdk", "smp",
-                          "processes"))
+                          "processes", "processes-rest"))
     t = Tap()
 
     t0 = time.monotonic()
@@ -108,6 +113,7 @@ def main():
             timed("fork and branch of a running sandbox", branch.fork_and_branch_running, t, stack)
             timed("two vCPUs", smp.smp_linux, t, stack, body)
             timed("processes", processes.processes, t, fc, stack)
+            timed("processes over REST", processes_rest.processes_rest, t, stack)
             timed("pause and resume", lifecycle.pause_resume_linux, t, stack, g.restart, state)
             timed("branch and fork errors", branch.branch_and_fork_errors, t, fc, stack, g.restart)
             timed("chains and pack", chain_pack.chains, t, fc, stack, state)  # ends with rm --cascade of TAG

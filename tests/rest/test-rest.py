@@ -13,6 +13,7 @@ Environment (set by tests/rest/meson.build):
   DBUS_DAEMON       dbus-daemon
 """
 
+import base64
 import http.client
 import json
 import os
@@ -531,6 +532,153 @@ def t_limits_validation(c):
     c.expect(503, "POST", "/v1/sandboxes/sb-1/fork", dict({"n": 2}, **good))
     c.expect(503, "PATCH", "/v1/sandboxes/sb-1", {"cpu_limit": 0, "disk_rate": {"bandwidth": 0}})
     c.expect(503, "PATCH", "/v1/sandboxes/sb-1", {"memory_limit_mib": 64})
+
+
+def ws_upgrade(c, path, key=None, version="13", upgrade="websocket"):
+    """A WebSocket handshake on a raw socket: the status line and headers."""
+    key = key if key is not None else base64.b64encode(os.urandom(16)).decode()
+    s = socket.create_connection(("127.0.0.1", c.port), timeout=30)
+    try:
+        h = f"GET {path} HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {TOKEN}\r\n"
+        if upgrade:
+            h += f"Upgrade: {upgrade}\r\nConnection: Upgrade\r\n"
+        if key:
+            h += f"Sec-WebSocket-Key: {key}\r\n"
+        if version:
+            h += f"Sec-WebSocket-Version: {version}\r\n"
+        s.sendall((h + "\r\n").encode())
+        data = b""
+        while b"\r\n\r\n" not in data:
+            d = s.recv(4096)
+            if not d:
+                break
+            data += d
+        head, _, body = data.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        status = int(lines[0].split()[1])
+        length = next((int(x.split(":", 1)[1]) for x in lines if x.lower().startswith("content-length:")), 0)
+        while len(body) < length:
+            d = s.recv(4096)
+            if not d:
+                break
+            body += d
+        return status, body
+    finally:
+        s.close()
+
+
+def t_processes_validation(c):
+    """The process routes check every argument before any D-Bus call: a bad
+    one is 400, a good one reaches for forkd, which is absent here (503)."""
+    base = "/v1/sandboxes/sb-1/processes"
+    subroutes = (("GET", "output", None), ("POST", "stdin", {"data": "x"}), ("POST", "signal", {"signal": "TERM"}),
+                 ("POST", "resize", {"cols": 80, "rows": 24}))
+    for pid in ("0", "01", "-1", "4194305", "99999999999", "abc", "1.5", "%2031", "1%00"):
+        for method, what, body in subroutes:
+            r = c.expect(400, method, f"{base}/{pid}/{what}", body)
+            check(r.json["error"] == "invalid pid", r)
+        status, _ = ws_upgrade(c, f"{base}/{pid}/tty")
+        check(status == 400, (pid, status))
+    for method, what, body in subroutes:
+        c.expect(400, method, f"/v1/sandboxes/.x/processes/1/{what}", body)
+        c.expect(503, method, f"{base}/4194304/{what}", body)
+    c.expect(400, "GET", "/v1/sandboxes/.x/processes")
+    c.expect(400, "POST", "/v1/sandboxes/.x/processes", {"args": ["true"]})
+
+    # output: offset and follow
+    for q in ("offset=-1", "offset=abc", "offset=1e3", "offset=", "offset=99999999999999999999", "offset=01",
+              "follow=maybe", "follow=", "follow=2"):
+        r = c.expect(400, "GET", f"{base}/7/output?{q}")
+        check(("offset" if q.startswith("offset") else "follow") in r.json["error"], (q, r))
+    for q in ("", "?offset=0", "?offset=12345", "?follow=true", "?follow=false&offset=3", "?follow=1"):
+        c.expect(503, "GET", f"{base}/7/output{q}")
+
+    # start
+    bad = [({"args": ["true"], "cmd": "true"}, "exactly one of args and cmd"),
+           ({}, "exactly one of args and cmd"),
+           ({"args": []}, "args must hold 1 to 4096 strings"),
+           ({"args": ["x"] * 4097}, "args must hold 1 to 4096 strings"),
+           ({"args": ["x", 5]}, "args[1]"),
+           ({"args": ["x" * 70000, "y" * 70000]}, "args must be at most 131072 bytes"),
+           ({"args": "true"}, "args"),
+           ({"cmd": ""}, "cmd must be 1 to"),
+           ({"cmd": 5}, "cmd"),
+           ({"cmd": "true", "env": {"A=B": "x"}}, "env: invalid name"),
+           ({"cmd": "true", "env": {"": "x"}}, "env: invalid name"),
+           ({"cmd": "true", "env": {"A": 5}}, "env[\"A\"]"),
+           ({"cmd": "true", "env": ["A=B"]}, "env"),
+           ({"cmd": "true", "env": {f"V{i}": "x" for i in range(1025)}}, "env must hold at most 1024"),
+           ({"cmd": "true", "env": {"A": "x" * 70000, "B": "y" * 70000}}, "env must be at most 131072 bytes"),
+           ({"cmd": "true", "pty": {"cols": 0, "rows": 24}}, "pty"),
+           ({"cmd": "true", "pty": {"cols": 80, "rows": 1001}}, "pty"),
+           ({"cmd": "true", "pty": {"cols": 80}}, "pty"),
+           ({"cmd": "true", "pty": {"cols": "80", "rows": 24}}, "pty"),
+           ({"cmd": "true", "pty": [80, 24]}, "pty"),
+           ({"cmd": "true", "timeout_secs": -1}, "timeout_secs must be between 0 and 86400"),
+           ({"cmd": "true", "timeout_secs": 86401}, "timeout_secs must be between 0 and 86400"),
+           ({"cmd": "true", "stdin": "yes"}, "stdin"),
+           ({"cmd": "true", "cwd": ""}, "cwd"),
+           ({"cmd": "true", "user": 0}, "user")]
+    for body, says in bad:
+        r = c.expect(400, "POST", base, body)
+        check(says in r.json["error"], (body, r.json))
+    # a NUL in env, in a name or a value, and in args
+    for raw in (b'{"cmd": "true", "env": {"A": "x\\u0000y"}}', b'{"cmd": "true", "env": {"A\\u0000": "x"}}',
+                b'{"args": ["a\\u0000b"]}'):
+        c.expect(400, "POST", base, raw=raw, headers={"Content-Type": "application/json"})
+    for body in ({"args": ["echo", "hi"]}, {"cmd": "echo hi"},
+                 {"cmd": "cat", "cwd": "/tmp", "env": {"A": "b", "C": ""}, "user": "root",
+                  "pty": {"cols": 1000, "rows": 1}, "timeout_secs": 86400, "stdin": False},
+                 {"args": ["x"] * 4096}, {"cmd": "true", "env": None, "pty": None, "cwd": None}):
+        c.expect(503, "POST", base, body)
+    c.expect(503, "GET", base)
+
+    # stdin: at most 64 KiB decoded
+    for body, says in (({"data": "x" * 65537}, "at most 65536 bytes"),
+                       ({"data_b64": base64.b64encode(b"x" * 65537).decode()}, "at most 65536 bytes"),
+                       ({"data_b64": "not base64"}, "base64"),
+                       ({"data_b64": "eA"}, "base64"),
+                       ({"data": "x", "data_b64": "eA=="}, "mutually exclusive"),
+                       ({"data": "x", "eof": "yes"}, "eof"),
+                       ({"data": 5}, "data")):
+        r = c.expect(400, "POST", f"{base}/7/stdin", body)
+        check(says in r.json["error"], (body, r.json))
+    for body in ({"data": "x" * 65536}, {"data_b64": base64.b64encode(b"\xff" * 65536).decode(), "eof": True},
+                 {"data": ""}, {"eof": True}, {}):
+        c.expect(503, "POST", f"{base}/7/stdin", body)
+
+    # signal
+    for sig in ("SIGFOO", "FOO", "", "sigterm", "TERM ", "0", "65", 0, 65, -9, True, None, 1.5, "9x"):
+        r = c.expect(400, "POST", f"{base}/7/signal", {"signal": sig})
+        check("signal" in r.json["error"], (sig, r.json))
+    c.expect(400, "POST", f"{base}/7/signal", {})
+    for sig in ("SIGTERM", "TERM", "KILL", "SIGINT", "9", "64", 15, 1, 64):
+        c.expect(503, "POST", f"{base}/7/signal", {"signal": sig})
+
+    # resize
+    for body in ({"cols": 0, "rows": 24}, {"cols": 80, "rows": 1001}, {"cols": 80}, {"rows": 24},
+                 {"cols": "80", "rows": 24}, {"cols": 80.5, "rows": 24}):
+        r = c.expect(400, "POST", f"{base}/7/resize", body)
+        check("cols" in r.json["error"] or "rows" in r.json["error"], (body, r.json))
+    c.expect(503, "POST", f"{base}/7/resize", {"cols": 1000, "rows": 1})
+
+    # the terminal: a WebSocket handshake or 400
+    for kw in ({"key": "short"}, {"key": ""}, {"key": "dGhlIHNhbXBsZSBub25jZQ"},
+               {"key": base64.b64encode(os.urandom(17)).decode()}, {"version": "8"}, {"version": ""},
+               {"upgrade": None}, {"upgrade": "h2c"}):
+        status, body = ws_upgrade(c, f"{base}/7/tty", **kw)
+        check(status == 400 and json.loads(body).get("error"), (kw, status, body))
+    status, body = ws_upgrade(c, f"{base}/7/tty?offset=x")
+    check(status == 400, (status, body))
+    status, body = ws_upgrade(c, f"{base}/7/tty")
+    check(status == 503, (status, body))
+
+    # exec with "stream"
+    c.expect(400, "POST", "/v1/sandboxes/sb-1/exec", {"args": ["true"], "stream": "yes"})
+    c.expect(400, "POST", "/v1/sandboxes/sb-1/exec", {"args": [], "stream": True})
+    c.expect(400, "POST", "/v1/sandboxes/sb-1/exec", {"args": ["a", 1], "stream": True})
+    c.expect(503, "POST", "/v1/sandboxes/sb-1/exec", {"args": ["true"], "stream": True})
+    c.expect(503, "POST", "/v1/sandboxes/sb-1/exec", {"args": ["true"], "stream": False})
 
 
 def t_daemon_absent(c):
@@ -1293,8 +1441,20 @@ def t_daemon_gone(c, stack):
 # ---------------------------------------------------------------- main
 
 
+# FORKD_REST_TESTS=t_a,t_b runs only those test functions (the rest are reported as skipped), e.g.
+# the ones that need no daemon where there is no /dev/kvm:
+#   FORKD_REST_TESTS=t_processes_validation meson test -C build rest --suite rest
+ONLY = [x for x in os.environ.get("FORKD_REST_TESTS", "").split(",") if x]
+
+
 def main():
     tap = Tap()
+
+    def run(name, fn, *args):
+        if ONLY and fn.__name__ not in ONLY and fn.__name__ != "<lambda>":
+            tap.skip(name, "not in FORKD_REST_TESTS")
+            return
+        tap.run(name, fn, *args)
     if not REST or not os.access(REST, os.X_OK):
         print(f"1..0 # SKIP forkd-rest not built ({REST!r})")
         return 0  # meson's TAP protocol: a skip exits 0 (77 is an error)
@@ -1314,24 +1474,26 @@ def main():
         rest, port = stack.start_rest()
         c = Client(port)
 
-        tap.run("GET /healthz without a token", t_healthz, c)
-        tap.run("bearer token on every route but /healthz", t_auth, c)
-        tap.run("unknown route 404, wrong method 405 with Allow", t_unknown_route_and_method, c)
-        tap.run("malformed JSON bodies are 400", t_malformed_json, c)
-        tap.run("wrong JSON types of known fields are 400; hugepages: true is refused", t_wrong_types, c)
-        tap.run("unknown fields are ignored, on every route with a body", t_unknown_fields, c)
-        tap.run("tags, ids and n validated before any D-Bus call", t_validation, c)
-        tap.run("compact, branch, fork of a running sandbox: REST API v1's 400 rows", t_not_implemented_validation, c)
-        tap.run("daemon absent: 503, /metrics still answers", t_daemon_absent, c)
-        tap.run("cpu_limit, disk_rate, net_rate: 400 naming the field on POST and PATCH", t_limits_validation, c)
-        tap.run("body cap: 413 from Content-Length and while streaming", t_body_cap, c)
-        tap.run("header cap", t_header_cap, c)
-        tap.run("slow clients are cut off while another is served", t_slow_client, c)
-        tap.run("a bundle upload outlasts --timeout at 1 MiB/s or more, and is cut below", t_bundle_upload_rate, c)
-        tap.run("connection flood", t_connection_flood, c)
-        tap.run("token file: empty, world-readable, bad characters refused", t_token_file_checks, stack)
-        tap.run("HTTPS with a generated certificate", t_https, stack)
-        tap.run("socket activation via systemd-socket-activate", t_socket_activation, stack)
+        run("GET /healthz without a token", t_healthz, c)
+        run("bearer token on every route but /healthz", t_auth, c)
+        run("unknown route 404, wrong method 405 with Allow", t_unknown_route_and_method, c)
+        run("malformed JSON bodies are 400", t_malformed_json, c)
+        run("wrong JSON types of known fields are 400; hugepages: true is refused", t_wrong_types, c)
+        run("unknown fields are ignored, on every route with a body", t_unknown_fields, c)
+        run("tags, ids and n validated before any D-Bus call", t_validation, c)
+        run("compact, branch, fork of a running sandbox: REST API v1's 400 rows", t_not_implemented_validation, c)
+        run("daemon absent: 503, /metrics still answers", t_daemon_absent, c)
+        run("cpu_limit, disk_rate, net_rate: 400 naming the field on POST and PATCH", t_limits_validation, c)
+        run("processes: pid, offset, follow, args/cmd, env, pty, signal, stdin, resize, tty handshake: 400 "
+            "before any D-Bus call", t_processes_validation, c)
+        run("body cap: 413 from Content-Length and while streaming", t_body_cap, c)
+        run("header cap", t_header_cap, c)
+        run("slow clients are cut off while another is served", t_slow_client, c)
+        run("a bundle upload outlasts --timeout at 1 MiB/s or more, and is cut below", t_bundle_upload_rate, c)
+        run("connection flood", t_connection_flood, c)
+        run("token file: empty, world-readable, bad characters refused", t_token_file_checks, stack)
+        run("HTTPS with a generated certificate", t_https, stack)
+        run("socket activation via systemd-socket-activate", t_socket_activation, stack)
 
         daemon_tests = [
             ("POST /v1/snapshots from the test guest, REST API v1's example request as it stands: the default memory",
@@ -1363,10 +1525,13 @@ def main():
         ]
         missing = [what for what, path in (("forkd", DAEMON), ("forkd-vmm", VMM), ("test guest", GUEST))
                    if not path or not os.path.exists(path)]
-        if missing or not os.path.exists("/dev/kvm"):
+        if ONLY and not any(fn.__name__ in ONLY for _, fn in daemon_tests):
+            for name, _ in daemon_tests:
+                tap.skip(name, "not in FORKD_REST_TESTS")
+        elif missing or not os.path.exists("/dev/kvm"):
             reason = ("not built: " + ", ".join(missing)) if missing else "no /dev/kvm"
             for name, _ in daemon_tests:
-                tap.run(name, lambda: (_ for _ in ()).throw(Skip(reason)))
+                run(name, lambda: (_ for _ in ()).throw(Skip(reason)))
         else:
             stack.start_daemon()
             try:
@@ -1374,10 +1539,10 @@ def main():
                 ok = True
             except AssertionError as e:
                 ok = False
-                tap.run("forkd comes up", lambda: (_ for _ in ()).throw(e))
+                run("forkd comes up", lambda: (_ for _ in ()).throw(e))
             if ok:
                 for name, fn in daemon_tests:
-                    tap.run(name, fn, c, stack)
+                    run(name, fn, c, stack)
                     if name.startswith("POST /v1/snapshots from") and tap.failed:
                         break
                 # whatever happened, do not leave sandboxes behind
