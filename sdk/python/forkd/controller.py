@@ -763,7 +763,11 @@ class Controller:
                 conn.request(method, target, body=body, headers=hdrs)
             except (BrokenPipeError, ConnectionResetError):
                 pass  # the server answered early (413, 401): read that answer below
+            sock = conn.sock
             resp = conn.getresponse()
+            # An answer with "Connection: close" takes the socket from conn: keep
+            # it reachable, so that a stream can be shut down from another thread.
+            resp.forkd_sock = sock
             return conn, resp
         except TimeoutError as e:
             conn.close()

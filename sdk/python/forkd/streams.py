@@ -52,6 +52,7 @@ class OutputStream:
         self._url = url
         self._timeout = timeout
         self._closed = False
+        self._reading = False
         self._lock = threading.Lock()
         self.ended = False       # the body ended (not closed early)
 
@@ -60,22 +61,36 @@ class OutputStream:
 
     def __next__(self):
         while True:
-            if self._closed:
-                raise StopIteration
-            try:
-                line = self._resp.readline(NDJSON_LINE_MAX + 1)
-            except TimeoutError as e:
-                self.close()
-                raise Timeout(f"no output within {self._timeout:g} s", method=self._method, url=self._url) from e
-            except (OSError, ValueError, http.client.HTTPException) as e:
-                if self._closed:
-                    raise StopIteration from None
-                self.close()
-                raise ConnectionFailed(f"the output stream broke off: {e}", method=self._method,
-                                       url=self._url) from e
-            if not line:
+            with self._lock:
                 if self._closed:
                     raise StopIteration
+                self._reading = True
+            failure = None
+            try:
+                line = self._resp.readline(NDJSON_LINE_MAX + 1)
+            except Exception as e:  # noqa: BLE001: sorted out below
+                failure = e
+            with self._lock:
+                self._reading = False
+                closed = self._closed
+            if closed:
+                # close() came from another thread while this one read: the
+                # connection is this thread's to close now.
+                self._resp.close()
+                self._conn.close()
+                raise StopIteration
+            if isinstance(failure, TimeoutError):
+                self.close()
+                raise Timeout(f"no output within {self._timeout:g} s", method=self._method,
+                              url=self._url) from failure
+            if isinstance(failure, (OSError, ValueError, http.client.HTTPException)):
+                self.close()
+                raise ConnectionFailed(f"the output stream broke off: {failure}", method=self._method,
+                                       url=self._url) from failure
+            if failure is not None:
+                self.close()
+                raise failure
+            if not line:
                 self.ended = True
                 self.close()
                 raise StopIteration
@@ -103,13 +118,17 @@ class OutputStream:
             return obj
 
     def close(self):
+        """End the stream; from another thread, this ends a read blocked on it."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-            sock = self._conn.sock
+            reading = self._reading
+            sock = getattr(self._resp, "forkd_sock", None) or self._conn.sock
         _shutdown(sock)
-        self._conn.close()
+        if not reading:
+            self._resp.close()
+            self._conn.close()
 
     @property
     def closed(self):
