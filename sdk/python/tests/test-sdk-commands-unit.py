@@ -170,7 +170,7 @@ def ws_accept(key):
     return base64.b64encode(hashlib.sha1((key + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11").encode()).digest()).decode()
 
 
-def ws_send(h, opcode, payload, fin=True):
+def ws_frame(opcode, payload, fin=True):
     head = bytes([(0x80 if fin else 0) | opcode])
     n = len(payload)
     if n < 126:
@@ -179,7 +179,11 @@ def ws_send(h, opcode, payload, fin=True):
         head += bytes([126]) + struct.pack("!H", n)
     else:
         head += bytes([127]) + struct.pack("!Q", n)
-    h.wfile.write(head + payload)
+    return head + payload
+
+
+def ws_send(h, opcode, payload, fin=True):
+    h.wfile.write(ws_frame(opcode, payload, fin))
     h.wfile.flush()
 
 
@@ -204,10 +208,10 @@ def tty_server(log, reason, script):
     def serve(h):
         key = h.headers.get("Sec-WebSocket-Key", "")
         log.append(("handshake", dict(h.headers)))
+        # the first output in the same write as the handshake's answer
         h.wfile.write(("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-                       f"Sec-WebSocket-Accept: {ws_accept(key)}\r\n\r\n").encode())
-        # the first output in the same segment as the handshake's answer
-        ws_send(h, 0x2, b"$ ")
+                       f"Sec-WebSocket-Accept: {ws_accept(key)}\r\n\r\n").encode() + ws_frame(0x2, b"$ "))
+        h.wfile.flush()
         script(h, log)
         ws_send(h, 0x8, struct.pack("!H", 1000) + reason.encode())
         try:
