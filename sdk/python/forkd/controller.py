@@ -18,6 +18,7 @@ server still works on it. Every method takes timeout= to override it.
 
 import base64
 import http.client
+import socket
 import json
 import os
 import re
@@ -27,6 +28,7 @@ import urllib.parse
 
 from . import errors
 from .errors import (ConnectionFailed, InvalidArgument, ProtocolError, Timeout)
+from .streams import OutputStream, TtyConnection, WS_HEADER_MAX, ws_accept, ws_key
 
 __all__ = ["Controller", "DEFAULT_URL", "FILE_MAX"]
 
@@ -45,6 +47,20 @@ DIFF_PATHS_MAX = 64
 BUNDLE_MAX = 1 << 30
 REPLY_MAX = 64 << 20           # the most JSON the SDK reads in one answer
 TOKEN_FILE_MAX = 4096
+
+# Processes (forkd's REST API v1 for processes; the guest agent's limits).
+PID_MAX = 4194304
+PROC_ARGS_MAX = 4096
+PROC_ARGS_BYTES = 128 * 1024   # each argument counts its bytes + 1
+PROC_ENV_MAX = 1024
+PROC_ENV_BYTES = 128 * 1024    # each entry counts key + value + 2
+PROC_TIMEOUT_MAX = 86400
+PROC_USER_MAX = 256
+STDIN_CHUNK_MAX = 64 * 1024    # one send_stdin, decoded
+PTY_DIM_MAX = 1000             # cols and rows: 1 .. this
+OFFSET_MAX = 2**63 - 1
+SIGNAL_MAX = 64
+SIGNAL_NAME_RE = re.compile(r"^(SIG)?[A-Z][A-Z0-9]*([+-][0-9]+)?\Z")
 
 # The server's own bounds (seconds) for the calls that may take long, and the margin.
 MARGIN = 15
@@ -118,6 +134,78 @@ def _as_bytes(data, what="data"):
             raise InvalidArgument(f"{what}: read() returned {type(b).__name__}, not bytes")
         return bytes(b)
     raise InvalidArgument(f"{what} must be str, bytes or a file object, not {type(data).__name__}")
+
+
+def _check_pid(pid):
+    return _check_int(pid, "pid", 1, PID_MAX)
+
+
+def _check_pty(pty):
+    """(cols, rows), [cols, rows] or {"cols", "rows"} (an object with .cols and
+    .rows too: PtySize) into {"cols", "rows"}."""
+    if isinstance(pty, dict):
+        if set(pty) != {"cols", "rows"}:
+            raise InvalidArgument(f'pty must be {{"cols": C, "rows": R}}, not {pty!r}')
+        cols, rows = pty["cols"], pty["rows"]
+    elif isinstance(pty, (tuple, list)) and len(pty) == 2:
+        cols, rows = pty
+    elif hasattr(pty, "cols") and hasattr(pty, "rows"):
+        cols, rows = pty.cols, pty.rows
+    else:
+        raise InvalidArgument(f"pty must be (cols, rows) or {{\"cols\", \"rows\"}}, not {pty!r}")
+    return {"cols": _check_int(cols, "pty cols", 1, PTY_DIM_MAX), "rows": _check_int(rows, "pty rows", 1, PTY_DIM_MAX)}
+
+
+def _process_body(args, cmd, cwd, env, user, pty, timeout_secs, stdin):
+    """The body of POST .../processes, every field checked against the guest agent's limits."""
+    if (args is None) == (cmd is None):
+        raise InvalidArgument("give args (a list of strings) or cmd (a shell command), exactly one")
+    body = {}
+    if args is not None:
+        if isinstance(args, str) or not isinstance(args, (list, tuple)) or not 1 <= len(args) <= PROC_ARGS_MAX:
+            raise InvalidArgument(f"args must be a list of 1 to {PROC_ARGS_MAX} strings")
+        total = 0
+        for i, a in enumerate(args):
+            _check_str(a, f"args[{i}]", PROC_ARGS_BYTES)
+            total += len(a.encode("utf-8", errors="surrogatepass")) + 1
+        if total > PROC_ARGS_BYTES:
+            raise InvalidArgument(f"args are longer than {PROC_ARGS_BYTES} bytes in all")
+        body["args"] = list(args)
+    else:
+        # It runs as /bin/sh -c cmd: those count too.
+        _check_str(cmd, "cmd", PROC_ARGS_BYTES - len("/bin/sh") - len("-c") - 3)
+        body["cmd"] = cmd
+    if cwd is not None:
+        body["cwd"] = _check_str(cwd, "cwd", PATH_MAX)
+        if not cwd:
+            raise InvalidArgument("cwd must not be empty")
+    if env is not None:
+        if not isinstance(env, dict) or len(env) > PROC_ENV_MAX:
+            raise InvalidArgument(f"env must be a dict of at most {PROC_ENV_MAX} strings")
+        total = 0
+        for k, v in env.items():
+            _check_str(k, "env key", PROC_ENV_BYTES)
+            if not k or "=" in k:
+                raise InvalidArgument(f"env key {k!r} must be non-empty and without '='")
+            _check_str(v, f"env[{k!r}]", PROC_ENV_BYTES)
+            total += len(k.encode("utf-8", errors="surrogatepass")) + len(v.encode("utf-8", errors="surrogatepass")) + 2
+        if total > PROC_ENV_BYTES:
+            raise InvalidArgument(f"env is longer than {PROC_ENV_BYTES} bytes in all")
+        body["env"] = dict(env)
+    if user is not None:
+        _check_str(user, "user", PROC_USER_MAX)
+        if not user:
+            raise InvalidArgument("user must not be empty")
+        body["user"] = user
+    if pty is not None:
+        body["pty"] = _check_pty(pty)
+    if timeout_secs is not None:
+        body["timeout_secs"] = _check_int(timeout_secs, "timeout_secs", 0, PROC_TIMEOUT_MAX)
+    if stdin is not None:
+        if not isinstance(stdin, bool):
+            raise InvalidArgument(f"stdin must be a bool, not {stdin!r}")
+        body["stdin"] = stdin
+    return body
 
 
 def _read_token_file(path):
@@ -379,15 +467,24 @@ class Controller:
         """POST /v1/sandboxes/:id/ping: the guest agent's answer."""
         return self._call("POST", f"/v1/sandboxes/{_check_name(sandbox_id, 'sandbox id')}/ping")
 
-    def exec_sandbox(self, sandbox_id, args, timeout_secs=30, timeout=None):
+    def exec_sandbox(self, sandbox_id, args, timeout_secs=30, timeout=None, stream=False):
         """POST /v1/sandboxes/:id/exec: run argv in the guest; the agent's answer
-        ({stdout, stderr, exit_code, ...})."""
+        ({stdout, stderr, exit_code, ...}). With stream=True the command runs as a
+        background process and the answer is its output as it comes: an
+        OutputStream of the objects read_output(follow=True) yields."""
         sid = _check_name(sandbox_id, "sandbox id")
         if isinstance(args, str) or not isinstance(args, (list, tuple)) or not args or len(args) > 4096:
             raise InvalidArgument("args must be a list of 1 to 4096 strings")
         args = [_check_str(a, f"args[{i}]", 1 << 20) for i, a in enumerate(args)]
         _check_int(timeout_secs, "timeout_secs", 0, EXEC_TIMEOUT_MAX)
+        if not isinstance(stream, bool):
+            raise InvalidArgument(f"stream must be a bool, not {stream!r}")
         wait = (timeout_secs or 30) + 30 + MARGIN
+        if stream:
+            # Each read may wait as long as the command runs quietly.
+            return self._stream("POST", f"/v1/sandboxes/{sid}/exec", None,
+                                {"args": args, "timeout_secs": timeout_secs, "stream": True},
+                                None if timeout_secs == 0 and timeout is None else self._timeout(timeout, wait))
         return self._call("POST", f"/v1/sandboxes/{sid}/exec", {"args": args, "timeout_secs": timeout_secs},
                           timeout=self._timeout(timeout, wait))
 
@@ -471,6 +568,169 @@ class Controller:
             raise ProtocolError(f"files.read: size {r['size']!r} but {len(data)} bytes of data")
         return data
 
+    # ------------------------------------------------------------ processes
+
+    def start_process(self, sandbox_id, args=None, cmd=None, cwd=None, env=None, user=None, pty=None,
+                      timeout_secs=None, stdin=None, timeout=None):
+        """POST /v1/sandboxes/:id/processes: start a background process, argv args
+        or the shell command cmd (`/bin/sh -c cmd`), exactly one. env: a dict of
+        strings added to the image's; pty: (cols, rows) or {"cols", "rows"};
+        timeout_secs 0..86400 (0: none); stdin False gives it /dev/null.
+        Returns {"pid": n} (201)."""
+        sid = _check_name(sandbox_id, "sandbox id")
+        body = _process_body(args, cmd, cwd, env, user, pty, timeout_secs, stdin)
+        return self._call("POST", f"/v1/sandboxes/{sid}/processes", body,
+                          timeout=self._timeout(timeout, SERVER_SHORT + MARGIN))
+
+    def list_processes(self, sandbox_id, timeout=None):
+        """GET /v1/sandboxes/:id/processes: {"processes": [{"pid", "args", "cwd", "pty",
+        "running", "exit_code", "signal", "end_offset", "started_at_unix"}]}."""
+        sid = _check_name(sandbox_id, "sandbox id")
+        return self._call("GET", f"/v1/sandboxes/{sid}/processes", timeout=self._timeout(timeout, SERVER_SHORT + MARGIN))
+
+    def read_output(self, sandbox_id, pid, offset=0, follow=False, timeout=None):
+        """GET /v1/sandboxes/:id/processes/:pid/output: an OutputStream (iterate it)
+        of the NDJSON objects, each as soon as its line arrived:
+        {"stream", "offset", "data"} or {"stream", "offset", "data_b64"}, {"gap",
+        "offset"}, and last {"exit_code", "signal"} once the process ended. Without
+        follow: what is there now; with follow: until the end. An HTTP error is
+        raised here, before the stream is returned. timeout: each read's bound
+        (default: none with follow, as a quiet process sends nothing for long)."""
+        sid = _check_name(sandbox_id, "sandbox id")
+        _check_pid(pid)
+        _check_int(offset, "offset", 0, OFFSET_MAX)
+        if not isinstance(follow, bool):
+            raise InvalidArgument(f"follow must be a bool, not {follow!r}")
+        query = {"offset": str(offset), "follow": "true" if follow else "false"}
+        if timeout is not None:
+            t = self._timeout(timeout, 0)
+        else:
+            t = None if follow else self._timeout(None, SERVER_SHORT + MARGIN)
+        return self._stream("GET", f"/v1/sandboxes/{sid}/processes/{pid}/output", query, None, t)
+
+    def send_stdin(self, sandbox_id, pid, data=b"", eof=False, timeout=None):
+        """POST /v1/sandboxes/:id/processes/:pid/stdin: data (str, sent as text, or
+        bytes, as base64; at most 64 KiB encoded as UTF-8 / decoded), then the end
+        of the input when eof. Returns {"written": n}."""
+        sid = _check_name(sandbox_id, "sandbox id")
+        _check_pid(pid)
+        if not isinstance(eof, bool):
+            raise InvalidArgument(f"eof must be a bool, not {eof!r}")
+        if isinstance(data, str):
+            if len(data.encode("utf-8", errors="surrogatepass")) > STDIN_CHUNK_MAX:
+                raise InvalidArgument(f"stdin data is longer than {STDIN_CHUNK_MAX} bytes in one call")
+            try:
+                data.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise InvalidArgument(f"stdin data is not encodable as UTF-8: {e}") from e
+            body = {"data": data}
+        elif isinstance(data, (bytes, bytearray, memoryview)):
+            data = bytes(data)
+            if len(data) > STDIN_CHUNK_MAX:
+                raise InvalidArgument(f"stdin data is longer than {STDIN_CHUNK_MAX} bytes in one call")
+            body = {"data_b64": base64.b64encode(data).decode("ascii")}
+        else:
+            raise InvalidArgument(f"stdin data must be str or bytes, not {type(data).__name__}")
+        if eof:
+            body["eof"] = True
+        return self._call("POST", f"/v1/sandboxes/{sid}/processes/{pid}/stdin", body,
+                          timeout=self._timeout(timeout, SERVER_SHORT + MARGIN))
+
+    def signal_process(self, sandbox_id, pid, signal="SIGTERM", timeout=None):
+        """POST /v1/sandboxes/:id/processes/:pid/signal: signal (a name, "SIGTERM" or
+        "TERM", or a number 1..64) to the process's group (204: None)."""
+        sid = _check_name(sandbox_id, "sandbox id")
+        _check_pid(pid)
+        if isinstance(signal, str):
+            if not SIGNAL_NAME_RE.match(signal) or len(signal) > 32:
+                raise InvalidArgument(f'signal must be a name ("SIGTERM", "TERM") or a number 1..{SIGNAL_MAX}, '
+                                      f'not {signal!r}')
+        else:
+            _check_int(signal, "signal", 1, SIGNAL_MAX)
+        return self._call("POST", f"/v1/sandboxes/{sid}/processes/{pid}/signal", {"signal": signal},
+                          timeout=self._timeout(timeout, SERVER_SHORT + MARGIN))
+
+    def resize_pty(self, sandbox_id, pid, cols, rows, timeout=None):
+        """POST /v1/sandboxes/:id/processes/:pid/resize: the pty's size, cols and
+        rows 1..1000 (204: None)."""
+        sid = _check_name(sandbox_id, "sandbox id")
+        _check_pid(pid)
+        body = {"cols": _check_int(cols, "cols", 1, PTY_DIM_MAX), "rows": _check_int(rows, "rows", 1, PTY_DIM_MAX)}
+        return self._call("POST", f"/v1/sandboxes/{sid}/processes/{pid}/resize", body,
+                          timeout=self._timeout(timeout, SERVER_SHORT + MARGIN))
+
+    def open_tty(self, sandbox_id, pid, timeout=None):
+        """GET /v1/sandboxes/:id/processes/:pid/tty as a WebSocket: a TtyConnection
+        (send, resize, recv, close). timeout bounds the handshake; reads then
+        wait without a bound."""
+        sid = _check_name(sandbox_id, "sandbox id")
+        _check_pid(pid)
+        t = self._timeout(timeout, SERVER_SHORT + MARGIN)
+        path = f"/v1/sandboxes/{sid}/processes/{pid}/tty"
+        url = self.base_url + path
+        key = ws_key()
+        conn = self._connection(t)
+        try:
+            conn.connect()
+            sock = conn.sock
+            host = self._host if ":" not in self._host else f"[{self._host}]"
+            if self._port is not None:
+                host += f":{self._port}"
+            lines = [f"GET {self._prefix + path} HTTP/1.1", f"Host: {host}", "Upgrade: websocket",
+                     "Connection: Upgrade", f"Sec-WebSocket-Key: {key}", "Sec-WebSocket-Version: 13"]
+            if self.token:
+                lines.append("Authorization: Bearer " + self.token)
+            sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
+            buf = bytearray()
+            while b"\r\n\r\n" not in buf:
+                if len(buf) > WS_HEADER_MAX:
+                    raise ProtocolError(f"the WebSocket answer's header is larger than {WS_HEADER_MAX} bytes",
+                                        method="GET", url=url)
+                b = sock.recv(4096)
+                if not b:
+                    raise ConnectionFailed("the server closed the connection during the WebSocket handshake",
+                                           method="GET", url=url)
+                buf += b
+            end = buf.index(b"\r\n\r\n")
+            head = bytes(buf[:end]).decode("latin-1").split("\r\n")
+            rest = bytes(buf[end + 4:])
+            parts = head[0].split(" ", 2)
+            if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
+                raise ProtocolError(f"not an HTTP answer: {head[0][:200]!r}", method="GET", url=url)
+            status = int(parts[1])
+            headers = {}
+            for h in head[1:]:
+                k, sep, v = h.partition(":")
+                if sep:
+                    headers[k.strip().lower()] = v.strip()
+            if status != 101:
+                body = rest
+                n = headers.get("content-length")
+                if n and n.isdigit():
+                    want = min(int(n), REPLY_MAX)
+                    while len(body) < want:
+                        b = sock.recv(65536)
+                        if not b:
+                            break
+                        body += b
+                    body = body[:want]
+                raise errors.error_for_status(status, body, "GET", url)
+            if headers.get("upgrade", "").lower() != "websocket" or \
+                    "upgrade" not in [x.strip() for x in headers.get("connection", "").lower().split(",")]:
+                raise ProtocolError("the server did not upgrade the connection to a WebSocket", method="GET", url=url)
+            if headers.get("sec-websocket-accept") != ws_accept(key):
+                raise ProtocolError("the server's Sec-WebSocket-Accept does not match our key", method="GET", url=url)
+            sock.settimeout(None)
+            tty = TtyConnection(sock, rest, url)
+            conn.sock = None  # the TtyConnection owns the socket now
+            return tty
+        except TimeoutError as e:
+            raise Timeout(f"no answer within {t:g} s", method="GET", url=url) from e
+        except (OSError, http.client.HTTPException) as e:
+            raise ConnectionFailed(f"cannot talk to forkd-rest at {self.base_url}: {e}", method="GET", url=url) from e
+        finally:
+            conn.close()
+
     # ------------------------------------------------------------ HTTP
 
     def _timeout(self, override, wait):
@@ -503,7 +763,11 @@ class Controller:
                 conn.request(method, target, body=body, headers=hdrs)
             except (BrokenPipeError, ConnectionResetError):
                 pass  # the server answered early (413, 401): read that answer below
+            sock = conn.sock
             resp = conn.getresponse()
+            # An answer with "Connection: close" takes the socket from conn: keep
+            # it reachable, so that a stream can be shut down from another thread.
+            resp.forkd_sock = sock
             return conn, resp
         except TimeoutError as e:
             conn.close()
@@ -580,3 +844,22 @@ class Controller:
         finally:
             conn.close()
 
+    def _stream(self, method, path, query, body, timeout):
+        """A request whose 200 answer is NDJSON read as it comes: an OutputStream.
+        An error answer is raised here. timeout None: reads wait without a bound."""
+        url = self.base_url + path
+        headers = {"Accept": "application/x-ndjson"}
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        conn, resp = self._open(method, path, query, data, headers, timeout if timeout is not None else
+                                socket.getdefaulttimeout())
+        try:
+            if resp.status != 200:
+                payload = self._read(resp, REPLY_MAX, method, url, timeout)
+                raise errors.error_for_status(resp.status, payload, method, url)
+        except BaseException:
+            conn.close()
+            raise
+        return OutputStream(conn, resp, method, url, timeout)

@@ -1,27 +1,16 @@
 # SPDX-License-Identifier: LGPL-2.1-or-later
-"""Sandbox: one forkd sandbox, with E2B's surface (create, commands.run,
+"""Sandbox: one forkd sandbox, with E2B's surface (create, commands, pty,
 files.write/read, run_code) and Podflare's fan-out (fork, diff, merge_into,
 branch), over forkd-rest (see Controller)."""
 
 import os
 from dataclasses import dataclass
 
+from .commands import CommandResult, Commands, Pty
 from .controller import Controller, FILE_MAX, _check_name
 from .errors import ForkdError, InvalidArgument, NotFound, ProtocolError
 
 __all__ = ["Sandbox", "CommandResult", "Execution"]
-
-
-@dataclass
-class CommandResult:
-    """What sandbox.commands.run() returns (E2B's shape, plus forkd's flags)."""
-
-    stdout: str
-    stderr: str
-    exit_code: int
-    error: object = None      # the agent's error text, if it gave one
-    truncated: bool = False   # output cut at the agent's cap
-    timed_out: bool = False   # killed at its timeout
 
 
 @dataclass
@@ -54,25 +43,6 @@ def _int_field(r, key, what):
     if isinstance(v, bool) or not isinstance(v, int):
         raise ProtocolError(f"{what}: the answer's {key} is not an integer: {str(r)[:200]}")
     return v
-
-
-class Commands:
-    """sandbox.commands (E2B's)."""
-
-    def __init__(self, sandbox):
-        self._sb = sandbox
-
-    def run(self, cmd, timeout=30):
-        """Run cmd in the sandbox and wait for it: a string runs as `sh -c cmd`,
-        a list as argv. timeout: seconds (0: the agent's default). Returns a
-        CommandResult; a non-zero exit is not an exception."""
-        args = ["sh", "-c", cmd] if isinstance(cmd, str) else cmd
-        r = self._sb._ctl.exec_sandbox(self._sb._live_id(), args, timeout_secs=timeout)
-        return CommandResult(stdout=_str_field(r, "stdout", "commands.run"),
-                             stderr=_str_field(r, "stderr", "commands.run"),
-                             exit_code=_int_field(r, "exit_code", "commands.run"),
-                             error=r.get("error"), truncated=bool(r.get("truncated", False)),
-                             timed_out=bool(r.get("timed_out", False)))
 
 
 class Files:
@@ -115,6 +85,7 @@ class Sandbox:
         self._closed = False
         self._defunct = False
         self.commands = Commands(self)
+        self.pty = Pty(self)
         self.files = Files(self)
         if sandbox_id is not None:
             if snapshot_tag is not None:

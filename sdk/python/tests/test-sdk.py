@@ -37,7 +37,7 @@ SDK = os.path.dirname(HERE)
 TOP = os.path.dirname(os.path.dirname(SDK))
 
 import forkd
-from forkd import (BadRequest, Conflict, Controller, ForkdError, InvalidArgument, NotFound, Sandbox,
+from forkd import (BadRequest, Conflict, Controller, ForkdError, InvalidArgument, NotFound, PtySize, Sandbox,
                    ServerError, Unauthorized)
 
 _spec = importlib.util.spec_from_file_location("test_rest", os.path.join(TOP, "tests", "rest", "test-rest.py"))
@@ -246,8 +246,11 @@ def t_sandbox_e2b(ctl, stack):
         r = sb.commands.run(G.shell_cat("/root/e2b.txt"))
         check(isinstance(r, forkd.CommandResult) and r.stdout == "hello\n" and r.exit_code == 0, r)
         if GUEST_KIND == "linux":
-            r = sb.commands.run(["sh", "-c", "echo err >&2; exit 7"], timeout=10)
-            check(r.stderr == "err\n" and r.exit_code == 7, r)
+            try:
+                r = sb.commands.run(["sh", "-c", "echo err >&2; exit 7"], timeout=10)
+                check(False, f"exit 7 did not raise: {r}")
+            except forkd.CommandExitException as e:
+                check(e.stderr == "err\n" and e.exit_code == 7, e)
             check(sb.commands.run("exit 0").exit_code == 0, "exit 0")
         check(sb.ping().get("pong") is True, "ping")
     check(not sb.is_running(), "the context manager closed it")
@@ -325,6 +328,49 @@ def t_files(ctl, stack):
             check(False, "a path with .. was written")
         except BadRequest as e:
             check(e.status == 400 and "path" in e.message, e)
+
+
+def expect_exit(fn, *a, **kw):
+    try:
+        r = fn(*a, **kw)
+    except forkd.CommandExitException as e:
+        return e
+    check(False, f"no CommandExitException: {r}")
+
+
+def t_processes(ctl, stack):
+    if GUEST_KIND != "linux":
+        raise Skip("the test guest keeps no process table (the Linux guest's agent does)")
+    with Sandbox.create(TAG, controller=ctl) as sb:
+        try:
+            sb.commands.list()
+        except NotFound as e:
+            if e.message.startswith("no route for"):
+                raise Skip("forkd-rest has no /v1/sandboxes/:id/processes routes yet") from e
+            raise
+        outs = []
+        r = sb.commands.run("echo one; echo two >&2; printf '\\303\\251'", on_stdout=outs.append)
+        check(r.stdout == "one\n\u00e9" and r.stderr == "two\n" and r.exit_code == 0 and "".join(outs) == r.stdout,
+              (r, outs))
+        e = expect_exit(sb.commands.run, "exit 3")
+        check(e.exit_code == 3 and e.signal is None, e)
+        h = sb.commands.run("read x; echo got $x", background=True, stdin=True)
+        check(h.pid in [p.pid for p in sb.commands.list()], "listed")
+        h.send_stdin("hi\n")
+        check(h.wait().stdout == "got hi\n", h.stdout)
+        h = sb.commands.run("sleep 300", background=True)
+        check(h.kill() is True, "kill")
+        e = expect_exit(h.wait)
+        check(e.signal == 9 and e.exit_code == -9, e)
+        h = sb.commands.run("echo early; sleep 1; echo late", background=True)
+        h.disconnect()
+        check(sb.commands.connect(h.pid).wait().stdout == "early\nlate\n", "connect follows from the start")
+        data = []
+        t = sb.pty.create(PtySize(rows=24, cols=80), on_data=data.append)
+        sb.pty.resize(t.pid, PtySize(rows=30, cols=100))
+        sb.pty.send_stdin(t.pid, b"stty size; exit 5\n")
+        e = expect_exit(t.wait, timeout=60)
+        check(e.exit_code == 5 and b"30 100" in b"".join(data), (e, b"".join(data)[-300:]))
 
 
 def t_fork_diff(ctl, stack):
@@ -553,6 +599,8 @@ def main():
             ("Sandbox.create, run_code with persistent globals, commands.run, context manager, Sandbox() from "
              "the environment", t_sandbox_e2b),
             ("files.write and files.read (the cap before sending)", t_files),
+            ("commands (run, background, stdin, kill, connect) and pty (create, resize, send_stdin)",
+             t_processes),
             ("fork(n) inherits globals; diff (REST API v1's example)", t_fork_diff),
             ("merge_into: the parent drives the winner's VM; branch and a sandbox of it", t_merge_branch),
             ("diff branch, Conflict on delete, compact_snapshot, pack and unpack", t_chain_pack),
