@@ -17,7 +17,7 @@ import threading
 from dataclasses import dataclass, field
 
 from .controller import STDIN_CHUNK_MAX, _check_int, _check_pid, PTY_DIM_MAX
-from .errors import (ForkdError, InvalidArgument, MethodNotAllowed, NotFound, ProtocolError, ServerError, Timeout,
+from .errors import (ForkdError, InvalidArgument, MethodNotAllowed, NotFound, ProtocolError, Timeout,
                      Unsupported)
 
 __all__ = ["CommandHandle", "CommandResult", "CommandExitException", "ProcessInfo", "PtySize", "Commands", "Pty"]
@@ -387,12 +387,12 @@ def _timeout_secs(timeout):
 
 
 def _no_processes(e):
-    """Whether e says the server (or its guest) has no process routes."""
+    """Whether e says the server (or its guest) has no process routes: 501 (a guest
+    whose agent runs no processes, such as forkd's test guest), or an older
+    forkd-rest without the routes (405, or 404 "no route for")."""
     if isinstance(e, (Unsupported, MethodNotAllowed)):
         return True
-    if isinstance(e, NotFound) and (e.message or "").startswith("no route for"):
-        return True
-    return isinstance(e, ServerError) and "unknown op" in (e.message or "")
+    return isinstance(e, NotFound) and (e.message or "").startswith("no route for")
 
 
 class Commands:
