@@ -4,8 +4,11 @@
  * thread that shares its memory (CLONE_VM: no copy of forkd's page tables),
  * takes the template's uid as its effective one, keeping its capabilities
  * (SECBIT_NO_SETUID_FIXUP), so that the namespace it then unshares is owned by
- * that uid, and stops itself, with SIGKILL as its parent-death signal. forkd writes the maps of the stopped helper,
- * opens its namespace, and kills it: the fd keeps the namespace.
+ * that uid, opens that namespace into forkd's fd table (CLONE_FILES), and stops
+ * itself, with SIGKILL as its parent-death signal. forkd writes the maps of the
+ * stopped helper and kills it: the fd keeps the namespace. The helper opens the
+ * fd itself because forkd may not open /proc/PID/ns/user of a process of
+ * another uid: that takes CAP_SYS_PTRACE, which forkd.service does not grant.
  *
  * The helper runs on a stack of its own beside a thread of the C library
  * without being one, so it makes raw system calls only; set*id() of the C
@@ -32,16 +35,19 @@ enum {
         HELPER_EXIT_SECUREBITS = 10,
         HELPER_EXIT_SETUID,
         HELPER_EXIT_UNSHARE,
+        HELPER_EXIT_NSFD,
         HELPER_EXIT_PARENT,
 };
 
 struct helper_args {
         uid_t owner;
         pid_t parent;
+        int ns_fd; /* set by the helper, in the fd table it shares with forkd */
 };
 
 static int helper(void *userdata) {
-        const struct helper_args *a = userdata;
+        struct helper_args *a = userdata;
+        long fd;
 
         if (syscall(SYS_prctl, PR_SET_SECUREBITS, SECBIT_NO_SETUID_FIXUP, 0, 0, 0) < 0)
                 syscall(SYS_exit, HELPER_EXIT_SECUREBITS);
@@ -49,6 +55,10 @@ static int helper(void *userdata) {
                 syscall(SYS_exit, HELPER_EXIT_SETUID);
         if (syscall(SYS_unshare, CLONE_NEWUSER) < 0)
                 syscall(SYS_exit, HELPER_EXIT_UNSHARE);
+        fd = syscall(SYS_openat, AT_FDCWD, "/proc/self/ns/user", O_RDONLY | O_CLOEXEC | O_NOCTTY);
+        if (fd < 0)
+                syscall(SYS_exit, HELPER_EXIT_NSFD);
+        a->ns_fd = (int) fd;
         /* Stopped, it would outlive a killed forkd, holding a copy of every fd of
          * forkd's (the state directory's lock among them): it dies with forkd.
          * Set here, after the switch of uid, which clears it. */
@@ -77,16 +87,16 @@ static int write_map(pid_t pid, const char *which, const char *map) {
 
 int vmm_userns_new(uid_t owner, uid_t id, gid_t group, int *ret_fd) {
         _cleanup_free_ void *stack = NULL;
-        struct helper_args args = { .owner = owner, .parent = getpid() };
-        char uid_map[64], gid_map[96], path[64];
-        int status, fd = -EBADF, r = 0;
+        struct helper_args args = { .owner = owner, .parent = getpid(), .ns_fd = -EBADF };
+        char uid_map[64], gid_map[96];
+        int status, r = 0;
         pid_t pid;
 
         stack = malloc(HELPER_STACK);
         if (!stack)
                 return -ENOMEM;
         /* No exit signal: forkd's own SIGCHLD handling never sees it (waited with __WALL). */
-        pid = clone(helper, (uint8_t *) stack + HELPER_STACK, CLONE_VM, &args);
+        pid = clone(helper, (uint8_t *) stack + HELPER_STACK, CLONE_VM | CLONE_FILES, &args);
         if (pid < 0)
                 return -errno;
         while (waitpid(pid, &status, WUNTRACED | __WALL) < 0)
@@ -96,6 +106,7 @@ int vmm_userns_new(uid_t owner, uid_t id, gid_t group, int *ret_fd) {
                         goto reap;
                 }
         if (!WIFSTOPPED(status)) {
+                safe_close(args.ns_fd);
                 r = WIFEXITED(status) && WEXITSTATUS(status) == HELPER_EXIT_UNSHARE ? -EPERM : -ECHILD;
                 return log_debug_errno(r, "The user namespace helper ended with %d before it made one.",
                                        WIFEXITED(status) ? WEXITSTATUS(status) : -1);
@@ -105,20 +116,14 @@ int vmm_userns_new(uid_t owner, uid_t id, gid_t group, int *ret_fd) {
         r = write_map(pid, "uid_map", uid_map);
         if (r >= 0)
                 r = write_map(pid, "gid_map", gid_map);
-        if (r >= 0) {
-                snprintf(path, sizeof(path), "/proc/%d/ns/user", (int) pid);
-                fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
-                if (fd < 0)
-                        r = -errno;
-        }
         (void) kill(pid, SIGKILL);
 reap:
         while (waitpid(pid, &status, __WALL) < 0 && errno == EINTR)
                 ;
         if (r < 0) {
-                safe_close(fd);
+                safe_close(args.ns_fd);
                 return r;
         }
-        *ret_fd = fd;
+        *ret_fd = args.ns_fd;
         return 0;
 }

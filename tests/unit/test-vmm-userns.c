@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <sched.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -18,7 +19,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/capability.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -109,6 +112,58 @@ static void test_switch(void **state) {
         close(fd);
 }
 
+/* As forkd.service runs forkd: without CAP_SYS_PTRACE (not in its bounding set),
+ * which opening /proc/PID/ns/user of a process of another uid would take. The
+ * namespace still comes back, owned by the template's uid, with the maps. */
+static void test_without_ptrace(void **state) {
+        int status;
+        pid_t pid;
+
+        if (geteuid() != 0)
+                skip();
+        pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+                int fd = -1, r;
+                char map[64] = "";
+                ssize_t n;
+
+                struct __user_cap_header_struct h = { .version = _LINUX_CAPABILITY_VERSION_3 };
+                struct __user_cap_data_struct d[2];
+
+                if (prctl(PR_CAPBSET_DROP, CAP_SYS_PTRACE, 0, 0, 0) < 0 || syscall(SYS_capget, &h, d) < 0)
+                        _exit(90);
+                d[0].effective &= ~(1u << CAP_SYS_PTRACE);
+                d[0].permitted &= ~(1u << CAP_SYS_PTRACE);
+                d[0].inheritable &= ~(1u << CAP_SYS_PTRACE);
+                if (syscall(SYS_capset, &h, d) < 0)
+                        _exit(90);
+                r = vmm_userns_new(TEMPLATE_UID, SANDBOX_ID, TEMPLATE_UID, &fd);
+                if (r == -EPERM || r == -ENOSPC || r == -EINVAL || r == -ENOSYS)
+                        _exit(77);
+                if (r < 0)
+                        _exit(91);
+                /* A process that enters it sees the map forkd wrote. */
+                if (fork() == 0) {
+                        int m;
+
+                        if (setns(fd, CLONE_NEWUSER) < 0)
+                                _exit(92);
+                        m = open("/proc/self/uid_map", O_RDONLY | O_CLOEXEC);
+                        n = m < 0 ? -1 : read(m, map, sizeof(map) - 1);
+                        _exit(n > 0 && strstr(map, "1879048197") ? 0 : 93);
+                }
+                if (wait(&status) < 0 || !WIFEXITED(status))
+                        _exit(94);
+                _exit(WEXITSTATUS(status));
+        }
+        assert_int_equal(waitpid(pid, &status, 0), pid);
+        assert_true(WIFEXITED(status));
+        if (WEXITSTATUS(status) == 77)
+                skip();
+        assert_int_equal(WEXITSTATUS(status), 0);
+}
+
 /* Sealed: the switch's own calls kill the process. */
 static void test_sealed(void **state) {
         int fd = -1, status, r;
@@ -164,6 +219,7 @@ static void test_owner_only(void **state) {
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_switch),
+                cmocka_unit_test(test_without_ptrace),
                 cmocka_unit_test(test_sealed),
                 cmocka_unit_test(test_owner_only),
         };
