@@ -33,7 +33,7 @@ else
 fi
 
 # ("the[ ]spec" is "the spec" written so that this line is not a hit of the plain pattern.)
-pattern='\bissue [0-9]+|\bseeds? 00[0-9]|/shared/(spec|DESIGN)|\blent\b|the[ ]spec.s|fresh clone of|\b(an|earlier|this|last|next|same) stop\b'
+pattern='\bissue [0-9]+|\bseeds? 00[0-9]|/shared/(spec|DESIGN)|\blent\b|the[ ]spec.s|fresh[ ]clone of|\b(an|earlier|this|last|next|same) stop\b'
 if [ -d .git ] || git rev-parse --git-dir >/dev/null 2>&1; then
         words=$(git grep -nEi "$pattern" -- . ':!tests/fuzz/corpus' ':!tests/unit/test-layout.sh')
 else
