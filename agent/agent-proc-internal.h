@@ -43,7 +43,8 @@ typedef struct ProcEntry {
         bool exited;
         int status;
         uint64_t exited_usec;
-        bool drop;              /* a read returned its end, or it expired */
+        bool drop;              /* expired, or evicted for a new entry: it goes */
+        bool end_read;          /* a read returned its end: the first to go when the table is full */
         ProcRing ring;
 } ProcEntry;
 
@@ -86,3 +87,5 @@ int proc_dispatch_borrow(struct json_object *v, void *field, const char **ret_er
 #define PROC_OP_FIELD { "op", JSON_KIND_STRING, proc_dispatch_ignore, 0, 0, JSON_MANDATORY }
 /* Dispatch req into args; answers a refusal itself (then returns 0); 1: go on. */
 int proc_dispatch(Agent *a, uint32_t id, struct json_object *req, const struct json_dispatch *table, void *args);
+
+bool proc_table_evict_read(ProcTable *t);

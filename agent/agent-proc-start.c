@@ -262,7 +262,7 @@ int agent_op_proc_start(Agent *a, uint32_t id, struct json_object *req) {
         t = proc_table(a);
         if (!t)
                 return -ENOMEM;
-        if (t->n >= AGENT_PROC_MAX)
+        if (t->n >= AGENT_PROC_MAX && !proc_table_evict_read(t))
                 return agent_send_error_errno(a, id, EAGAIN, "too many processes (%u)", AGENT_PROC_MAX), 0;
 
         cwd = args.cwd ? strdup(args.cwd) : a->defaults.image.working_dir ? strdup(a->defaults.image.working_dir)

@@ -16,6 +16,7 @@
  */
 
 #include <errno.h>
+#include <limits.h>
 #include <fcntl.h>
 #include <json-c/json.h>
 #include <poll.h>
@@ -243,7 +244,7 @@ static struct json_object *proc_read_reply(ProcEntry *e, uint64_t offset, uint32
         add_exit_status(o, e);
         json_object_object_add(o, "end", json_object_new_boolean(end));
         if (end)
-                e->drop = true; /* its end was read: the entry goes */
+                e->end_read = true; /* kept for readers to come, but the first to give way */
         return TAKE_PTR(o);
 }
 
@@ -513,7 +514,7 @@ static void proc_answer_read(Agent *a, uint32_t id, uint64_t tcp_conn, ProcEntry
         a->reply_tcp = saved;
 }
 
-/* Remove the entries whose end was read, or that expired. */
+/* Remove the entries that expired or were evicted. */
 static void proc_sweep(Agent *a) {
         ProcTable *t = a->procs;
 
@@ -526,6 +527,23 @@ static void proc_sweep(Agent *a) {
                 memmove(t->entries + i, t->entries + i + 1, (t->n - i - 1) * sizeof *t->entries);
                 t->n--;
         }
+}
+
+/* A full table makes room by dropping the exited entry read to its end the
+ * longest ago exited; false when there is none (every entry runs or is unread). */
+bool proc_table_evict_read(ProcTable *t) {
+        unsigned best = UINT_MAX;
+
+        for (unsigned i = 0; i < t->n; i++)
+                if (t->entries[i]->end_read && (best == UINT_MAX ||
+                                                t->entries[i]->exited_usec < t->entries[best]->exited_usec))
+                        best = i;
+        if (best == UINT_MAX)
+                return false;
+        proc_entry_free(t->entries[best]);
+        memmove(t->entries + best, t->entries + best + 1, (t->n - best - 1) * sizeof *t->entries);
+        t->n--;
+        return true;
 }
 
 int agent_op_proc_read(Agent *a, uint32_t id, struct json_object *req) {

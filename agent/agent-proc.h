@@ -36,7 +36,7 @@
 #define AGENT_PROC_WAIT_MAX_MS 60000u
 #define AGENT_PROC_TIMEOUT_MAX_SECS 86400u
 #define AGENT_PROC_MAX_WAITERS 1024u                  /* proc_read long polls pending at once */
-#define AGENT_PROC_EXPIRE_USEC (10u * 60u * USEC_PER_SEC) /* an exited entry, unread, is dropped */
+#define AGENT_PROC_EXPIRE_USEC (10u * 60u * USEC_PER_SEC) /* an exited entry is dropped */
 #define AGENT_PROC_DRAIN_USEC (200u * 1000u)          /* after exit, wait this long for EOF */
 #define AGENT_PROC_POLL_MAX (3u * AGENT_PROC_MAX)     /* per process: stdout, stderr, stdin (or one pty) */
 

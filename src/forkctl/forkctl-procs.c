@@ -340,8 +340,8 @@ int check_logs(struct forkctl_options *o, char **args, size_t n_args, const char
 }
 
 /* One ReadSandboxOutput answer out; *next: where the next read starts; 1: the
- * process exited and this answer reached the end of its output (the guest
- * forgets a process once a read returned its end: no read may follow). */
+ * process exited and this answer reached the end of its output (nothing can
+ * follow; the guest may let the process go from then on). */
 static int logs_read_once(sd_bus *bus, const char *id, uint32_t pid, uint64_t offset, uint64_t *next,
                           const struct error_context *ctx) {
         _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;

@@ -790,7 +790,7 @@ static int read_reply_lines(OutputStream *os, sd_bus_message *reply) {
         os->exit_code = code;
         os->signal = sig;
         /* The end: nothing new, or an exited process's read that max did not
-         * cut (the guest forgets it once a read returned its end). */
+         * cut (nothing can follow; the guest may let it go from then on). */
         if ((next == os->offset && gap == 0) || (exited && bytes < REST_PROC_READ_MAX)) {
                 os->done = true;
                 if (exited)
@@ -805,7 +805,7 @@ static int on_reply_read_more(RestRequest *req, sd_bus_message *reply) {
 
         os->reading = false;
         if (os->exited && sd_bus_message_is_method_error(reply, FORKD_ERROR_NO_SUCH_PROCESS)) {
-                /* the last read returned its end, and the guest forgot it */
+                /* the last read returned its end, and the guest let it go since */
                 os->done = true;
                 if (lines_add_exit(&os->out, os->exit_code, os->signal) < 0)
                         os->failed = true;

@@ -114,9 +114,11 @@ class TestOutput(ProcTest):
         self.assertEqual(sorted(out.decode().splitlines()),
                          sorted([f"line {i}" for i in range(1, 31)] + [f"warn {i}" for i in range(1, 31)]))
         self.assertEqual((r["exited"], r["exit_code"], r["signal"], r["end"]), (True, 0, None, True))
-        # its end was read: the entry is gone
-        self.assertIsNone(self.entry(pid))
-        self.errno("proc_read", "ESRCH", pid=pid)
+        # its end was read: the entry stays (10 minutes) for readers to come, who get the
+        # same bytes and the end again
+        self.assertIs(self.entry(pid)["running"], False)
+        r2 = self.a.ok("proc_read", pid=pid, offset=0, max=262144)
+        self.assertEqual((decode(r2["chunks"]), r2["end"], r2["exit_code"]), (out, True, 0))
 
     def test_exit_status_and_timeout(self):
         pid = self.start(args=["sh", "-c", "echo x; exit 3"], stdin=False)
@@ -326,6 +328,11 @@ class TestLimits(ProcTest):
         self.follow(pid)
 
     def test_list_of_long_command_lines_fits(self):
+        # one alone is listed whole
+        pid = self.start(args=["sh", "-c", "exec sleep 1000", "y" * 120_000], stdin=False)
+        self.assertEqual(self.entry(pid)["args"][3], "y" * 120_000)
+        self.a.ok("proc_signal", pid=pid, signal=9)
+        self.follow(pid)
         pids = [self.start(args=["sh", "-c", "exec sleep 1000", "x" * 120_000], stdin=False) for _ in range(10)]
         entries = [self.entry(pid) for pid in pids]  # each a proc_list that fits in one reply
         for e in entries:
@@ -335,23 +342,32 @@ class TestLimits(ProcTest):
             self.a.ok("proc_signal", pid=pid, signal=9)
         for pid in pids:
             self.follow(pid)
-        # one alone is listed whole
-        pid = self.start(args=["sh", "-c", "exec sleep 1000", "y" * 120_000], stdin=False)
-        self.assertEqual(self.entry(pid)["args"][3], "y" * 120_000)
-        self.a.ok("proc_signal", pid=pid, signal=9)
-        self.follow(pid)
 
     def test_table_is_full_at_256(self):
-        pids = [self.start(args=["sleep", "1000"], stdin=False) for _ in range(MAX_PROCS - self.count())]
+        # Entries read to their end (earlier tests') give way, one for each start; then
+        # the table holds only running processes and is full.
+        pids = []
+        for _ in range(2 * MAX_PROCS):
+            ftype, obj = self.a.call("proc_start", args=["sleep", "1000"], stdin=False)
+            if ftype == ERR:
+                break
+            pids.append(obj["pid"])
+        self.assertEqual(self.count(), MAX_PROCS)
         msg = self.errno("proc_start", "EAGAIN", args=["true"])
         self.assertEqual(msg, "too many processes (256)")
         self.assertEqual(self.a.ok("exec", args=["echo", "still"])["stdout"], "still\n")
         for pid in pids:
             self.a.ok("proc_signal", pid=pid, signal=9)
-        for pid in pids:
+        for pid in pids[:-1]:
             self.follow(pid)
-        self.assertEqual(self.count(), 0)
-        self.follow(self.start(args=["true"]))
+        # A full table of exited entries: those read to their end give way to new ones, the
+        # one nobody read does not.
+        self.wait_entry(pids[-1], lambda e: not e["running"])
+        self.assertEqual(self.count(), MAX_PROCS)
+        fresh = self.start(args=["true"])
+        self.assertIsNone(self.entry(pids[0]))
+        self.assertIsNotNone(self.entry(pids[-1]))
+        self.follow(fresh)
 
 
 class TestFlood(ProcTest):
