@@ -431,8 +431,10 @@ int agent_op_proc_stdin(Agent *a, uint32_t id, struct json_object *req) {
         e = proc_lookup(a, id, args.pid);
         if (!e)
                 return 0;
-        if (!e->in_open || e->exited)
+        if (!e->in_open)
                 return agent_send_error_errno(a, id, EPIPE, "stdin of process %d is closed", e->pid), 0;
+        if (e->exited)
+                return agent_send_error_errno(a, id, ESRCH, "process %d has exited", e->pid), 0;
         if (e->inq_end - e->inq_start + n + (args.eof && e->pty) > AGENT_PROC_STDIN_QUEUE)
                 return agent_send_error_errno(a, id, EAGAIN, "stdin is full; retry"), 0;
         data = malloc(MAX(n, (size_t) 1));

@@ -171,6 +171,12 @@ static int on_retry(sd_event_source *es, uint64_t usec, void *userdata) {
         return 0;
 }
 
+/* The process ended while input was on its way: not the terminal's failure. Its
+ * output stream brings the exit status, and the close that says it. */
+static bool process_gone(const sd_bus_error *e) {
+        return e && e->name && streq(e->name, FORKD_ERROR_NO_SUCH_PROCESS);
+}
+
 static int on_reply_write(sd_bus_message *reply, void *userdata, sd_bus_error *ret_error) {
         Tty *t = userdata;
         const sd_bus_error *e = sd_bus_message_get_error(reply);
@@ -181,6 +187,8 @@ static int on_reply_write(sd_bus_message *reply, void *userdata, sd_bus_error *r
                 if (sd_event_add_time_relative(t->event, &t->retry, CLOCK_MONOTONIC, TTY_BUSY_RETRY_USEC, 0,
                                                on_retry, t) < 0)
                         send_close(t, WS_CLOSE_INTERNAL_ERROR, "cannot retry stdin");
+        } else if (process_gone(e)) {
+                t->stdin_data = NULL; /* nobody to read the rest */
         } else if (e) {
                 send_close(t, WS_CLOSE_INTERNAL_ERROR, e->message ?: e->name);
         } else {
@@ -218,7 +226,7 @@ static int on_reply_resize(sd_bus_message *reply, void *userdata, sd_bus_error *
         const sd_bus_error *e = sd_bus_message_get_error(reply);
 
         t->call = sd_bus_slot_unref(t->call);
-        if (e)
+        if (e && !process_gone(e))
                 send_close(t, WS_CLOSE_INTERNAL_ERROR, e->message ?: e->name);
         tty_update(t);
         return 0;
