@@ -24,7 +24,9 @@ __all__ = ["CommandHandle", "CommandResult", "CommandExitException", "ProcessInf
 
 SIGKILL = 9
 # What pty.create runs: bash as a login shell where the image has it, else sh.
-PTY_SHELL = "exec bash -i -l 2>/dev/null || exec sh -i"
+# bash where the image has it, else sh: a failed exec would end sh -c itself, so the
+# choice is made before either runs.
+PTY_SHELL = "if command -v bash >/dev/null 2>&1; then exec bash -i -l; else exec sh -i; fi"
 EXIT_REASON_RE = re.compile(r"^(exit_code|signal) (-?[0-9]+)\Z")
 
 

@@ -573,7 +573,7 @@ def t_pty():
                       ("GET", P + "/20/tty"): tty_server(log, "exit_code 0", script)})
     h = sb.pty.create(PtySize(rows=30, cols=100), on_data=data.append, cwd="/root", envs={"TERM": "xterm"})
     body = json.loads(S.requests[-2]["body"])
-    check(body == {"cmd": "exec bash -i -l 2>/dev/null || exec sh -i", "cwd": "/root", "env": {"TERM": "xterm"},
+    check(body == {"cmd": "if command -v bash >/dev/null 2>&1; then exec bash -i -l; else exec sh -i; fi", "cwd": "/root", "env": {"TERM": "xterm"},
                    "pty": {"cols": 100, "rows": 30}, "timeout_secs": 60, "stdin": True}, body)
     hs = log[0][1]
     check(S.last()["path"] == P + "/20/tty" and hs["Upgrade"] == "websocket" and hs["Connection"] == "Upgrade" and
