@@ -9,84 +9,19 @@ HTTP server in this process (http.server, real sockets), TAP output.
 """
 
 import base64
-import http.server
 import io
 import json
 import os
 import socket
 import sys
 import tempfile
-import threading
 import time
 import traceback
 
 import forkd
 from forkd import Controller, InvalidArgument, Sandbox
+from sdkserver import Server, raises
 from tap import Tap, check
-
-
-def raises(cls, fn, *a, **kw):
-    try:
-        fn(*a, **kw)
-    except cls as e:
-        return e
-    except Exception as e:  # noqa: BLE001
-        raise AssertionError(f"expected {cls.__name__}, got {type(e).__name__}: {e}") from e
-    raise AssertionError(f"expected {cls.__name__}, nothing raised")
-
-
-# ---------------------------------------------------------------- the server
-
-
-class Server:
-    """Answers each request with what `reply` says for it, and records it."""
-
-    def __init__(self):
-        self.requests = []
-        self.reply = lambda req: (200, "application/json", b"{}")
-        srv = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *a):
-                pass
-
-            def handle_any(self):
-                n = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(n) if n else b""
-                req = {"method": self.command, "path": self.path, "headers": dict(self.headers), "body": body}
-                srv.requests.append(req)
-                r = srv.reply(req)
-                if callable(r):
-                    r(self)
-                    return
-                status, ctype, data = r
-                self.send_response(status)
-                if ctype:
-                    self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(data)))
-                self.send_header("Connection", "close")
-                self.end_headers()
-                self.wfile.write(data)
-                self.close_connection = True
-
-            do_GET = do_POST = do_DELETE = do_PATCH = handle_any
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.port = self.httpd.server_address[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def json(self, status, obj):
-        self.reply = lambda req: (status, "application/json", json.dumps(obj).encode())
-
-    def last(self):
-        return self.requests[-1]
-
-    def last_body(self):
-        return json.loads(self.requests[-1]["body"])
 
 
 S = Server()
