@@ -476,23 +476,33 @@ static void tty_on_stop(void *userdata) {
 
 /* ---- the request ---- */
 
-static int on_reply_tty_stream(RestRequest *req, sd_bus_message *reply) {
-        Tty *t = rest_request_data(req);
+/* Shared with the output route (rest-routes-processes.h). */
+int rest_proc_take_stream(RestRequest *req, sd_bus_message *reply, int *ret_fd) {
         const sd_bus_error *e = sd_bus_message_get_error(reply);
-        const char *sender;
         int fd, r;
 
         if (e)
-                return rest_proc_reply_bus_error(req, e);
+                return MIN(rest_proc_reply_bus_error(req, e), 0);
         r = sd_bus_message_read(reply, "h", &fd);
         if (r < 0)
-                return rest_reply_error(req, 500, "unexpected reply from the daemon: %s", strerror(-r));
-        t->out_fd = fcntl(fd, F_DUPFD_CLOEXEC, 3);
-        if (t->out_fd < 0)
-                return rest_reply_error(req, 500, "cannot take the output stream: %s", strerror(errno));
-        r = fcntl(t->out_fd, F_GETFL);
-        if (r < 0 || fcntl(t->out_fd, F_SETFL, r | O_NONBLOCK) < 0)
-                return rest_reply_error(req, 500, "cannot take the output stream: %s", strerror(errno));
+                return MIN(rest_reply_error(req, 500, "unexpected reply from the daemon: %s", strerror(-r)), 0);
+        *ret_fd = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+        if (*ret_fd < 0)
+                return MIN(rest_reply_error(req, 500, "cannot take the output stream: %s", strerror(errno)), 0);
+        r = fcntl(*ret_fd, F_GETFL);
+        if (r < 0 || fcntl(*ret_fd, F_SETFL, r | O_NONBLOCK) < 0)
+                return MIN(rest_reply_error(req, 500, "cannot take the output stream: %s", strerror(errno)), 0);
+        return 1;
+}
+
+static int on_reply_tty_stream(RestRequest *req, sd_bus_message *reply) {
+        Tty *t = rest_request_data(req);
+        const char *sender;
+        int r;
+
+        r = rest_proc_take_stream(req, reply, &t->out_fd);
+        if (r <= 0)
+                return r;
         t->in = malloc(TTY_STREAM_IN);
         if (!t->in || proc_stream_decoder_init(&t->dec) < 0)
                 return rest_reply_error(req, 500, "out of memory");

@@ -858,20 +858,11 @@ static int on_reply_read_first(RestRequest *req, sd_bus_message *reply) {
 
 static int on_reply_open_stream(RestRequest *req, sd_bus_message *reply) {
         OutputStream *os = rest_request_data(req);
-        const sd_bus_error *e = sd_bus_message_get_error(reply);
-        int fd, r;
+        int r;
 
-        if (e)
-                return rest_proc_reply_bus_error(req, e);
-        r = sd_bus_message_read(reply, "h", &fd);
-        if (r < 0)
-                return rest_reply_error(req, 500, "unexpected reply from the daemon: %s", strerror(-r));
-        os->fd = fcntl(fd, F_DUPFD_CLOEXEC, 3);
-        if (os->fd < 0)
-                return rest_reply_error(req, 500, "cannot take the output stream: %s", strerror(errno));
-        r = fcntl(os->fd, F_GETFL);
-        if (r < 0 || fcntl(os->fd, F_SETFL, r | O_NONBLOCK) < 0)
-                return rest_reply_error(req, 500, "cannot take the output stream: %s", strerror(errno));
+        r = rest_proc_take_stream(req, reply, &os->fd);
+        if (r <= 0)
+                return r;
         os->in = malloc(PROC_STREAM_IN_MAX);
         if (!os->in || proc_stream_decoder_init(&os->dec) < 0)
                 return rest_reply_error(req, 500, "out of memory");

@@ -34,3 +34,6 @@ int rest_proc_query_offset(RestRequest *req, uint64_t *ret);
 /* A D-Bus error of a process method: "sandbox not found" and "process not
  * found" for 404s, the others as every route answers them. */
 int rest_proc_reply_bus_error(RestRequest *req, const sd_bus_error *e);
+/* The output stream of an OpenSandboxOutputStream reply as a nonblocking fd of our own in
+ * *ret_fd: 1; else the error answer is queued and this returns what queuing it did (<= 0). */
+int rest_proc_take_stream(RestRequest *req, sd_bus_message *reply, int *ret_fd);
