@@ -193,7 +193,9 @@ def processes(t, fc, stack):
         t.ok(p.returncode == 128 + 15 and p.stdout == "bye\n",
              "forkctl exec --follow of a process SIGTERM kills: exit status 143", f"{p.returncode} {p.stdout!r}")
         pid = start(sid, ["sh", "-c", "for i in 1 2 3; do echo line$i; done; sleep 600"])
-        time.sleep(1)
+        deadline = time.monotonic() + 60  # until its three lines are there, not a fixed wait
+        while time.monotonic() < deadline and (read(sid, pid, 0) or (b"",))[0] != b"line1\nline2\nline3\n":
+            time.sleep(0.2)
         p = fc.run("logs", sid, str(pid), "--offset", "6")
         t.ok(p.returncode == 0 and p.stdout.startswith("line2\nline3\n"),
              "forkctl logs --offset 6: the output from byte 6 on", f"{p.returncode} {p.stdout!r} {p.stderr!r}")
