@@ -10,13 +10,17 @@ import time
 from linuxguest import rest
 
 VCPUS = 2
-# A thread pinned to each CPU, counting: the REPL's globals survive fork and branch.
-START_COUNTERS = ("import os, threading\n"
+# A thread pinned to each CPU, counting 20 times a second: the REPL's globals survive
+# fork and branch. The threads sleep between counts: a thread that spun would keep its
+# vCPU busy in every child for the rest of the test, and under TCG the test host's one
+# CPU runs all of them.
+START_COUNTERS = ("import os, threading, time\n"
                   "counts = [0] * os.cpu_count()\n"
                   "def spin(i):\n"
                   "    os.sched_setaffinity(0, {i})\n"
                   "    while True:\n"
                   "        counts[i] += 1\n"
+                  "        time.sleep(0.05)\n"
                   "workers = [threading.Thread(target=spin, args=(i,), daemon=True) for i in range(os.cpu_count())]\n"
                   "for w in workers: w.start()\n")
 SHOW_COUNTERS = "import json\nprint(json.dumps([counts, [w.is_alive() for w in workers]]))"
