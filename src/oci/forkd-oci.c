@@ -223,7 +223,8 @@ static int print_result(const Build *b, size_t cached, uint64_t tree_bytes, uint
                 return -ENOMEM;
         }
         for (size_t i = 0; i < b->img.n_layers; i++)
-                json_object_array_add(layers, json_object_new_string(b->img.layers[i].digest));
+                json_object_array_add(layers, b->img.layers[i].digest[0] ?
+                                                      json_object_new_string(b->img.layers[i].digest) : NULL);
         json_object_object_add(o, "config", oci_config_to_json(&b->img.config));
         json_object_object_add(o, "layers", layers);
         json_object_object_add(o, "cached_layers", json_object_new_int64((int64_t) cached));
@@ -416,6 +417,11 @@ static int build(const Args *a) {
                 }
                 cached = cache_lookup(b.cache, &b.img);
         }
+        /* Only the layers to be unpacked are read and checked: the root disk and the
+         * layers found in the cache by their chain IDs were built from checked ones. */
+        r = oci_image_check_layers(&b.img, cached, a->max_bytes);
+        if (r < 0)
+                return r;
         if (cached > 0) {
                 _cleanup_close_ int entry = openat(b.cache, b.img.layers[cached - 1].chain_id + 7,
                                                    O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 /* The image: its source (layout directory, oci-archive, docker-archive), the
- * manifest it names, the config, and the check of every blob. */
+ * manifest it names, the config, and the check of the blobs that are read. */
 #include <archive.h>
 #include <archive_entry.h>
 #include <errno.h>
@@ -323,7 +323,7 @@ static int hash_uncompressed(int fd, uint64_t budget, char out[OCI_DIGEST_LEN + 
         return 0;
 }
 
-static int check_layer(OciLayer *l, const char *expect_digest, uint64_t *budget) {
+static int check_layer(OciLayer *l, uint64_t *budget) {
         char got[OCI_DIGEST_LEN + 1], diff[OCI_DIGEST_LEN + 1];
         uint64_t size = 0, usize = 0;
         int r;
@@ -334,7 +334,7 @@ static int check_layer(OciLayer *l, const char *expect_digest, uint64_t *budget)
         if (l->size >= 0 && size != (uint64_t) l->size)
                 return oci_refuse("layer %s: the blob is %" PRIu64 " bytes, its descriptor says %" PRIi64, l->name, size,
                                   l->size);
-        if (expect_digest && strcmp(got, expect_digest) != 0)
+        if (l->digest[0] && strcmp(got, l->digest) != 0)
                 return oci_refuse("layer %s: the blob's SHA-256 is %s", l->name, got);
         memcpy(l->digest, got, sizeof(got));
         l->size = (int64_t) size;
@@ -522,7 +522,6 @@ static int load_oci(int dirfd, uint64_t max_bytes, OciImage *img) {
         struct json_object *cdesc = NULL, *layers = NULL;
         const char *digest;
         int64_t size;
-        uint64_t budget = max_bytes;
         int r;
 
         r = pick_manifest(dirfd, &manifest);
@@ -542,6 +541,7 @@ static int load_oci(int dirfd, uint64_t max_bytes, OciImage *img) {
                 if (r < 0)
                         return r;
                 memcpy(l->name, digest, OCI_DIGEST_LEN + 1);
+                memcpy(l->digest, digest, OCI_DIGEST_LEN + 1); /* checked by oci_image_check_layers() */
                 l->size = size;
                 blob_path(digest, path);
                 l->fd = open_beneath(dirfd, path, O_RDONLY);
@@ -562,14 +562,6 @@ static int load_oci(int dirfd, uint64_t max_bytes, OciImage *img) {
         r = parse_config(config, img);
         if (r < 0)
                 return r;
-        for (size_t i = 0; i < img->n_layers; i++) {
-                r = descriptor(json_object_array_get_idx(layers, i), "manifest: layer", &digest, &size);
-                if (r < 0)
-                        return r;
-                r = check_layer(&img->layers[i], digest, &budget);
-                if (r < 0)
-                        return r;
-        }
         return chain_ids(img);
 }
 
@@ -598,7 +590,6 @@ static int load_docker(int dirfd, uint64_t max_bytes, OciImage *img) {
         struct json_object *entry, *layers = NULL;
         char expect[OCI_DIGEST_LEN + 1];
         const char *cname;
-        uint64_t budget = max_bytes;
         int r;
 
         r = read_json_at(dirfd, "manifest.json", "manifest.json", &manifest);
@@ -643,14 +634,26 @@ static int load_docker(int dirfd, uint64_t max_bytes, OciImage *img) {
         for (size_t i = 0; i < img->n_layers; i++) {
                 OciLayer *l = &img->layers[i];
                 const char *name = json_object_get_string(json_object_array_get_idx(layers, i));
-                bool known = digest_of_name(name, expect);
 
-                memcpy(l->name, known ? expect : l->diff_id, OCI_DIGEST_LEN + 1);
-                r = check_layer(l, known ? expect : NULL, &budget);
+                /* the digest the name carries, checked by oci_image_check_layers(); else none */
+                if (digest_of_name(name, expect)) {
+                        memcpy(l->digest, expect, OCI_DIGEST_LEN + 1);
+                        memcpy(l->name, expect, OCI_DIGEST_LEN + 1);
+                } else
+                        memcpy(l->name, l->diff_id, OCI_DIGEST_LEN + 1);
+        }
+        return chain_ids(img);
+}
+
+int oci_image_check_layers(OciImage *img, size_t from, uint64_t max_bytes) {
+        uint64_t budget = max_bytes;
+
+        for (size_t i = from; i < img->n_layers; i++) {
+                int r = check_layer(&img->layers[i], &budget);
                 if (r < 0)
                         return r;
         }
-        return chain_ids(img);
+        return 0;
 }
 
 void oci_image_done(OciImage *img) {

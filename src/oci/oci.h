@@ -93,10 +93,16 @@ typedef struct OciImage {
 void oci_image_done(OciImage *img);
 
 /* Read the image from fd: a directory (OCI layout) or a tar (oci-archive or
- * docker-archive, unpacked into workdir, a private empty directory). Checks every
- * blob's digest and size and every layer's diff_id; max_bytes caps the archive and
- * the layers' uncompressed bytes. */
+ * docker-archive, unpacked into workdir, a private empty directory): the manifest,
+ * the config (its digest checked) and the chain IDs of its diff_ids. The layers' blobs
+ * are opened, not read: max_bytes caps the archive. */
 int oci_image_load(int fd, int workdir, uint64_t max_bytes, OciImage *ret);
+
+/* Check the blobs of layers from..n_layers-1: the digest and size their descriptor
+ * (or docker-archive file name) gives, and the uncompressed tar's diff_id; max_bytes
+ * caps their uncompressed bytes together. Only the layers that will be read need it:
+ * a layer found in the cache by its chain ID was checked when it was stored. */
+int oci_image_check_layers(OciImage *img, size_t from, uint64_t max_bytes);
 
 /* Apply one layer to the tree at root. The blob's bytes are hashed again while
  * they are read and must equal layer->digest (or, when unknown, the diff_id):

@@ -233,6 +233,16 @@ def t_cache():
     check(res["cached_layers"] == 2 and res["rootfs_cached"], f"the same image again is its cached disk: {res}")
     check(os.stat(f"{TOP}/ca2.ext4").st_ino == os.stat(f"{TOP}/ca.ext4").st_ino, "not a link to the cached disk")
     check(not leftovers(cache), f"left in the cache: {leftovers(cache)}")
+    # A cached image's layer blobs are not read again: with its top layer's blob
+    # overwritten, image a is still its cached disk ...
+    with open(f"{a}/index.json") as f:
+        manifest = json.load(f)["manifests"][0]["digest"]
+    with open(f"{a}/blobs/sha256/{manifest[7:]}") as f:
+        top = json.load(f)["layers"][-1]["digest"]
+    with open(f"{a}/blobs/sha256/{top[7:]}", "r+b") as f:
+        f.write(b"not the layer")
+    res = check_built(build(a, f"{TOP}/ca3.ext4", cache=cache), f"{TOP}/ca3.ext4")
+    check(res["rootfs_cached"], f"a cached image with a broken top layer blob: {res}")
     # Without the cached disks, and with half-written layer entries: both ignored.
     for n in os.listdir(cache):
         if n.startswith("rootfs-"):
@@ -241,6 +251,9 @@ def t_cache():
             os.unlink(f"{cache}/{n}/done")
     p = build(b, f"{TOP}/cb2.ext4", cache=cache)
     check(p.returncode == 0 and json.loads(p.stdout)["cached_layers"] == 0, p.stdout + p.stderr)
+    # ... and once it has to be read, the broken blob is refused.
+    p = build(a, f"{TOP}/ca4.ext4", cache=cache)
+    check(p.returncode == 2 and f"layer {top}: the blob" in p.stderr, p.stdout + p.stderr)
 
 
 def t_umoci_skopeo():
@@ -317,7 +330,7 @@ def main():
             ("refused: a hostile layer in an oci-archive", t_hostile_archive),
             ("refused: layer digest mismatch", t_bad_digest),
             ("refused: manifest lies about a size", t_lying_size),
-            ("layer cache", t_cache),
+            ("layer cache: a cached image's layers are not read again, a broken one is refused when read", t_cache),
             ("umoci image through skopeo", t_umoci_skopeo),
             ("as an unprivileged user", t_unprivileged),
         ]:
