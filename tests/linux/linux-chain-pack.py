@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 
 from linuxguest import TAG, rest, rest_raw
 from ociregistry import Registry
@@ -46,6 +47,14 @@ def chains(t, fc, stack, state):
     flags 400, force, cascade); compact; pack, delete, unpack and fork; a tampered
     archive; a re-snapshotted parent."""
     links = ["lx-c1", "lx-c2", "lx-c3"]
+    clock = [time.monotonic()]
+
+    def lap(what):
+        """A TAP comment with the wall time since the last one (TCG figures, not the product's speed)."""
+        now = time.monotonic()
+        t.note(f"{what}: {now - clock[0]:.1f} s under TCG")
+        clock[0] = now
+
     show = ("import os\nprint(a, b, c, ''.join(open(f'/root/l{i}').read() for i in (1, 2, 3)))")
 
     fork_errors = []
@@ -85,6 +94,7 @@ def chains(t, fc, stack, state):
         if sid:
             rest(stack, "DELETE", f"/v1/sandboxes/{sid}")
         parent = tag
+    lap("three links made (fork, a step, a diff branch each)")
     if not made:
         return
     # 2. the head's child sees all three steps
@@ -117,9 +127,11 @@ def chains(t, fc, stack, state):
          and not flat.get("parent_tag") and seen == "1 2 3 123\n",
          "compact lx-c3 to lx-flat: 201, a flat snapshot whose child sees all three steps", f"{status} {r} {flat} {seen}")
     t.ok(all(rest(stack, "GET", f"/v1/snapshots/{x}/info")[0] == 200 for x in links), "the chain is left intact")
+    lap("checks of the chain, compact and a child of the flat snapshot")
     # 6 and 7. pack, delete, a tampered archive refused, unpack, fork
     status, archive = rest_raw(stack, "GET", "/v1/snapshots/lx-c3/pack")
     t.ok(status == 200 and len(archive) > 1024, f"pack the chain: {len(archive)} bytes", status)
+    lap("pack of the chain")
     status, r = rest(stack, "DELETE", f"/v1/snapshots/{TAG}?cascade=true")
     left = tags()
     t.ok(status == 204 and left is not None and not ({TAG, *links} & left),
@@ -130,15 +142,19 @@ def chains(t, fc, stack, state):
     left = tags()
     t.ok(status == 400 and left is not None and not ({TAG, *links} & left),
          "unpack of the archive with one byte changed: 400, nothing registered", f"{status} {r[:300]} {left}")
+    lap("unpack of the tampered archive")
     status, r = rest_raw(stack, "POST", "/v1/snapshots/unpack", archive)
     try:
         unpacked = [s.get("tag") for s in json.loads(r)]
     except (ValueError, AttributeError, TypeError):
         unpacked = r[:300]
     t.ok(status == 201 and unpacked == [TAG] + links, "unpack: 201 with the chain, root first", f"{status} {unpacked}")
+    lap("unpack of the chain")
     seen = head_sees("lx-c3")
     t.ok(seen == "1 2 3 123\n", "a child of the unpacked head sees all three steps", seen)
+    lap("a child of the unpacked head")
     push_pull(t, stack, state, links, head_sees, tags)
+    lap("push and pull of the chain, a child of the pulled head")
     # force: an orphan fails to fork with a clear error
     status, r = rest(stack, "DELETE", "/v1/snapshots/lx-c2?force=true")
     status2, r2 = rest(stack, "POST", "/v1/sandboxes", {"snapshot_tag": "lx-c3", "n": 1})
@@ -157,3 +173,4 @@ def chains(t, fc, stack, state):
     rc, r, err = fc("snapshot", "rm", "--cascade", TAG)
     t.ok(rc == 0 and tags() is not None and not ({TAG, *links} & tags()), "snapshot rm --cascade of the base", err)
     rest(stack, "DELETE", "/v1/snapshots/lx-flat")
+    lap("an orphan, a parent made again, rm --cascade")
