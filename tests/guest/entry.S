@@ -230,8 +230,11 @@ ap_tramp_gdtr:
 ap_tramp_end:
 
         .text
-/* Long mode, CPL 0, IF=0: our GDT, a ring-0 stack of its own (only for the
- * iretq), then ring 3 with interrupts off, counting for good. */
+/* Long mode, CPL 0, IF=0: our GDT and IDT, a ring-0 stack of its own for the
+ * timer's interrupt frames, the LAPIC timer periodic (AP_TIMER_VEC, which the IDT
+ * sends to irq_other: EOI and return), then a counter incremented once a tick,
+ * halted in between. A halted vCPU costs its host nothing: one that spun would
+ * keep a host CPU busy in every child for as long as the child lives. */
 ap_start64:
         lgdt    g_gdtr(%rip)
         movl    $G_SEL_KDATA, %eax
@@ -247,26 +250,27 @@ ap_start64:
         leaq    ap_counters(%rip), %rdi
         addq    %rcx, %rdi                      /* &ap_counters[id][0] */
         movq    $1, 8(%rdi)                     /* up */
-        shlq    $4, %rax
-        leaq    ap_stacks+16(%rip), %rsp
-        addq    %rax, %rsp                      /* 16 bytes each, for the frame below */
-        leaq    ap_stacks_end(%rip), %rax
-        pushq   $(G_SEL_UDATA | 3)
-        pushq   %rax                            /* ring 3 needs no stack */
-        pushq   $0x2                            /* IF=0 */
-        pushq   $(G_SEL_UCODE | 3)
-        leaq    ap_user_loop(%rip), %rax
-        pushq   %rax
-        iretq
-
-ap_user_loop:
+        incq    %rax
+        shlq    $AP_STACK_SHIFT, %rax
+        leaq    ap_stacks(%rip), %rsp
+        addq    %rax, %rsp                      /* the top of this AP's stack */
+        lidt    g_idtr(%rip)
+        movabsq $LAPIC_BASE, %rax
+        movl    $(0x100 | SPURIOUS_VEC), 0xf0(%rax)     /* enabled */
+        movl    $0xb, 0x3e0(%rax)                      /* divide by 1 */
+        movl    $(0x20000 | AP_TIMER_VEC), 0x320(%rax) /* periodic */
+        movl    $AP_TIMER_COUNT, 0x380(%rax)
+ap_loop:
         incq    (%rdi)
-        jmp     ap_user_loop
+        sti
+        hlt
+        cli
+        jmp     ap_loop
 
         .bss
         .balign 16
 ap_stacks:
-        .skip   16 * SMP_MAX_CPUS + 64
+        .skip   (SMP_MAX_CPUS << AP_STACK_SHIFT)
 ap_stacks_end:
 
         .section .rodata

@@ -32,6 +32,9 @@
 #define LAPIC_BASE      0xfee00000
 #define AP_TRAMP_GPA    0x9000  /* the APs' real-mode trampoline (smp.c): page 9, free below 1 MiB */
 #define SMP_MAX_CPUS    32
+#define AP_STACK_SHIFT  8     /* 256 bytes of ring-0 stack for each AP */
+#define AP_TIMER_VEC    0x4e  /* the APs' LAPIC timer: irq_other, EOI and return */
+#define AP_TIMER_COUNT  10000000 /* 10 ms at KVM's 1 GHz APIC timer clock, divided by 1 */
 #define IOAPIC_BASE     0xfec00000
 
 #ifndef __ASSEMBLER__

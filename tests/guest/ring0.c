@@ -81,7 +81,7 @@ struct idt_gate {
         u32 zero;
 };
 static struct idt_gate idt[IDT_ENTRIES] __attribute__((aligned(64)));
-static struct dtr idtr = { sizeof(idt) - 1, (u64)idt };
+struct dtr g_idtr = { sizeof(idt) - 1, (u64)idt }; /* the APs load it too (entry.S) */
 
 /* 64-bit TSS (104 bytes; its 64-bit fields are unaligned: use u32 halves) */
 static u32 tss[26] __attribute__((aligned(16)));
@@ -137,7 +137,7 @@ void ring0_setup(const struct forkd_bootinfo *bi)
                    ((limit >> 16) & 0xf) << 48 | ((base >> 24) & 0xff) << 56;
         g_gdt[6] = base >> 32;
 
-        __asm__ __volatile__("lidt %0" : : "m"(idtr));
+        __asm__ __volatile__("lidt %0" : : "m"(g_idtr));
         __asm__ __volatile__("ltr %w0" : : "r"(G_SEL_TSS));
 
         /* LAPIC: mask LINT0/LINT1 (no ExtINT from the PIC), TPR 0, enable */
