@@ -195,6 +195,7 @@ typedef struct Build {
         int work;
         int cache;
         char *tmp_out;
+        char pulled[OCI_DIGEST_SIZE];  /* the image manifest of a first pull: a second pulls it by digest */
         OciImage img;
 } Build;
 
@@ -278,7 +279,11 @@ static int setup_dirs(Build *b, const Args *a) {
 /* REF pulled into the work directory as an OCI image layout ("pulled"), opened as
  * the image. What the caller got wrong (the reference, a registry forkd does not
  * know, an image the registry does not have) is refused; the rest fails. */
-static int pull(const Args *a, Build *b, const char *work_path, uint64_t *ret_fetched, int *ret_fd) {
+/* The image of --ref into WORK/pulled, less its first skip_layers layers (SIZE_MAX:
+ * the manifest and config only); *ret_fetched grows by what the registry sent, and
+ * *ret_fd, when it is not open yet, becomes the layout's directory. */
+static int pull(const Args *a, Build *b, const char *work_path, size_t skip_layers, uint64_t *ret_fetched,
+                int *ret_fd) {
         _cleanup_(oci_registry_config_freep) oci_registry_config *config = NULL;
         _cleanup_(oci_registry_freep) oci_registry *reg = NULL;
         _cleanup_(oci_ref_freep) oci_ref *ref = NULL;
@@ -295,17 +300,27 @@ static int pull(const Args *a, Build *b, const char *work_path, uint64_t *ret_fe
         r = oci_registry_new(config, ref->host, &reg, &why);
         if (r < 0)
                 return oci_refuse("%s", why ?: strerror(-r));
+        if (b->pulled[0]) {
+                /* the same manifest as the first pull, even if the tag has moved since */
+                free(ref->digest);
+                ref->digest = strdup(b->pulled);
+                if (!ref->digest)
+                        return -ENOMEM;
+        }
         if (asprintf(&dir, "%s/pulled", work_path) < 0)
                 return -ENOMEM;
-        r = oci_registry_pull_layout(reg, ref, dir, &st);
+        r = oci_registry_pull_layout(reg, ref, dir, skip_layers, &st);
         if (r == -ENOENT || r == -EACCES || r == -EBADMSG)
                 return oci_refuse("%s: %s", a->ref, oci_registry_error(reg) ?: strerror(-r));
         if (r < 0)
                 return oci_fail(r, "%s: %s", a->ref, oci_registry_error(reg) ?: strerror(-r));
+        *ret_fetched += st.fetched_bytes;
+        memcpy(b->pulled, st.digest, sizeof(b->pulled));
+        if (*ret_fd >= 0)
+                return 0;
         fd = openat(b->work, "pulled", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
         if (fd < 0)
                 return oci_fail(-errno, "Cannot open the pulled image: %m");
-        *ret_fetched = st.fetched_bytes;
         *ret_fd = fd;
         return 0;
 }
@@ -390,8 +405,10 @@ static int build(const Args *a) {
         if (archive < 0)
                 return oci_fail(-errno, "Cannot open the work directory: %m");
 
+        /* By reference: the manifest and config first. The layers only if they are
+         * to be unpacked, and only those the cache lacks. */
         if (a->ref) {
-                r = pull(a, &b, work_path, &fetched, &pulled);
+                r = pull(a, &b, work_path, SIZE_MAX, &fetched, &pulled);
                 if (r < 0)
                         return r;
         }
@@ -416,6 +433,11 @@ static int build(const Args *a) {
                         return print_result(&b, b.img.n_layers, 0, (uint64_t) st.st_size, fetched, true);
                 }
                 cached = cache_lookup(b.cache, &b.img);
+        }
+        if (a->ref && cached < b.img.n_layers) {
+                r = pull(a, &b, work_path, cached, &fetched, &pulled);
+                if (r < 0)
+                        return r;
         }
         /* Only the layers to be unpacked are read and checked: the root disk and the
          * layers found in the cache by their chain IDs were built from checked ones. */

@@ -74,7 +74,9 @@ static int write_member_data(struct archive *a, int fd, uint64_t *total, uint64_
         return 0;
 }
 
-static int extract_outer(int fd, int workdir, uint64_t max_bytes) {
+/* Members over member_max are left in the archive (layers, for a first look at the
+ * manifest and config only). */
+static int extract_outer(int fd, int workdir, uint64_t max_bytes, uint64_t member_max) {
         _cleanup_(archive_freep) struct archive *a = archive_read_new();
         struct archive_entry *e;
         uint64_t total = 0;
@@ -118,6 +120,8 @@ static int extract_outer(int fd, int workdir, uint64_t max_bytes) {
                 }
                 if (size < 0 || (uint64_t) size > max_bytes - total)
                         return oci_refuse("archive member \"%.256s\": larger than the size limit", raw);
+                if ((uint64_t) size > member_max)
+                        continue;
                 (void) unlinkat(parent, name, 0);
                 out = openat(parent, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
                 if (out < 0)
@@ -544,9 +548,9 @@ static int load_oci(int dirfd, uint64_t max_bytes, OciImage *img) {
                 memcpy(l->digest, digest, OCI_DIGEST_LEN + 1); /* checked by oci_image_check_layers() */
                 l->size = size;
                 blob_path(digest, path);
-                l->fd = open_beneath(dirfd, path, O_RDONLY);
-                if (l->fd < 0)
-                        return oci_refuse("layer %s: blob missing (%s)", digest, strerror(-l->fd));
+                l->path = strdup(path);
+                if (!l->path)
+                        return -ENOMEM;
         }
         r = descriptor(cdesc, "manifest: config", &digest, &size);
         if (r < 0)
@@ -623,9 +627,7 @@ static int load_docker(int dirfd, uint64_t max_bytes, OciImage *img) {
                         return r;
                 if (r < 0 || !norm[0])
                         return oci_refuse("manifest.json: layer \"%.128s\": %s", name, reason ?: "empty");
-                l->fd = open_beneath(dirfd, norm, O_RDONLY);
-                if (l->fd < 0)
-                        return oci_refuse("manifest.json: layer \"%.128s\": missing (%s)", name, strerror(-l->fd));
+                l->path = TAKE_PTR(norm);
                 l->size = -1;
         }
         r = parse_config(config, img);
@@ -647,9 +649,26 @@ static int load_docker(int dirfd, uint64_t max_bytes, OciImage *img) {
 
 int oci_image_check_layers(OciImage *img, size_t from, uint64_t max_bytes) {
         uint64_t budget = max_bytes;
+        int r;
 
+        if (from < img->n_layers && img->archive_fd >= 0) {
+                if (lseek(img->archive_fd, 0, SEEK_SET) < 0)
+                        return oci_fail(-errno, "Cannot read the image archive: %m");
+                r = extract_outer(img->archive_fd, img->dirfd, img->max_bytes, UINT64_MAX);
+                if (r < 0)
+                        return r;
+                img->archive_fd = safe_close(img->archive_fd);
+        }
         for (size_t i = from; i < img->n_layers; i++) {
-                int r = check_layer(&img->layers[i], &budget);
+                OciLayer *l = &img->layers[i];
+
+                if (l->fd < 0) {
+                        l->fd = open_beneath(img->dirfd, l->path, O_RDONLY);
+                        if (l->fd < 0)
+                                return oci_refuse("layer %s: the blob %.128s is missing (%s)", l->name, l->path,
+                                                  strerror(-l->fd));
+                }
+                r = check_layer(l, &budget);
                 if (r < 0)
                         return r;
         }
@@ -657,9 +676,14 @@ int oci_image_check_layers(OciImage *img, size_t from, uint64_t max_bytes) {
 }
 
 void oci_image_done(OciImage *img) {
-        for (size_t i = 0; i < img->n_layers; i++)
+        for (size_t i = 0; i < img->n_layers; i++) {
                 img->layers[i].fd = safe_close(img->layers[i].fd);
+                free(img->layers[i].path);
+                img->layers[i].path = NULL;
+        }
         img->n_layers = 0;
+        img->dirfd = safe_close(img->dirfd);
+        img->archive_fd = safe_close(img->archive_fd);
         strv_free(img->config.env);
         strv_free(img->config.entrypoint);
         strv_free(img->config.cmd);
@@ -669,11 +693,11 @@ void oci_image_done(OciImage *img) {
 }
 
 int oci_image_load(int fd, int workdir, uint64_t max_bytes, OciImage *img) {
-        _cleanup_close_ int dirfd = -EBADF;
+        _cleanup_close_ int dirfd = -EBADF, archive_fd = -EBADF;
         struct stat st;
         int r;
 
-        *img = (OciImage) {};
+        *img = (OciImage) { .dirfd = -EBADF, .archive_fd = -EBADF, .max_bytes = max_bytes };
         for (size_t i = 0; i < OCI_LAYERS_MAX; i++)
                 img->layers[i].fd = -EBADF;
         if (fstat(fd, &st) < 0)
@@ -687,11 +711,13 @@ int oci_image_load(int fd, int workdir, uint64_t max_bytes, OciImage *img) {
                         return oci_refuse("The image archive is larger than the size limit");
                 if (lseek(fd, 0, SEEK_SET) < 0)
                         return oci_fail(-errno, "Cannot read the image archive: %m");
-                r = extract_outer(fd, workdir, max_bytes);
+                /* The manifests and the config first: the layers only when they are read. */
+                r = extract_outer(fd, workdir, max_bytes, OCI_JSON_MAX);
                 if (r < 0)
                         return r;
                 dirfd = fcntl(workdir, F_DUPFD_CLOEXEC, 3);
-                if (dirfd < 0)
+                archive_fd = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+                if (dirfd < 0 || archive_fd < 0)
                         return -errno;
         } else
                 return oci_refuse("The image's fd is neither a directory nor a regular file");
@@ -702,7 +728,11 @@ int oci_image_load(int fd, int workdir, uint64_t max_bytes, OciImage *img) {
                 r = load_docker(dirfd, max_bytes, img);
         else
                 r = oci_refuse("Neither an OCI image layout (oci-layout, index.json) nor a docker-archive (manifest.json)");
-        if (r < 0)
+        if (r < 0) {
                 oci_image_done(img);
+                return r;
+        }
+        img->dirfd = TAKE_FD(dirfd);
+        img->archive_fd = TAKE_FD(archive_fd);
         return r;
 }

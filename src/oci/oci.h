@@ -71,7 +71,8 @@ typedef struct OciLayer {
         char diff_id[OCI_DIGEST_LEN + 1];  /* of the uncompressed tar */
         char chain_id[OCI_DIGEST_LEN + 1];
         int64_t size;                      /* of the blob, -1 when unknown */
-        int fd;                            /* the blob, read-only */
+        int fd;                            /* the blob, read-only, once oci_image_check_layers() opened it */
+        char *path;                        /* the blob below the image's directory */
         char name[OCI_DIGEST_LEN + 1];     /* how messages name it: digest, else diff_id */
 } OciLayer;
 
@@ -87,21 +88,26 @@ typedef struct OciConfig {
 typedef struct OciImage {
         OciLayer layers[OCI_LAYERS_MAX];
         size_t n_layers;
+        int dirfd;                         /* the layout, or the archive's work directory */
+        int archive_fd;                    /* an archive whose large members are not unpacked yet */
+        uint64_t max_bytes;
         OciConfig config;
 } OciImage;
 
 void oci_image_done(OciImage *img);
 
 /* Read the image from fd: a directory (OCI layout) or a tar (oci-archive or
- * docker-archive, unpacked into workdir, a private empty directory): the manifest,
- * the config (its digest checked) and the chain IDs of its diff_ids. The layers' blobs
- * are opened, not read: max_bytes caps the archive. */
+ * docker-archive, whose small members are unpacked into workdir, a private empty
+ * directory): the manifest, the config (its digest checked) and the chain IDs of its
+ * diff_ids. The layers' blobs are neither opened nor read, and need not be there yet:
+ * max_bytes caps the archive. */
 int oci_image_load(int fd, int workdir, uint64_t max_bytes, OciImage *ret);
 
-/* Check the blobs of layers from..n_layers-1: the digest and size their descriptor
- * (or docker-archive file name) gives, and the uncompressed tar's diff_id; max_bytes
- * caps their uncompressed bytes together. Only the layers that will be read need it:
- * a layer found in the cache by its chain ID was checked when it was stored. */
+/* Open and check the blobs of layers from..n_layers-1 (an archive's other members
+ * unpacked first): the digest and size their descriptor (or docker-archive file name)
+ * gives, and the uncompressed tar's diff_id; max_bytes caps their uncompressed bytes
+ * together. Only the layers that will be read need it: a layer found in the cache by
+ * its chain ID was checked when it was stored. */
 int oci_image_check_layers(OciImage *img, size_t from, uint64_t max_bytes);
 
 /* Apply one layer to the tree at root. The blob's bytes are hashed again while

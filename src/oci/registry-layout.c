@@ -317,7 +317,8 @@ static int write_manifest_blob(oci_registry *r, int blobs_fd, const oci_manifest
         return write_atomic(r, blobs_fd, m->digest + 7, m->data, m->size);
 }
 
-int oci_registry_pull_layout(oci_registry *r, const oci_ref *ref, const char *dir, oci_layout_stats *ret_stats) {
+int oci_registry_pull_layout(oci_registry *r, const oci_ref *ref, const char *dir, size_t skip_layers,
+                             oci_layout_stats *ret_stats) {
         _cleanup_(oci_manifest_freep) oci_manifest *m = NULL;
         _cleanup_close_ int dfd = -EBADF, blobs_fd = -EBADF;
         static const char layout[] = "{\"imageLayoutVersion\":\"1.0.0\"}";
@@ -358,6 +359,8 @@ int oci_registry_pull_layout(oci_registry *r, const oci_ref *ref, const char *di
                 return k;
 
         for (size_t i = 0; i < n_blobs; i++) {
+                if (i >= 1 && i - 1 < skip_layers)
+                        continue; /* blobs[0] is the config, then the layers */
                 k = blob_present(blobs_fd, blobs[i].digest, blobs[i].size);
                 if (k < 0) {
                         k = oci_registry_set_error(r, k, "cannot read blob %s of the layout", blobs[i].digest);

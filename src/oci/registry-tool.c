@@ -41,7 +41,7 @@ static int run(const char *verb, const char *ref_s, const char *dir, const char 
         oci_registry_set_timeouts(reg, timeout_usec, timeout_usec, timeout_usec);
 
         if (strcmp(verb, "pull-layout") == 0) {
-                r = oci_registry_pull_layout(reg, ref, dir, &st);
+                r = oci_registry_pull_layout(reg, ref, dir, 0, &st);
                 if (r < 0)
                         return log_error_errno(r, "pull %s: %s", ref_s, oci_registry_error(reg)), 1;
                 printf("{\"fetched_bytes\": %" PRIu64 ", \"blobs_fetched\": %u, \"digest\": \"%s\"}\n",

@@ -121,8 +121,11 @@ typedef struct oci_layout_stats {
  * OCI image layout dir (created when missing): blobs/sha256/<hex> for its
  * manifest, config and layers, oci-layout, and index.json, where an entry
  * annotated org.opencontainers.image.ref.name = the tag replaces one of the same
- * name. A blob already in dir with the right size and digest is not fetched. */
-int oci_registry_pull_layout(oci_registry *r, const oci_ref *ref, const char *dir, oci_layout_stats *ret_stats);
+ * name. A blob already in dir with the right size and digest is not fetched, nor
+ * are the first skip_layers layers (SIZE_MAX: the manifest and config only, to look
+ * before fetching the rest; the layout is then complete only with a second pull). */
+int oci_registry_pull_layout(oci_registry *r, const oci_ref *ref, const char *dir, size_t skip_layers,
+                             oci_layout_stats *ret_stats);
 
 /* Pushes the image of layout dir that index.json names ref's tag (or its only
  * image), blobs first, to ref. */

@@ -5,7 +5,7 @@ oci-archive and a docker-archive of the same two layers, hostile layers that mus
 be refused with nothing left behind, the layer cache, and (where umoci and skopeo
 are installed, which CI requires) an image umoci made, converted by skopeo.
 
-usage: test-oci.py FORKD_OCI FORKD_AGENT"""
+usage: test-oci.py FORKD_OCI FORKD_AGENT REGISTRY_TOOL"""
 
 import json
 import os
@@ -16,10 +16,11 @@ import tarfile
 import tempfile
 
 import ociimage
+import ociregistry
 from ociimage import member, sha, tar_dir
 from tap import Skip, Tap, check
 
-FORKD_OCI, AGENT = sys.argv[1], sys.argv[2]
+FORKD_OCI, AGENT, REGISTRY_TOOL = sys.argv[1], sys.argv[2], sys.argv[3]
 TOP = tempfile.mkdtemp(prefix="forkd-oci-test.")
 # e2fsprogs lives in /usr/sbin, which a user's PATH may lack.
 DEBUGFS = shutil.which("debugfs") or "/usr/sbin/debugfs"
@@ -232,6 +233,9 @@ def t_cache():
     res = check_built(build(a, f"{TOP}/ca2.ext4", cache=cache), f"{TOP}/ca2.ext4")
     check(res["cached_layers"] == 2 and res["rootfs_cached"], f"the same image again is its cached disk: {res}")
     check(os.stat(f"{TOP}/ca2.ext4").st_ino == os.stat(f"{TOP}/ca.ext4").st_ino, "not a link to the cached disk")
+    write_docker(f"{TOP}/cache-a.tar", [LAYER1, LAYER2])
+    res = check_built(build(f"{TOP}/cache-a.tar", f"{TOP}/ca-docker.ext4", cache=cache), f"{TOP}/ca-docker.ext4")
+    check(res["rootfs_cached"], f"the same image as a docker-archive is the cached disk too: {res}")
     check(not leftovers(cache), f"left in the cache: {leftovers(cache)}")
     # A cached image's layer blobs are not read again: with its top layer's blob
     # overwritten, image a is still its cached disk ...
@@ -314,6 +318,49 @@ def t_unprivileged():
     check(debugfs(f"{d}/r.ext4", "cat /opt/app/hello.txt") == "hello from layer 2\n", "hello.txt as nobody")
 
 
+def t_by_reference():
+    """--ref against a docker-registry on loopback: the first build fetches every
+    blob; the same image again fetches its manifest and config only (its root disk
+    is cached); an image that shares the first layer fetches only its second."""
+    if not ociregistry.binary():
+        if os.environ.get("CI"):
+            raise AssertionError("docker-registry is not installed (tools/install-deps)")
+        raise Skip("docker-registry is not installed")
+    d = f"{TOP}/by-ref"
+    os.makedirs(f"{d}/registry")
+    reg = ociregistry.Registry(f"{d}/registry")
+    try:
+        config = f"{d}/registries.json"
+        with open(config, "w") as f:
+            json.dump({"registries": [{"host": reg.host, "insecure_http": True}]}, f)
+        base = LAYER1 + [member("opt/big.bin", os.urandom(256 * 1024))]  # does not compress
+        write_oci(f"{d}/a", [base, [member("srv/a.txt", b"image a\n")]])
+        write_oci(f"{d}/b", [base, [member("srv/b.txt", b"image b\n")]])
+        for name in ("a", "b"):
+            p = subprocess.run([REGISTRY_TOOL, "push-layout", f"{d}/{name}", f"{reg.host}/forkd/{name}:1", "--config",
+                                config], capture_output=True, text=True, timeout=120)
+            check(p.returncode == 0, p.stderr)
+
+        def pull(name, out):
+            p = subprocess.run([FORKD_OCI, "build", "--ref", f"{reg.host}/forkd/{name}:1", "--registry-config", config,
+                                "--agent", AGENT, "--out", f"{d}/{out}", "--cache", f"{d}/cache"],
+                               capture_output=True, text=True, timeout=300)
+            check(p.returncode == 0, p.stderr)
+            return json.loads(p.stdout)
+        res = pull("a", "a1.ext4")
+        check(res["fetched_bytes"] >= 256 * 1024 and not res["rootfs_cached"], f"the first pull: {res}")
+        check(exists(f"{d}/a1.ext4", "/opt/big.bin") and exists(f"{d}/a1.ext4", "/srv/a.txt"), "image a's layers")
+        res = pull("a", "a2.ext4")
+        check(res["rootfs_cached"] and res["fetched_bytes"] < 64 * 1024, f"the same image again: {res}")
+        check(os.stat(f"{d}/a2.ext4").st_ino == os.stat(f"{d}/a1.ext4").st_ino, "not the cached disk")
+        res = pull("b", "b.ext4")
+        check(res["cached_layers"] == 1 and not res["rootfs_cached"] and res["fetched_bytes"] < 64 * 1024,
+              f"an image sharing the first layer: {res}")
+        check(debugfs(f"{d}/b.ext4", "cat /srv/b.txt") == "image b\n", "image b's own layer")
+    finally:
+        reg.stop()
+
+
 def main():
     tap = Tap()
     try:
@@ -331,6 +378,7 @@ def main():
             ("refused: layer digest mismatch", t_bad_digest),
             ("refused: manifest lies about a size", t_lying_size),
             ("layer cache: a cached image's layers are not read again, a broken one is refused when read", t_cache),
+            ("--ref: a cached image fetches its manifest and config only, a shared layer is not fetched", t_by_reference),
             ("umoci image through skopeo", t_umoci_skopeo),
             ("as an unprivileged user", t_unprivileged),
         ]:
