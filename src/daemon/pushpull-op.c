@@ -11,6 +11,7 @@
 #include "branch.h"
 #include "bus-info.h"
 #include "fs-util.h"
+#include "hash-cache.h"
 #include "image.h"
 #include "io-util.h"
 #include "macro.h"
@@ -614,6 +615,8 @@ static int pull_link(PushPullJob *j, int staging_dfd, size_t index) {
                         return job_error(j, r, "%s is refused: %s", what, why ?: strerror(-r));
                 if (fsync(fd) < 0)
                         return job_error(j, -errno, "Cannot write %s: %m", what);
+                /* checked just now: the first fork of a diff chain need not hash it again */
+                hash_cache_put(dfd, y->name, fd, y->sha256);
         }
         return 0;
 }

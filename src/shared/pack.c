@@ -18,6 +18,7 @@
 
 #include <openssl/evp.h>
 
+#include "hash-cache.h"
 #include "json-util.h"
 #include "macro.h"
 #include "pack-internal.h"
@@ -340,10 +341,13 @@ static int link_files(const char *dir, struct pack_link *l, uint8_t *buf, char *
                 f = &l->files[l->n_files++];
                 memcpy(f->name, name, strlen(name) + 1); /* valid: at most SNAPSHOT_FILE_NAME_MAX */
                 f->size = (uint64_t) st.st_size;
-                r = hash_file(fd, f->size, buf, f->sha256);
-                if (r < 0) {
-                        r = pack_set_error(ret_error, r, "Cannot read %s/%s: %s", dir, name, strerror(-r));
-                        break;
+                if (hash_cache_get(dfd, name, fd, f->sha256) <= 0) {
+                        r = hash_file(fd, f->size, buf, f->sha256);
+                        if (r < 0) {
+                                r = pack_set_error(ret_error, r, "Cannot read %s/%s: %s", dir, name, strerror(-r));
+                                break;
+                        }
+                        hash_cache_put(dfd, name, fd, f->sha256);
                 }
                 if (strcmp(name, "snapshot.json") == 0)
                         has_meta = true;
@@ -571,8 +575,11 @@ static int extract_member(struct archive *a, int dfd, const char *path, const ch
         }
         if (ftruncate(fd, (off_t) f->size) < 0 || fsync(fd) < 0)
                 r = pack_set_error(ret_error, -errno, "Cannot write %s: %m", path);
-        else
+        else {
+                /* checked just now: the first fork of a diff chain need not hash it again */
+                hash_cache_put(dfd, name, fd, hex);
                 r = 0;
+        }
 finish:
         hasher_done(&h);
         return r;

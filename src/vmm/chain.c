@@ -11,6 +11,7 @@
 #include <openssl/evp.h>
 
 #include "chain.h"
+#include "hash-cache.h"
 #include "vmm.h"
 
 #define PAGE 4096u
@@ -162,62 +163,15 @@ out:
         return r;
 }
 
-/* The cache's key: the very file, unchanged (a snapshot's memory never is). */
-static bool cache_matches(const char *line, const struct stat *st, char hash[SNAPSHOT_HASH_LEN + 1]) {
-        unsigned long long dev, ino, size, mtime, ctime;
-        int end = 0;
-
-        if (sscanf(line, "v1 %llu %llu %llu %llu %llu %64[0-9a-f]%n", &dev, &ino, &size, &mtime, &ctime, hash,
-                   &end) != 6 || strlen(hash) != SNAPSHOT_HASH_LEN || (line[end] != '\n' && line[end] != 0))
-                return false;
-        return dev == (unsigned long long) st->st_dev && ino == (unsigned long long) st->st_ino &&
-               size == (unsigned long long) st->st_size &&
-               mtime == (unsigned long long) st->st_mtim.tv_sec * 1000000000ull + (unsigned long long) st->st_mtim.tv_nsec &&
-               ctime == (unsigned long long) st->st_ctim.tv_sec * 1000000000ull + (unsigned long long) st->st_ctim.tv_nsec;
-}
-
 int chain_hash_file_cached(int dfd, const char *name, int fd, char ret[SNAPSHOT_HASH_LEN + 1]) {
-        char cache[SNAPSHOT_FILE_NAME_MAX + 32], tmp[SNAPSHOT_FILE_NAME_MAX + 64], line[256];
-        char hash[SNAPSHOT_HASH_LEN + 1];
-        _cleanup_close_ int cfd = -EBADF;
-        struct stat st;
-        ssize_t n;
-        int r, len;
+        int r;
 
-        if (fstat(fd, &st) < 0)
-                return -errno;
-        if (strlen(name) > SNAPSHOT_FILE_NAME_MAX)
-                return chain_hash_file(fd, ret);
-        snprintf(cache, sizeof(cache), "%s" SNAPSHOT_HASH_CACHE_SUFFIX, name);
-        cfd = openat(dfd, cache, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
-        if (cfd >= 0) {
-                n = pread(cfd, line, sizeof(line) - 1, 0);
-                if (n > 0) {
-                        line[n] = 0;
-                        if (cache_matches(line, &st, hash)) {
-                                memcpy(ret, hash, sizeof(hash));
-                                return 0;
-                        }
-                }
-                cfd = safe_close(cfd);
-        }
+        if (hash_cache_get(dfd, name, fd, ret) > 0)
+                return 0;
         r = chain_hash_file(fd, ret);
         if (r < 0)
                 return r;
-
-        /* Recorded for the next one, best effort: a directory we may not write, a
-         * full disk, a race with another writer all leave the hash computed. */
-        len = snprintf(line, sizeof(line), "v1 %llu %llu %llu %llu %llu %s\n", (unsigned long long) st.st_dev,
-                       (unsigned long long) st.st_ino, (unsigned long long) st.st_size,
-                       (unsigned long long) st.st_mtim.tv_sec * 1000000000ull + (unsigned long long) st.st_mtim.tv_nsec,
-                       (unsigned long long) st.st_ctim.tv_sec * 1000000000ull + (unsigned long long) st.st_ctim.tv_nsec,
-                       ret);
-        snprintf(tmp, sizeof(tmp), "%s.%d.tmp" SNAPSHOT_HASH_CACHE_SUFFIX, name, (int) getpid());
-        cfd = openat(dfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY, 0644);
-        if (cfd < 0)
-                return 0;
-        if (len <= 0 || write(cfd, line, (size_t) len) != len || renameat(dfd, tmp, dfd, cache) < 0)
-                (void) unlinkat(dfd, tmp, 0);
+        hash_cache_put(dfd, name, fd, ret); /* for the next one, best effort */
         return 0;
 }
 

@@ -18,6 +18,7 @@
 #include <cmocka.h>
 #include <openssl/sha.h>
 
+#include "hash-cache.h"
 #include "macro.h"
 #include "pack.h"
 
@@ -270,10 +271,95 @@ static void test_round_trip(void **state) {
         assert_int_equal(system(cmd), 0);
 }
 
+/* ---- the hash cache beside each file ---- */
+
+static void read_cache(int dfd, const char *name, char *line, size_t size) {
+        int fd = openat(dfd, name, O_RDONLY | O_CLOEXEC);
+        ssize_t n;
+
+        assert_true(fd >= 0);
+        n = read(fd, line, size - 1);
+        assert_true(n > 0);
+        line[n] = 0;
+        close(fd);
+}
+
+static void test_hash_cache(void **state) {
+        char tmpl[] = "/tmp/test-pack-cache.XXXXXX", cmd[256], want[65], got[65], line[256], forged[256];
+        _cleanup_free_ char *error = NULL;
+        struct pack_manifest m = {};
+        const char *dirs[1];
+        char d0[300];
+        int root, src, staging, out, in, fd;
+
+        assert_non_null(mkdtemp(tmpl));
+        root = open(tmpl, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        assert_int_equal(mkdirat(root, "src", 0750), 0);
+        assert_int_equal(mkdirat(root, "out", 0750), 0);
+        src = openat(root, "src", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        make_link(src, "base", "", "");
+        file_sha256(src, "base/memory.bin", want);
+        snprintf(d0, sizeof(d0), "%s/src/base", tmpl);
+        dirs[0] = d0;
+
+        /* a forged entry for this very file, with the wrong inode, is not believed by pack */
+        fd = openat(src, "base/memory.bin", O_RDONLY | O_CLOEXEC);
+        assert_true(fd >= 0);
+        {
+                int dfd = openat(src, "base", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+                struct stat st;
+
+                assert_int_equal(fstat(fd, &st), 0);
+                snprintf(forged, sizeof(forged), "v1 %llu %llu %llu 0 0 %064d\n", (unsigned long long) st.st_dev,
+                         (unsigned long long) st.st_ino + 1, (unsigned long long) st.st_size, 0);
+                write_at(dfd, "memory.bin.sha256", forged, strlen(forged), 0, (off_t) strlen(forged));
+                assert_int_equal(hash_cache_get(dfd, "memory.bin", fd, got), 0);
+                close(dfd);
+        }
+        out = openat(root, "b.tar.zst", O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0640);
+        assert_int_equal(pack_write(out, dirs, 1, NULL, &error), 0);
+        close(out);
+        /* pack hashed the file itself and wrote the entry for it ... */
+        read_cache(src, "base/memory.bin.sha256", line, sizeof(line));
+        assert_non_null(strstr(line, want));
+        {
+                int dfd = openat(src, "base", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+
+                assert_int_equal(hash_cache_get(dfd, "memory.bin", fd, got), 1);
+                assert_string_equal(got, want);
+                close(dfd);
+        }
+        close(fd);
+        /* ... and the bundle carries the right hash: unpack checks it, and leaves an entry too */
+        in = openat(root, "b.tar.zst", O_RDONLY | O_CLOEXEC);
+        staging = openat(root, "out", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        assert_int_equal(pack_read(in, staging, NULL, &m, &error), 0);
+        close(in);
+        pack_manifest_done(&m);
+        {
+                int dfd = openat(staging, "base", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+                int mfd = openat(dfd, "memory.bin", O_RDWR | O_CLOEXEC);
+
+                assert_int_equal(hash_cache_get(dfd, "memory.bin", mfd, got), 1);
+                assert_string_equal(got, want);
+                /* a write to the file makes the entry stale */
+                assert_int_equal(pwrite(mfd, "x", 1, 0), 1);
+                assert_int_equal(hash_cache_get(dfd, "memory.bin", mfd, got), 0);
+                close(mfd);
+                close(dfd);
+        }
+        close(staging);
+        close(src);
+        close(root);
+        snprintf(cmd, sizeof(cmd), "rm -rf %s", tmpl);
+        assert_int_equal(system(cmd), 0);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_manifest),
                 cmocka_unit_test(test_round_trip),
+                cmocka_unit_test(test_hash_cache),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
