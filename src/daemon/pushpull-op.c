@@ -177,7 +177,9 @@ static bool is_hash_cache(const char *name) {
 
 static int push_file(PushPullJob *j, int dfd, const char *dir, const char *name, struct artifact_layer *y) {
         _cleanup_close_ int fd = -EBADF, tmp = -EBADF;
+        char cached[SNAPSHOT_HASH_LEN + 1];
         struct stat st;
+        bool known;
         int r;
 
         fd = openat(dfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
@@ -190,9 +192,12 @@ static int push_file(PushPullJob *j, int dfd, const char *dir, const char *name,
                 return job_error(j, -errno, "Cannot make a temporary file in %s: %m", j->snapshots_dir);
         memcpy(y->name, name, strlen(name) + 1);
         y->size = (uint64_t) st.st_size;
-        r = sparse_blob_encode(fd, y->size, tmp, y->digest, &y->blob_size, y->sha256);
+        known = hash_cache_get(dfd, name, fd, cached) > 0;
+        r = sparse_blob_encode(fd, y->size, tmp, known ? cached : NULL, y->digest, &y->blob_size, y->sha256);
         if (r < 0)
                 return job_error(j, r, "Cannot read %s/%s: %s", dir, name, strerror(-r));
+        if (!known)
+                hash_cache_put(dfd, name, fd, y->sha256);
         r = oci_registry_put_blob(j->reg, j->ref->repo, y->digest, tmp, y->blob_size, NULL);
         if (r < 0)
                 return registry_failed(j, r, "Cannot push a blob");
@@ -438,7 +443,12 @@ static int hash_memory_here(PushPullJob *j, const char *tag, char ret[SNAPSHOT_H
         fd = openat(dfd, meta.memory_file, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
         if (fd < 0 || fstat(fd, &st) < 0)
                 return job_error(j, -EEXIST, "Snapshot %s exists here but its memory file cannot be read: %m", tag);
-        return sparse_blob_encode(fd, (uint64_t) st.st_size, -1, digest, &blob_size, ret);
+        if (hash_cache_get(dfd, meta.memory_file, fd, ret) > 0)
+                return 0;
+        r = sparse_blob_encode(fd, (uint64_t) st.st_size, -1, NULL, digest, &blob_size, ret);
+        if (r >= 0)
+                hash_cache_put(dfd, meta.memory_file, fd, ret);
+        return r;
 }
 
 static int fetch_manifest(PushPullJob *j, const char *reference, struct artifact_link *ret, char *ret_digest) {

@@ -341,10 +341,23 @@ static void hash_zeros(digester *d, uint64_t n) {
         }
 }
 
-int sparse_blob_encode(int in_fd, uint64_t size, int out_fd, char ret_digest[ARTIFACT_DIGEST_SIZE],
-                       uint64_t *ret_blob_size, char ret_sha256[SNAPSHOT_HASH_LEN + 1]) {
+/* The content digester's update, unless the content's hash is known already. */
+static void content_update(digester *d, bool known, const void *p, size_t n) {
+        if (!known)
+                digester_update(d, p, n);
+}
+
+static void content_zeros(digester *d, bool known, uint64_t n) {
+        if (!known)
+                hash_zeros(d, n);
+}
+
+int sparse_blob_encode(int in_fd, uint64_t size, int out_fd, const char *known_sha256,
+                       char ret_digest[ARTIFACT_DIGEST_SIZE], uint64_t *ret_blob_size,
+                       char ret_sha256[SNAPSHOT_HASH_LEN + 1]) {
         _cleanup_free_ uint8_t *buf = malloc(SPARSE_BLOB_WINDOW);
         struct blob_writer w = { .fd = out_fd };
+        bool known = known_sha256 && snapshot_content_hash_is_valid(known_sha256);
         digester content = {};
         uint8_t head[16];
         uint64_t pos = 0;
@@ -353,7 +366,7 @@ int sparse_blob_encode(int in_fd, uint64_t size, int out_fd, char ret_digest[ART
         if (!buf)
                 return -ENOMEM;
         r = digester_init(&w.d);
-        if (r >= 0)
+        if (r >= 0 && !known)
                 r = digester_init(&content);
         if (r < 0)
                 goto finish;
@@ -369,7 +382,7 @@ int sparse_blob_encode(int in_fd, uint64_t size, int out_fd, char ret_digest[ART
                         break;
                 }
                 if (data < 0 || (uint64_t) data >= size) {
-                        hash_zeros(&content, size - pos); /* a hole to the end */
+                        content_zeros(&content, known, size - pos); /* a hole to the end */
                         pos = size;
                         break;
                 }
@@ -377,14 +390,14 @@ int sparse_blob_encode(int in_fd, uint64_t size, int out_fd, char ret_digest[ART
                 if ((uint64_t) data - pos >= SPARSE_BLOB_WINDOW) {
                         uint64_t w0 = (uint64_t) data / SPARSE_BLOB_WINDOW * SPARSE_BLOB_WINDOW;
 
-                        hash_zeros(&content, w0 - pos);
+                        content_zeros(&content, known, w0 - pos);
                         pos = w0;
                 }
                 n = size - pos < SPARSE_BLOB_WINDOW ? (size_t) (size - pos) : SPARSE_BLOB_WINDOW;
                 r = pread_exact(in_fd, buf, n, pos);
                 if (r < 0)
                         break;
-                digester_update(&content, buf, n);
+                content_update(&content, known, buf, n);
                 for (size_t i = 0; r >= 0 && i < n;) {
                         size_t start, k = n - i < SPARSE_BLOB_PAGE ? n - i : SPARSE_BLOB_PAGE;
 
@@ -409,7 +422,10 @@ int sparse_blob_encode(int in_fd, uint64_t size, int out_fd, char ret_digest[ART
         if (r >= 0) {
                 memcpy(ret_digest, "sha256:", 7);
                 digester_final(&w.d, ret_digest + 7);
-                digester_final(&content, ret_sha256);
+                if (known)
+                        memcpy(ret_sha256, known_sha256, SNAPSHOT_HASH_LEN + 1);
+                else
+                        digester_final(&content, ret_sha256);
                 *ret_blob_size = w.count;
         }
 finish:

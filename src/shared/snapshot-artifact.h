@@ -104,9 +104,11 @@ void artifact_digest_buffer(const void *buf, size_t len, char ret[ARTIFACT_DIGES
 /* Encode the size bytes of in_fd (read with pread, holes skipped with
  * SEEK_DATA) to out_fd (written sequentially; -1: nowhere, for the hashes
  * alone). Returns the blob's digest and size and the SHA-256 of the logical
- * content. */
-int sparse_blob_encode(int in_fd, uint64_t size, int out_fd, char ret_digest[ARTIFACT_DIGEST_SIZE],
-                       uint64_t *ret_blob_size, char ret_sha256[SNAPSHOT_HASH_LEN + 1]);
+ * content: known_sha256 when it is given (from the file's hash cache), not
+ * computed again. */
+int sparse_blob_encode(int in_fd, uint64_t size, int out_fd, const char *known_sha256,
+                       char ret_digest[ARTIFACT_DIGEST_SIZE], uint64_t *ret_blob_size,
+                       char ret_sha256[SNAPSHOT_HASH_LEN + 1]);
 
 /* Decode the blob_size bytes of in_fd (from offset 0) into out_fd, a new
  * empty file, leaving holes where no record is: -EBADMSG (and *ret_error) when

@@ -162,7 +162,7 @@ static void round_trip(const uint8_t *pattern, size_t plen, uint64_t size, const
                 assert_int_equal(pwrite(in, pattern, plen, (off_t) offsets[i]), (ssize_t) plen);
                 memcpy(a + offsets[i], pattern, plen);
         }
-        assert_int_equal(sparse_blob_encode(in, size, blob, digest, &blob_size, sha), 0);
+        assert_int_equal(sparse_blob_encode(in, size, blob, NULL, digest, &blob_size, sha), 0);
         assert_int_equal(lseek(blob, 0, SEEK_CUR), (off_t) blob_size);
         assert_int_equal(sparse_blob_decode(blob, blob_size, out, size, sha, &error), 0);
         assert_int_equal(fstat(out, &st), 0);
@@ -171,10 +171,20 @@ static void round_trip(const uint8_t *pattern, size_t plen, uint64_t size, const
         assert_memory_equal(a, b, size);
 
         /* The decoded file encodes to the same blob. */
-        assert_int_equal(sparse_blob_encode(out, size, blob2, digest2, &blob_size2, sha2), 0);
+        assert_int_equal(sparse_blob_encode(out, size, blob2, NULL, digest2, &blob_size2, sha2), 0);
         assert_string_equal(digest, digest2);
         assert_string_equal(sha, sha2);
         assert_int_equal(blob_size, blob_size2);
+        /* With the content's hash known (a hash cache), the same blob, that hash returned. */
+        {
+                char digest3[ARTIFACT_DIGEST_SIZE], sha3[SNAPSHOT_HASH_LEN + 1];
+                uint64_t blob_size3 = 0;
+
+                assert_int_equal(sparse_blob_encode(out, size, -1, HA, digest3, &blob_size3, sha3), 0);
+                assert_string_equal(digest, digest3);
+                assert_string_equal(sha3, HA);
+                assert_int_equal(blob_size, blob_size3);
+        }
 
         /* A wrong hash, a wrong size, a flipped data byte, a cut blob: refused. */
         {
