@@ -515,7 +515,9 @@ def run(h):
             staged = tf.wait_for(lambda: [n for n in os.listdir(snaps) if n.startswith("wf.tmp.")], 10,
                                  "the staging directory of the branch")
             writer = int(staged[0].rsplit(".", 1)[1])
-            assert comm(writer) == "forkd-branch", comm(writer)
+            # forkd makes the directory and hands it over, so it can be there before the
+            # writer has exec'd forkd-branch
+            tf.wait_for(lambda: comm(writer) == "forkd-branch", 10, f"the writer {writer} to be forkd-branch")
             os.kill(writer, signal.SIGKILL)
             try:
                 h.bus.wait_reply(serial, 30)
