@@ -85,22 +85,29 @@ def check_shared_volumes(t, fc, stack, ids):
 
 
 def branch_carries_volumes(t, fc, stack, sid, made):
-    """A branch of sid, then a branch of its child: each generation sees the volumes."""
-    for gen in (1, 2):
-        tag = f"img-vb{gen}"
-        status, doc = rest(stack, "POST", f"/v1/sandboxes/{sid}/branch", {"tag": tag})
-        if not t.ok(status == 201 and len((doc or {}).get("volumes", [])) == 2,
-                    f"branch {tag} of a sandbox with volumes lists them", f"{status} {doc}"):
-            return
-        made.append(tag)
-        rc, doc, err = fc("fork", tag)
-        ids = [s["id"] for s in (doc or {}).get("sandboxes", [])]
-        if not t.ok(rc == 0 and len(ids) == 1, f"fork of {tag}", err):
-            return
-        out = sh(fc, ids[0], "cat /data/ro/hello.txt /data/cow/note.txt")
-        t.ok(out == "shared\nchild-0\n", f"a child of {tag} sees the ro volume and the cow one as it was branched",
-             out)
-        sid = ids[0]
+    """A branch of sid, then a branch of its child: each generation sees the volumes.
+    The children it forks are killed at its end."""
+    kids = []
+    try:
+        for gen in (1, 2):
+            tag = f"img-vb{gen}"
+            status, doc = rest(stack, "POST", f"/v1/sandboxes/{sid}/branch", {"tag": tag})
+            if not t.ok(status == 201 and len((doc or {}).get("volumes", [])) == 2,
+                        f"branch {tag} of a sandbox with volumes lists them", f"{status} {doc}"):
+                return
+            made.append(tag)
+            rc, doc, err = fc("fork", tag)
+            ids = [s["id"] for s in (doc or {}).get("sandboxes", [])]
+            kids += ids
+            if not t.ok(rc == 0 and len(ids) == 1, f"fork of {tag}", err):
+                return
+            out = sh(fc, ids[0], "cat /data/ro/hello.txt /data/cow/note.txt")
+            t.ok(out == "shared\nchild-0\n", f"a child of {tag} sees the ro volume and the cow one as it was branched",
+                 out)
+            sid = ids[0]
+    finally:
+        if kids:
+            fc("kill", *kids)
 
 
 def rw_volume(t, fc, stack, rw, made):
