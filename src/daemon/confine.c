@@ -40,6 +40,7 @@
 #include <sys/stat.h>
 
 #include "confine.h"
+#include "hash-cache.h"
 #include "hashmap.h"
 #include "image.h"
 #include "macro.h"
@@ -77,6 +78,23 @@ int confine_setup(Manager *m) {
         return 0;
 }
 
+/* chown of one file of a snapshot; a hash cache that held for it before (unpack and
+ * pull leave one) is written again for it after, since the chown changes its ctime. */
+static int adopt_file(int dfd, const char *name, uid_t uid, gid_t gid) {
+        char hash[SNAPSHOT_HASH_LEN + 1];
+        _cleanup_close_ int fd = openat(dfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+        bool cached;
+
+        if (fd < 0)
+                return -errno;
+        cached = hash_cache_get(dfd, name, fd, hash) > 0;
+        if (fchown(fd, uid, gid) < 0)
+                return -errno;
+        if (cached)
+                hash_cache_put(dfd, name, fd, hash);
+        return 0;
+}
+
 int confine_adopt_snapshot(Manager *m, int dfd) {
         _cleanup_close_ int fd = -EBADF;
         struct dirent *de;
@@ -104,11 +122,11 @@ int confine_adopt_snapshot(Manager *m, int dfd) {
                         continue;
                 if (fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(st.st_mode))
                         continue;
-                if ((st.st_uid != m->vmm_uid || st.st_gid != m->vmm_gid) &&
-                    fchownat(dirfd(d), de->d_name, m->vmm_uid, m->vmm_gid, AT_SYMLINK_NOFOLLOW) < 0) {
-                        r = -errno;
+                if (st.st_uid == m->vmm_uid && st.st_gid == m->vmm_gid)
+                        continue;
+                r = adopt_file(dirfd(d), de->d_name, m->vmm_uid, m->vmm_gid);
+                if (r < 0)
                         break;
-                }
         }
         closedir(d);
         return r;

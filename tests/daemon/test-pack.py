@@ -248,6 +248,17 @@ def run(h):
         assert st.st_blocks * 512 < st.st_size // 4, (st.st_blocks, st.st_size)
         info = h.m("GetSnapshotInfo", "s", ["l3"])[0]
         assert info["parent_tag"] == "l2" and info["parent_content_hash"] == ctx["manifest"]["chain"][3]["parent_content_hash"], info
+        # Each memory file's SHA-256, checked as it was unpacked, is cached beside it for the
+        # very file as registered (after forkd's chown), so no fork hashes a parent again.
+        for link in ("base", "l1", "l2"):
+            mem = os.path.join(snapdir, link, "memory.bin")
+            st = os.stat(mem)
+            with open(mem, "rb") as f:
+                want = hashlib.sha256(f.read()).hexdigest()
+            line = (f"v1 {st.st_dev} {st.st_ino} {st.st_size} {st.st_mtime_ns} {st.st_ctime_ns} {want}\n")
+            with open(mem + ".sha256") as f:
+                got = f.read()
+            assert got == line, (link, got, line)
         c = h.fork("l3", 2)
         for ch in c:
             assert json.loads(h.m("Ping", "s", [ch["id"]])[0])["pong"]
