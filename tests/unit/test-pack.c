@@ -177,6 +177,16 @@ static void make_link(int root, const char *tag, const char *parent, const char 
         close(dfd);
 }
 
+/* The test's directory, then the fds still open on it, gone. */
+static void remove_tree(const char *dir, int fds[], size_t n) {
+        char cmd[256];
+
+        for (size_t i = 0; i < n; i++)
+                close(fds[i]);
+        snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+        assert_int_equal(system(cmd), 0);
+}
+
 static void test_round_trip(void **state) {
         char tmpl[] = "/tmp/test-pack.XXXXXX", cmd[256], path[512], a[65], b[65];
         _cleanup_free_ char *error = NULL;
@@ -262,13 +272,7 @@ static void test_round_trip(void **state) {
         assert_non_null(strstr(error, "SHA-256"));
         close(in);
 
-        close(staging);
-        close(staging2);
-        close(staging3);
-        close(src);
-        close(root);
-        snprintf(cmd, sizeof(cmd), "rm -rf %s", tmpl);
-        assert_int_equal(system(cmd), 0);
+        remove_tree(tmpl, (int[]) { staging, staging2, staging3, src, root }, 5);
 }
 
 /* ---- the hash cache beside each file ---- */
@@ -285,7 +289,7 @@ static void read_cache(int dfd, const char *name, char *line, size_t size) {
 }
 
 static void test_hash_cache(void **state) {
-        char tmpl[] = "/tmp/test-pack-cache.XXXXXX", cmd[256], want[65], got[65], line[256], forged[256];
+        char tmpl[] = "/tmp/test-pack-cache.XXXXXX", want[65], got[65], line[256], forged[256];
         _cleanup_free_ char *error = NULL;
         struct pack_manifest m = {};
         const char *dirs[1];
@@ -348,11 +352,7 @@ static void test_hash_cache(void **state) {
                 close(mfd);
                 close(dfd);
         }
-        close(staging);
-        close(src);
-        close(root);
-        snprintf(cmd, sizeof(cmd), "rm -rf %s", tmpl);
-        assert_int_equal(system(cmd), 0);
+        remove_tree(tmpl, (int[]) { staging, src, root }, 3);
 }
 
 int main(void) {
