@@ -365,7 +365,10 @@ class TestLimits(ProcTest):
         self.wait_entry(pids[-1], lambda e: not e["running"])
         self.assertEqual(self.count(), MAX_PROCS)
         fresh = self.start(args=["true"])
-        self.assertIsNone(self.entry(pids[0]))
+        # the one that gave way exited the longest ago: the 255 were killed together, so
+        # which one that is depends on when the agent reaped each
+        gone = [pid for pid in pids[:-1] if self.entry(pid) is None]
+        self.assertEqual(len(gone), 1, gone)
         self.assertIsNotNone(self.entry(pids[-1]))
         self.follow(fresh)
 
