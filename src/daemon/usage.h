@@ -34,15 +34,15 @@ int usage_stats_read(const struct vmm_stats *map, struct vmm_stats *ret);
 /* "usage_usec N" and "throttled_usec N" of a cgroup v2 cpu.stat; either pointer may be NULL.
  * -ENODATA when usage_usec is missing. */
 int usage_parse_cpu_stat(const char *text, uint64_t *ret_usage, bool *ret_have_throttled, uint64_t *ret_throttled);
-/* utime + stime of a /proc/PID/stat line, in clock ticks. */
-int usage_parse_proc_stat(const char *text, uint64_t *ret_ticks);
+/* The CPU-time clock of process pid (every thread's time), for clock_gettime(). */
+clockid_t usage_process_cpu_clock(pid_t pid);
 /* resident and shared of /proc/PID/statm, in pages. */
 int usage_parse_statm(const char *text, uint64_t *ret_resident, uint64_t *ret_shared);
 /* The cgroup v2 path of a "0::<path>" line of /proc/PID/cgroup into a new string. */
 int usage_parse_proc_cgroup(const char *text, char **ret);
 
 /* Read what pid uses. cpu_stat_path: its own cgroup's cpu.stat, or NULL
- * (then its /proc/PID/stat). stats: its page, or NULL. Fields it could not
+ * (then its process CPU clock). stats: its page, or NULL. Fields it could not
  * read stay unset (their have_ false). */
 void usage_read(pid_t pid, const char *cpu_stat_path, const struct vmm_stats *stats, SandboxUsage *ret);
 /* The cpu.stat of the cgroup v2 pid is in ("/sys/fs/cgroup<path>/cpu.stat") into a new string,

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 /* forkd's latency histograms (src/daemon/histogram.c) and what a sandbox's
- * usage is read from (src/daemon/usage.c): cpu.stat, /proc/PID/stat and statm,
+ * usage is read from (src/daemon/usage.c): cpu.stat, a process's CPU clock, statm,
  * /proc/PID/cgroup, and the stats page shared with a VMM. */
 
 #include <errno.h>
@@ -11,7 +11,10 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -84,16 +87,45 @@ static void test_parse_cpu_stat(void **state) {
         assert_int_equal(usage_parse_cpu_stat("", &u, NULL, NULL), -ENODATA);
 }
 
-static void test_parse_proc_stat(void **state) {
-        uint64_t ticks = 0;
+/* A child that spins for a while, then waits to be killed: its CPU clock, read
+ * from here, moves, and agrees with what it used by its own clock. */
+static void test_process_cpu_clock(void **state) {
+        struct timespec a, b, own;
+        int pipefd[2];
+        uint64_t used_ns, seen_ns;
+        pid_t pid;
 
-        assert_int_equal(usage_parse_proc_stat("42 (forkd-vmm) S 1 42 42 0 -1 4194560 100 0 0 0 250 17 0 0 20 0 "
-                                               "3 0 100 1000 50\n", &ticks), 0);
-        assert_int_equal(ticks, 267);
-        /* a comm with spaces and parentheses */
-        assert_int_equal(usage_parse_proc_stat("7 (a) b (c)) R 1 7 7 0 -1 0 0 0 0 0 5 6 0 0\n", &ticks), 0);
-        assert_int_equal(ticks, 11);
-        assert_int_equal(usage_parse_proc_stat("7 no paren\n", &ticks), -EBADMSG);
+        assert_int_equal(pipe(pipefd), 0);
+        pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+                struct timespec s, e;
+
+                (void) clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &s);
+                do
+                        (void) clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &e);
+                while ((e.tv_sec - s.tv_sec) * 1000000000L + (e.tv_nsec - s.tv_nsec) < 50000000L);
+                if (write(pipefd[1], &e, sizeof(e)) != sizeof(e))
+                        _exit(1);
+                pause();
+                _exit(0);
+        }
+        assert_int_equal(read(pipefd[0], &own, sizeof(own)), sizeof(own));
+        assert_int_equal(clock_gettime(usage_process_cpu_clock(pid), &a), 0);
+        used_ns = (uint64_t) own.tv_sec * 1000000000u + (uint64_t) own.tv_nsec;
+        seen_ns = (uint64_t) a.tv_sec * 1000000000u + (uint64_t) a.tv_nsec;
+        assert_true(seen_ns >= used_ns && seen_ns < used_ns + 1000000000u);
+        assert_int_equal(clock_gettime(usage_process_cpu_clock(pid), &b), 0);
+        assert_true(b.tv_sec > a.tv_sec || (b.tv_sec == a.tv_sec && b.tv_nsec >= a.tv_nsec));
+        /* This process's clock is the one it reads as CLOCK_PROCESS_CPUTIME_ID. */
+        assert_int_equal(clock_gettime(usage_process_cpu_clock(getpid()), &a), 0);
+        assert_true(a.tv_sec > 0 || a.tv_nsec > 0);
+        assert_int_equal(kill(pid, SIGKILL), 0);
+        assert_int_equal(waitpid(pid, NULL, 0), pid);
+        /* A process that is gone has no clock. */
+        assert_int_equal(clock_gettime(usage_process_cpu_clock(pid), &a), -1);
+        close(pipefd[0]);
+        close(pipefd[1]);
 }
 
 static void test_parse_statm(void **state) {
@@ -165,7 +197,7 @@ static void test_cpu_stat_path(void **state) {
 static void test_read_self(void **state) {
         SandboxUsage u;
 
-        /* This process: CPU and memory from /proc, no stats page. */
+        /* This process: CPU from its clock, memory from /proc, no stats page. */
         usage_read(getpid(), NULL, NULL, &u);
         assert_true(u.have_cpu);
         assert_true(u.have_memory);
@@ -179,7 +211,7 @@ int main(void) {
                 cmocka_unit_test(test_histogram_buckets),
                 cmocka_unit_test(test_histogram_every_bound),
                 cmocka_unit_test(test_parse_cpu_stat),
-                cmocka_unit_test(test_parse_proc_stat),
+                cmocka_unit_test(test_process_cpu_clock),
                 cmocka_unit_test(test_parse_statm),
                 cmocka_unit_test(test_parse_proc_cgroup),
                 cmocka_unit_test(test_stats_page),
