@@ -11,11 +11,15 @@ routes of docs/rest-api.md, "Processes", against the real stack.
   - the terminal over a WebSocket, with a client of Python's standard library only:
     `echo $((6*7))` shows 42, a resize shows in `stty size`, `exit` closes with 1000;
   - exec with "stream": true: stdout, stderr and the exit code as NDJSON;
-  - a pid the guest does not know: 404; an offset beyond the end: 400.
+  - a pid the guest does not know: 404; an offset beyond the end: 400;
+  - a flood of output with eight streams that stall and one that reads on: forkd's and
+    forkd-rest's peak memory grow by less than a quarter of what the guest printed, and
+    the reader sees gaps where the ring overran.
 
 It forks one sandbox of the boot snapshot (TAG) and deletes it at its end."""
 import base64
 import json
+import os
 import struct
 import time
 
@@ -24,6 +28,10 @@ from restprocs import NdjsonStream, WebSocket, data_of
 
 TICKS = 20  # 4 s at 0.2 s
 TICKER = f"import time\nfor i in range({TICKS}):\n    print('tick', i, flush=True)\n    time.sleep(0.2)\n"
+FLOOD = "import os\nb = b'x' * 65536\nwhile True:\n    os.write(1, b)\n"
+FLOOD_BYTES = 32 << 20     # the guest's output the flood must reach while the streams stall
+FLOOD_STALLED = 8          # streams that read one line, then nothing
+FLOOD_GROWTH_KIB = 8 << 10  # what forkd's and forkd-rest's peak RSS may grow by
 
 
 def processes_rest(t, stack):
@@ -40,6 +48,69 @@ def processes_rest(t, stack):
     finally:
         if sid:
             rest(stack, "DELETE", f"/v1/sandboxes/{sid}")
+
+
+def _stack_pid(stack, name):
+    """The pid forkd-stack recorded for name (forkd, rest) in its state directory."""
+    with open(os.path.join(os.path.dirname(stack["FORKD_TOKEN_FILE"]), f"{name}.pid")) as f:
+        return int(f.read().split()[0])
+
+
+def _status_kib(pid, key):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def _flood(t, stack, base):
+    """A process that prints 64 KiB writes as fast as it can; FLOOD_STALLED streams each
+    read one line and stall, one reader reads on until the output passed FLOOD_BYTES."""
+    try:
+        pids = {name: _stack_pid(stack, name) for name in ("forkd", "rest")}
+        hwm0 = {name: _status_kib(p, "VmHWM") for name, p in pids.items()}
+    except (OSError, ValueError, IndexError) as e:
+        t.ok(False, "flood: forkd's and forkd-rest's pids and memory", repr(e))
+        return
+    pid = _start(t, stack, base, {"args": ["python3", "-c", FLOOD], "stdin": False},
+                 "a process that floods its output")
+    if not pid:
+        return
+    streams = []
+    try:
+        for _ in range(FLOOD_STALLED):
+            s = NdjsonStream(stack, "GET", f"{base}/{pid}/output?follow=true")
+            s.resp.readline()  # one line, then this client stops reading
+            streams.append(s)
+        reader = NdjsonStream(stack, "GET", f"{base}/{pid}/output?follow=true")
+        streams.append(reader)
+        end, gaps, lines = 0, 0, 0
+        deadline = time.monotonic() + 600
+        while end < FLOOD_BYTES and time.monotonic() < deadline:
+            line = reader.resp.readline()
+            if not line:
+                break
+            o = json.loads(line)
+            lines += 1
+            if "gap" in o:
+                gaps += 1
+                end = max(end, o["offset"])
+            elif "stream" in o:
+                end = max(end, o["offset"] + len(o.get("data", "")))
+        grown = {name: _status_kib(p, "VmHWM") - hwm0[name] for name, p in pids.items()}
+        t.note(f"flood: the reader saw offset {end} in {lines} lines ({gaps} gaps); peak RSS grew by {grown} KiB")
+        t.ok(end >= FLOOD_BYTES, f"flood: the output passed {FLOOD_BYTES >> 20} MiB while {FLOOD_STALLED} streams "
+             "stalled", f"{end} bytes in {lines} lines")
+        t.ok(all(g <= FLOOD_GROWTH_KIB for g in grown.values()),
+             f"flood: forkd's and forkd-rest's peak RSS grew by at most {FLOOD_GROWTH_KIB >> 10} MiB",
+             f"grown KiB {grown}, before {hwm0}")
+        t.ok(gaps > 0, "flood: the reader, slower than the guest, got gap lines where the ring overran",
+             f"{gaps} gaps")
+    finally:
+        rest(stack, "POST", f"{base}/{pid}/signal", {"signal": "KILL"})
+        for s in streams:
+            s.close()
 
 
 def _start(t, stack, base, body, what):
@@ -170,3 +241,6 @@ def _cases(t, stack, sid, base):
     t.ok(s.status == 200 and data_of(objs, "stdout") == b"out\n" and data_of(objs, "stderr") == b"err\n" and
          objs[-1] == {"exit_code": 3, "signal": None},
          "exec with \"stream\": true: stdout, stderr and exit code 3 as NDJSON", f"{s.status} {objs}")
+
+    # ---- a flood of output
+    _flood(t, stack, base)

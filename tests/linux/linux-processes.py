@@ -10,14 +10,20 @@ and forkctl (exec --follow, ps, signal, logs):
   - SIGTERM to one of two sleeping processes leaves the other running;
   - forkctl exec --follow: stdout, stderr and the exit status (128+15 for SIGTERM),
     forkctl logs, ps --json, signal;
+  - forkctl shell in a tmux pane (a real terminal): `echo $((6*7))` shows 42, a resize
+    of the window shows in `stty size`, `exit` ends it;
   - a sandbox counting in the background forked into 3: each child's counter goes on
     in its own output (ReadSandboxOutput offsets move independently), and killing
     one child's counter leaves the others' counting.
 
 Short on purpose: under TCG a fork takes seconds and every call is slow."""
 import os
+import re
 import select
+import shlex
+import shutil
 import struct
+import subprocess
 import time
 
 from dbusmini import Bus, DBusError
@@ -28,6 +34,48 @@ TICKS = 25  # 5 s at 0.2 s
 TICKER = f"import time\nfor i in range({TICKS}):\n    print('tick', i, flush=True)\n    time.sleep(0.2)\n"
 COUNTER = "import time\ni = 0\nwhile True:\n    print(i, flush=True)\n    i += 1\n    time.sleep(0.2)\n"
 STDOUT, STDERR, GAP, EXIT = 1, 2, 3, 4
+
+
+def shell_under_tmux(t, fc, sid):
+    """forkctl shell ID in a detached tmux session of 80x24: a command's answer, then a
+    resize of the window to 100x30, which forkctl passes on (SIGWINCH) to the guest's pty."""
+    if not shutil.which("tmux"):
+        t.ok(False, "forkctl shell under tmux: tmux is in the test host", "tmux not found")
+        return
+    sock = f"forkd-test-{os.getpid()}"
+
+    def tmux(*args):
+        return subprocess.run(["tmux", "-L", sock, *args], env=dict(fc.env, TERM="xterm"), capture_output=True,
+                              text=True, timeout=30)
+
+    def pane_until(pred, secs=60):
+        """The pane's text once pred holds of it, or at the deadline (not a fixed wait)."""
+        deadline = time.monotonic() + secs
+        while True:
+            text = tmux("capture-pane", "-p", "-t", "sh", "-S", "-100").stdout
+            if pred(text) or time.monotonic() > deadline:
+                return text
+            time.sleep(0.3)
+
+    try:
+        r = tmux("new-session", "-d", "-s", "sh", "-x", "80", "-y", "24",
+                 shlex.join([fc.path, "shell", sid]) + "; echo forkctl-exit=$?; sleep 600")
+        if not t.ok(r.returncode == 0, "tmux new-session with forkctl shell in it", r.stderr):
+            return
+        pane_until(lambda s: re.search(r"[#$] *$", s, re.M))  # the shell's prompt
+        tmux("send-keys", "-t", "sh", "echo $((6*7))", "Enter")
+        text = pane_until(lambda s: re.search(r"^42 *$", s, re.M))
+        t.ok(re.search(r"^42 *$", text, re.M), "forkctl shell under tmux: echo $((6*7)) shows 42", text[-600:])
+        tmux("resize-window", "-t", "sh", "-x", "100", "-y", "30")
+        tmux("send-keys", "-t", "sh", "stty size", "Enter")
+        text = pane_until(lambda s: re.search(r"^30 100 *$", s, re.M))
+        t.ok(re.search(r"^30 100 *$", text, re.M), "forkctl shell under tmux: a resize to 100x30 shows in stty size",
+             text[-600:])
+        tmux("send-keys", "-t", "sh", "exit", "Enter")
+        text = pane_until(lambda s: "forkctl-exit=" in s)
+        t.ok("forkctl-exit=0" in text, "exit ends forkctl shell with status 0", text[-600:])
+    finally:
+        tmux("kill-server")
 
 
 class Stream:
@@ -192,6 +240,7 @@ def processes(t, fc, stack):
         p = fc.run("exec", "--follow", sid, "--", "sh", "-c", "echo bye; kill -TERM $$")
         t.ok(p.returncode == 128 + 15 and p.stdout == "bye\n",
              "forkctl exec --follow of a process SIGTERM kills: exit status 143", f"{p.returncode} {p.stdout!r}")
+        shell_under_tmux(t, fc, sid)
         pid = start(sid, ["sh", "-c", "for i in 1 2 3; do echo line$i; done; sleep 600"])
         deadline = time.monotonic() + 60  # until its three lines are there, not a fixed wait
         while time.monotonic() < deadline and (read(sid, pid, 0) or (b"",))[0] != b"line1\nline2\nline3\n":
