@@ -455,12 +455,13 @@ static int connect_bus(Manager *m) {
 static void raise_nofile(void) {
         struct rlimit rl;
 
-        /* One agent socket per sandbox, up to SANDBOXES_MAX of them. */
+        /* An agent and a control socket per sandbox, and its /proc statm kept open for
+         * its usage, up to SANDBOXES_MAX of them. */
         if (getrlimit(RLIMIT_NOFILE, &rl) >= 0 && rl.rlim_cur < rl.rlim_max) {
                 rl.rlim_cur = rl.rlim_max;
                 (void) setrlimit(RLIMIT_NOFILE, &rl);
         }
-        if (getrlimit(RLIMIT_NOFILE, &rl) >= 0 && rl.rlim_cur < 2 * SANDBOXES_MAX + 256)
+        if (getrlimit(RLIMIT_NOFILE, &rl) >= 0 && rl.rlim_cur < 4 * SANDBOXES_MAX + 256)
                 log_warning("RLIMIT_NOFILE is %llu: fewer than %u sandboxes may fit.", (unsigned long long) rl.rlim_cur,
                             SANDBOXES_MAX);
 }

@@ -193,6 +193,7 @@ static int sandbox_new_full(Manager *m, const struct sandbox_params *p, int agen
         s->manager = m;
         s->agent_fd = agent_fd;
         s->control_fd = -EBADF;
+        s->usage_files = USAGE_FILES_INIT;
         s->pid = p->pid;
         s->created_at = p->created_at;
         s->memory_limit_mib = p->memory_limit_mib;
@@ -357,6 +358,7 @@ Sandbox *sandbox_free(Sandbox *s) {
                 sandbox_netns_destroy(m, s->netns, s->netns_index);
 
         s->stats = usage_stats_page_free(s->stats);
+        usage_files_close(&s->usage_files);
         free(s->cpu_stat_path);
         sandbox_free_strings(s);
         free(s);
@@ -370,7 +372,7 @@ void sandbox_read_usage(Sandbox *s, SandboxUsage *ret) {
                 if (usage_cpu_stat_path((pid_t) s->pid, s->vm_id, &s->cpu_stat_path) < 0)
                         s->cpu_stat_path = NULL;
         }
-        usage_read((pid_t) s->pid, s->has_cgroup ? s->cpu_stat_path : NULL, s->stats, ret);
+        usage_read((pid_t) s->pid, s->has_cgroup ? s->cpu_stat_path : NULL, s->stats, &s->usage_files, ret);
         if (!s->has_cgroup)
                 ret->have_cpu_throttled = false; /* the template's cgroup: not its own */
 }

@@ -10,6 +10,7 @@
 
 #include "fork-options.h"
 #include "manager.h"
+#include "usage.h"
 
 struct json_object;
 struct agent_call;
@@ -109,6 +110,7 @@ struct Sandbox {
         /* Its own cgroup's cpu.stat, once looked up (has_cgroup); NULL: not yet or none. */
         char *cpu_stat_path;
         bool cpu_stat_looked_up;
+        UsageFiles usage_files;  /* its cpu.stat and /proc/PID/statm, kept open between reads */
 };
 
 struct sandbox_params {

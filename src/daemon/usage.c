@@ -147,21 +147,48 @@ int usage_cpu_stat_path(pid_t pid, const char *leaf, char **ret) {
         return asprintf(ret, "/sys/fs/cgroup%s/cpu.stat", cg) < 0 ? -ENOMEM : 0;
 }
 
-void usage_read(pid_t pid, const char *cpu_stat_path, const struct vmm_stats *stats, SandboxUsage *ret) {
+void usage_files_close(UsageFiles *f) {
+        if (!f)
+                return;
+        f->cpu_stat_fd = safe_close(f->cpu_stat_fd);
+        f->statm_fd = safe_close(f->statm_fd);
+        f->pid = 0;
+}
+
+/* The text of a small file at offset 0 into buf: from the kept fd when there is one,
+ * else opened, and kept when files asks for it (a /proc or cgroup file reads anew
+ * at every pread() from 0). A kept fd that fails is dropped. */
+static ssize_t read_small(int *kept, const char *path, char *buf, size_t size) {
+        int fd = kept && *kept >= 0 ? *kept : open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+        ssize_t n = fd >= 0 ? pread(fd, buf, size - 1, 0) : -1;
+
+        if (n <= 0 || !kept) {
+                safe_close(fd);
+                if (kept)
+                        *kept = -EBADF;
+                return n > 0 ? n : -1;
+        }
+        *kept = fd;
+        return n;
+}
+
+void usage_read(pid_t pid, const char *cpu_stat_path, const struct vmm_stats *stats, UsageFiles *files,
+                SandboxUsage *ret) {
         char path[64], buf[USAGE_FILE_MAX];
         uint64_t res, shared;
         ssize_t n;
         long page_kib = sysconf(_SC_PAGESIZE) / 1024;
-        int fd;
 
         *ret = (SandboxUsage) {};
         ret->have_stats = usage_stats_read(stats, &ret->stats) >= 0;
+        if (files && files->pid != pid) {
+                usage_files_close(files);
+                files->pid = pid;
+        }
 
         /* One read of a small file each: no buffered I/O, no allocation. */
         if (cpu_stat_path) {
-                fd = open(cpu_stat_path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
-                n = fd >= 0 ? read(fd, buf, sizeof(buf) - 1) : -1;
-                safe_close(fd);
+                n = read_small(files ? &files->cpu_stat_fd : NULL, cpu_stat_path, buf, sizeof(buf));
                 if (n > 0) {
                         buf[n] = '\0';
                         ret->have_cpu = usage_parse_cpu_stat(buf, &ret->cpu_usec, &ret->have_cpu_throttled,
@@ -180,9 +207,7 @@ void usage_read(pid_t pid, const char *cpu_stat_path, const struct vmm_stats *st
         }
         if (pid > 0) {
                 snprintf(path, sizeof(path), "/proc/%d/statm", (int) pid);
-                fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
-                n = fd >= 0 ? read(fd, buf, sizeof(buf) - 1) : -1;
-                safe_close(fd);
+                n = read_small(files ? &files->statm_fd : NULL, path, buf, sizeof(buf));
                 if (n > 0) {
                         buf[n] = '\0';
                         if (usage_parse_statm(buf, &res, &shared) >= 0) {

@@ -8,6 +8,7 @@
  * page, never smaps, never a request to the VMM.
  */
 
+#include <errno.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -41,10 +42,22 @@ int usage_parse_statm(const char *text, uint64_t *ret_resident, uint64_t *ret_sh
 /* The cgroup v2 path of a "0::<path>" line of /proc/PID/cgroup into a new string. */
 int usage_parse_proc_cgroup(const char *text, char **ret);
 
+/* The files a sandbox's usage is read from, kept open between reads (each fd
+ * -EBADF until then), for the VMM pid they were opened for. */
+typedef struct UsageFiles {
+        int cpu_stat_fd, statm_fd;
+        pid_t pid;
+} UsageFiles;
+#define USAGE_FILES_INIT ((UsageFiles) { .cpu_stat_fd = -EBADF, .statm_fd = -EBADF })
+void usage_files_close(UsageFiles *f);
+
 /* Read what pid uses. cpu_stat_path: its own cgroup's cpu.stat, or NULL
- * (then its process CPU clock). stats: its page, or NULL. Fields it could not
- * read stay unset (their have_ false). */
-void usage_read(pid_t pid, const char *cpu_stat_path, const struct vmm_stats *stats, SandboxUsage *ret);
+ * (then its process CPU clock). stats: its page, or NULL. files: where the
+ * files it opens stay open for the next read (another pid closes them first),
+ * or NULL (opened and closed each time). Fields it could not read stay unset
+ * (their have_ false). */
+void usage_read(pid_t pid, const char *cpu_stat_path, const struct vmm_stats *stats, UsageFiles *files,
+                SandboxUsage *ret);
 /* The cpu.stat of the cgroup v2 pid is in ("/sys/fs/cgroup<path>/cpu.stat") into a new string,
  * if that cgroup is named leaf (the sandbox's own); else -ENOENT (on a host
  * whose v2 hierarchy is not the one forkd limits, pid shares its v2 cgroup). */

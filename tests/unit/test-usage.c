@@ -198,12 +198,49 @@ static void test_read_self(void **state) {
         SandboxUsage u;
 
         /* This process: CPU from its clock, memory from /proc, no stats page. */
-        usage_read(getpid(), NULL, NULL, &u);
+        usage_read(getpid(), NULL, NULL, NULL, &u);
         assert_true(u.have_cpu);
         assert_true(u.have_memory);
         assert_false(u.have_stats);
         assert_false(u.have_cpu_throttled);
         assert_true(u.memory_private_kib + u.memory_shared_kib > 0);
+}
+
+/* Usage read twice through kept files: the second read uses the same fds and still
+ * sees the process; another pid closes them first; a pid that is gone reads nothing
+ * and keeps no fd. */
+static void test_read_kept_files(void **state) {
+        UsageFiles files = USAGE_FILES_INIT;
+        SandboxUsage u;
+        int fd;
+        pid_t pid;
+
+        usage_read(getpid(), NULL, NULL, &files, &u);
+        assert_true(u.have_cpu && u.have_memory);
+        assert_true(files.statm_fd >= 0);
+        assert_true(files.cpu_stat_fd < 0); /* no cgroup path given */
+        fd = files.statm_fd;
+        usage_read(getpid(), NULL, NULL, &files, &u);
+        assert_true(u.have_memory);
+        assert_int_equal(files.statm_fd, fd);
+
+        pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+                pause();
+                _exit(0);
+        }
+        usage_read(pid, NULL, NULL, &files, &u);
+        assert_true(u.have_memory);
+        assert_int_equal(files.pid, pid);
+        assert_int_equal(kill(pid, SIGKILL), 0);
+        assert_int_equal(waitpid(pid, NULL, 0), pid);
+        usage_read(pid, NULL, NULL, &files, &u);
+        assert_false(u.have_memory);
+        assert_false(u.have_cpu);
+        assert_true(files.statm_fd < 0);
+        usage_files_close(&files);
+        assert_true(files.statm_fd < 0 && files.cpu_stat_fd < 0);
 }
 
 int main(void) {
@@ -217,6 +254,7 @@ int main(void) {
                 cmocka_unit_test(test_stats_page),
                 cmocka_unit_test(test_cpu_stat_path),
                 cmocka_unit_test(test_read_self),
+                cmocka_unit_test(test_read_kept_files),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
