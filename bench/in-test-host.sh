@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: LGPL-2.1-or-later
-# Sourced by bench/branch, bench/chain, bench/lifecycle and bench/fork once $top and $build are set.
+# Sourced by the bench/ scripts once $top and $build are set.
 # bench_exec NAME SCRIPT ARGS...: python3 SCRIPT ARGS, as bench_exec_cmd runs a command.
 # bench_exec_cmd NAME CMD ARGS...: CMD ARGS here where /dev/kvm is usable
 # (tools/kvm-check: real KVM or PVM; real KVM only when bench_no_pvm is set, for
@@ -36,4 +36,20 @@ bench_exec_cmd() {
         FORKD_HOST_VM_BUILD=0 FORKD_HOST_VM_BUILDDIR=$rel FORKD_HOST_VM_STDIN=none \
                 FORKD_HOST_VM_PASSENV="${FORKD_HOST_VM_PASSENV:-} PYTHONPATH" \
                 exec "$top/tests/host-vm/run" -- "$@" --emulated
+}
+
+# bench_linux_image NAME: the tools/mkimage Linux guest of this build's agent (or
+# $FORKD_GUEST_IMAGE) in $img, carried into the test host; it runs here only on real
+# KVM (bench_no_pvm). Call it once $build has agent/forkd-agent.
+bench_linux_image() {
+        img=${FORKD_GUEST_IMAGE:-}
+        if [ -z "$img" ]; then
+                img=$("$top/tools/mkimage" --agent "$build/agent/forkd-agent") || {
+                        echo "$1: tools/mkimage failed; or set FORKD_GUEST_IMAGE to an image directory" >&2
+                        exit 1
+                }
+        fi
+        img=$(cd "$img" && pwd) || exit 1
+        export FORKD_HOST_VM_CARRY="$img"
+        bench_no_pvm=1
 }

@@ -19,21 +19,19 @@ and forkctl (exec --follow, ps, signal, logs):
 Short on purpose: under TCG a fork takes seconds and every call is slow."""
 import os
 import re
-import select
 import shlex
 import shutil
-import struct
 import subprocess
 import time
 
 from dbusmini import Bus, DBusError
+from procstream import EXIT, STDERR, STDOUT, Stream
 from linuxguest import TAG
 
 DEST, PATH, IFACE = "org.forkd.Manager", "/org/forkd/Manager", "org.forkd.Manager"
 TICKS = 25  # 5 s at 0.2 s
 TICKER = f"import time\nfor i in range({TICKS}):\n    print('tick', i, flush=True)\n    time.sleep(0.2)\n"
 COUNTER = "import time\ni = 0\nwhile True:\n    print(i, flush=True)\n    i += 1\n    time.sleep(0.2)\n"
-STDOUT, STDERR, GAP, EXIT = 1, 2, 3, 4
 
 
 def shell_under_tmux(t, fc, sid):
@@ -76,49 +74,6 @@ def shell_under_tmux(t, fc, sid):
         t.ok("forkctl-exit=0" in text, "exit ends forkctl shell with status 0", text[-600:])
     finally:
         tmux("kill-server")
-
-
-class Stream:
-    """The reading end of an output stream: its frames as they come."""
-
-    def __init__(self, fd):
-        self.fd, self.buf, self.frames, self.closed = fd, b"", [], False
-
-    def pump(self, until, timeout):
-        """Read frames until until(self) or timeout seconds or the end; returns until(self)."""
-        deadline = time.monotonic() + timeout
-        while not until(self) and not self.closed:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            r, _, _ = select.select([self.fd], [], [], left)
-            if not r:
-                continue
-            data = os.read(self.fd, 65536)
-            if not data:
-                self.closed = True
-                break
-            self.buf += data
-            while len(self.buf) >= 16:
-                kind, p0, p1, p2, ln, off = struct.unpack_from("<BBBBIQ", self.buf)
-                if len(self.buf) < 16 + ln:
-                    break
-                self.frames.append((time.monotonic(), kind, off, self.buf[16:16 + ln], (p0, p1, p2)))
-                self.buf = self.buf[16 + ln:]
-        return until(self)
-
-    def data(self):
-        return b"".join(f[3] for f in self.frames if f[1] in (STDOUT, STDERR))
-
-    def exit(self):
-        """(exit_code, signal) of the exit frame, or None."""
-        for f in self.frames:
-            if f[1] == EXIT:
-                return struct.unpack("<ii", f[3])
-        return None
-
-    def close(self):
-        os.close(self.fd)
 
 
 def processes(t, fc, stack):
