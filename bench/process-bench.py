@@ -39,7 +39,8 @@ from restprocs import NdjsonStream
 TOP = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 DEST, PATH, IFACE = "org.forkd.Manager", "/org/forkd/Manager", "org.forkd.Manager"
-TICKER = ("import time\nfor i in range({n}):\n    print(time.time_ns(), i, flush=True)\n"
+# Each line one write(2), stamped just before it.
+TICKER = ("import os, time\nfor i in range({n}):\n    os.write(1, b'%d %d\\n' % (time.time_ns(), i))\n"
           "    time.sleep(0.002)\n")
 WRITER = "import os\nb = b'x' * 65536\nfor _ in range({n}):\n    os.write(1, b)\n"
 
