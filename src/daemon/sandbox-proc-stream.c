@@ -175,9 +175,11 @@ static int on_stream_timer(sd_event_source *source, uint64_t usec, void *userdat
 }
 
 /* The next read after usec, from the event loop: never from inside the
- * sandbox's dispatch of an answer. */
+ * sandbox's dispatch of an answer. An accuracy of 1 us: sd-event's default (0)
+ * lets a timer fire up to 250 ms late, to coalesce wakeups, and every read of a
+ * process that prints would wait that long. */
 static void stream_schedule(ProcStream *ps, uint64_t usec) {
-        int r = sd_event_add_time_relative(ps->manager->event, &ps->timer, CLOCK_MONOTONIC, usec, 0, on_stream_timer,
+        int r = sd_event_add_time_relative(ps->manager->event, &ps->timer, CLOCK_MONOTONIC, usec, 1, on_stream_timer,
                                            ps);
         if (r < 0)
                 stream_stop(ps, "out of resources");
