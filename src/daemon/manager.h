@@ -17,7 +17,6 @@
 #include "histogram.h"
 #include "uid-range.h"
 #include "netns-pool.h"
-#include "userns-pool.h"
 
 
 /* Limits on what callers control */
@@ -123,7 +122,6 @@ struct Manager {
          * under (uid-range.c), checked and recovered at start; count 0 with
          * --vmm-uid-range shared, or unconfined. */
         UidRange vmm_uids;
-        UsernsPool userns_pool; /* user namespaces of the range's ids made ahead of time */
 
         Hashmap *images;      /* tag -> Image */
         Hashmap *creating;    /* tag -> Operation: snapshots being created */
