@@ -21,7 +21,6 @@ cold / rootfs and warm / rootfs (targets: at most 1.5 and 1.1). With --json the 
 line of stdout is one JSON object. --emulated marks the figures as the QEMU test
 host's (bench/image runs there where /dev/kvm cannot boot Linux).
 """
-import argparse
 import json
 import os
 import shutil
@@ -35,14 +34,9 @@ TOP = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(TOP, "tests", "lib"))
 
 import ociimage  # noqa: E402
-from linuxguest import LinuxStack, rest  # noqa: E402
+from linuxguest import BenchFail, LinuxStack, bench_parser, rest  # noqa: E402
 
 BOOT_WAIT = 600
-
-
-class Fail:
-    def bail(self, why):
-        raise RuntimeError(why)
 
 
 def make_images(image, tmp, image_mib):
@@ -90,13 +84,9 @@ def create(stack, body):
 
 
 def main():
-    ap = argparse.ArgumentParser(prog="bench/image", description=__doc__.split("\n\n")[0].strip())
-    ap.add_argument("--build", required=True)
-    ap.add_argument("--image", required=True, help="the tools/mkimage Linux guest's directory")
+    ap = bench_parser("bench/image", __doc__)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--image-mib", type=int, default=150)
-    ap.add_argument("--json", action="store_true")
-    ap.add_argument("--emulated", action="store_true")
     a = ap.parse_args()
     if not 1 <= a.rounds <= 20 or not 1 <= a.image_mib <= 4096:
         ap.error("--rounds takes 1..20, --image-mib 1..4096")
@@ -105,7 +95,7 @@ def main():
     g = None
     try:
         docker, rootfs = make_images(a.image, tmp, a.image_mib)
-        g = LinuxStack(Fail(), TOP, os.path.abspath(a.build), a.image)
+        g = LinuxStack(BenchFail(), TOP, os.path.abspath(a.build), a.image)
         cache = os.path.join(g.state, "forkd", "oci-layers")
         kernel = g.stack["FORKD_GUEST_KERNEL"]
         times = {"rootfs": [], "cold": [], "warm": []}

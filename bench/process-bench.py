@@ -25,14 +25,14 @@ Targets (the test guest natively, on real KVM): latency p50 at most 1 ms; throug
 least 100 MB/s; run at most 1.2x exec. With --json the last line of stdout is one JSON
 object. --emulated marks the figures as the QEMU test host's.
 """
-import argparse
 import json
 import os
 import statistics
 import time
 
 from dbusmini import Bus  # tests/lib, and sdk/python below: on the PYTHONPATH bench/process sets
-from linuxguest import SPEC_SNAPSHOT_REQUEST, TAG, TCG_BOOT_WAIT_SECS, LinuxStack, rest
+from linuxguest import (SPEC_SNAPSHOT_REQUEST, TAG, TCG_BOOT_WAIT_SECS, BenchFail, LinuxStack, bench_parser,
+                        rest)
 from procstream import EXIT, STDOUT, Stream
 from restprocs import NdjsonStream
 
@@ -43,11 +43,6 @@ DEST, PATH, IFACE = "org.forkd.Manager", "/org/forkd/Manager", "org.forkd.Manage
 TICKER = ("import os, time\nfor i in range({n}):\n    os.write(1, b'%d %d\\n' % (time.time_ns(), i))\n"
           "    time.sleep(0.002)\n")
 WRITER = "import os\nb = b'x' * 65536\nfor _ in range({n}):\n    os.write(1, b)\n"
-
-
-class Fail:
-    def bail(self, why):
-        raise RuntimeError(why)
 
 
 def pct(v, q):
@@ -179,21 +174,17 @@ def run_vs_exec(stack, sid, runs):
 
 
 def main():
-    ap = argparse.ArgumentParser(prog="bench/process", description=__doc__.split("\n\n")[0].strip())
-    ap.add_argument("--build", required=True)
-    ap.add_argument("--image", required=True, help="the tools/mkimage Linux guest's directory")
+    ap = bench_parser("bench/process", __doc__)
     ap.add_argument("--lines", type=int, default=1000)
     ap.add_argument("--mib", type=int, default=64)
     ap.add_argument("--runs", type=int, default=50)
-    ap.add_argument("--json", action="store_true")
-    ap.add_argument("--emulated", action="store_true")
     a = ap.parse_args()
     if not 10 <= a.lines <= 100000 or not 1 <= a.mib <= 4096 or not 1 <= a.runs <= 1000:
         ap.error("--lines takes 10..100000, --mib 1..4096, --runs 1..1000")
 
     g = None
     try:
-        g = LinuxStack(Fail(), TOP, os.path.abspath(a.build), a.image)
+        g = LinuxStack(BenchFail(), TOP, os.path.abspath(a.build), a.image)
         stack = g.stack
         body = dict(SPEC_SNAPSHOT_REQUEST, kernel=stack["FORKD_GUEST_KERNEL"], rootfs=stack["FORKD_GUEST_ROOTFS"],
                     boot_wait_secs=TCG_BOOT_WAIT_SECS)

@@ -2,6 +2,7 @@
 """The Linux guest's test in the test host: what its parts share (test-linux-guest.py
 and tests/linux/linux-*.py): the stack (tools/forkd-stack on the host's system bus, with
 the Linux image), forkctl and REST clients, and helpers for forkd's processes."""
+import argparse
 import json
 import os
 import signal
@@ -231,3 +232,21 @@ def dump_logs(t, state):
             out = "\n".join(ln for ln in out.splitlines() if "forkd" in ln or "PID" in ln)
         t.note(f"--- {' '.join(cmd)}")
         t.note(out.strip()[-4000:])
+
+
+class BenchFail:
+    """For LinuxStack in a benchmark: a failure to start is an exception, not a TAP line."""
+
+    def bail(self, why):
+        raise RuntimeError(why)
+
+
+def bench_parser(prog, doc):
+    """The arguments of a benchmark of the Linux guest (bench/image, bench/process):
+    --build, --image, --json and --emulated; the caller adds its own."""
+    ap = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n")[0].strip())
+    ap.add_argument("--build", required=True)
+    ap.add_argument("--image", required=True, help="the tools/mkimage Linux guest's directory")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--emulated", action="store_true")
+    return ap
