@@ -31,6 +31,18 @@ PATH = "/org/forkd/Manager"
 IFACE = "org.forkd.Manager"
 INVALID_ARGS = "org.freedesktop.DBus.Error.InvalidArgs"
 
+def name_owner_pid(bus):
+    """The pid of the process that owns forkd's name, or None. Not NameHasOwner alone:
+    after a kill -9 the name can stay with the dead forkd's connection for a moment,
+    while a process that shared its fd table (a user namespace helper, vmm-userns.c)
+    finishes its own exit."""
+    try:
+        return bus.call("org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus",
+                        "GetConnectionUnixProcessID", "s", [DEST])[0]
+    except DBusError:
+        return None
+
+
 FORKD = os.environ.get("FORKD")
 VMM = os.environ.get("FORKD_VMM")
 GUEST = os.environ.get("FORKD_TEST_GUEST")
@@ -170,8 +182,7 @@ class Harness:
         def owned():
             if self.forkd.poll() is not None:
                 raise AssertionError(f"forkd exited with {self.forkd.returncode}")
-            return self.bus.call("org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus",
-                                 "NameHasOwner", "s", [DEST])[0]
+            return name_owner_pid(self.bus) == self.forkd.pid
         wait_for(owned, 20, "forkd to own its name")
 
     def stop_forkd(self, sig=signal.SIGTERM):

@@ -141,8 +141,7 @@ def full_disk(h, scale):
     def owned():
         if h.forkd.poll() is not None:
             raise AssertionError(f"forkd exited with {h.forkd.returncode}")
-        return h.bus.call("org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus",
-                          "NameHasOwner", "s", [tf.DEST])[0]
+        return tf.name_owner_pid(h.bus) == h.forkd.pid
     tf.wait_for(owned, 20 * scale, "forkd on its tmpfs to own its name")
     # The tmpfs as the test sees it: through forkd's root, in its mount namespace.
     root = f"/proc/{h.forkd.pid}/root{h.state}"
