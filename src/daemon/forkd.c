@@ -451,8 +451,8 @@ static int connect_bus(Manager *m) {
 static void raise_nofile(void) {
         struct rlimit rl;
 
-        /* An agent and a control socket per sandbox, and its /proc statm kept open for
-         * its usage, up to SANDBOXES_MAX of them. */
+        /* Four fds per sandbox (its agent and control sockets, its cpu.stat and
+         * /proc statm kept open for its usage), up to SANDBOXES_MAX of them. */
         if (getrlimit(RLIMIT_NOFILE, &rl) >= 0 && rl.rlim_cur < rl.rlim_max) {
                 rl.rlim_cur = rl.rlim_max;
                 (void) setrlimit(RLIMIT_NOFILE, &rl);

@@ -186,8 +186,7 @@ bool sandbox_is_visible(const Sandbox *s);
 int sandbox_object_path(const char *id, char **ret);
 
 /* What it uses now (usage.h): a few small reads, no request to the VMM. */
-struct SandboxUsage;
-void sandbox_read_usage(Sandbox *s, struct SandboxUsage *ret);
+void sandbox_read_usage(Sandbox *s, SandboxUsage *ret);
 
 /* The record state_dir/sandboxes/<id>.json (for the next start's cleanup). */
 int sandbox_record_format(const struct sandbox_params *p, char **ret);
