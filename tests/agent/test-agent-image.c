@@ -203,9 +203,10 @@ static void test_passwd_group_lines(void **state) {
 }
 
 static void write_file(const char *dir, const char *name, const char *text) {
-        char p[512];
+        char p[600];
         FILE *f;
 
+        assert_true(strlen(dir) + 1 + strlen(name) < sizeof p);
         snprintf(p, sizeof p, "%s/%s", dir, name);
         f = fopen(p, "w");
         assert_non_null(f);
