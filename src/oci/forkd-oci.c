@@ -381,11 +381,23 @@ static void rootfs_to_cache(const Build *b, const char *name) {
                 (void) unlinkat(b->cache, stage, 0);
 }
 
+/* A layer applied to the work directory's tree: stored in the cache, if any. */
+static int layer_applied(size_t i, void *userdata) {
+        Build *b = userdata;
+        int r;
+
+        if (b->cache < 0)
+                return 0;
+        r = cache_store(b->cache, b->work, b->img.layers[i].chain_id);
+        return r < 0 ? oci_fail(r, "Cannot store layer %s in the cache: %s", b->img.layers[i].name, strerror(-r)) : 0;
+}
+
 static int build(const Args *a) {
         _cleanup_(build_done) Build b = { .base = -EBADF, .work = -EBADF, .cache = -EBADF };
         _cleanup_close_ int archive = -EBADF, tree = -EBADF, pulled = -EBADF;
         _cleanup_free_ char *work_path = NULL, *tree_path = NULL;
-        uint64_t budget = a->max_bytes, tree_bytes = 0, fetched = 0;
+        OciBudget budget = { .files = a->max_bytes, .stream = a->max_bytes };
+        uint64_t tree_bytes = 0, fetched = 0;
         char key[OCI_DIGEST_LEN + 1], rootfs_name[OCI_DIGEST_LEN + 32];
         size_t cached = 0;
         struct stat st;
@@ -439,11 +451,6 @@ static int build(const Args *a) {
                 if (r < 0)
                         return r;
         }
-        /* Only the layers to be unpacked are read and checked: the root disk and the
-         * layers found in the cache by their chain IDs were built from checked ones. */
-        r = oci_image_check_layers(&b.img, cached, a->max_bytes);
-        if (r < 0)
-                return r;
         if (cached > 0) {
                 _cleanup_close_ int entry = openat(b.cache, b.img.layers[cached - 1].chain_id + 7,
                                                    O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
@@ -460,17 +467,11 @@ static int build(const Args *a) {
         if (fchmod(tree, 0755) < 0)
                 return oci_fail(-errno, "Cannot set the tree's mode: %m");
 
-        for (size_t i = cached; i < b.img.n_layers; i++) {
-                r = oci_layer_apply(tree, &b.img.layers[i], &budget);
-                if (r < 0)
-                        return r;
-                if (b.cache >= 0) {
-                        r = cache_store(b.cache, b.work, b.img.layers[i].chain_id);
-                        if (r < 0)
-                                return oci_fail(r, "Cannot store layer %s in the cache: %s", b.img.layers[i].name,
-                                                strerror(-r));
-                }
-        }
+        /* Only the layers the cache lacks are read, each once, checked as it is
+         * read: the root disk and the cached layers were built from checked ones. */
+        r = oci_image_apply_layers(&b.img, cached, tree, &budget, layer_applied, &b);
+        if (r < 0)
+                return r;
 
         r = oci_tree_install_guest(tree, a->agent, &b.img.config);
         if (r < 0)

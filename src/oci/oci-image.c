@@ -74,6 +74,29 @@ static int write_member_data(struct archive *a, int fd, uint64_t *total, uint64_
         return 0;
 }
 
+/* The regular file member e, where a stands, as name under parent; *total
+ * counts what was unpacked. */
+static int extract_member(struct archive *a, struct archive_entry *e, int parent, const char *name, const char *raw,
+                          uint64_t *total, uint64_t max_bytes) {
+        _cleanup_close_ int out = -EBADF;
+        la_int64_t size = archive_entry_size(e);
+        int r;
+
+        if (size < 0 || (uint64_t) size > max_bytes - *total)
+                return oci_refuse("archive member \"%.256s\": larger than the size limit", raw);
+        (void) unlinkat(parent, name, 0);
+        out = openat(parent, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+        if (out < 0)
+                return oci_refuse("archive member \"%.256s\": %m", raw);
+        r = write_member_data(a, out, total, max_bytes, raw);
+        if (r < 0)
+                return r;
+        if (ftruncate(out, size) < 0)
+                return oci_fail(-errno, "Cannot unpack the archive: %m");
+        *total += (uint64_t) size;
+        return 0;
+}
+
 /* Members over member_max are left in the archive (layers, for a first look at the
  * manifest and config only). */
 static int extract_outer(int fd, int workdir, uint64_t max_bytes, uint64_t member_max) {
@@ -94,7 +117,7 @@ static int extract_outer(int fd, int workdir, uint64_t max_bytes, uint64_t membe
         while ((r = archive_read_next_header(a, &e)) == ARCHIVE_OK || r == ARCHIVE_WARN) {
                 const char *raw = archive_entry_pathname(e) ?: "", *name, *reason = NULL;
                 _cleanup_free_ char *path = NULL;
-                _cleanup_close_ int parent = -EBADF, out = -EBADF;
+                _cleanup_close_ int parent = -EBADF;
                 mode_t t = archive_entry_filetype(e);
                 la_int64_t size = archive_entry_size(e);
 
@@ -122,16 +145,9 @@ static int extract_outer(int fd, int workdir, uint64_t max_bytes, uint64_t membe
                         return oci_refuse("archive member \"%.256s\": larger than the size limit", raw);
                 if ((uint64_t) size > member_max)
                         continue;
-                (void) unlinkat(parent, name, 0);
-                out = openat(parent, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-                if (out < 0)
-                        return oci_refuse("archive member \"%.256s\": %m", raw);
-                r = write_member_data(a, out, &total, max_bytes, raw);
+                r = extract_member(a, e, parent, name, raw, &total, max_bytes);
                 if (r < 0)
                         return r;
-                if (ftruncate(out, size) < 0)
-                        return oci_fail(-errno, "Cannot unpack the archive: %m");
-                total += (uint64_t) size;
         }
         if (r != ARCHIVE_EOF)
                 return oci_refuse("Not an image archive: %s", archive_error_string(a) ?: "unreadable");
@@ -257,106 +273,6 @@ static int read_json_blob(int dirfd, const char *path, const char *digest, int64
         if (strcmp(got, digest) != 0)
                 return oci_refuse("%s %s: the blob's SHA-256 is %s", what, digest, got);
         return parse_json(buf, (size_t) n, what, ret);
-}
-
-/* ---- layers ---- */
-
-/* The blob as stored: its digest and size. */
-static int hash_fd(int fd, char out[OCI_DIGEST_LEN + 1], uint64_t *ret_size) {
-        _cleanup_(oci_hash_freep) oci_hash *h = oci_hash_new();
-        _cleanup_free_ uint8_t *buf = malloc(CHUNK);
-        uint64_t size = 0;
-
-        if (!h || !buf)
-                return -ENOMEM;
-        for (;;) {
-                ssize_t n = pread(fd, buf, CHUNK, (off_t) size);
-
-                if (n < 0 && errno == EINTR)
-                        continue;
-                if (n < 0)
-                        return -errno;
-                if (n == 0)
-                        break;
-                if (oci_interrupted)
-                        return -EINTR;
-                oci_hash_update(h, buf, (size_t) n);
-                size += (uint64_t) n;
-        }
-        oci_hash_final(h, out);
-        *ret_size = size;
-        return 0;
-}
-
-/* The uncompressed tar: its digest (the diff_id) and size. */
-static int hash_uncompressed(int fd, uint64_t budget, char out[OCI_DIGEST_LEN + 1], uint64_t *ret_size,
-                             const char *name) {
-        _cleanup_(archive_freep) struct archive *a = archive_read_new();
-        _cleanup_(oci_hash_freep) oci_hash *h = oci_hash_new();
-        struct archive_entry *e;
-        uint64_t size = 0;
-        const void *buf;
-        size_t len;
-        la_int64_t off;
-        int r;
-
-        if (!a || !h)
-                return -ENOMEM;
-        if (lseek(fd, 0, SEEK_SET) < 0)
-                return -errno;
-        archive_read_support_format_raw(a);
-        archive_read_support_filter_gzip(a);
-        archive_read_support_filter_zstd(a);
-        archive_read_support_filter_xz(a);
-        archive_read_support_filter_bzip2(a);
-        if (archive_read_open_fd(a, fd, CHUNK) != ARCHIVE_OK ||
-            archive_read_next_header(a, &e) != ARCHIVE_OK)
-                return oci_refuse("layer %s: cannot read it: %s", name, archive_error_string(a) ?: "unreadable");
-        while ((r = archive_read_data_block(a, &buf, &len, &off)) == ARCHIVE_OK) {
-                if (len > budget - size)
-                        return oci_refuse("layer %s: the image is larger than the size limit", name);
-                if (oci_interrupted)
-                        return oci_check_interrupted();
-                oci_hash_update(h, buf, len);
-                size += len;
-        }
-        if (r != ARCHIVE_EOF)
-                return oci_refuse("layer %s: cannot decompress it: %s", name, archive_error_string(a) ?: "?");
-        oci_hash_final(h, out);
-        *ret_size = size;
-        return 0;
-}
-
-static int check_layer(OciLayer *l, uint64_t *budget) {
-        char got[OCI_DIGEST_LEN + 1], diff[OCI_DIGEST_LEN + 1];
-        uint64_t size = 0, usize = 0;
-        int r;
-
-        r = hash_fd(l->fd, got, &size);
-        if (r < 0)
-                return oci_fail(r, "layer %s: cannot read it: %s", l->name, strerror(-r));
-        if (l->size >= 0 && size != (uint64_t) l->size)
-                return oci_refuse("layer %s: the blob is %" PRIu64 " bytes, its descriptor says %" PRIi64, l->name, size,
-                                  l->size);
-        if (l->digest[0] && strcmp(got, l->digest) != 0)
-                return oci_refuse("layer %s: the blob's SHA-256 is %s", l->name, got);
-        memcpy(l->digest, got, sizeof(got));
-        l->size = (int64_t) size;
-        if (strcmp(got, l->diff_id) == 0) {
-                /* an uncompressed layer (docker save writes them): the blob is the tar */
-                if (size > *budget)
-                        return oci_refuse("layer %s: the image is larger than the size limit", l->name);
-                *budget -= size;
-                return 0;
-        }
-        r = hash_uncompressed(l->fd, *budget, diff, &usize, l->name);
-        if (r < 0)
-                return r;
-        if (strcmp(diff, l->diff_id) != 0)
-                return oci_refuse("layer %s: the uncompressed layer's SHA-256 is %s, the config's diff_id says %s",
-                                  l->name, diff, l->diff_id);
-        *budget -= usize;
-        return 0;
 }
 
 /* ---- config ---- */
@@ -552,7 +468,7 @@ static int load_oci(int dirfd, uint64_t max_bytes, OciImage *img) {
                 if (r < 0)
                         return r;
                 memcpy(l->name, digest, OCI_DIGEST_LEN + 1);
-                memcpy(l->digest, digest, OCI_DIGEST_LEN + 1); /* checked by oci_image_check_layers() */
+                memcpy(l->digest, digest, OCI_DIGEST_LEN + 1); /* checked when the layer is applied */
                 l->size = size;
                 blob_path(digest, path);
                 l->path = strdup(path);
@@ -644,7 +560,7 @@ static int load_docker(int dirfd, uint64_t max_bytes, OciImage *img) {
                 OciLayer *l = &img->layers[i];
                 const char *name = json_object_get_string(json_object_array_get_idx(layers, i));
 
-                /* the digest the name carries, checked by oci_image_check_layers(); else none */
+                /* the digest the name carries, checked when the layer is applied; else none */
                 if (digest_of_name(name, expect)) {
                         memcpy(l->digest, expect, OCI_DIGEST_LEN + 1);
                         memcpy(l->name, expect, OCI_DIGEST_LEN + 1);
@@ -654,37 +570,151 @@ static int load_docker(int dirfd, uint64_t max_bytes, OciImage *img) {
         return chain_ids(img);
 }
 
-int oci_image_check_layers(OciImage *img, size_t from, uint64_t max_bytes) {
-        uint64_t budget = max_bytes;
-        int r;
+/* ---- layers ---- */
 
-        if (from < img->n_layers && img->archive_fd >= 0) {
-                if (lseek(img->archive_fd, 0, SEEK_SET) < 0)
-                        return oci_fail(-errno, "Cannot read the image archive: %m");
-                r = extract_outer(img->archive_fd, img->dirfd, img->max_bytes, UINT64_MAX);
-                if (r < 0)
-                        return r;
-                img->archive_fd = safe_close(img->archive_fd);
-        }
-        for (size_t i = from; i < img->n_layers; i++) {
-                OciLayer *l = &img->layers[i];
+typedef struct Applier {
+        OciImage *img;
+        size_t next;            /* the next layer to apply */
+        int root;
+        OciBudget *budget;
+        int (*applied)(size_t i, void *userdata);
+        void *userdata;
+} Applier;
 
-                if (l->fd < 0) {
-                        l->fd = open_beneath(img->dirfd, l->path, O_RDONLY);
-                        if (l->fd < 0)
-                                return oci_refuse("layer %s: the blob %.128s is missing (%s)", l->name, l->path,
-                                                  strerror(-l->fd));
-                }
-                r = check_layer(l, &budget);
+static int apply_one(Applier *p, const OciBlobSource *src) {
+        int r = oci_layer_apply(p->root, &p->img->layers[p->next], src, p->budget);
+
+        if (r < 0)
+                return r;
+        r = p->applied(p->next, p->userdata);
+        if (r < 0)
+                return r;
+        p->next++;
+        return 0;
+}
+
+/* The layers from p->next on whose blobs are files in the image's directory.
+ * With all, a missing one is refused; else the first missing one ends it. */
+static int apply_files(Applier *p, bool all) {
+        while (p->next < p->img->n_layers) {
+                OciLayer *l = &p->img->layers[p->next];
+                _cleanup_close_ int fd = open_beneath(p->img->dirfd, l->path, O_RDONLY);
+                int r;
+
+                if (fd < 0 && !all)
+                        return 0;
+                if (fd < 0)
+                        return oci_refuse("layer %s: the blob %.128s is missing (%s)", l->name, l->path, strerror(-fd));
+                r = apply_one(p, &(OciBlobSource) { .fd = fd });
                 if (r < 0)
                         return r;
         }
         return 0;
 }
 
+/* The first layer from p->next on whose blob is path: its index, or SIZE_MAX;
+ * *ret_again when a later layer names the same blob. */
+static size_t layer_of(const Applier *p, const char *path, bool *ret_again) {
+        size_t k = SIZE_MAX;
+
+        *ret_again = false;
+        for (size_t i = p->next; i < p->img->n_layers; i++) {
+                if (strcmp(p->img->layers[i].path, path) != 0)
+                        continue;
+                if (k != SIZE_MAX) {
+                        *ret_again = true;
+                        break;
+                }
+                k = i;
+        }
+        return k;
+}
+
+/* One pass over the archive: the next layer's blob is applied as it is read, one
+ * that comes before its turn (or that a later layer names too) is unpacked into
+ * the work directory, the rest is passed over. Checked as extract_outer() checks. */
+static int apply_archive(Applier *p, int fd) {
+        _cleanup_(archive_freep) struct archive *a = archive_read_new();
+        struct archive_entry *e;
+        uint64_t total = 0;
+        unsigned n = 0;
+        int r = ARCHIVE_EOF;
+
+        if (!a)
+                return -ENOMEM;
+        if (lseek(fd, 0, SEEK_SET) < 0)
+                return oci_fail(-errno, "Cannot read the image archive: %m");
+        archive_read_support_format_tar(a);
+        archive_read_support_filter_gzip(a);
+        archive_read_support_filter_zstd(a);
+        archive_read_support_filter_xz(a);
+        if (archive_read_open_fd(a, fd, CHUNK) != ARCHIVE_OK)
+                return oci_refuse("Not an image archive: %s", archive_error_string(a) ?: "unreadable");
+        while (p->next < p->img->n_layers &&
+               ((r = archive_read_next_header(a, &e)) == ARCHIVE_OK || r == ARCHIVE_WARN)) {
+                const char *raw = archive_entry_pathname(e) ?: "", *name, *reason = NULL;
+                _cleanup_free_ char *path = NULL;
+                _cleanup_close_ int parent = -EBADF;
+                bool again;
+                size_t k;
+
+                r = oci_check_interrupted();
+                if (r < 0)
+                        return r;
+                if (++n > OCI_OUTER_MEMBERS_MAX)
+                        return oci_refuse("archive: more than %u members", OCI_OUTER_MEMBERS_MAX);
+                r = oci_path_normalize(raw, &path, &reason);
+                if (r == -ENOMEM)
+                        return r;
+                if (r < 0)
+                        return oci_refuse("archive member \"%.256s\": %s", raw, reason);
+                if (!path[0] || archive_entry_filetype(e) != AE_IFREG || archive_entry_hardlink(e))
+                        continue;
+                k = layer_of(p, path, &again);
+                if (k == SIZE_MAX)
+                        continue;
+                if (k == p->next && !again) {
+                        r = apply_one(p, &(OciBlobSource) { .fd = -EBADF, .archive = a });
+                        if (r < 0)
+                                return r;
+                } else {
+                        r = oci_open_parent(p->img->dirfd, path, true, &parent, &name);
+                        if (r < 0)
+                                return oci_refuse("archive member \"%.256s\": %s", raw, strerror(-r));
+                        r = extract_member(a, e, parent, name, raw, &total, p->img->max_bytes);
+                        if (r < 0)
+                                return r;
+                }
+                r = apply_files(p, false);
+                if (r < 0)
+                        return r;
+        }
+        if (p->next < p->img->n_layers && r != ARCHIVE_EOF)
+                return oci_refuse("Not an image archive: %s", archive_error_string(a) ?: "unreadable");
+        return 0;
+}
+
+int oci_image_apply_layers(OciImage *img, size_t from, int root, OciBudget *budget,
+                           int (*applied)(size_t i, void *userdata), void *userdata) {
+        Applier p = {
+                .img = img, .next = from, .root = root, .budget = budget, .applied = applied, .userdata = userdata,
+        };
+        int r;
+
+        if (img->archive_fd >= 0) {
+                /* The small members are here since oci_image_load(): a layer among them is applied from here. */
+                r = apply_files(&p, false);
+                if (r >= 0)
+                        r = apply_archive(&p, img->archive_fd);
+                if (r < 0)
+                        return r;
+                img->archive_fd = safe_close(img->archive_fd);
+        }
+        return apply_files(&p, true);
+}
+
 void oci_image_done(OciImage *img) {
         for (size_t i = 0; i < img->n_layers; i++) {
-                img->layers[i].fd = safe_close(img->layers[i].fd);
                 free(img->layers[i].path);
                 img->layers[i].path = NULL;
         }
@@ -705,8 +735,6 @@ int oci_image_load(int fd, int workdir, uint64_t max_bytes, OciImage *img) {
         int r;
 
         *img = (OciImage) { .dirfd = -EBADF, .archive_fd = -EBADF, .max_bytes = max_bytes };
-        for (size_t i = 0; i < OCI_LAYERS_MAX; i++)
-                img->layers[i].fd = -EBADF;
         if (fstat(fd, &st) < 0)
                 return oci_fail(-errno, "Cannot look at the image's fd: %m");
         if (S_ISDIR(st.st_mode)) {

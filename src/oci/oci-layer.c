@@ -30,11 +30,18 @@ typedef struct DirTime {
 
 typedef struct LayerCtx {
         int root;
-        const OciLayer *layer;
-        uint64_t *budget;
+        OciLayer *layer;
+        OciBudget *budget;
         bool privileged;
-        int fd;                 /* the blob */
-        oci_hash *hash;         /* of the blob's bytes as read */
+        const OciBlobSource *src;
+        uint64_t blob_bytes;    /* of the blob, as read so far */
+        oci_hash *blob_hash;    /* of those bytes: the blob's digest */
+        const char *blob_error; /* why the blob could not be read further */
+        bool blob_too_long;     /* more bytes than its descriptor says */
+        const char *tar_error;  /* why the decompressed stream could not be read further */
+        struct archive *dec;    /* the blob decompressed (libarchive's raw format) */
+        bool compressed;        /* else the blob is the tar, and its digest the diff_id */
+        oci_hash *tar_hash;     /* of the decompressed bytes: the diff_id */
         uint8_t *buf;
         void *written;          /* tsearch() set of the paths this layer wrote */
         DirTime *dir_times;
@@ -46,20 +53,88 @@ static int cmp_str(const void *a, const void *b) {
         return strcmp(a, b);
 }
 
-static la_ssize_t read_cb(struct archive *a, void *userdata, const void **ret) {
-        LayerCtx *c = userdata;
+/* The blob's next bytes, hashed: 0 at its end, -1 with c->blob_error set. An
+ * archive's member is read where the archive stands, its bytes in order. */
+static la_ssize_t blob_read(LayerCtx *c, const void **ret) {
+        const void *p = c->buf;
         ssize_t n;
 
-        do
-                n = read(c->fd, c->buf, CHUNK);
-        while (n < 0 && errno == EINTR);
-        if (n < 0) {
-                archive_set_error(a, errno, "%s", strerror(errno));
+        if (c->blob_error)
+                return -1;
+        if (c->src->archive) {
+                size_t len = 0;
+                la_int64_t off = 0;
+                int r = archive_read_data_block(c->src->archive, &p, &len, &off);
+
+                if (r == ARCHIVE_EOF)
+                        n = 0;
+                else if (r != ARCHIVE_OK) {
+                        c->blob_error = "the image archive is damaged";
+                        return -1;
+                } else if (off < 0 || (uint64_t) off != c->blob_bytes) {
+                        c->blob_error = "its blob is a sparse member of the image archive";
+                        return -1;
+                } else
+                        n = (ssize_t) len;
+        } else {
+                do
+                        n = read(c->src->fd, c->buf, CHUNK);
+                while (n < 0 && errno == EINTR);
+                if (n < 0) {
+                        c->blob_error = "cannot read its blob";
+                        return -1;
+                }
+        }
+        if (c->layer->size >= 0 && (uint64_t) n > (uint64_t) c->layer->size - c->blob_bytes) {
+                c->blob_too_long = true;
+                c->blob_error = "its blob is larger than its descriptor says";
                 return -1;
         }
-        oci_hash_update(c->hash, c->buf, (size_t) n);
-        *ret = c->buf;
+        if (oci_interrupted) {
+                c->blob_error = "interrupted";
+                return -1;
+        }
+        oci_hash_update(c->blob_hash, p, (size_t) n);
+        c->blob_bytes += (uint64_t) n;
+        *ret = p;
         return n;
+}
+
+static la_ssize_t dec_read_cb(struct archive *a, void *userdata, const void **ret) {
+        LayerCtx *c = userdata;
+        la_ssize_t n = blob_read(c, ret);
+
+        if (n < 0)
+                archive_set_error(a, EIO, "%s", c->blob_error);
+        return n;
+}
+
+/* The tar's next bytes: the blob decompressed, and hashed when it was compressed.
+ * Their count is capped: a small blob can decompress to any size. */
+static la_ssize_t tar_read_cb(struct archive *a, void *userdata, const void **ret) {
+        LayerCtx *c = userdata;
+        const void *p;
+        size_t len;
+        la_int64_t off;
+        int r = archive_read_data_block(c->dec, &p, &len, &off);
+
+        if (r == ARCHIVE_EOF)
+                return 0;
+        if (r != ARCHIVE_OK) {
+                c->tar_error = c->blob_error ?: "cannot decompress it";
+                archive_set_error(a, EIO, "%s", c->tar_error);
+                return -1;
+        }
+        if (len > c->budget->stream) {
+                c->tar_error = "the image is larger than the size limit";
+                archive_set_error(a, EFBIG, "%s", c->tar_error);
+                return -1;
+        }
+        c->budget->stream -= len;
+        if (c->compressed)
+                oci_hash_update(c->tar_hash, p, len);
+        *ret = p;
+        return (la_ssize_t) len;
 }
 
 static int refuse(LayerCtx *c, const char *reason) {
@@ -208,6 +283,7 @@ static int apply_whiteout(LayerCtx *c, const char *path, const char *target) {
 }
 
 static int write_data(LayerCtx *c, struct archive *a, int fd, int64_t size) {
+        uint64_t end = 0;
         const void *buf;
         size_t len;
         la_int64_t off;
@@ -219,11 +295,13 @@ static int write_data(LayerCtx *c, struct archive *a, int fd, int64_t size) {
                 r = pwrite_all(fd, buf, len, (uint64_t) off);
                 if (r < 0)
                         return fail(c, r, "cannot write it");
+                end = MAX(end, (uint64_t) off + len);
         }
         if (r != ARCHIVE_EOF)
                 return oci_refuse("layer %s: member \"%.512s\": %s", c->layer->name, c->member,
                                   archive_error_string(a) ?: "unreadable");
-        if (ftruncate(fd, size) < 0)
+        /* A sparse member's hole at the end */
+        if (end < (uint64_t) size && ftruncate(fd, size) < 0)
                 return fail(c, -errno, "cannot size it");
         return 0;
 }
@@ -327,7 +405,7 @@ static int create_member(LayerCtx *c, struct archive *a, struct archive_entry *e
                 r = write_data(c, a, fd, size);
                 if (r < 0)
                         return r;
-                *c->budget -= (uint64_t) size;
+                c->budget->files -= (uint64_t) size;
                 r = set_meta(c, fd, e, false);
                 if (r < 0)
                         return r;
@@ -393,7 +471,7 @@ static int apply_entry(LayerCtx *c, struct archive *a, struct archive_entry *e) 
         }
         if (!hardlink && type != AE_IFREG && type != AE_IFDIR && type != AE_IFLNK && type != AE_IFIFO)
                 return refuse(c, "not a file, directory, symlink, hard link or fifo");
-        if (size < 0 || (!hardlink && type == AE_IFREG && (uint64_t) size > *c->budget))
+        if (size < 0 || (!hardlink && type == AE_IFREG && (uint64_t) size > c->budget->files))
                 return refuse(c, "larger than the size limit");
 
         r = oci_open_parent(c->root, path, true, &parent, &name);
@@ -436,43 +514,120 @@ static void layer_ctx_done(LayerCtx *c) {
                 free(c->dir_times[i].path);
         free(c->dir_times);
         tdestroy(c->written, free);
-        oci_hash_free(c->hash);
+        if (c->dec)
+                archive_read_free(c->dec);
+        oci_hash_free(c->blob_hash);
+        oci_hash_free(c->tar_hash);
         free(c->buf);
-        safe_close(c->fd);
 }
 
-int oci_layer_apply(int root, const OciLayer *layer, uint64_t *budget) {
+/* The rest of the decompressed stream (a tar's end blocks, what a writer put
+ * after them), with decompressed; then the rest of the blob. Both count for the
+ * digests. */
+static int drain(LayerCtx *c, bool decompressed) {
+        const void *p;
+        la_ssize_t n = 0;
+
+        while (decompressed && (n = tar_read_cb(c->dec, c, &p)) > 0)
+                ;
+        if (n < 0)
+                return -EBADMSG;
+        while ((n = blob_read(c, &p)) > 0)
+                ;
+        return n < 0 ? -EBADMSG : 0;
+}
+
+/* The blob as read against what the image says of it: its size and digest, and
+ * with diff_id, the uncompressed tar's diff_id. Digest and size are filled in
+ * where unknown. */
+static int check_blob(LayerCtx *c, bool diff_id) {
+        OciLayer *l = c->layer;
+        char got[OCI_DIGEST_LEN + 1], diff[OCI_DIGEST_LEN + 1];
+
+        if (c->blob_too_long)
+                return oci_refuse("layer %s: the blob is more than the %" PRIi64 " bytes its descriptor says", l->name,
+                                  l->size);
+        if (l->size >= 0 && c->blob_bytes != (uint64_t) l->size)
+                return oci_refuse("layer %s: the blob is %" PRIu64 " bytes, its descriptor says %" PRIi64, l->name,
+                                  c->blob_bytes, l->size);
+        oci_hash_final(c->blob_hash, got);
+        if (l->digest[0] && strcmp(got, l->digest) != 0)
+                return oci_refuse("layer %s: the blob's SHA-256 is %s", l->name, got);
+        if (!diff_id)
+                return 0;
+        if (c->compressed)
+                oci_hash_final(c->tar_hash, diff);
+        else
+                memcpy(diff, got, sizeof(diff));
+        if (strcmp(diff, l->diff_id) != 0)
+                return oci_refuse("layer %s: the uncompressed layer's SHA-256 is %s, the config's diff_id says %s",
+                                  l->name, diff, l->diff_id);
+        memcpy(l->digest, got, sizeof(got));
+        l->size = (int64_t) c->blob_bytes;
+        return 0;
+}
+
+/* r, a refusal of a member or of the tar: where the blob itself is not what the
+ * image says (a damaged or substituted blob), that is named instead, as the cause. */
+static int blame_blob(LayerCtx *c, int r) {
+        char first[OCI_ERROR_MAX];
+        int k;
+
+        if (r != -EBADMSG || oci_interrupted)
+                return r;
+        if (drain(c, false) < 0 && !c->blob_too_long)
+                return r;
+        snprintf(first, sizeof(first), "%s", oci_error_message());
+        oci_error_replace("");
+        k = check_blob(c, !c->compressed); /* an uncompressed blob is its tar */
+        if (k >= 0)
+                oci_error_replace(first);
+        return k < 0 ? k : r;
+}
+
+int oci_layer_apply(int root, OciLayer *layer, const OciBlobSource *src, OciBudget *budget) {
         _cleanup_(layer_ctx_done) LayerCtx c = {
                 .root = root,
                 .layer = layer,
                 .budget = budget,
                 .privileged = geteuid() == 0,
-                .fd = -EBADF,
+                .src = src,
         };
         struct archive *a = NULL;
         struct archive_entry *e;
-        char got[OCI_DIGEST_LEN + 1];
         unsigned n = 0;
         int r;
 
-        c.fd = fcntl(layer->fd, F_DUPFD_CLOEXEC, 3);
-        if (c.fd < 0 || lseek(c.fd, 0, SEEK_SET) < 0)
+        if (!src->archive && lseek(src->fd, 0, SEEK_SET) < 0)
                 return oci_fail(-errno, "layer %s: cannot read it: %m", layer->name);
-        c.hash = oci_hash_new();
+        c.blob_hash = oci_hash_new();
+        c.tar_hash = oci_hash_new();
         c.buf = malloc(CHUNK);
+        c.dec = archive_read_new();
         a = archive_read_new();
-        if (!c.hash || !c.buf || !a) {
+        if (!c.blob_hash || !c.tar_hash || !c.buf || !c.dec || !a) {
                 if (a)
                         archive_read_free(a);
                 return -ENOMEM;
         }
+        /* Two readers, so that one read of the blob gives both digests: the first
+         * decompresses it (libarchive's raw format, any filter), the second reads
+         * the tar out of what the first gives. */
+        archive_read_support_format_raw(c.dec);
+        archive_read_support_filter_gzip(c.dec);
+        archive_read_support_filter_zstd(c.dec);
+        archive_read_support_filter_xz(c.dec);
+        archive_read_support_filter_bzip2(c.dec);
+        if (archive_read_open(c.dec, &c, NULL, dec_read_cb, NULL) != ARCHIVE_OK ||
+            archive_read_next_header(c.dec, &e) != ARCHIVE_OK) {
+                r = blame_blob(&c, oci_refuse("layer %s: cannot read it: %s", layer->name,
+                                              c.blob_error ?: archive_error_string(c.dec) ?: "unreadable"));
+                goto finish;
+        }
+        c.compressed = archive_filter_code(c.dec, 0) != ARCHIVE_FILTER_NONE;
         archive_read_support_format_tar(a);
-        archive_read_support_filter_gzip(a);
-        archive_read_support_filter_zstd(a);
-        archive_read_support_filter_xz(a);
-        archive_read_support_filter_bzip2(a);
-        if (archive_read_open(a, &c, NULL, read_cb, NULL) != ARCHIVE_OK) {
-                r = oci_refuse("layer %s: not a tar: %s", layer->name, archive_error_string(a) ?: "?");
+        if (archive_read_open(a, &c, NULL, tar_read_cb, NULL) != ARCHIVE_OK) {
+                r = blame_blob(&c, oci_refuse("layer %s: not a tar: %s", layer->name, archive_error_string(a) ?: "?"));
                 goto finish;
         }
         for (;;) {
@@ -480,8 +635,8 @@ int oci_layer_apply(int root, const OciLayer *layer, uint64_t *budget) {
                 if (r == ARCHIVE_EOF)
                         break;
                 if (r != ARCHIVE_OK && r != ARCHIVE_WARN) {
-                        r = oci_refuse("layer %s: not a tar, or a damaged one: %s", layer->name,
-                                       archive_error_string(a) ?: "?");
+                        r = blame_blob(&c, oci_refuse("layer %s: not a tar, or a damaged one: %s", layer->name,
+                                                      archive_error_string(a) ?: "?"));
                         goto finish;
                 }
                 if (++n > OCI_MEMBERS_MAX) {
@@ -491,29 +646,20 @@ int oci_layer_apply(int root, const OciLayer *layer, uint64_t *budget) {
                 r = oci_check_interrupted();
                 if (r >= 0)
                         r = apply_entry(&c, a, e);
-                if (r < 0)
-                        goto finish;
-        }
-        /* What libarchive did not need of the blob (the tar's end padding) counts too. */
-        for (;;) {
-                const void *p;
-                la_ssize_t k = read_cb(a, &c, &p);
-
-                if (k < 0) {
-                        r = oci_fail(-EIO, "layer %s: cannot read it", layer->name);
+                if (r < 0) {
+                        r = blame_blob(&c, r);
                         goto finish;
                 }
-                if (k == 0)
-                        break;
         }
-        oci_hash_final(c.hash, got);
-        if (strcmp(got, layer->digest) != 0) {
-                r = oci_refuse("layer %s: the blob changed while it was read", layer->name);
-                goto finish;
-        }
-        apply_dir_times(&c);
-        r = 0;
+        r = drain(&c, true);
+        if (r < 0)
+                r = blame_blob(&c, oci_refuse("layer %s: %s", layer->name,
+                                              c.tar_error ?: c.blob_error ?: "cannot read it"));
+        else
+                r = check_blob(&c, true);
+        if (r >= 0)
+                apply_dir_times(&c);
 finish:
         archive_read_free(a);
-        return r;
+        return oci_interrupted ? oci_check_interrupted() : r;
 }

@@ -6,14 +6,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/openat2.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <openssl/evp.h>
 
 #include "oci.h"
 
-static char error_message[1024];
+static char error_message[OCI_ERROR_MAX];
 volatile int oci_interrupted;
 
 int oci_check_interrupted(void) {
@@ -50,6 +52,10 @@ int oci_fail(int r, const char *fmt, ...) {
 
 const char *oci_error_message(void) {
         return error_message;
+}
+
+void oci_error_replace(const char *m) {
+        snprintf(error_message, sizeof(error_message), "%s", m);
 }
 
 struct oci_hash {
@@ -131,15 +137,47 @@ int oci_path_normalize(const char *in, char **ret, const char **ret_reason) {
         return 0;
 }
 
+/* The parent of rel in one system call, where it is there and no symlink is on
+ * the way: -errno otherwise, and the caller walks it step by step to see why. */
+static int open_parent_fast(int root, const char *rel, const char *last) {
+        struct open_how how = {
+                .flags = O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC,
+                .resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS,
+        };
+        char dir[OCI_PATH_MAX + 1];
+        size_t len = (size_t) (last - rel);
+        int fd;
+
+        if (len == 0)
+                fd = fcntl(root, F_DUPFD_CLOEXEC, 3);
+        else if (len > OCI_PATH_MAX)
+                return -ENAMETOOLONG;
+        else {
+                memcpy(dir, rel, len - 1); /* less the slash */
+                dir[len - 1] = 0;
+                fd = (int) syscall(SYS_openat2, root, dir, &how, sizeof(how));
+        }
+        return fd < 0 ? -errno : fd;
+}
+
 int oci_open_parent(int root, const char *rel, bool create, int *ret_fd, const char **ret_name) {
         _cleanup_close_ int fd = -EBADF;
-        _cleanup_free_ char *copy = strdup(rel);
+        _cleanup_free_ char *copy = NULL;
+        const char *last = strrchr(rel, '/');
         char *p, *slash;
 
-        if (!copy)
-                return -ENOMEM;
         if (!rel[0])
                 return -EINVAL;
+        last = last ? last + 1 : rel;
+        fd = open_parent_fast(root, rel, last);
+        if (fd >= 0) {
+                *ret_name = last;
+                *ret_fd = TAKE_FD(fd);
+                return 0;
+        }
+        copy = strdup(rel);
+        if (!copy)
+                return -ENOMEM;
         fd = fcntl(root, F_DUPFD_CLOEXEC, 3);
         if (fd < 0)
                 return -errno;

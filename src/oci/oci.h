@@ -14,6 +14,8 @@
 
 #include "macro.h"
 
+struct archive;
+
 #define OCI_JSON_MAX (4u * 1024u * 1024u)      /* index, manifest, config */
 #define OCI_LAYERS_MAX 128u
 #define OCI_MEMBERS_MAX (1u << 20)             /* per layer */
@@ -26,9 +28,12 @@
 
 /* Errors. A refusal of the input is -EBADMSG (exit status 2), anything else exits 1.
  * The first message set wins: it names what failed where it failed. */
+#define OCI_ERROR_MAX 1024u
 int oci_refuse(const char *fmt, ...) _printf_(1, 2);
 int oci_fail(int r, const char *fmt, ...) _printf_(2, 3);
 const char *oci_error_message(void);
+/* The message is m now, whatever was set before ("": none). */
+void oci_error_replace(const char *m);
 
 /* Set by SIGTERM, SIGINT or SIGHUP: the loops stop with -EINTR, so that the work
  * directory is removed on the way out. */
@@ -71,7 +76,6 @@ typedef struct OciLayer {
         char diff_id[OCI_DIGEST_LEN + 1];  /* of the uncompressed tar */
         char chain_id[OCI_DIGEST_LEN + 1];
         int64_t size;                      /* of the blob, -1 when unknown */
-        int fd;                            /* the blob, read-only, once oci_image_check_layers() opened it */
         char *path;                        /* the blob below the image's directory */
         char name[OCI_DIGEST_LEN + 1];     /* how messages name it: digest, else diff_id */
 } OciLayer;
@@ -103,18 +107,35 @@ void oci_image_done(OciImage *img);
  * max_bytes caps the archive. */
 int oci_image_load(int fd, int workdir, uint64_t max_bytes, OciImage *ret);
 
-/* Open and check the blobs of layers from..n_layers-1 (an archive's other members
- * unpacked first): the digest and size their descriptor (or docker-archive file name)
- * gives, and the uncompressed tar's diff_id; max_bytes caps their uncompressed bytes
- * together. Only the layers that will be read need it: a layer found in the cache by
- * its chain ID was checked when it was stored. */
-int oci_image_check_layers(OciImage *img, size_t from, uint64_t max_bytes);
+/* What the layers still may take: the bytes of their regular files, and of their
+ * uncompressed tars. */
+typedef struct OciBudget {
+        uint64_t files;
+        uint64_t stream;
+} OciBudget;
 
-/* Apply one layer to the tree at root. The blob's bytes are hashed again while
- * they are read and must equal layer->digest (or, when unknown, the diff_id):
- * a blob that changes under us is refused. *budget is what the uncompressed
- * members may still take. */
-int oci_layer_apply(int root, const OciLayer *layer, uint64_t *budget);
+/* Apply layers from..n_layers-1 to the tree at root, in order, each read once
+ * (oci_layer_apply()); after each, applied(i, userdata), and a negative answer
+ * stops there. An archive's layers are read straight out of it where they come
+ * in order; one that comes before its turn is unpacked into the work directory
+ * and applied from there. A layer found in the cache by its chain ID is not read:
+ * it was checked when it was stored. */
+int oci_image_apply_layers(OciImage *img, size_t from, int root, OciBudget *budget,
+                           int (*applied)(size_t i, void *userdata), void *userdata);
+
+/* Where a layer's blob is read from: a file, or the member an archive reader
+ * stands on (archive set; its data not read yet). */
+typedef struct OciBlobSource {
+        int fd;
+        struct archive *archive;
+} OciBlobSource;
+
+/* Apply one layer to the tree at root, reading its blob once. The bytes are
+ * hashed as they are read, and the blob's size and digest (where the image gives
+ * them) and the uncompressed tar's diff_id must be what the image says, or the
+ * layer is refused; unknown ones are filled in. A refused layer may have left part
+ * of itself in the tree: the caller throws the tree away. */
+int oci_layer_apply(int root, OciLayer *layer, const OciBlobSource *src, OciBudget *budget);
 
 /* The tree: copies, the guest's files, its size, the file system. */
 int oci_tree_link_copy(int src_parent, int dst_parent, const char *name);

@@ -97,7 +97,7 @@ def write_oci(path, layers, config, lie_size=False, corrupt=False, comps=("gzip"
         d = put(blob)
         d["mediaType"] = "application/vnd.oci.image.layer.v1.tar+gzip"
         if lie_size and i == len(parts) - 1:
-            d["size"] += 1
+            d["size"] += int(lie_size)  # True: one byte more than the blob; -1: one less
         if corrupt and i == len(parts) - 1:
             with open(f"{path}/blobs/sha256/{d['digest'][7:]}", "r+b") as f:
                 f.seek(len(blob) // 2)

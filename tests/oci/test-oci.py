@@ -7,6 +7,7 @@ are installed, which CI requires) an image umoci made, converted by skopeo.
 
 usage: test-oci.py FORKD_OCI FORKD_AGENT REGISTRY_TOOL"""
 
+import io
 import json
 import os
 import shutil
@@ -154,13 +155,13 @@ def t_start_cmd():
     check(json.loads(debugfs(f"{TOP}/startcmd.ext4", "cat /.forkd/image.json"))["start_cmd"] is True, "start_cmd")
 
 
-def refused(name, layers, want, **kw):
+def refused(name, layers, want, extra=(), **kw):
     d = f"{TOP}/bad-{name}"
     os.makedirs(f"{TOP}/out-{name}")
     write_oci(d, layers, **kw)
     out = f"{TOP}/out-{name}/rootfs.ext4"
     cache = f"{TOP}/out-{name}/cache"
-    p = build(d, out, cache=cache)
+    p = build(d, out, cache=cache, extra=extra)
     check(p.returncode == 2, f"exit {p.returncode}, stderr {p.stderr!r}")
     check(want in p.stderr, f"stderr {p.stderr!r} does not name {want!r}")
     check(len(p.stderr.strip().splitlines()) == 1, f"more than one line: {p.stderr!r}")
@@ -215,6 +216,83 @@ def t_bad_digest():
 def t_lying_size():
     p = refused("size", [LAYER1, LAYER2], "layer sha256:", lie_size=True)
     check("size" in p.stderr or "bytes" in p.stderr, p.stderr)
+
+
+def t_bad_trailer():
+    # The tar reads well, then the decompressor finds the blob's checksum wrong:
+    # the refusal names the blob's digest, not only "cannot decompress".
+    for comp in ("gzip", "zstd"):
+        d = f"{TOP}/trailer-{comp}"
+        write_oci(d, [LAYER1, LAYER2], comps=(comp,))
+        with open(f"{d}/index.json") as f:
+            manifest = json.load(f)["manifests"][0]["digest"]
+        with open(f"{d}/blobs/sha256/{manifest[7:]}") as f:
+            top = json.load(f)["layers"][-1]["digest"]
+        with open(f"{d}/blobs/sha256/{top[7:]}", "r+b") as f:
+            f.seek(-3, os.SEEK_END)
+            b = f.read(1)
+            f.seek(-3, os.SEEK_END)
+            f.write(bytes([b[0] ^ 0xFF]))
+        p = build(d, f"{TOP}/trailer-{comp}.ext4")
+        check(p.returncode == 2 and f"layer {top}: the blob's SHA-256 is" in p.stderr, f"{comp}: {p.stderr!r}")
+        check(not os.path.exists(f"{TOP}/trailer-{comp}.ext4"), "ROOTFS left behind")
+
+
+def t_short_size():
+    p = refused("short", [LAYER1, LAYER2], "layer sha256:", lie_size=-1)
+    check("more than" in p.stderr and "bytes its descriptor says" in p.stderr, p.stderr)
+
+
+def t_bomb():
+    # A few KiB of zstd that would unpack to 64 MiB: refused once past --max-bytes.
+    bomb = ociimage.layer_tar([member("x", b"x")]) + bytes(64 << 20)
+    p = refused("bomb", [LAYER1, bomb], "larger than the size limit", extra=["--max-bytes", str(16 << 20)])
+    check(p.stderr.startswith("layer sha256:"), p.stderr)
+
+
+def docker_by_digest(path, layers, order):
+    """A docker-archive whose layers are blobs/sha256/<diff_id> files (docker 25's
+    save), written in the given order of the distinct layers, manifest.json last."""
+    parts, cfg = ociimage.image_parts(layers, CONFIG, comps=("plain",))
+    names = [f"blobs/sha256/{sha(tar)[7:]}" for _, tar in parts]
+    with tarfile.open(path, "w") as t:
+        def add(name, b):
+            ti = tarfile.TarInfo(name)
+            ti.size = len(b)
+            t.addfile(ti, io.BytesIO(b))
+        add(f"{sha(cfg)[7:]}.json", cfg)
+        for i in order:
+            add(names[i], parts[i][1])
+        add("manifest.json", json.dumps([{"Config": f"{sha(cfg)[7:]}.json", "Layers": names}]).encode())
+
+
+def t_docker_order():
+    # The top layer's blob first: unpacked to wait for its turn, the base read on the way.
+    docker_by_digest(f"{TOP}/reversed.tar", [LAYER1, LAYER2], order=[1, 0])
+    check_built(build(f"{TOP}/reversed.tar", f"{TOP}/reversed.ext4"), f"{TOP}/reversed.ext4")
+    # One blob named by two layers: applied twice.
+    again = [member("srv/again.txt", b"again\n")]
+    docker_by_digest(f"{TOP}/twice.tar", [LAYER1, again, LAYER2, again], order=[0, 1, 2])
+    p = build(f"{TOP}/twice.tar", f"{TOP}/twice.ext4")
+    check(p.returncode == 0 and len(json.loads(p.stdout)["layers"]) == 4, p.stdout + p.stderr)
+    check(debugfs(f"{TOP}/twice.ext4", "cat /srv/again.txt") == "again\n", "the twice-named layer")
+    check(debugfs(f"{TOP}/twice.ext4", "cat /opt/app/hello.txt") == "hello from layer 2\n", "layer 3")
+    check(not leftovers(TOP), f"left behind: {leftovers(TOP)}")
+
+
+def t_docker_diff_id():
+    # A layer.tar (no digest in its name) that is not what the config's diff_id says.
+    write_docker(f"{TOP}/good.tar", [LAYER1, LAYER2])
+    with open(f"{TOP}/good.tar", "rb") as f:
+        data = bytearray(f.read())
+    data[data.index(b"hello from layer 2")] = ord("j")
+    with open(f"{TOP}/changed.tar", "wb") as f:
+        f.write(data)
+    os.makedirs(f"{TOP}/out-changed")
+    p = build(f"{TOP}/changed.tar", f"{TOP}/out-changed/rootfs.ext4", cache=f"{TOP}/out-changed/cache")
+    check(p.returncode == 2 and "the config's diff_id says" in p.stderr, f"exit {p.returncode}: {p.stderr!r}")
+    check(os.listdir(f"{TOP}/out-changed") == ["cache"], f"left: {os.listdir(f'{TOP}/out-changed')}")
+    check(not leftovers(f"{TOP}/out-changed/cache"), "left in the cache")
 
 
 def t_cache():
@@ -377,6 +455,11 @@ def main():
             ("refused: a hostile layer in an oci-archive", t_hostile_archive),
             ("refused: layer digest mismatch", t_bad_digest),
             ("refused: manifest lies about a size", t_lying_size),
+            ("refused: a blob whose compressed trailer is damaged", t_bad_trailer),
+            ("refused: a blob longer than its descriptor", t_short_size),
+            ("refused: a layer that decompresses past --max-bytes", t_bomb),
+            ("refused: a docker-archive layer that is not its diff_id", t_docker_diff_id),
+            ("docker-archive: layers out of order, one blob named twice", t_docker_order),
             ("layer cache: a cached image's layers are not read again, a broken one is refused when read", t_cache),
             ("--ref: a cached image fetches its manifest and config only, a shared layer is not fetched", t_by_reference),
             ("umoci image through skopeo", t_umoci_skopeo),
