@@ -337,6 +337,10 @@ int oci_mkfs(const char *tree_path, const char *work_path, const char *out_path,
                 return oci_fail(r, "Cannot write %s: %s", conf, strerror(-r));
         fd = safe_close(fd);
         snprintf(size_arg, sizeof(size_arg), "%" PRIu64 "M", size_mib);
+        /* A new file, all holes: mke2fs need not write zeros into its inode tables and
+         * journal (assume_storage_prezeroed), and they stay holes. */
+        if (unlink(out_path) < 0 && errno != ENOENT)
+                return oci_fail(-errno, "Cannot remove %s: %m", out_path);
 
         pid = fork();
         if (pid < 0)
@@ -345,7 +349,8 @@ int oci_mkfs(const char *tree_path, const char *work_path, const char *out_path,
                 char *argv[] = {
                         (char *) "mke2fs", (char *) "-q", (char *) "-F", (char *) "-t", (char *) "ext4",
                         (char *) "-L", (char *) "forkd-root", (char *) "-m", (char *) "0",
-                        (char *) "-E", (char *) "root_owner=0:0,lazy_itable_init=0,nodiscard",
+                        (char *) "-E",
+                        (char *) "root_owner=0:0,lazy_itable_init=0,nodiscard,assume_storage_prezeroed=1",
                         (char *) "-d", (char *) tree_path, (char *) out_path, size_arg, NULL,
                 };
                 int out = open(log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
