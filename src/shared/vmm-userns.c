@@ -4,17 +4,25 @@
  * thread that shares its memory (CLONE_VM: no copy of forkd's page tables),
  * takes the template's uid as its effective one, keeping its capabilities
  * (SECBIT_NO_SETUID_FIXUP), so that the namespace it then unshares is owned by
- * that uid, opens that namespace into forkd's fd table (CLONE_FILES), and stops
- * itself, with SIGKILL as its parent-death signal. forkd writes the maps of the
- * stopped helper and kills it: the fd keeps the namespace. The helper opens the
- * fd itself because forkd may not open /proc/PID/ns/user of a process of
- * another uid: that takes CAP_SYS_PTRACE, which forkd.service does not grant.
+ * that uid, opens that namespace into forkd's fd table (CLONE_FILES), leaves that
+ * table for an empty one of its own, and stops itself, with SIGKILL as its
+ * parent-death signal. forkd writes the maps of the stopped helper and kills it:
+ * the fd keeps the namespace. The helper opens the fd itself because forkd may
+ * not open /proc/PID/ns/user of a process of another uid: that takes
+ * CAP_SYS_PTRACE, which forkd.service does not grant.
+ *
+ * It leaves forkd's fd table as soon as the fd is there because a task's files
+ * are let go only after its memory on the way out: a helper that shared both
+ * with a forkd killed under it was the last user of forkd's address space, and
+ * until that was torn down (seconds, under AddressSanitizer) forkd's bus
+ * connection and its state directory's lock lived on in the helper.
  *
  * The helper runs on a stack of its own beside a thread of the C library
  * without being one, so it makes raw system calls only; set*id() of the C
  * library would signal every thread of forkd to switch with it.
  */
 #include <fcntl.h>
+#include <linux/close_range.h>
 #include <linux/securebits.h>
 #include <sched.h>
 #include <signal.h>
@@ -22,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -36,6 +45,7 @@ enum {
         HELPER_EXIT_SETUID,
         HELPER_EXIT_UNSHARE,
         HELPER_EXIT_NSFD,
+        HELPER_EXIT_FILES,
         HELPER_EXIT_PARENT,
 };
 
@@ -59,9 +69,19 @@ static int helper(void *userdata) {
         if (fd < 0)
                 syscall(SYS_exit, HELPER_EXIT_NSFD);
         a->ns_fd = (int) fd;
-        /* Stopped, it would outlive a killed forkd, holding a copy of every fd of
-         * forkd's (the state directory's lock among them): it dies with forkd.
-         * Set here, after the switch of uid, which clears it. */
+        /* Out of forkd's fd table, into an empty one of its own. */
+        if (syscall(SYS_close_range, 0U, ~0U, CLOSE_RANGE_UNSHARE) < 0) {
+                /* Before Linux 5.9: a copy of the table, each of its fds closed. */
+                struct rlimit rl = { .rlim_cur = 65536 };
+
+                if (syscall(SYS_unshare, CLONE_FILES) < 0)
+                        syscall(SYS_exit, HELPER_EXIT_FILES);
+                (void) syscall(SYS_prlimit64, 0, RLIMIT_NOFILE, NULL, &rl);
+                for (unsigned long i = 0; i < rl.rlim_cur && i < (1ul << 20); i++)
+                        (void) syscall(SYS_close, i);
+        }
+        /* Stopped, it would outlive a killed forkd, holding forkd's memory: it
+         * dies with forkd. Set here, after the switch of uid, which clears it. */
         if (syscall(SYS_prctl, PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0 || syscall(SYS_getppid) != a->parent)
                 syscall(SYS_exit, HELPER_EXIT_PARENT);
         syscall(SYS_kill, syscall(SYS_getpid), SIGSTOP);

@@ -6,8 +6,10 @@
  * without any capability; then a set*id() call kills it. Needs root and user
  * namespaces: skipped without. */
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <grp.h>
 #include <sched.h>
 #include <setjmp.h>
@@ -23,6 +25,7 @@
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -216,12 +219,112 @@ static void test_owner_only(void **state) {
         close(fd);
 }
 
+/* The helper that makes a namespace leaves the caller's fd table before it stops
+ * for its maps: had it kept that table, a caller killed under it would have its
+ * files (forkd's bus connection, the state directory's lock) held on until the
+ * helper's exit had torn down the caller's whole address space. A thread makes
+ * namespaces while this one looks at every helper it finds stopped. */
+struct maker {
+        pid_t tid;
+        int made;
+        volatile int done;
+};
+
+static void *make_many(void *userdata) {
+        struct maker *m = userdata;
+        uint64_t t0 = 0;
+
+        __atomic_store_n(&m->tid, (pid_t) syscall(SYS_gettid), __ATOMIC_SEQ_CST);
+        for (int i = 0; i < 2000; i++) {
+                struct timespec ts;
+                int fd = -1;
+
+                if (vmm_userns_new(TEMPLATE_UID, SANDBOX_ID, TEMPLATE_UID, &fd) < 0)
+                        break;
+                close(fd);
+                m->made++;
+                clock_gettime(CLOCK_MONOTONIC, &ts);
+                if (!t0)
+                        t0 = (uint64_t) ts.tv_sec;
+                if (i >= 500 && (uint64_t) ts.tv_sec > t0 + 2)
+                        break;
+        }
+        m->done = 1;
+        return NULL;
+}
+
+static int count_fds(pid_t pid) {
+        char path[64];
+        struct dirent *de;
+        DIR *d;
+        int n = 0;
+
+        snprintf(path, sizeof(path), "/proc/%d/fd", (int) pid);
+        d = opendir(path);
+        if (!d)
+                return -1;
+        while ((de = readdir(d)))
+                if (de->d_name[0] != '.')
+                        n++;
+        closedir(d);
+        return n;
+}
+
+static void test_helper_own_files(void **state) {
+        struct maker m = {};
+        char path[96];
+        pthread_t t;
+        int fd = -1, seen = 0, with_fds = 0;
+
+        if (geteuid() != 0 || vmm_userns_new(TEMPLATE_UID, SANDBOX_ID, TEMPLATE_UID, &fd) < 0)
+                skip();
+        close(fd);
+        assert_int_equal(pthread_create(&t, NULL, make_many, &m), 0);
+        while (!__atomic_load_n(&m.tid, __ATOMIC_SEQ_CST))
+                ;
+        snprintf(path, sizeof(path), "/proc/self/task/%d/children", (int) m.tid);
+        while (!m.done) {
+                FILE *f = fopen(path, "re");
+                int pid;
+
+                if (!f)
+                        continue;
+                while (fscanf(f, "%d", &pid) == 1) {
+                        char stat_path[64], line[512], *p;
+                        FILE *g;
+                        int n;
+
+                        snprintf(stat_path, sizeof(stat_path), "/proc/%d/stat", pid);
+                        g = fopen(stat_path, "re");
+                        if (!g)
+                                continue;
+                        p = fgets(line, sizeof(line), g) ? strrchr(line, ')') : NULL;
+                        fclose(g);
+                        if (!p || p[1] != ' ' || p[2] != 'T')
+                                continue; /* not stopped for its maps yet */
+                        n = count_fds(pid);
+                        if (n < 0)
+                                continue; /* gone meanwhile */
+                        seen++;
+                        if (n > 0)
+                                with_fds++;
+                }
+                fclose(f);
+        }
+        assert_int_equal(pthread_join(t, NULL), 0);
+        print_message("%d namespaces made, %d stopped helpers seen, %d of them with fds\n", m.made, seen, with_fds);
+        assert_true(m.made >= 500);
+        assert_true(seen > 0);
+        assert_int_equal(with_fds, 0);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_switch),
                 cmocka_unit_test(test_without_ptrace),
                 cmocka_unit_test(test_sealed),
                 cmocka_unit_test(test_owner_only),
+                cmocka_unit_test(test_helper_own_files),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
