@@ -19,6 +19,7 @@
 #include "sandbox.h"
 #include "vm-template.h"
 #include "vmm-client.h"
+#include "userns-pool.h"
 #include "vmm-userns.h"
 #include "worker.h"
 
@@ -98,7 +99,11 @@ ForkOp *fork_op_free(ForkOp *f) {
         if (f->vmm_uids)
                 for (unsigned i = 0; i < f->n; i++)
                         uid_range_free(&f->manager->vmm_uids, f->vmm_uids[i]);
+        if (f->userns_fds)
+                for (unsigned i = 0; i < f->n; i++)
+                        safe_close(f->userns_fds[i]);
         free(f->vmm_uids);
+        free(f->userns_fds);
         free(f->agent_fds);
         free(f->control_fds);
         free(f->pids);
@@ -240,6 +245,9 @@ static void check_pings_done(ForkOp *f) {
                 if (!hashmap_get(f->manager->sandboxes, f->ids[i]))
                         missing++;
         f->t[FORK_T_ANSWERED] = now_usec();
+        /* The children are up: the next fork's namespaces are made now, off its path. */
+        if (f->vmm_uids)
+                userns_pool_fill(f->manager, f->n);
         if (f->n_failed > 0 || missing > 0) {
                 fork_fail(f, -EIO, FORKD_ERROR_FAILED, "%u of %u children did not come up (%s); none was kept",
                           MAX(f->n_failed, missing), f->n, f->ping_error ?: "exited after answering");
@@ -412,36 +420,28 @@ static void fork_on_batch(size_t first, size_t k, void *userdata) {
 }
 
 /* Start the template if it is not running, and have it fork the children. */
-/* Each child's user namespace (vmm-userns.c), before the first is spawned. */
-static int fork_make_userns(ForkOp *f, int **ret) {
-        int *fds;
-
-        fds = malloc(f->n * sizeof(int));
-        if (!fds)
-                return -ENOMEM;
-        for (unsigned k = 0; k < f->n; k++)
-                fds[k] = -EBADF;
+/* Each child's user namespace (vmm-userns.c) that the pool did not give, before
+ * the first is spawned. */
+static int fork_make_userns(ForkOp *f) {
         for (unsigned k = 0; k < f->n; k++) {
-                int r = vmm_userns_new(f->userns_owner, f->vmm_uids[k], f->userns_group, &fds[k]);
+                int r;
 
-                if (r < 0) {
-                        for (unsigned i = 0; i < k; i++)
-                                safe_close(fds[i]);
-                        free(fds);
+                if (f->userns_fds[k] >= 0)
+                        continue;
+                r = vmm_userns_new(f->userns_owner, f->vmm_uids[k], f->userns_group, &f->userns_fds[k]);
+                if (r < 0)
                         return r;
-                }
         }
-        *ret = fds;
         return 0;
 }
 
 static int fork_spawn(ForkOp *f, const int *taps) {
         VmTemplate *t = f->template;
-        _cleanup_free_ int *userns = NULL;
+        const int *userns = f->vmm_uids ? f->userns_fds : NULL;
         int r = 0;
 
-        if (f->vmm_uids) {
-                r = fork_make_userns(f, &userns);
+        if (userns) {
+                r = fork_make_userns(f);
                 if (r < 0)
                         return fork_work_error(f, r, "Failed to make the user namespaces of the VMMs");
         }
@@ -498,7 +498,7 @@ static int fork_spawn(ForkOp *f, const int *taps) {
         t->vt.event_userdata = NULL;
         /* The namespaces live on in the children that entered them. */
         for (unsigned k = 0; userns && k < f->n; k++)
-                safe_close(userns[k]);
+                f->userns_fds[k] = safe_close(f->userns_fds[k]);
         /* The children have their taps (or never will): forkd's copies go. */
         for (unsigned i = 0; i < f->n_net_picked; i++)
                 netns_child_done(&f->net[i]);
@@ -888,12 +888,23 @@ static int fork_op_start_full(Manager *m, Image *i, VmTemplate *t, unsigned n, c
          * copy's children (t) run under the copy's (vm-template.h). */
         if (m->vmm_uids.count > 0 && !t) {
                 f->vmm_uids = calloc(n, sizeof(uid_t));
-                if (!f->vmm_uids) {
+                f->userns_fds = malloc(n * sizeof(int));
+                for (unsigned k = 0; f->userns_fds && k < n; k++)
+                        f->userns_fds[k] = -EBADF;
+                if (!f->vmm_uids || !f->userns_fds) {
                         r = -ENOMEM;
                         goto fail;
                 }
                 for (unsigned k = 0; k < n; k++) {
+                        /* A namespace made ahead of time, with its id; else an id, its
+                         * namespace made in the spawn. The range full: the pool's ids too. */
+                        if (userns_pool_take(m, &f->vmm_uids[k], &f->userns_fds[k]) >= 0)
+                                continue;
                         r = uid_range_alloc(&m->vmm_uids, &f->vmm_uids[k]);
+                        if (r < 0 && m->userns_pool.n > 0) {
+                                userns_pool_drain(m);
+                                r = uid_range_alloc(&m->vmm_uids, &f->vmm_uids[k]);
+                        }
                         if (r < 0) {
                                 log_warning("All %u ids of --vmm-uid-range are in use: no VMM may start.",
                                             m->vmm_uids.count);

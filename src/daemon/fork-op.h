@@ -87,11 +87,13 @@ struct ForkOp {
         unsigned n_cgroups_pending;
         /* Per child, its id of --vmm-uid-range, held until its sandbox takes it
          * (0 then); NULL: none (shared, unconfined, or the children of a
-         * frozen copy, which run under its id). The worker makes each a user
-         * namespace owned by userns_owner, the template's uid (vmm-userns.h). */
+         * frozen copy, which run under its id). Each gets a user namespace owned
+         * by userns_owner, the template's uid (vmm-userns.h): one the pool made
+         * ahead of time (userns-pool.h), or one the worker makes. */
         uid_t *vmm_uids;
         uid_t userns_owner;
         gid_t userns_group;
+        int *userns_fds;         /* with vmm_uids: each child's namespace, from the pool or made in the spawn */
         int cgroup_error;
         bool reserved;             /* n counted in manager->n_sandboxes_reserved */
 

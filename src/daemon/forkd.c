@@ -20,6 +20,7 @@
 #include "manager.h"
 #include "polkit.h"
 #include "pushpull-op.h"
+#include "userns-pool.h"
 #include "worker.h"
 #include "snapshot-meta.h"
 
@@ -364,6 +365,9 @@ static int setup_vmm_uid_range(Manager *m, const char *spec) {
                                        "--vmm-uid-range: %m");
         if (r > 0)
                 log_info("%d id(s) of --vmm-uid-range still in use by a running process: kept out of use.", r);
+        r = userns_pool_init(m);
+        if (r < 0)
+                return log_oom();
         return 0;
 }
 

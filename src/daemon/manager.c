@@ -83,6 +83,7 @@ Manager *manager_free(Manager *m) {
         m->workers = worker_pool_free(m->workers);
         /* After the workers (forks take from it), before the namespaces' users go. */
         m->netns_pool = netns_pool_free(m->netns_pool);
+        userns_pool_done(m); /* after the workers too, before the range */
         m->polkit_registry = polkit_registry_free(m->polkit_registry);
 
         /* Sandboxes before operations: a fork waits for their answers. */

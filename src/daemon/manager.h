@@ -17,6 +17,7 @@
 #include "histogram.h"
 #include "uid-range.h"
 #include "netns-pool.h"
+#include "userns-pool.h"
 
 
 /* Limits on what callers control */
@@ -122,6 +123,7 @@ struct Manager {
          * under (uid-range.c), checked and recovered at start; count 0 with
          * --vmm-uid-range shared, or unconfined. */
         UidRange vmm_uids;
+        UsernsPool userns_pool; /* user namespaces of the range's ids made ahead of time */
 
         Hashmap *images;      /* tag -> Image */
         Hashmap *creating;    /* tag -> Operation: snapshots being created */

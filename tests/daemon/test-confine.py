@@ -187,6 +187,32 @@ def run(h):
             "children that have no limit",
             proc_shows_it)
 
+    def userns_made_ahead():
+        # Once a fork's children are up, forkd makes as many user namespaces (each with
+        # an id of the range) for the next fork; the next fork's VMM enters one of them.
+        def held():
+            fds = set()
+            for n in os.listdir(f"/proc/{h.forkd.pid}/fd"):
+                try:
+                    link = os.readlink(f"/proc/{h.forkd.pid}/fd/{n}")
+                except OSError:
+                    continue
+                if link.startswith("user:["):
+                    fds.add(link)
+            return fds
+        tf.wait_for(lambda: len(held()) > 0, 30, "a user namespace forkd made ahead")
+        ready = held()
+        infos = h.fork("t1", 1, opts)
+        pid = infos[0]["pid"]
+        entered = os.readlink(f"/proc/{pid}/ns/user")
+        assert entered in ready and entered not in held(), (entered, ready, held())
+        assert own_id(pid) not in ctx["uids"].values(), (own_id(pid), ctx["uids"])
+        assert json.loads(h.m("Ping", "s", [infos[0]["id"]])[0])["pong"] is True
+        h.m("TerminateSandbox", "s", [infos[0]["id"]])
+        h.wait_removed(infos[0]["id"])
+    h.check("forkd holds user namespaces made ahead after a fork; the next fork's VMM enters one (forkd no longer "
+            "holds it), with an id no other sandbox has", userns_made_ahead)
+
     def neither_opens_the_other():
         (a, b) = ctx["ids"]
         pa, pb = ctx["pids"][a], ctx["pids"][b]
