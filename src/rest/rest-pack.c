@@ -83,7 +83,7 @@ static int pack_stream_start(RestRequest *req, PackStream *ps) {
         int r;
 
         ps->streaming = true;
-        r = rest_reply_stream(req, 200, "application/zstd", pack_stream_read);
+        r = rest_reply_stream(req, 200, "application/zstd", NULL, NULL, pack_stream_read);
         if (r < 0)
                 return rest_reply_error(req, 500, "cannot stream the bundle: %s", strerror(-r));
         return 0;

@@ -150,7 +150,8 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
         return MHD_CONTENT_READER_END_WITH_ERROR;
 }
 
-int rest_reply_stream(RestRequest *req, unsigned status, const char *content_type, rest_stream_read_func read) {
+int rest_reply_stream(RestRequest *req, unsigned status, const char *content_type, const char *header,
+                      const char *value, rest_stream_read_func read) {
         RestServer *s = req->server;
         struct MHD_Response *resp;
         int r;
@@ -161,6 +162,10 @@ int rest_reply_stream(RestRequest *req, unsigned status, const char *content_typ
                 return -ENOMEM;
         if (content_type)
                 (void) MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);
+        if (header && MHD_add_response_header(resp, header, value) != MHD_YES) {
+                MHD_destroy_response(resp);
+                return -ENOMEM;
+        }
         req->stream_read = read;
         r = rest_queue_response(req, status, resp);
         if (r < 0)

@@ -29,7 +29,9 @@ int rest_reply_bus_error(RestRequest *req, const sd_bus_error *e, unsigned overr
 #define REST_STREAM_END (-1)
 #define REST_STREAM_ERROR (-2)
 typedef ssize_t (*rest_stream_read_func)(RestRequest *req, char *buf, size_t max);
-int rest_reply_stream(RestRequest *req, unsigned status, const char *content_type, rest_stream_read_func read);
+/* A streamed answer; header (with value), when not NULL, goes with it too. */
+int rest_reply_stream(RestRequest *req, unsigned status, const char *content_type, const char *header,
+                      const char *value, rest_stream_read_func read);
 void rest_stream_resume(RestRequest *req);
 
 /* Output streams of processes and their terminals (rest-routes-processes.c):

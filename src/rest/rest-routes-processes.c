@@ -620,6 +620,7 @@ typedef struct OutputStream {
         uint32_t pid;
         uint64_t offset;             /* the next ReadSandboxOutput's */
         bool follow, reading, done, failed;
+        bool exec;                   /* exec's "stream": its answer names the pid (REST_PID_HEADER) */
         bool exited;                 /* the last ReadSandboxOutput said so, with: */
         int32_t exit_code, signal;
         LineBuf out;
@@ -835,7 +836,12 @@ static int output_read_next(RestRequest *req) {
 }
 
 static int start_ndjson(RestRequest *req) {
-        int r = rest_reply_stream(req, 200, "application/x-ndjson", output_read);
+        OutputStream *os = rest_request_data(req);
+        char pid[16];
+        int r;
+
+        snprintf(pid, sizeof(pid), "%" PRIu32, os->pid);
+        r = rest_reply_stream(req, 200, "application/x-ndjson", os->exec ? REST_PID_HEADER : NULL, pid, output_read);
 
         if (r < 0)
                 return rest_reply_error(req, 500, "cannot stream the output: %s", strerror(-r));
@@ -958,6 +964,7 @@ int rest_proc_exec_stream(RestRequest *req, const char *id, struct json_object *
         r = output_stream_attach(req, output_stream_new(req, id, 0, 0, true));
         if (r <= 0)
                 return r;
+        ((OutputStream *) rest_request_data(req))->exec = true;
         r = rest_new_manager_call(req, "StartSandboxProcess", &m);
         if (r < 0)
                 return rest_reply_call_failed(req, r);

@@ -12,6 +12,9 @@
 
 #define REST_PROC_PID_MAX 4194304u
 #define REST_PROC_READ_MAX (256u * 1024u)
+/* The header of exec's "stream": true answer that names its process, so that a
+ * client whose stream breaks off can follow it again from an offset. */
+#define REST_PID_HEADER "Forkd-Process-Pid"
 
 int rest_route_processes_start(RestRequest *req);
 int rest_route_processes_list(RestRequest *req);

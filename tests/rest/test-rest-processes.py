@@ -125,6 +125,8 @@ def t_signal(c, st):
 def t_exec_stream(c, st):
     s = NdjsonStream(st, "POST", "/v1/sandboxes/sb-1/exec", {"args": ["cat"], "stream": True})
     check(s.status == 200 and s.ctype == "application/x-ndjson", s.status)
+    # the answer names its process, to be followed again from an offset
+    check(s.resp.getheader("Forkd-Process-Pid") == str(TERM), s.resp.getheaders())
     c.expect(200, "POST", f"{BASE}/{TERM}/stdin", {"data": "from exec\n", "eof": True})
     got = s.all()
     s.close()

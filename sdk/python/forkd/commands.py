@@ -16,7 +16,8 @@ import re
 import threading
 from dataclasses import dataclass, field
 
-from .controller import STDIN_CHUNK_MAX, _check_int, _check_pid, PTY_DIM_MAX
+from .controller import (EXEC_TIMEOUT_MAX, PID_HEADER, PID_MAX, PTY_DIM_MAX, STDIN_CHUNK_MAX, _check_int,
+                         _check_pid)
 from .errors import (ForkdError, InvalidArgument, MethodNotAllowed, NotFound, ProtocolError, Timeout,
                      Unsupported)
 
@@ -119,9 +120,10 @@ class CommandHandle:
     """
 
     def __init__(self, commands, pid, *, on_stdout=None, on_stderr=None, on_pty=None, tty=None,
-                 read_timeout=None, offset=0):
+                 read_timeout=None, offset=0, stream=None):
         self._commands = commands
         self.pid = pid
+        self._first = stream         # an output stream already open (exec's), read first
         self._on = {"stdout": on_stdout, "stderr": on_stderr, "pty": on_pty}
         self._tty = tty
         self._read_timeout = read_timeout
@@ -215,7 +217,13 @@ class CommandHandle:
         idle = 0
         while not self._disconnected:
             before = self._offset
-            stream = ctl.read_output(sid, self.pid, offset=self._offset, follow=True, timeout=self._read_timeout)
+            if self._first is not None:
+                stream, self._first = self._first, None
+            elif self.pid is None:
+                raise ProtocolError("the output stream broke off, and the server named no pid to follow it again")
+            else:
+                stream = ctl.read_output(sid, self.pid, offset=self._offset, follow=True,
+                                         timeout=self._read_timeout)
             self._stream = stream
             if self._disconnected:
                 stream.close()
@@ -425,6 +433,9 @@ class Commands:
         if not isinstance(background, bool):
             raise InvalidArgument(f"background must be a bool, not {background!r}")
         timeout = _timeout_secs(timeout)
+        if not background and not envs and cwd is None and user is None and not stdin and \
+                isinstance(timeout, int) and not isinstance(timeout, bool) and 1 <= timeout <= EXEC_TIMEOUT_MAX:
+            return self._run_streamed(cmd, on_stdout, on_stderr, timeout)
         ctl, sid = self._ctl_sid()
         try:
             r = ctl.start_process(sid, env=envs, cwd=cwd, user=user, timeout_secs=timeout, stdin=stdin, **kw)
@@ -439,12 +450,39 @@ class Commands:
             return handle
         return handle.wait()
 
+    def _run_streamed(self, cmd, on_stdout, on_stderr, timeout):
+        """A foreground run in one request: exec with "stream": true. Its answer
+        names the process (Forkd-Process-Pid), so that a stream that breaks off
+        is followed again from where it stopped, as a background one is."""
+        args = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
+        ctl, sid = self._ctl_sid()
+        try:
+            stream = ctl.exec_sandbox(sid, args, timeout_secs=timeout, stream=True)
+        except ForkdError as e:
+            if not _no_processes(e):
+                raise
+            return self._run_exec(cmd, on_stdout, on_stderr, timeout)
+        if not (stream.header("Content-Type") or "").startswith("application/x-ndjson"):
+            # A forkd-rest that does not stream exec: its whole answer, at the end.
+            with stream:
+                return self._exec_result(stream.read_json(), on_stdout, on_stderr)
+        pid = stream.header(PID_HEADER)
+        pid = int(pid) if pid is not None and pid.isascii() and pid.isdigit() and len(pid) <= 8 else None
+        if pid is not None and not 0 < pid <= PID_MAX:
+            pid = None
+        handle = CommandHandle(self, pid, on_stdout=on_stdout, on_stderr=on_stderr, read_timeout=timeout + 60,
+                               stream=stream)
+        return handle.wait()
+
     def _run_exec(self, cmd, on_stdout, on_stderr, timeout):
         """run() on a server or guest without processes: the exec route, the whole
         output at the end."""
         args = ["sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
         ctl, sid = self._ctl_sid()
-        r = ctl.exec_sandbox(sid, args, timeout_secs=min(timeout, 3600))
+        return self._exec_result(ctl.exec_sandbox(sid, args, timeout_secs=min(timeout, 3600)), on_stdout, on_stderr)
+
+    @staticmethod
+    def _exec_result(r, on_stdout, on_stderr):
         if not isinstance(r, dict):
             raise ProtocolError(f"commands.run: the answer is not an object: {str(r)[:200]}")
         out, err, code = r.get("stdout", ""), r.get("stderr", ""), r.get("exit_code")

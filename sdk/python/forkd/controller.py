@@ -50,6 +50,7 @@ TOKEN_FILE_MAX = 4096
 
 # Processes (forkd's REST API v1 for processes; the guest agent's limits).
 PID_MAX = 4194304
+PID_HEADER = "Forkd-Process-Pid"  # exec's "stream": true answer names its process
 PROC_ARGS_MAX = 4096
 PROC_ARGS_BYTES = 128 * 1024   # each argument counts its bytes + 1
 PROC_ENV_MAX = 1024
@@ -471,7 +472,8 @@ class Controller:
         """POST /v1/sandboxes/:id/exec: run argv in the guest; the agent's answer
         ({stdout, stderr, exit_code, ...}). With stream=True the command runs as a
         background process and the answer is its output as it comes: an
-        OutputStream of the objects read_output(follow=True) yields."""
+        OutputStream of the objects read_output(follow=True) yields, whose
+        header(PID_HEADER) is the process's pid."""
         sid = _check_name(sandbox_id, "sandbox id")
         if isinstance(args, str) or not isinstance(args, (list, tuple)) or not args or len(args) > 4096:
             raise InvalidArgument("args must be a list of 1 to 4096 strings")

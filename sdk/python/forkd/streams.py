@@ -134,6 +134,26 @@ class OutputStream:
     def closed(self):
         return self._closed
 
+    def header(self, name):
+        """A header of the answer (None when it has none)."""
+        return self._resp.getheader(name)
+
+    def read_json(self, limit=NDJSON_LINE_MAX * 16):
+        """The whole body as one JSON document (an answer that is not NDJSON)."""
+        try:
+            data = self._resp.read(limit + 1)
+        except TimeoutError as e:
+            raise Timeout(f"no answer within {self._timeout:g} s", method=self._method, url=self._url) from e
+        except (OSError, http.client.HTTPException) as e:
+            raise ConnectionFailed(f"the answer broke off: {e}", method=self._method, url=self._url) from e
+        if len(data) > limit:
+            raise ProtocolError(f"the answer is larger than {limit} bytes", method=self._method, url=self._url)
+        try:
+            return json.loads(data)
+        except ValueError as e:
+            raise ProtocolError(f"the answer is not JSON: {data[:200]!r}", method=self._method,
+                                url=self._url) from e
+
     def __enter__(self):
         return self
 

@@ -36,9 +36,11 @@ def ctl():
     return Controller(S.url, token="tok")
 
 
-def chunked(h, status=200, close=False):
+def chunked(h, status=200, close=False, headers=()):
     h.send_response(status)
     h.send_header("Content-Type", "application/x-ndjson")
+    for name, value in headers:
+        h.send_header(name, value)
     if close:
         h.send_header("Connection", "close")
     h.send_header("Transfer-Encoding", "chunked")
@@ -59,18 +61,21 @@ def nd(*objs):
     return b"".join(json.dumps(o).encode() + b"\n" for o in objs)
 
 
-def ndjson_reply(*parts, gates=()):
+def ndjson_reply(*parts, gates=(), headers=(), cut=False, waited=None):
     """An answer writing parts (bytes) as chunks; before part i+1 it waits for
-    gates[i] (a threading.Event) and records whether it was set in time."""
-    waited = []
+    gates[i] (a threading.Event) and records (in waited) whether it was set in
+    time. With cut, the connection is closed after the parts, without the body's
+    end."""
+    waited = [] if waited is None else waited
 
     def write(h):
-        chunked(h)
+        chunked(h, headers=headers, close=cut)
         for i, part in enumerate(parts):
             if i and i - 1 < len(gates):
                 waited.append(gates[i - 1].wait(WAIT))
             chunk(h, part)
-        end_chunks(h)
+        if not cut:
+            end_chunks(h)
 
     return write, waited
 
@@ -328,15 +333,23 @@ def t_streaming():
 
 
 def proc_routes(pid, lines, gates=(), status=None, log=None):
-    """start answers pid; output answers lines (bytes parts, with gates)."""
+    """start answers pid; output, and exec with "stream", answer lines (bytes
+    parts, with gates), exec naming the pid in its header."""
     write, waited = ndjson_reply(*lines, gates=gates)
+    write_exec, _ = ndjson_reply(*lines, gates=gates, headers=[("Forkd-Process-Pid", str(pid))], waited=waited)
 
     def output(req):
         if log is not None:
             log.append(req["path"])
         return write
 
-    routes = {("POST", P): js(201, {"pid": pid}), ("GET", f"{P}/{pid}/output"): output}
+    def exec_(req):
+        if log is not None:
+            log.append(req["path"])
+        return write_exec
+
+    routes = {("POST", P): js(201, {"pid": pid}), ("GET", f"{P}/{pid}/output"): output,
+              ("POST", "/v1/sandboxes/sb-1/exec"): exec_}
     if status is not None:
         routes.update(status)
     return Router(routes), waited
@@ -362,11 +375,13 @@ def t_run():
         gate.set()
 
     S.reply = router
+    before = len(S.requests)
     r = sb.commands.run("echo hello", on_stdout=on_out, on_stderr=errs.append)
-    check(S.requests[-2]["method"] == "POST" and S.requests[-2]["path"] == P, S.requests[-2])
-    check(json.loads(S.requests[-2]["body"]) == {"cmd": "echo hello", "timeout_secs": 60, "stdin": False},
-          S.requests[-2]["body"])
-    check(S.last()["path"] == P + "/7/output?offset=0&follow=true", S.last())
+    # in the foreground with no options: one request, exec with "stream"
+    check(len(S.requests) == before + 1 and S.last()["method"] == "POST" and
+          S.last()["path"] == "/v1/sandboxes/sb-1/exec", S.requests[before:])
+    check(S.last_body() == {"args": ["/bin/sh", "-c", "echo hello"], "timeout_secs": 60, "stream": True},
+          S.last()["body"])
     check(waited == [True], "on_stdout was called before the body ended")
     check(isinstance(r, CommandResult) and r.stdout == "hello w€\n" and r.stderr == "warn\n" and r.exit_code == 0 and
           r.error is None, r)
@@ -393,7 +408,26 @@ def t_run():
     # an error of the output route reaches wait()
     S.reply = Router({("POST", P): js(201, {"pid": 10}),
                       ("GET", P + "/10/output"): js(404, {"error": "process not found"})})
-    raises(forkd.NotFound, sb.commands.run, "x")
+    raises(forkd.NotFound, sb.commands.run, "x", envs={"A": "b"})
+    # exec's stream broken off: followed again from its offset, by the pid it named
+    log = []
+    cut, _ = ndjson_reply(nd({"stream": "stdout", "offset": 0, "data": "one\n"}), cut=True,
+                          headers=[("Forkd-Process-Pid", "12")])
+    rest, _ = ndjson_reply(nd({"stream": "stdout", "offset": 4, "data": "two\n"}, {"exit_code": 0, "signal": None}))
+    S.reply = Router({("POST", "/v1/sandboxes/sb-1/exec"): lambda req: cut,
+                      ("GET", P + "/12/output"): lambda req: log.append(req["path"]) or rest})
+    r = sb.commands.run("echo one; echo two", timeout=5)
+    check(r.stdout == "one\ntwo\n" and log == [P + "/12/output?offset=4&follow=true"], (r, log))
+    # ... and one that named no pid cannot be followed again
+    cut, _ = ndjson_reply(nd({"stream": "stdout", "offset": 0, "data": "one\n"}), cut=True)
+    S.reply = Router({("POST", "/v1/sandboxes/sb-1/exec"): lambda req: cut})
+    e = raises(forkd.ProtocolError, sb.commands.run, "echo one", timeout=5)
+    check("named no pid" in str(e), e)
+    # a forkd-rest whose exec does not stream: its JSON answer, whole
+    S.reply = Router({("POST", "/v1/sandboxes/sb-1/exec"):
+                      js(200, {"stdout": "hi\n", "stderr": "", "exit_code": 0})})
+    r = sb.commands.run("echo hi", timeout=5)
+    check(r == CommandResult("hi\n", "", 0), r)
 
 
 def t_background():
@@ -566,7 +600,13 @@ def t_fallback():
     c = ctl()
     sb = Sandbox.connect("sb-1", controller=c)
     ex = {"stdout": "hi\n", "stderr": "", "exit_code": 0}
-    S.reply = Router({("POST", "/v1/sandboxes/sb-1/exec"): lambda req: js(200, ex)})
+
+    def exec_(req):
+        if json.loads(req["body"]).get("stream"):
+            return js(501, {"error": "the guest's agent runs no processes"})
+        return js(200, ex)
+
+    S.reply = Router({("POST", "/v1/sandboxes/sb-1/exec"): exec_})
     outs = []
     r = sb.commands.run("echo hi", on_stdout=outs.append, timeout=5)
     check(S.last_body() == {"args": ["sh", "-c", "echo hi"], "timeout_secs": 5} and outs == ["hi\n"], S.last())

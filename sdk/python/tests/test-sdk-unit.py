@@ -318,10 +318,12 @@ def t_sandbox():
     S.reply = lambda req: ((404, "application/json", b'{"error": "no route for POST /v1/sandboxes/sb-new/processes"}')
                            if req["path"].endswith("/processes") else (200, "application/json", exec_answer))
     r = sb.commands.run("echo hi")
-    check(S.last_body() == {"args": ["sh", "-c", "echo hi"], "timeout_secs": 60}, S.last_body())
+    check(S.last_body() == {"args": ["/bin/sh", "-c", "echo hi"], "timeout_secs": 60, "stream": True}, S.last_body())
     check(r == forkd.CommandResult("hi\n", "", 0), r)
     sb.commands.run(["ls", "/"], timeout=5)
-    check(S.last_body() == {"args": ["ls", "/"], "timeout_secs": 5}, S.last_body())
+    check(S.last_body() == {"args": ["ls", "/"], "timeout_secs": 5, "stream": True}, S.last_body())
+    sb.commands.run(["ls", "/"], timeout=0)  # no time limit: the process routes, then exec
+    check(S.last_body() == {"args": ["ls", "/"], "timeout_secs": 0}, S.last_body())
     S.json(200, {"stdout": "", "stderr": "NameError: x\n", "error": "NameError: x", "exit_code": 1})
     r = sb.run_code("print(x)", timeout=9)
     check(S.last_body() == {"code": "print(x)", "timeout_secs": 9} and r.error == "NameError: x" and
