@@ -17,9 +17,12 @@ One sandbox of the tools/mkimage Linux guest (REST API v1's example snapshot):
               follows it and counts what it received until the exit line (bytes the
               ring dropped before the client got them come as gaps, counted apart):
               MB/s received.
-  run         our SDK's commands.run("true") (E2B's surface: start, follow, exit)
-              against POST /v1/sandboxes/:id/exec {"args": ["true"]}, --runs of each
-              (default 50), taking turns: p50s and their ratio.
+  run         our SDK's commands.run("true") (E2B's surface; in the foreground one
+              POST .../exec with "stream": true, read to its exit line) against POST
+              /v1/sandboxes/:id/exec of the same command, {"args": ["/bin/sh", "-c",
+              "true"]}, --runs of each (default 50), taking turns: p50s and their ratio.
+              Also, apart: the same exec with "stream": true read by hand (no SDK), and
+              exec of {"args": ["true"]} (no shell: the baseline before 2026-12-01).
 
 Targets (the test guest natively, on real KVM): latency p50 at most 1 ms; throughput at
 least 100 MB/s; run at most 1.2x exec. With --json the last line of stdout is one JSON
@@ -37,6 +40,7 @@ from procstream import EXIT, STDOUT, Stream
 from restprocs import NdjsonStream
 
 TOP = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXIT_LINE = {"exit_code": 0, "signal": None}
 
 DEST, PATH, IFACE = "org.forkd.Manager", "/org/forkd/Manager", "org.forkd.Manager"
 # Each line one write(2), stamped just before it.
@@ -158,19 +162,30 @@ def run_vs_exec(stack, sid, runs):
     with open(stack["FORKD_TOKEN_FILE"]) as f:
         token = f.read().strip()
     sb = Sandbox.connect(sid, base_url=stack["FORKD_URL"], token=token)
-    t_run, t_exec = [], []
+    sh_true = ["/bin/sh", "-c", "true"]  # what commands.run("true") runs
+    t = {"run": [], "exec": [], "exec_stream": [], "exec_argv": []}
     for _ in range(runs):
         t0 = time.monotonic()
         r = sb.commands.run("true")
-        t_run.append((time.monotonic() - t0) * 1000)
+        t["run"].append((time.monotonic() - t0) * 1000)
         if r.exit_code != 0:
             raise RuntimeError(f"commands.run('true'): {r}")
+        for key, args in (("exec", sh_true), ("exec_argv", ["true"])):
+            t0 = time.monotonic()
+            status, r = rest(stack, "POST", f"/v1/sandboxes/{sid}/exec", {"args": args})
+            t[key].append((time.monotonic() - t0) * 1000)
+            if status != 200 or r.get("exit_code") != 0:
+                raise RuntimeError(f"exec {args}: {status} {r}")
         t0 = time.monotonic()
-        status, r = rest(stack, "POST", f"/v1/sandboxes/{sid}/exec", {"args": ["true"]})
-        t_exec.append((time.monotonic() - t0) * 1000)
-        if status != 200 or r.get("exit_code") != 0:
-            raise RuntimeError(f"exec true: {status} {r}")
-    return statistics.median(t_run), statistics.median(t_exec)
+        s = NdjsonStream(stack, "POST", f"/v1/sandboxes/{sid}/exec", {"args": sh_true, "stream": True})
+        try:
+            got = s.all() if s.status == 200 else None
+        finally:
+            s.close()
+        t["exec_stream"].append((time.monotonic() - t0) * 1000)
+        if not got or got[-1] != EXIT_LINE:
+            raise RuntimeError(f"exec {sh_true} with stream: {s.status} {got}")
+    return {k: statistics.median(v) for k, v in t.items()}
 
 
 def main():
@@ -199,7 +214,8 @@ def main():
         lat_rest = latency_rest(stack, sid, a.lines, offset)
         lat_dbus = latency_dbus(stack, sid, a.lines, offset)
         got, gaps, took = throughput(stack, sid, a.mib)
-        run_ms, exec_ms = run_vs_exec(stack, sid, a.runs)
+        runs = run_vs_exec(stack, sid, a.runs)
+        run_ms, exec_ms = runs["run"], runs["exec"]
         out = {
             "bench": "process", "emulated": a.emulated, "lines": a.lines,
             "clock_rtt_ms": round(rtt / 1e6, 3),
@@ -209,6 +225,7 @@ def main():
             "latency_dbus_chunks": len(lat_dbus),
             "throughput_mb_s": round(got / took / 1e6, 2), "throughput_bytes": got, "throughput_gap_bytes": gaps,
             "run_ms_p50": round(run_ms, 3), "exec_ms_p50": round(exec_ms, 3), "run_exec_ratio": round(run_ms / exec_ms, 3),
+            "exec_stream_ms_p50": round(runs["exec_stream"], 3), "exec_argv_ms_p50": round(runs["exec_argv"], 3),
         }
         em = " (emulated: QEMU TCG)" if a.emulated else ""
         print(f"first byte to the client, p50 / p99 over {a.lines} lines (clock good to {out['clock_rtt_ms'] / 2:.3f} "
@@ -216,8 +233,9 @@ def main():
         print(f"  REST   {out['latency_rest_ms_p50']} / {out['latency_rest_ms_p99']} ms ({len(lat_rest)} chunks)")
         print(f"  D-Bus  {out['latency_dbus_ms_p50']} / {out['latency_dbus_ms_p99']} ms ({len(lat_dbus)} chunks)")
         print(f"throughput over REST: {out['throughput_mb_s']} MB/s ({got} bytes received, {gaps} dropped by the ring)")
-        print(f"commands.run('true') {out['run_ms_p50']} ms against exec {out['exec_ms_p50']} ms: "
-              f"{out['run_exec_ratio']}x")
+        print(f"commands.run('true') {out['run_ms_p50']} ms against exec of /bin/sh -c true {out['exec_ms_p50']} ms: "
+              f"{out['run_exec_ratio']}x; that exec with \"stream\" {out['exec_stream_ms_p50']} ms, exec of true "
+              f"{out['exec_argv_ms_p50']} ms")
         if a.json:
             print(json.dumps(out))
     finally:
