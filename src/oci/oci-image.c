@@ -97,14 +97,9 @@ static int extract_member(struct archive *a, struct archive_entry *e, int parent
         return 0;
 }
 
-/* Members over member_max are left in the archive (layers, for a first look at the
- * manifest and config only). */
-static int extract_outer(int fd, int workdir, uint64_t max_bytes, uint64_t member_max) {
-        _cleanup_(archive_freep) struct archive *a = archive_read_new();
-        struct archive_entry *e;
-        uint64_t total = 0;
-        unsigned n = 0;
-        int r;
+/* A reader of the outer archive (an image's tar, perhaps compressed) on fd. */
+static int outer_open(int fd, struct archive **ret) {
+        struct archive *a = archive_read_new();
 
         if (!a)
                 return -ENOMEM;
@@ -112,25 +107,57 @@ static int extract_outer(int fd, int workdir, uint64_t max_bytes, uint64_t membe
         archive_read_support_filter_gzip(a);
         archive_read_support_filter_zstd(a);
         archive_read_support_filter_xz(a);
-        if (archive_read_open_fd(a, fd, CHUNK) != ARCHIVE_OK)
-                return oci_refuse("Not an image archive: %s", archive_error_string(a) ?: "unreadable");
+        if (archive_read_open_fd(a, fd, CHUNK) != ARCHIVE_OK) {
+                int r = oci_refuse("Not an image archive: %s", archive_error_string(a) ?: "unreadable");
+
+                archive_read_free(a);
+                return r;
+        }
+        *ret = a;
+        return 0;
+}
+
+/* The checks every member of the outer archive gets: the count (*n, the members
+ * so far), and its name made canonical in *ret_path. */
+static int outer_member(struct archive_entry *e, unsigned *n, char **ret_path) {
+        const char *raw = archive_entry_pathname(e) ?: "", *reason = NULL;
+        int r;
+
+        r = oci_check_interrupted();
+        if (r < 0)
+                return r;
+        if (++*n > OCI_OUTER_MEMBERS_MAX)
+                return oci_refuse("archive: more than %u members", OCI_OUTER_MEMBERS_MAX);
+        r = oci_path_normalize(raw, ret_path, &reason);
+        if (r == -ENOMEM)
+                return r;
+        if (r < 0)
+                return oci_refuse("archive member \"%.256s\": %s", raw, reason);
+        return 0;
+}
+
+/* Members over member_max are left in the archive (layers, for a first look at the
+ * manifest and config only). */
+static int extract_outer(int fd, int workdir, uint64_t max_bytes, uint64_t member_max) {
+        _cleanup_(archive_freep) struct archive *a = NULL;
+        struct archive_entry *e;
+        uint64_t total = 0;
+        unsigned n = 0;
+        int r;
+
+        r = outer_open(fd, &a);
+        if (r < 0)
+                return r;
         while ((r = archive_read_next_header(a, &e)) == ARCHIVE_OK || r == ARCHIVE_WARN) {
-                const char *raw = archive_entry_pathname(e) ?: "", *name, *reason = NULL;
+                const char *raw = archive_entry_pathname(e) ?: "", *name;
                 _cleanup_free_ char *path = NULL;
                 _cleanup_close_ int parent = -EBADF;
                 mode_t t = archive_entry_filetype(e);
                 la_int64_t size = archive_entry_size(e);
 
-                r = oci_check_interrupted();
+                r = outer_member(e, &n, &path);
                 if (r < 0)
                         return r;
-                if (++n > OCI_OUTER_MEMBERS_MAX)
-                        return oci_refuse("archive: more than %u members", OCI_OUTER_MEMBERS_MAX);
-                r = oci_path_normalize(raw, &path, &reason);
-                if (r == -ENOMEM)
-                        return r;
-                if (r < 0)
-                        return oci_refuse("archive member \"%.256s\": %s", raw, reason);
                 if (!path[0] || (t != AE_IFDIR && t != AE_IFREG) || archive_entry_hardlink(e))
                         continue; /* only regular files and directories are needed */
                 r = oci_open_parent(workdir, path, true, &parent, &name);
@@ -634,40 +661,29 @@ static size_t layer_of(const Applier *p, const char *path, bool *ret_again) {
  * that comes before its turn (or that a later layer names too) is unpacked into
  * the work directory, the rest is passed over. Checked as extract_outer() checks. */
 static int apply_archive(Applier *p, int fd) {
-        _cleanup_(archive_freep) struct archive *a = archive_read_new();
+        _cleanup_(archive_freep) struct archive *a = NULL;
         struct archive_entry *e;
         uint64_t total = 0;
         unsigned n = 0;
-        int r = ARCHIVE_EOF;
+        int r;
 
-        if (!a)
-                return -ENOMEM;
         if (lseek(fd, 0, SEEK_SET) < 0)
                 return oci_fail(-errno, "Cannot read the image archive: %m");
-        archive_read_support_format_tar(a);
-        archive_read_support_filter_gzip(a);
-        archive_read_support_filter_zstd(a);
-        archive_read_support_filter_xz(a);
-        if (archive_read_open_fd(a, fd, CHUNK) != ARCHIVE_OK)
-                return oci_refuse("Not an image archive: %s", archive_error_string(a) ?: "unreadable");
+        r = outer_open(fd, &a);
+        if (r < 0)
+                return r;
+        r = ARCHIVE_EOF;
         while (p->next < p->img->n_layers &&
                ((r = archive_read_next_header(a, &e)) == ARCHIVE_OK || r == ARCHIVE_WARN)) {
-                const char *raw = archive_entry_pathname(e) ?: "", *name, *reason = NULL;
+                const char *raw = archive_entry_pathname(e) ?: "", *name;
                 _cleanup_free_ char *path = NULL;
                 _cleanup_close_ int parent = -EBADF;
                 bool again;
                 size_t k;
 
-                r = oci_check_interrupted();
+                r = outer_member(e, &n, &path);
                 if (r < 0)
                         return r;
-                if (++n > OCI_OUTER_MEMBERS_MAX)
-                        return oci_refuse("archive: more than %u members", OCI_OUTER_MEMBERS_MAX);
-                r = oci_path_normalize(raw, &path, &reason);
-                if (r == -ENOMEM)
-                        return r;
-                if (r < 0)
-                        return oci_refuse("archive member \"%.256s\": %s", raw, reason);
                 if (!path[0] || archive_entry_filetype(e) != AE_IFREG || archive_entry_hardlink(e))
                         continue;
                 k = layer_of(p, path, &again);
