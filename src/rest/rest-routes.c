@@ -11,6 +11,7 @@
 #include "macro.h"
 #include "rest-bus.h"
 #include "rest-files.h"
+#include "rest-json-text.h"
 #include "rest-metrics.h"
 #include "rest-pack.h"
 #include "rest-reply.h"
@@ -93,17 +94,28 @@ int rest_reply_bus_result(RestRequest *req, sd_bus_message *reply, unsigned exis
 
 /* ---- replies ---- */
 
+/* The reply's a{sv} or aa{sv}, written straight into JSON text (rest-json-text.h). */
+static int reply_json_text(RestRequest *req, sd_bus_message *reply, unsigned status, bool array) {
+        RestJsonText t = {};
+        int r;
+
+        r = array ? rest_bus_write_dict_array_json(reply, &t) : rest_bus_write_dict_json(reply, &t);
+        if (r < 0) {
+                rest_json_text_done(&t);
+                return rest_reply_error(req, 500, "unexpected reply from the daemon: %s", strerror(-r));
+        }
+        r = rest_reply_raw(req, status, "application/json", t.buf, t.len);
+        rest_json_text_done(&t);
+        return r;
+}
+
 int rest_on_reply_dict(RestRequest *req, sd_bus_message *reply, unsigned status, unsigned exists_status) {
-        _cleanup_json_ struct json_object *o = NULL;
         int r;
 
         r = rest_reply_bus_result(req, reply, exists_status);
         if (r <= 0)
                 return r;
-        r = rest_bus_read_dict_json(reply, &o);
-        if (r < 0)
-                return rest_reply_error(req, 500, "unexpected reply from the daemon: %s", strerror(-r));
-        return rest_reply_json(req, status, o);
+        return reply_json_text(req, reply, status, false);
 }
 
 int rest_on_reply_dict_200(RestRequest *req, sd_bus_message *reply) {
@@ -115,16 +127,12 @@ int rest_on_reply_dict_201(RestRequest *req, sd_bus_message *reply) {
 }
 
 static int on_reply_array(RestRequest *req, sd_bus_message *reply, unsigned status) {
-        _cleanup_json_ struct json_object *a = NULL;
         int r;
 
         r = rest_reply_bus_result(req, reply, 0);
         if (r <= 0)
                 return r;
-        r = rest_bus_read_dict_array_json(reply, &a);
-        if (r < 0)
-                return rest_reply_error(req, 500, "unexpected reply from the daemon: %s", strerror(-r));
-        return rest_reply_json(req, status, a);
+        return reply_json_text(req, reply, status, true);
 }
 
 int rest_on_reply_array_200(RestRequest *req, sd_bus_message *reply) {

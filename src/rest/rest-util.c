@@ -234,6 +234,14 @@ static int read_basic_dict_json(sd_bus_message *m, const char *contents, struct 
         return 0;
 }
 
+bool rest_bus_variant_type_supported(const char *contents) {
+        return (is_basic(contents[0]) && contents[1] == 0) ||
+               (contents[0] == 'a' && is_basic(contents[1]) && contents[2] == 0) ||
+               (contents[0] == 'a' && contents[1] == '{' && contents[2] == 's' && is_basic(contents[3]) &&
+                contents[4] == '}' && contents[5] == 0) ||
+               streq(contents, "a{sv}") || streq(contents, "aa{sv}");
+}
+
 int rest_bus_read_variant_json(sd_bus_message *m, struct json_object **ret) {
         _cleanup_(json_putp) struct json_object *o = NULL;
         const char *contents;
@@ -246,11 +254,7 @@ int rest_bus_read_variant_json(sd_bus_message *m, struct json_object **ret) {
         if (r == 0 || type != 'v')
                 return -EBADMSG;
 
-        if (!(is_basic(contents[0]) && contents[1] == 0) &&
-            !(contents[0] == 'a' && is_basic(contents[1]) && contents[2] == 0) &&
-            !(contents[0] == 'a' && contents[1] == '{' && contents[2] == 's' && is_basic(contents[3]) &&
-              contents[4] == '}' && contents[5] == 0) &&
-            !streq(contents, "a{sv}") && !streq(contents, "aa{sv}")) {
+        if (!rest_bus_variant_type_supported(contents)) {
                 /* Nothing in the interface uses other types; skip them. */
                 r = sd_bus_message_skip(m, "v");
                 if (r < 0)

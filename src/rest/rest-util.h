@@ -26,6 +26,10 @@ unsigned rest_status_from_bus_error(const char *name);
 /* True for the errors that mean "the daemon is not there" (503). */
 bool rest_bus_error_is_unavailable(const char *name);
 
+/* The variant types forkd's interface uses, which both JSON conversions take:
+ * a basic type, an array of one, a{s<basic>}, a{sv} and aa{sv}. */
+bool rest_bus_variant_type_supported(const char *contents);
+
 /* Read one variant (the message must be positioned at it) into a new JSON
  * value. Unknown types are skipped: *ret = NULL and 0 returned. */
 int rest_bus_read_variant_json(sd_bus_message *m, struct json_object **ret);
