@@ -267,11 +267,10 @@ void image_send_signal(Manager *m, const char *tag, bool new) {
 /* ---- sandboxes ---- */
 
 /* "usage" a{sv}: what it uses now; a figure that could not be read is left out. */
-static int append_usage(sd_bus_message *reply, Sandbox *s) {
-        SandboxUsage u;
+static int append_usage(sd_bus_message *reply, const SandboxUsage *usage) {
+        const SandboxUsage u = *usage;
         int r;
 
-        sandbox_read_usage(s, &u);
         r = sd_bus_message_open_container(reply, 'e', "sv");
         if (r >= 0)
                 r = sd_bus_message_append(reply, "s", "usage");
@@ -310,10 +309,13 @@ static int append_usage(sd_bus_message *reply, Sandbox *s) {
 }
 
 int sandbox_append_info(sd_bus_message *reply, Sandbox *s) {
-        return sandbox_append_info_ex(reply, s, true);
+        SandboxUsage u;
+
+        sandbox_read_usage(s, &u);
+        return sandbox_append_info_ex(reply, s, &u);
 }
 
-int sandbox_append_info_ex(sd_bus_message *reply, Sandbox *s, bool usage) {
+int sandbox_append_info_ex(sd_bus_message *reply, Sandbox *s, const SandboxUsage *usage) {
         int r;
 
         r = sd_bus_message_open_container(reply, 'a', "{sv}");
@@ -362,7 +364,7 @@ int sandbox_append_info_ex(sd_bus_message *reply, Sandbox *s, bool usage) {
                 }
         }
         if (usage) {
-                r = append_usage(reply, s);
+                r = append_usage(reply, usage);
                 if (r < 0)
                         return r;
         }
@@ -376,7 +378,7 @@ int sandbox_append_infos(sd_bus_message *reply, Manager *m, char *const *vm_ids,
         for (unsigned i = 0; r >= 0 && i < n; i++)
                 /* no usage: a fork's children have used next to nothing yet, and
                  * reading it for each would only slow the fork's reply */
-                r = sandbox_append_info_ex(reply, hashmap_get(m->vms, vm_ids[i]), false);
+                r = sandbox_append_info_ex(reply, hashmap_get(m->vms, vm_ids[i]), NULL);
         return r < 0 ? r : sd_bus_message_close_container(reply);
 }
 

@@ -13,6 +13,7 @@
 
 #include "manager.h"
 #include "paused.h"
+#include "usage.h"
 
 /* SnapshotInfo, or SnapshotDetails with details. */
 int image_append_info(sd_bus_message *reply, Image *i, bool details);
@@ -23,8 +24,8 @@ void image_send_signal(Manager *m, const char *tag, bool new);
 
 /* Append a SandboxInfo a{sv}, with its "usage". */
 int sandbox_append_info(sd_bus_message *reply, Sandbox *s);
-/* The same, with "usage" only when usage is true (reading it costs a few small reads). */
-int sandbox_append_info_ex(sd_bus_message *reply, Sandbox *s, bool usage);
+/* The same, with usage as its "usage" (read by the caller), or none for NULL. */
+int sandbox_append_info_ex(sd_bus_message *reply, Sandbox *s, const SandboxUsage *usage);
 /* An aa{sv} of the SandboxInfos of a fork's children, by the names their VMs were
  * spawned under (vm_id: the id too, until a merge moves another id onto one). */
 int sandbox_append_infos(sd_bus_message *reply, Manager *m, char *const *vm_ids, unsigned n);

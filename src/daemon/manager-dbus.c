@@ -25,6 +25,7 @@
 #include "sandbox-proc-dbus.h"
 #include "sandbox.h"
 #include "snapshot-meta.h"
+#include "usage-batch.h"
 #include "usage.h"
 #include "worker.h"
 
@@ -396,6 +397,40 @@ static int caller_sees_all(sd_bus_message *message, Manager *m, const char *verb
 
 /* Root and holders of org.forkd.manage-all see every sandbox; anyone else
  * sees their own only (others' are left out, not shown without details). */
+static void read_usage(void *item, SandboxUsage *ret) {
+        sandbox_read_usage(item, ret);
+}
+
+/* The running sandboxes the caller sees, each with its usage when usage is set
+ * (read beside the reply by a UsageBatch). */
+static int append_running(sd_bus_message *reply, Manager *m, bool all, uid_t uid, bool usage) {
+        _cleanup_free_ Sandbox **list = NULL;
+        UsageBatch batch = {};
+        HashmapIter it = {};
+        size_t n = 0;
+        void *v;
+        int r = 0;
+
+        list = calloc(MAX(hashmap_size(m->sandboxes), 1u), sizeof(Sandbox *));
+        if (!list)
+                return -ENOMEM;
+        while (hashmap_iterate(m->sandboxes, &it, &v)) {
+                Sandbox *sb = v;
+
+                if (sandbox_is_visible(sb) && (all || sb->owner_uid == uid))
+                        list[n++] = sb;
+        }
+        if (usage) {
+                r = usage_batch_start(&batch, (void *const *) list, n, read_usage);
+                if (r < 0)
+                        return r;
+        }
+        for (size_t i = 0; r >= 0 && i < n; i++)
+                r = sandbox_append_info_ex(reply, list[i], usage ? usage_batch_get(&batch, i) : NULL);
+        usage_batch_done(&batch);
+        return r;
+}
+
 static int list_sandboxes(sd_bus_message *message, Manager *m, bool usage, sd_bus_error *error) {
         _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
         HashmapIter it = {};
@@ -414,16 +449,9 @@ static int list_sandboxes(sd_bus_message *message, Manager *m, bool usage, sd_bu
         r = sd_bus_message_open_container(reply, 'a', "a{sv}");
         if (r < 0)
                 return r;
-        while (hashmap_iterate(m->sandboxes, &it, &v)) {
-                Sandbox *sb = v;
-
-                if (!sandbox_is_visible(sb) || (!all && sb->owner_uid != uid))
-                        continue;
-                r = sandbox_append_info_ex(reply, sb, usage);
-                if (r < 0)
-                        return r;
-        }
-        it = (HashmapIter) {};
+        r = append_running(reply, m, all, uid, usage);
+        if (r < 0)
+                return r;
         while (hashmap_iterate(m->paused, &it, &v)) {
                 Paused *p = v;
 

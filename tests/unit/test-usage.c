@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 /* forkd's latency histograms (src/daemon/histogram.c) and what a sandbox's
  * usage is read from (src/daemon/usage.c): cpu.stat, a process's CPU clock, statm,
- * /proc/PID/cgroup, and the stats page shared with a VMM. */
+ * /proc/PID/cgroup, and the stats page shared with a VMM; and a batch of
+ * usages read beside a list's reply (usage-batch.c). */
 
 #include <errno.h>
 #include <setjmp.h>
@@ -20,6 +21,7 @@
 #include <cmocka.h>
 
 #include "histogram.h"
+#include "usage-batch.h"
 #include "usage.h"
 
 static void test_histogram_buckets(void **state) {
@@ -243,6 +245,54 @@ static void test_read_kept_files(void **state) {
         assert_true(files.statm_fd < 0 && files.cpu_stat_fd < 0);
 }
 
+/* The batch's reader: item i is an unsigned count of its reads; the figure says which item it is. */
+static void count_read(void *item, SandboxUsage *ret) {
+        unsigned *reads = item;
+
+        __atomic_add_fetch(reads, 1, __ATOMIC_RELAXED);
+        *ret = (SandboxUsage) { .have_cpu = true, .cpu_usec = (uint64_t) (uintptr_t) reads };
+}
+
+static void check_batch(size_t n, size_t taken) {
+        unsigned *reads = calloc(n ? n : 1, sizeof(unsigned));
+        void **items = calloc(n ? n : 1, sizeof(void *));
+        UsageBatch b;
+
+        assert_non_null(reads);
+        assert_non_null(items);
+        for (size_t i = 0; i < n; i++)
+                items[i] = &reads[i];
+        assert_int_equal(usage_batch_start(&b, items, n, count_read), 0);
+        assert_int_equal(b.threaded, n >= USAGE_BATCH_THREAD_MIN);
+        for (size_t i = 0; i < taken; i++) {
+                const SandboxUsage *u = usage_batch_get(&b, i);
+
+                assert_true(u->have_cpu);
+                assert_int_equal(u->cpu_usec, (uint64_t) (uintptr_t) &reads[i]);
+        }
+        usage_batch_done(&b);
+        /* each item read at most once, every one the caller took exactly once, none after done */
+        for (size_t i = 0; i < n; i++) {
+                assert_true(reads[i] <= 1);
+                if (i < taken)
+                        assert_int_equal(reads[i], 1);
+        }
+        free(items);
+        free(reads);
+}
+
+static void test_batch(void **state) {
+        (void) state;
+        check_batch(0, 0);
+        check_batch(1, 1);
+        check_batch(USAGE_BATCH_THREAD_MIN - 1, USAGE_BATCH_THREAD_MIN - 1);
+        check_batch(USAGE_BATCH_THREAD_MIN, USAGE_BATCH_THREAD_MIN);
+        check_batch(1000, 1000);
+        /* a caller that stops early (a failed append) still joins the reader */
+        check_batch(5000, 17);
+        check_batch(5000, 0);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_histogram_buckets),
@@ -255,6 +305,7 @@ int main(void) {
                 cmocka_unit_test(test_cpu_stat_path),
                 cmocka_unit_test(test_read_self),
                 cmocka_unit_test(test_read_kept_files),
+                cmocka_unit_test(test_batch),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
