@@ -88,6 +88,15 @@ class Api:
         self.conn = None
 
     def request(self, method, path, body=None):
+        status, raw = self.request_raw(method, path, body)
+        try:
+            payload = json.loads(raw) if raw else None
+        except ValueError:
+            payload = raw.decode(errors="replace")
+        return status, payload
+
+    def request_raw(self, method, path, body=None):
+        """The status and the body's bytes, once the last of them arrived (nothing parsed)."""
         headers = {"Authorization": f"Bearer {self.token}"}
         data = None
         if body is not None:
@@ -110,11 +119,7 @@ class Api:
         if resp.getheader("Connection", "").lower() == "close":
             self.conn.close()
             self.conn = None
-        try:
-            payload = json.loads(raw) if raw else None
-        except ValueError:
-            payload = raw.decode(errors="replace")
-        return resp.status, payload
+        return resp.status, raw
 
     def close(self):
         if self.conn:
