@@ -18,7 +18,7 @@ bench/branch: branching and forking a running sandbox of the test guest
            (Private_Dirty + page tables of each idle child).
 
 --vcpus N (1..32, default 1): every snapshot of the run has N vCPUs (the test
-guest's APs counting on a 100 Hz timer), on both paths; run it with and without to
+guest's APs counting on a 10 Hz timer), on both paths; run it with and without to
 compare the pause with N vCPUs to the 1-vCPU pause ("vcpus" in the JSON).
 
 With --json the last line of stdout is one JSON object; its headline keys

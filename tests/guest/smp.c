@@ -4,7 +4,7 @@
  * (bootinfo n_cpus), the BSP copies the real-mode trampoline (entry.S) to
  * AP_TRAMP_GPA and sends INIT and two SIPIs through its LAPIC to all but
  * itself; each AP goes straight from real mode to long mode on forkd-vmm's
- * page tables, then to ap_start64, which starts its LAPIC timer (100 Hz) and
+ * page tables, then to ap_start64, which starts its LAPIC timer (10 Hz) and
  * increments its counter once a tick, halted in between. The counters say whether
  * each vCPU's work goes on across pause, snapshot, fork, branch and compact:
  * the run_code statement "cpus" and the agent op "cpus" report them.
