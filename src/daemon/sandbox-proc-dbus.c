@@ -187,7 +187,7 @@ int proc_read_answer_parse(struct json_object *o, uint64_t offset, uint32_t max,
                 if (!json_object_object_get_ex(c, "data_b64", &v) || !json_object_is_type(v, json_type_string))
                         return *why = "a chunk without data_b64", -EINVAL;
                 b64 = json_object_get_string(v);
-                if (base64_decoded_size(b64, (size_t) json_object_get_string_len(v), &len) < 0)
+                if (base64_decoded_length(b64, (size_t) json_object_get_string_len(v), &len) < 0)
                         return *why = "a chunk's data_b64 is not base64", -EINVAL;
                 if (len > max - a.bytes)
                         return *why = "more bytes than asked for", -EINVAL;

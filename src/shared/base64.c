@@ -71,28 +71,52 @@ int base64_decoded_size(const char *s, size_t n, size_t *ret_len) {
         return 0;
 }
 
-int base64_decode(const char *s, size_t n, void *dst, size_t cap, size_t *ret_len) {
-        uint8_t *out = dst;
-        size_t len, o = 0;
-        int r;
+int base64_decoded_length(const char *s, size_t n, size_t *ret_len) {
+        size_t pad = 0;
 
-        r = base64_decoded_size(s, n, &len);
-        if (r < 0)
-                return r;
+        if (n % 4 != 0)
+                return -EINVAL;
+        if (n > 0 && s[n - 1] == '=')
+                pad = s[n - 2] == '=' ? 2 : 1;
+        *ret_len = n / 4 * 3 - pad;
+        return 0;
+}
+
+int base64_decode(const char *s, size_t n, void *dst, size_t cap, size_t *ret_len) {
+        const uint8_t *in = (const uint8_t *) s;
+        uint8_t *out = dst;
+        size_t len, full, o = 0;
+        uint32_t a, b, c, d;
+
+        if (base64_decoded_length(s, n, &len) < 0)
+                return -EINVAL;
         if (len > cap)
                 return -EFBIG;
-        for (size_t i = 0; i < n; i += 4) {
-                uint32_t v = (uint32_t) value(s[i]) << 18 | (uint32_t) value(s[i + 1]) << 12;
-
-                out[o++] = (uint8_t) (v >> 16);
-                if (s[i + 2] == '=')
-                        break;
-                v |= (uint32_t) value(s[i + 2]) << 6;
-                out[o++] = (uint8_t) (v >> 8);
-                if (s[i + 3] == '=')
-                        break;
-                v |= (uint32_t) value(s[i + 3]);
-                out[o++] = (uint8_t) v;
+        /* the groups without padding: four table entries each, none 0 (not in the alphabet) */
+        full = len % 3 ? n - 4 : n;
+        for (size_t i = 0; i < full; i += 4) {
+                a = decode_table[in[i]];
+                b = decode_table[in[i + 1]];
+                c = decode_table[in[i + 2]];
+                d = decode_table[in[i + 3]];
+                if (!a || !b || !c || !d)
+                        return -EINVAL;
+                a = (a - 1) << 18 | (b - 1) << 12 | (c - 1) << 6 | (d - 1);
+                out[o++] = (uint8_t) (a >> 16);
+                out[o++] = (uint8_t) (a >> 8);
+                out[o++] = (uint8_t) a;
+        }
+        if (full < n) {
+                /* "xx==" or "xxx=": the bits the padding cuts off must be zero */
+                a = decode_table[in[full]];
+                b = decode_table[in[full + 1]];
+                c = len % 3 == 2 ? decode_table[in[full + 2]] : 1;
+                if (!a || !b || !c || (len % 3 == 1 && ((b - 1) & 15)) || (len % 3 == 2 && ((c - 1) & 3)))
+                        return -EINVAL;
+                a = (a - 1) << 18 | (b - 1) << 12 | (c - 1) << 6;
+                out[o++] = (uint8_t) (a >> 16);
+                if (len % 3 == 2)
+                        out[o++] = (uint8_t) (a >> 8);
         }
         *ret_len = o;
         return 0;

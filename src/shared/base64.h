@@ -24,9 +24,15 @@ size_t base64_encode(const void *src, size_t n, char *dst);
  * or two final characters, and zero bits where the padding cuts the last
  * group (so that every input decodes to one byte string, which encodes back
  * to the same characters). No whitespace, no line breaks.
- * Returns 0 and *ret_len; -EINVAL (not canonical base64; dst untouched) or
- * -EFBIG (valid, but more than cap bytes; dst untouched). */
+ * One pass: returns 0 and *ret_len; -EINVAL (not canonical base64: dst may
+ * hold the part before the bad character) or -EFBIG (more than cap bytes, by
+ * the length alone; dst untouched). */
 int base64_decode(const char *s, size_t n, void *dst, size_t cap, size_t *ret_len);
 
 /* Bytes that s[0..n) decodes to, if it is canonical base64; else -EINVAL. */
 int base64_decoded_size(const char *s, size_t n, size_t *ret_len);
+
+/* Bytes that s[0..n) decodes to if it is base64, by its length and padding
+ * alone (-EINVAL when those are wrong): to size dst for base64_decode(),
+ * which checks the rest as it decodes. */
+int base64_decoded_length(const char *s, size_t n, size_t *ret_len);

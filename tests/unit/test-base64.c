@@ -3,7 +3,7 @@
 /* src/shared/base64.c (built into forkd-agent, forkd, forkd-rest and the
  * test guest): RFC 4648's examples, OpenSSL's EVP_EncodeBlock on every length
  * around the group boundaries, and the strict decoder refusing what is not
- * the canonical encoding, with its output untouched. */
+ * the canonical encoding (these before a byte of output is written). */
 
 #include <errno.h>
 #include <setjmp.h>
@@ -112,8 +112,9 @@ static void test_cap(void **state) {
         assert_int_equal(base64_decode("Zm9vYg==", 8, out, 4, &len), 0);
         assert_int_equal(len, 4);
         assert_memory_equal(out, "foob", 4);
-        /* invalid and too long: invalid wins */
-        assert_int_equal(base64_decode("Zm9vYmF!", 8, out, 4, &len), -EINVAL);
+        /* invalid and too long: the length is checked first, before a byte is decoded */
+        assert_int_equal(base64_decode("Zm9vYmF!", 8, out, 4, &len), -EFBIG);
+        assert_int_equal(base64_decode("Zm9!", 4, out, 4, &len), -EINVAL);
 }
 
 int main(void) {

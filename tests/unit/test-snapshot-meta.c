@@ -100,6 +100,22 @@ static void test_utf8(void **state) {
                 snprintf(json, sizeof(json), "{\"a\":\"%s\"}", good[i]);
                 assert_int_equal(parse(json, 8), 0);
         }
+        /* each one after 0..17 ASCII bytes and before 9: the checker takes ASCII eight
+         * bytes at a time, so every alignment of the sequence against those words */
+        for (size_t k = 0; k <= 17; k++) {
+                char buf[48];
+
+                for (size_t i = 0; i < ELEMENTSOF(bad); i++) {
+                        snprintf(buf, sizeof(buf), "%.*s%s%s", (int) k, "abcdefghijklmnopqrstuvwxyz", bad[i],
+                                 "012345678");
+                        assert_false(utf8_is_valid_n(buf, strlen(buf)));
+                }
+                for (size_t i = 0; i < ELEMENTSOF(good); i++) {
+                        snprintf(buf, sizeof(buf), "%.*s%s%s", (int) k, "abcdefghijklmnopqrstuvwxyz", good[i],
+                                 "012345678");
+                        assert_true(utf8_is_valid_n(buf, strlen(buf)));
+                }
+        }
 }
 
 static void test_parse_nul_and_escapes(void **state) {
