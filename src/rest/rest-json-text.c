@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base64.h"
+#include "json-util.h"
 #include "macro.h"
 #include "rest-json-text.h"
 #include "rest-util.h"
@@ -57,12 +59,18 @@ static int append_char(RestJsonText *t, char c) {
 }
 
 int rest_json_text_append_string(RestJsonText *t, const char *s) {
+        return rest_json_text_append_string_n(t, s, strlen(s));
+}
+
+int rest_json_text_append_string_n(RestJsonText *t, const char *s, size_t len) {
         static const char hex[] = "0123456789abcdef";
-        const char *run = s;
+        const char *run = s, *end = s + len;
         int r;
 
-        r = append_char(t, '"');
-        for (const char *p = s; r >= 0 && *p; p++) {
+        r = reserve(t, len + 2); /* at least this much: one realloc for most strings */
+        if (r >= 0)
+                r = append_char(t, '"');
+        for (const char *p = s; r >= 0 && p < end; p++) {
                 unsigned char c = (unsigned char) *p;
                 char esc[6] = { '\\', 0 };
                 size_t n = 2;
@@ -89,7 +97,7 @@ int rest_json_text_append_string(RestJsonText *t, const char *s) {
                 run = p + 1;
         }
         if (r >= 0)
-                r = append(t, run, strlen(run));
+                r = append(t, run, (size_t) (end - run));
         return r < 0 ? r : append_char(t, '"');
 }
 
@@ -103,6 +111,7 @@ static int append_u64(RestJsonText *t, uint64_t v) {
         } while (v > 0);
         return append(t, p, (size_t) (buf + sizeof(buf) - p));
 }
+
 
 static int append_i64(RestJsonText *t, int64_t v) {
         int r;
@@ -310,4 +319,34 @@ int rest_bus_write_dict_array_json(sd_bus_message *m, RestJsonText *t) {
         if (r >= 0)
                 r = sd_bus_message_exit_container(m);
         return MIN(r, 0);
+}
+
+#define append_lit(t, s) append((t), (s), sizeof(s) - 1)
+
+int rest_json_text_output_chunk(RestJsonText *t, const char *stream, uint64_t offset, const void *data, size_t len) {
+        int r;
+
+        r = append_lit(t, "{\"stream\":");
+        if (r >= 0)
+                r = rest_json_text_append_string(t, stream);
+        if (r >= 0)
+                r = append_lit(t, ",\"offset\":");
+        if (r >= 0)
+                r = append_u64(t, offset);
+        if (r >= 0 && utf8_is_valid_n(data, len)) {
+                r = append_lit(t, ",\"data\":");
+                if (r >= 0)
+                        r = rest_json_text_append_string_n(t, data, len);
+        } else if (r >= 0) {
+                r = append_lit(t, ",\"data_b64\":\"");
+                /* encoded in place, past what is written */
+                if (r >= 0)
+                        r = reserve(t, BASE64_ENCODED_SIZE(len) + 2);
+                if (r >= 0) {
+                        t->len += base64_encode(data, len, t->buf + t->len);
+                        t->buf[t->len] = 0;
+                        r = append_lit(t, "\"");
+                }
+        }
+        return r < 0 ? r : append_lit(t, "}");
 }

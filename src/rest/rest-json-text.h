@@ -8,6 +8,7 @@
  * freeing that tree. */
 
 #include <stddef.h>
+#include <stdint.h>
 #include <systemd/sd-bus.h>
 
 typedef struct RestJsonText {
@@ -24,5 +25,10 @@ void rest_json_text_done(RestJsonText *t);
 int rest_bus_write_dict_json(sd_bus_message *m, RestJsonText *t);
 int rest_bus_write_dict_array_json(sd_bus_message *m, RestJsonText *t);
 
-/* The string as JSON (quoted and escaped as json-c escapes it, '/' left as it is). */
+/* The string as JSON (quoted and escaped as json-c escapes it, '/' left as it is);
+ * _n: len bytes, NULs among them (as \u0000). */
 int rest_json_text_append_string(RestJsonText *t, const char *s);
+int rest_json_text_append_string_n(RestJsonText *t, const char *s, size_t len);
+/* A line of a process's output as the NDJSON streams carry it: {"stream", "offset",
+ * "data"} when the bytes are UTF-8, else with "data_b64". */
+int rest_json_text_output_chunk(RestJsonText *t, const char *stream, uint64_t offset, const void *data, size_t len);

@@ -29,6 +29,7 @@
 #include "macro.h"
 #include "proc-stream.h"
 #include "rest-bus.h"
+#include "rest-json-text.h"
 #include "rest-reply.h"
 #include "rest-routes-common.h"
 #include "rest-routes-processes.h"
@@ -538,16 +539,8 @@ typedef struct LineBuf {
         size_t len, pos, alloc;
 } LineBuf;
 
-/* One object and its newline. */
-static int lines_add(LineBuf *b, struct json_object *o) {
-        const char *s;
-        size_t n;
-
-        if (!o)
-                return -ENOMEM;
-        s = rest_json_string(o, &n);
-        if (!s)
-                return -ENOMEM;
+/* One line's text s[0..n) and its newline. */
+static int lines_add_text(LineBuf *b, const char *s, size_t n) {
         if (b->pos == b->len)
                 b->pos = b->len = 0;
         if (b->len + n + 1 > b->alloc) {
@@ -565,34 +558,31 @@ static int lines_add(LineBuf *b, struct json_object *o) {
         return 0;
 }
 
+/* One object and its newline. */
+static int lines_add(LineBuf *b, struct json_object *o) {
+        const char *s;
+        size_t n;
+
+        if (!o)
+                return -ENOMEM;
+        s = rest_json_string(o, &n);
+        if (!s)
+                return -ENOMEM;
+        return lines_add_text(b, s, n);
+}
+
 static int add_int(struct json_object *o, const char *k, int64_t v) {
         return json_object_object_add(o, k, json_object_new_int64(v));
 }
 
 static int lines_add_chunk(LineBuf *b, const char *stream, uint64_t offset, const uint8_t *data, size_t len) {
-        _cleanup_json_ struct json_object *o = json_object_new_object();
-        int r;
+        RestJsonText t = {};
+        int r = rest_json_text_output_chunk(&t, stream, offset, data, len);
 
-        if (!o)
-                return -ENOMEM;
-        r = json_object_object_add(o, "stream", json_object_new_string(stream));
         if (r >= 0)
-                r = add_int(o, "offset", (int64_t) offset);
-        if (r < 0)
-                return -ENOMEM;
-        if (utf8_is_valid_n((const char *) data, len))
-                r = json_object_object_add(o, "data", json_object_new_string_len((const char *) data, (int) len));
-        else {
-                _cleanup_free_ char *b64 = malloc(BASE64_ENCODED_SIZE(len) + 1);
-
-                if (!b64)
-                        return -ENOMEM;
-                b64[base64_encode(data, len, b64)] = 0;
-                r = json_object_object_add(o, "data_b64", json_object_new_string(b64));
-        }
-        if (r < 0)
-                return -ENOMEM;
-        return lines_add(b, o);
+                r = lines_add_text(b, t.buf, t.len);
+        rest_json_text_done(&t);
+        return r < 0 ? -ENOMEM : 0;
 }
 
 static int lines_add_gap(LineBuf *b, uint64_t dropped, uint64_t offset) {

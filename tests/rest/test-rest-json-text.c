@@ -2,7 +2,8 @@
 /* forkd-rest writes D-Bus replies straight into JSON text (rest-json-text.c):
  * the text must be byte for byte what the json-c path made of the same reply,
  * for every type the interface uses, strings that need escaping, the
- * "expires_at" null, types it skips, and a truncated message. */
+ * "expires_at" null, types it skips, and a truncated message; and the NDJSON
+ * line of a process's output, against json-c's making of it. */
 
 #include <setjmp.h>
 #include <stdarg.h>
@@ -18,6 +19,8 @@
 #include <json-c/json.h>
 #include <systemd/sd-bus.h>
 
+#include "base64.h"
+#include "json-util.h"
 #include "rest-json-text.h"
 #include "rest-util.h"
 
@@ -211,12 +214,57 @@ static void test_bad_message(void **state) {
         sd_bus_message_unref(m);
 }
 
+/* The chunk line as json-c makes it: the object the NDJSON streams had before. */
+static void check_chunk(const char *stream, uint64_t offset, const void *data, size_t len) {
+        struct json_object *o = json_object_new_object();
+        RestJsonText t = {};
+        const char *want;
+        size_t n;
+
+        json_object_object_add(o, "stream", json_object_new_string(stream));
+        json_object_object_add(o, "offset", json_object_new_int64((int64_t) offset));
+        if (utf8_is_valid_n(data, len))
+                json_object_object_add(o, "data", json_object_new_string_len(data, (int) len));
+        else {
+                char *b64 = malloc(BASE64_ENCODED_SIZE(len) + 1);
+
+                assert_non_null(b64);
+                b64[base64_encode(data, len, b64)] = 0;
+                json_object_object_add(o, "data_b64", json_object_new_string(b64));
+                free(b64);
+        }
+        want = rest_json_string(o, &n);
+        assert_int_equal(rest_json_text_output_chunk(&t, stream, offset, data, len), 0);
+        assert_string_equal(t.buf, want);
+        assert_int_equal(t.len, n);
+        rest_json_text_done(&t);
+        json_object_put(o);
+}
+
+static void test_output_chunk(void **state) {
+        static char big[70000];
+
+        (void) state;
+        check_chunk("stdout", 0, "", 0);
+        check_chunk("stdout", 12, "hello\n", 6);
+        check_chunk("stderr", UINT64_C(1) << 40, "tab\tquote\"nul\0end\x7f", 21);
+        check_chunk("stdout", 3, "\xff\xfe\n", 3);
+        check_chunk("stdout", 4, "caf\xc3\xa9 \xe2\x82\xac", 9);
+        check_chunk("stdout", 5, "cut \xe2\x82", 6);
+        memset(big, 'x', sizeof(big));
+        big[40000] = '\n';
+        check_chunk("stdout", 7, big, sizeof(big));
+        big[50000] = (char) 0x80;
+        check_chunk("stdout", 8, big, sizeof(big));
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_sandbox_info),
                 cmocka_unit_test(test_list),
                 cmocka_unit_test(test_strings),
                 cmocka_unit_test(test_bad_message),
+                cmocka_unit_test(test_output_chunk),
         };
 
         return cmocka_run_group_tests(tests, setup, teardown);
