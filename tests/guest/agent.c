@@ -71,7 +71,7 @@ static int hexval(u8 c)
         return -1;
 }
 
-static u64 wall_ns_now(void)
+u64 wall_ns_now(void)
 {
         u64 delta, khz = boot.tsc_khz;
 
@@ -118,6 +118,9 @@ static void handle_identity_event(const u8 *p, u32 n)
         hot.prng = fnv1a(FNV_BASIS, seed, 32);
         (void)splitmix64(&hot.prng);
         hot.have_identity = 1;
+        /* a restore: a new channel, whose host asked none of the reads waiting */
+        if (hot.procs_live)
+                procs_channel_reset();
 }
 
 /* ---- ops ---- */
@@ -310,10 +313,8 @@ static void handle_request(u32 id, const u8 *p, u32 n)
                 op_exec(id, p, n);
         } else if (json_str_eq(p, &op, "eval")) {
                 agent_reply_error(id, "not supported by the test guest");
-        } else if (json_str_eq(p, &op, "proc_start") || json_str_eq(p, &op, "proc_list") ||
-                   json_str_eq(p, &op, "proc_signal") || json_str_eq(p, &op, "proc_stdin") ||
-                   json_str_eq(p, &op, "proc_resize") || json_str_eq(p, &op, "proc_read")) {
-                agent_reply_error_errno(id, "processes are not supported by the test guest", "EOPNOTSUPP");
+        } else if (procs_op(id, p, n, &op)) {
+                /* answered, or waiting (a proc_read's long poll) */
         } else {
                 agent_reply_error(id, "unknown op");
         }
@@ -465,14 +466,38 @@ void agent_feed(const u8 *p, u32 n)
 
 /* ---- idle loop ---- */
 
+/* The BSP's LAPIC timer, one-shot, ns from now (KVM's APIC timer runs at 1 GHz,
+ * divided by 1), or stopped for 0. Written only while processes need it. */
+static void proc_timer(u64 ns)
+{
+        static u32 armed;
+
+        if (ns == 0 && !armed)
+                return;
+        if (ns > 0xffffffffull)
+                ns = 0xffffffffull; /* about 4 s: it is armed again then */
+        mmio_write32(LAPIC_BASE + 0x3e0, 0xb);
+        mmio_write32(LAPIC_BASE + 0x320, PROC_TIMER_VEC);
+        mmio_write32(LAPIC_BASE + 0x380, (u32)ns);
+        armed = ns != 0;
+}
+
 __attribute__((noreturn)) void agent_loop(void)
 {
         for (;;) {
+                u64 ns = 0;
                 u32 n;
 
                 irq_service();           /* clears pending before the scan */
                 n = cons_rx_poll();
                 hostile_start();         /* after `hostile MODE`: does not return (but for garbage) */
+                if (hot.procs_live) {
+                        ns = procs_step();
+                        /* a deadline closer than a wakeup costs: turn again at once */
+                        if (ns > 0 && ns < 20000)
+                                n = 1;
+                }
+                proc_timer(n ? 0 : ns);
                 if (n == 0)
                         sys_wait();      /* returns at once if an interrupt came since */
         }

@@ -121,6 +121,16 @@ irq_\n:
         IRQ 6
         IRQ 7
 
+/* the BSP's timer for its processes: marks a pending byte, as a device's IRQ does,
+ * so that a WAIT after it returns at once (no deadline is slept past), and EOIs */
+irq_timer:
+        movb    $1, hot+HOT_PENDING_OFF+PROC_TIMER_PENDING(%rip)
+        pushq   %rax
+        movl    $(LAPIC_BASE + 0xb0), %eax
+        movl    $0, (%rax)
+        popq    %rax
+        iretq
+
 /* any other vector from the APIC: EOI and ignore */
 irq_other:
         pushq   %rax
@@ -288,6 +298,9 @@ irq_handlers:
         .globl irq_other_handler
 irq_other_handler:
         .quad irq_other
+        .globl irq_timer_handler
+irq_timer_handler:
+        .quad irq_timer
         .globl irq_spurious_handler
 irq_spurious_handler:
         .quad irq_spurious

@@ -84,7 +84,7 @@ static int span_eq(const u8 *a, u32 na, const char *b, u32 nb)
  * dst. Escapes: the two-character ones and \u00XX below 0x80. Returns the
  * length, or -1 (bad escape, too long).
  */
-static int json_str_decode(const u8 *s, const struct jfield *f, u8 *dst, u32 cap)
+int json_str_decode(const u8 *s, const struct jfield *f, u8 *dst, u32 cap)
 {
         u32 i = f->off + 1, end = f->off + f->len - 1, n = 0;
 
@@ -139,7 +139,7 @@ static int json_str_decode(const u8 *s, const struct jfield *f, u8 *dst, u32 cap
 }
 
 /* A JSON string with the control characters, quote and backslash escaped. */
-static void out_json_str(struct out *o, const u8 *p, u32 n)
+void out_json_str(struct out *o, const u8 *p, u32 n)
 {
         out_s(o, "\"");
         for (u32 k = 0; k < n; k++) {
@@ -421,6 +421,19 @@ static int statement(const u8 *s, u32 n)
                 print("spun\n", 5);
                 return 0;
         }
+        /* "true": nothing (what commands.run("true") runs). */
+        if (span_eq(s, wl, "true", 4) && i == n)
+                return 0;
+        /* "clock": the guest's wall clock in ns (from the last identity event), a line. */
+        if (span_eq(s, wl, "clock", 5) && i == n) {
+                u8 buf[24];
+                struct out o = { .buf = buf, .cap = sizeof(buf) };
+
+                out_u64(&o, wall_ns_now());
+                print(buf, o.len);
+                print("\n", 1);
+                return 0;
+        }
         /* "cpus": the vCPUs and each AP's counter, as the agent op "cpus" (smp.c). */
         if (span_eq(s, wl, "cpus", 4) && i == n) {
                 static u8 buf[64 + 24 * SMP_MAX_CPUS];
@@ -501,6 +514,34 @@ static void run(const u8 *code, u32 n)
 
 static void run_and_reply(u32 id, u32 len);
 
+/* The error line of the last run ("<message><argument>\n") into g.msg: its length. */
+static u32 error_line(void)
+{
+        u32 l = (u32)strlen(g.error);
+
+        memcpy(g.msg, g.error, l);
+        memcpy(g.msg + l, g.error_arg, g.error_arg_len);
+        l += g.error_arg_len;
+        g.msg[l] = '\n';
+        return l + 1;
+}
+
+int script_run(const u8 *code, u32 len, const u8 **out, u32 *out_len, const u8 **err, u32 *err_len)
+{
+        if (len > GCODE_MAX)
+                return -1;
+        memmove(g.code, code, len);
+        g.out_len = 0;
+        g.out_truncated = 0;
+        g.error = NULL;
+        run(g.code, len);
+        *out = g.out;
+        *out_len = g.out_len;
+        *err = g.msg;
+        *err_len = g.error ? error_line() : 0;
+        return g.error ? 1 : 0;
+}
+
 void op_run_code(u32 id, const u8 *p, u32 n)
 {
         struct jfield f[2] = { { .key = "code" }, { .key = "timeout_secs" } };
@@ -520,7 +561,7 @@ void op_run_code(u32 id, const u8 *p, u32 n)
         run_and_reply(id, (u32)len);
 }
 
-/* exec of ["sh", "-c", CODE] runs CODE as run_code does (so that forkctl
+/* exec of ["sh" or "/bin/sh", "-c", CODE] runs CODE as run_code does (so that forkctl
  * snapshot diff runs here); any other command is not supported. */
 void op_exec(u32 id, const u8 *p, u32 n)
 {
@@ -551,8 +592,12 @@ void op_exec(u32 id, const u8 *p, u32 n)
                 while (i < end && p[i] != '"')
                         i += p[i] == '\\' ? 2 : 1;
                 e.len = ++i - e.off;
-                if (k == 0)
-                        ok = json_str_eq(p, &e, "sh");
+                if (k == 0) {
+                        /* decoded: the host may send "\/bin\/sh" */
+                        int l = json_str_decode(p, &e, g.data, 8);
+
+                        ok = (l == 2 && memcmp(g.data, "sh", 2) == 0) || (l == 7 && memcmp(g.data, "/bin/sh", 7) == 0);
+                }
                 else if (k == 1)
                         ok = json_str_eq(p, &e, "-c");
                 else
@@ -583,16 +628,12 @@ static void run_and_reply(u32 id, u32 len)
         out_s(&o, "{\"stdout\":");
         out_json_str(&o, g.out, g.out_len);
         if (g.error) {
-                u32 l = (u32)strlen(g.error);
+                u32 l = error_line();
 
-                memcpy(g.msg, g.error, l);
-                memcpy(g.msg + l, g.error_arg, g.error_arg_len);
-                l += g.error_arg_len;
-                g.msg[l] = '\n';
                 out_s(&o, ",\"stderr\":");
-                out_json_str(&o, g.msg, l + 1);
-                out_s(&o, ",\"error\":");
                 out_json_str(&o, g.msg, l);
+                out_s(&o, ",\"error\":");
+                out_json_str(&o, g.msg, l - 1);
                 out_s(&o, ",\"exit_code\":1");
         } else {
                 out_s(&o, ",\"stderr\":\"\",\"error\":null,\"exit_code\":0");

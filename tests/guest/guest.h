@@ -34,6 +34,8 @@
 #define SMP_MAX_CPUS    32
 #define AP_STACK_SHIFT  8     /* 256 bytes of ring-0 stack for each AP */
 #define AP_TIMER_VEC    0x4e  /* the APs' LAPIC timer: irq_other, EOI and return */
+#define PROC_TIMER_VEC  0x4d  /* the BSP's one-shot LAPIC timer for its processes (procs.c): irq_timer */
+#define PROC_TIMER_PENDING 7  /* the byte of hot.pending irq_timer sets, so that a WAIT returns */
 /* 100 ms at KVM's 1 GHz APIC timer clock, divided by 1: 10 Hz, enough to show each AP at work.
  * At 100 Hz, 100 idle children of a 4-vCPU snapshot woke 30000 times a second between
  * them, and on a 2-core host those wake-ups, not the fork, were what a fork of them cost. */
@@ -143,6 +145,7 @@ struct hot {
         struct vq_state rxq, txq, blkq;
         u8 rx_repost[RX_NBUF];
         u32 n_repost;
+        u32 procs_live;                  /* procs.c: processes running and reads waiting */
         struct rx_stream rx;
         /* identity */
         u32 have_identity;
@@ -230,6 +233,7 @@ extern u8 blk_data[4096];
 u8 *cons_rx_buf(u32 i);
 u8 *tx_begin(void);
 void tx_commit(u16 type, u32 id, u32 len);
+void tx_commit_buf(u8 *buf, u16 type, u32 id, u32 len);
 void tx_flush(void);
 u32 cons_rx_poll(void);
 
@@ -244,6 +248,8 @@ struct jfield {
 };
 
 int json_fields(const u8 *s, u32 n, struct jfield *f, u32 nf);
+int json_fields_strict(const u8 *s, u32 n, struct jfield *f, u32 nf, struct jfield *unknown);
+int json_array_next(const u8 *s, const struct jfield *arr, u32 *pos, struct jfield *e);
 int json_u64(const u8 *s, const struct jfield *f, u64 *out);
 int json_str_eq(const u8 *s, const struct jfield *f, const char *lit);
 
@@ -260,6 +266,7 @@ void out_hex64(struct out *o, u64 v);
 void out_hexbytes(struct out *o, const u8 *p, u32 n);
 
 /* ---- agent.c ---- */
+u64 wall_ns_now(void);
 void agent_feed(const u8 *p, u32 n);
 struct out agent_reply_begin(void);
 void agent_reply(u32 id, struct out *o);
@@ -286,6 +293,19 @@ void tx_commit_raw(u32 len);
 
 /* ---- files.c ---- */
 void op_run_code(u32 id, const u8 *p, u32 n);
+int json_str_decode(const u8 *s, const struct jfield *f, u8 *dst, u32 cap);
+void out_json_str(struct out *o, const u8 *p, u32 n);
+/* Runs a run_code script: 0, or 1 when it stopped on an error (its line in *err). */
+int script_run(const u8 *code, u32 len, const u8 **out, u32 *out_len, const u8 **err, u32 *err_len);
+
+/* ---- procs.c ---- */
+/* proc_start, proc_list, proc_signal, proc_stdin, proc_resize, proc_read: 1 when op is one */
+int procs_op(u32 id, const u8 *p, u32 n, const struct jfield *op);
+/* A new channel (an identity event after a restore): the reads waiting are dropped. */
+void procs_channel_reset(void);
+/* Runs what is due and answers the reads that can be: the ns until the next
+ * deadline (0: nothing timed is waiting). Only while hot.procs_live. */
+u64 procs_step(void);
 
 /* ---- smp.c ---- */
 void smp_start(u32 n_cpus);

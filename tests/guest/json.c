@@ -211,17 +211,14 @@ member_key:
         }
 }
 
-/*
- * Parse s[0..n) as exactly one JSON object. For each wanted field, record the
- * first occurrence of its key at the top level. Returns 0, or -1 if the input
- * is not a single well-formed JSON object.
- */
-int json_fields(const u8 *s, u32 n, struct jfield *f, u32 nf)
+static int fields(const u8 *s, u32 n, struct jfield *f, u32 nf, struct jfield *unknown)
 {
         u32 i;
 
         for (u32 j = 0; j < nf; j++)
                 f[j].type = J_NONE;
+        if (unknown)
+                unknown->type = J_NONE;
         i = skip_ws(s, n, 0);
         if (i >= n || s[i] != '{')
                 return -1;
@@ -250,15 +247,24 @@ int json_fields(const u8 *s, u32 n, struct jfield *f, u32 nf)
                 t = scan_value(s, n, &i);
                 if (t < 0)
                         return -1;
+                u32 known = 0;
+
                 for (u32 j = 0; j < nf; j++) {
                         u32 kl = (u32)strlen(f[j].key);
 
-                        if (f[j].type == J_NONE && kend - kstart == kl &&
-                            memcmp(s + kstart, f[j].key, kl) == 0) {
-                                f[j].type = (u32)t;
-                                f[j].off = vstart;
-                                f[j].len = i - vstart;
+                        if (kend - kstart == kl && memcmp(s + kstart, f[j].key, kl) == 0) {
+                                known = 1;
+                                if (f[j].type == J_NONE) {
+                                        f[j].type = (u32)t;
+                                        f[j].off = vstart;
+                                        f[j].len = i - vstart;
+                                }
                         }
+                }
+                if (!known && unknown && unknown->type == J_NONE) {
+                        unknown->type = J_STR;
+                        unknown->off = kstart;
+                        unknown->len = kend - kstart;
                 }
                 i = skip_ws(s, n, i);
                 if (i >= n)
@@ -274,6 +280,48 @@ int json_fields(const u8 *s, u32 n, struct jfield *f, u32 nf)
 end:
         i = skip_ws(s, n, i);
         return i == n ? 0 : -1;
+}
+
+/*
+ * Parse s[0..n) as exactly one JSON object. For each wanted field, record the
+ * first occurrence of its key at the top level. Returns 0, or -1 if the input
+ * is not a single well-formed JSON object.
+ */
+int json_fields(const u8 *s, u32 n, struct jfield *f, u32 nf)
+{
+        return fields(s, n, f, nf, NULL);
+}
+
+/* The same; *unknown (type J_STR, the key's span without its quotes) is the
+ * first top-level key that is none of f's, or J_NONE. */
+int json_fields_strict(const u8 *s, u32 n, struct jfield *f, u32 nf, struct jfield *unknown)
+{
+        return fields(s, n, f, nf, unknown);
+}
+
+/* The next element of the array arr (validated already, as json_fields() does):
+ * 1 and its span in *e, 0 at the end, -1 if malformed. *pos starts at 0. */
+int json_array_next(const u8 *s, const struct jfield *arr, u32 *pos, struct jfield *e)
+{
+        u32 end = arr->off + arr->len - 1; /* the ']' */
+        u32 i = *pos ? *pos : arr->off + 1;
+        int t;
+
+        if (arr->type != J_ARR || arr->len < 2)
+                return -1;
+        i = skip_ws(s, end, i);
+        if (i < end && s[i] == ',')
+                i = skip_ws(s, end, i + 1);
+        if (i >= end)
+                return 0;
+        e->off = i;
+        t = scan_value(s, end, &i);
+        if (t < 0)
+                return -1;
+        e->type = (u32)t;
+        e->len = i - e->off;
+        *pos = i;
+        return 1;
 }
 
 /* a non-negative integer without fraction or exponent, fitting in 64 bits */

@@ -90,6 +90,7 @@ static u8 ist_stack[IST_STACK_SIZE] __attribute__((aligned(16)));
 extern const u64 exc_handlers[32];
 extern const u64 irq_handlers[IRQ_VEC_COUNT];
 extern const u64 irq_other_handler;
+extern const u64 irq_timer_handler;
 extern const u64 irq_spurious_handler;
 
 void ring0_setup(const struct forkd_bootinfo *bi);
@@ -126,6 +127,7 @@ void ring0_setup(const struct forkd_bootinfo *bi)
         for (u32 v = 0; v < IRQ_VEC_COUNT; v++)
                 set_gate(IRQ_VEC_BASE + v, irq_handlers[v], 0);
         set_gate(SPURIOUS_VEC, irq_spurious_handler, 0);
+        set_gate(PROC_TIMER_VEC, irq_timer_handler, 0);
 
         /* tss[] is zero (bss): RSP0 at byte 4, IST1 at byte 36, I/O map base at byte 102 */
         tss[1] = (u32)(u64)(hot.kstack + KSTACK_SIZE);

@@ -310,23 +310,32 @@ u8 *tx_begin(void)
         return hot.txbuf + AGENT_HDR_SIZE;
 }
 
-void tx_commit(u16 type, u32 id, u32 len)
+/* The frame in buf (its header written here, the payload after it) sent; the
+ * caller waited for the buffer to be free (tx_begin()). */
+void tx_commit_buf(u8 *buf, u16 type, u32 id, u32 len)
 {
-        u8 *h = hot.txbuf;
         u32 magic = AGENT_MAGIC;
 
-        memcpy(h, &magic, 4);
-        memcpy(h + 4, &type, 2);
-        h[6] = h[7] = 0;
-        memcpy(h + 8, &id, 4);
-        memcpy(h + 12, &len, 4);
+        memcpy(buf, &magic, 4);
+        memcpy(buf + 4, &type, 2);
+        buf[6] = buf[7] = 0;
+        memcpy(buf + 8, &id, 4);
+        memcpy(buf + 12, &len, 4);
+        if (boot.txq.desc[0].addr != (u64)buf)
+                boot.txq.desc[0].addr = (u64)buf;
         boot.txq.desc[0].len = AGENT_HDR_SIZE + len;
         vq_post(&boot.txq, &hot.txq, 0);
+}
+
+void tx_commit(u16 type, u32 id, u32 len)
+{
+        tx_commit_buf(hot.txbuf, type, id, len);
 }
 
 /* post the tx buffer as it is, len bytes, header included (hostile.c) */
 void tx_commit_raw(u32 len)
 {
+        boot.txq.desc[0].addr = (u64)hot.txbuf;
         boot.txq.desc[0].len = len;
         vq_post(&boot.txq, &hot.txq, 0);
 }
