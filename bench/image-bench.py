@@ -88,6 +88,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--image-mib", type=int, default=150)
     a = ap.parse_args()
+    if not a.image:
+        ap.error("--image is required")
     if not 1 <= a.rounds <= 20 or not 1 <= a.image_mib <= 4096:
         ap.error("--rounds takes 1..20, --image-mib 1..4096")
 

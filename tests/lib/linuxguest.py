@@ -52,9 +52,9 @@ class Forkctl:
 
 
 class LinuxStack:
-    """tools/forkd-stack up with the Linux image as its default guest, on a state
-    directory of its own: stack (its KEY=VALUE lines, updated on each restart), env
-    (for forkctl and forkd-stack), fc (forkctl --json)."""
+    """tools/forkd-stack up with the Linux image as its default guest (image None: the
+    test guest), on a state directory of its own: stack (its KEY=VALUE lines, updated on
+    each restart), env (for forkctl and forkd-stack), fc (forkctl --json)."""
 
     def __init__(self, t, top, build, image):
         self.top, self.build, self.image = top, build, image
@@ -65,7 +65,12 @@ class LinuxStack:
             subprocess.run(["busctl", "call", "org.freedesktop.DBus", "/org/freedesktop/DBus",
                             "org.freedesktop.DBus", "ReloadConfig"], capture_output=True)
         self.state = tempfile.mkdtemp(prefix="forkd-linux-test.")
-        self.env = dict(os.environ, FORKD_BUILD_DIR=build, FORKD_STACK_NO_BUILD="1", FORKD_GUEST_IMAGE=image)
+        self.env = dict(os.environ, FORKD_BUILD_DIR=build, FORKD_STACK_NO_BUILD="1")
+        if image:
+            self.env["FORKD_GUEST_IMAGE"] = image
+        else:
+            self.env.pop("FORKD_GUEST_IMAGE", None)
+            self.env["FORKD_STACK_GUEST"] = "test"
         up = subprocess.run([f"{top}/tools/forkd-stack", "up", "--state-dir", self.state, "--port", "18889"],
                             env=self.env, capture_output=True, text=True, timeout=300)
         if up.returncode != 0:
@@ -246,7 +251,7 @@ def bench_parser(prog, doc):
     --build, --image, --json and --emulated; the caller adds its own."""
     ap = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n")[0].strip())
     ap.add_argument("--build", required=True)
-    ap.add_argument("--image", required=True, help="the tools/mkimage Linux guest's directory")
+    ap.add_argument("--image", help="the tools/mkimage Linux guest's directory")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--emulated", action="store_true")
     return ap
