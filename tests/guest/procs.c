@@ -470,18 +470,12 @@ static const char *take_args(const u8 *p, const struct jfield *f, struct tproc *
         return NULL;
 }
 
-/* The script or program of CODE (cmd, or sh -c CODE), in tp.code[0..n). */
+/* The program of CODE (cmd, or sh -c CODE), in tp.code[0..n), if its words are one
+ * (`cat` alone, say); else a script (`cat PATH` is run_code's statement). */
 static const char *take_code(struct tproc *t, u32 n)
 {
-        const char *why;
-
-        if (split_words(tp.code, n) == 0 && tp.n_words > 0 &&
-            (span_is(&tp.words[0], "ticker") || span_is(&tp.words[0], "flood") || span_is(&tp.words[0], "cat") ||
-             span_is(&tp.words[0], "pipe") || span_is(&tp.words[0], "sleep") || span_is(&tp.words[0], "echo") ||
-             (span_is(&tp.words[0], "true") && tp.n_words == 1))) {
-                why = program(t);
-                return why;
-        }
+        if (split_words(tp.code, n) == 0 && tp.n_words > 0 && !program(t))
+                return NULL;
         t->prog = P_SCRIPT;
         tp.n_words = 0;
         return NULL;

@@ -120,7 +120,7 @@ class CommandHandle:
     """
 
     def __init__(self, commands, pid, *, on_stdout=None, on_stderr=None, on_pty=None, tty=None,
-                 read_timeout=None, offset=0, stream=None):
+                 read_timeout=None, offset=0, stream=None, inline=False):
         self._commands = commands
         self.pid = pid
         self._first = stream         # an output stream already open (exec's), read first
@@ -139,8 +139,12 @@ class CommandHandle:
         self._disconnected = False
         self._stream = None
         self.dropped = 0
-        self._thread = threading.Thread(target=self._run, name=f"forkd-process-{pid}", daemon=True)
-        self._thread.start()
+        # inline: no reader thread; wait() reads the output on the caller's thread (a
+        # foreground run, which waits at once: a thread would only cost its start)
+        self._thread = None
+        if not inline:
+            self._thread = threading.Thread(target=self._run, name=f"forkd-process-{pid}", daemon=True)
+            self._thread.start()
 
     def __repr__(self):
         state = "running" if not self._done else "disconnected" if self._exit is None else "ended"
@@ -319,6 +323,8 @@ class CommandHandle:
         """Wait for the end: a CommandResult, or CommandExitException for a non-zero
         exit (or a signal). The callbacks given here get the output from the start
         (on the caller's thread, as E2B's wait does). timeout: seconds, then Timeout."""
+        if self._thread is None and not self._done:
+            self._run()
         if on_stdout or on_stderr or on_pty:
             for out, err, pty in self:
                 if out is not None and on_stdout:
@@ -327,9 +333,10 @@ class CommandHandle:
                     on_stderr(err)
                 elif pty is not None and on_pty:
                     on_pty(pty)
-        self._thread.join(timeout)
-        if self._thread.is_alive():
-            raise Timeout(f"process {self.pid} did not end within {timeout:g} s")
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                raise Timeout(f"process {self.pid} did not end within {timeout:g} s")
         self._raise_failure()
         if self._callback_error is not None:
             raise self._callback_error
@@ -376,7 +383,8 @@ class CommandHandle:
         stream = self._stream
         if stream is not None:
             stream.close()
-        self._thread.join(5)
+        if self._thread is not None:
+            self._thread.join(5)
 
 
 def _pty_dims(size):
@@ -470,8 +478,10 @@ class Commands:
         pid = int(pid) if pid is not None and pid.isascii() and pid.isdigit() and len(pid) <= 8 else None
         if pid is not None and not 0 < pid <= PID_MAX:
             pid = None
+        # no callbacks: read on this thread, which waits anyway (callbacks keep the
+        # handle's thread, as a background run's)
         handle = CommandHandle(self, pid, on_stdout=on_stdout, on_stderr=on_stderr, read_timeout=timeout + 60,
-                               stream=stream)
+                               stream=stream, inline=not on_stdout and not on_stderr)
         return handle.wait()
 
     def _run_exec(self, cmd, on_stdout, on_stderr, timeout):
