@@ -623,8 +623,8 @@ def main():
             ("Sandbox.create, run_code with persistent globals, commands.run, context manager, Sandbox() from "
              "the environment", t_sandbox_e2b),
             ("files.write and files.read (the cap before sending)", t_files),
-            ("commands (run, background, stdin, kill, connect) and pty (create, resize, send_stdin; the Linux guest only)",
-             t_processes),
+            ("commands (run, background, stdin, kill, connect) and pty (create, resize, send_stdin; "
+             "the Linux guest only)", t_processes),
             ("fork(n) inherits globals; diff (REST API v1's example)", t_fork_diff),
             ("merge_into: the parent drives the winner's VM; branch and a sandbox of it", t_merge_branch),
             ("diff branch, Conflict on delete, compact_snapshot, pack and unpack", t_chain_pack),
