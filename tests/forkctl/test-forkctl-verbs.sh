@@ -3,7 +3,9 @@
 #
 # forkctl run, diff and merge against the real forkd, real dbus-daemon and
 # real /dev/kvm, brought up by tools/forkd-stack, on the test guest (its run_code
-# language and file table): tables, --json, exit statuses and usage errors.
+# language and file table): tables, --json, exit statuses and usage errors; and
+# exec --follow, ps, signal and logs on the test guest's processes (its ticker,
+# sleep and scripts).
 # usage: test-forkctl-verbs.sh FORKCTL SOURCE-ROOT   ($FORKD_BUILD_DIR: the build dir)
 # Skips (77) when forkd is not built yet or /dev/kvm is missing.
 
@@ -50,7 +52,7 @@ ok()     { n=$((n + 1)); echo "ok $n - $*"; }
 not_ok() { n=$((n + 1)); failed=$((failed + 1)); echo "not ok $n - $*"; }
 fc() { "$forkctl" --no-progress "$@" 2>"$state/err"; }
 
-echo "1..26"
+echo "1..32"
 tag=verbs-$$
 fc snapshot create "$tag" --kernel "$FORKD_GUEST_KERNEL" --rootfs "$FORKD_GUEST_ROOTFS" --boot-wait 60 >/dev/null ||
         { not_ok "snapshot create: $(cat "$state/err")"; exit 1; }
@@ -149,6 +151,34 @@ fc snapshot diff --from "$tag" --tag "$tag-x"; rc=$?
         || not_ok "snapshot diff usage: rc=$rc $(cat "$state/err")"
 fc snapshot diff --from "$tag" --tag "$tag-x" --exec true --exec-timeout-secs 0; rc=$?
 [ $rc = 2 ] && ok "snapshot diff --exec-timeout-secs 0: usage error" || not_ok "exec timeout 0: rc=$rc"
+# processes: the guest's ticker followed, a script's failure as the exit status, a
+# process killed by TERM while followed (128+15), ps, logs at an offset
+q=${ids[0]}
+fc exec --follow "$q" -- ticker 3 100 >"$state/out"; rc=$?
+[ $rc = 0 ] && [ "$(awk '{print $2}' "$state/out" | tr '\n' ' ')" = "0 1 2 " ] \
+        && ok "exec --follow: the ticker's lines as they come, exit 0" || not_ok "exec --follow: rc=$rc $(cat "$state/out" "$state/err")"
+fc exec --follow "$q" -- /bin/sh -c "x = 1; nosuch" >"$state/out"; rc=$?
+[ $rc = 1 ] && grep -q "SyntaxError" "$state/err" && ok "exec --follow of a failing script: its stderr, exit 1" \
+        || not_ok "exec --follow failing: rc=$rc $(cat "$state/err")"
+"$forkctl" --no-progress exec --follow "$q" -- sleep 600000 >/dev/null 2>&1 &
+follower=$!
+for _ in $(seq 100); do
+        sp=$(fc ps "$q" --json | pyq "[p['pid'] for p in j if p['running'] and p['args'][0] == 'sleep']")
+        [ -n "$sp" ] && break
+        sleep 0.05
+done
+fc ps "$q" >"$state/out" && grep -q "running.*sleep 600000" "$state/out" && grep -q "exited (0).*ticker 3 100" "$state/out" \
+        && ok "ps: running and exited processes" || not_ok "ps: $(cat "$state/out" "$state/err")"
+fc signal "$q" "$sp" TERM; rc=$?
+wait "$follower"; frc=$?
+[ $rc = 0 ] && [ $frc = 143 ] && fc ps "$q" | grep -q "killed (TERM).*sleep" \
+        && ok "signal TERM: the follower exits 128+15, ps says killed" || not_ok "signal: rc=$rc follower=$frc $(cat "$state/err")"
+tp=$(fc ps "$q" --json | pyq "[p['pid'] for p in j if p['args'][0] == 'ticker'][0]")
+fc logs "$q" "$tp" >"$state/all" && fc logs "$q" "$tp" --offset 22 >"$state/tail" &&
+        [ "$(tail -c +23 "$state/all")" = "$(cat "$state/tail")" ] && [ "$(wc -l <"$state/tail")" = 2 ] &&
+        ! fc signal "$q" 999999 TERM \
+        && ok "logs from 0 and at an offset; signal of an unknown pid fails" || not_ok "logs: $(cat "$state/err")"
+
 fc snapshot rm "$tag" --cascade --force; rc=$?
 [ $rc = 2 ] && ok "rm --cascade --force: usage error" || not_ok "rm both: rc=$rc"
 fc branch "$p" --tag "$tag-d3" --mode diff >/dev/null
