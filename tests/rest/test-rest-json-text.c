@@ -247,7 +247,11 @@ static void test_output_chunk(void **state) {
         (void) state;
         check_chunk("stdout", 0, "", 0);
         check_chunk("stdout", 12, "hello\n", 6);
-        check_chunk("stderr", UINT64_C(1) << 40, "tab\tquote\"nul\0end\x7f", 21);
+        {
+                static const char odd[] = "tab\tquote\"nul\0end\x7f";
+
+                check_chunk("stderr", UINT64_C(1) << 40, odd, sizeof(odd) - 1);
+        }
         check_chunk("stdout", 3, "\xff\xfe\n", 3);
         check_chunk("stdout", 4, "caf\xc3\xa9 \xe2\x82\xac", 9);
         check_chunk("stdout", 5, "cut \xe2\x82", 6);
