@@ -56,6 +56,7 @@ typedef struct ProcWaiter {
         uint64_t offset;
         uint32_t max;
         uint64_t deadline_usec;
+        bool start;     /* a proc_start's "read": the answer is {"pid", "read"} */
 } ProcWaiter;
 
 struct ProcTable {
@@ -89,3 +90,7 @@ int proc_dispatch_borrow(struct json_object *v, void *field, const char **ret_er
 int proc_dispatch(Agent *a, uint32_t id, struct json_object *req, const struct json_dispatch *table, void *args);
 
 bool proc_table_evict_read(ProcTable *t);
+/* A proc_start's "read" of entry e (just started) from offset 0: answered with
+ * {"pid", "read"} once the process is done, it printed max bytes, or wait_ms passed
+ * (0: at once). Always answers: 0, or -ENOMEM. */
+int proc_start_read(Agent *a, uint32_t id, ProcEntry *e, uint32_t max, uint32_t wait_ms);

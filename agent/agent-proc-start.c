@@ -30,9 +30,33 @@ typedef struct ProcStartArgs {
         struct json_object *env;
         char *user;
         struct json_object *pty;
+        struct json_object *read;
         uint32_t timeout_secs;
         bool stdin;
 } ProcStartArgs;
+
+/* proc_start's "read": {"max", "wait_ms"}, as proc_read takes them. */
+typedef struct ProcStartRead {
+        uint32_t max;
+        uint32_t wait_ms;
+} ProcStartRead;
+
+static int proc_start_read_args(struct json_object *o, ProcStartRead *ret, const char **ret_error) {
+        static const struct json_dispatch table[] = {
+                { "max", JSON_KIND_UINT32, NULL, offsetof(ProcStartRead, max), 0, 0 },
+                { "wait_ms", JSON_KIND_UINT32, NULL, offsetof(ProcStartRead, wait_ms), 0, 0 },
+                {}
+        };
+        const char *field = NULL;
+
+        *ret = (ProcStartRead) { .max = AGENT_PROC_READ_DEFAULT };
+        if (json_dispatch_full(o, table, JSON_REJECT_UNKNOWN, ret, &field, ret_error) < 0 || ret->max < 1 ||
+            ret->max > AGENT_PROC_READ_MAX || ret->wait_ms > AGENT_PROC_WAIT_MAX_MS) {
+                *ret_error = "must be {\"max\": 1 .. 262144, \"wait_ms\": 0 .. 60000}";
+                return -EINVAL;
+        }
+        return 0;
+}
 
 static void proc_start_args_done(ProcStartArgs *p) {
         free(p->cmd);
@@ -209,6 +233,7 @@ int agent_op_proc_start(Agent *a, uint32_t id, struct json_object *req) {
                 { "env", JSON_KIND_OBJECT, proc_dispatch_borrow, offsetof(ProcStartArgs, env), 0, JSON_NULLABLE },
                 { "user", JSON_KIND_STRING, NULL, offsetof(ProcStartArgs, user), 0, JSON_NULLABLE },
                 { "pty", JSON_KIND_OBJECT, proc_dispatch_borrow, offsetof(ProcStartArgs, pty), 0, JSON_NULLABLE },
+                { "read", JSON_KIND_OBJECT, proc_dispatch_borrow, offsetof(ProcStartArgs, read), 0, JSON_NULLABLE },
                 { "timeout_secs", JSON_KIND_UINT32, NULL, offsetof(ProcStartArgs, timeout_secs), 0, 0 },
                 { "stdin", JSON_KIND_BOOL, NULL, offsetof(ProcStartArgs, stdin), 0, 0 },
                 {}
@@ -222,6 +247,7 @@ int agent_op_proc_start(Agent *a, uint32_t id, struct json_object *req) {
         const UserIds *as = a->defaults.have_user ? &a->defaults.user : NULL;
         char *const *envp = a->defaults.env ?: environ;
         const char *field = NULL, *err = NULL;
+        ProcStartRead rd = {};
         PtySize size = {};
         struct timespec ts;
         ProcTable *t;
@@ -240,6 +266,8 @@ int agent_op_proc_start(Agent *a, uint32_t id, struct json_object *req) {
                 REFUSE(EINVAL, "timeout_secs", "must be 0 .. 86400");
         if (args.pty && proc_pty_size(args.pty, &size, &err) < 0)
                 REFUSE(EINVAL, "pty", err);
+        if (args.read && proc_start_read_args(args.read, &rd, &err) < 0)
+                REFUSE(EINVAL, "read", err);
         if (args.env) {
                 r = proc_env(args.env, &req_env, &err);
                 if (r == -ENOMEM)
@@ -339,6 +367,8 @@ int agent_op_proc_start(Agent *a, uint32_t id, struct json_object *req) {
         if (args.timeout_secs > 0)
                 e->deadline_usec = now_usec() + (uint64_t) args.timeout_secs * USEC_PER_SEC;
         t->entries[t->n++] = TAKE_PTR(e);
+        if (args.read) /* the start's answer carries its first read (docs/agent-protocol.md) */
+                return proc_start_read(a, id, t->entries[t->n - 1], rd.max, rd.wait_ms);
 
         struct json_object *o = json_object_new_object();
         if (!o)

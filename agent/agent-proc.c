@@ -504,10 +504,20 @@ int agent_op_proc_resize(Agent *a, uint32_t id, struct json_object *req) {
 }
 
 static void proc_answer_read(Agent *a, uint32_t id, uint64_t tcp_conn, ProcEntry *e, uint64_t offset,
-                             uint32_t max) {
+                             uint32_t max, bool start) {
         uint64_t saved = a->reply_tcp;
         struct json_object *o = proc_read_reply(e, offset, max);
 
+        if (o && start) {
+                /* a proc_start's answer: the pid, and the read in it */
+                struct json_object *w = json_object_new_object();
+
+                if (w) {
+                        json_object_object_add(w, "pid", json_object_new_int(e->pid));
+                        json_object_object_add(w, "read", o);
+                }
+                o = w ?: (json_object_put(o), NULL);
+        }
         a->reply_tcp = tcp_conn;
         if (o)
                 (void) agent_send_json(a, FKA_RESPONSE, id, o);
@@ -580,7 +590,7 @@ int agent_op_proc_read(Agent *a, uint32_t id, struct json_object *req) {
 
         t = a->procs;
         if (args.wait_ms == 0 || e->ring.end > args.offset || proc_done(e)) {
-                proc_answer_read(a, id, a->reply_tcp, e, args.offset, args.max);
+                proc_answer_read(a, id, a->reply_tcp, e, args.offset, args.max, false);
                 proc_sweep(a);
                 return 0;
         }
@@ -595,6 +605,26 @@ int agent_op_proc_read(Agent *a, uint32_t id, struct json_object *req) {
                 .offset = args.offset,
                 .max = args.max,
                 .deadline_usec = now_usec() + (uint64_t) args.wait_ms * USEC_PER_MSEC,
+        };
+        return 0;
+}
+
+int proc_start_read(Agent *a, uint32_t id, ProcEntry *e, uint32_t max, uint32_t wait_ms) {
+        ProcTable *t = a->procs;
+
+        if (wait_ms == 0 || e->ring.end >= max || proc_done(e) || t->n_waiters >= AGENT_PROC_MAX_WAITERS) {
+                /* (with every waiter taken, what there is now: the host reads on) */
+                proc_answer_read(a, id, a->reply_tcp, e, 0, max, true);
+                return 0;
+        }
+        t->waiters[t->n_waiters++] = (ProcWaiter) {
+                .id = id,
+                .conn_gen = a->conn_gen,
+                .tcp_conn = a->reply_tcp,
+                .pid = e->pid,
+                .max = max,
+                .deadline_usec = now_usec() + (uint64_t) wait_ms * USEC_PER_MSEC,
+                .start = true,
         };
         return 0;
 }
@@ -712,13 +742,16 @@ void agent_proc_tick(Agent *a, uint64_t now) {
                 bool gone = w->tcp_conn == 0 && w->conn_gen != a->conn_gen;
 
                 if (!gone && e) {
-                        bool ready = e->ring.end > w->offset || proc_done(e) || now >= w->deadline_usec;
+                        /* a start's read waits for the end (or max bytes): a short command's
+                         * whole run in one answer */
+                        bool ready = (w->start ? e->ring.end >= w->max : e->ring.end > w->offset) || proc_done(e) ||
+                                     now >= w->deadline_usec;
 
                         if (!ready || busy) {
                                 i++;
                                 continue;
                         }
-                        proc_answer_read(a, w->id, w->tcp_conn, e, w->offset, w->max);
+                        proc_answer_read(a, w->id, w->tcp_conn, e, w->offset, w->max, w->start);
                 } else if (!gone) {
                         uint64_t saved = a->reply_tcp;
 

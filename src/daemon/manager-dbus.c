@@ -731,6 +731,7 @@ FORWARD(write_stdin)
 FORWARD(resize_pty)
 FORWARD(read_output)
 FORWARD(open_output_stream)
+FORWARD(start_process_stream)
 
 static int method_write_file(sd_bus_message *message, void *userdata, sd_bus_error *error) {
         return forward_to_sandbox(message, userdata, bus_sandbox_method_write_file, error);
@@ -839,6 +840,9 @@ const sd_bus_vtable manager_vtable[] = {
                                 method_expose_port, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("StartSandboxProcess", SD_BUS_ARGS("s", id, "as", argv, "a{sv}", options),
                                 SD_BUS_RESULT("u", pid), method_start_process, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("StartSandboxProcessStream", SD_BUS_ARGS("s", id, "as", argv, "a{sv}", options),
+                                SD_BUS_RESULT("u", pid, "h", fd), method_start_process_stream,
+                                SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("ListSandboxProcesses", SD_BUS_ARGS("s", id), SD_BUS_RESULT("aa{sv}", processes),
                                 method_list_processes, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("SignalSandboxProcess", SD_BUS_ARGS("s", id, "u", pid, "s", signal), SD_BUS_NO_RESULT,

@@ -573,10 +573,9 @@ int proc_verify(sd_bus_message *message, Sandbox *s, const char *verb, sd_bus_er
 
 /* ---- methods ---- */
 
-int bus_sandbox_method_start_process(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+int proc_start_request(sd_bus_message *message, struct json_object **ret, sd_bus_error *error) {
         _cleanup_json_ struct json_object *req = json_object_new_object();
         struct json_object *args = json_object_new_array();
-        Sandbox *s = userdata;
         bool has_cmd = false;
         size_t n = 0;
         int r;
@@ -603,7 +602,18 @@ int bus_sandbox_method_start_process(sd_bus_message *message, void *userdata, sd
         if (n == 0 && !has_cmd)
                 return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS,
                                          "argv must not be empty (or give the option cmd).");
+        *ret = TAKE_PTR(req);
+        return 0;
+}
 
+int bus_sandbox_method_start_process(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        _cleanup_json_ struct json_object *req = NULL;
+        Sandbox *s = userdata;
+        int r;
+
+        r = proc_start_request(message, &req, error);
+        if (r < 0)
+                return r;
         r = proc_verify(message, s, "start-process", error);
         if (r <= 0)
                 return r < 0 ? r : 1;
@@ -783,6 +793,7 @@ OBJECT_METHOD(write_stdin)
 OBJECT_METHOD(resize_pty)
 OBJECT_METHOD(read_output)
 OBJECT_METHOD(open_output_stream)
+OBJECT_METHOD(start_process_stream)
 
 const sd_bus_vtable sandbox_proc_vtable[] = {
         SD_BUS_VTABLE_START(0),
@@ -802,5 +813,8 @@ const sd_bus_vtable sandbox_proc_vtable[] = {
                                 object_read_output, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("OpenOutputStream", SD_BUS_ARGS("u", pid, "t", offset), SD_BUS_RESULT("h", fd),
                                 object_open_output_stream, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("StartProcessStream", SD_BUS_ARGS("as", argv, "a{sv}", options),
+                                SD_BUS_RESULT("u", pid, "h", fd), object_start_process_stream,
+                                SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_VTABLE_END,
 };

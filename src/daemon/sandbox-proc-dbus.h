@@ -38,6 +38,7 @@ int bus_sandbox_method_write_stdin(sd_bus_message *message, void *userdata, sd_b
 int bus_sandbox_method_resize_pty(sd_bus_message *message, void *userdata, sd_bus_error *error);
 int bus_sandbox_method_read_output(sd_bus_message *message, void *userdata, sd_bus_error *error);
 int bus_sandbox_method_open_output_stream(sd_bus_message *message, void *userdata, sd_bus_error *error);
+int bus_sandbox_method_start_process_stream(sd_bus_message *message, void *userdata, sd_bus_error *error);
 
 /* sandbox_free() (hooks.c): the streams of s stop, their sockets close. */
 void proc_streams_sandbox_gone(Sandbox *s);

@@ -57,6 +57,8 @@ int proc_agent_error(int r, struct json_object *obj, sd_bus_error *error);
 /* Answer message with GuestError: an invalid answer to op. */
 int proc_invalid_answer(sd_bus_message *message, ProcOp op, const char *why);
 
+/* StartProcess's argv and options, checked, as a proc_start request (without "op"). */
+int proc_start_request(sd_bus_message *message, struct json_object **ret, sd_bus_error *error);
 /* Arguments: a pid 1..INT32_MAX, an offset 0..INT64_MAX (InvalidArgs into error). */
 int proc_read_pid(sd_bus_message *message, uint32_t *ret, sd_bus_error *error);
 int proc_read_offset(sd_bus_message *message, uint64_t *ret, sd_bus_error *error);

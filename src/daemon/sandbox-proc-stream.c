@@ -12,6 +12,12 @@
  * exit frame, when the caller closes its end, or when the sandbox goes
  * (sandbox_free(): proc_streams_sandbox_gone()). At most
  * PROC_STREAMS_PER_SANDBOX_MAX per sandbox and PROC_STREAMS_MAX in all.
+ *
+ * StartProcessStream starts the process and opens its stream in one call: the
+ * proc_start asks for the first read too ("read", PROC_START_READ_WAIT_MS), so
+ * that a short command's whole run comes in one round trip to the agent; an
+ * agent that does not know "read" refuses it, and gets the start alone, then a
+ * read, as OpenOutputStream's first.
  */
 
 #include <fcntl.h>
@@ -33,6 +39,7 @@
 #define PROC_STREAM_WAIT_MS 30000u                  /* one long poll */
 #define PROC_STREAM_READ_BYTES (64u * 1024u)        /* one read */
 #define PROC_STREAM_IDLE_USEC (250 * USEC_PER_MSEC) /* after an answer that brought nothing */
+#define PROC_START_READ_WAIT_MS 50u                 /* a start's read: the end of a short command */
 
 struct ProcStream {
         Manager *manager;
@@ -49,6 +56,8 @@ struct ProcStream {
         bool ending;              /* buf ends with the exit frame */
         bool stopped;
         sd_bus_message *open;     /* the OpenOutputStream call, until the first answer */
+        bool reply_pid;           /* StartProcessStream's: the call is answered (pid, fd) */
+        char *start;              /* its proc_start without "read", for an agent that refuses "read" */
 };
 
 
@@ -69,6 +78,7 @@ static void stream_unlink(ProcStream *ps) {
 }
 
 static void stream_free(ProcStream *ps) {
+        free(ps->start);
         stream_unlink(ps);
         ps->io = sd_event_source_disable_unref(ps->io);
         ps->timer = sd_event_source_disable_unref(ps->timer);
@@ -236,6 +246,7 @@ static int on_stream_io(sd_event_source *source, int fd, uint32_t revents, void 
 
 /* The first answer: the caller gets its end of the socket. */
 static int stream_open(ProcStream *ps) {
+        bool with_pid = ps->reply_pid;
         _cleanup_close_ int peer = -EBADF;
         int pair[2], r;
 
@@ -249,19 +260,19 @@ static int stream_open(ProcStream *ps) {
         r = sd_event_add_io(ps->manager->event, &ps->io, ps->fd, EPOLLIN | EPOLLRDHUP, on_stream_io, ps);
         if (r < 0)
                 return r;
-        r = sd_bus_reply_method_return(ps->open, "h", peer);
+        r = with_pid ? sd_bus_reply_method_return(ps->open, "uh", ps->pid, peer) :
+                       sd_bus_reply_method_return(ps->open, "h", peer);
         if (r < 0)
                 return r;
         ps->open = sd_bus_message_unref(ps->open);
         return 0;
 }
 
+static void stream_answer(ProcStream *ps, struct json_object *obj);
+
 static void stream_reply(int r, uint16_t type, const char *json, struct json_object *obj, void *userdata) {
         _cleanup_(sd_bus_error_free) sd_bus_error error = SD_BUS_ERROR_NULL;
-        _cleanup_(proc_read_answer_done) ProcReadAnswer a = {};
         ProcStream *ps = userdata;
-        const char *why = NULL;
-        bool first;
 
         ps->in_call = false;
         if (ps->stopped) {
@@ -282,6 +293,16 @@ static void stream_reply(int r, uint16_t type, const char *json, struct json_obj
                 stream_stop(ps, r < 0 ? "the sandbox did not answer" : "the guest refused the read");
                 return;
         }
+        stream_answer(ps, obj);
+}
+
+/* A proc_read answer obj for ps: its frames, the call answered (the first), the next read. */
+static void stream_answer(ProcStream *ps, struct json_object *obj) {
+        _cleanup_(proc_read_answer_done) ProcReadAnswer a = {};
+        const char *why = NULL;
+        bool first;
+        int r;
+
         r = proc_read_answer_parse(obj, ps->offset, PROC_STREAM_READ_BYTES, &a, &why);
         if (r < 0) {
                 log_debug("Sandbox %s sent an invalid proc_read answer: %s.", ps->id, why);
@@ -374,5 +395,116 @@ int bus_sandbox_method_open_output_stream(sd_bus_message *message, void *userdat
                         return sd_bus_error_setf(error, FORKD_ERROR_NO_SUCH_SANDBOX, "Sandbox %s has exited.", s->id);
                 return sd_bus_error_set_errnof(error, r, "Failed to read the output of process %u: %m", pid);
         }
+        return 1;
+}
+
+/* The answer to StartProcessStream's proc_start: {"pid", "read"} (or {"pid"} from a
+ * start sent again without "read"); a refusal of "read" sends it again without. */
+static void start_reply(int r, uint16_t type, const char *json, struct json_object *obj, void *userdata) {
+        _cleanup_(sd_bus_error_free) sd_bus_error error = SD_BUS_ERROR_NULL;
+        struct json_object *v = NULL, *rd = NULL;
+        ProcStream *ps = userdata;
+        int64_t pid;
+
+        ps->in_call = false;
+        if (ps->stopped) {
+                stream_free(ps);
+                return;
+        }
+        if (r >= 0 && type == FKA_ERROR && obj && ps->start && json_object_object_get_ex(obj, "errno", &v) &&
+            streq(json_object_get_string(v) ?: "", "EINVAL") && json_object_object_get_ex(obj, "error", &v) &&
+            strstr(json_object_get_string(v) ?: "", "'read'")) {
+                /* an agent that does not know the start's read: the start alone */
+                r = sandbox_call(ps->sandbox, ps->start, PROC_CALL_TIMEOUT_USEC, start_reply, ps);
+                free(ps->start);
+                ps->start = NULL;
+                if (r >= 0) {
+                        ps->in_call = true;
+                        return;
+                }
+        }
+        if (r < 0 || type != FKA_RESPONSE || !obj) {
+                (void) proc_agent_error(r >= 0 && type != FKA_ERROR ? -EPROTO : r, obj, &error);
+                (void) sd_bus_reply_method_error(ps->open, &error);
+                ps->open = sd_bus_message_unref(ps->open);
+                stream_stop(ps, r < 0 ? "the sandbox did not answer" : "the guest refused the start");
+                return;
+        }
+        if (!json_object_object_get_ex(obj, "pid", &v) || !json_object_is_type(v, json_type_int) ||
+            (pid = json_object_get_int64(v)) < 1 || pid > INT32_MAX ||
+            (json_object_object_get_ex(obj, "read", &rd) && !json_object_is_type(rd, json_type_object))) {
+                (void) proc_invalid_answer(ps->open, PROC_OP_START, "no valid pid, or a read that is no object");
+                ps->open = sd_bus_message_unref(ps->open);
+                stream_stop(ps, "invalid answer");
+                return;
+        }
+        ps->pid = (uint32_t) pid;
+        if (rd) {
+                stream_answer(ps, rd);
+                return;
+        }
+        /* the start alone: its first read, as OpenOutputStream's */
+        r = stream_read(ps, 0);
+        if (r < 0) {
+                (void) sd_bus_reply_method_errnof(ps->open, r, "Failed to read the output of process %u: %m", ps->pid);
+                ps->open = sd_bus_message_unref(ps->open);
+                stream_stop(ps, "the read could not be sent");
+        }
+}
+
+int bus_sandbox_method_start_process_stream(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        _cleanup_json_ struct json_object *req = NULL, *read = NULL;
+        Sandbox *s = userdata;
+        Manager *m = s->manager;
+        ProcStream *ps;
+        int r;
+
+        r = proc_start_request(message, &req, error);
+        if (r < 0)
+                return r;
+        if (sd_bus_can_send(sd_bus_message_get_bus(message), SD_BUS_TYPE_UNIX_FD) <= 0)
+                return sd_bus_error_setf(error, FORKD_ERROR_NOT_SUPPORTED,
+                                         "This connection cannot pass file descriptors; an output stream needs one.");
+        r = proc_verify(message, s, "start-process", error);
+        if (r <= 0)
+                return r < 0 ? r : 1;
+        if (s->state != SANDBOX_RUNNING)
+                return sd_bus_error_setf(error, FORKD_ERROR_NO_SUCH_SANDBOX, "Sandbox %s is being terminated.", s->id);
+        if (m->n_proc_streams >= PROC_STREAMS_MAX || streams_of(m, s) >= PROC_STREAMS_PER_SANDBOX_MAX)
+                return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "Too many output streams open.");
+
+        json_object_object_add(req, "op", json_object_new_string("proc_start"));
+        ps = calloc(1, sizeof(*ps));
+        if (!ps)
+                return -ENOMEM;
+        *ps = (ProcStream) { .manager = m, .sandbox = s, .fd = -EBADF, .id = strdup(s->id), .reply_pid = true,
+                             .start = strdup(json_object_to_json_string_ext(req, JSON_C_TO_STRING_PLAIN)),
+                             .open = sd_bus_message_ref(message) };
+        ps->next = m->proc_streams;
+        if (ps->next)
+                ps->next->prev = ps;
+        m->proc_streams = ps;
+        m->n_proc_streams++;
+        read = json_object_new_object();
+        r = ps->id && ps->start && read ? 0 : -ENOMEM;
+        if (r >= 0) {
+                json_object_object_add(read, "max", json_object_new_int64(PROC_STREAM_READ_BYTES));
+                json_object_object_add(read, "wait_ms", json_object_new_int64(PROC_START_READ_WAIT_MS));
+                json_object_object_add(req, "read", TAKE_PTR(read));
+                r = sandbox_call(s, json_object_to_json_string_ext(req, JSON_C_TO_STRING_PLAIN),
+                                 (uint64_t) PROC_START_READ_WAIT_MS * USEC_PER_MSEC + PROC_CALL_TIMEOUT_USEC,
+                                 start_reply, ps);
+        }
+        if (r < 0) {
+                ps->open = sd_bus_message_unref(ps->open);
+                stream_free(ps);
+                if (r == -EBUSY || r == -ENOBUFS)
+                        return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "Too many requests in flight for sandbox %s.",
+                                                 s->id);
+                if (IN_SET_CONN(r))
+                        return sd_bus_error_setf(error, FORKD_ERROR_NO_SUCH_SANDBOX, "Sandbox %s has exited.", s->id);
+                return sd_bus_error_set_errnof(error, r, "Failed to start the process: %m");
+        }
+        ps->in_call = true;
         return 1;
 }

@@ -10,7 +10,7 @@
  *   POST /v1/sandboxes/:id/processes/:pid/stdin       WriteSandboxStdin     200 {"written"}
  *   POST /v1/sandboxes/:id/processes/:pid/signal      SignalSandboxProcess  204
  *   POST /v1/sandboxes/:id/processes/:pid/resize      ResizeSandboxPty      204
- *   POST /v1/sandboxes/:id/exec with "stream": true   StartSandboxProcess, then the output as with follow
+ *   POST /v1/sandboxes/:id/exec with "stream": true   StartSandboxProcessStream: the output as with follow
  *
  * (the terminal, GET .../tty, is rest-proc-tty.c). Every argument is checked
  * here before any D-Bus call; forkd checks again. An NDJSON stream holds at
@@ -852,7 +852,8 @@ static int on_reply_read_first(RestRequest *req, sd_bus_message *reply) {
         return start_ndjson(req);
 }
 
-static int on_reply_open_stream(RestRequest *req, sd_bus_message *reply) {
+/* The reply's fd (next in it): the NDJSON answer begins. */
+static int stream_begin(RestRequest *req, sd_bus_message *reply) {
         OutputStream *os = rest_request_data(req);
         int r;
 
@@ -870,6 +871,10 @@ static int on_reply_open_stream(RestRequest *req, sd_bus_message *reply) {
         if (r < 0)
                 return rest_reply_error(req, 500, "cannot watch the output stream: %s", strerror(-r));
         return start_ndjson(req);
+}
+
+static int on_reply_open_stream(RestRequest *req, sd_bus_message *reply) {
+        return stream_begin(req, reply);
 }
 
 static int open_stream_call(RestRequest *req) {
@@ -931,6 +936,8 @@ int rest_route_process_output(RestRequest *req) {
 
 /* ---------------- exec with "stream": true ---------------- */
 
+/* StartSandboxProcessStream's (pid, fd): one call, and for a short command one
+ * round trip to the agent, where a start and an OpenSandboxOutputStream were two. */
 static int on_reply_exec_start(RestRequest *req, sd_bus_message *reply) {
         OutputStream *os = rest_request_data(req);
         const sd_bus_error *e = sd_bus_message_get_error(reply);
@@ -941,10 +948,7 @@ static int on_reply_exec_start(RestRequest *req, sd_bus_message *reply) {
         r = sd_bus_message_read(reply, "u", &os->pid);
         if (r < 0)
                 return rest_reply_error(req, 500, "unexpected reply from the daemon: %s", strerror(-r));
-        r = open_stream_call(req);
-        if (r < 0)
-                return rest_reply_call_failed(req, r);
-        return 0;
+        return stream_begin(req, reply);
 }
 
 int rest_proc_exec_stream(RestRequest *req, const char *id, struct json_object *args, uint32_t timeout_secs) {
@@ -955,7 +959,7 @@ int rest_proc_exec_stream(RestRequest *req, const char *id, struct json_object *
         if (r <= 0)
                 return r;
         ((OutputStream *) rest_request_data(req))->exec = true;
-        r = rest_new_manager_call(req, "StartSandboxProcess", &m);
+        r = rest_new_manager_call(req, "StartSandboxProcessStream", &m);
         if (r < 0)
                 return rest_reply_call_failed(req, r);
         r = sd_bus_message_append(m, "s", id);

@@ -100,6 +100,30 @@ class ProcTest(unittest.TestCase):
 
 
 class TestOutput(ProcTest):
+    def test_start_with_read(self):
+        # a short command: the start's answer carries all of it, its end too (it waits for
+        # the end, not only for output)
+        r = self.a.ok("proc_start", args=["sh", "-c", "echo hi; exit 3"], stdin=False,
+                      read={"max": 65536, "wait_ms": 5000})
+        self.assertEqual(set(r), {"pid", "read"}, r)
+        rd = r["read"]
+        self.assertTrue(rd["end"] and rd["exit_code"] == 3, rd)
+        self.assertEqual(b"".join(base64.b64decode(c["data_b64"]) for c in rd["chunks"]), b"hi\n")
+        # a silent one: the answer comes at the read's wait, with nothing read and the pid
+        t0 = time.monotonic()
+        r = self.a.ok("proc_start", args=["sleep", "30"], read={"wait_ms": 300})
+        self.assertGreaterEqual(time.monotonic() - t0, 0.25)
+        self.assertTrue(r["read"]["chunks"] == [] and r["read"]["exited"] is False and r["read"]["next_offset"] == 0,
+                        r)
+        self.a.ok("proc_signal", pid=r["pid"], signal=9)
+        # wait_ms 0: at once
+        r = self.a.ok("proc_start", args=["sleep", "30"], read={"wait_ms": 0})
+        self.assertIn("read", r)
+        self.a.ok("proc_signal", pid=r["pid"], signal=9)
+        for bad in ({"max": 0}, {"max": 262145}, {"wait_ms": 60001}, {"what": 1}, {"max": "1"}):
+            msg = self.errno("proc_start", "EINVAL", args=["true"], read=bad)
+            self.assertIn("'read'", msg)
+
     def test_follow_loop(self):
         pid = self.start(cmd="for i in $(seq 1 30); do echo line $i; echo warn $i >&2; sleep 0.02; done")
         e = self.entry(pid)

@@ -73,6 +73,7 @@ struct tproc {
 struct pending_read {
         u32 id, pid;
         u64 offset, max, deadline_ms;
+        u32 start; /* a proc_start's "read": answered with the pid, once the process is done */
 };
 
 struct word {
@@ -190,8 +191,9 @@ static void out_int_or_null(struct out *o, int have, u64 v)
                 out_s(o, "null");
 }
 
-/* Answers a read of t at offset (checked: at most t->end). */
-static void answer_read(u32 id, struct tproc *t, u64 offset, u64 max)
+/* Answers a read of t at offset (checked: at most t->end); start: a proc_start's,
+ * {"pid", "read": {...}}. */
+static void answer_read(u32 id, struct tproc *t, u64 offset, u64 max, int started)
 {
         struct out o = { .buf = tp.tx + AGENT_HDR_SIZE, .cap = TPROC_TX_SIZE - AGENT_HDR_SIZE };
         u64 start = offset, take, gap = 0;
@@ -212,6 +214,11 @@ static void answer_read(u32 id, struct tproc *t, u64 offset, u64 max)
         is_stderr = start >= t->stderr_from;
         if (!is_stderr && start + take > t->stderr_from)
                 take = t->stderr_from - start; /* one stream a chunk */
+        if (started) {
+                out_s(&o, "{\"pid\":");
+                out_u64(&o, t->pid);
+                out_s(&o, ",\"read\":");
+        }
         out_s(&o, "{\"chunks\":[");
         if (take) {
                 out_s(&o, "{\"stream\":\"");
@@ -241,7 +248,7 @@ static void answer_read(u32 id, struct tproc *t, u64 offset, u64 max)
         out_int_or_null(&o, t->signal != 0, (u64)t->signal);
         out_s(&o, ",\"end\":");
         out_s(&o, !t->running && start + take == t->end ? "true" : "false");
-        out_s(&o, "}");
+        out_s(&o, started ? "}}" : "}");
         if (o.overflow) {
                 agent_reply_error(id, "reply too large");
                 return;
@@ -495,19 +502,33 @@ static void args_of_cmd(struct tproc *t, const u8 *p, const struct jfield *f)
         t->args_len = o.len;
 }
 
+/* proc_start's "read": {"max": 1..262144, "wait_ms": 0..60000}, nothing else. */
+static int read_args(const u8 *p, const struct jfield *f, u64 *max, u64 *wait)
+{
+        struct jfield g[2] = { { .key = "max" }, { .key = "wait_ms" } }, unknown;
+
+        if (f->type != J_OBJ || json_fields_strict(p + f->off, f->len, g, 2, &unknown) < 0 || unknown.type != J_NONE)
+                return -1;
+        if ((g[0].type != J_NONE && (json_u64(p + f->off, &g[0], max) < 0 || *max < 1 || *max > 262144)) ||
+            (g[1].type != J_NONE && (json_u64(p + f->off, &g[1], wait) < 0 || *wait > TPROC_WAIT_MS_MAX)))
+                return -1;
+        return 0;
+}
+
 static void op_start(u32 id, const u8 *p, u32 n)
 {
-        struct jfield f[8] = {
+        struct jfield f[9] = {
                 { .key = "op" },  { .key = "args" }, { .key = "cmd" },          { .key = "cwd" },
                 { .key = "env" }, { .key = "user" }, { .key = "timeout_secs" }, { .key = "stdin" },
+                { .key = "read" },
         };
         struct jfield pty = { .key = "pty" }, unknown;
         struct tproc *t, *scratch = &tp.scratch;
         const char *why = NULL;
-        u64 timeout = 0;
+        u64 timeout = 0, rmax = 65536, rwait = 0;
         int len = 0;
 
-        (void)json_fields_strict(p, n, f, 8, &unknown);
+        (void)json_fields_strict(p, n, f, 9, &unknown);
         if (unknown.type != J_NONE) {
                 (void)json_fields(p, n, &pty, 1);
                 if (pty.type != J_NONE && pty.type != J_NULL) {
@@ -515,7 +536,7 @@ static void op_start(u32 id, const u8 *p, u32 n)
                         return;
                 }
                 if (pty.type == J_NONE) {
-                        reply_errno(id, "bad argument: unknown field", "EINVAL");
+                        reply_errno(id, "bad argument: an unknown field", "EINVAL");
                         return;
                 }
         }
@@ -529,6 +550,11 @@ static void op_start(u32 id, const u8 *p, u32 n)
             (f[6].type != J_NONE && (json_u64(p, &f[6], &timeout) < 0 || timeout > 86400)) ||
             (f[7].type != J_NONE && f[7].type != J_TRUE && f[7].type != J_FALSE)) {
                 reply_errno(id, "bad argument (cwd, env, user, timeout_secs or stdin)", "EINVAL");
+                return;
+        }
+        if (f[8].type != J_NONE && f[8].type != J_NULL && read_args(p, &f[8], &rmax, &rwait) < 0) {
+                reply_errno(id, "bad argument 'read': must be {\"max\": 1 .. 262144, \"wait_ms\": 0 .. 60000}",
+                            "EINVAL");
                 return;
         }
         t = slot();
@@ -581,6 +607,18 @@ static void op_start(u32 id, const u8 *p, u32 n)
                 exit_with(t, r ? 1 : 0, 0);
         } else {
                 program_start(t);
+        }
+        if (f[8].type == J_OBJ) {
+                /* the start's answer carries its first read: at once when the program is
+                 * done or printed rmax bytes (or rwait is 0), else at the first of those */
+                if (rwait == 0 || !t->running || t->end >= rmax || tp.n_pend >= TPROC_PENDING_MAX)
+                        answer_read(id, t, 0, rmax, 1);
+                else
+                        tp.pend[tp.n_pend++] = (struct pending_read) {
+                                .id = id, .pid = t->pid, .max = rmax, .deadline_ms = now_ms() + rwait, .start = 1,
+                        };
+                live_count();
+                return;
         }
         live_count();
         {
@@ -752,7 +790,7 @@ static void op_read(u32 id, const u8 *p, u32 n)
                 return;
         }
         if (offset < t->end || !t->running || wait == 0) {
-                answer_read(id, t, offset, max);
+                answer_read(id, t, offset, max, 0);
                 return;
         }
         if (tp.n_pend >= TPROC_PENDING_MAX) {
@@ -817,14 +855,15 @@ u64 procs_step(void)
                 struct pending_read *r = &tp.pend[k];
                 struct tproc *t = find(r->pid);
 
-                if (t && r->offset == t->end && t->running && now < r->deadline_ms) {
+                if (t && t->running && now < r->deadline_ms &&
+                    (r->start ? t->end < r->max : r->offset == t->end)) {
                         if (!next || r->deadline_ms < next)
                                 next = r->deadline_ms;
                         k++;
                         continue;
                 }
                 if (t)
-                        answer_read(r->id, t, r->offset, r->max);
+                        answer_read(r->id, t, r->offset, r->max, (int)r->start);
                 else
                         reply_errno(r->id, "no such process", "ESRCH");
                 tp.pend[k] = tp.pend[--tp.n_pend];

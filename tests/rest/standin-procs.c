@@ -15,8 +15,8 @@
  *            ring starts at 4), stderr "err\n" at 4, stdout "\xff\xfe\n" at 8,
  *            11 bytes in all
  *
- * Anything else is NoSuchProcess. StartSandboxProcess with argv[0] "nope" is a
- * GuestError. Every method's arguments are checked as forkd checks them.
+ * Anything else is NoSuchProcess. StartSandboxProcess (and StartSandboxProcessStream,
+ * which answers the terminal's stream too) with argv[0] "nope" is a GuestError. Every method's arguments are checked as forkd checks them.
  *
  * usage: standin-procs BUS-ADDRESS
  */
@@ -132,7 +132,8 @@ static void term_exit(int32_t code, int32_t sig) {
                 }
 }
 
-static int method_start(sd_bus_message *m, void *userdata, sd_bus_error *error) {
+/* StartSandboxProcess's arguments, and the terminal started afresh: 0, or an error. */
+static int start_term(sd_bus_message *m, sd_bus_error *error) {
         char **argv = NULL;
         bool nope;
         int r;
@@ -158,23 +159,22 @@ static int method_start(sd_bus_message *m, void *userdata, sd_bus_error *error) 
         term_exited = false;
         term_code = -1;
         term_signal = 0;
+        return 0;
+}
+
+static int method_start(sd_bus_message *m, void *userdata, sd_bus_error *error) {
+        int r = start_term(m, error);
+
+        if (r < 0 || sd_bus_error_is_set(error))
+                return r;
         return sd_bus_reply_method_return(m, "u", TERM_PID);
 }
 
-static int method_open_stream(sd_bus_message *m, void *userdata, sd_bus_error *error) {
+/* A stream of pid from offset (checked): the caller's end in *ret. */
+static int open_stream(uint32_t pid, uint64_t offset, int *ret) {
         _cleanup_close_ int ours = -EBADF, theirs = -EBADF;
-        uint64_t offset;
-        uint32_t pid;
-        int pair[2], r;
+        int pair[2];
 
-        r = check_target(m, &pid, error);
-        if (r < 0 || sd_bus_error_is_set(error))
-                return r;
-        r = sd_bus_message_read(m, "t", &offset);
-        if (r < 0)
-                return r;
-        if (offset > (pid == TERM_PID ? term_len : DONE_END))
-                return sd_bus_error_set(error, SD_BUS_ERROR_INVALID_ARGS, "offset beyond the end of the output");
         if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) < 0)
                 return -errno;
         ours = pair[0];
@@ -207,7 +207,41 @@ static int method_open_stream(sd_bus_message *m, void *userdata, sd_bus_error *e
                                         break;
                                 }
         }
+        *ret = TAKE_FD(theirs);
+        return 0;
+}
+
+static int method_open_stream(sd_bus_message *m, void *userdata, sd_bus_error *error) {
+        _cleanup_close_ int theirs = -EBADF;
+        uint64_t offset;
+        uint32_t pid;
+        int r;
+
+        r = check_target(m, &pid, error);
+        if (r < 0 || sd_bus_error_is_set(error))
+                return r;
+        r = sd_bus_message_read(m, "t", &offset);
+        if (r < 0)
+                return r;
+        if (offset > (pid == TERM_PID ? term_len : DONE_END))
+                return sd_bus_error_set(error, SD_BUS_ERROR_INVALID_ARGS, "offset beyond the end of the output");
+        r = open_stream(pid, offset, &theirs);
+        if (r < 0)
+                return r;
         return sd_bus_reply_method_return(m, "h", theirs);
+}
+
+/* StartSandboxProcessStream: the terminal started and its stream from 0, in one call. */
+static int method_start_stream(sd_bus_message *m, void *userdata, sd_bus_error *error) {
+        _cleanup_close_ int theirs = -EBADF;
+        int r = start_term(m, error);
+
+        if (r < 0 || sd_bus_error_is_set(error))
+                return r;
+        r = open_stream(TERM_PID, 0, &theirs);
+        if (r < 0)
+                return r;
+        return sd_bus_reply_method_return(m, "uh", TERM_PID, theirs);
 }
 
 static int method_read(sd_bus_message *m, void *userdata, sd_bus_error *error) {
@@ -361,6 +395,7 @@ static const sd_bus_vtable vtable[] = {
         SD_BUS_METHOD("ResizeSandboxPty", "suqq", "", method_resize, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD("ReadSandboxOutput", "sutu", "a(stay)ttbii", method_read, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD("OpenSandboxOutputStream", "sut", "h", method_open_stream, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD("StartSandboxProcessStream", "sasa{sv}", "uh", method_start_stream, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_VTABLE_END
 };
 
