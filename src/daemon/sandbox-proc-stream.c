@@ -344,27 +344,19 @@ static unsigned streams_of(Manager *m, Sandbox *s) {
         return n;
 }
 
-int bus_sandbox_method_open_output_stream(sd_bus_message *message, void *userdata, sd_bus_error *error) {
-        Sandbox *s = userdata;
+/* A new stream of s for the call message (verb: polkit's), linked in: 1 and *ret; 0
+ * when polkit answers the call; < 0 or an error set when it may not be. */
+static int stream_new(sd_bus_message *message, Sandbox *s, const char *verb, ProcStream **ret, sd_bus_error *error) {
         Manager *m = s->manager;
         ProcStream *ps;
-        uint64_t offset;
-        uint32_t pid;
         int r;
 
-        r = proc_read_pid(message, &pid, error);
-        if (r < 0)
-                return r;
-        r = proc_read_offset(message, &offset, error);
-        if (r < 0)
-                return r;
         if (sd_bus_can_send(sd_bus_message_get_bus(message), SD_BUS_TYPE_UNIX_FD) <= 0)
                 return sd_bus_error_setf(error, FORKD_ERROR_NOT_SUPPORTED,
                                          "This connection cannot pass file descriptors; an output stream needs one.");
-        r = proc_verify(message, s, "output-stream", error);
+        r = proc_verify(message, s, verb, error);
         if (r <= 0)
-                return r < 0 ? r : 1;
-
+                return r;
         if (s->state != SANDBOX_RUNNING)
                 return sd_bus_error_setf(error, FORKD_ERROR_NO_SUCH_SANDBOX, "Sandbox %s is being terminated.", s->id);
         if (m->n_proc_streams >= PROC_STREAMS_MAX)
@@ -377,24 +369,56 @@ int bus_sandbox_method_open_output_stream(sd_bus_message *message, void *userdat
         ps = calloc(1, sizeof(*ps));
         if (!ps)
                 return -ENOMEM;
-        *ps = (ProcStream) { .manager = m, .sandbox = s, .pid = pid, .offset = offset, .fd = -EBADF,
-                             .id = strdup(s->id), .open = sd_bus_message_ref(message) };
+        *ps = (ProcStream) { .manager = m, .sandbox = s, .fd = -EBADF, .id = strdup(s->id),
+                             .open = sd_bus_message_ref(message) };
         ps->next = m->proc_streams;
         if (ps->next)
                 ps->next->prev = ps;
         m->proc_streams = ps;
         m->n_proc_streams++;
-        r = ps->id ? stream_read(ps, 0) : -ENOMEM;
-        if (r < 0) {
+        if (!ps->id) {
                 ps->open = sd_bus_message_unref(ps->open);
                 stream_free(ps);
-                if (r == -EBUSY || r == -ENOBUFS)
-                        return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "Too many requests in flight for sandbox %s.",
-                                                 s->id);
-                if (IN_SET_CONN(r))
-                        return sd_bus_error_setf(error, FORKD_ERROR_NO_SUCH_SANDBOX, "Sandbox %s has exited.", s->id);
-                return sd_bus_error_set_errnof(error, r, "Failed to read the output of process %u: %m", pid);
+                return -ENOMEM;
         }
+        *ret = ps;
+        return 1;
+}
+
+/* The first call to the agent of a new stream could not be sent (r): the stream is
+ * dropped, error says why. */
+static int stream_call_failed(ProcStream *ps, int r, const char *what, sd_bus_error *error) {
+        _cleanup_free_ char *id = TAKE_PTR(ps->id);
+
+        ps->open = sd_bus_message_unref(ps->open);
+        stream_free(ps);
+        if (r == -EBUSY || r == -ENOBUFS)
+                return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "Too many requests in flight for sandbox %s.", id);
+        if (IN_SET_CONN(r))
+                return sd_bus_error_setf(error, FORKD_ERROR_NO_SUCH_SANDBOX, "Sandbox %s has exited.", id);
+        return sd_bus_error_set_errnof(error, r, "Failed to %s: %m", what);
+}
+
+int bus_sandbox_method_open_output_stream(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        ProcStream *ps = NULL;
+        uint64_t offset;
+        uint32_t pid;
+        int r;
+
+        r = proc_read_pid(message, &pid, error);
+        if (r < 0)
+                return r;
+        r = proc_read_offset(message, &offset, error);
+        if (r < 0)
+                return r;
+        r = stream_new(message, userdata, "output-stream", &ps, error);
+        if (r <= 0)
+                return r < 0 ? r : 1;
+        ps->pid = pid;
+        ps->offset = offset;
+        r = stream_read(ps, 0);
+        if (r < 0)
+                return stream_call_failed(ps, r, "read the output of the process", error);
         return 1;
 }
 
@@ -454,39 +478,21 @@ static void start_reply(int r, uint16_t type, const char *json, struct json_obje
 
 int bus_sandbox_method_start_process_stream(sd_bus_message *message, void *userdata, sd_bus_error *error) {
         _cleanup_json_ struct json_object *req = NULL, *read = NULL;
+        ProcStream *ps = NULL;
         Sandbox *s = userdata;
-        Manager *m = s->manager;
-        ProcStream *ps;
         int r;
 
         r = proc_start_request(message, &req, error);
         if (r < 0)
                 return r;
-        if (sd_bus_can_send(sd_bus_message_get_bus(message), SD_BUS_TYPE_UNIX_FD) <= 0)
-                return sd_bus_error_setf(error, FORKD_ERROR_NOT_SUPPORTED,
-                                         "This connection cannot pass file descriptors; an output stream needs one.");
-        r = proc_verify(message, s, "start-process", error);
+        r = stream_new(message, s, "start-process", &ps, error);
         if (r <= 0)
                 return r < 0 ? r : 1;
-        if (s->state != SANDBOX_RUNNING)
-                return sd_bus_error_setf(error, FORKD_ERROR_NO_SUCH_SANDBOX, "Sandbox %s is being terminated.", s->id);
-        if (m->n_proc_streams >= PROC_STREAMS_MAX || streams_of(m, s) >= PROC_STREAMS_PER_SANDBOX_MAX)
-                return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "Too many output streams open.");
-
         json_object_object_add(req, "op", json_object_new_string("proc_start"));
-        ps = calloc(1, sizeof(*ps));
-        if (!ps)
-                return -ENOMEM;
-        *ps = (ProcStream) { .manager = m, .sandbox = s, .fd = -EBADF, .id = strdup(s->id), .reply_pid = true,
-                             .start = strdup(json_object_to_json_string_ext(req, JSON_C_TO_STRING_PLAIN)),
-                             .open = sd_bus_message_ref(message) };
-        ps->next = m->proc_streams;
-        if (ps->next)
-                ps->next->prev = ps;
-        m->proc_streams = ps;
-        m->n_proc_streams++;
+        ps->reply_pid = true;
+        ps->start = strdup(json_object_to_json_string_ext(req, JSON_C_TO_STRING_PLAIN));
         read = json_object_new_object();
-        r = ps->id && ps->start && read ? 0 : -ENOMEM;
+        r = ps->start && read ? 0 : -ENOMEM;
         if (r >= 0) {
                 json_object_object_add(read, "max", json_object_new_int64(PROC_STREAM_READ_BYTES));
                 json_object_object_add(read, "wait_ms", json_object_new_int64(PROC_START_READ_WAIT_MS));
@@ -495,16 +501,8 @@ int bus_sandbox_method_start_process_stream(sd_bus_message *message, void *userd
                                  (uint64_t) PROC_START_READ_WAIT_MS * USEC_PER_MSEC + PROC_CALL_TIMEOUT_USEC,
                                  start_reply, ps);
         }
-        if (r < 0) {
-                ps->open = sd_bus_message_unref(ps->open);
-                stream_free(ps);
-                if (r == -EBUSY || r == -ENOBUFS)
-                        return sd_bus_error_setf(error, FORKD_ERROR_BUSY, "Too many requests in flight for sandbox %s.",
-                                                 s->id);
-                if (IN_SET_CONN(r))
-                        return sd_bus_error_setf(error, FORKD_ERROR_NO_SUCH_SANDBOX, "Sandbox %s has exited.", s->id);
-                return sd_bus_error_set_errnof(error, r, "Failed to start the process: %m");
-        }
+        if (r < 0)
+                return stream_call_failed(ps, r, "start the process", error);
         ps->in_call = true;
         return 1;
 }
