@@ -22,7 +22,6 @@ Environment: as test-rest.py (tests/rest/meson.build).
 
 import importlib.util
 import os
-import signal
 import sys
 import threading
 import time
@@ -281,7 +280,7 @@ def t_flood_memory(c, stack):
     """A process that prints 256 MiB as fast as it can while its reader takes a little and
     stalls: forkd and forkd-rest hold a bounded amount for the stream, never the flood."""
     sid = Ctx.sid
-    rest = Ctx.rest
+    rest = stack.rest_proc
     f0, r0 = rss_kib(stack.daemon), rss_kib(rest)
     pid = start(c, sid, ["flood", str(256 << 20)])
     s = NdjsonStream(stack_dict(c, stack), "GET", f"/v1/sandboxes/{sid}/processes/{pid}/output?follow=true",
@@ -301,49 +300,19 @@ def t_flood_memory(c, stack):
     check(procs(c, sid)[pid]["end_offset"] == 256 << 20, procs(c, sid)[pid])
 
 
-def main():
-    tap = tr.Tap()
-    missing = [what for what, path in (("forkd-rest", tr.REST), ("forkd", tr.DAEMON), ("forkd-vmm", tr.VMM),
-                                       ("test guest", tr.GUEST), ("dbus-daemon", tr.DBUS_DAEMON))
-               if not path or not os.path.exists(path)]
-    if missing:
-        print(f"1..0 # SKIP not built or not installed: {', '.join(missing)}")
-        return 0
-    if not os.access("/dev/kvm", os.R_OK | os.W_OK):
-        print("1..0 # SKIP /dev/kvm is not usable")
-        return 0
-    stack = tr.Stack()
-    signal.signal(signal.SIGTERM, lambda *a: (stack.cleanup(), sys.exit(1)))
-    try:
-        stack.start_bus()
-        rest, port = stack.start_rest("--timeout", "60")
-        Ctx.rest = rest
-        c = tr.Client(port)
-        stack.start_daemon()
-        tr.wait_daemon(c, stack)
-        tests = [
-            ("a snapshot of the test guest, a sandbox", t_setup),
-            ("a ticker followed live: its lines in order, one by one, before it ends", t_follow_live),
-            ("a reconnect at an offset gets exactly the bytes after it; an overrun of the log is a gap", t_offset_and_gap),
-            ("cat echoes what is written to its stdin and ends at eof", t_stdin_cat),
-            ("SIGTERM to one process leaves its sibling running", t_signal_siblings),
-            ("a sandbox with a running counter forked into 3: each child's counter goes on in a stream of its own, "
-             "one killed and the others not", t_fork_counter),
-            ("exec with \"stream\": the process's output and its exit line, its pid in Forkd-Process-Pid",
-             t_exec_stream),
-            ("ReadSandboxOutput on D-Bus", t_dbus),
-            ("hostile input: 400 and nothing started; 404 for a pid not in the table", t_hostile),
-            ("a flood with a stalled reader: forkd and forkd-rest memory stays flat", t_flood_memory),
-        ]
-        for name, fn in tests:
-            tap.run(name, fn, c, stack)
-            if fn is t_setup and tap.failed:
-                break
-        stack.finish(tap, c, rest)
-    finally:
-        stack.cleanup()
-    return tap.done()
-
+TESTS = [
+    ("a snapshot of the test guest, a sandbox", t_setup),
+    ("a ticker followed live: its lines in order, one by one, before it ends", t_follow_live),
+    ("a reconnect at an offset gets exactly the bytes after it; an overrun of the log is a gap", t_offset_and_gap),
+    ("cat echoes what is written to its stdin and ends at eof", t_stdin_cat),
+    ("SIGTERM to one process leaves its sibling running", t_signal_siblings),
+    ("a sandbox with a running counter forked into 3: each child's counter goes on in a stream of its own, "
+     "one killed and the others not", t_fork_counter),
+    ("exec with \"stream\": the process's output and its exit line, its pid in Forkd-Process-Pid", t_exec_stream),
+    ("ReadSandboxOutput on D-Bus", t_dbus),
+    ("hostile input: 400 and nothing started; 404 for a pid not in the table", t_hostile),
+    ("a flood with a stalled reader: forkd and forkd-rest memory stays flat", t_flood_memory),
+]
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(tr.run_on_stack(TESTS, first=t_setup))

@@ -884,6 +884,40 @@ class Ctx:
     sandboxes = []
 
 
+def run_on_stack(tests, first=None, rest_args=("--timeout", "60")):
+    """A TAP run of tests, each (name, fn(c, stack)), against the real stack: a private
+    dbus-daemon, forkd-rest (stack.rest_proc) and forkd; skipped when a part is not
+    built or /dev/kvm is not usable; stops after first if that failed. Returns TAP's
+    exit status."""
+    tap = Tap()
+    missing = [what for what, path in (("forkd-rest", REST), ("forkd", DAEMON), ("forkd-vmm", VMM),
+                                       ("test guest", GUEST), ("dbus-daemon", DBUS_DAEMON))
+               if not path or not os.path.exists(path)]
+    if missing:
+        print(f"1..0 # SKIP not built or not installed: {', '.join(missing)}")
+        return 0
+    if not os.access("/dev/kvm", os.R_OK | os.W_OK):
+        print("1..0 # SKIP /dev/kvm is not usable")
+        return 0
+    stack = Stack()
+    signal.signal(signal.SIGTERM, lambda *a: (stack.cleanup(), sys.exit(1)))
+    try:
+        stack.start_bus()
+        rest, port = stack.start_rest(*rest_args)
+        stack.rest_proc = rest
+        c = Client(port)
+        stack.start_daemon()
+        wait_daemon(c, stack)
+        for name, fn in tests:
+            tap.run(name, fn, c, stack)
+            if fn is first and tap.failed:
+                break
+        stack.finish(tap, c, rest)
+    finally:
+        stack.cleanup()
+    return tap.done()
+
+
 def wait_daemon(c, stack):
     for _ in range(300):
         if stack.daemon.poll() is not None:
