@@ -421,6 +421,13 @@ static int statement(const u8 *s, u32 n)
                 print("spun\n", 5);
                 return 0;
         }
+        /* "old_agent": from now on proc_start refuses "read" as an unknown field, as an
+         * agent from before it did (the tests of forkd's way around such an agent). */
+        if (span_eq(s, wl, "old_agent", 9) && i == n) {
+                procs_refuse_read();
+                print("proc_start refuses read\n", 24);
+                return 0;
+        }
         /* "true": nothing (what commands.run("true") runs). */
         if (span_eq(s, wl, "true", 4) && i == n)
                 return 0;

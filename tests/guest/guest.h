@@ -303,6 +303,8 @@ int script_run(const u8 *code, u32 len, const u8 **out, u32 *out_len, const u8 *
 int procs_op(u32 id, const u8 *p, u32 n, const struct jfield *op);
 /* A new channel (an identity event after a restore): the reads waiting are dropped. */
 void procs_channel_reset(void);
+/* proc_start refuses "read" from now on (run_code's old_agent). */
+void procs_refuse_read(void);
 /* Runs what is due and answers the reads that can be: the ns until the next
  * deadline (0: nothing timed is waiting). Only while hot.procs_live. */
 u64 procs_step(void);

@@ -87,6 +87,7 @@ static struct {
         struct pending_read pend[TPROC_PENDING_MAX];
         u32 n_pend;
         u32 next_pid;
+        u32 refuse_read;                /* run_code's old_agent: proc_start as before "read" */
         u8 code[TPROC_CODE_MAX];        /* cmd, CODE, or one args string, decoded */
         u8 argbuf[TPROC_CODE_MAX];      /* args[1..] decoded, one after another */
         struct word words[TPROC_WORDS_MAX];
@@ -552,6 +553,10 @@ static void op_start(u32 id, const u8 *p, u32 n)
                 reply_errno(id, "bad argument (cwd, env, user, timeout_secs or stdin)", "EINVAL");
                 return;
         }
+        if (f[8].type != J_NONE && tp.refuse_read) {
+                reply_errno(id, "bad argument 'read': unknown field", "EINVAL");
+                return;
+        }
         if (f[8].type != J_NONE && f[8].type != J_NULL && read_args(p, &f[8], &rmax, &rwait) < 0) {
                 reply_errno(id, "bad argument 'read': must be {\"max\": 1 .. 262144, \"wait_ms\": 0 .. 60000}",
                             "EINVAL");
@@ -824,6 +829,11 @@ int procs_op(u32 id, const u8 *p, u32 n, const struct jfield *op)
         } else
                 return 0;
         return 1;
+}
+
+void procs_refuse_read(void)
+{
+        tp.refuse_read = 1;
 }
 
 void procs_channel_reset(void)

@@ -223,6 +223,27 @@ def t_exec_stream(c, stack):
     check(data_of(objs, "stderr").startswith(b"SyntaxError") and objs[-1] == {"exit_code": 1, "signal": None}, objs)
 
 
+def t_exec_stream_old_agent(c, stack):
+    """An agent from before proc_start's "read" refuses it: forkd starts the process
+    alone, then reads, and the client sees the same answer."""
+    sid = fork1(c)
+    r = c.expect(200, "POST", f"/v1/sandboxes/{sid}/run_code", {"code": "old_agent"})
+    check(r.json["stdout"] == "proc_start refuses read\n", r.json)
+    for args, want, code in ((["/bin/sh", "-c", "echo from an old agent"], b"from an old agent\n", 0),
+                             (["ticker", "3", "100"], None, 0), (["/bin/sh", "-c", "nosuch"], None, 1)):
+        s = NdjsonStream(stack_dict(c, stack), "POST", f"/v1/sandboxes/{sid}/exec", {"args": args, "stream": True})
+        try:
+            objs = s.all()
+            pid = s.resp.getheader("Forkd-Process-Pid")
+        finally:
+            s.close()
+        check(s.status == 200 and objs and objs[-1] == {"exit_code": code, "signal": None}, (args, objs))
+        check(want is None or data_of(objs) == want, (args, objs))
+        check(pid is not None and int(pid) in procs(c, sid), (args, pid))
+    check(len(data_of(objs, "stderr")) > 0, "the script's error on stderr")
+    c.expect(204, "DELETE", f"/v1/sandboxes/{sid}")
+
+
 def t_dbus(c, stack):
     from dbusmini import Bus
 
@@ -309,6 +330,8 @@ TESTS = [
     ("a sandbox with a running counter forked into 3: each child's counter goes on in a stream of its own, "
      "one killed and the others not", t_fork_counter),
     ("exec with \"stream\": the process's output and its exit line, its pid in Forkd-Process-Pid", t_exec_stream),
+    ("exec with \"stream\" on an agent that refuses proc_start's read: the start alone, then a read",
+     t_exec_stream_old_agent),
     ("ReadSandboxOutput on D-Bus", t_dbus),
     ("hostile input: 400 and nothing started; 404 for a pid not in the table", t_hostile),
     ("a flood with a stalled reader: forkd and forkd-rest memory stays flat", t_flood_memory),
