@@ -173,11 +173,13 @@ static int write_basic(sd_bus_message *m, char type, RestJsonText *t) {
         }
 }
 
-/* as, au, ...: a JSON array. */
-static int write_basic_array(sd_bus_message *m, const char *contents, RestJsonText *t) {
+/* An array (the message at it, of signature element) as a JSON array, each element
+ * written by one(m, arg, t). */
+static int write_array(sd_bus_message *m, const char *element, int (*one)(sd_bus_message *m, char arg, RestJsonText *t),
+                       char arg, RestJsonText *t) {
         int r;
 
-        r = sd_bus_message_enter_container(m, 'a', contents + 1);
+        r = sd_bus_message_enter_container(m, 'a', element);
         if (r >= 0)
                 r = append_char(t, '[');
         for (bool first = true; r >= 0; first = false) {
@@ -186,11 +188,13 @@ static int write_basic_array(sd_bus_message *m, const char *contents, RestJsonTe
                         break;
                 r = first ? 0 : append_char(t, ',');
                 if (r >= 0)
-                        r = write_basic(m, contents[1], t);
+                        r = one(m, arg, t);
         }
         if (r >= 0)
                 r = append_char(t, ']');
-        return r < 0 ? r : sd_bus_message_exit_container(m);
+        if (r >= 0)
+                r = sd_bus_message_exit_container(m);
+        return MIN(r, 0);
 }
 
 /* a{st}, a{ss}, ...: a JSON object. */
@@ -229,7 +233,7 @@ static int write_contents(sd_bus_message *m, const char *contents, RestJsonText 
         if (contents[0] != 'a')
                 return write_basic(m, contents[0], t);
         if (contents[1] != '{' && contents[1] != 'a')
-                return write_basic_array(m, contents, t);
+                return write_array(m, contents + 1, write_basic, contents[1], t);
         if (streq(contents, "a{sv}"))
                 return rest_bus_write_dict_json(m, t);
         if (streq(contents, "aa{sv}"))
@@ -300,25 +304,12 @@ int rest_bus_write_dict_json(sd_bus_message *m, RestJsonText *t) {
         return MIN(r, 0);
 }
 
-int rest_bus_write_dict_array_json(sd_bus_message *m, RestJsonText *t) {
-        int r;
+static int write_dict(sd_bus_message *m, char arg, RestJsonText *t) {
+        return rest_bus_write_dict_json(m, t);
+}
 
-        r = sd_bus_message_enter_container(m, 'a', "a{sv}");
-        if (r >= 0)
-                r = append_char(t, '[');
-        for (bool first = true; r >= 0; first = false) {
-                r = sd_bus_message_at_end(m, false);
-                if (r != 0)
-                        break;
-                r = first ? 0 : append_char(t, ',');
-                if (r >= 0)
-                        r = rest_bus_write_dict_json(m, t);
-        }
-        if (r >= 0)
-                r = append_char(t, ']');
-        if (r >= 0)
-                r = sd_bus_message_exit_container(m);
-        return MIN(r, 0);
+int rest_bus_write_dict_array_json(sd_bus_message *m, RestJsonText *t) {
+        return write_array(m, "a{sv}", write_dict, 0, t);
 }
 
 #define append_lit(t, s) append((t), (s), sizeof(s) - 1)

@@ -653,6 +653,18 @@ static struct tproc *pid_arg(u32 id, const u8 *p, const struct jfield *f)
         return t;
 }
 
+/* The entry of a pid argument that still runs, or NULL when it was answered (EINVAL, ESRCH). */
+static struct tproc *running_arg(u32 id, const u8 *p, const struct jfield *f)
+{
+        struct tproc *t = pid_arg(id, p, f);
+
+        if (t && !t->running) {
+                reply_errno(id, "the process has exited", "ESRCH");
+                return NULL;
+        }
+        return t;
+}
+
 static void reply_ok(u32 id)
 {
         struct out o = agent_reply_begin();
@@ -711,13 +723,9 @@ static void op_signal(u32 id, const u8 *p, u32 n)
                 reply_errno(id, "bad argument 'signal': 1..64", "EINVAL");
                 return;
         }
-        t = pid_arg(id, p, &f[0]);
+        t = running_arg(id, p, &f[0]);
         if (!t)
                 return;
-        if (!t->running) {
-                reply_errno(id, "the process has exited", "ESRCH");
-                return;
-        }
         if (sig != 17 && sig != 18 && sig != 23 && sig != 28) /* CHLD, CONT, URG, WINCH: ignored */
                 exit_with(t, 0, (int)sig);
         live_count();
@@ -738,13 +746,9 @@ static void op_stdin(u32 id, const u8 *p, u32 n)
                 reply_errno(id, "bad argument 'data_b64' or 'eof'", "EINVAL");
                 return;
         }
-        t = pid_arg(id, p, &f[0]);
+        t = running_arg(id, p, &f[0]);
         if (!t)
                 return;
-        if (!t->running) {
-                reply_errno(id, "the process has exited", "ESRCH");
-                return;
-        }
         if (!t->stdin_open) {
                 reply_errno(id, "stdin is closed", "EPIPE");
                 return;
