@@ -145,8 +145,7 @@ def t_stdin_cat(c, stack):
         got["objs"] = output(c, stack, sid, pid, follow=True)[0]
 
     th = threading.Thread(target=follow)
-    th.start()
-    time.sleep(0.3)
+    th.start()  # it reads from offset 0: what is written before it is in place is not lost
     check(c.expect(200, "POST", f"/v1/sandboxes/{sid}/processes/{pid}/stdin", {"data": "abc\n"}).json ==
           {"written": 4}, "stdin")
     c.expect(200, "POST", f"/v1/sandboxes/{sid}/processes/{pid}/stdin", {"data_b64": "ZGVmCg==", "eof": True})
@@ -310,8 +309,8 @@ def t_flood_memory(c, stack):
     s = NdjsonStream(stack_dict(c, stack), "GET", f"/v1/sandboxes/{sid}/processes/{pid}/output?follow=true",
                      timeout=60)
     try:
-        s.next()  # a line, then nothing for a while
-        time.sleep(2)
+        s.next()  # a line, then nothing while the flood prints the rest
+        wait_for(lambda: procs(c, sid)[pid]["end_offset"] == 256 << 20, 60, "the flood to print it all")
         f1, r1 = rss_kib(stack.daemon), rss_kib(rest)
         n = 0
         while s.next() is not None:
