@@ -340,17 +340,22 @@ int check_logs(struct forkctl_options *o, char **args, size_t n_args, const char
 }
 
 /* One ReadSandboxOutput answer out; *next: where the next read starts; 1: the
- * process exited and this answer reached the end of its output (nothing can
- * follow; the guest may let the process go from then on). */
-static int logs_read_once(sd_bus *bus, const char *id, uint32_t pid, uint64_t offset, uint64_t *next,
-                          const struct error_context *ctx) {
+ * process exited. An answer that gave nothing new is the end; one with bytes
+ * may not be, as the guest may answer fewer than asked. after_exit: an earlier
+ * answer said it exited, so a process the guest let go since is the end too. */
+static int logs_read_once(sd_bus *bus, const char *id, uint32_t pid, uint64_t offset, bool after_exit,
+                          uint64_t *next, const struct error_context *ctx) {
         _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
         _cleanup_(sd_bus_error_free) sd_bus_error error = SD_BUS_ERROR_NULL;
-        uint64_t gap, bytes = 0;
+        uint64_t gap;
         int r, exited = 0;
 
         r = sd_bus_call_method(bus, BUS_NAME, BUS_PATH, BUS_INTERFACE, "ReadSandboxOutput", &error, &reply, "sutu", id,
                                pid, offset, LOGS_READ_MAX);
+        if (r < 0 && after_exit && sd_bus_error_has_name(&error, FORKD_ERROR_NO_SUCH_PROCESS)) {
+                *next = offset;
+                return 1;
+        }
         if (r < 0)
                 return report_error(&error, r, ctx);
         r = sd_bus_message_enter_container(reply, 'a', "(stay)");
@@ -370,7 +375,6 @@ static int logs_read_once(sd_bus *bus, const char *id, uint32_t pid, uint64_t of
                         r = sd_bus_message_exit_container(reply);
                 if (r < 0)
                         break;
-                bytes += len;
                 if (strcmp(stream, "stderr") == 0) {
                         fflush(stdout);
                         r = loop_write(STDERR_FILENO, data, len);
@@ -387,7 +391,7 @@ static int logs_read_once(sd_bus *bus, const char *id, uint32_t pid, uint64_t of
                 return report_error(NULL, r, ctx);
         if (gap > 0)
                 say_dropped(gap);
-        return exited && bytes < LOGS_READ_MAX;
+        return !!exited;
 }
 
 int verb_logs(sd_bus *bus, const struct forkctl_options *o, char **args, size_t n_args) {
@@ -406,14 +410,15 @@ int verb_logs(sd_bus *bus, const struct forkctl_options *o, char **args, size_t 
                 /* The process's own status is exec --follow's; logs says whether it could follow. */
                 return follow_fd(fd, &ctx, &status);
         }
-        for (;;) {
+        for (bool exited = false;;) {
                 uint64_t next = offset;
 
-                r = logs_read_once(bus, args[0], pid, offset, &next, &ctx);
+                r = logs_read_once(bus, args[0], pid, offset, exited, &next, &ctx);
                 if (r < 0)
                         return r;
-                if (r > 0 || next == offset)
+                if (next == offset)
                         return 0;
+                exited = r > 0;
                 offset = next;
         }
 }

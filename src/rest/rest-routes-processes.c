@@ -741,7 +741,7 @@ static int on_stream_readable(sd_event_source *es, int fd, uint32_t revents, voi
 /* A ReadSandboxOutput answer into lines. Sets done once next_offset did
  * not move. */
 static int read_reply_lines(OutputStream *os, sd_bus_message *reply) {
-        uint64_t next, gap, bytes = 0;
+        uint64_t next, gap;
         int exited, code, sig, r;
 
         /* the gap first: it comes before the chunks it explains */
@@ -773,16 +773,16 @@ static int read_reply_lines(OutputStream *os, sd_bus_message *reply) {
                         return -EBADMSG;
                 if (len > 0 && (r = lines_add_chunk(&os->out, stream, offset, data, len)) < 0)
                         return r;
-                bytes += len;
         }
         if (r < 0)
                 return r;
         os->exited = exited;
         os->exit_code = code;
         os->signal = sig;
-        /* The end: nothing new, or an exited process's read that max did not
-         * cut (nothing can follow; the guest may let it go from then on). */
-        if ((next == os->offset && gap == 0) || (exited && bytes < REST_PROC_READ_MAX)) {
+        /* The end: a read that gave nothing new. An exited process's read
+         * that gave bytes is not: an agent may answer fewer than max (its
+         * payload limit, its own cap), so only the next read can tell. */
+        if (next == os->offset && gap == 0) {
                 os->done = true;
                 if (exited)
                         r = lines_add_exit(&os->out, code, sig);

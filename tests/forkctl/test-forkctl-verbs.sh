@@ -52,7 +52,7 @@ ok()     { n=$((n + 1)); echo "ok $n - $*"; }
 not_ok() { n=$((n + 1)); failed=$((failed + 1)); echo "not ok $n - $*"; }
 fc() { "$forkctl" --no-progress "$@" 2>"$state/err"; }
 
-echo "1..32"
+echo "1..33"
 tag=verbs-$$
 fc snapshot create "$tag" --kernel "$FORKD_GUEST_KERNEL" --rootfs "$FORKD_GUEST_ROOTFS" --boot-wait 60 >/dev/null ||
         { not_ok "snapshot create: $(cat "$state/err")"; exit 1; }
@@ -178,6 +178,13 @@ fc logs "$q" "$tp" >"$state/all" && fc logs "$q" "$tp" --offset 22 >"$state/tail
         [ "$(tail -c +23 "$state/all")" = "$(cat "$state/tail")" ] && [ "$(wc -l <"$state/tail")" = 2 ] &&
         ! fc signal "$q" 999999 TERM \
         && ok "logs from 0 and at an offset; signal of an unknown pid fails" || not_ok "logs: $(cat "$state/err")"
+# more than one read of the guest's (64 KiB each): an exited process's logs go on to its end
+fc exec --follow "$q" -- flood 200000 >"$state/flood"; rc=$?
+fp=$(fc ps "$q" --json | pyq "[p['pid'] for p in j if p['args'][0] == 'flood'][0]")
+fc logs "$q" "$fp" >"$state/all"
+[ $rc = 0 ] && [ "$(wc -c <"$state/flood")" = 200000 ] && cmp -s "$state/flood" "$state/all" \
+        && ok "logs of an exited process past one read: all 200000 bytes" \
+        || not_ok "logs past one read: rc=$rc $(wc -c <"$state/flood") $(wc -c <"$state/all") $(cat "$state/err")"
 
 fc snapshot rm "$tag" --cascade --force; rc=$?
 [ $rc = 2 ] && ok "rm --cascade --force: usage error" || not_ok "rm both: rc=$rc"

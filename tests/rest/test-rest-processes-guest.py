@@ -127,13 +127,30 @@ def t_offset_and_gap(c, stack):
         check(not chunks or chunks[0]["offset"] == off, (off, chunks[:1]))
     r = c.req("GET", f"/v1/sandboxes/{sid}/processes/{pid}/output?offset={len(whole) + 1}")
     check(r.status == 400 and "beyond the end" in r.json["error"], r)
-    # four times the log: a reader from 0 is told what it missed, then gets the rest
+    # four times the log. A follower from 0 while it is written may fall behind more than
+    # once: each time it is told how much it missed and where it goes on, and what it
+    # missed and what it got add up to what was written.
     size = 4 * RING
     pid = start(c, sid, ["flood", str(size)])
     objs, _ = output(c, stack, sid, pid, follow=True)
+    at = 0
+    for o in objs[:-1]:
+        if "gap" in o:
+            check(o["gap"] > 0 and o["offset"] == at + o["gap"], (at, o))
+            at = o["offset"]
+        else:
+            d = data_of([o])
+            check(o["offset"] == at and d and d == b"x" * len(d), (at, o))
+            at += len(d)
+    check(at == size and any("gap" in o for o in objs) and objs[-1] == {"exit_code": 0, "signal": None},
+          (at, objs[-1]))
+    # once it has ended, a reader from 0 is told once what it missed, then gets the rest
+    objs, _ = output(c, stack, sid, pid)
     gaps = [o for o in objs if "gap" in o]
     check(gaps == [{"gap": size - RING, "offset": size - RING}], gaps)
-    check(data_of(objs) == b"x" * RING and objs[-1] == {"exit_code": 0, "signal": None}, objs[-1])
+    d = data_of(objs)
+    check(d == b"x" * RING and objs[-1] == {"exit_code": 0, "signal": None},
+          (len(d), d[:20], d[-20:], [(o.get("offset"), len(data_of([o]))) for o in objs]))
 
 
 def t_stdin_cat(c, stack):
