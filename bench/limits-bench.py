@@ -3,12 +3,13 @@
 """
 bench/limits: what cpu_limit and disk_rate hold, and what cpu_limit costs a
 fork, through forkd over D-Bus (a private dbus-daemon, the real forkd with a
-cgroup v2 tree of its own, forkd-vmm, the test guest of 64 MiB):
+cgroup tree of its own, v2 or v1, forkd-vmm, the test guest of 64 MiB):
 
   cpu        a sandbox forked with cpu_limit 0.5 runs the guest's
              "spin 10000" (10 s of busy vCPU by the TSC); the CPU it used is
-             its cgroup's cpu.stat usage_usec over the call's wall time
-             (cpu_used_cpus; target 0.45..0.55)
+             its cgroup's cpu.stat usage_usec (v1: its VMM's utime and stime
+             in /proc/PID/stat) over the call's wall time (cpu_used_cpus;
+             target 0.45..0.55)
   disk       a sandbox forked with disk_rate {bandwidth 10 MiB/s (or
              --disk-rate-kib), burst 64 KiB} writes 10 s of that in 4 KiB
              requests ("disk_write 25600" at 10 MiB/s); bytes over wall time
@@ -18,7 +19,7 @@ cgroup v2 tree of its own, forkd-vmm, the test guest of 64 MiB):
              turns, medians (fork_cpu_limit_ms, fork_plain_ms, and their ratio)
 
 With --json the last line of stdout is one JSON object. Needs root, cgroup v2
-and a usable /dev/kvm; bench/limits runs it in the test host (--emulated)
+(or v1 with the memory and cpu hierarchies) and a usable /dev/kvm; bench/limits runs it in the test host (--emulated)
 where there is none.
 """
 
@@ -56,8 +57,9 @@ class Bench:
         with open(disk, "wb") as f:
             f.truncate(256 << 20)
         h.setup_cgroups()
-        if not h.cgroot or h.cgroot.startswith("/sys/fs/cgroup/memory/"):
-            sys.exit("bench/limits: needs cgroup v2 with the memory and cpu controllers")
+        if not h.cgroot or (h.cgroot.startswith("/sys/fs/cgroup/memory/") and not h.cpu_cgroot()):
+            sys.exit("bench/limits: needs cgroup v2 with the memory and cpu controllers, or v1's memory and cpu "
+                     "hierarchies")
         h.start_bus()
         h.start_forkd()
         h.m("CreateSnapshot", "sssuu", ["base", self.args.guest, disk, 64, 60], timeout=120)
@@ -74,7 +76,11 @@ class Bench:
         if out.get("error"):
             raise RuntimeError(f"{code}: {out}")
 
-    def usage_usec(self, sid):
+    def usage_usec(self, sid, pid):
+        if self.h.cpu_cgroot():  # v1: the VMM's threads
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) * 1000000 // os.sysconf("SC_CLK_TCK")
         with open(os.path.join(self.h.cgroot, sid, "cpu.stat")) as f:
             for line in f:
                 k, v = line.split()
@@ -85,9 +91,9 @@ class Bench:
     def cpu(self):
         s = self.h.fork("base", 1, {"cpu_limit": ("d", 0.5)})[0]
         try:
-            u0, t0 = self.usage_usec(s["id"]), time.monotonic()
+            u0, t0 = self.usage_usec(s["id"], s["pid"]), time.monotonic()
             self.run_code(s["id"], "spin 10000")
-            used = (self.usage_usec(s["id"]) - u0) / 1e6
+            used = (self.usage_usec(s["id"], s["pid"]) - u0) / 1e6
             wall = time.monotonic() - t0
         finally:
             self.end([s])
@@ -149,7 +155,8 @@ def main():
     finally:
         b.h.cleanup()
 
-    doc = {"rounds": args.rounds, "n": args.n, "emulated": args.emulated, **cpu, **disk,
+    doc = {"rounds": args.rounds, "n": args.n, "emulated": args.emulated,
+           "cgroup": "v1" if b.h.cpu_cgroot() else "v2", **cpu, **disk,
            "fork_cpu_limit_ms": median([r["fork_cpu_limit_ms"] for r in forks]),
            "fork_plain_ms": median([r["fork_plain_ms"] for r in forks])}
     doc["fork_cpu_limit_ratio"] = round(doc["fork_cpu_limit_ms"] / doc["fork_plain_ms"], 3)
@@ -159,7 +166,8 @@ def main():
     doc["disk_ok"] = 0.9 * want <= doc["disk_mib_per_s"] <= 1.1 * want
     doc["rounds_ms"] = forks
 
-    print(f"bench/limits: test guest 64 MiB; fork of {args.n}, {args.rounds} rounds taking turns, medians")
+    print(f"bench/limits: test guest 64 MiB, cgroup {doc['cgroup']}; fork of {args.n}, {args.rounds} rounds "
+          "taking turns, medians")
     for key, label, target in (
             ("cpu_used_cpus", "cpu_limit 0.5, spinning guest: CPUs used", "0.45..0.55"),
             ("cpu_wall_s", "  over (s)", ""),

@@ -31,8 +31,8 @@ typedef struct CGroupBackend {
         int (*set_limits)(CGroupManager *c, const char *id, uint64_t memory_bytes, double cpus);
         /* Forget the pending prepares made with this userdata. */
         void (*cancel)(CGroupManager *c, void *userdata);
-        /* The sandbox answered: its VMM is inside its cgroup. */
-        void (*attached)(CGroupManager *c, const char *id);
+        /* cgroup_attached() */
+        void (*attached)(CGroupManager *c, const char *id, pid_t pid);
         int (*oom_kills)(CGroupManager *c, const char *id, uint64_t *ret);
         /* Remove, retrying in the background while the cgroup holds dying tasks. */
         int (*remove)(CGroupManager *c, const char *id);
@@ -53,6 +53,9 @@ struct CGroupManager {
         char *root;     /* cgroupfs: directory holding one cgroup per sandbox */
         int version;    /* cgroupfs: 1 or 2 */
         bool cpu;       /* cpu_limit can be set (cgroup_manager_cpu_supported()) */
+        /* cgroupfs v1 with cpu: the cpu hierarchy's directory of sandbox cgroups,
+         * or NULL where cpu is mounted with memory (root's cgroups hold both) */
+        char *cpu_root;
 
         struct cgroup_removal *removals;
         unsigned n_removals;

@@ -1,13 +1,19 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 /* The cgroupfs backend: one cgroup per sandbox under the root directory, with
- * memory.max (v2) or memory.limit_in_bytes (v1), and a fork template's
- * tpl-<pid> cgroup next to them. */
+ * memory.max and cpu.max (v2) or memory.limit_in_bytes (v1), and a fork
+ * template's tpl-<pid> cgroup next to them. On v1, cpu_limit is
+ * cpu.cfs_quota_us in a cgroup of the same name in the cpu hierarchy
+ * (c->cpu_root, made for every sandbox that has a cgroup, so that a limit can
+ * come later), which forkd moves the VMM into once it runs. */
 #include <dirent.h>
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
+#include <linux/magic.h>
 #include <unistd.h>
 
 #include "cgroup-backend.h"
@@ -24,6 +30,57 @@ static bool is_template_cgroup(const char *name) {
                 return false;
         pid = name + strlen(TEMPLATE_CGROUP_PREFIX);
         return *pid && strspn(pid, "0123456789") == strlen(pid);
+}
+
+static bool is_cgroup_v1(const char *path) {
+        struct statfs sf;
+
+        return statfs(path, &sf) >= 0 && sf.f_type == CGROUP_SUPER_MAGIC;
+}
+
+/* v1: the cpu hierarchy's counterpart of root (a directory in the memory
+ * hierarchy): the memory hierarchy's mount point is root's topmost cgroupfs
+ * ancestor, and the cpu one is "cpu" beside it (cpu,cpuacct where the two are
+ * mounted together, through the usual link). *ret NULL: memory's own
+ * hierarchy holds cpu. -EOPNOTSUPP: no cpu hierarchy. */
+static int v1_cpu_root(const char *root, char **ret) {
+        char mount[PATH_MAX], cpu[PATH_MAX + 8], file[PATH_MAX + 32];
+        const char *rel;
+        char *slash;
+
+        if (strlen(root) >= sizeof(mount) || root[0] != '/')
+                return -EINVAL;
+        strcpy(mount, root);
+        /* up while the parent is cgroupfs too; root itself may not exist yet */
+        for (;;) {
+                slash = strrchr(mount, '/');
+                if (!slash || slash == mount)
+                        return -EOPNOTSUPP;
+                *slash = 0;
+                if (is_cgroup_v1(mount)) {
+                        char parent[PATH_MAX];
+
+                        strcpy(parent, mount);
+                        *strrchr(parent, '/') = 0;
+                        if (!is_cgroup_v1(*parent ? parent : "/"))
+                                break;
+                }
+        }
+        snprintf(file, sizeof(file), "%s/cpu.cfs_quota_us", mount);
+        if (access(file, F_OK) >= 0) {
+                *ret = NULL;
+                return 0;
+        }
+        rel = root + strlen(mount);
+        slash = strrchr(mount, '/');
+        *slash = 0;
+        snprintf(cpu, sizeof(cpu), "%s/cpu", mount);
+        snprintf(file, sizeof(file), "%s/cpu.cfs_quota_us", cpu);
+        if (!is_cgroup_v1(cpu) || access(file, F_OK) < 0)
+                return -EOPNOTSUPP;
+        if (asprintf(ret, "%s%s", cpu, rel) < 0)
+                return -ENOMEM;
+        return 0;
 }
 
 static int cgroupfs_init(CGroupManager *c) {
@@ -45,14 +102,51 @@ static int cgroupfs_init(CGroupManager *c) {
                         log_info_errno(r, "cpu_limit is not available: cannot enable the cpu controller in %s: %m",
                                        c->root);
                 c->cpu = r >= 0;
+        } else {
+                r = v1_cpu_root(c->root, &c->cpu_root);
+                if (r >= 0 && c->cpu_root) {
+                        r = mkdir_parents_and_self(c->cpu_root, 0755);
+                        if (r < 0) {
+                                log_info_errno(r, "cpu_limit is not available: cannot create the cgroup %s: %m",
+                                               c->cpu_root);
+                                free(c->cpu_root);
+                                c->cpu_root = NULL;
+                        }
+                } else if (r == -EOPNOTSUPP)
+                        log_info("cpu_limit is not available: no cgroup v1 cpu hierarchy beside %s.", c->root);
+                else if (r < 0)
+                        log_info_errno(r, "cpu_limit is not available beside %s: %m", c->root);
+                c->cpu = r >= 0;
+                if (c->cpu)
+                        log_info("cpu_limit: cgroup v1 cpu.cfs_quota_us under %s.", c->cpu_root ?: c->root);
         }
         return 0;
 }
 
-/* cpu.max: "<quota> <period>", or "max <period>" for cpus < 0. */
-static int write_cpu_max(const char *dir, double cpus) {
-        char file[4200], value[64];
+/* Where sandbox id's cpu limit lives: its v2 cgroup, or its v1 cgroup of the
+ * cpu hierarchy. */
+static void cpu_dir(CGroupManager *c, const char *id, char *buf, size_t size) {
+        snprintf(buf, size, "%s/%s", c->version == 1 && c->cpu_root ? c->cpu_root : c->root, id);
+}
 
+/* cpus < 0: none. v2: cpu.max, "<quota> <period>" or "max <period>". v1:
+ * cpu.cfs_period_us, then cpu.cfs_quota_us (-1: none). */
+static int write_cpu_limit(const CGroupManager *c, const char *dir, double cpus) {
+        char file[4200], value[64];
+        int r;
+
+        if (c->version == 1) {
+                snprintf(file, sizeof(file), "%s/cpu.cfs_period_us", dir);
+                snprintf(value, sizeof(value), "%u", CPU_LIMIT_PERIOD_USEC);
+                r = cgroup_write_string_file(file, value);
+                if (r < 0)
+                        return r;
+                snprintf(file, sizeof(file), "%s/cpu.cfs_quota_us", dir);
+                if (cpus < 0)
+                        return cgroup_write_string_file(file, "-1");
+                snprintf(value, sizeof(value), "%llu", (unsigned long long) cpu_limit_quota_usec(cpus));
+                return cgroup_write_string_file(file, value);
+        }
         if (cpus < 0)
                 snprintf(value, sizeof(value), "max %u", CPU_LIMIT_PERIOD_USEC);
         else
@@ -100,14 +194,17 @@ static int cgroupfs_set_limits(CGroupManager *c, const char *id, uint64_t memory
                         return r;
         }
         if (cpus != 0) {
-                if (c->version != 2)
+                if (!c->cpu)
                         return -EOPNOTSUPP;
-                r = write_cpu_max(dir, cpus);
+                cpu_dir(c, id, dir, sizeof(dir));
+                r = write_cpu_limit(c, dir, cpus);
                 if (r < 0)
                         return r;
         }
         return 0;
 }
+
+static int cgroupfs_remove(CGroupManager *c, const char *id);
 
 static int cgroupfs_prepare(CGroupManager *c, const char *id, uint64_t limit, double cpus,
                             cgroup_prepare_done_t done, void *userdata, char **ret_parent) {
@@ -139,19 +236,44 @@ static int cgroupfs_prepare(CGroupManager *c, const char *id, uint64_t limit, do
                                 r = cgroup_write_string_file(file, value);
                 }
         }
-        if (r >= 0 && cpus > 0)
-                r = write_cpu_max(dir, cpus);
+        if (r >= 0 && c->cpu && c->version == 1 && c->cpu_root) {
+                /* its cgroup in the cpu hierarchy, limited or not, for a later limit too */
+                char cdir[4096];
+
+                cpu_dir(c, id, cdir, sizeof(cdir));
+                if (mkdir(cdir, 0755) < 0 && errno != EEXIST)
+                        r = -errno;
+                else if (cpus > 0 && (r = write_cpu_limit(c, cdir, cpus)) < 0)
+                        (void) rmdir(cdir);
+        } else if (r >= 0 && cpus > 0)
+                r = write_cpu_limit(c, dir, cpus);
         if (r < 0) {
                 (void) rmdir(dir);
                 return r;
         }
         parent = strdup(c->root);
         if (!parent) {
-                (void) rmdir(dir);
+                (void) cgroupfs_remove(c, id);
                 return -ENOMEM;
         }
         *ret_parent = parent;
         return 1;
+}
+
+/* v1: the VMM into its cgroup of the cpu hierarchy (cgroup.procs moves all
+ * its threads; the ones it makes later are born there). */
+static void cgroupfs_attached(CGroupManager *c, const char *id, pid_t pid) {
+        char dir[4096], file[4200], value[32];
+        int r;
+
+        if (c->version != 1 || !c->cpu_root)
+                return;
+        cpu_dir(c, id, dir, sizeof(dir));
+        snprintf(file, sizeof(file), "%s/cgroup.procs", dir);
+        snprintf(value, sizeof(value), "%d", (int) pid);
+        r = cgroup_write_string_file(file, value);
+        if (r < 0 && r != -ENOENT && r != -ESRCH)
+                log_warning_errno(r, "Failed to move the VMM of %s (%d) into %s: %m", id, (int) pid, dir);
 }
 
 static int cgroupfs_oom_kills(CGroupManager *c, const char *id, uint64_t *ret) {
@@ -163,13 +285,19 @@ static int cgroupfs_oom_kills(CGroupManager *c, const char *id, uint64_t *ret) {
 
 static int cgroupfs_remove(CGroupManager *c, const char *id) {
         char dir[4096];
+        int r = 0;
 
+        if (c->version == 1 && c->cpu_root) {
+                cpu_dir(c, id, dir, sizeof(dir));
+                r = cgroup_remove_dir(c, dir);
+        }
         snprintf(dir, sizeof(dir), "%s/%s", c->root, id);
-        return cgroup_remove_dir(c, dir);
+        int k = cgroup_remove_dir(c, dir);
+        return r < 0 ? r : k;
 }
 
-static int cgroupfs_sweep(CGroupManager *c) {
-        DIR *d = opendir(c->root);
+static int sweep_dir(CGroupManager *c, const char *root) {
+        DIR *d = opendir(root);
         struct dirent *de;
         int r = 0;
 
@@ -183,13 +311,24 @@ static int cgroupfs_sweep(CGroupManager *c) {
                     !((strncmp(de->d_name, "sb-", 3) == 0 && snapshot_tag_is_valid(de->d_name)) ||
                       is_template_cgroup(de->d_name)))
                         continue;
-                snprintf(dir, sizeof(dir), "%s/%s", c->root, de->d_name);
+                snprintf(dir, sizeof(dir), "%s/%s", root, de->d_name);
                 log_info("Removing stale cgroup %s.", dir);
                 int k = cgroup_remove_dir(c, dir);
                 if (k < 0 && r == 0)
                         r = k;
         }
         closedir(d);
+        return r;
+}
+
+static int cgroupfs_sweep(CGroupManager *c) {
+        int r = sweep_dir(c, c->root);
+
+        if (c->version == 1 && c->cpu_root) {
+                int k = sweep_dir(c, c->cpu_root);
+                if (r == 0)
+                        r = k;
+        }
         return r;
 }
 
@@ -221,6 +360,7 @@ const CGroupBackend cgroup_backend_cgroupfs = {
         .init = cgroupfs_init,
         .prepare = cgroupfs_prepare,
         .set_limits = cgroupfs_set_limits,
+        .attached = cgroupfs_attached,
         .oom_kills = cgroupfs_oom_kills,
         .remove = cgroupfs_remove,
         .sweep = cgroupfs_sweep,

@@ -395,7 +395,7 @@ static void scope_cancel(CGroupManager *c, void *userdata) {
  * placeholder stays until removal: if the scope emptied when the VMM dies,
  * systemd would stop it and remove its cgroups before the daemon could read
  * the OOM count. */
-static void scope_attached(CGroupManager *c, const char *id) {
+static void scope_attached(CGroupManager *c, const char *id, pid_t pid) {
         struct scope_unit *u = scope_find(c, id);
         _cleanup_free_ char *procs = NULL;
         char path[4200];

@@ -194,6 +194,7 @@ CGroupManager *cgroup_manager_free(CGroupManager *c) {
         sd_event_source_disable_unref(c->removal_timer);
         sd_event_unref(c->event);
         free(c->root);
+        free(c->cpu_root);
         free(c);
         return NULL;
 }
@@ -228,9 +229,15 @@ void cgroup_cancel(CGroupManager *c, void *userdata) {
                 c->backend->cancel(c, userdata);
 }
 
-void cgroup_attached(CGroupManager *c, const char *id) {
-        if (c->backend->attached)
-                c->backend->attached(c, id);
+void cgroup_attached(CGroupManager *c, const char *id, pid_t pid) {
+        if (c->backend->attached && pid > 0)
+                c->backend->attached(c, id, pid);
+}
+
+int cgroup_cpu_stat_path(CGroupManager *c, const char *id, char **ret) {
+        if (!c || !c->cpu_root || c->backend != &cgroup_backend_cgroupfs)
+                return -ENOENT;
+        return asprintf(ret, "%s/%s/cpu.stat", c->cpu_root, id) < 0 ? -ENOMEM : 0;
 }
 
 int cgroup_oom_kills(CGroupManager *c, const char *id, uint64_t *ret) {
@@ -293,7 +300,7 @@ int cgroup_detach(CGroupManager *c, pid_t pid) {
                 if (!cg)
                         continue;
                 *cg++ = 0;
-                /* The hierarchies where sandboxes get cgroups: the unified one, systemd's, memory. */
+                /* The hierarchies where sandboxes get cgroups: the unified one, systemd's, memory, cpu. */
                 if (*ctrl == 0)
                         r = asprintf(&procs, "%s%s/cgroup.procs",
                                      access("/sys/fs/cgroup/unified", F_OK) >= 0 ? "/sys/fs/cgroup/unified" :
@@ -301,7 +308,7 @@ int cgroup_detach(CGroupManager *c, pid_t pid) {
                                      strcmp(cg, "/") == 0 ? "" : cg);
                 else if (strcmp(ctrl, "name=systemd") == 0)
                         r = asprintf(&procs, "/sys/fs/cgroup/systemd%s/cgroup.procs", strcmp(cg, "/") == 0 ? "" : cg);
-                else if (cgroup_controllers_have(ctrl, "memory"))
+                else if (cgroup_controllers_have(ctrl, "memory") || cgroup_controllers_have(ctrl, "cpu"))
                         r = asprintf(&procs, "/sys/fs/cgroup/%s%s/cgroup.procs", ctrl, strcmp(cg, "/") == 0 ? "" : cg);
                 else
                         continue;

@@ -6,7 +6,9 @@
  * cgroup-fs.c, cgroup-systemd.c):
  *
  *   cgroupfs-v2   <root>/<id>/memory.max, <root>/<id>/cpu.max
- *   cgroupfs-v1   <root>/<id>/memory.limit_in_bytes (+ memory.memsw.limit_in_bytes); no cpu limit
+ *   cgroupfs-v1   <root>/<id>/memory.limit_in_bytes (+ memory.memsw.limit_in_bytes), and
+ *                 <cpu root>/<id>/cpu.cfs_quota_us in the cpu hierarchy beside it, which
+ *                 forkd moves the VMM into (cgroup_attached())
  *   systemd-scope a transient scope forkd-<id>.scope (MemoryMax=, CPUQuota=, Delegate=yes)
  *                 started with StartTransientUnit and tracked through JobRemoved;
  *                 the VMM child joins the sub-cgroup <scope>/<id>
@@ -41,8 +43,8 @@ const char *cgroup_manager_name(const CGroupManager *c);
 int cgroup_prepare(CGroupManager *c, const char *id, uint64_t limit_bytes, double cpus, cgroup_prepare_done_t done,
                    void *userdata, char **ret_parent);
 /* Whether a sandbox's cgroup can hold cpu_limit: cgroupfs v2 with the cpu
- * controller, or systemd scopes (CPUQuota=). Not cgroupfs v1, whose
- * sandboxes have cgroups in the memory hierarchy only. */
+ * controller, cgroupfs v1 with a cpu hierarchy mounted beside the memory one
+ * (cpu.cfs_quota_us), or systemd scopes (CPUQuota=). */
 bool cgroup_manager_cpu_supported(const CGroupManager *c);
 /* Change the limits of a sandbox's cgroup while it runs: memory_bytes 0
  * leaves the memory limit, cpus 0 the cpu limit, cpus < 0 removes it.
@@ -50,7 +52,14 @@ bool cgroup_manager_cpu_supported(const CGroupManager *c);
  * (SetUnitProperties, runtime), which applies them right after. */
 int cgroup_set_limits(CGroupManager *c, const char *id, uint64_t memory_bytes, double cpus);
 void cgroup_cancel(CGroupManager *c, void *userdata);
-void cgroup_attached(CGroupManager *c, const char *id);
+/* The sandbox id's VMM pid is running: cgroupfs v1 moves it into its cgroup
+ * of the cpu hierarchy (the memory one it joined itself before it restored),
+ * systemd-scope marks the scope as populated. Called as soon as the VMM is
+ * there and again once it answered; each call may repeat. */
+void cgroup_attached(CGroupManager *c, const char *id, pid_t pid);
+/* The cpu.stat of sandbox id's cgroup where the backend knows it without
+ * asking /proc (cgroupfs v1's cpu hierarchy): a new string, or -ENOENT. */
+int cgroup_cpu_stat_path(CGroupManager *c, const char *id, char **ret);
 int cgroup_oom_kills(CGroupManager *c, const char *id, uint64_t *ret);
 int cgroup_remove(CGroupManager *c, const char *id);
 int cgroup_sweep(CGroupManager *c);

@@ -270,7 +270,7 @@ static void on_ping(int r, uint16_t type, const char *json, struct json_object *
                 /* The sandbox owns the cgroup by now (fork_work_done cleared has_cgroup[]);
                  * the child joined it before it could answer. */
                 if (s && s->has_cgroup)
-                        cgroup_attached(f->manager->cgroups, s->id);
+                        cgroup_attached(f->manager->cgroups, s->vm_id, (pid_t) s->pid);
         } else {
                 if ((r == -ECONNRESET || r == -EPIPE) && s && s->fork_op == f && s->state == SANDBOX_STARTING) {
                         /* Its agent channel closed but its exit is not reported yet (it
@@ -617,7 +617,7 @@ static void fork_work_done(int r, void *userdata) {
                         /* Early, so that the service manager sees the VMM in its scope as soon as
                          * possible; again once it answered, when it has surely joined its cgroup. */
                         if (s->has_cgroup)
-                                cgroup_attached(m->cgroups, s->id);
+                                cgroup_attached(m->cgroups, s->vm_id, (pid_t) s->pid);
                 }
                 m->n_sandboxes_reserved -= f->n;
                 f->reserved = false;

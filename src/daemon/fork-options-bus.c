@@ -171,7 +171,8 @@ int bus_check_limits(Manager *m, uint32_t memory_limit_mib, const struct sandbox
         if (l->cpu_limit > 0 && !cgroup_manager_cpu_supported(m->cgroups))
                 return sd_bus_error_setf(error, FORKD_ERROR_NOT_SUPPORTED,
                                          "cpu_limit is not available with the %s cgroup backend here (it needs "
-                                         "cgroup v2 with the cpu controller, or systemd scopes).",
+                                         "the cpu controller: cgroup v2's, a cgroup v1 cpu hierarchy, or systemd "
+                                         "scopes).",
                                          cgroup_manager_name(m->cgroups));
         return 0;
 }

@@ -369,7 +369,8 @@ void sandbox_read_usage(Sandbox *s, SandboxUsage *ret) {
         /* Its cgroup once: the VMM joined it before it answered (has_cgroup). */
         if (s->has_cgroup && !s->cpu_stat_looked_up && s->state == SANDBOX_RUNNING && s->pid > 0) {
                 s->cpu_stat_looked_up = true;
-                if (usage_cpu_stat_path((pid_t) s->pid, s->vm_id, &s->cpu_stat_path) < 0)
+                if (cgroup_cpu_stat_path(s->manager->cgroups, s->vm_id, &s->cpu_stat_path) < 0 &&
+                    usage_cpu_stat_path((pid_t) s->pid, s->vm_id, &s->cpu_stat_path) < 0)
                         s->cpu_stat_path = NULL;
         }
         usage_read((pid_t) s->pid, s->has_cgroup ? s->cpu_stat_path : NULL, s->stats, &s->usage_files, ret);

@@ -79,19 +79,22 @@ static bool find_key(const char *text, const char *key, uint64_t *ret) {
 }
 
 int usage_parse_cpu_stat(const char *text, uint64_t *ret_usage, bool *ret_have_throttled, uint64_t *ret_throttled) {
-        uint64_t u, t = 0;
-        bool ht;
+        uint64_t u = 0, t = 0;
+        bool hu, ht;
 
-        if (!find_key(text, "usage_usec", &u))
-                return -ENODATA;
+        hu = find_key(text, "usage_usec", &u);
         ht = find_key(text, "throttled_usec", &t);
+        if (!ht && find_key(text, "throttled_time", &t)) { /* v1: ns */
+                ht = true;
+                t /= 1000;
+        }
         if (ret_usage)
                 *ret_usage = u;
         if (ret_have_throttled)
                 *ret_have_throttled = ht;
         if (ret_throttled)
                 *ret_throttled = ht ? t : 0;
-        return 0;
+        return hu ? 0 : -ENODATA;
 }
 
 clockid_t usage_process_cpu_clock(pid_t pid) {

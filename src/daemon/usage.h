@@ -32,8 +32,9 @@ const struct vmm_stats *usage_stats_page_free(const struct vmm_stats *map);
 /* A copy of the counters, if the VMM stamped the page: 0, or -ENODATA. */
 int usage_stats_read(const struct vmm_stats *map, struct vmm_stats *ret);
 
-/* "usage_usec N" and "throttled_usec N" of a cgroup v2 cpu.stat; either pointer may be NULL.
- * -ENODATA when usage_usec is missing. */
+/* "usage_usec N" and "throttled_usec N" of a cgroup v2 cpu.stat, or v1's
+ * "throttled_time N" (ns) for the throttled time; any pointer may be NULL.
+ * -ENODATA when usage_usec is missing (v1), the throttled time set still. */
 int usage_parse_cpu_stat(const char *text, uint64_t *ret_usage, bool *ret_have_throttled, uint64_t *ret_throttled);
 /* The CPU-time clock of process pid (every thread's time), for clock_gettime(). */
 clockid_t usage_process_cpu_clock(pid_t pid);

@@ -235,16 +235,18 @@ class Harness:
         if self.bus_proc:
             self.bus_proc.kill()
             self.bus_proc.wait()
-        if self.cgroot and os.path.isdir(self.cgroot):
+        for root in (self.cgroot, self.cpu_cgroot()):
+            if not root or not os.path.isdir(root):
+                continue
             deadline = time.monotonic() + 20
-            while os.path.isdir(self.cgroot) and time.monotonic() < deadline:
-                for d in glob.glob(self.cgroot + "/*/"):
+            while os.path.isdir(root) and time.monotonic() < deadline:
+                for d in glob.glob(root + "/*/"):
                     try:
                         os.rmdir(d)
                     except OSError:
                         pass
                 try:
-                    os.rmdir(self.cgroot)
+                    os.rmdir(root)
                 except OSError:
                     time.sleep(0.05)
         if os.environ.get("FORKD_TEST_KEEP"):
@@ -299,6 +301,17 @@ class Harness:
         for sid in list(self.sandboxes()):
             self.m("TerminateSandbox", "s", [sid])
             self.wait_removed(sid)
+
+    def cpu_cgroot(self):
+        """cgroup v1: where forkd makes the sandboxes' cgroups of the cpu hierarchy
+        (the cpu mount beside the memory one, the same path below it), else None."""
+        v1 = "/sys/fs/cgroup/memory/"
+        if not self.cgroot or not self.cgroot.startswith(v1):
+            return None
+        cpu = "/sys/fs/cgroup/cpu/"
+        if not os.path.exists(cpu + "cpu.cfs_quota_us"):
+            return None
+        return cpu + self.cgroot[len(v1):]
 
     def cgroup_children(self):
         if not self.cgroot or not os.path.isdir(self.cgroot):

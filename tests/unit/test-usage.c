@@ -87,6 +87,15 @@ static void test_parse_cpu_stat(void **state) {
         /* a key that only ends like another is not it */
         assert_int_equal(usage_parse_cpu_stat("xusage_usec 5\n", &u, NULL, NULL), -ENODATA);
         assert_int_equal(usage_parse_cpu_stat("", &u, NULL, NULL), -ENODATA);
+        /* cgroup v1's cpu.stat: no usage, the throttled time in ns */
+        assert_int_equal(usage_parse_cpu_stat("nr_periods 12\nnr_throttled 3\nthrottled_time 4567890\n"
+                                              "nr_bursts 0\nburst_time 0\n", &u, &ht, &t), -ENODATA);
+        assert_true(ht);
+        assert_int_equal(t, 4567);
+        /* v2's throttled_usec wins over a throttled_time */
+        assert_int_equal(usage_parse_cpu_stat("usage_usec 1\nthrottled_time 9000\nthrottled_usec 2\n", &u, &ht, &t),
+                         0);
+        assert_int_equal(t, 2);
 }
 
 /* A child that spins for a while, then waits to be killed: its CPU clock, read
