@@ -152,15 +152,38 @@ class Stack:
         self.daemon = self.spawn(argv, env=env)
         return self.daemon
 
+    def cpu_cgroot(self):
+        """cgroup v1: forkd's directory of sandbox cgroups in the cpu hierarchy, else None."""
+        v1 = "/sys/fs/cgroup/memory/"
+        if not getattr(self, "cgroot", None) or not self.cgroot.startswith(v1) or \
+                not os.path.exists("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"):
+            return None
+        return "/sys/fs/cgroup/cpu/" + self.cgroot[len(v1):]
+
+    def cpu_max(self, sid):
+        """A sandbox's cpu limit as v2's cpu.max says it: [quota or "max", period]."""
+        cpu = self.cpu_cgroot()
+        if not cpu:
+            with open(os.path.join(self.cgroot, sid, "cpu.max")) as f:
+                return f.read().split()
+        with open(os.path.join(cpu, sid, "cpu.cfs_quota_us")) as f:
+            quota = f.read().strip()
+        with open(os.path.join(cpu, sid, "cpu.cfs_period_us")) as f:
+            return ["max" if quota == "-1" else quota, f.read().strip()]
+
     def remove_cgroot(self):
-        if not getattr(self, "cgroot", None):
-            return
+        for root in (getattr(self, "cgroot", None), self.cpu_cgroot()):
+            if root:
+                self.remove_cgroup_dir(root)
+
+    @staticmethod
+    def remove_cgroup_dir(root):
         for _ in range(100):
             try:
-                for d in os.listdir(self.cgroot):
-                    if os.path.isdir(os.path.join(self.cgroot, d)):
-                        os.rmdir(os.path.join(self.cgroot, d))
-                os.rmdir(self.cgroot)
+                for d in os.listdir(root):
+                    if os.path.isdir(os.path.join(root, d)):
+                        os.rmdir(os.path.join(root, d))
+                os.rmdir(root)
                 return
             except FileNotFoundError:
                 return
@@ -1098,11 +1121,11 @@ def t_fork(c, stack):
 
 def t_fork_limits(c, stack):
     """cpu_limit, disk_rate, net_rate on POST /v1/sandboxes, shown in
-    SandboxInfo; PATCH changes them live (cpu.max too); a bad PATCH is a 400
-    and changes nothing."""
-    if not stack.cgroot or stack.cgroot.startswith("/sys/fs/cgroup/memory/"):
-        raise Skip("no cgroup v2 tree of forkd's (or not root)")
-    if not os.path.exists(os.path.join(stack.cgroot, "..", "cgroup.subtree_control")):
+    SandboxInfo; PATCH changes them live (cpu.max, or v1's cpu.cfs_quota_us,
+    too); a bad PATCH is a 400 and changes nothing."""
+    if not stack.cgroot or (stack.cgroot.startswith("/sys/fs/cgroup/memory/") and not stack.cpu_cgroot()):
+        raise Skip("no cgroup v2 tree of forkd's, nor v1 memory and cpu hierarchies (or not root)")
+    if not stack.cpu_cgroot() and not os.path.exists(os.path.join(stack.cgroot, "..", "cgroup.subtree_control")):
         raise Skip("no cgroup.subtree_control")
     rate = {"bandwidth": 1 << 20, "ops": 100}
     r = c.expect(201, "POST", "/v1/sandboxes", {"snapshot_tag": Ctx.tag, "cpu_limit": 0.5, "disk_rate": rate})
@@ -1110,12 +1133,10 @@ def t_fork_limits(c, stack):
     try:
         check(r.json[0]["cpu_limit"] == 0.5 and r.json[0]["disk_rate"] == rate, r)
         check("net_rate" not in r.json[0], r)
-        with open(os.path.join(stack.cgroot, sid, "cpu.max")) as f:
-            check(f.read().split() == ["50000", "100000"], "cpu.max after the fork")
+        check(stack.cpu_max(sid) == ["50000", "100000"], "cpu.max after the fork")
         r = c.expect(200, "PATCH", f"/v1/sandboxes/{sid}", {"cpu_limit": 0.25, "net_rate": {"bandwidth": 8192}})
         check(r.json["cpu_limit"] == 0.25 and r.json["net_rate"] == {"bandwidth": 8192}, r)
-        with open(os.path.join(stack.cgroot, sid, "cpu.max")) as f:
-            check(f.read().split() == ["25000", "100000"], "cpu.max after PATCH")
+        check(stack.cpu_max(sid) == ["25000", "100000"], "cpu.max after PATCH")
         # a bad value: 400 naming it, and the good one beside it is not applied
         r = c.expect(400, "PATCH", f"/v1/sandboxes/{sid}", {"cpu_limit": 0.75, "disk_rate": {"ops": 0.5}})
         check("disk_rate.ops" in r.json["error"], r)
@@ -1123,13 +1144,11 @@ def t_fork_limits(c, stack):
         check("cpu_limit must be a number between 0.01 and" in r.json["error"], r)
         r = c.expect(200, "GET", f"/v1/sandboxes/{sid}")
         check(r.json["cpu_limit"] == 0.25 and r.json["disk_rate"] == rate, r)
-        with open(os.path.join(stack.cgroot, sid, "cpu.max")) as f:
-            check(f.read().split() == ["25000", "100000"], "cpu.max after the refused PATCH")
+        check(stack.cpu_max(sid) == ["25000", "100000"], "cpu.max after the refused PATCH")
         # removed
         r = c.expect(200, "PATCH", f"/v1/sandboxes/{sid}", {"cpu_limit": 0, "disk_rate": {"bandwidth": 0}})
         check("cpu_limit" not in r.json and "disk_rate" not in r.json, r)
-        with open(os.path.join(stack.cgroot, sid, "cpu.max")) as f:
-            check(f.read().split()[0] == "max", "cpu.max after removing cpu_limit")
+        check(stack.cpu_max(sid)[0] == "max", "cpu.max after removing cpu_limit")
         c.expect(200, "POST", f"/v1/sandboxes/{sid}/ping")
     finally:
         c.req("DELETE", f"/v1/sandboxes/{sid}")
