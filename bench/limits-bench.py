@@ -14,6 +14,12 @@ cgroup tree of its own, v2 or v1, forkd-vmm, the test guest of 64 MiB):
              --disk-rate-kib), burst 64 KiB} writes 10 s of that in 4 KiB
              requests ("disk_write 25600" at 10 MiB/s); bytes over wall time
              (disk_mib_per_s; target within 10% of the rate)
+  neighbour  the Ping round trip of an idle sandbox (200 of them, p50 and
+             p99) alone, then beside one spinning sandbox per host CPU, each
+             with cpu_limit 0.5 (neighbour_capped_ms; against alone: the
+             ratio, which the limit should keep near 1), then the same
+             spinners without a limit (neighbour_uncapped_ms: what the
+             limit saves)
   fork       Fork(tag, N) with cpu_limit 0.5 (a cgroup per child) and
              without, until the reply (every child answered), R rounds taking
              turns, medians (fork_cpu_limit_ms, fork_plain_ms, and their ratio)
@@ -29,6 +35,7 @@ import json
 import os
 import statistics
 import sys
+import threading
 import time
 
 TOP = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -111,6 +118,52 @@ class Bench:
             self.end([s])
         return {"disk_mib_per_s": round(blocks * BLOCK / wall / (1 << 20), 3), "disk_wall_s": round(wall, 3)}
 
+    def pings(self, sid, n=200):
+        times = []
+        for _ in range(n):
+            t0 = time.monotonic()
+            self.h.m("Ping", "s", [sid])
+            times.append((time.monotonic() - t0) * 1000)
+        times.sort()
+        return {"p50": round(times[n // 2], 3), "p99": round(times[n * 99 // 100], 3)}
+
+    def neighbour(self):
+        spinners = os.cpu_count() or 1
+        nb = self.h.fork("base", 1)[0]
+        r = {"neighbour_spinners": spinners}
+        try:
+            r["neighbour_alone_ms"] = self.pings(nb["id"])
+            for key, opts in (("neighbour_capped_ms", {"cpu_limit": ("d", 0.5)}), ("neighbour_uncapped_ms", {})):
+                kids = self.h.fork("base", spinners, opts)
+                # each spinner's RunCode on a bus connection of its own: the harness's is not for threads
+                errors = []
+
+                def spin(sid):
+                    try:
+                        bus = self.tf.Bus(self.h.address)
+                        out = json.loads(bus.call(self.tf.DEST, self.tf.PATH, self.tf.IFACE, "RunCode", "ssu",
+                                                  [sid, "spin 5000", 60], 90)[0])
+                        if out.get("error"):
+                            errors.append(out)
+                    except Exception as e:  # noqa: BLE001 -- reported below
+                        errors.append(repr(e))
+
+                threads = [threading.Thread(target=spin, args=(k["id"],)) for k in kids]
+                for t in threads:
+                    t.start()
+                time.sleep(0.5)  # the spinners spinning
+                r[key] = self.pings(nb["id"])
+                for t in threads:
+                    t.join()
+                self.end(kids)
+                if errors:
+                    raise RuntimeError(f"a spinner failed: {errors[0]}")
+        finally:
+            self.end([nb])
+        r["neighbour_capped_ratio"] = round(r["neighbour_capped_ms"]["p50"] / r["neighbour_alone_ms"]["p50"], 3)
+        r["neighbour_uncapped_ratio"] = round(r["neighbour_uncapped_ms"]["p50"] / r["neighbour_alone_ms"]["p50"], 3)
+        return r
+
     def fork(self, k):
         r = {}
         both = [("fork_cpu_limit_ms", {"cpu_limit": ("d", 0.5)}), ("fork_plain_ms", {})]
@@ -150,13 +203,14 @@ def main():
         b.setup()
         cpu = b.cpu()
         disk = b.disk()
+        neighbour = b.neighbour()
         for k in range(args.rounds):
             forks.append(b.fork(k))
     finally:
         b.h.cleanup()
 
     doc = {"rounds": args.rounds, "n": args.n, "emulated": args.emulated,
-           "cgroup": "v1" if b.h.cpu_cgroot() else "v2", **cpu, **disk,
+           "cgroup": "v1" if b.h.cpu_cgroot() else "v2", **cpu, **disk, **neighbour,
            "fork_cpu_limit_ms": median([r["fork_cpu_limit_ms"] for r in forks]),
            "fork_plain_ms": median([r["fork_plain_ms"] for r in forks])}
     doc["fork_cpu_limit_ratio"] = round(doc["fork_cpu_limit_ms"] / doc["fork_plain_ms"], 3)
@@ -174,10 +228,18 @@ def main():
             ("disk_mib_per_s", f"disk_rate {want:g} MiB/s, writing guest: MiB/s",
              f"{0.9 * want:.3g}..{1.1 * want:.3g}"),
             ("disk_wall_s", "  over (s)", ""),
+            ("neighbour_alone_ms", "an idle sandbox's Ping alone, p50 / p99 (ms)", ""),
+            ("neighbour_capped_ms", f"  beside {doc['neighbour_spinners']} spinners at cpu_limit 0.5 (ms)", ""),
+            ("neighbour_capped_ratio", "    p50 / alone", "flat"),
+            ("neighbour_uncapped_ms", f"  beside {doc['neighbour_spinners']} spinners, no limit (ms)", ""),
+            ("neighbour_uncapped_ratio", "    p50 / alone", ""),
             ("fork_plain_ms", f"Fork of {args.n}, no limit (ms)", ""),
             ("fork_cpu_limit_ms", f"Fork of {args.n}, cpu_limit 0.5 (ms)", ""),
             ("fork_cpu_limit_ratio", "  / no limit", "")):
-        print(f"{label:50} {doc[key]:>10} {target}")
+        v = doc[key]
+        if isinstance(v, dict):
+            v = f"{v['p50']} / {v['p99']}"
+        print(f"{label:50} {v:>14} {target}")
     if args.json:
         print(json.dumps(doc, separators=(",", ":")))
 
