@@ -6,6 +6,7 @@
  */
 
 #include <arpa/inet.h>
+#include <curl/curl.h>
 #include <fcntl.h>
 #include <getopt.h>
 #include <netinet/in.h>
@@ -14,6 +15,7 @@
 #include <sys/stat.h>
 #include <systemd/sd-daemon.h>
 
+#include "fleet-node.h"
 #include "io-util.h"
 #include "macro.h"
 #include "rest-metrics.h"
@@ -32,6 +34,10 @@ static size_t arg_body_max = REST_BODY_MAX_DEFAULT;
 static size_t arg_memory_limit = REST_MEMORY_LIMIT_DEFAULT;
 static bool arg_no_direct;
 static bool arg_metrics_per_sandbox;
+static const char *arg_fleet_etcd, *arg_fleet_node, *arg_fleet_advertise;
+static const char *arg_fleet_cacert, *arg_fleet_cert, *arg_fleet_key, *arg_fleet_user, *arg_fleet_password_file;
+static unsigned arg_fleet_ttl = FLEET_TTL_DEFAULT;
+static unsigned arg_fleet_max_sandboxes = 1000;
 
 static void help(void) {
         printf("Usage: forkd-rest [OPTIONS]\n"
@@ -54,10 +60,24 @@ static void help(void) {
                "  --state-dir DIR          keep Idempotency-Key records here (default " STATE_DIR_DEFAULT ",\n"
                "                           made at first use; a directory given here is made at start)\n"
                "  --metrics-per-sandbox    GET /metrics has series per sandbox too (at most %u sandboxes)\n"
+               "\nA node of a fleet (docs/fleet.md): keep this node's record in etcd under a lease\n"
+               "  --fleet-etcd URL[,URL...]  etcd's client URLs (http(s)://HOST:PORT, at most 16)\n"
+               "  --fleet-node NAME        the node's name (default: the host name)\n"
+               "  --fleet-advertise URL    where front ends reach this REST API (default: http(s):// and\n"
+               "                           --listen)\n"
+               "  --fleet-lease-ttl SECS   the lease's TTL, %u..%u (default %u): a node that dies drops out\n"
+               "                           after it\n"
+               "  --fleet-max-sandboxes N  the most sandboxes this node takes, 1..4096 (default 1000)\n"
+               "  --fleet-etcd-cacert FILE, --fleet-etcd-cert FILE, --fleet-etcd-key FILE\n"
+               "                           TLS to etcd: its CA, and this node's client certificate and key\n"
+               "  --fleet-etcd-user NAME, --fleet-etcd-password-file FILE\n"
+               "                           etcd's own authentication\n"
+               "\n"
                "  --debug                  log at debug level\n"
                "  --version                print the version\n",
                REST_CONNECTION_LIMIT_DEFAULT, REST_TIMEOUT_SECS_DEFAULT, REST_BODY_MAX_DEFAULT,
-               REST_MEMORY_LIMIT_DEFAULT, REST_CALLS_MAX_DEFAULT, REST_METRICS_SANDBOXES_MAX);
+               REST_MEMORY_LIMIT_DEFAULT, REST_CALLS_MAX_DEFAULT, REST_METRICS_SANDBOXES_MAX, FLEET_TTL_MIN,
+               FLEET_TTL_MAX, FLEET_TTL_DEFAULT);
 }
 
 static int parse_ulong(const char *s, unsigned long lo, unsigned long hi, unsigned long *ret) {
@@ -75,7 +95,8 @@ static int parse_ulong(const char *s, unsigned long lo, unsigned long hi, unsign
 static int parse_argv(int argc, char *argv[]) {
         enum { ARG_LISTEN = 0x100, ARG_TOKEN, ARG_CERT, ARG_KEY, ARG_BUS, ARG_CONNS, ARG_TIMEOUT,
                ARG_BODY, ARG_MEM, ARG_CALLS, ARG_DEBUG, ARG_VERSION, ARG_NO_DIRECT, ARG_STATE_DIR,
-               ARG_METRICS_PER_SANDBOX };
+               ARG_METRICS_PER_SANDBOX, ARG_FLEET_ETCD, ARG_FLEET_NODE, ARG_FLEET_ADVERTISE, ARG_FLEET_TTL,
+               ARG_FLEET_MAX, ARG_FLEET_CACERT, ARG_FLEET_CERT, ARG_FLEET_KEY, ARG_FLEET_USER, ARG_FLEET_PASSWORD };
         static const struct option opts[] = {
                 { "listen", required_argument, NULL, ARG_LISTEN },
                 { "token-file", required_argument, NULL, ARG_TOKEN },
@@ -90,6 +111,16 @@ static int parse_argv(int argc, char *argv[]) {
                 { "max-calls", required_argument, NULL, ARG_CALLS },
                 { "state-dir", required_argument, NULL, ARG_STATE_DIR },
                 { "metrics-per-sandbox", no_argument, NULL, ARG_METRICS_PER_SANDBOX },
+                { "fleet-etcd", required_argument, NULL, ARG_FLEET_ETCD },
+                { "fleet-node", required_argument, NULL, ARG_FLEET_NODE },
+                { "fleet-advertise", required_argument, NULL, ARG_FLEET_ADVERTISE },
+                { "fleet-lease-ttl", required_argument, NULL, ARG_FLEET_TTL },
+                { "fleet-max-sandboxes", required_argument, NULL, ARG_FLEET_MAX },
+                { "fleet-etcd-cacert", required_argument, NULL, ARG_FLEET_CACERT },
+                { "fleet-etcd-cert", required_argument, NULL, ARG_FLEET_CERT },
+                { "fleet-etcd-key", required_argument, NULL, ARG_FLEET_KEY },
+                { "fleet-etcd-user", required_argument, NULL, ARG_FLEET_USER },
+                { "fleet-etcd-password-file", required_argument, NULL, ARG_FLEET_PASSWORD },
                 { "debug", no_argument, NULL, ARG_DEBUG },
                 { "version", no_argument, NULL, ARG_VERSION },
                 { "help", no_argument, NULL, 'h' },
@@ -107,6 +138,25 @@ static int parse_argv(int argc, char *argv[]) {
                 case ARG_BUS: arg_bus_address = optarg; break;
                 case ARG_NO_DIRECT: arg_no_direct = true; break;
                 case ARG_METRICS_PER_SANDBOX: arg_metrics_per_sandbox = true; break;
+                case ARG_FLEET_ETCD: arg_fleet_etcd = optarg; break;
+                case ARG_FLEET_NODE: arg_fleet_node = optarg; break;
+                case ARG_FLEET_ADVERTISE: arg_fleet_advertise = optarg; break;
+                case ARG_FLEET_CACERT: arg_fleet_cacert = optarg; break;
+                case ARG_FLEET_CERT: arg_fleet_cert = optarg; break;
+                case ARG_FLEET_KEY: arg_fleet_key = optarg; break;
+                case ARG_FLEET_USER: arg_fleet_user = optarg; break;
+                case ARG_FLEET_PASSWORD: arg_fleet_password_file = optarg; break;
+                case ARG_FLEET_TTL:
+                        if (parse_ulong(optarg, FLEET_TTL_MIN, FLEET_TTL_MAX, &v) < 0)
+                                return log_error_errno(EINVAL, "--fleet-lease-ttl must be %u..%u", FLEET_TTL_MIN,
+                                                       FLEET_TTL_MAX);
+                        arg_fleet_ttl = (unsigned) v;
+                        break;
+                case ARG_FLEET_MAX:
+                        if (parse_ulong(optarg, 1, 4096, &v) < 0)
+                                return log_error_errno(EINVAL, "--fleet-max-sandboxes must be 1..4096");
+                        arg_fleet_max_sandboxes = (unsigned) v;
+                        break;
                 case ARG_CONNS:
                         if (parse_ulong(optarg, 1, 65536, &v) < 0)
                                 return log_error_errno(EINVAL, "--connection-limit must be 1..65536");
@@ -146,6 +196,13 @@ static int parse_argv(int argc, char *argv[]) {
                 return log_error_errno(EINVAL, "Unexpected argument: %s", argv[optind]);
         if (!!arg_tls_cert != !!arg_tls_key)
                 return log_error_errno(EINVAL, "--tls-cert and --tls-key go together");
+        if (!!arg_fleet_cert != !!arg_fleet_key)
+                return log_error_errno(EINVAL, "--fleet-etcd-cert and --fleet-etcd-key go together");
+        if (!!arg_fleet_user != !!arg_fleet_password_file)
+                return log_error_errno(EINVAL, "--fleet-etcd-user and --fleet-etcd-password-file go together");
+        if (!arg_fleet_etcd && (arg_fleet_node || arg_fleet_advertise || arg_fleet_cacert || arg_fleet_cert ||
+                                arg_fleet_user))
+                return log_error_errno(EINVAL, "The --fleet-* options need --fleet-etcd");
         return 1;
 }
 
@@ -288,11 +345,58 @@ static int open_listen_socket(int *ret) {
         return 0;
 }
 
+/* --fleet-etcd: this node's record in etcd, kept by a thread of its own. */
+static int start_fleet_node(FleetNode **ret) {
+        _cleanup_free_ char *password = NULL, *advertise = NULL;
+        char host[FLEET_NODE_NAME_MAX + 2] = "";
+        FleetNodeConfig cfg = {};
+        int r;
+
+        if (!arg_fleet_node && (gethostname(host, sizeof(host) - 1) < 0 || !fleet_node_name_is_valid(host)))
+                return log_error_errno(EINVAL, "The host name is no node name: give --fleet-node.");
+        if (arg_fleet_password_file) {
+                size_t n;
+
+                r = read_small_file(arg_fleet_password_file, TOKEN_MAX, true, &password);
+                if (r == -EPERM)
+                        return log_error_errno(r, "%s is readable by everyone; chmod o-r it.", arg_fleet_password_file);
+                if (r < 0)
+                        return log_error_errno(r, "Cannot read %s: %m", arg_fleet_password_file);
+                n = strlen(password);
+                while (n > 0 && strchr("\r\n", password[n - 1]))
+                        password[--n] = 0;
+        }
+        if (!arg_fleet_advertise && asprintf(&advertise, "%s://%s", arg_tls_cert ? "https" : "http", arg_listen) < 0)
+                return log_oom();
+        if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
+                return log_error_errno(ENOMEM, "Cannot initialise libcurl.");
+        cfg = (FleetNodeConfig) {
+                .etcd = arg_fleet_etcd,
+                .etcd_opts = {
+                        .cacert = arg_fleet_cacert,
+                        .cert = arg_fleet_cert,
+                        .key = arg_fleet_key,
+                        .user = arg_fleet_user,
+                        .password = password,
+                },
+                .name = arg_fleet_node ?: host,
+                .advertise = arg_fleet_advertise ?: advertise,
+                .ttl_secs = arg_fleet_ttl,
+                .sandboxes_max = arg_fleet_max_sandboxes,
+                .bus_address = arg_bus_address,
+        };
+        r = fleet_node_start(&cfg, ret); /* it keeps copies */
+        if (password)
+                explicit_bzero(password, strlen(password));
+        return r;
+}
+
 static int run(int argc, char *argv[]) {
         _cleanup_(rest_server_freep) RestServer *server = NULL;
         _cleanup_(sd_event_unrefp) sd_event *event = NULL;
         _cleanup_free_ char *token = NULL, *cert = NULL, *key = NULL;
         RestConfig config = {};
+        FleetNode *fleet = NULL;
         sigset_t mask;
         int fd = -EBADF, r;
 
@@ -365,9 +469,15 @@ static int run(int argc, char *argv[]) {
                 return log_error_errno(r, "Cannot start the HTTP server%s: %m",
                                        cert ? " (check the TLS certificate and key)" : "");
 
+        if (arg_fleet_etcd) {
+                r = start_fleet_node(&fleet);
+                if (r < 0)
+                        return r;
+        }
         (void) sd_notify(false, "READY=1\nSTATUS=Serving the forkd REST API");
         r = sd_event_loop(event);
         (void) sd_notify(false, "STOPPING=1");
+        fleet = fleet_node_stop(fleet);
         if (r < 0)
                 return log_error_errno(r, "Event loop failed: %m");
         return 0;

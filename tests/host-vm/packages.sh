@@ -13,11 +13,11 @@ HOST_VM_TOOLS="qemu-system-x86_64:qemu-system-x86 debootstrap:debootstrap mke2fs
 # ninja run the build dir's tests in place (meson test -C build-host-vm --no-rebuild).
 # libasan8 and libubsan1: tools/run-tests runs its sanitizer build there too. openssl: the
 # REST test makes a certificate to check HTTPS. tmux: the Linux guest's test runs forkctl
-# shell in a real terminal.
+# shell in a real terminal. etcd-server: the fleet's tests run an etcd cluster.
 # The kernel comes from the same tree, so the booted kernel and /lib/modules always match.
 # libpam-systemd provides the logind polkitd depends on (debootstrap does not resolve it).
 HOST_VM_PACKAGES="systemd systemd-sysv libpam-systemd dbus polkitd python3 kmod udev iproute2 procps curl
                   linux-image-amd64 initramfs-tools zstd
                   meson ninja-build
                   libsystemd0 libjson-c5 libzstd1 libssl3 libmnl0 libnftables1 libmicrohttpd12 libcmocka0 libarchive13
-                  libasan8 libubsan1 openssl tmux"
+                  libasan8 libubsan1 openssl tmux etcd-server"
