@@ -12,6 +12,8 @@
  *   ESRCH                      org.forkd.Error.NoSuchProcess
  *   EAGAIN                     org.forkd.Error.Busy (too many processes, stdin full)
  *   EINVAL, E2BIG, ENOTTY      org.freedesktop.DBus.Error.InvalidArgs
+ *   ENOENT, EACCES, ENOEXEC,   org.freedesktop.DBus.Error.InvalidArgs: a program
+ *   ENOTDIR                    that cannot be started (not found, a bad cwd)
  *   EOPNOTSUPP                 org.forkd.Error.NotSupported (an agent without processes)
  *   anything else              org.forkd.Error.GuestError
  *
@@ -56,6 +58,10 @@ static const struct {
         { "EINVAL", SD_BUS_ERROR_INVALID_ARGS },
         { "E2BIG", SD_BUS_ERROR_INVALID_ARGS },
         { "ENOTTY", SD_BUS_ERROR_INVALID_ARGS },
+        { "ENOENT", SD_BUS_ERROR_INVALID_ARGS },
+        { "EACCES", SD_BUS_ERROR_INVALID_ARGS },
+        { "ENOEXEC", SD_BUS_ERROR_INVALID_ARGS },
+        { "ENOTDIR", SD_BUS_ERROR_INVALID_ARGS },
         { "EOPNOTSUPP", FORKD_ERROR_NOT_SUPPORTED },
 };
 

@@ -294,9 +294,9 @@ def t_hostile(c, stack):
         r = c.req("POST", base, body)
         check(r.status == 400 and why.lower() in r.json["error"].lower(), (str(body)[:80], r))
     # not hostile, but not started either: a program the guest does not have (the guest's
-    # refusal, 500, as for the Linux agents)
+    # ENOENT, a 400 naming why, as for the Linux agents)
     r = c.req("POST", base, {"args": ["nosuch-program"]})
-    check(r.status == 500 and "No such file" in r.json["error"], r)
+    check(r.status == 400 and "No such file" in r.json["error"], r)
     check(procs(c, sid) == before, "a refused start left a process")
     for path, body in ((f"{base}/999999/output", None), (f"{base}/999999/stdin", {"data": "x"}),
                        (f"{base}/999999/signal", {"signal": "TERM"})):
