@@ -156,14 +156,17 @@ const FleetSnapshot *fleet_record_snapshot(const FleetRecord *r, const char *tag
         return bsearch(&key, r->snapshots, r->n_snapshots, sizeof(FleetSnapshot), snapshot_cmp);
 }
 
+static bool same_link(const FleetSnapshot *a, const FleetSnapshot *b) {
+        return strcmp(a->parent, b->parent) == 0 && strcmp(a->parent_content_hash, b->parent_content_hash) == 0 &&
+               a->vcpus == b->vcpus && a->mem_size == b->mem_size;
+}
+
 bool fleet_holds_chain(const FleetRecord *node, const FleetRecord *source, const char *tag) {
         /* a chain is at most CHAIN_LINKS_MAX deep; a loop in a hostile record ends there */
         for (unsigned depth = 0; depth < CHAIN_LINKS_MAX; depth++) {
                 const FleetSnapshot *a = fleet_record_snapshot(node, tag), *b = fleet_record_snapshot(source, tag);
 
-                if (!a || !b || strcmp(a->parent, b->parent) != 0 ||
-                    strcmp(a->parent_content_hash, b->parent_content_hash) != 0 || a->vcpus != b->vcpus ||
-                    a->mem_size != b->mem_size)
+                if (!a || !b || !same_link(a, b))
                         return false;
                 if (!a->parent[0])
                         return true;
@@ -173,16 +176,14 @@ bool fleet_holds_chain(const FleetRecord *node, const FleetRecord *source, const
 }
 
 /* Whether node has a link of tag's chain (as source has it) under the same tag
- * with other content: a fetch there would collide. */
+ * with other content: a fetch there would collide. Links it lacks are fetched. */
 static bool chain_conflicts(const FleetRecord *node, const FleetRecord *source, const char *tag) {
-        for (unsigned depth = 0; depth < CHAIN_LINKS_MAX && tag && *tag; depth++) {
+        for (unsigned depth = 0; depth < CHAIN_LINKS_MAX && *tag; depth++) {
                 const FleetSnapshot *a = fleet_record_snapshot(node, tag), *b = fleet_record_snapshot(source, tag);
 
                 if (!b)
                         return false;
-                if (a && fleet_holds_chain(node, source, tag))
-                        return false; /* the rest of the chain from here is the same */
-                if (a)
+                if (a && !same_link(a, b))
                         return true;
                 tag = b->parent;
         }
@@ -230,9 +231,10 @@ int fleet_place(const FleetRecord *nodes, size_t n_nodes, const char *tag, uint3
 
         if (!used || !kind)
                 return -ENOMEM;
-        /* the source: the ready node with tag and the most room (its chain is the one placed) */
+        /* the source: of the ready nodes with tag's whole chain, the one with the most
+         * room (its chain is the one placed) */
         for (size_t i = 0; i < n_nodes; i++)
-                if (nodes[i].ready && fleet_record_snapshot(&nodes[i], tag) &&
+                if (nodes[i].ready && fleet_holds_chain(&nodes[i], &nodes[i], tag) &&
                     (source == n_nodes || fleet_room(&nodes[i]) > fleet_room(&nodes[source])))
                         source = i;
         if (source == n_nodes)

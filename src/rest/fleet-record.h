@@ -73,7 +73,7 @@ typedef struct FleetPlacement {
  * with room, each fetching the chain from the holder with the most room (the
  * source, whose chain is the one placed). A node that has a link of the chain
  * under the same tag with other content takes none. At most n_nodes entries in
- * ret. -ENOENT: no ready node holds tag; -ENOSPC: the fleet has no room for n
+ * ret. -ENOENT: no ready node holds tag's whole chain; -ENOSPC: the fleet has no room for n
  * (nothing is placed). */
 int fleet_place(const FleetRecord *nodes, size_t n_nodes, const char *tag, uint32_t n, FleetPlacement *ret,
                 size_t *ret_n);

@@ -20,26 +20,25 @@ promises.
 Environment: FORKD_BUILD_DIR (the meson build directory), FORKD_TOP.
 """
 
-import json
 import os
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 
 TOP = os.environ.get("FORKD_TOP") or os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(TOP, "tests", "lib"))
 
 from etcdcluster import ETCD, Cluster, free_ports  # noqa: E402
+from fleetstack import Node  # noqa: E402
+from fleetstack import records as cluster_records  # noqa: E402
 from tap import Tap, check, skip_all  # noqa: E402
 
 BUILD = os.environ.get("FORKD_BUILD_DIR") or os.path.join(TOP, "build")
 REST = os.path.join(BUILD, "src", "rest", "forkd-rest")
 STACK = os.path.join(TOP, "tools", "forkd-stack")
 TTL = 2
-PREFIX = "/forkd/nodes/"
 
 
 def wait_for(what, cond, timeout):
@@ -53,52 +52,13 @@ def wait_for(what, cond, timeout):
         time.sleep(0.05)
 
 
-class Node:
-    def __init__(self, top, name, etcd):
-        self.name, self.state = name, os.path.join(top, name)
-        self.port = free_ports(1)[0]
-        self.etcd = etcd
-        self.env = {}
-
-    def up(self):
-        env = dict(os.environ, FORKD_BUILD_DIR=BUILD, FORKD_STACK_BUS="private", FORKD_STACK_GUEST="test",
-                   FORKD_STACK_REST_ARGS=f"--fleet-etcd {self.etcd} --fleet-node {self.name} "
-                                         f"--fleet-lease-ttl {TTL} --fleet-max-sandboxes 20")
-        log = open(self.state + ".up.log", "w")
-        out = subprocess.run([STACK, "up", "--state-dir", self.state, "--port", str(self.port)], env=env,
-                             stdout=subprocess.PIPE, stderr=log, text=True, timeout=180)
-        log.close()
-        if out.returncode != 0:
-            with open(self.state + ".up.log") as f:
-                raise AssertionError(f"forkd-stack up {self.name} failed: {f.read()[-2000:]}")
-        self.env = dict(line.split("=", 1) for line in out.stdout.split())
-        with open(self.env["FORKD_TOKEN_FILE"]) as f:
-            self.token = f.read().strip()
-
-    def down(self):
-        subprocess.run([STACK, "down", "--state-dir", self.state], stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL, timeout=60)
-
-    def pid(self, what):
-        with open(os.path.join(self.state, f"{what}.pid")) as f:
-            return int(f.read().split()[0])
-
-    def req(self, method, path, body=None):
-        r = urllib.request.Request(self.env["FORKD_URL"] + path, method=method,
-                                   data=None if body is None else json.dumps(body).encode(),
-                                   headers={"Authorization": f"Bearer {self.token}",
-                                            "Content-Type": "application/json"})
-        with urllib.request.urlopen(r, timeout=60) as resp:
-            return json.loads(resp.read() or b"null")
-
-
 class Ctx:
     cluster = None
     nodes = []
 
 
 def records():
-    return {k[len(PREFIX):]: (json.loads(v), lease) for k, (v, lease) in Ctx.cluster.get_prefix(PREFIX).items()}
+    return cluster_records(Ctx.cluster)
 
 
 def t_cluster(top):
@@ -108,7 +68,7 @@ def t_cluster(top):
 
 
 def t_nodes_up(top):
-    Ctx.nodes = [Node(top, name, Ctx.cluster.endpoints) for name in ("node-a", "node-b", "node-c")]
+    Ctx.nodes = [Node(top, name, Ctx.cluster.endpoints, BUILD, STACK, TTL) for name in ("node-a", "node-b", "node-c")]
     for n in Ctx.nodes:
         n.up()
     recs = wait_for("three ready records", lambda: (lambda r: r if len(r) == 3 and

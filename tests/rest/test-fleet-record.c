@@ -226,6 +226,24 @@ static void test_place(void **state) {
         assert_int_equal(p[1].node, 2);
         done3(nodes);
 
+        /* b has warm as a has it, but not its parent: no holder, no conflict either; it
+         * fetches what it lacks */
+        {
+                static const char *const head_only =
+                        "[{\"tag\":\"warm\",\"parent\":\"base\",\"parent_content_hash\":\"" HASH_A "\","
+                        "\"vcpus\":1,\"mem_size\":67108864}]";
+
+                three(nodes, 20, 0, head_only, 20);
+                assert_false(fleet_holds_chain(&nodes[1], &nodes[0], "warm"));
+                nodes[0].sandboxes_running = 19; /* room for one on a */
+                assert_int_equal(fleet_place(nodes, 3, "warm", 5, p, &n), 0);
+                assert_int_equal(n, 2);
+                assert_int_equal(p[0].node, 0);
+                assert_int_equal(p[1].node, 1);
+                assert_true(p[1].fetch);
+                done3(nodes);
+        }
+
         /* a tag no node has; not-ready holders are no source */
         three(nodes, 0, 0, OTHER, 0);
         assert_int_equal(fleet_place(nodes, 3, "cold", 1, p, &n), -ENOENT);
