@@ -35,15 +35,7 @@ TOP = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(TOP, "tests", "lib"))
 
 from etcdcluster import ETCD, Cluster  # noqa: E402
-from fleetstack import Node, records  # noqa: E402
-
-
-def wait_for(what, cond, timeout, step=0.01):
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(step)
+from fleetstack import Node, records, wait_for  # noqa: E402
 
 
 def placement(build):
@@ -71,7 +63,7 @@ def node_loss(build, ttl, rounds):
             time.sleep(rng.uniform(0, ttl))
             os.kill(c.pid("rest"), signal.SIGKILL)
             t0 = time.monotonic()
-            wait_for("node-c's record gone", lambda: "node-c" not in records(cluster), ttl + 10)
+            wait_for("node-c's record gone", lambda: "node-c" not in records(cluster), ttl + 10, step=0.01)
             times.append((time.monotonic() - t0) * 1000)
             c.up()  # forkd-rest again, under a new lease
     finally:

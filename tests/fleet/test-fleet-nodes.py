@@ -31,7 +31,7 @@ TOP = os.environ.get("FORKD_TOP") or os.path.dirname(os.path.dirname(os.path.dir
 sys.path.insert(0, os.path.join(TOP, "tests", "lib"))
 
 from etcdcluster import ETCD, Cluster, free_ports  # noqa: E402
-from fleetstack import Node  # noqa: E402
+from fleetstack import Node, wait_for  # noqa: E402
 from fleetstack import records as cluster_records  # noqa: E402
 from tap import Tap, check, skip_all  # noqa: E402
 
@@ -39,17 +39,6 @@ BUILD = os.environ.get("FORKD_BUILD_DIR") or os.path.join(TOP, "build")
 REST = os.path.join(BUILD, "src", "rest", "forkd-rest")
 STACK = os.path.join(TOP, "tools", "forkd-stack")
 TTL = 2
-
-
-def wait_for(what, cond, timeout):
-    deadline = time.monotonic() + timeout
-    while True:
-        v = cond()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.05)
 
 
 class Ctx:

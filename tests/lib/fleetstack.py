@@ -6,11 +6,24 @@ forkd-rest keeps its record in etcd, and the records as etcd holds them."""
 import json
 import os
 import subprocess
+import time
 import urllib.request
 
 from etcdcluster import free_ports
 
 PREFIX = "/forkd/nodes/"
+
+
+def wait_for(what, cond, timeout, step=0.05):
+    """cond()'s first true value, asked every step seconds for at most timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        v = cond()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(step)
 
 
 def records(cluster):
