@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import signal
+import shutil
 import subprocess
 import tempfile
 import threading
@@ -59,11 +60,15 @@ class LinuxStack:
     def __init__(self, t, top, build, image):
         self.top, self.build, self.image = top, build, image
         # Install the bus policy as a package would, so that forkd owns its name on the
-        # host's real system bus (the test host is thrown away afterwards).
+        # host's real system bus; down() takes it away again where it was not there before
+        # (a benchmark on a developer's machine leaves /etc as it found it).
+        self.policy = None
         if os.path.isdir("/etc/dbus-1/system.d"):
-            subprocess.run(["cp", f"{top}/dbus/org.forkd.Manager.conf", "/etc/dbus-1/system.d/"], check=True)
-            subprocess.run(["busctl", "call", "org.freedesktop.DBus", "/org/freedesktop/DBus",
-                            "org.freedesktop.DBus", "ReloadConfig"], capture_output=True)
+            dst = "/etc/dbus-1/system.d/org.forkd.Manager.conf"
+            if not os.path.exists(dst):
+                subprocess.run(["cp", f"{top}/dbus/org.forkd.Manager.conf", dst], check=True)
+                self.policy = dst
+            reload_bus_config()
         self.state = tempfile.mkdtemp(prefix="forkd-linux-test.")
         self.env = dict(os.environ, FORKD_BUILD_DIR=build, FORKD_STACK_NO_BUILD="1")
         if image:
@@ -84,8 +89,18 @@ class LinuxStack:
         return restart_stack(self.top, self.state, self.env, extra_env)
 
     def down(self):
+        """forkd-stack down; the bus policy it installed and its state directory go too."""
         subprocess.run([f"{self.top}/tools/forkd-stack", "down", "--state-dir", self.state], env=self.env,
                        capture_output=True, timeout=120)
+        if self.policy:
+            os.unlink(self.policy)
+            reload_bus_config()
+        shutil.rmtree(self.state, ignore_errors=True)
+
+
+def reload_bus_config():
+    subprocess.run(["busctl", "call", "org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus",
+                    "ReloadConfig"], capture_output=True)
 
 
 def restart_stack(top, state, env, extra_env):
