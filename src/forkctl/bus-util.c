@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 #include <stdlib.h>
 
+#include "bus-open.h"
 #include "bus-util.h"
 #include "macro.h"
 
@@ -12,16 +13,7 @@ int forkctl_bus_open(const char *addr, sd_bus **ret) {
         _cleanup_(bus_flush_close_unrefp) sd_bus *bus = NULL;
         int r;
 
-        if (addr) {
-                r = sd_bus_new(&bus);
-                if (r >= 0)
-                        r = sd_bus_set_address(bus, addr);
-                if (r >= 0)
-                        r = sd_bus_set_bus_client(bus, 1);
-                if (r >= 0)
-                        r = sd_bus_start(bus);
-        } else
-                r = sd_bus_open_system(&bus);
+        r = bus_open_address(addr, NULL, &bus);
         if (r < 0)
                 return r;
 

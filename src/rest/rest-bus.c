@@ -8,6 +8,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "bus-open.h"
 #include "macro.h"
 #include "rest-bus.h"
 #include "rest-reply.h"
@@ -30,25 +31,9 @@ int rest_bus_ensure(RestServer *s) {
          * (synthesised) error replies. */
         s->bus = sd_bus_unref(s->bus);
 
-        if (s->bus_address) {
-                r = sd_bus_new(&bus);
-                if (r < 0)
-                        return r;
-                r = sd_bus_set_address(bus, s->bus_address);
-                if (r < 0)
-                        return r;
-                r = sd_bus_set_bus_client(bus, true);
-                if (r < 0)
-                        return r;
-                (void) sd_bus_set_description(bus, "forkd-rest");
-                r = sd_bus_start(bus);
-                if (r < 0)
-                        return r;
-        } else {
-                r = sd_bus_open_system_with_description(&bus, "forkd-rest");
-                if (r < 0)
-                        return r;
-        }
+        r = bus_open_address(s->bus_address, "forkd-rest", &bus);
+        if (r < 0)
+                return r;
         r = sd_bus_attach_event(bus, s->event, SD_EVENT_PRIORITY_NORMAL);
         if (r < 0)
                 return r;

@@ -9,6 +9,7 @@
 #include <systemd/sd-bus.h>
 #include <time.h>
 
+#include "bus-open.h"
 #include "doctor.h"
 #include "macro.h"
 #include "time-util.h"
@@ -235,28 +236,6 @@ bad:
         return 0;
 }
 
-static int open_bus(const char *address, sd_bus **ret) {
-        sd_bus *bus = NULL;
-        int r;
-
-        if (!address)
-                return sd_bus_open_system(ret);
-        r = sd_bus_new(&bus);
-        if (r < 0)
-                return r;
-        r = sd_bus_set_address(bus, address);
-        if (r >= 0)
-                r = sd_bus_set_bus_client(bus, true);
-        if (r >= 0)
-                r = sd_bus_start(bus);
-        if (r < 0) {
-                sd_bus_unref(bus);
-                return r;
-        }
-        *ret = bus;
-        return 0;
-}
-
 void doctor_check_polkitd(const DoctorOptions *o, DoctorCheck *c) {
         _cleanup_(sd_bus_close_unrefp) sd_bus *bus = NULL;
         _cleanup_(sd_bus_slot_unrefp) sd_bus_slot *slot = NULL;
@@ -265,7 +244,7 @@ void doctor_check_polkitd(const DoctorOptions *o, DoctorCheck *c) {
         uint64_t deadline = now_usec() + POLKITD_TIMEOUT_USEC;
         int r;
 
-        r = open_bus(o->bus_address, &bus);
+        r = bus_open_address(o->bus_address, NULL, &bus);
         if (r < 0)
                 return doctor_set(c, DOCTOR_WARN,
                                   "start the system bus (systemctl start dbus), or point DBUS_SYSTEM_BUS_ADDRESS at it",
