@@ -84,16 +84,7 @@ class Bench:
             raise RuntimeError(f"{code}: {out}")
 
     def usage_usec(self, sid, pid):
-        if self.h.cpu_cgroot():  # v1: the VMM's threads
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            return (int(fields[11]) + int(fields[12])) * 1000000 // os.sysconf("SC_CLK_TCK")
-        with open(os.path.join(self.h.cgroot, sid, "cpu.stat")) as f:
-            for line in f:
-                k, v = line.split()
-                if k == "usage_usec":
-                    return int(v)
-        raise RuntimeError("no usage_usec in cpu.stat")
+        return self.tf.cgroupcpu.cpu_usec(self.h.cgroot, sid, pid)
 
     def cpu(self):
         s = self.h.fork("base", 1, {"cpu_limit": ("d", 0.5)})[0]

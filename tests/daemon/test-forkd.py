@@ -24,6 +24,7 @@ import threading
 import time
 import traceback
 
+import cgroupcpu
 from dbusmini import Bus, DBusError
 
 DEST = "org.forkd.Manager"
@@ -303,15 +304,8 @@ class Harness:
             self.wait_removed(sid)
 
     def cpu_cgroot(self):
-        """cgroup v1: where forkd makes the sandboxes' cgroups of the cpu hierarchy
-        (the cpu mount beside the memory one, the same path below it), else None."""
-        v1 = "/sys/fs/cgroup/memory/"
-        if not self.cgroot or not self.cgroot.startswith(v1):
-            return None
-        cpu = "/sys/fs/cgroup/cpu/"
-        if not os.path.exists(cpu + "cpu.cfs_quota_us"):
-            return None
-        return cpu + self.cgroot[len(v1):]
+        """cgroup v1: where forkd makes the sandboxes' cgroups of the cpu hierarchy, else None."""
+        return cgroupcpu.cpu_root(self.cgroot)
 
     def cgroup_children(self):
         if not self.cgroot or not os.path.isdir(self.cgroot):

@@ -27,6 +27,8 @@ import os
 import sys
 import time
 
+import cgroupcpu
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -65,30 +67,12 @@ def cg_file(h, sid, name, root=None):
 
 
 def cpu_max(h, sid):
-    """The sandbox's cpu limit as v2's cpu.max says it: [quota or "max", period]."""
-    cpu = h.cpu_cgroot()
-    if not cpu:
-        return cg_file(h, sid, "cpu.max").split()
-    quota = cg_file(h, sid, "cpu.cfs_quota_us", cpu).strip()
-    return ["max" if quota == "-1" else quota, cg_file(h, sid, "cpu.cfs_period_us", cpu).strip()]
+    return cgroupcpu.cpu_max(h.cgroot, sid)
 
 
 def cpu_procs(h, sid):
     """The processes of the sandbox's cgroup that holds its cpu limit."""
     return cg_file(h, sid, "cgroup.procs", h.cpu_cgroot()).split()
-
-
-def cpu_time_usec(h, sid, pid):
-    """CPU time the sandbox used: v2 its cgroup's usage_usec, v1 its VMM's threads'."""
-    if not h.cpu_cgroot():
-        for line in cg_file(h, sid, "cpu.stat").splitlines():
-            k, v = line.split()
-            if k == "usage_usec":
-                return int(v)
-        raise AssertionError("no usage_usec in cpu.stat")
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) * 1000000 // os.sysconf("SC_CLK_TCK")
 
 
 def run(h):
@@ -228,7 +212,7 @@ def run(h):
         h.m("SetSandboxLimits", "sa{sv}", [sid, {"cpu_limit": ("d", 0.2)}])
 
         def usage():
-            return cpu_time_usec(h, sid, ctx["kids"][1]["pid"])
+            return cgroupcpu.cpu_usec(h.cgroot, sid, ctx["kids"][1]["pid"])
         u0, t0, th0 = usage(), time.monotonic(), throttled(sid).get("cpu", 0)
         # 3 s by the guest's clock, which under TCG can run ahead of ours: spin again
         # until 2.5 s of our wall time have passed (at most 5 times).

@@ -27,6 +27,7 @@ import tempfile
 import threading
 import time
 
+import cgroupcpu
 from tap import Skip, Tap, check  # the other REST tests use them as test_rest.Tap, ...
 
 REST = os.environ.get("FORKD_REST", "")
@@ -154,22 +155,11 @@ class Stack:
 
     def cpu_cgroot(self):
         """cgroup v1: forkd's directory of sandbox cgroups in the cpu hierarchy, else None."""
-        v1 = "/sys/fs/cgroup/memory/"
-        if not getattr(self, "cgroot", None) or not self.cgroot.startswith(v1) or \
-                not os.path.exists("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"):
-            return None
-        return "/sys/fs/cgroup/cpu/" + self.cgroot[len(v1):]
+        return cgroupcpu.cpu_root(getattr(self, "cgroot", None))
 
     def cpu_max(self, sid):
         """A sandbox's cpu limit as v2's cpu.max says it: [quota or "max", period]."""
-        cpu = self.cpu_cgroot()
-        if not cpu:
-            with open(os.path.join(self.cgroot, sid, "cpu.max")) as f:
-                return f.read().split()
-        with open(os.path.join(cpu, sid, "cpu.cfs_quota_us")) as f:
-            quota = f.read().strip()
-        with open(os.path.join(cpu, sid, "cpu.cfs_period_us")) as f:
-            return ["max" if quota == "-1" else quota, f.read().strip()]
+        return cgroupcpu.cpu_max(self.cgroot, sid)
 
     def remove_cgroot(self):
         for root in (getattr(self, "cgroot", None), self.cpu_cgroot()):
