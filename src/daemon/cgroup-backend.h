@@ -53,8 +53,9 @@ struct CGroupManager {
         char *root;     /* cgroupfs: directory holding one cgroup per sandbox */
         int version;    /* cgroupfs: 1 or 2 */
         bool cpu;       /* cpu_limit can be set (cgroup_manager_cpu_supported()) */
-        /* cgroupfs v1 with cpu: the cpu hierarchy's directory of sandbox cgroups,
-         * or NULL where cpu is mounted with memory (root's cgroups hold both) */
+        /* cgroupfs v1 with cpu: the cpu hierarchy's directory of sandbox cgroups;
+         * NULL on v2, without cpu, or where cpu is mounted with memory (root's
+         * cgroups hold both) */
         char *cpu_root;
 
         struct cgroup_removal *removals;

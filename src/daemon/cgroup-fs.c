@@ -12,11 +12,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/statfs.h>
 #include <linux/magic.h>
 #include <unistd.h>
 
 #include "cgroup-backend.h"
+#include "cgroup-detect.h"
 #include "fs-util.h"
 #include "macro.h"
 #include "fork-options.h"
@@ -33,9 +33,9 @@ static bool is_template_cgroup(const char *name) {
 }
 
 static bool is_cgroup_v1(const char *path) {
-        struct statfs sf;
+        long type;
 
-        return statfs(path, &sf) >= 0 && sf.f_type == CGROUP_SUPER_MAGIC;
+        return cgroup_fs_type(path, &type) >= 0 && type == CGROUP_SUPER_MAGIC;
 }
 
 /* v1: the cpu hierarchy's counterpart of root (a directory in the memory
@@ -126,7 +126,7 @@ static int cgroupfs_init(CGroupManager *c) {
 /* Where sandbox id's cpu limit lives: its v2 cgroup, or its v1 cgroup of the
  * cpu hierarchy. */
 static void cpu_dir(CGroupManager *c, const char *id, char *buf, size_t size) {
-        snprintf(buf, size, "%s/%s", c->version == 1 && c->cpu_root ? c->cpu_root : c->root, id);
+        snprintf(buf, size, "%s/%s", c->cpu_root ?: c->root, id);
 }
 
 /* cpus < 0: none. v2: cpu.max, "<quota> <period>" or "max <period>". v1:
@@ -236,7 +236,7 @@ static int cgroupfs_prepare(CGroupManager *c, const char *id, uint64_t limit, do
                                 r = cgroup_write_string_file(file, value);
                 }
         }
-        if (r >= 0 && c->cpu && c->version == 1 && c->cpu_root) {
+        if (r >= 0 && c->cpu_root) {
                 /* its cgroup in the cpu hierarchy, limited or not, for a later limit too */
                 char cdir[4096];
 
@@ -266,7 +266,7 @@ static void cgroupfs_attached(CGroupManager *c, const char *id, pid_t pid) {
         char dir[4096], file[4200], value[32];
         int r;
 
-        if (c->version != 1 || !c->cpu_root)
+        if (!c->cpu_root)
                 return;
         cpu_dir(c, id, dir, sizeof(dir));
         snprintf(file, sizeof(file), "%s/cgroup.procs", dir);
@@ -287,7 +287,7 @@ static int cgroupfs_remove(CGroupManager *c, const char *id) {
         char dir[4096];
         int r = 0;
 
-        if (c->version == 1 && c->cpu_root) {
+        if (c->cpu_root) {
                 cpu_dir(c, id, dir, sizeof(dir));
                 r = cgroup_remove_dir(c, dir);
         }
@@ -324,7 +324,7 @@ static int sweep_dir(CGroupManager *c, const char *root) {
 static int cgroupfs_sweep(CGroupManager *c) {
         int r = sweep_dir(c, c->root);
 
-        if (c->version == 1 && c->cpu_root) {
+        if (c->cpu_root) {
                 int k = sweep_dir(c, c->cpu_root);
                 if (r == 0)
                         r = k;

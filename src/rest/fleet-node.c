@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bus-open.h"
 #include "fleet-node.h"
 #include "forkd-bus.h"
 #include "io-util.h"
@@ -62,35 +63,13 @@ static bool wait_or_stop(FleetNode *n, uint64_t usec) {
         return poll(&p, 1, ms) > 0;
 }
 
-static int bus_open(const FleetNode *n, sd_bus **ret) {
-        _cleanup_(sd_bus_flush_close_unrefp) sd_bus *bus = NULL;
-        int r;
-
-        if (!n->cfg.bus_address)
-                return sd_bus_open_system_with_description(ret, "forkd-rest-fleet");
-        r = sd_bus_new(&bus);
-        if (r >= 0)
-                r = sd_bus_set_address(bus, n->cfg.bus_address);
-        if (r >= 0)
-                r = sd_bus_set_bus_client(bus, true);
-        if (r >= 0)
-                r = sd_bus_start(bus);
-        if (r < 0)
-                return r;
-        *ret = TAKE_PTR(bus);
-        return 0;
-}
-
 static uint64_t memory_available_kib(void) {
-        char buf[4096];
-        _cleanup_close_ int fd = open("/proc/meminfo", O_RDONLY | O_CLOEXEC);
-        ssize_t k = fd >= 0 ? read(fd, buf, sizeof(buf) - 1) : -1;
+        _cleanup_free_ char *text = NULL;
         const char *p;
 
-        if (k <= 0)
+        if (read_file_capped_at(AT_FDCWD, "/proc/meminfo", 64 * 1024, &text, NULL) < 0)
                 return 0;
-        buf[k] = 0;
-        p = strstr(buf, "MemAvailable:");
+        p = strstr(text, "MemAvailable:");
         return p ? strtoull(p + strlen("MemAvailable:"), NULL, 10) : 0;
 }
 
@@ -151,7 +130,7 @@ static char *make_record(FleetNode *n, sd_bus **bus) {
 
         if (!rec)
                 return NULL;
-        if (!*bus && bus_open(n, bus) < 0)
+        if (!*bus && bus_open_address(n->cfg.bus_address, "forkd-rest-fleet", bus) < 0)
                 *bus = NULL;
         if (*bus) {
                 ready = look_at_forkd(*bus, &snapshots, &running) >= 0;

@@ -198,6 +198,17 @@ uint32_t fleet_room(const FleetRecord *r) {
 
 enum { OTHER, HOLDER, CONFLICT };
 
+/* Whether a ranks before b: holders by room, others by load (running / max,
+ * compared without division), then room. */
+static bool ranks_before(const FleetRecord *a, const FleetRecord *b, bool holders) {
+        uint64_t load_a = (uint64_t) a->sandboxes_running * b->sandboxes_max,
+                 load_b = (uint64_t) b->sandboxes_running * a->sandboxes_max;
+
+        if (!holders && load_a != load_b)
+                return load_a < load_b;
+        return fleet_room(a) > fleet_room(b);
+}
+
 /* Of the nodes not yet used of kind (HOLDER or OTHER), the index of the one that
  * ranks first (holders: most room; others: least loaded, then most room), or
  * n_nodes. */
@@ -209,14 +220,7 @@ static size_t pick(const FleetRecord *nodes, size_t n_nodes, const bool *used, c
 
                 if (used[i] || kind[i] != (holders ? HOLDER : OTHER) || room == 0)
                         continue;
-                if (best == n_nodes)
-                        best = i;
-                else if (holders ? room > fleet_room(&nodes[best]) :
-                                   (uint64_t) nodes[i].sandboxes_running * nodes[best].sandboxes_max <
-                                           (uint64_t) nodes[best].sandboxes_running * nodes[i].sandboxes_max ||
-                                   ((uint64_t) nodes[i].sandboxes_running * nodes[best].sandboxes_max ==
-                                            (uint64_t) nodes[best].sandboxes_running * nodes[i].sandboxes_max &&
-                                    room > fleet_room(&nodes[best])))
+                if (best == n_nodes || ranks_before(&nodes[i], &nodes[best], holders))
                         best = i;
         }
         return best;

@@ -6,7 +6,7 @@
 #include "cgroup-detect.h"
 #include "macro.h"
 
-static int fs_type(const char *path, long *ret) {
+int cgroup_fs_type(const char *path, long *ret) {
         struct statfs sfs;
 
         if (statfs(path, &sfs) < 0)
@@ -43,7 +43,7 @@ static int detect_version(const char *dir, int *ret) {
                 return -ENAMETOOLONG;
         strcpy(p, dir);
         for (;;) {
-                if (fs_type(p, &type) >= 0)
+                if (cgroup_fs_type(p, &type) >= 0)
                         break;
                 char *slash = strrchr(p, '/');
                 if (!slash || slash == p)
@@ -65,9 +65,9 @@ int cgroup_detect(const char *root, CGroupDetection *ret) {
         int r;
 
         d.systemd = access("/run/systemd/system", F_OK) >= 0;
-        d.v2_memory = fs_type("/sys/fs/cgroup", &type) >= 0 && type == CGROUP2_SUPER_MAGIC &&
+        d.v2_memory = cgroup_fs_type("/sys/fs/cgroup", &type) >= 0 && type == CGROUP2_SUPER_MAGIC &&
                       v2_has_memory("/sys/fs/cgroup");
-        d.v1_memory = fs_type("/sys/fs/cgroup/memory", &type) >= 0 && type == CGROUP_SUPER_MAGIC;
+        d.v1_memory = cgroup_fs_type("/sys/fs/cgroup/memory", &type) >= 0 && type == CGROUP_SUPER_MAGIC;
 
         if (root) {
                 if (strlen(root) >= sizeof(d.root))

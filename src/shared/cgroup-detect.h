@@ -31,3 +31,7 @@ typedef struct CGroupDetection {
 int cgroup_detect(const char *root, CGroupDetection *ret);
 
 const char *cgroup_backend_kind_to_string(CGroupBackendKind k);
+
+/* The file system type (statfs's f_type: CGROUP_SUPER_MAGIC, CGROUP2_SUPER_MAGIC, ...)
+ * that holds path. */
+int cgroup_fs_type(const char *path, long *ret);
