@@ -837,14 +837,16 @@ class TestImageConfig(unittest.TestCase):
     def test_defaults(self):
         marker = os.path.join(self.dir, "started")
         a = self.agent({"env": ["FOO=bar", "PATH=/usr/bin:/bin"], "working_dir": self.dir,
-                        "cmd": ["sh", "-c", "echo $FOO > started"], "start_cmd": True})
+                        "cmd": ["sh", "-c", "echo $FOO > started.tmp && mv started.tmp started"],
+                        "start_cmd": True})
         r = a.ok("exec", args=["sh", "-c", "echo $FOO; pwd; echo $HOME"])
         self.assertEqual(r["stdout"], f"bar\n{self.dir}\n/root\n")
         r = a.ok("exec", args=["sh", "-c", "echo $FOO $BAR; pwd"], env={"FOO": "baz", "BAR": "1"}, cwd="/")
         self.assertEqual(r["stdout"], "baz 1\n/\n")
         self.assertIn("bad argument 'env'", a.error("exec", args=["true"], env={"A": 1}))
         self.assertIn("bad argument 'env'", a.error("exec", args=["true"], env={"A=B": "1"}))
-        # the service started before ready, once
+        # the service started before ready, once; it renames its marker into place
+        # when written, so the marker is never seen empty
         for _ in range(100):
             if os.path.exists(marker):
                 break
