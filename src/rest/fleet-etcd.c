@@ -516,3 +516,46 @@ int etcd_range_prefix(EtcdClient *c, const char *prefix, size_t max, EtcdKv **re
         *ret_n = n;
         return 0;
 }
+
+int etcd_create(EtcdClient *c, const char *key, const void *value, size_t len, int64_t lease, bool *ret_created) {
+        _cleanup_(json_object_putp) struct json_object *req = json_object_new_object(), *o = NULL;
+        struct json_object *cmp = json_object_new_object(), *put = json_object_new_object(),
+                           *op = json_object_new_object(), *cmps = json_object_new_array(),
+                           *ops = json_object_new_array(), *ok;
+        int r;
+
+        if (strlen(key) > ETCD_KEY_MAX || len > ETCD_VALUE_MAX)
+                r = -E2BIG;
+        else if (!req || !cmp || !put || !op || !cmps || !ops)
+                r = -ENOMEM;
+        else
+                r = 0;
+        if (r < 0) {
+                json_object_put(cmp);
+                json_object_put(put);
+                json_object_put(op);
+                json_object_put(cmps);
+                json_object_put(ops);
+                return r;
+        }
+        /* only if the key does not exist: its create revision is 0 */
+        json_object_object_add(cmp, "key", new_b64(key, strlen(key)));
+        json_object_object_add(cmp, "target", json_object_new_string("CREATE"));
+        json_object_object_add(cmp, "result", json_object_new_string("EQUAL"));
+        json_object_object_add(cmp, "create_revision", new_i64_string(0));
+        json_object_array_add(cmps, cmp);
+        json_object_object_add(put, "key", new_b64(key, strlen(key)));
+        json_object_object_add(put, "value", new_b64(value, len));
+        if (lease != 0)
+                json_object_object_add(put, "lease", new_i64_string(lease));
+        json_object_object_add(op, "request_put", put);
+        json_object_array_add(ops, op);
+        json_object_object_add(req, "compare", cmps);
+        json_object_object_add(req, "success", ops);
+        r = request(c, "/v3/kv/txn", req, &o);
+        if (r < 0)
+                return r;
+        /* the gateway leaves out "succeeded" when it is false */
+        *ret_created = json_object_object_get_ex(o, "succeeded", &ok) && json_object_get_boolean(ok);
+        return 0;
+}

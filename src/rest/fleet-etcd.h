@@ -57,6 +57,8 @@ int etcd_lease_revoke(EtcdClient *c, int64_t id);
 /* lease 0: none. */
 int etcd_put(EtcdClient *c, const char *key, const void *value, size_t len, int64_t lease);
 int etcd_delete(EtcdClient *c, const char *key);
+/* Put only if key does not exist yet: *ret_created says whether it was put. */
+int etcd_create(EtcdClient *c, const char *key, const void *value, size_t len, int64_t lease, bool *ret_created);
 
 typedef struct EtcdKv {
         char *key;

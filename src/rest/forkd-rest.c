@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <systemd/sd-daemon.h>
 
+#include "fleet-front.h"
 #include "fleet-node.h"
 #include "io-util.h"
 #include "macro.h"
@@ -34,6 +35,7 @@ static size_t arg_body_max = REST_BODY_MAX_DEFAULT;
 static size_t arg_memory_limit = REST_MEMORY_LIMIT_DEFAULT;
 static bool arg_no_direct;
 static bool arg_metrics_per_sandbox;
+static bool arg_fleet_front;
 static const char *arg_fleet_etcd, *arg_fleet_node, *arg_fleet_advertise;
 static const char *arg_fleet_cacert, *arg_fleet_cert, *arg_fleet_key, *arg_fleet_user, *arg_fleet_password_file;
 static unsigned arg_fleet_ttl = FLEET_TTL_DEFAULT;
@@ -72,6 +74,11 @@ static void help(void) {
                "                           TLS to etcd: its CA, and this node's client certificate and key\n"
                "  --fleet-etcd-user NAME, --fleet-etcd-password-file FILE\n"
                "                           etcd's own authentication\n"
+               "\nA front end of a fleet: the same REST API with no forkd behind it\n"
+               "  --fleet-front            place forks on the nodes in --fleet-etcd's records and pass\n"
+               "                           every call for a sandbox to its node; with --fleet-etcd (and\n"
+               "                           its TLS and credentials), --listen, --token-file, --tls-*,\n"
+               "                           --connection-limit, --timeout, --body-max only\n"
                "\n"
                "  --debug                  log at debug level\n"
                "  --version                print the version\n",
@@ -96,7 +103,8 @@ static int parse_argv(int argc, char *argv[]) {
         enum { ARG_LISTEN = 0x100, ARG_TOKEN, ARG_CERT, ARG_KEY, ARG_BUS, ARG_CONNS, ARG_TIMEOUT,
                ARG_BODY, ARG_MEM, ARG_CALLS, ARG_DEBUG, ARG_VERSION, ARG_NO_DIRECT, ARG_STATE_DIR,
                ARG_METRICS_PER_SANDBOX, ARG_FLEET_ETCD, ARG_FLEET_NODE, ARG_FLEET_ADVERTISE, ARG_FLEET_TTL,
-               ARG_FLEET_MAX, ARG_FLEET_CACERT, ARG_FLEET_CERT, ARG_FLEET_KEY, ARG_FLEET_USER, ARG_FLEET_PASSWORD };
+               ARG_FLEET_MAX, ARG_FLEET_CACERT, ARG_FLEET_CERT, ARG_FLEET_KEY, ARG_FLEET_USER, ARG_FLEET_PASSWORD,
+               ARG_FLEET_FRONT };
         static const struct option opts[] = {
                 { "listen", required_argument, NULL, ARG_LISTEN },
                 { "token-file", required_argument, NULL, ARG_TOKEN },
@@ -121,6 +129,7 @@ static int parse_argv(int argc, char *argv[]) {
                 { "fleet-etcd-key", required_argument, NULL, ARG_FLEET_KEY },
                 { "fleet-etcd-user", required_argument, NULL, ARG_FLEET_USER },
                 { "fleet-etcd-password-file", required_argument, NULL, ARG_FLEET_PASSWORD },
+                { "fleet-front", no_argument, NULL, ARG_FLEET_FRONT },
                 { "debug", no_argument, NULL, ARG_DEBUG },
                 { "version", no_argument, NULL, ARG_VERSION },
                 { "help", no_argument, NULL, 'h' },
@@ -146,6 +155,7 @@ static int parse_argv(int argc, char *argv[]) {
                 case ARG_FLEET_KEY: arg_fleet_key = optarg; break;
                 case ARG_FLEET_USER: arg_fleet_user = optarg; break;
                 case ARG_FLEET_PASSWORD: arg_fleet_password_file = optarg; break;
+                case ARG_FLEET_FRONT: arg_fleet_front = true; break;
                 case ARG_FLEET_TTL:
                         if (parse_ulong(optarg, FLEET_TTL_MIN, FLEET_TTL_MAX, &v) < 0)
                                 return log_error_errno(EINVAL, "--fleet-lease-ttl must be %u..%u", FLEET_TTL_MIN,
@@ -203,6 +213,13 @@ static int parse_argv(int argc, char *argv[]) {
         if (!arg_fleet_etcd && (arg_fleet_node || arg_fleet_advertise || arg_fleet_cacert || arg_fleet_cert ||
                                 arg_fleet_user))
                 return log_error_errno(EINVAL, "The --fleet-* options need --fleet-etcd");
+        if (arg_fleet_front && !arg_fleet_etcd)
+                return log_error_errno(EINVAL, "--fleet-front needs --fleet-etcd");
+        if (arg_fleet_front && (arg_fleet_node || arg_fleet_advertise || arg_bus_address || arg_no_direct ||
+                                arg_state_dir || arg_metrics_per_sandbox))
+                return log_error_errno(EINVAL, "--fleet-front has no forkd behind it: --fleet-node, "
+                                               "--fleet-advertise, --bus-address, --no-direct, --state-dir and "
+                                               "--metrics-per-sandbox are a node's");
         return 1;
 }
 
@@ -345,6 +362,69 @@ static int open_listen_socket(int *ret) {
         return 0;
 }
 
+/* --fleet-etcd-password-file, or NULL without one. */
+static int load_fleet_password(char **ret) {
+        size_t n;
+        int r;
+
+        *ret = NULL;
+        if (!arg_fleet_password_file)
+                return 0;
+        r = read_small_file(arg_fleet_password_file, TOKEN_MAX, true, ret);
+        if (r == -EPERM)
+                return log_error_errno(r, "%s is readable by everyone; chmod o-r it.", arg_fleet_password_file);
+        if (r < 0)
+                return log_error_errno(r, "Cannot read %s: %m", arg_fleet_password_file);
+        n = strlen(*ret);
+        while (n > 0 && strchr("\r\n", (*ret)[n - 1]))
+                (*ret)[--n] = 0;
+        return 0;
+}
+
+static EtcdOptions fleet_etcd_options(const char *password) {
+        return (EtcdOptions) {
+                .cacert = arg_fleet_cacert,
+                .cert = arg_fleet_cert,
+                .key = arg_fleet_key,
+                .user = arg_fleet_user,
+                .password = password,
+        };
+}
+
+/* --fleet-front: no forkd; the front end's own threads serve until a signal. */
+static int run_front(sd_event *event, int fd, const char *cert, const char *key, const char *token) {
+        _cleanup_free_ char *password = NULL;
+        FleetFront *front = NULL;
+        int r;
+
+        r = load_fleet_password(&password);
+        if (r < 0)
+                return r;
+        if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
+                return log_error_errno(ENOMEM, "Cannot initialise libcurl.");
+        r = fleet_front_start(&(FleetFrontConfig) {
+                                      .listen_fd = fd,
+                                      .tls_cert_pem = cert,
+                                      .tls_key_pem = key,
+                                      .token = token,
+                                      .etcd = arg_fleet_etcd,
+                                      .etcd_opts = fleet_etcd_options(password),
+                                      .connection_limit = arg_connection_limit,
+                                      .timeout_secs = arg_timeout,
+                                      .body_max = arg_body_max,
+                              },
+                              &front);
+        if (r < 0)
+                return log_error_errno(r, "Cannot start the front end: %m");
+        (void) sd_notify(false, "READY=1\nSTATUS=Serving the forkd REST API as a fleet's front end");
+        r = sd_event_loop(event);
+        (void) sd_notify(false, "STOPPING=1");
+        fleet_front_stop(front);
+        if (password)
+                explicit_bzero(password, strlen(password));
+        return r < 0 ? log_error_errno(r, "Event loop failed: %m") : 0;
+}
+
 /* --fleet-etcd: this node's record in etcd, kept by a thread of its own. */
 static int start_fleet_node(FleetNode **ret) {
         _cleanup_free_ char *password = NULL, *advertise = NULL;
@@ -354,31 +434,16 @@ static int start_fleet_node(FleetNode **ret) {
 
         if (!arg_fleet_node && (gethostname(host, sizeof(host) - 1) < 0 || !fleet_node_name_is_valid(host)))
                 return log_error_errno(EINVAL, "The host name is no node name: give --fleet-node.");
-        if (arg_fleet_password_file) {
-                size_t n;
-
-                r = read_small_file(arg_fleet_password_file, TOKEN_MAX, true, &password);
-                if (r == -EPERM)
-                        return log_error_errno(r, "%s is readable by everyone; chmod o-r it.", arg_fleet_password_file);
-                if (r < 0)
-                        return log_error_errno(r, "Cannot read %s: %m", arg_fleet_password_file);
-                n = strlen(password);
-                while (n > 0 && strchr("\r\n", password[n - 1]))
-                        password[--n] = 0;
-        }
+        r = load_fleet_password(&password);
+        if (r < 0)
+                return r;
         if (!arg_fleet_advertise && asprintf(&advertise, "%s://%s", arg_tls_cert ? "https" : "http", arg_listen) < 0)
                 return log_oom();
         if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
                 return log_error_errno(ENOMEM, "Cannot initialise libcurl.");
         cfg = (FleetNodeConfig) {
                 .etcd = arg_fleet_etcd,
-                .etcd_opts = {
-                        .cacert = arg_fleet_cacert,
-                        .cert = arg_fleet_cert,
-                        .key = arg_fleet_key,
-                        .user = arg_fleet_user,
-                        .password = password,
-                },
+                .etcd_opts = fleet_etcd_options(password),
                 .name = arg_fleet_node ?: host,
                 .advertise = arg_fleet_advertise ?: advertise,
                 .ttl_secs = arg_fleet_ttl,
@@ -442,6 +507,14 @@ static int run(int argc, char *argv[]) {
         if (r < 0)
                 return r;
 
+        if (arg_fleet_front) {
+                r = run_front(event, fd, cert, key, token);
+                if (key)
+                        explicit_bzero(key, strlen(key));
+                if (token)
+                        explicit_bzero(token, strlen(token));
+                return r;
+        }
         config = (RestConfig) {
                 .listen_fd = fd,
                 .tls_cert_pem = cert,

@@ -1,0 +1,333 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""
+A fleet's front ends, with real parts: a three-member etcd cluster from
+Debian's etcd-server on loopback ports, three forkd stacks (tools/forkd-stack,
+each with its own state directory, private bus and port, forkd-rest with
+--fleet-etcd) and two front ends (forkd-rest --fleet-front). Nodes and front
+ends share one token.
+
+Placement by where a snapshot is, and by room: a fork of a snapshot held by
+node-b lands on node-b; a fork of 100 of a snapshot held only by node-a, when
+node-a is full, lands on another node after one fetch of the chain, and every
+child answers. Every sandbox route through either front end. Idempotency-Key
+across front ends. Hostile records in etcd ignored. kill -9 of a node: no
+placements there within the TTL and a second, 410 for its sandboxes, the rest
+as before. One etcd member down: nothing fails; two down: placement is 503,
+placed sandboxes answer.
+
+The waits are for events, each bounded: after a kill -9 the bound is the
+lease's TTL and a second, which is what the front end promises.
+
+Environment: FORKD_BUILD_DIR (the meson build directory), FORKD_TOP.
+"""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+TOP = os.environ.get("FORKD_TOP") or os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(TOP, "tests", "lib"))
+
+from etcdcluster import ETCD, Cluster  # noqa: E402
+from fleetstack import Front, Node, wait_for  # noqa: E402
+from fleetstack import records as cluster_records  # noqa: E402
+from tap import Tap, check, skip_all  # noqa: E402
+
+BUILD = os.environ.get("FORKD_BUILD_DIR") or os.path.join(TOP, "build")
+STACK = os.path.join(TOP, "tools", "forkd-stack")
+TTL = 2
+N_REMOTE = 100
+
+
+class Ctx:
+    cluster = None
+    nodes = {}
+    fronts = []
+    kept = {}  # name: a front-end sandbox id kept for later checks
+
+
+def records():
+    return cluster_records(Ctx.cluster)
+
+
+def ok(front, status, method, path, body=None, **kw):
+    st, hdrs, out = front.call(method, path, body, **kw)
+    check(st == status, (front.name, method, path, st, out))
+    return out, hdrs
+
+
+def metric(front, name):
+    st, _, text = front.call("GET", "/metrics")
+    text = text.decode() if isinstance(text, bytes) else str(text)
+    m = re.search(rf"^{name} (\d+)$", text, re.M)
+    return int(m.group(1)) if m else None
+
+
+def node_seen(front, name):
+    """The node as the front end sees it (GET /v1/fleet/nodes), or {}."""
+    st, _, out = front.call("GET", "/v1/fleet/nodes")
+    check(st == 200 and isinstance(out, list), (st, out))
+    return next((n for n in out if n["name"] == name), {})
+
+
+def make_snapshot(front, node, tag):
+    n = Ctx.nodes[node]
+    out, _ = ok(front, 201, "POST", f"/v1/snapshots?node={node}",
+                {"tag": tag, "kernel": n.env["FORKD_GUEST_KERNEL"], "rootfs": n.env["FORKD_GUEST_ROOTFS"],
+                 "mem_mib": 64, "boot_wait_secs": 10})
+    check(out["tag"] == tag, out)
+    wait_for(f"{tag} in {node}'s record",
+             lambda: any(s["tag"] == tag for s in records()[node][0]["snapshots"]), 10)
+
+
+def t_up(top):
+    Ctx.cluster = Cluster(os.path.join(top, "etcd"), 3)
+    os.makedirs(Ctx.cluster.top)
+    Ctx.cluster.start()
+    token = os.path.join(top, "token")
+    with open(token, "w") as f:
+        f.write(os.urandom(16).hex())
+    os.chmod(token, 0o600)
+    for name, room in (("node-a", 2), ("node-b", 120), ("node-c", 120)):
+        Ctx.nodes[name] = Node(top, name, Ctx.cluster.endpoints, BUILD, STACK, TTL, room, token_file=token)
+        Ctx.nodes[name].up()
+    wait_for("three ready records", lambda: len(records()) == 3 and all(v[0]["ready"] for v in records().values()),
+             20)
+    Ctx.fronts = [Front(top, f"front-{i}", Ctx.cluster.endpoints, BUILD, token) for i in (1, 2)]
+    for f in Ctx.fronts:
+        f.up()
+        out, _ = ok(f, 200, "GET", "/healthz")
+        check(out == {"status": "ok", "nodes": 3}, out)
+        out, _ = ok(f, 200, "GET", "/version")
+        check(out.get("fleet") == "front", out)
+        wait_for(f"{f.name} sees three ready nodes",
+                 lambda: sum(node_seen(f, n).get("ready", False) for n in Ctx.nodes) == 3, 5)
+    st, _, out = Ctx.fronts[0].call("GET", "/v1/sandboxes", headers={"Authorization": "Bearer nope"})
+    check(st == 401 and out == {"error": "invalid api key"}, (st, out))
+
+
+def t_local(top):
+    f1, f2 = Ctx.fronts
+    make_snapshot(f1, "node-b", "warm-b")
+    out, _ = ok(f2, 201, "POST", "/v1/sandboxes", {"snapshot_tag": "warm-b"})
+    check(len(out) == 1 and out[0]["node"] == "node-b" and out[0]["id"].endswith(".node-b"), out)
+    Ctx.kept["b"] = out[0]["id"]
+    check(metric(f2, "forkd_front_fetches_total") == 0, "no fetch for a local fork")
+    st, _, out = f1.call("POST", "/v1/sandboxes", {"snapshot_tag": "nosuch"})
+    check(st == 404 and "not found" in out["error"], (st, out))
+    for bad, want in (({"snapshot_tag": "warm-b", "n": 0}, "n must be"), ({"snapshot_tag": "../x"}, "snapshot_tag"),
+                      ({"n": 1}, "snapshot_tag")):
+        st, _, out = f1.call("POST", "/v1/sandboxes", bad)
+        check(st == 400 and want in out["error"], (bad, st, out))
+    st, _, out = f1.call("POST", "/v1/sandboxes", raw=b"{not json")
+    check(st == 400, (st, out))
+
+
+def t_remote(top):
+    f1, f2 = Ctx.fronts
+    make_snapshot(f1, "node-a", "only-a")
+    full, _ = ok(f1, 201, "POST", "/v1/sandboxes", {"snapshot_tag": "only-a", "n": 2})
+    check(all(c["node"] == "node-a" for c in full), full)
+    wait_for("node-a full as the front end sees it", lambda: node_seen(f1, "node-a")["capacity"]["sandboxes_running"] == 2,
+             10)
+    before = metric(f1, "forkd_front_fetches_total")
+    kids, _ = ok(f1, 201, "POST", "/v1/sandboxes", {"snapshot_tag": "only-a", "n": N_REMOTE}, timeout=600)
+    check(len(kids) == N_REMOTE and len({k["id"] for k in kids}) == N_REMOTE, len(kids))
+    where = {k["node"] for k in kids}
+    check(where <= {"node-b", "node-c"}, where)
+    check(metric(f1, "forkd_front_fetches_total") - before == len(where), "one fetch per node that lacked it")
+    for k in kids:
+        ok(f2, 200, "POST", f"/v1/sandboxes/{k['id']}/ping")
+    # a second fork there runs from the chain fetched, with no fetch
+    again, _ = ok(f2, 201, "POST", "/v1/sandboxes", {"snapshot_tag": "only-a"})
+    check(metric(f2, "forkd_front_fetches_total") == 0 or again[0]["node"] == "node-a", again)
+    listed, hdrs = ok(f2, 200, "GET", "/v1/sandboxes?usage=false")
+    ids = {s["id"] for s in listed}
+    check({k["id"] for k in kids + full + again} <= ids and hdrs.get("Forkd-Unanswered-Nodes") is None, len(ids))
+    snaps, _ = ok(f1, 200, "GET", "/v1/snapshots")
+    only = [s for s in snaps if s["tag"] == "only-a"]
+    check(len(only) == 1 and "node-a" in only[0]["nodes"] and len(only[0]["nodes"]) == 1 + len(where), only)
+    for k in kids + again + full:
+        ok(f1, 204, "DELETE", f"/v1/sandboxes/{k['id']}")
+
+
+def t_routes(top):
+    f1, f2 = Ctx.fronts
+    sid = Ctx.kept["b"]
+    for f in (f1, f2):
+        ok(f, 200, "POST", f"/v1/sandboxes/{sid}/ping")
+        out, _ = ok(f, 200, "GET", f"/v1/sandboxes/{sid}")
+        check(out["id"] == sid and out["node"] == "node-b", out)
+        out, _ = ok(f, 200, "POST", f"/v1/sandboxes/{sid}/exec", {"args": ["/bin/sh", "-c", "x = 1; print x"]})
+        check(out["exit_code"] == 0 and out["stdout"] == "1\n", out)
+        out, _ = ok(f, 200, "POST", f"/v1/sandboxes/{sid}/run_code", {"code": "x = 41"})
+        check(out["exit_code"] == 0 and out["error"] is None, out)
+    pid = ok(f1, 201, "POST", f"/v1/sandboxes/{sid}/processes", {"args": ["/bin/sh", "-c", "echo one two"]})[0]["pid"]
+    out, _ = ok(f2, 200, "GET", f"/v1/sandboxes/{sid}/processes")
+    check(any(p["pid"] == pid for p in out["processes"]), out)
+    _, _, text = f2.call("GET", f"/v1/sandboxes/{sid}/processes/{pid}/output?follow=true")
+    text = text.decode() if isinstance(text, bytes) else json.dumps(text)
+    check("one two" in text or "b25lIHR3bw" in text, text[:500])
+    snap, _ = ok(f1, 201, "POST", f"/v1/sandboxes/{sid}/branch", {"tag": "br-b"})
+    check(snap["tag"] == "br-b", snap)
+    kids, _ = ok(f2, 200, "POST", f"/v1/sandboxes/{sid}/fork", {"n": 2})
+    check(len(kids["children"]) == 2 and all(c.endswith(".node-b") for c in kids["children"]), kids)
+    for c in kids["children"]:
+        ok(f1, 200, "POST", f"/v1/sandboxes/{c}/ping")
+    out, _ = ok(f1, 200, "POST", f"/v1/sandboxes/{kids['children'][0]}/pause")
+    check(out["id"] == kids["children"][0] and out["status"] == "paused", out)
+    out, _ = ok(f2, 200, "POST", f"/v1/sandboxes/{kids['children'][0]}/resume")
+    check(out["status"] == "running", out)
+    ok(f2, 200, "POST", f"/v1/sandboxes/{kids['children'][0]}/ping")
+    for c in kids["children"]:
+        ok(f2, 204, "DELETE", f"/v1/sandboxes/{c}")
+    st, _, out = f1.call("POST", f"/v1/sandboxes/{kids['children'][0]}/ping")
+    check(st == 404, (st, out))
+    for bad in ("sb-nosuch", "sb-x.node-zz", "sb-x.no/de", ".node-b"):
+        st, _, out = f1.call("POST", f"/v1/sandboxes/{bad}/ping")
+        check(st == 404, (bad, st, out))
+    st, _, out = f1.call("GET", f"/v1/sandboxes/{sid}/processes/{pid}/tty")
+    check(st == 501 and "node-b" in out["error"], (st, out))
+
+
+def t_idempotency(top):
+    f1, f2 = Ctx.fronts
+    h = {"Idempotency-Key": "fleet-key-1"}
+    first, _ = ok(f1, 201, "POST", "/v1/sandboxes", {"snapshot_tag": "warm-b"}, headers=h)
+    again, hdrs = ok(f2, 201, "POST", "/v1/sandboxes", {"snapshot_tag": "warm-b"}, headers=h)
+    check(again == first and hdrs.get("Idempotent-Replayed") == "true", (first, again, dict(hdrs)))
+    st, _, out = f2.call("POST", "/v1/sandboxes", {"snapshot_tag": "warm-b", "n": 2}, headers=h)
+    check(st == 422 and "another request" in out["error"], (st, out))
+    listed, _ = ok(f1, 200, "GET", "/v1/sandboxes?usage=false")
+    check(sum(1 for s in listed if s["id"] == first[0]["id"]) == 1, "made once")
+    ok(f1, 204, "DELETE", f"/v1/sandboxes/{first[0]['id']}")
+
+
+def t_hostile_records(top):
+    f1, _ = Ctx.fronts
+    before = metric(f1, "forkd_front_records_refused_total")
+    good = dict(records()["node-b"][0])
+    bad = {
+        "evil-url": dict(good, name="evil-url", url="http://127.0.0.1:1/../x"),
+        "evil-cap": dict(good, name="evil-cap", capacity=dict(good["capacity"], sandboxes_max=10 ** 12)),
+        "evil-snaps": dict(good, name="evil-snaps", snapshots=[{"tag": "warm-b"}, 5]),
+        "evil-name": dict(good, name="someone-else"),
+    }
+    for name, rec in bad.items():
+        Ctx.cluster.put(f"/forkd/nodes/{name}", json.dumps(rec))
+    Ctx.cluster.put("/forkd/nodes/evil-json", "{not json" + "x" * 1000)
+    wait_for("five records refused", lambda: metric(f1, "forkd_front_records_refused_total") - before >= 5, 10)
+    out, _ = ok(f1, 200, "GET", "/healthz")
+    check(out["nodes"] == 3, out)
+    kids, _ = ok(f1, 201, "POST", "/v1/sandboxes", {"snapshot_tag": "warm-b", "n": 3})
+    check(all(k["node"] == "node-b" for k in kids), kids)
+    for k in kids:
+        ok(f1, 204, "DELETE", f"/v1/sandboxes/{k['id']}")
+    for name in list(bad) + ["evil-json"]:
+        Ctx.cluster.call("/v3/kv/deleterange", {"key": __import__("etcdcluster").b64(f"/forkd/nodes/{name}")})
+    with open(f1.log, errors="replace") as f:
+        check("Ignoring the fleet record /forkd/nodes/evil-url" in f.read(), "logged")
+
+
+def t_node_lost(top):
+    f1, f2 = Ctx.fronts
+    make_snapshot(f1, "node-c", "only-c")
+    out, _ = ok(f1, 201, "POST", "/v1/sandboxes", {"snapshot_tag": "only-c"})
+    check(out[0]["node"] == "node-c", out)
+    lost = out[0]["id"]
+    c = Ctx.nodes["node-c"]
+    os.kill(c.pid("rest"), signal.SIGKILL)
+    t0 = time.monotonic()
+    for f in (f1, f2):
+        wait_for(f"{f.name} without node-c", lambda: f.call("GET", "/healthz")[2].get("nodes") == 2, TTL + 1.5,
+                 step=0.02)
+    gone = time.monotonic() - t0
+    check(gone <= TTL + 1, f"{gone:.2f} s")
+    st, _, out = f1.call("POST", "/v1/sandboxes", {"snapshot_tag": "only-c"})
+    check(st == 404, (st, out))
+    for f in (f1, f2):
+        st, _, out = f.call("POST", f"/v1/sandboxes/{lost}/ping")
+        check(st == 410 and re.fullmatch(r"node node-c was lost at \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", out["error"]),
+              (st, out))
+        ok(f, 200, "POST", f"/v1/sandboxes/{Ctx.kept['b']}/ping")
+    kids, _ = ok(f2, 201, "POST", "/v1/sandboxes", {"snapshot_tag": "warm-b"})
+    check(kids[0]["node"] == "node-b", kids)
+    Ctx.kept["b2"] = kids[0]["id"]
+
+
+def t_etcd_down(top):
+    f1, f2 = Ctx.fronts
+    Ctx.cluster.kill(0)
+    for i in range(3):
+        for f in (f1, f2):
+            kids, _ = ok(f, 201, "POST", "/v1/sandboxes", {"snapshot_tag": "warm-b"})
+            ok(f, 200, "POST", f"/v1/sandboxes/{kids[0]['id']}/ping")
+            ok(f, 204, "DELETE", f"/v1/sandboxes/{kids[0]['id']}")
+    Ctx.cluster.kill(1)
+    st_out = wait_for("placement refused without quorum",
+                      lambda: (lambda a: a if a[0] == 503 else None)(
+                          f1.call("POST", "/v1/sandboxes", {"snapshot_tag": "warm-b"}, timeout=30)), 15, step=0.2)
+    check("etcd" in st_out[2]["error"], st_out[2])
+    st, _, out = f2.call("POST", "/v1/sandboxes", {"snapshot_tag": "warm-b"}, timeout=30)
+    check(st == 503 and "etcd" in out["error"], (st, out))
+    for f in (f1, f2):
+        ok(f, 200, "POST", f"/v1/sandboxes/{Ctx.kept['b']}/ping")
+        ok(f, 200, "POST", f"/v1/sandboxes/{Ctx.kept['b2']}/exec", {"args": ["/bin/sh", "-c", "x = 1"]})
+
+
+def t_down(top):
+    for f in Ctx.fronts:
+        f.down()
+        check(f.proc.returncode == 0, (f.name, f.proc.returncode))
+        with open(f.log, errors="replace") as fh:
+            text = fh.read()
+        for bad in ("AddressSanitizer", "LeakSanitizer", "runtime error:"):
+            check(bad not in text, f"{f.name}: {text[text.find(bad) - 200:][:1500]}")
+
+
+def main():
+    if not os.path.exists(ETCD):
+        skip_all("etcd (Debian's etcd-server) is not installed: tools/install-deps installs it")
+    if os.geteuid() != 0:
+        skip_all("needs root (tools/forkd-stack)")
+    if not os.access("/dev/kvm", os.R_OK | os.W_OK):
+        skip_all("/dev/kvm is not usable")
+    tap = Tap()
+    top = tempfile.mkdtemp(prefix="forkd-front-")
+    try:
+        tap.run("etcd, three nodes and two front ends that see them", t_up, top)
+        if not tap.failed:
+            tap.run("a fork of a snapshot node-b holds lands on node-b; bad bodies are 400", t_local, top)
+            tap.run(f"a fork of {N_REMOTE} of a snapshot only a full node-a holds: elsewhere, after one fetch, "
+                    "every child answers", t_remote, top)
+            tap.run("every sandbox route through either front end", t_routes, top)
+            tap.run("Idempotency-Key: a retry through the other front end gets the first answer", t_idempotency,
+                    top)
+            tap.run("hostile records in etcd: ignored and logged, never followed", t_hostile_records, top)
+            tap.run(f"kill -9 of node-c: no placements there within the TTL ({TTL} s) and 1 s; 410 for its "
+                    "sandboxes; the rest answers", t_node_lost, top)
+            tap.run("one etcd member down: nothing fails; two: placement is 503, placed sandboxes answer",
+                    t_etcd_down, top)
+        tap.run("the front ends stop cleanly, with no sanitizer report", t_down, top)
+    finally:
+        for f in Ctx.fronts:
+            f.down()
+        for n in Ctx.nodes.values():
+            n.down()
+        if Ctx.cluster:
+            Ctx.cluster.stop()
+        if os.environ.get("FORKD_TEST_KEEP"):
+            print(f"# kept {top}")
+        else:
+            subprocess.run(["rm", "-rf", top])
+    return tap.done()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
