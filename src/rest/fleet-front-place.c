@@ -158,14 +158,15 @@ static void undo_children(FrontRequest *r, FleetView *v, const FleetPlacement *p
 }
 
 /* No record says a node holds tag: one made in the last second or so is not in
- * its node's record yet. The ready nodes are asked, and those that have it take
- * the children, most room first, with no fetch. -ENOENT: none has it. */
+ * its node's record yet. The nodes are asked; those that have it take the
+ * children, most room first, then the others with room, each fetching from the
+ * first that has it. -ENOENT: none has it. */
 static int place_by_asking(FrontRequest *r, FleetView *v, const char *tag, uint32_t n, FleetPlacement *ret,
                            size_t *ret_n) {
         _cleanup_free_ FleetCall *calls = calloc(MAX(v->n_nodes, 1u), sizeof(FleetCall));
         _cleanup_free_ FleetAnswer *as = calloc(MAX(v->n_nodes, 1u), sizeof(FleetAnswer));
+        size_t n_p = 0, source = SIZE_MAX;
         char path[128];
-        size_t n_p = 0;
         bool any = false;
 
         if (!calls || !as)
@@ -176,24 +177,31 @@ static int place_by_asking(FrontRequest *r, FleetView *v, const char *tag, uint3
                 calls[i].timeout_ms = 5000;
         }
         (void) fleet_http_call_many(calls, v->n_nodes, as);
-        while (n > 0) {
-                size_t best = SIZE_MAX;
+        for (size_t i = 0; i < v->n_nodes; i++)
+                if (as[i].status == 200 && source == SIZE_MAX)
+                        source = i;
+        /* the holders first, then the others, which fetch from the first holder */
+        for (int pass = 0; pass < 2 && source != SIZE_MAX; pass++)
+                while (n > 0) {
+                        size_t best = SIZE_MAX;
 
-                for (size_t i = 0; i < v->n_nodes; i++) {
-                        bool taken = false;
+                        for (size_t i = 0; i < v->n_nodes; i++) {
+                                bool taken = false;
 
-                        if (as[i].status != 200 || fleet_room(&v->nodes[i]) == 0)
-                                continue;
-                        for (size_t j = 0; j < n_p; j++)
-                                taken |= ret[j].node == i;
-                        if (!taken && (best == SIZE_MAX || fleet_room(&v->nodes[i]) > fleet_room(&v->nodes[best])))
-                                best = i;
+                                if ((as[i].status == 200) != (pass == 0) || fleet_room(&v->nodes[i]) == 0)
+                                        continue;
+                                for (size_t j = 0; j < n_p; j++)
+                                        taken |= ret[j].node == i;
+                                if (!taken &&
+                                    (best == SIZE_MAX || fleet_room(&v->nodes[i]) > fleet_room(&v->nodes[best])))
+                                        best = i;
+                        }
+                        if (best == SIZE_MAX)
+                                break;
+                        ret[n_p] = (FleetPlacement) { .node = best, .n = MIN(n, fleet_room(&v->nodes[best])),
+                                                      .fetch = pass == 1, .source = source };
+                        n -= ret[n_p++].n;
                 }
-                if (best == SIZE_MAX)
-                        break;
-                ret[n_p] = (FleetPlacement) { .node = best, .n = MIN(n, fleet_room(&v->nodes[best])) };
-                n -= ret[n_p++].n;
-        }
         for (size_t i = 0; i < v->n_nodes; i++) {
                 any |= as[i].status == 200;
                 fleet_answer_done(&as[i]);
