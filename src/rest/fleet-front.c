@@ -353,11 +353,12 @@ int front_route_metrics(FrontRequest *r) {
         FleetFront *f = r->front;
         FleetView *v = fleet_view_get(f->watcher);
         _cleanup_free_ char *text = NULL;
-        uint64_t age;
-        bool ok = fleet_watcher_etcd_ok(f->watcher, &age, NULL, 0);
+        bool ok = fleet_watcher_etcd_ok(f->watcher, NULL, NULL, 0);
+        uint64_t lost, refused;
         size_t ready = 0;
         int n;
 
+        fleet_watcher_counts(f->watcher, &lost, &refused);
         for (size_t i = 0; i < v->n_nodes; i++)
                 ready += v->nodes[i].ready;
         n = asprintf(&text,
@@ -385,8 +386,7 @@ int front_route_metrics(FrontRequest *r) {
                      "forkd_front_idempotency_replays_total %" PRIuFAST64 "\n",
                      v->n_nodes, ready, ok, atomic_load(&f->requests), atomic_load(&f->placements),
                      atomic_load(&f->placement_refusals), atomic_load(&f->fetches_total),
-                     atomic_load(&f->fetch_failures), fleet_watcher_lost_total(f->watcher),
-                     fleet_watcher_refused_total(f->watcher), atomic_load(&f->node_failures),
+                     atomic_load(&f->fetch_failures), lost, refused, atomic_load(&f->node_failures),
                      atomic_load(&f->idem_replays));
         fleet_view_put(f->watcher, v);
         if (n < 0)

@@ -276,20 +276,9 @@ uint64_t fleet_watcher_lost_at(FleetWatcher *w, const char *name) {
         return at;
 }
 
-uint64_t fleet_watcher_lost_total(FleetWatcher *w) {
-        uint64_t n;
-
+void fleet_watcher_counts(FleetWatcher *w, uint64_t *ret_lost, uint64_t *ret_refused) {
         pthread_mutex_lock(&w->lock);
-        n = w->lost_total;
+        *ret_lost = w->lost_total;
+        *ret_refused = w->refused_total;
         pthread_mutex_unlock(&w->lock);
-        return n;
-}
-
-uint64_t fleet_watcher_refused_total(FleetWatcher *w) {
-        uint64_t n;
-
-        pthread_mutex_lock(&w->lock);
-        n = w->refused_total;
-        pthread_mutex_unlock(&w->lock);
-        return n;
 }

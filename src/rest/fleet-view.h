@@ -46,5 +46,5 @@ bool fleet_watcher_etcd_ok(FleetWatcher *w, uint64_t *ret_age_usec, char *ret_er
 
 /* When the node named left the view (CLOCK_REALTIME seconds), or 0 when it is not known lost. */
 uint64_t fleet_watcher_lost_at(FleetWatcher *w, const char *name);
-uint64_t fleet_watcher_lost_total(FleetWatcher *w);
-uint64_t fleet_watcher_refused_total(FleetWatcher *w);
+/* The nodes that left the view, and the records refused, since the start. */
+void fleet_watcher_counts(FleetWatcher *w, uint64_t *ret_lost, uint64_t *ret_refused);

@@ -35,7 +35,7 @@ TOP = os.environ.get("FORKD_TOP") or os.path.dirname(os.path.dirname(os.path.dir
 sys.path.insert(0, os.path.join(TOP, "tests", "lib"))
 
 from etcdcluster import ETCD, Cluster  # noqa: E402
-from fleetstack import Front, Node, wait_for  # noqa: E402
+from fleetstack import Front, Node, sanitizer_report, wait_for, why_not_here  # noqa: E402
 from fleetstack import records as cluster_records  # noqa: E402
 from tap import Tap, check, skip_all  # noqa: E402
 
@@ -285,19 +285,13 @@ def t_down(top):
     for f in Ctx.fronts:
         f.down()
         check(f.proc.returncode == 0, (f.name, f.proc.returncode))
-        with open(f.log, errors="replace") as fh:
-            text = fh.read()
-        for bad in ("AddressSanitizer", "LeakSanitizer", "runtime error:"):
-            check(bad not in text, f"{f.name}: {text[text.find(bad) - 200:][:1500]}")
+        report = sanitizer_report(f.log)
+        check(report is None, f"{f.name}: {report}")
 
 
 def main():
-    if not os.path.exists(ETCD):
-        skip_all("etcd (Debian's etcd-server) is not installed: tools/install-deps installs it")
-    if os.geteuid() != 0:
-        skip_all("needs root (tools/forkd-stack)")
-    if not os.access("/dev/kvm", os.R_OK | os.W_OK):
-        skip_all("/dev/kvm is not usable")
+    if why_not_here(ETCD):
+        skip_all(why_not_here(ETCD))
     tap = Tap()
     top = tempfile.mkdtemp(prefix="forkd-front-")
     try:

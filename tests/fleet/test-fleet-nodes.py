@@ -31,7 +31,7 @@ TOP = os.environ.get("FORKD_TOP") or os.path.dirname(os.path.dirname(os.path.dir
 sys.path.insert(0, os.path.join(TOP, "tests", "lib"))
 
 from etcdcluster import ETCD, Cluster, free_ports  # noqa: E402
-from fleetstack import Node, wait_for  # noqa: E402
+from fleetstack import Node, sanitizer_report, wait_for, why_not_here  # noqa: E402
 from fleetstack import records as cluster_records  # noqa: E402
 from tap import Tap, check, skip_all  # noqa: E402
 
@@ -157,19 +157,13 @@ def t_down(top):
     for n in Ctx.nodes:
         for name in os.listdir(n.state):
             if name.endswith(".log"):
-                with open(os.path.join(n.state, name), errors="replace") as f:
-                    text = f.read()
-                for bad in ("AddressSanitizer", "LeakSanitizer", "runtime error:"):
-                    check(bad not in text, f"{n.name}/{name}: {text[text.find(bad) - 200:][:1500]}")
+                report = sanitizer_report(os.path.join(n.state, name))
+                check(report is None, f"{n.name}/{name}: {report}")
 
 
 def main():
-    if not os.path.exists(ETCD):
-        skip_all("etcd (Debian's etcd-server) is not installed: tools/install-deps installs it")
-    if os.geteuid() != 0:
-        skip_all("needs root (tools/forkd-stack)")
-    if not os.access("/dev/kvm", os.R_OK | os.W_OK):
-        skip_all("/dev/kvm is not usable")
+    if why_not_here(ETCD):
+        skip_all(why_not_here(ETCD))
     tap = Tap()
     top = tempfile.mkdtemp(prefix="forkd-fleet-")
     try:

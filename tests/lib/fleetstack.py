@@ -13,6 +13,28 @@ import urllib.request
 from etcdcluster import free_ports
 
 PREFIX = "/forkd/nodes/"
+SANITIZER_WORDS = ("AddressSanitizer", "LeakSanitizer", "runtime error:")
+
+
+def sanitizer_report(path):
+    """The first sanitizer report in a log, with some context, or None."""
+    with open(path, errors="replace") as f:
+        text = f.read()
+    for bad in SANITIZER_WORDS:
+        if bad in text:
+            return text[max(text.find(bad) - 200, 0):][:1500]
+    return None
+
+
+def why_not_here(etcd):
+    """Why the fleet's tests cannot run on this machine, or None."""
+    if not os.path.exists(etcd):
+        return "etcd (Debian's etcd-server) is not installed: tools/install-deps installs it"
+    if os.geteuid() != 0:
+        return "needs root (tools/forkd-stack)"
+    if not os.access("/dev/kvm", os.R_OK | os.W_OK):
+        return "/dev/kvm is not usable"
+    return None
 
 
 def wait_for(what, cond, timeout, step=0.05):
