@@ -5,6 +5,7 @@
 #include <json-c/json.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,8 +31,13 @@ struct FleetNode {
         char *strings[CONFIG_STRINGS]; /* the copies cfg points to (config_string()) */
         char *key;
         int stop_pipe[2];
-        pthread_t thread;
-        bool started;
+        pthread_t thread, keeper;
+        bool started, keeper_started;
+        /* The lease, 0 while there is none: the record thread takes one; the
+         * keeper thread keeps it alive, and sets 0 when etcd let it go. The
+         * keeper is a thread of its own so that a forkd slow to answer the
+         * record's look (a fork of hundreds) never holds a keep-alive back. */
+        _Atomic int64_t lease;
 };
 
 /* The i-th of the CONFIG_STRINGS string fields of a configuration. */
@@ -165,13 +171,42 @@ static int put_record(FleetNode *n, EtcdClient *etcd, const char *record, int64_
         return etcd_put(etcd, n->key, text, strlen(text), lease);
 }
 
+static void *keeper_thread(void *userdata) {
+        FleetNode *n = userdata;
+        uint64_t period = (uint64_t) n->cfg.ttl_secs * USEC_PER_SEC / 3;
+        EtcdClient *etcd = NULL;
+        bool failing = false;
+
+        if (etcd_client_new(n->cfg.etcd, &n->cfg.etcd_opts, &etcd) < 0)
+                return NULL;
+        while (!wait_or_stop(n, period)) {
+                int64_t lease = atomic_load(&n->lease), ttl = 0;
+                int r;
+
+                if (lease == 0)
+                        continue;
+                r = etcd_lease_keepalive(etcd, lease, &ttl);
+                if (r >= 0 && ttl <= 0) {
+                        log_warning("Fleet: etcd let lease %llx go; taking a new one.", (unsigned long long) lease);
+                        atomic_compare_exchange_strong(&n->lease, &lease, 0);
+                        continue;
+                }
+                if (r < 0 && !failing)
+                        log_warning("Fleet: cannot keep lease %llx alive (%s).", (unsigned long long) lease,
+                                    etcd_client_error(etcd));
+                else if (r >= 0 && failing)
+                        log_info("Fleet: lease %llx kept alive again.", (unsigned long long) lease);
+                failing = r < 0;
+        }
+        etcd_client_free(etcd);
+        return NULL;
+}
+
 static void *node_thread(void *userdata) {
         FleetNode *n = userdata;
         _cleanup_(sd_bus_flush_close_unrefp) sd_bus *bus = NULL;
         _cleanup_free_ char *written = NULL;
         EtcdClient *etcd = NULL;
-        uint64_t keepalive_usec = (uint64_t) n->cfg.ttl_secs * USEC_PER_SEC / 3, next_keepalive = 0,
-                 next_refresh = 0;
         int64_t lease = 0;
         bool failing = false;
         int r;
@@ -179,8 +214,9 @@ static void *node_thread(void *userdata) {
         if (etcd_client_new(n->cfg.etcd, &n->cfg.etcd_opts, &etcd) < 0)
                 return NULL;
         for (;;) {
-                uint64_t now = now_usec(), wake;
+                _cleanup_free_ char *record = NULL;
 
+                lease = atomic_load(&n->lease);
                 if (lease == 0) {
                         r = etcd_lease_grant(etcd, n->cfg.ttl_secs, &lease);
                         if (r < 0) {
@@ -188,60 +224,34 @@ static void *node_thread(void *userdata) {
                                         log_warning("Fleet: cannot get a lease from etcd (%s); trying again every second.",
                                                     etcd_client_error(etcd));
                                 failing = true;
-                                lease = 0;
                                 if (wait_or_stop(n, RETRY_USEC))
                                         break;
                                 continue;
                         }
+                        atomic_store(&n->lease, lease);
                         free(written);
                         written = NULL;
-                        next_keepalive = now + keepalive_usec;
-                        next_refresh = 0;
                 }
-                if (now >= next_refresh) {
-                        _cleanup_free_ char *record = make_record(n, &bus);
-
-                        next_refresh = now + REFRESH_USEC;
-                        if (record && (!written || strcmp(record, written) != 0)) {
-                                r = put_record(n, etcd, record, lease);
-                                if (r >= 0) {
-                                        if (!written || failing)
-                                                log_info("Fleet: node %s is in etcd (%s) under lease %llx, TTL %u s.",
-                                                         n->cfg.name, etcd_client_endpoint(etcd),
-                                                         (unsigned long long) lease, n->cfg.ttl_secs);
-                                        failing = false;
-                                        free(written);
-                                        written = TAKE_PTR(record);
-                                } else if (!failing) {
-                                        log_warning("Fleet: cannot write the node's record (%s).",
-                                                    etcd_client_error(etcd));
-                                        failing = true;
-                                }
-                        }
-                }
-                if (now >= next_keepalive) {
-                        int64_t ttl = 0;
-
-                        r = etcd_lease_keepalive(etcd, lease, &ttl);
-                        next_keepalive = now + keepalive_usec;
-                        if (r >= 0 && ttl <= 0) {
-                                log_warning("Fleet: etcd let lease %llx go; taking a new one.",
-                                            (unsigned long long) lease);
-                                lease = 0;
-                                continue;
-                        }
-                        if (r < 0 && !failing) {
-                                log_warning("Fleet: cannot keep lease %llx alive (%s).", (unsigned long long) lease,
-                                            etcd_client_error(etcd));
-                                failing = true;
-                        } else if (r >= 0 && failing && written)
+                record = make_record(n, &bus);
+                if (record && (!written || strcmp(record, written) != 0)) {
+                        r = put_record(n, etcd, record, lease);
+                        if (r >= 0) {
+                                if (!written || failing)
+                                        log_info("Fleet: node %s is in etcd (%s) under lease %llx, TTL %u s.",
+                                                 n->cfg.name, etcd_client_endpoint(etcd), (unsigned long long) lease,
+                                                 n->cfg.ttl_secs);
                                 failing = false;
+                                free(written);
+                                written = TAKE_PTR(record);
+                        } else if (!failing) {
+                                log_warning("Fleet: cannot write the node's record (%s).", etcd_client_error(etcd));
+                                failing = true;
+                        }
                 }
-                wake = MIN(next_keepalive, next_refresh);
-                now = now_usec();
-                if (wait_or_stop(n, wake > now ? wake - now : 0))
+                if (wait_or_stop(n, REFRESH_USEC))
                         break;
         }
+        lease = atomic_load(&n->lease);
         if (lease != 0 && etcd_lease_revoke(etcd, lease) < 0)
                 log_info("Fleet: could not revoke lease %llx (%s); the record goes when it ends.",
                          (unsigned long long) lease, etcd_client_error(etcd));
@@ -294,6 +304,12 @@ int fleet_node_start(const FleetNodeConfig *cfg, FleetNode **ret) {
                 return r;
         }
         n->started = true;
+        r = -pthread_create(&n->keeper, NULL, keeper_thread, n);
+        if (r < 0) {
+                fleet_node_stop(n);
+                return r;
+        }
+        n->keeper_started = true;
         *ret = n;
         return 0;
 }
@@ -301,10 +317,12 @@ int fleet_node_start(const FleetNodeConfig *cfg, FleetNode **ret) {
 FleetNode *fleet_node_stop(FleetNode *n) {
         if (!n)
                 return NULL;
-        if (n->started) {
+        if (n->started || n->keeper_started)
                 (void) write(n->stop_pipe[1], "x", 1);
+        if (n->keeper_started)
+                (void) pthread_join(n->keeper, NULL);
+        if (n->started)
                 (void) pthread_join(n->thread, NULL);
-        }
         safe_close(n->stop_pipe[0]);
         safe_close(n->stop_pipe[1]);
         for (size_t i = 0; i < ELEMENTSOF(n->strings); i++) {

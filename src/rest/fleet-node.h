@@ -3,9 +3,10 @@
 
 /*
  * A fleet node's record in etcd (forkd-rest --fleet-etcd): a thread of its own
- * keeps the key <prefix>nodes/<name> under a lease of ttl seconds, kept alive
- * every third of it, and rewrites the record when what it says changes
- * (checked every second). The record is one JSON object:
+ * keeps the key <prefix>nodes/<name> under a lease of ttl seconds and rewrites
+ * the record when what it says changes (checked every second); a second
+ * thread keeps the lease alive every third of its TTL, so that a forkd slow to
+ * answer never holds a keep-alive back. The record is one JSON object:
  *
  *   {"format": 1, "name": NAME, "url": the advertised REST URL,
  *    "ready": whether forkd answered the last look,
