@@ -14,7 +14,19 @@
 
 #define FRONT_HEADERS_MAX 4u
 #define FRONT_FETCHES_MAX 256u
-#define FRONT_ID_MAX (64u + 1u + FLEET_NODE_NAME_MAX)
+#define FRONT_ID_MAX FLEET_ID_MAX
+
+/* Children placed on a node in the last FRONT_RESERVE_USEC whose record was
+ * not written since: it may not count them yet, so placement counts them for
+ * it. */
+#define FRONT_RESERVATIONS_MAX 1024u
+#define FRONT_RESERVE_USEC (2000ull * 1000ull)
+typedef struct FrontReservation {
+        char node[FLEET_NODE_NAME_MAX + 1];
+        uint32_t n;
+        uint64_t usec;      /* CLOCK_MONOTONIC */
+        uint64_t at_unix;   /* CLOCK_REALTIME seconds, as records' updated_unix */
+} FrontReservation;
 
 typedef struct FrontFetch {
         char node[FLEET_NODE_NAME_MAX + 1];
@@ -27,16 +39,20 @@ struct FleetFront {
         struct MHD_Daemon *mhd;
         FleetWatcher *watcher;
 
-        pthread_mutex_t lock;  /* fetches, idem lease */
+        pthread_mutex_t lock;  /* fetches, idem lease, reservations */
         pthread_cond_t fetch_done;
         FrontFetch fetches[FRONT_FETCHES_MAX]; /* the chains being fetched: one per (node, tag) */
         size_t n_fetches;
         int64_t idem_lease;
         uint64_t idem_lease_usec;
+        FrontReservation reservations[FRONT_RESERVATIONS_MAX]; /* a ring */
+        size_t reservation_next;
 
         atomic_uint_fast64_t requests, placements, placement_refusals, fetches_total, fetch_failures,
                 node_failures, idem_replays;
 };
+
+typedef struct FrontStream FrontStream;
 
 typedef struct FrontHeader {
         const char *name;
@@ -65,6 +81,7 @@ typedef struct FrontRequest {
         size_t answer_len;
         int answer_fd;          /* >= 0: the answer is this file, answer_len bytes (a bundle) */
         bool asked_node;        /* a node was sent a call that may have changed something */
+        FrontStream *stream;    /* a streamed answer (fleet-front-stream.c) */
         FrontHeader headers[FRONT_HEADERS_MAX];
         size_t n_headers;
 } FrontRequest;
@@ -88,6 +105,12 @@ int front_route(FrontRequest *r);
 int front_sandboxes_create(FrontRequest *r);
 int front_snapshot_to_node(FrontRequest *r, FleetView *v, const FleetRecord *source, const char *tag,
                            const FleetRecord *target);
+
+/* A node's answer streamed to the client as it comes (fleet-front-stream.c):
+ * 0 with r->stream set (or an error answered), or a negative errno. */
+int front_stream_start(FrontRequest *r, const FleetRecord *node, const char *path, const char *body, size_t len);
+struct MHD_Response *front_stream_response(FrontRequest *r, unsigned *ret_status);
+void front_stream_drop(FrontRequest *r);
 
 /* Idempotency-Key (fleet-front-idem.c): 1 to go on (the request is new), 0 when
  * answered (a replay, or a refusal). front_idem_finish() keeps the answer. */

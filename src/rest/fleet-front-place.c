@@ -130,6 +130,45 @@ done:
         return k;
 }
 
+/* The view's records as placement sees them: each node's count of running
+ * sandboxes with what this front end placed there in the last two seconds,
+ * unless the record was written after that. */
+static FleetRecord *records_with_reservations(FleetFront *f, const FleetView *v) {
+        FleetRecord *nodes = calloc(MAX(v->n_nodes, 1u), sizeof(FleetRecord));
+        uint64_t now = now_usec();
+
+        if (!nodes)
+                return NULL;
+        memcpy(nodes, v->nodes, v->n_nodes * sizeof(FleetRecord)); /* shallow: the view owns the snapshots */
+        pthread_mutex_lock(&f->lock);
+        for (size_t i = 0; i < FRONT_RESERVATIONS_MAX; i++) {
+                const FrontReservation *res = &f->reservations[i];
+                FleetRecord *n;
+
+                if (res->n == 0 || now - res->usec > FRONT_RESERVE_USEC)
+                        continue;
+                n = (FleetRecord *) fleet_view_node(&(FleetView) { .nodes = nodes, .n_nodes = v->n_nodes }, res->node);
+                /* a record written in a later second than the placement counts its children */
+                if (n && n->updated_unix <= res->at_unix)
+                        n->sandboxes_running = (uint32_t) MIN((uint64_t) n->sandboxes_running + res->n,
+                                                              (uint64_t) n->sandboxes_max);
+        }
+        pthread_mutex_unlock(&f->lock);
+        return nodes;
+}
+
+static void reserve(FleetFront *f, const char *node, uint32_t n) {
+        pthread_mutex_lock(&f->lock);
+        f->reservations[f->reservation_next] = (FrontReservation) {
+                .n = n,
+                .usec = now_usec(),
+                .at_unix = now_realtime_usec() / USEC_PER_SEC,
+        };
+        snprintf(f->reservations[f->reservation_next].node, sizeof(f->reservations[0].node), "%s", node);
+        f->reservation_next = (f->reservation_next + 1) % FRONT_RESERVATIONS_MAX;
+        pthread_mutex_unlock(&f->lock);
+}
+
 /* The children made so far are terminated: a fork is all of its n or nothing. */
 static void undo_children(FrontRequest *r, FleetView *v, const FleetPlacement *p, size_t n_p, FleetAnswer *as) {
         for (size_t i = 0; i < n_p; i++) {
@@ -161,8 +200,8 @@ static void undo_children(FrontRequest *r, FleetView *v, const FleetPlacement *p
  * its node's record yet. The nodes are asked; those that have it take the
  * children, most room first, then the others with room, each fetching from the
  * first that has it. -ENOENT: none has it. */
-static int place_by_asking(FrontRequest *r, FleetView *v, const char *tag, uint32_t n, FleetPlacement *ret,
-                           size_t *ret_n) {
+static int place_by_asking(FrontRequest *r, FleetView *v, const FleetRecord *seen, const char *tag, uint32_t n,
+                           FleetPlacement *ret, size_t *ret_n) {
         _cleanup_free_ FleetCall *calls = calloc(MAX(v->n_nodes, 1u), sizeof(FleetCall));
         _cleanup_free_ FleetAnswer *as = calloc(MAX(v->n_nodes, 1u), sizeof(FleetAnswer));
         size_t n_p = 0, source = SIZE_MAX;
@@ -188,17 +227,17 @@ static int place_by_asking(FrontRequest *r, FleetView *v, const char *tag, uint3
                         for (size_t i = 0; i < v->n_nodes; i++) {
                                 bool taken = false;
 
-                                if ((as[i].status == 200) != (pass == 0) || fleet_room(&v->nodes[i]) == 0)
+                                if ((as[i].status == 200) != (pass == 0) || fleet_room(&seen[i]) == 0)
                                         continue;
                                 for (size_t j = 0; j < n_p; j++)
                                         taken |= ret[j].node == i;
                                 if (!taken &&
-                                    (best == SIZE_MAX || fleet_room(&v->nodes[i]) > fleet_room(&v->nodes[best])))
+                                    (best == SIZE_MAX || fleet_room(&seen[i]) > fleet_room(&seen[best])))
                                         best = i;
                         }
                         if (best == SIZE_MAX)
                                 break;
-                        ret[n_p] = (FleetPlacement) { .node = best, .n = MIN(n, fleet_room(&v->nodes[best])),
+                        ret[n_p] = (FleetPlacement) { .node = best, .n = MIN(n, fleet_room(&seen[best])),
                                                       .fetch = pass == 1, .source = source };
                         n -= ret[n_p++].n;
                 }
@@ -218,6 +257,7 @@ static int place_by_asking(FrontRequest *r, FleetView *v, const char *tag, uint3
 int front_sandboxes_create(FrontRequest *r) {
         _cleanup_(json_object_putp) struct json_object *o = NULL, *out = NULL;
         _cleanup_free_ FleetPlacement *p = NULL;
+        _cleanup_free_ FleetRecord *seen = NULL;
         _cleanup_free_ FleetAnswer *as = NULL;
         FleetFront *f = r->front;
         struct json_object *tagv, *nv;
@@ -250,13 +290,14 @@ int front_sandboxes_create(FrontRequest *r) {
         }
         v = fleet_view_get(f->watcher);
         p = calloc(MAX(v->n_nodes, 1u), sizeof(FleetPlacement));
-        if (!p) {
+        seen = records_with_reservations(f, v);
+        if (!p || !seen) {
                 fleet_view_put(f->watcher, v);
                 return -ENOMEM;
         }
-        k = fleet_place(v->nodes, v->n_nodes, tag, (uint32_t) n, p, &n_p);
+        k = fleet_place(seen, v->n_nodes, tag, (uint32_t) n, p, &n_p);
         if (k == -ENOENT)
-                k = place_by_asking(r, v, tag, (uint32_t) n, p, &n_p);
+                k = place_by_asking(r, v, seen, tag, (uint32_t) n, p, &n_p);
         if (k == -ENOENT || k == -ENOSPC) {
                 atomic_fetch_add(&f->placement_refusals, 1);
                 fleet_view_put(f->watcher, v);
@@ -326,8 +367,11 @@ int front_sandboxes_create(FrontRequest *r) {
         else if (failed != SIZE_MAX) {
                 undo_children(r, v, p, n_p, as);
                 k = front_answer_node(r, v->nodes[p[failed].node].name, &as[failed]);
-        } else
+        } else {
+                for (size_t i = 0; i < n_p; i++)
+                        reserve(f, v->nodes[p[i].node].name, p[i].n);
                 k = front_answer_json(r, 201, out);
+        }
         for (size_t i = 0; i < n_p; i++) {
                 fleet_answer_done(&as[i]);
                 free(bodies[i]);

@@ -36,48 +36,13 @@ static bool split_id(const char *fid, char id[static SNAPSHOT_TAG_MAX + 1], char
         return snapshot_tag_is_valid(id) && fleet_node_name_is_valid(node);
 }
 
-/* A node's sandbox id as the front end names it. */
-static struct json_object *front_id(struct json_object *id, const char *node) {
-        char buf[FRONT_ID_MAX + 1];
-
-        if (!json_object_is_type(id, json_type_string))
-                return json_object_get(id);
-        snprintf(buf, sizeof(buf), "%s.%s", json_object_get_string(id), node);
-        return json_object_new_string(buf);
-}
-
-/* SandboxInfo (an object with "id"), an array of them, or {"children": [ids]}: ids named by node. */
-static void rename_sandboxes(struct json_object *o, const char *node) {
-        struct json_object *v;
-
-        if (json_object_is_type(o, json_type_array)) {
-                for (size_t i = 0; i < json_object_array_length(o); i++)
-                        rename_sandboxes(json_object_array_get_idx(o, i), node);
-                return;
-        }
-        if (!json_object_is_type(o, json_type_object))
-                return;
-        if (json_object_object_get_ex(o, "id", &v)) {
-                json_object_object_add(o, "id", front_id(v, node));
-                json_object_object_add(o, "node", json_object_new_string(node));
-        }
-        if (json_object_object_get_ex(o, "children", &v) && json_object_is_type(v, json_type_array)) {
-                struct json_object *a = json_object_new_array();
-
-                for (size_t i = 0; a && i < json_object_array_length(v); i++)
-                        json_object_array_add(a, front_id(json_object_array_get_idx(v, i), node));
-                if (a)
-                        json_object_object_add(o, "children", a);
-        }
-}
-
 /* The node's answer, with its sandboxes renamed when it is JSON and a success. */
 static int answer_renamed(FrontRequest *r, const char *node, const FleetAnswer *a) {
         _cleanup_(json_object_putp) struct json_object *o = NULL;
 
         if (a->status < 200 || a->status > 299 || front_parse_answer(a->body, a->len, &o) < 0)
                 return front_answer_node(r, node, a);
-        rename_sandboxes(o, node);
+        fleet_answer_rename(o, node);
         return front_answer_json(r, (unsigned) a->status, o);
 }
 
@@ -119,6 +84,23 @@ static int rewrite_peer(FrontRequest *r, const char *field, const char *node, ch
         return *ret_body ? 1 : -ENOMEM;
 }
 
+/* A process's output with follow=true, and an exec with "stream": true: answers
+ * that go on while the process runs, streamed through. */
+static bool is_stream(FrontRequest *r, const char *rest) {
+        _cleanup_(json_object_putp) struct json_object *o = NULL;
+        struct json_object *v;
+        const char *follow = front_query_arg(r, "follow");
+        size_t n = strlen(rest);
+
+        if (streq(r->method, "GET") && n > 7 && streq(rest + n - 7, "/output"))
+                return follow && (streq(follow, "true") || streq(follow, "1"));
+        if (!streq(r->method, "POST") || !streq(rest, "/exec") || !r->body ||
+            json_parse_strict(r->body, r->len, r->front->cfg.body_max, BODY_DEPTH_MAX, &o, NULL) < 0)
+                return false;
+        return json_object_object_get_ex(o, "stream", &v) && json_object_is_type(v, json_type_boolean) &&
+               json_object_get_boolean(v);
+}
+
 /* /v1/sandboxes/<id>.<node>[/...]: to the node, with its own id. */
 static int route_sandbox(FrontRequest *r, const char *fid, const char *rest) {
         _cleanup_free_ char *body = NULL;
@@ -147,6 +129,11 @@ static int route_sandbox(FrontRequest *r, const char *fid, const char *rest) {
                 return answer_lost(r, name);
         }
         snprintf(path, sizeof(path), "/v1/sandboxes/%s%s%s", id, rest, r->query);
+        if (is_stream(r, rest)) {
+                k = front_stream_start(r, node, path, body ?: r->body, body ? strlen(body) : r->len);
+                fleet_view_put(r->front->watcher, v);
+                return k;
+        }
         c = front_call(r, node, r->method, path);
         c.body = body ?: r->body;
         c.len = body ? strlen(body) : r->len;
@@ -201,7 +188,7 @@ static int list_all(FrontRequest *r, const char *path, bool snapshots) {
                         struct json_object *e = json_object_array_get_idx(a, j), *tag, *seen, *nodes;
 
                         if (!snapshots) {
-                                rename_sandboxes(e, node);
+                                fleet_answer_rename(e, node);
                                 json_object_array_add(out, json_object_get(e));
                                 continue;
                         }

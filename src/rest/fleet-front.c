@@ -144,6 +144,7 @@ static void request_free(FrontRequest *r) {
         free(r->idem_key);
         safe_close(r->body_fd);
         safe_close(r->answer_fd);
+        front_stream_drop(r);
         free(r);
 }
 
@@ -151,7 +152,9 @@ static enum MHD_Result queue_answer(FrontRequest *r) {
         struct MHD_Response *resp;
         enum MHD_Result ret;
 
-        if (r->answer_fd >= 0) {
+        if (r->stream) {
+                resp = front_stream_response(r, &r->status);
+        } else if (r->answer_fd >= 0) {
                 resp = MHD_create_response_from_fd((uint64_t) r->answer_len, r->answer_fd);
                 if (resp)
                         r->answer_fd = -1; /* MHD closes it */

@@ -12,6 +12,7 @@
 #include "fleet-http.h"
 #include "json-util.h"
 #include "macro.h"
+#include "snapshot-meta.h"
 
 typedef struct Transfer {
         const FleetCall *call;
@@ -271,4 +272,44 @@ int front_parse_answer(const char *body, size_t len, struct json_object **ret) {
         }
         *ret = o;
         return 0;
+}
+
+/* A node's sandbox id as the front end names it; null for one that is no
+ * forkd id (a '.' in it would name another node). */
+static struct json_object *front_id(struct json_object *id, const char *node) {
+        char buf[FLEET_ID_MAX + 1];
+        const char *s;
+
+        if (!json_object_is_type(id, json_type_string))
+                return NULL;
+        s = json_object_get_string(id);
+        if (!snapshot_tag_is_valid(s) || strchr(s, '.') || strlen(node) > 63)
+                return NULL;
+        snprintf(buf, sizeof(buf), "%s.%s", s, node);
+        return json_object_new_string(buf);
+}
+
+/* SandboxInfo (an object with "id"), an array of them, or {"children": [ids]}: ids named by node. */
+void fleet_answer_rename(struct json_object *o, const char *node) {
+        struct json_object *v;
+
+        if (json_object_is_type(o, json_type_array)) {
+                for (size_t i = 0; i < json_object_array_length(o); i++)
+                        fleet_answer_rename(json_object_array_get_idx(o, i), node);
+                return;
+        }
+        if (!json_object_is_type(o, json_type_object))
+                return;
+        if (json_object_object_get_ex(o, "id", &v)) {
+                json_object_object_add(o, "id", front_id(v, node));
+                json_object_object_add(o, "node", json_object_new_string(node));
+        }
+        if (json_object_object_get_ex(o, "children", &v) && json_object_is_type(v, json_type_array)) {
+                struct json_object *a = json_object_new_array();
+
+                for (size_t i = 0; a && i < json_object_array_length(v); i++)
+                        json_object_array_add(a, front_id(json_object_array_get_idx(v, i), node));
+                if (a)
+                        json_object_object_add(o, "children", a);
+        }
 }

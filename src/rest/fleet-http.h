@@ -46,3 +46,11 @@ struct json_object;
 /* A node's answer body as JSON of any type (an object or an array), nested at
  * most 64 deep, with nothing after it: 0, or -EBADMSG. */
 int front_parse_answer(const char *body, size_t len, struct json_object **ret);
+
+/* A sandbox's id through a front end: "<the node's id>.<node>", at most this long. */
+#define FLEET_ID_MAX (64u + 1u + 63u)
+/* A node's SandboxInfo (an object with "id"), an array of them, or
+ * {"children": [ids]}, in place: every id named by its node, and "node" added;
+ * an id that is not a forkd sandbox id becomes null, never a name that could
+ * route to another node. */
+void fleet_answer_rename(struct json_object *o, const char *node);

@@ -1,6 +1,8 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 /* A front end's view of the fleet's node records (fleet-view.h). */
 #include <errno.h>
+#include <inttypes.h>
+#include <json-c/json.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
@@ -12,10 +14,13 @@
 #include "fleet-node.h"
 #include "fleet-view.h"
 #include "io-util.h"
+#include "json-util.h"
 #include "macro.h"
 #include "time-util.h"
 
 #define REFUSED_MAX 64u
+#define FLEET_LOST_TTL_SECS (24u * 3600u)
+#define FLEET_LOST_LEASE_EVERY_USEC (3600ull * USEC_PER_SEC)
 
 typedef struct Lost {
         char name[FLEET_NODE_NAME_MAX + 1];
@@ -37,6 +42,9 @@ struct FleetWatcher {
         uint64_t lost_total, refused_total;
         uint64_t refused_hash[REFUSED_MAX]; /* the records refused at the last read: logged once */
         size_t n_refused;
+
+        int64_t lost_lease; /* the watcher thread's: publish_lost() */
+        uint64_t lost_lease_usec;
 };
 
 static void view_free(FleetView *v) {
@@ -100,31 +108,95 @@ static bool hash_was_refused(FleetWatcher *w, uint64_t h) {
         return false;
 }
 
-/* The nodes of old that are not in new go to the lost ring; the caller holds the lock. */
-static void note_lost(FleetWatcher *w, const FleetView *old, const FleetView *new) {
+static void lost_add(FleetWatcher *w, const char *name, uint64_t at) {
+        snprintf(w->lost[w->lost_next].name, sizeof(w->lost[0].name), "%.63s", name);
+        w->lost[w->lost_next].at_unix = at;
+        w->lost_next = (w->lost_next + 1) % FLEET_VIEW_LOST_MAX;
+        w->n_lost = MIN(w->n_lost + 1, (size_t) FLEET_VIEW_LOST_MAX);
+}
+
+/* The nodes of old that are not in new go to the lost ring (and, for the
+ * caller to publish, to ret_new, at most 8 a read); the caller
+ * holds the lock. */
+static size_t note_lost(FleetWatcher *w, const FleetView *old, const FleetView *new, Lost *ret_new) {
         uint64_t now = now_realtime_usec() / USEC_PER_SEC;
+        size_t n_new = 0;
 
         for (size_t i = 0; old && i < old->n_nodes; i++) {
                 if (fleet_view_node(new, old->nodes[i].name))
                         continue;
                 log_warning("Fleet node %s left etcd: its sandboxes are lost.", old->nodes[i].name);
-                snprintf(w->lost[w->lost_next].name, sizeof(w->lost[0].name), "%s", old->nodes[i].name);
-                w->lost[w->lost_next].at_unix = now;
-                w->lost_next = (w->lost_next + 1) % FLEET_VIEW_LOST_MAX;
-                w->n_lost = MIN(w->n_lost + 1, (size_t) FLEET_VIEW_LOST_MAX);
+                lost_add(w, old->nodes[i].name, now);
                 w->lost_total++;
+                if (ret_new && n_new < 8) {
+                        snprintf(ret_new[n_new].name, sizeof(ret_new[0].name), "%s", old->nodes[i].name);
+                        ret_new[n_new++].at_unix = now;
+                }
         }
         /* a node that came back is not lost any more */
         for (size_t i = 0; i < w->n_lost; i++)
                 if (fleet_view_node(new, w->lost[i].name))
                         w->lost[i].name[0] = 0;
+        return n_new;
+}
+
+/* The lost nodes into etcd, FLEET_KEY_PREFIX "lost/<name>" = {"at": seconds},
+ * under a lease of a day, so that a front end started later answers 410 for
+ * their sandboxes too. Best effort: a front end that cannot write them still
+ * knows them itself. */
+static void publish_lost(FleetWatcher *w, const Lost *lost, size_t n) {
+        uint64_t now = now_usec();
+
+        if (n == 0)
+                return;
+        if (w->lost_lease == 0 || now - w->lost_lease_usec > FLEET_LOST_LEASE_EVERY_USEC) {
+                if (etcd_lease_grant(w->etcd, FLEET_LOST_TTL_SECS, &w->lost_lease) < 0) {
+                        w->lost_lease = 0;
+                        return;
+                }
+                w->lost_lease_usec = now;
+        }
+        for (size_t i = 0; i < n; i++) {
+                char key[256], value[64];
+                bool created;
+
+                snprintf(key, sizeof(key), FLEET_KEY_PREFIX "lost/%.63s", lost[i].name);
+                snprintf(value, sizeof(value), "{\"at\":%" PRIu64 "}", lost[i].at_unix);
+                (void) etcd_create(w->etcd, key, value, strlen(value), w->lost_lease, &created);
+        }
+}
+
+/* At start: the nodes other front ends saw lost. */
+static void read_lost(FleetWatcher *w) {
+        EtcdKv *kvs = NULL;
+        size_t n = 0;
+
+        if (etcd_range_prefix(w->etcd, FLEET_KEY_PREFIX "lost/", FLEET_VIEW_LOST_MAX, &kvs, &n) < 0)
+                return;
+        pthread_mutex_lock(&w->lock);
+        for (size_t i = 0; i < n; i++) {
+                const char *name = kvs[i].key + strlen(FLEET_KEY_PREFIX "lost/");
+                _cleanup_(json_object_putp) struct json_object *o = NULL;
+                struct json_object *at;
+
+                if (strncmp(kvs[i].key, FLEET_KEY_PREFIX "lost/", strlen(FLEET_KEY_PREFIX "lost/")) != 0 ||
+                    !fleet_node_name_is_valid(name) || fleet_view_node(w->view, name) ||
+                    json_parse_strict(kvs[i].value, kvs[i].len, 256, 2, &o, NULL) < 0 ||
+                    !json_object_object_get_ex(o, "at", &at) || !json_object_is_type(at, json_type_int) ||
+                    json_object_get_int64(at) <= 0)
+                        continue; /* hostile or another front end's newer format: not followed */
+                lost_add(w, name, (uint64_t) json_object_get_int64(at));
+        }
+        pthread_mutex_unlock(&w->lock);
+        etcd_kvs_free(kvs, n);
 }
 
 /* One read of the records into a new view. */
 static int read_once(FleetWatcher *w) {
         _cleanup_free_ FleetView *nv = NULL;
         uint64_t hashes[REFUSED_MAX], refused = 0;
-        size_t n_kvs = 0, n_hashes = 0;
+        size_t n_kvs = 0, n_hashes = 0, n_lost;
+        Lost lost[8];
         EtcdKv *kvs = NULL;
         FleetView *old;
         int r;
@@ -180,10 +252,11 @@ static int read_once(FleetWatcher *w) {
         w->etcd_ok = true;
         w->error[0] = 0;
         old = w->view;
-        note_lost(w, old, nv);
+        n_lost = note_lost(w, old, nv, lost);
         w->view = TAKE_PTR(nv);
         pthread_mutex_unlock(&w->lock);
         fleet_view_put(w, old);
+        publish_lost(w, lost, n_lost);
         return 0;
 }
 
@@ -224,6 +297,7 @@ int fleet_watcher_start(const char *etcd, const EtcdOptions *opts, FleetWatcher 
                 return r;
         }
         (void) read_once(w);
+        read_lost(w);
         r = -pthread_create(&w->thread, NULL, watch_thread, w);
         if (r < 0) {
                 fleet_watcher_stop(w);

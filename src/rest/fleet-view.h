@@ -8,7 +8,9 @@
  * which request threads take a reference to and read without a lock. A
  * record that fleet_record_parse() refuses is logged (once per change) and
  * left out. A node that was in the view and is no longer is remembered as
- * lost, with the time it went, so that its sandboxes answer 410.
+ * lost, with the time it went, so that its sandboxes answer 410; it is also
+ * written to etcd (FLEET_KEY_PREFIX "lost/<name>", kept a day), where front
+ * ends that start later read it.
  */
 
 #include <stdbool.h>
