@@ -22,6 +22,8 @@ lease's TTL and a second, which is what the front end promises.
 Environment: FORKD_BUILD_DIR (the meson build directory), FORKD_TOP.
 """
 
+import base64
+import http.client
 import json
 import os
 import re
@@ -157,6 +159,25 @@ def t_remote(top):
         ok(f1, 204, "DELETE", f"/v1/sandboxes/{k['id']}")
 
 
+def t_split(top):
+    f1, f2 = Ctx.fronts
+    # node-b runs the one kept sandbox only, node-c none, as the front end sees it
+    b = wait_for("node-b's record settled", lambda: (lambda c: c if c["sandboxes_running"] == 1 else None)(
+        node_seen(f1, "node-b")["capacity"]), 10)
+    wait_for("node-c's record settled", lambda: node_seen(f1, "node-c")["capacity"]["sandboxes_running"] == 0, 10)
+    n = b["sandboxes_max"] - 1 + 5
+    kids, _ = ok(f1, 201, "POST", "/v1/sandboxes", {"snapshot_tag": "warm-b", "n": n}, timeout=600)
+    per = {}
+    for k in kids:
+        per[k["node"]] = per.get(k["node"], 0) + 1
+    # a placement of the last two seconds on node-b may count against its room: 5 or a few more go elsewhere
+    check(len(kids) == n and set(per) == {"node-b", "node-c"} and per["node-b"] >= n - 10, per)
+    for k in kids[-5:] + kids[:5]:
+        ok(f2, 200, "POST", f"/v1/sandboxes/{k['id']}/ping")
+    for k in kids:
+        ok(f2, 204, "DELETE", f"/v1/sandboxes/{k['id']}")
+
+
 def t_routes(top):
     f1, f2 = Ctx.fronts
     sid = Ctx.kept["b"]
@@ -174,6 +195,23 @@ def t_routes(top):
     _, _, text = f2.call("GET", f"/v1/sandboxes/{sid}/processes/{pid}/output?follow=true")
     text = text.decode() if isinstance(text, bytes) else json.dumps(text)
     check("one two" in text or "b25lIHR3bw" in text, text[:500])
+    # a follow stream goes through as the process prints: cat has not ended when its first line comes
+    cat = ok(f1, 201, "POST", f"/v1/sandboxes/{sid}/processes", {"args": ["cat"]})[0]["pid"]
+    conn = http.client.HTTPConnection("127.0.0.1", f2.port, timeout=30)
+    conn.request("GET", f"/v1/sandboxes/{sid}/processes/{cat}/output?follow=true",
+                 headers={"Authorization": f"Bearer {f2.token}"})
+    resp = conn.getresponse()
+    check(resp.status == 200 and resp.getheader("Content-Type").startswith("application/x-ndjson"),
+          (resp.status, resp.getheaders()))
+    ok(f1, 200, "POST", f"/v1/sandboxes/{sid}/processes/{cat}/stdin", {"data": "streamed\n"})
+    first = json.loads(resp.readline())
+    check(base64.b64decode(first.get("data_b64", "")) == b"streamed\n" or first.get("data") == "streamed\n", first)
+    running = ok(f1, 200, "GET", f"/v1/sandboxes/{sid}/processes")[0]
+    check(any(p["pid"] == cat and p["running"] for p in running["processes"]), running)
+    ok(f1, 200, "POST", f"/v1/sandboxes/{sid}/processes/{cat}/stdin", {"data": "", "eof": True})
+    rest = resp.read().decode()
+    check(json.loads(rest.strip().splitlines()[-1]) == {"exit_code": 0, "signal": None}, rest[-300:])
+    conn.close()
     snap, _ = ok(f1, 201, "POST", f"/v1/sandboxes/{sid}/branch", {"tag": "br-b"})
     check(snap["tag"] == "br-b", snap)
     kids, _ = ok(f2, 200, "POST", f"/v1/sandboxes/{sid}/fork", {"n": 2})
@@ -226,13 +264,92 @@ def t_hostile_records(top):
     out, _ = ok(f1, 200, "GET", "/healthz")
     check(out["nodes"] == 3, out)
     kids, _ = ok(f1, 201, "POST", "/v1/sandboxes", {"snapshot_tag": "warm-b", "n": 3})
-    check(all(k["node"] == "node-b" for k in kids), kids)
+    check(all(k["node"] in ("node-b", "node-c") for k in kids), kids)  # the holders, never a hostile record
     for k in kids:
         ok(f1, 204, "DELETE", f"/v1/sandboxes/{k['id']}")
     for name in list(bad) + ["evil-json"]:
         Ctx.cluster.call("/v3/kv/deleterange", {"key": __import__("etcdcluster").b64(f"/forkd/nodes/{name}")})
     with open(f1.log, errors="replace") as f:
         check("Ignoring the fleet record /forkd/nodes/evil-url" in f.read(), "logged")
+
+
+class HostileNode:
+    """A node record in etcd whose REST API is this: every answer too long, not
+    JSON, or too slow; it has no room, so nothing is placed there."""
+
+    def __init__(self):
+        import http.server
+        import threading
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def answer(self, body, ctype="application/json"):
+                self.send_response(200)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                try:
+                    self.wfile.write(body)
+                except OSError:
+                    pass
+
+            def do_GET(self):
+                if self.path.split("?")[0] == "/v1/sandboxes":
+                    self.answer(b"[" + b" " * (17 << 20) + b"]")  # over a front end's 16 MiB
+                elif self.path.startswith("/v1/snapshots"):
+                    time.sleep(8)  # past a list's 5 s
+                    self.answer(b"[]")
+                else:
+                    self.answer(b"{not json")
+
+            def do_POST(self):
+                n = int(self.headers.get("Content-Length") or 0)
+                self.rfile.read(n)
+                self.answer(b"{\"id\": " * (3 << 20))  # 21 MiB
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def record(self):
+        return {"format": 1, "name": "hostile", "url": f"http://127.0.0.1:{self.port}", "ready": True,
+                "capacity": {"cores": 1, "memory_available_kib": 1, "sandboxes_running": 1, "sandboxes_max": 1},
+                "snapshots": [], "updated_unix": int(time.time())}
+
+    def stop(self):
+        self.server.shutdown()
+
+
+def t_hostile_node(top):
+    f1, f2 = Ctx.fronts
+    h = HostileNode()
+    try:
+        Ctx.cluster.put("/forkd/nodes/hostile", json.dumps(h.record()))
+        wait_for("the front ends see the hostile node", lambda: all(node_seen(f, "hostile") for f in (f1, f2)), 10)
+        listed, hdrs = ok(f1, 200, "GET", "/v1/sandboxes?usage=false")
+        check(hdrs.get("Forkd-Unanswered-Nodes") == "hostile" and Ctx.kept["b"] in {s["id"] for s in listed},
+              (dict(hdrs), len(listed)))
+        t0 = time.monotonic()
+        snaps, hdrs = ok(f2, 200, "GET", "/v1/snapshots")
+        took = time.monotonic() - t0
+        check(hdrs.get("Forkd-Unanswered-Nodes") == "hostile" and took < 7.5 and
+              any(s["tag"] == "warm-b" for s in snaps), (dict(hdrs), took))
+        st, _, out = f1.call("POST", "/v1/sandboxes/sb-1.hostile/ping")
+        check(st == 502 and "node hostile did not answer: its answer is longer than a front end takes" in
+              out["error"], (st, out))
+        # an answer that is not JSON is not renamed: it goes to the client as it came, bounded
+        st, _, out = f2.call("GET", "/v1/sandboxes/sb-1.hostile")
+        check(st == 200 and out == b"{not json", (st, out))
+        kids, _ = ok(f1, 201, "POST", "/v1/sandboxes", {"snapshot_tag": "warm-b"})
+        check(kids[0]["node"] in ("node-b", "node-c"), kids)  # both hold warm-b since the split
+        ok(f1, 204, "DELETE", f"/v1/sandboxes/{kids[0]['id']}")
+        ok(f2, 200, "POST", f"/v1/sandboxes/{Ctx.kept['b']}/ping")
+    finally:
+        Ctx.cluster.call("/v3/kv/deleterange", {"key": __import__("etcdcluster").b64("/forkd/nodes/hostile")})
+        h.stop()
 
 
 def t_node_lost(top):
@@ -259,6 +376,16 @@ def t_node_lost(top):
     kids, _ = ok(f2, 201, "POST", "/v1/sandboxes", {"snapshot_tag": "warm-b"})
     check(kids[0]["node"] == "node-b", kids)
     Ctx.kept["b2"] = kids[0]["id"]
+    # a front end started after the loss reads it from etcd
+    f3 = Front(top, "front-3", Ctx.cluster.endpoints, BUILD, Ctx.fronts[0].token_file)
+    f3.up()
+    try:
+        st, _, out = f3.call("POST", f"/v1/sandboxes/{lost}/ping")
+        check(st == 410 and out["error"].startswith("node node-c was lost at "), (st, out))
+    finally:
+        f3.down()
+    report = sanitizer_report(f3.log)
+    check(f3.proc.returncode == 0 and report is None, (f3.proc.returncode, report))
 
 
 def t_etcd_down(top):
@@ -270,12 +397,13 @@ def t_etcd_down(top):
             ok(f, 200, "POST", f"/v1/sandboxes/{kids[0]['id']}/ping")
             ok(f, 204, "DELETE", f"/v1/sandboxes/{kids[0]['id']}")
     Ctx.cluster.kill(1)
-    st_out = wait_for("placement refused without quorum",
-                      lambda: (lambda a: a if a[0] == 503 else None)(
-                          f1.call("POST", "/v1/sandboxes", {"snapshot_tag": "warm-b"}, timeout=30)), 15, step=0.2)
-    check("etcd" in st_out[2]["error"], st_out[2])
-    st, _, out = f2.call("POST", "/v1/sandboxes", {"snapshot_tag": "warm-b"}, timeout=30)
-    check(st == 503 and "etcd" in out["error"], (st, out))
+    # each front end refuses once its last read of etcd is 2 s old (a read that fails takes up to 2 s)
+    for f in (f1, f2):
+        st, _, out = wait_for(f"{f.name} refusing placement without quorum",
+                              lambda: (lambda a: a if a[0] != 201 else None)(
+                                  f.call("POST", "/v1/sandboxes", {"snapshot_tag": "warm-b"}, timeout=30)), 15,
+                              step=0.2)
+        check(st == 503 and "cannot place a fork: etcd does not answer" in out["error"], (st, out))
     for f in (f1, f2):
         ok(f, 200, "POST", f"/v1/sandboxes/{Ctx.kept['b']}/ping")
         ok(f, 200, "POST", f"/v1/sandboxes/{Ctx.kept['b2']}/exec", {"args": ["/bin/sh", "-c", "x = 1"]})
@@ -300,12 +428,16 @@ def main():
             tap.run("a fork of a snapshot node-b holds lands on node-b; bad bodies are 400", t_local, top)
             tap.run(f"a fork of {N_REMOTE} of a snapshot only a full node-a holds: elsewhere, after one fetch, "
                     "every child answers", t_remote, top)
+            tap.run("a fork with more children than the holder has room for: split, the rest fetched elsewhere",
+                    t_split, top)
             tap.run("every sandbox route through either front end", t_routes, top)
             tap.run("Idempotency-Key: a retry through the other front end gets the first answer", t_idempotency,
                     top)
             tap.run("hostile records in etcd: ignored and logged, never followed", t_hostile_records, top)
+            tap.run("a hostile node's answers (too long, not JSON, too slow): 502 naming it or left out of "
+                    "lists, and the rest answers", t_hostile_node, top)
             tap.run(f"kill -9 of node-c: no placements there within the TTL ({TTL} s) and 1 s; 410 for its "
-                    "sandboxes; the rest answers", t_node_lost, top)
+                    "sandboxes, also through a front end started later; the rest answers", t_node_lost, top)
             tap.run("one etcd member down: nothing fails; two: placement is 503, placed sandboxes answer",
                     t_etcd_down, top)
         tap.run("the front ends stop cleanly, with no sanitizer report", t_down, top)
