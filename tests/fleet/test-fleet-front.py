@@ -28,7 +28,6 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,7 +36,7 @@ TOP = os.environ.get("FORKD_TOP") or os.path.dirname(os.path.dirname(os.path.dir
 sys.path.insert(0, os.path.join(TOP, "tests", "lib"))
 
 from etcdcluster import ETCD, Cluster  # noqa: E402
-from fleetstack import Front, Node, sanitizer_report, wait_for, why_not_here  # noqa: E402
+from fleetstack import Front, Node, sanitizer_report, tear_down, wait_for, why_not_here  # noqa: E402
 from fleetstack import records as cluster_records  # noqa: E402
 from tap import Tap, check, skip_all  # noqa: E402
 
@@ -442,16 +441,7 @@ def main():
                     t_etcd_down, top)
         tap.run("the front ends stop cleanly, with no sanitizer report", t_down, top)
     finally:
-        for f in Ctx.fronts:
-            f.down()
-        for n in Ctx.nodes.values():
-            n.down()
-        if Ctx.cluster:
-            Ctx.cluster.stop()
-        if os.environ.get("FORKD_TEST_KEEP"):
-            print(f"# kept {top}")
-        else:
-            subprocess.run(["rm", "-rf", top])
+        tear_down(top, Ctx.fronts, Ctx.nodes.values(), Ctx.cluster)
     return tap.done()
 
 

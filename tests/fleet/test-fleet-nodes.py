@@ -31,7 +31,7 @@ TOP = os.environ.get("FORKD_TOP") or os.path.dirname(os.path.dirname(os.path.dir
 sys.path.insert(0, os.path.join(TOP, "tests", "lib"))
 
 from etcdcluster import ETCD, Cluster, free_ports  # noqa: E402
-from fleetstack import Node, sanitizer_report, wait_for, why_not_here  # noqa: E402
+from fleetstack import Node, sanitizer_report, tear_down, wait_for, why_not_here  # noqa: E402
 from fleetstack import records as cluster_records  # noqa: E402
 from tap import Tap, check, skip_all  # noqa: E402
 
@@ -181,14 +181,7 @@ def main():
         tap.run("bad fleet options: refused at start, naming the option", t_bad_options, top)
         tap.run("the nodes stop cleanly: no record left, no sanitizer report in their logs", t_down, top)
     finally:
-        for n in Ctx.nodes:
-            n.down()
-        if Ctx.cluster:
-            Ctx.cluster.stop()
-        if os.environ.get("FORKD_TEST_KEEP"):
-            print(f"# kept {top}")
-        else:
-            subprocess.run(["rm", "-rf", top])
+        tear_down(top, [], Ctx.nodes, Ctx.cluster)
     return tap.done()
 
 

@@ -26,6 +26,20 @@ def sanitizer_report(path):
     return None
 
 
+def tear_down(top, fronts, nodes, cluster):
+    """Front ends, nodes and etcd stopped; top removed unless FORKD_TEST_KEEP."""
+    for f in fronts:
+        f.down()
+    for n in nodes:
+        n.down()
+    if cluster:
+        cluster.stop()
+    if os.environ.get("FORKD_TEST_KEEP"):
+        print(f"# kept {top}")
+    else:
+        subprocess.run(["rm", "-rf", top])
+
+
 def why_not_here(etcd):
     """Why the fleet's tests cannot run on this machine, or None."""
     if not os.path.exists(etcd):
