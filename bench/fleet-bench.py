@@ -12,8 +12,9 @@ bench/fleet: what a fleet of forkd nodes on etcd costs, on this machine.
              --fleet-front), all with one token:
   front      R rounds, in turn: a fork of 100 of a snapshot on node-b straight
              to node-b's REST API, and the same through the front end (which
-             places it on node-b, the holder), each timed to its answer and
-             its children terminated after; front_ratio is the median through
+             places it on node-b, the holder), each on a node whose record
+             says it runs nothing, timed to its answer, its children
+             terminated after; front_ratio is the median through
              the front end over the median straight (target at most 1.15)
   remote     node-a takes one sandbox and holds it; R rounds: a snapshot made
              on node-a, then a fork of 1 of it through the front end, which
@@ -89,6 +90,10 @@ def front_vs_direct(front, b, rounds):
     straight, through = [], []
     for _ in range(rounds):
         for via, times in (("node", straight), ("front", through)):
+            # each fork starts on a settled node: the last round's children gone from its record
+            wait_for("node-b empty as the front end sees it",
+                     lambda: any(n["name"] == "node-b" and n["capacity"]["sandboxes_running"] == 0
+                                 for n in front.call("GET", "/v1/fleet/nodes")[2]), 10)
             if via == "node":
                 ms, kids = timed(lambda: must(direct(b, "POST", "/v1/sandboxes", {"snapshot_tag": "warm", "n": 100}),
                                               201, "fork 100 on node-b"))
