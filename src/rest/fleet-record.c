@@ -175,16 +175,17 @@ bool fleet_holds_chain(const FleetRecord *node, const FleetRecord *source, const
         return false;
 }
 
-/* Whether node has a link of tag's chain (as source has it) under the same tag
- * with other content: a fetch there would collide. Links it lacks are fetched. */
-static bool chain_conflicts(const FleetRecord *node, const FleetRecord *source, const char *tag) {
+/* Whether node has any tag of tag's chain (as source has it), with the same
+ * content or not: a fetch ships the whole chain, and unpack refuses a bundle
+ * with a tag the node has already. */
+static bool chain_overlaps(const FleetRecord *node, const FleetRecord *source, const char *tag) {
         for (unsigned depth = 0; depth < CHAIN_LINKS_MAX && *tag; depth++) {
-                const FleetSnapshot *a = fleet_record_snapshot(node, tag), *b = fleet_record_snapshot(source, tag);
+                const FleetSnapshot *b = fleet_record_snapshot(source, tag);
 
+                if (fleet_record_snapshot(node, tag))
+                        return true;
                 if (!b)
                         return false;
-                if (a && !same_link(a, b))
-                        return true;
                 tag = b->parent;
         }
         return false;
@@ -244,10 +245,10 @@ int fleet_place(const FleetRecord *nodes, size_t n_nodes, const char *tag, uint3
         if (source == n_nodes)
                 return -ENOENT;
         for (size_t i = 0; i < n_nodes; i++) {
-                /* a node with a link of the same tag but other content cannot take this chain */
+                /* a node with part of the chain, or a tag of it with other content, cannot take it */
                 if (nodes[i].ready && fleet_holds_chain(&nodes[i], &nodes[source], tag))
                         kind[i] = HOLDER;
-                else if (chain_conflicts(&nodes[i], &nodes[source], tag))
+                else if (chain_overlaps(&nodes[i], &nodes[source], tag))
                         kind[i] = CONFLICT;
                 if (kind[i] != CONFLICT)
                         room += fleet_room(&nodes[i]);

@@ -71,8 +71,9 @@ typedef struct FleetPlacement {
 /* n children of tag over nodes[0..n_nodes): first the nodes that hold its whole
  * chain, most room first; then, for what is left, the least loaded of the others
  * with room, each fetching the chain from the holder with the most room (the
- * source, whose chain is the one placed). A node that has a link of the chain
- * under the same tag with other content takes none. At most n_nodes entries in
+ * source, whose chain is the one placed). A node that has part of the chain,
+ * or a tag of it with other content, takes none: a fetch ships the whole
+ * chain, which its unpack would refuse. At most n_nodes entries in
  * ret. -ENOENT: no ready node holds tag's whole chain; -ENOSPC: the fleet has no room for n
  * (nothing is placed). */
 int fleet_place(const FleetRecord *nodes, size_t n_nodes, const char *tag, uint32_t n, FleetPlacement *ret,

@@ -191,25 +191,37 @@ static void test_place(void **state) {
         assert_false(p[0].fetch);
         done3(nodes);
 
-        /* a nearly full: the rest lands on the least loaded other node, which fetches from a */
-        three(nodes, 18, 5, BASE, 1);
+        /* a nearly full: the rest lands on the least loaded other node, which fetches from a;
+         * b, which has base (part of warm's chain), takes none: the fetch ships the whole chain */
+        three(nodes, 18, 0, BASE, 10);
         assert_int_equal(fleet_place(nodes, 3, "warm", 10, p, &n), 0);
         assert_int_equal(n, 2);
         assert_int_equal(p[0].node, 0);
         assert_int_equal(p[0].n, 2);
         assert_false(p[0].fetch);
-        assert_int_equal(p[1].node, 2); /* c: 1 of 20 running, less loaded than b's 5 */
+        assert_int_equal(p[1].node, 2); /* c, though b runs nothing */
         assert_int_equal(p[1].n, 8);
         assert_true(p[1].fetch);
         assert_int_equal(p[1].source, 0);
         done3(nodes);
 
+        /* the least loaded of the nodes without any of the chain */
+        three(nodes, 18, 5, "[]", 1);
+        assert_int_equal(fleet_place(nodes, 3, "warm", 10, p, &n), 0);
+        assert_int_equal(n, 2);
+        assert_int_equal(p[1].node, 2); /* c: 1 of 20 running, less loaded than b's 5 */
+        assert_true(p[1].fetch);
+        done3(nodes);
+
         /* over several nodes, and more than the fleet has room for: nothing placed */
-        three(nodes, 18, 15, BASE, 15);
+        three(nodes, 18, 15, "[]", 15);
         assert_int_equal(fleet_place(nodes, 3, "warm", 13, p, &n), -ENOSPC);
         assert_int_equal(fleet_place(nodes, 3, "warm", 12, p, &n), 0);
         assert_int_equal(n, 3);
+        done3(nodes);
         /* base: a and b hold it, most room first */
+        three(nodes, 18, 15, BASE, 15);
+        assert_int_equal(fleet_place(nodes, 3, "warm", 8, p, &n), -ENOSPC); /* b has part of it: 2 + 5 */
         assert_int_equal(fleet_place(nodes, 3, "base", 6, p, &n), 0);
         assert_int_equal(n, 2);
         assert_int_equal(p[0].node, 1);
@@ -226,8 +238,7 @@ static void test_place(void **state) {
         assert_int_equal(p[1].node, 2);
         done3(nodes);
 
-        /* b has warm as a has it, but not its parent: no holder, no conflict either; it
-         * fetches what it lacks */
+        /* b has warm as a has it, but not its parent: part of the chain, so it takes none */
         {
                 static const char *const head_only =
                         "[{\"tag\":\"warm\",\"parent\":\"base\",\"parent_content_hash\":\"" HASH_A "\","
@@ -236,11 +247,10 @@ static void test_place(void **state) {
                 three(nodes, 20, 0, head_only, 20);
                 assert_false(fleet_holds_chain(&nodes[1], &nodes[0], "warm"));
                 nodes[0].sandboxes_running = 19; /* room for one on a */
-                assert_int_equal(fleet_place(nodes, 3, "warm", 5, p, &n), 0);
-                assert_int_equal(n, 2);
+                assert_int_equal(fleet_place(nodes, 3, "warm", 5, p, &n), -ENOSPC);
+                assert_int_equal(fleet_place(nodes, 3, "warm", 1, p, &n), 0);
+                assert_int_equal(n, 1);
                 assert_int_equal(p[0].node, 0);
-                assert_int_equal(p[1].node, 1);
-                assert_true(p[1].fetch);
                 done3(nodes);
         }
 
