@@ -106,6 +106,15 @@ int front_sandboxes_create(FrontRequest *r);
 int front_snapshot_to_node(FrontRequest *r, FleetView *v, const FleetRecord *source, const char *tag,
                            const FleetRecord *target);
 
+/* The fleet-wide lock of a fetch of tag into node (fleet-front-lock.c): 1 with
+ * *ret held, or 0 to go on without one (done() said the chain is there, or
+ * etcd cannot keep the lock: then this front end's own slot is all there is).
+ * done() is asked while another front end holds it. */
+typedef struct FrontLock FrontLock;
+int front_lock_fetch(FrontRequest *r, const char *node, const char *tag, bool (*done)(FrontRequest *r, void *data),
+                     void *data, FrontLock **ret);
+void front_lock_release(FrontLock *l);
+
 /* A node's answer streamed to the client as it comes (fleet-front-stream.c):
  * 0 with r->stream set (or an error answered), or a negative errno. */
 int front_stream_start(FrontRequest *r, const FleetRecord *node, const char *path, const char *body, size_t len);

@@ -22,8 +22,8 @@
 #define VIEW_STALE_USEC (2 * USEC_PER_SEC)
 #define FETCH_TIMEOUT_MS (3600u * 1000u)
 
-/* Take the (node, tag) fetch slot, waiting while another request holds it:
- * at most one fetch of a chain into a node at a time. */
+/* Take the (node, tag) fetch slot, waiting while another request of this front
+ * end holds it; across front ends, etcd's lock (fleet-front-lock.c) follows. */
 static int fetch_lock(FleetFront *f, const char *node, const char *tag) {
         pthread_mutex_lock(&f->lock);
         for (;;) {
@@ -70,6 +70,17 @@ static bool node_has(const FrontRequest *r, const FleetRecord *target, const cha
         return has;
 }
 
+struct has_args {
+        const FleetRecord *target;
+        const char *tag;
+};
+
+static bool target_has(FrontRequest *r, void *data) {
+        const struct has_args *h = data;
+
+        return node_has(r, h->target, h->tag);
+}
+
 /* tag and its ancestors from source into target: source's bundle (its pack
  * route) into a file, then target's unpack, which checks every file's digest
  * and each link's parent_content_hash. An error is answered on r. */
@@ -80,12 +91,20 @@ int front_snapshot_to_node(FrontRequest *r, FleetView *v, const FleetRecord *sou
         char path[128];
         FleetAnswer a = {};
         FleetCall c;
+        FrontLock *lock = NULL;
         off_t size;
         int k = 0;
 
         fetch_lock(f, target->name, tag);
+        k = front_lock_fetch(r, target->name, tag, target_has, &(struct has_args) { target, tag }, &lock);
+        if (k < 0) {
+                k = front_answer_error(r, 503, "cannot take the fetch lock of %s on node %s: %s", tag, target->name,
+                                       strerror(-k));
+                goto fail;
+        }
+        k = 0;
         if (node_has(r, target, tag))
-                goto done; /* another request fetched it meanwhile */
+                goto done; /* another request, here or at another front end, fetched it meanwhile */
         atomic_fetch_add(&f->fetches_total, 1);
         log_info("Fetching snapshot %s into node %s from node %s.", tag, target->name, source->name);
         fd = memfd_create("forkd-front-fetch", MFD_CLOEXEC);
@@ -126,6 +145,7 @@ fail:
                 k = -EIO;
 done:
         fleet_answer_done(&a);
+        front_lock_release(lock);
         fetch_unlock(f, target->name, tag);
         return k;
 }
