@@ -30,6 +30,7 @@ import re
 import signal
 import sys
 import tempfile
+import threading
 import time
 
 TOP = os.environ.get("FORKD_TOP") or os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -155,6 +156,39 @@ def t_remote(top):
     only = [s for s in snaps if s["tag"] == "only-a"]
     check(len(only) == 1 and "node-a" in only[0]["nodes"] and len(only[0]["nodes"]) == 1 + len(where), only)
     for k in kids + again + full:
+        ok(f1, 204, "DELETE", f"/v1/sandboxes/{k['id']}")
+
+
+def t_fetch_once(top):
+    f1, f2 = Ctx.fronts
+    make_snapshot(f1, "node-a", "race-a")
+    for f in (f1, f2):  # the last test's sandboxes on node-a gone, as both front ends see it
+        wait_for(f"node-a empty as {f.name} sees it",
+                 lambda: node_seen(f, "node-a")["capacity"]["sandboxes_running"] == 0, 10)
+    full, _ = ok(f1, 201, "POST", "/v1/sandboxes", {"snapshot_tag": "race-a", "n": 2})
+    check(all(k["node"] == "node-a" for k in full), full)
+    for f in (f1, f2):
+        wait_for(f"node-a full as {f.name} sees it",
+                 lambda: node_seen(f, "node-a")["capacity"]["sandboxes_running"] == 2, 10)
+    before = [metric(f, "forkd_front_fetches_total") for f in (f1, f2)]
+    out = [None, None]
+
+    def fork(i, f):
+        out[i] = f.call("POST", "/v1/sandboxes", {"snapshot_tag": "race-a"})
+
+    threads = [threading.Thread(target=fork, args=(i, f)) for i, f in enumerate((f1, f2))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    check(all(o and o[0] == 201 for o in out), out)
+    where = {o[2][0]["node"] for o in out}
+    fetched = sum(metric(f, "forkd_front_fetches_total") - b for f, b in zip((f1, f2), before))
+    check(fetched == len(where) and "node-a" not in where, (fetched, where))
+    for o in out:
+        ok(f2, 200, "POST", f"/v1/sandboxes/{o[2][0]['id']}/ping")
+        ok(f1, 204, "DELETE", f"/v1/sandboxes/{o[2][0]['id']}")
+    for k in full:
         ok(f1, 204, "DELETE", f"/v1/sandboxes/{k['id']}")
 
 
@@ -427,6 +461,7 @@ def main():
             tap.run("a fork of a snapshot node-b holds lands on node-b; bad bodies are 400", t_local, top)
             tap.run(f"a fork of {N_REMOTE} of a snapshot only a full node-a holds: elsewhere, after one fetch, "
                     "every child answers", t_remote, top)
+            tap.run("two front ends fork at once a chain that one node must fetch: fetched once", t_fetch_once, top)
             tap.run("a fork with more children than the holder has room for: split, the rest fetched elsewhere",
                     t_split, top)
             tap.run("every sandbox route through either front end", t_routes, top)
