@@ -238,13 +238,8 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *connection, c
                                 r->too_large = true;
                                 return MHD_YES;
                         }
-                        for (size_t w = 0; w < n;) {
-                                ssize_t k = pwrite(r->body_fd, upload_data + w, n - w, (off_t) (r->len + w));
-
-                                if (k < 0)
-                                        return MHD_NO;
-                                w += (size_t) k;
-                        }
+                        if (pwrite_all(r->body_fd, upload_data, n, r->len) < 0)
+                                return MHD_NO;
                         r->len += n;
                         return MHD_YES;
                 }

@@ -12,6 +12,7 @@
 #include "macro.h"
 #include "rest-idem-glue.h"
 #include "rest-server-internal.h"
+#include "io-util.h"
 #include "rest-server.h"
 #include "rest-util.h"
 #include "time-util.h"
@@ -186,12 +187,8 @@ static enum MHD_Result handle_access(void *cls, struct MHD_Connection *connectio
                         }
                         if (rest_request_body_fd(req) < 0)
                                 return MHD_NO;
-                        for (size_t w = 0; w < n;) {
-                                ssize_t k = pwrite(req->body_fd, upload_data + w, n - w, (off_t) (req->body_len + w));
-                                if (k < 0)
-                                        return MHD_NO;
-                                w += (size_t) k;
-                        }
+                        if (pwrite_all(req->body_fd, upload_data, n, req->body_len) < 0)
+                                return MHD_NO;
                         req->body_len += n;
                         if (req->conn && req->conn->deadline > 0) {
                                 uint64_t d = req->start + s->timeout_secs * USEC_PER_SEC +
