@@ -179,9 +179,11 @@ static void *keeper_thread(void *userdata) {
 
         if (etcd_client_new(n->cfg.etcd, &n->cfg.etcd_opts, &etcd) < 0)
                 return NULL;
-        while (!wait_or_stop(n, period)) {
+        for (uint64_t wait = period; !wait_or_stop(n, wait);) {
                 int64_t lease = atomic_load(&n->lease), ttl = 0;
                 int r;
+
+                wait = period;
 
                 if (lease == 0)
                         continue;
@@ -197,6 +199,8 @@ static void *keeper_thread(void *userdata) {
                 else if (r >= 0 && failing)
                         log_info("Fleet: lease %llx kept alive again.", (unsigned long long) lease);
                 failing = r < 0;
+                if (failing)
+                        wait = period / 8; /* a slow or lost member: the next try at once, not a third of the TTL on */
         }
         etcd_client_free(etcd);
         return NULL;
