@@ -247,19 +247,8 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *connection, c
                         r->too_large = true;
                         return MHD_YES;
                 }
-                if (r->len + n + 1 > r->alloc) {
-                        size_t a = MIN(MAX(r->alloc * 2, r->len + n + 1), f->cfg.body_max + 1);
-                        char *b = realloc(r->body, a);
-
-                        if (!b)
-                                return MHD_NO;
-                        r->body = b;
-                        r->alloc = a;
-                }
-                memcpy(r->body + r->len, upload_data, n);
-                r->len += n;
-                r->body[r->len] = 0;
-                return MHD_YES;
+                return rest_body_append(&r->body, &r->len, &r->alloc, f->cfg.body_max, upload_data, n) < 0 ? MHD_NO
+                                                                                                          : MHD_YES;
         }
         if (!r->answered)
                 (void) handle(r);

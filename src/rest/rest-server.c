@@ -209,21 +209,9 @@ static enum MHD_Result handle_access(void *cls, struct MHD_Connection *connectio
                         req->too_large = true;
                         return MHD_YES;
                 }
-                if (req->body_len + n + 1 > req->body_alloc) {
-                        size_t a = MAX(req->body_alloc * 2, req->body_len + n + 1);
-                        char *b;
-
-                        a = MIN(a, s->body_max + 1);
-                        b = realloc(req->body, a);
-                        if (!b)
-                                return MHD_NO;
-                        req->body = b;
-                        req->body_alloc = a;
-                }
-                memcpy(req->body + req->body_len, upload_data, n);
-                req->body_len += n;
-                req->body[req->body_len] = 0;
-                return MHD_YES;
+                return rest_body_append(&req->body, &req->body_len, &req->body_alloc, s->body_max, upload_data, n) < 0
+                               ? MHD_NO
+                               : MHD_YES;
         }
 
         if (req->queued || req->suspended)

@@ -372,3 +372,19 @@ const char *rest_json_string(struct json_object *o, size_t *ret_len) {
         return json_object_to_json_string_length(o, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE,
                                                   ret_len);
 }
+
+int rest_body_append(char **body, size_t *len, size_t *alloc, size_t max, const void *data, size_t n) {
+        if (*len + n + 1 > *alloc) {
+                size_t a = MIN(MAX(*alloc * 2, *len + n + 1), max + 1);
+                char *b = realloc(*body, a);
+
+                if (!b)
+                        return -ENOMEM;
+                *body = b;
+                *alloc = a;
+        }
+        memcpy(*body + *len, data, n);
+        *len += n;
+        (*body)[*len] = 0;
+        return 0;
+}

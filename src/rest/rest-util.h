@@ -16,6 +16,9 @@ bool rest_tag_is_valid(const char *s);
 
 /* Compares a and b in time that depends only on their lengths' maximum,
  * never on where they first differ. */
+/* n bytes more of a request body of at most max (the caller checked), kept
+ * NUL-terminated; the buffer grows by doubling, to max + 1 at most. */
+int rest_body_append(char **body, size_t *len, size_t *alloc, size_t max, const void *data, size_t n);
 bool rest_secret_equal(const void *a, size_t a_len, const void *b, size_t b_len);
 
 /* "true"/"1"/"yes" -> 1, "false"/"0"/"no"/"" -> 0, NULL -> 0, else -EINVAL. */
